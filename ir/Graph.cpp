@@ -1,0 +1,146 @@
+#include "ir/Graph.h"
+
+#include "ir/Infer.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace tgc {
+
+static const OpInfo kOpInfos[] = {
+#define OP(Enum, Name, MinOperands, MaxOperands, Results)                                          \
+  {Name, MinOperands, MaxOperands, Results},
+#include "ir/Ops.def"
+};
+
+const OpInfo &opInfo(OpKind kind) { return kOpInfos[static_cast<unsigned>(kind)]; }
+
+std::optional<OpKind> parseOpKind(llvm::StringRef name) {
+#define OP(Enum, Name, MinOperands, MaxOperands, Results)                                          \
+  if (name == Name)                                                                                \
+    return OpKind::Enum;
+#include "ir/Ops.def"
+  return std::nullopt;
+}
+
+void Value::removeUse(Op *user) {
+  auto &users = users_;
+  auto it = std::find(users.begin(), users.end(), user);
+  assert(it != users.end() && "use list out of sync");
+  users.erase(it);
+}
+
+void Op::setOperand(unsigned i, Value *value) {
+  operands_[i]->removeUse(this);
+  operands_[i] = value;
+  value->users_.push_back(this);
+}
+
+std::vector<Op *> Graph::ops() const {
+  std::vector<Op *> list;
+  list.reserve(ops_.size());
+  for (const auto &op : ops_)
+    list.push_back(op.get());
+  return list;
+}
+
+Value *Graph::lookup(llvm::StringRef name) const { return names_.lookup(name); }
+
+std::string Graph::uniqueName(llvm::StringRef base) const {
+  if (!names_.count(base))
+    return base.str();
+  for (unsigned i = 1;; ++i) {
+    std::string candidate = base.str() + "." + std::to_string(i);
+    if (!names_.count(candidate))
+      return candidate;
+  }
+}
+
+Op *Graph::createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
+                    llvm::ArrayRef<TensorType> resultTypes,
+                    llvm::ArrayRef<std::string> resultNames, Op *before) {
+  assert(resultTypes.size() == resultNames.size());
+  auto op = std::make_unique<Op>();
+  op->kind_ = kind;
+  op->operands_.assign(operands.begin(), operands.end());
+  op->attrs_ = std::move(attrs);
+  for (Value *v : operands)
+    v->users_.push_back(op.get());
+  for (size_t i = 0; i < resultTypes.size(); ++i) {
+    assert(!names_.count(resultNames[i]) && "duplicate value name");
+    op->results_.push_back(
+        std::make_unique<Value>(op.get(), unsigned(i), resultTypes[i], resultNames[i]));
+    names_[resultNames[i]] = op->results_.back().get();
+  }
+  Op *raw = op.get();
+  if (!before) {
+    ops_.push_back(std::move(op));
+    return raw;
+  }
+  auto pos = std::find_if(ops_.begin(), ops_.end(), [&](auto &o) { return o.get() == before; });
+  ops_.insert(pos, std::move(op));
+  return raw;
+}
+
+void Graph::replaceAllUsesWith(Value *from, Value *to) {
+  for (Op *user : std::vector<Op *>(from->users_))
+    for (unsigned i = 0; i < user->numOperands(); ++i)
+      if (user->operand(i) == from)
+        user->setOperand(i, to);
+  for (Value *&out : outputs_)
+    if (out == from)
+      out = to;
+}
+
+void Graph::eraseOp(Op *op) {
+  for (const auto &result : op->results_) {
+    assert(!result->hasUses() && "erasing an op whose results are still used");
+    names_.erase(result->name());
+  }
+  for (Value *v : op->operands_)
+    v->removeUse(op);
+  auto pos = std::find_if(ops_.begin(), ops_.end(), [&](auto &o) { return o.get() == op; });
+  ops_.erase(pos);
+}
+
+Value *Builder::create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
+                       llvm::StringRef name) {
+  if (!error_.empty() || llvm::is_contained(operands, nullptr))
+    return nullptr;
+  auto types = inferResultTypes(kind, operands, attrs);
+  if (!types) {
+    error_ = "building " + name.str() + " (" + opInfo(kind).name.str() +
+             "): " + llvm::toString(types.takeError());
+    return nullptr;
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < types->size(); ++i)
+    names.push_back(graph_.uniqueName(i == 0 ? name : (name + "." + std::to_string(i)).str()));
+  return graph_.createOp(kind, operands, std::move(attrs), *types, names)->result(0);
+}
+
+Value *Builder::leaf(OpKind kind, llvm::StringRef name, TensorType type, AttrMap attrs) {
+  if (!error_.empty())
+    return nullptr;
+  if (graph_.lookup(name)) {
+    error_ = "duplicate " + opInfo(kind).name.str() + " name '" + name.str() + "'";
+    return nullptr;
+  }
+  return graph_.createOp(kind, {}, std::move(attrs), {type}, {name.str()})->result(0);
+}
+
+Value *Builder::input(llvm::StringRef name, TensorType type) {
+  return leaf(OpKind::Input, name, std::move(type), {});
+}
+
+Value *Builder::param(llvm::StringRef name, TensorType type, AttrMap init) {
+  return leaf(OpKind::Param, name, std::move(type), std::move(init));
+}
+
+llvm::Error Builder::takeError() {
+  if (error_.empty())
+    return llvm::Error::success();
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), std::exchange(error_, ""));
+}
+
+} // namespace tgc

@@ -1,0 +1,330 @@
+#include "ir/Infer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace tgc {
+namespace {
+
+template <typename... Args>
+llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 fmt::format(format, std::forward<Args>(args)...));
+}
+
+using Operands = llvm::ArrayRef<TensorType>;
+
+llvm::Error requireFloat(const TensorType &t, llvm::StringRef what) {
+  if (!isFloat(t.dtype))
+    return fail("{} must be a floating-point tensor, got {}", what, t.str());
+  return llvm::Error::success();
+}
+
+llvm::Error requireSameDType(const TensorType &a, const TensorType &b) {
+  if (a.dtype != b.dtype)
+    return fail("operand dtypes differ: {} and {}", a.str(), b.str());
+  return llvm::Error::success();
+}
+
+llvm::Expected<double> requireFloatAttr(const AttrMap &attrs, llvm::StringRef key) {
+  auto v = attrs.getFloat(key);
+  if (!v)
+    return fail("missing float attribute '{}'", key.str());
+  return *v;
+}
+
+llvm::Expected<std::vector<int64_t>> requireIntsAttr(const AttrMap &attrs, llvm::StringRef key) {
+  auto v = attrs.getInts(key);
+  if (!v)
+    return fail("missing integer-list attribute '{}'", key.str());
+  return *v;
+}
+
+llvm::Expected<int64_t> requireIntAttr(const AttrMap &attrs, llvm::StringRef key) {
+  auto v = attrs.getInt(key);
+  if (!v)
+    return fail("missing integer attribute '{}'", key.str());
+  return *v;
+}
+
+llvm::Expected<TypeList> inferLeaf(Operands, const AttrMap &, llvm::ArrayRef<TensorType> declared) {
+  if (declared.size() != 1)
+    return fail("needs exactly one declared result type");
+  if (auto err = checkTypeLimits(declared[0]))
+    return std::move(err);
+  return TypeList{declared[0]};
+}
+
+llvm::Expected<TypeList> inferInput(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {
+  return inferLeaf(ops, attrs, d);
+}
+
+llvm::Expected<TypeList> inferParam(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {
+  auto types = inferLeaf(ops, attrs, d);
+  if (!types)
+    return types.takeError();
+  if (auto err = requireFloat((*types)[0], "a parameter"))
+    return std::move(err);
+  auto init = attrs.getString("init");
+  if (!init)
+    return fail("missing string attribute 'init' (normal | zeros | ones)");
+  if (*init == "normal") {
+    auto std = requireFloatAttr(attrs, "std");
+    if (!std)
+      return std.takeError();
+    if (!(*std > 0 && *std < 1e3))
+      return fail("'std' must be positive and finite, got {}", *std);
+  } else if (*init != "zeros" && *init != "ones") {
+    return fail("unknown init '{}' (expected normal, zeros or ones)", *init);
+  }
+  return types;
+}
+
+llvm::Expected<TypeList> inferEmbedding(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  const TensorType &table = ops[0], &ids = ops[1];
+  if (table.rank() != 2)
+    return fail("table must be rank 2 [vocab, dim], got {}", table.str());
+  if (auto err = requireFloat(table, "table"))
+    return std::move(err);
+  if (ids.dtype != DType::I32 || ids.rank() < 1)
+    return fail("ids must be an i32 tensor of rank >= 1, got {}", ids.str());
+  Shape shape = ids.shape;
+  shape.push_back(table.dim(1));
+  return TypeList{TensorType(table.dtype, shape)};
+}
+
+llvm::Expected<TypeList> inferMatMul(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  const TensorType &a = ops[0], &b = ops[1];
+  if (auto err = requireFloat(a, "lhs"))
+    return std::move(err);
+  if (auto err = requireSameDType(a, b))
+    return std::move(err);
+  if (a.rank() < 2)
+    return fail("lhs must have rank >= 2, got {}", a.str());
+  if (b.rank() != 2 && b.rank() != a.rank())
+    return fail("rhs must be rank 2 or have the lhs's rank {}, got {}", a.rank(), b.str());
+  for (unsigned i = 0; i + 2 < b.rank(); ++i)
+    if (a.shape[i] != b.shape[i])
+      return fail("batch dimensions differ: {} and {}", a.str(), b.str());
+  bool ta = attrs.getBool("transpose_a").value_or(false);
+  bool tb = attrs.getBool("transpose_b").value_or(false);
+  int64_t m = ta ? a.dim(-1) : a.dim(-2), ka = ta ? a.dim(-2) : a.dim(-1);
+  int64_t kb = tb ? b.dim(-1) : b.dim(-2), n = tb ? b.dim(-2) : b.dim(-1);
+  if (ka != kb)
+    return fail("contraction dimensions differ: {} vs {} ({} x {}{}{})", ka, kb, a.str(), b.str(),
+                ta ? ", transpose_a" : "", tb ? ", transpose_b" : "");
+  Shape shape(a.shape.begin(), a.shape.end() - 2);
+  shape.push_back(m);
+  shape.push_back(n);
+  return TypeList{TensorType(a.dtype, shape)};
+}
+
+llvm::Expected<TypeList> inferBroadcastBinary(Operands ops) {
+  const TensorType &a = ops[0], &b = ops[1];
+  if (auto err = requireFloat(a, "lhs"))
+    return std::move(err);
+  if (auto err = requireSameDType(a, b))
+    return std::move(err);
+  bool suffix = b.rank() <= a.rank() &&
+                std::equal(b.shape.begin(), b.shape.end(), a.shape.end() - b.rank());
+  if (!suffix)
+    return fail("shape mismatch: rhs {} must equal lhs {} or a suffix of it", b.str(), a.str());
+  return TypeList{a};
+}
+
+llvm::Expected<TypeList> inferAdd(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferBroadcastBinary(ops);
+}
+llvm::Expected<TypeList> inferMul(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferBroadcastBinary(ops);
+}
+
+llvm::Expected<TypeList> inferUnaryFloat(const TensorType &x) {
+  if (auto err = requireFloat(x, "operand"))
+    return std::move(err);
+  return TypeList{x};
+}
+
+llvm::Expected<TypeList> inferScale(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto factor = requireFloatAttr(attrs, "factor");
+  if (!factor)
+    return factor.takeError();
+  return inferUnaryFloat(ops[0]);
+}
+llvm::Expected<TypeList> inferGelu(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferUnaryFloat(ops[0]);
+}
+llvm::Expected<TypeList> inferSilu(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferUnaryFloat(ops[0]);
+}
+
+llvm::Error checkNorm(Operands ops, const AttrMap &attrs) {
+  const TensorType &x = ops[0];
+  if (auto err = requireFloat(x, "input"))
+    return err;
+  auto eps = requireFloatAttr(attrs, "eps");
+  if (!eps)
+    return eps.takeError();
+  if (!(*eps > 0 && *eps < 1))
+    return fail("'eps' must be in (0, 1), got {}", *eps);
+  if (x.rank() < 1)
+    return fail("input must have rank >= 1");
+  for (size_t i = 1; i < ops.size(); ++i) {
+    if (auto err = requireSameDType(x, ops[i]))
+      return err;
+    if (ops[i].rank() != 1 || ops[i].dim(0) != x.dim(-1))
+      return fail("norm weight must be [{}], got {}", x.dim(-1), ops[i].str());
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<TypeList> inferLayerNorm(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (auto err = checkNorm(ops, attrs))
+    return std::move(err);
+  return TypeList{ops[0]};
+}
+llvm::Expected<TypeList> inferRMSNorm(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  return inferLayerNorm(ops, attrs, {});
+}
+
+llvm::Expected<TypeList> inferReshape(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto shape = requireIntsAttr(attrs, "shape");
+  if (!shape)
+    return shape.takeError();
+  TensorType result(ops[0].dtype, *shape);
+  if (auto err = checkTypeLimits(result))
+    return std::move(err);
+  if (result.numElements() != ops[0].numElements())
+    return fail("cannot reshape {} ({} elements) to {} ({} elements)", ops[0].str(),
+                ops[0].numElements(), result.str(), result.numElements());
+  return TypeList{result};
+}
+
+llvm::Expected<TypeList> inferTranspose(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto perm = requireIntsAttr(attrs, "perm");
+  if (!perm)
+    return perm.takeError();
+  const TensorType &x = ops[0];
+  if (perm->size() != x.rank())
+    return fail("perm has {} entries for a rank-{} operand", perm->size(), x.rank());
+  std::vector<bool> seen(x.rank(), false);
+  Shape shape;
+  for (int64_t p : *perm) {
+    if (p < 0 || p >= int64_t(x.rank()) || seen[p])
+      return fail("perm [{}] is not a permutation of 0..{}", fmt::join(*perm, ","), x.rank() - 1);
+    seen[p] = true;
+    shape.push_back(x.shape[p]);
+  }
+  return TypeList{TensorType(x.dtype, shape)};
+}
+
+llvm::Expected<TypeList> inferSlice(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto axis = requireIntAttr(attrs, "axis");
+  if (!axis)
+    return axis.takeError();
+  auto start = requireIntAttr(attrs, "start");
+  if (!start)
+    return start.takeError();
+  auto size = requireIntAttr(attrs, "size");
+  if (!size)
+    return size.takeError();
+  const TensorType &x = ops[0];
+  if (*axis < 0 || *axis >= int64_t(x.rank()))
+    return fail("axis {} out of range for {}", *axis, x.str());
+  if (*start < 0 || *size <= 0 || *start > x.shape[*axis] - *size)
+    return fail("slice [{}, {}) out of range for dimension {} of size {}", *start,
+                *start + *size, *axis, x.shape[*axis]);
+  TensorType result = x;
+  result.shape[*axis] = *size;
+  return TypeList{result};
+}
+
+llvm::Expected<TypeList> inferCausalMask(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  const TensorType &x = ops[0];
+  if (auto err = requireFloat(x, "scores"))
+    return std::move(err);
+  if (x.rank() < 2 || x.dim(-1) != x.dim(-2))
+    return fail("scores must be [..., T, T], got {}", x.str());
+  return TypeList{x};
+}
+
+llvm::Expected<TypeList> inferRowwise(const TensorType &x) {
+  if (auto err = requireFloat(x, "operand"))
+    return std::move(err);
+  if (x.rank() < 1)
+    return fail("operand must have rank >= 1");
+  return TypeList{x};
+}
+llvm::Expected<TypeList> inferSoftmax(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferRowwise(ops[0]);
+}
+llvm::Expected<TypeList> inferLogSoftmax(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferRowwise(ops[0]);
+}
+
+llvm::Expected<TypeList> inferNLLLoss(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  const TensorType &logp = ops[0], &targets = ops[1];
+  if (auto err = requireFloat(logp, "log-probabilities"))
+    return std::move(err);
+  if (logp.rank() < 2)
+    return fail("log-probabilities must be [..., vocab], got {}", logp.str());
+  Shape expected(logp.shape.begin(), logp.shape.end() - 1);
+  if (targets.dtype != DType::I32 || targets.shape != expected)
+    return fail("targets must be i32{}, got {}",
+                TensorType(DType::I32, expected).str().substr(3), targets.str());
+  return TypeList{TensorType(DType::F32, {})};
+}
+
+using InferFn = llvm::Expected<TypeList> (*)(Operands, const AttrMap &, llvm::ArrayRef<TensorType>);
+const InferFn kInferFns[] = {
+#define OP(Enum, Name, MinOperands, MaxOperands, Results) &infer##Enum,
+#include "ir/Ops.def"
+};
+
+} // namespace
+
+llvm::Error checkTypeLimits(const TensorType &type) {
+  if (type.rank() > kMaxRank)
+    return fail("rank {} exceeds the limit of {}", type.rank(), kMaxRank);
+  int64_t elements = 1;
+  for (int64_t d : type.shape) {
+    if (d <= 0)
+      return fail("dimension {} in {} must be positive", d, type.str());
+    if (d > kMaxDim)
+      return fail("dimension {} in {} exceeds the limit of {}", d, type.str(), kMaxDim);
+    if (elements > kMaxElements / d)
+      return fail("{} has more than {} elements", type.str(), kMaxElements);
+    elements *= d;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<TypeList> inferResultTypes(OpKind kind, llvm::ArrayRef<TensorType> operands,
+                                          const AttrMap &attrs,
+                                          llvm::ArrayRef<TensorType> declared) {
+  const OpInfo &info = opInfo(kind);
+  if (operands.size() < info.minOperands || operands.size() > info.maxOperands) {
+    if (info.minOperands == info.maxOperands)
+      return fail("expects {} operand{}, got {}", info.minOperands,
+                  info.minOperands == 1 ? "" : "s", operands.size());
+    return fail("expects {} to {} operands, got {}", info.minOperands, info.maxOperands,
+                operands.size());
+  }
+  auto types = kInferFns[static_cast<unsigned>(kind)](operands, attrs, declared);
+  if (!types)
+    return types.takeError();
+  for (const TensorType &t : *types)
+    if (auto err = checkTypeLimits(t))
+      return std::move(err);
+  return types;
+}
+
+llvm::Expected<TypeList> inferResultTypes(OpKind kind, llvm::ArrayRef<Value *> operands,
+                                          const AttrMap &attrs) {
+  llvm::SmallVector<TensorType, 4> types;
+  for (Value *v : operands)
+    types.push_back(v->type());
+  return inferResultTypes(kind, types, attrs);
+}
+
+} // namespace tgc

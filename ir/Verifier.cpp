@@ -1,0 +1,62 @@
+#include "ir/Verifier.h"
+
+#include "ir/Infer.h"
+
+#include "llvm/ADT/DenseSet.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+
+static llvm::Error opError(const Op &op, llvm::StringRef file, const std::string &message) {
+  std::string where;
+  if (op.loc().line)
+    where = fmt::format("{}:{}:{}: ", file.empty() ? "<ir>" : file.str(), op.loc().line,
+                        op.loc().column);
+  std::string subject = op.numResults() ? "%" + op.result(0)->name() + " = " : "";
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "%serror: %s%s: %s",
+                                 where.c_str(), subject.c_str(), op.name().str().c_str(),
+                                 message.c_str());
+}
+
+llvm::Error verify(const Graph &graph, llvm::StringRef file) {
+  llvm::DenseSet<const Value *> defined;
+  for (const Op *op : graph.ops()) {
+    llvm::SmallVector<TensorType, 4> operandTypes;
+    for (const Value *v : op->operands()) {
+      if (!defined.count(v))
+        return opError(*op, file, "operand %" + v->name() + " is used before it is defined");
+      operandTypes.push_back(v->type());
+    }
+    llvm::SmallVector<TensorType, 1> declared;
+    for (unsigned i = 0; i < op->numResults(); ++i)
+      declared.push_back(op->result(i)->type());
+    if (declared.size() != opInfo(op->kind()).numResults)
+      return opError(*op, file,
+                     fmt::format("has {} results, expected {}", declared.size(),
+                                 opInfo(op->kind()).numResults));
+    auto inferred = inferResultTypes(op->kind(), operandTypes, op->attrs(), declared);
+    if (!inferred)
+      return opError(*op, file, llvm::toString(inferred.takeError()));
+    for (unsigned i = 0; i < declared.size(); ++i)
+      if ((*inferred)[i] != declared[i])
+        return opError(*op, file,
+                       fmt::format("result type {} does not match the inferred type {}",
+                                   declared[i].str(), (*inferred)[i].str()));
+    for (unsigned i = 0; i < op->numResults(); ++i)
+      defined.insert(op->result(i));
+  }
+  if (graph.outputs().empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "%s: error: graph @%s returns nothing",
+                                   file.empty() ? "<ir>" : file.str().c_str(),
+                                   graph.name().c_str());
+  for (const Value *out : graph.outputs())
+    if (!defined.count(out))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "error: graph @%s returns %%%s, which no op defines",
+                                     graph.name().c_str(), out->name().c_str());
+  return llvm::Error::success();
+}
+
+} // namespace tgc

@@ -1,0 +1,143 @@
+#include "models/GPTBuilder.h"
+
+#include <cmath>
+
+namespace tgc {
+namespace {
+
+class GPTBuilder {
+public:
+  GPTBuilder(const ModelConfig &config, int64_t batch, Graph &graph)
+      : c_(config), batch_(batch), b_(graph) {}
+
+  llvm::Error build();
+
+private:
+  using Dims = llvm::SmallVector<int64_t, 4>;
+
+  AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
+    AttrMap map;
+    for (auto &[k, v] : list)
+      map.set(k, v);
+    return map;
+  }
+  Value *weight(const std::string &name, Dims dims, double std) {
+    return b_.param(name, TensorType(DType::F32, dims),
+                    attrs({{"init", std::string("normal")}, {"std", std}}));
+  }
+  Value *constant(const std::string &name, Dims dims, const char *init) {
+    return b_.param(name, TensorType(DType::F32, dims), attrs({{"init", std::string(init)}}));
+  }
+  Value *op(OpKind kind, llvm::ArrayRef<Value *> operands, const std::string &name,
+            AttrMap a = {}) {
+    return b_.create(kind, operands, std::move(a), name);
+  }
+  /// x @ weight^T (+ bias), weight stored [out, in] as in torch.nn.Linear.
+  Value *linear(Value *x, const std::string &name, int64_t in, int64_t out, double std) {
+    Value *w = weight(name + ".weight", {out, in}, std);
+    Value *y = op(OpKind::MatMul, {x, w}, name, attrs({{"transpose_b", true}}));
+    if (!c_.bias)
+      return y;
+    Value *bias = constant(name + ".bias", {out}, "zeros");
+    return op(OpKind::Add, {y, bias}, name + ".out");
+  }
+  Value *norm(Value *x, const std::string &name) {
+    Value *gamma = constant(name + ".weight", {c_.dModel}, "ones");
+    if (c_.norm == NormKind::RMSNorm)
+      return op(OpKind::RMSNorm, {x, gamma}, name, attrs({{"eps", c_.normEps}}));
+    Value *beta = constant(name + ".bias", {c_.dModel}, "zeros");
+    return op(OpKind::LayerNorm, {x, gamma, beta}, name, attrs({{"eps", c_.normEps}}));
+  }
+  Value *attention(Value *x, const std::string &p);
+  Value *mlp(Value *x, const std::string &p);
+
+  const ModelConfig &c_;
+  int64_t batch_;
+  Builder b_;
+  double std_ = 0.02;
+};
+
+Value *GPTBuilder::attention(Value *x, const std::string &p) {
+  int64_t B = batch_, T = c_.seqLen, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
+  Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
+  // [B, T, 3D] -> q, k, v as [B, H, T, Dh].
+  auto head = [&](int64_t index, const char *name) {
+    Value *part = op(OpKind::Slice, {qkv}, p + "." + name,
+                     attrs({{"axis", int64_t(2)}, {"start", index * D}, {"size", D}}));
+    Value *split = op(OpKind::Reshape, {part}, p + "." + name + ".heads",
+                      attrs({{"shape", std::vector<int64_t>{B, T, H, Dh}}}));
+    return op(OpKind::Transpose, {split}, p + "." + name + ".bhtd",
+              attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+  };
+  Value *q = head(0, "q"), *k = head(1, "k"), *v = head(2, "v");
+  Value *scores = op(OpKind::MatMul, {q, k}, p + ".scores", attrs({{"transpose_b", true}}));
+  Value *scaled = op(OpKind::Scale, {scores}, p + ".scores.scaled",
+                     attrs({{"factor", 1.0 / std::sqrt(double(Dh))}}));
+  Value *masked = op(OpKind::CausalMask, {scaled}, p + ".scores.masked");
+  Value *probs = op(OpKind::Softmax, {masked}, p + ".probs");
+  Value *context = op(OpKind::MatMul, {probs, v}, p + ".context");
+  Value *merged = op(OpKind::Transpose, {context}, p + ".context.bthd",
+                     attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+  Value *flat = op(OpKind::Reshape, {merged}, p + ".context.flat",
+                   attrs({{"shape", std::vector<int64_t>{B, T, D}}}));
+  // GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
+  return linear(flat, p + ".proj", D, D, std_ / std::sqrt(2.0 * c_.layers));
+}
+
+Value *GPTBuilder::mlp(Value *x, const std::string &p) {
+  int64_t D = c_.dModel, F = c_.ffn;
+  double projStd = std_ / std::sqrt(2.0 * c_.layers);
+  if (c_.activation == ActivationKind::Gelu) {
+    Value *h = linear(x, p + ".fc1", D, F, std_);
+    Value *act = op(OpKind::Gelu, {h}, p + ".gelu");
+    return linear(act, p + ".fc2", F, D, projStd);
+  }
+  // SwiGLU: fc1 produces [gate | up] (2F wide, as TE's LayerNormMLP does); silu(gate) * up.
+  Value *h = linear(x, p + ".fc1", D, 2 * F, std_);
+  Value *gate = op(OpKind::Slice, {h}, p + ".gate",
+                   attrs({{"axis", int64_t(2)}, {"start", int64_t(0)}, {"size", F}}));
+  Value *up = op(OpKind::Slice, {h}, p + ".up",
+                 attrs({{"axis", int64_t(2)}, {"start", F}, {"size", F}}));
+  Value *act = op(OpKind::Silu, {gate}, p + ".silu");
+  Value *glu = op(OpKind::Mul, {act, up}, p + ".glu");
+  return linear(glu, p + ".fc2", F, D, projStd);
+}
+
+llvm::Error GPTBuilder::build() {
+  int64_t B = batch_, T = c_.seqLen, D = c_.dModel, V = c_.vocab;
+  Value *tokens = b_.input("tokens", TensorType(DType::I32, {B, T}));
+  Value *targets = b_.input("targets", TensorType(DType::I32, {B, T}));
+  Value *wte = weight("wte", {V, D}, std_);
+  Value *wpe = weight("wpe", {T, D}, std_ / 2);
+  Value *tok = op(OpKind::Embedding, {wte, tokens}, "tok_emb");
+  Value *x = op(OpKind::Add, {tok, wpe}, "x0");
+  for (int64_t l = 0; l < c_.layers; ++l) {
+    std::string p = "h" + std::to_string(l);
+    Value *ln1 = norm(x, p + ".ln1");
+    Value *attn = attention(ln1, p + ".attn");
+    x = op(OpKind::Add, {x, attn}, p + ".res1");
+    Value *ln2 = norm(x, p + ".ln2");
+    Value *ffn = mlp(ln2, p + ".mlp");
+    x = op(OpKind::Add, {x, ffn}, p + ".res2");
+  }
+  Value *final = norm(x, "lnf");
+  Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_);
+  Value *logits = op(OpKind::MatMul, {final, head}, "logits", attrs({{"transpose_b", true}}));
+  Value *logp = op(OpKind::LogSoftmax, {logits}, "logp");
+  Value *loss = op(OpKind::NLLLoss, {logp, targets}, "loss");
+  if (auto err = b_.takeError())
+    return err;
+  b_.graph().addOutput(loss);
+  return llvm::Error::success();
+}
+
+} // namespace
+
+llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch) {
+  auto graph = std::make_unique<Graph>(config.name);
+  if (auto err = GPTBuilder(config, batch, *graph).build())
+    return std::move(err);
+  return std::move(graph);
+}
+
+} // namespace tgc

@@ -1,0 +1,14 @@
+// Expands a model description into forward IR with the loss: token and position embeddings,
+// pre-norm blocks, final norm, LM head, cross-entropy. Plain ops only; fusion is the passes' job.
+#pragma once
+
+#include "ir/Graph.h"
+#include "models/ModelConfig.h"
+
+namespace tgc {
+
+/// The graph takes inputs %tokens and %targets (i32[batch, seq_len]) and returns %loss.
+/// Parameter names follow PyTorch conventions (h0.attn.qkv.weight, lm_head.weight, ...).
+llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch);
+
+} // namespace tgc

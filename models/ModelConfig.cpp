@@ -1,0 +1,371 @@
+#include "models/ModelConfig.h"
+
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/YAMLParser.h"
+
+#include <charconv>
+#include <cmath>
+#include <fmt/format.h>
+
+namespace tgc {
+
+int64_t ModelConfig::numParams() const {
+  int64_t d = dModel, normParams = norm == NormKind::LayerNorm ? 2 * d : d;
+  int64_t fc1Out = activation == ActivationKind::SwiGLU ? 2 * ffn : ffn;
+  int64_t perLayer = 2 * normParams + 3 * d * d + d * d + fc1Out * d + ffn * d;
+  if (bias)
+    perLayer += 3 * d + d + fc1Out + d;
+  int64_t total = vocab * d + seqLen * d + layers * perLayer + normParams;
+  if (!tieEmbeddings)
+    total += vocab * d;
+  return total;
+}
+
+namespace {
+
+/// A YAML node copied out of LLVM's streaming parser, whose nodes cannot be visited twice.
+struct YNode {
+  enum Kind { Scalar, Mapping, Other } kind = Other;
+  llvm::SMLoc loc;
+  std::string value;                            // Scalar
+  std::vector<std::pair<YNode, YNode>> entries; // Mapping: (key, value) in file order
+};
+
+YNode materialize(llvm::yaml::Node *node) {
+  YNode out;
+  if (!node)
+    return out;
+  out.loc = node->getSourceRange().Start;
+  if (auto *scalar = llvm::dyn_cast<llvm::yaml::ScalarNode>(node)) {
+    llvm::SmallString<32> storage;
+    out.kind = YNode::Scalar;
+    out.value = scalar->getValue(storage).str();
+  } else if (auto *map = llvm::dyn_cast<llvm::yaml::MappingNode>(node)) {
+    out.kind = YNode::Mapping;
+    for (auto &entry : *map)
+      out.entries.emplace_back(materialize(entry.getKey()), materialize(entry.getValue()));
+  } else if (auto *seq = llvm::dyn_cast<llvm::yaml::SequenceNode>(node)) {
+    for (auto &item : *seq)
+      (void)item; // read through so the parser's errors inside it are reported
+  }
+  return out;
+}
+
+/// Reads one YAML document into a ModelConfig. Every error carries the place it refers to.
+class ConfigReader {
+public:
+  ConfigReader(llvm::StringRef text, llvm::StringRef file) : file_(file.str()) {
+    buffer_ = llvm::MemoryBuffer::getMemBuffer(text, file, /*RequiresNullTerminator=*/false);
+    // The YAML parser reports syntax errors through the SourceMgr; keep the first as one line.
+    sm_.setDiagHandler(
+        [](const llvm::SMDiagnostic &diag, void *context) {
+          auto *self = static_cast<ConfigReader *>(context);
+          if (self->error_.empty())
+            self->error_ = fmt::format("{}:{}:{}: error: {}", self->file_, diag.getLineNo(),
+                                       diag.getColumnNo() + 1, diag.getMessage().str());
+        },
+        this);
+  }
+
+  llvm::Expected<ModelConfig> read();
+
+private:
+  using Fields = llvm::StringMap<const YNode *>;
+
+  std::string where(llvm::SMLoc loc) const {
+    if (!loc.isValid())
+      return file_ + ": ";
+    auto [line, col] = sm_.getLineAndColumn(loc);
+    return fmt::format("{}:{}:{}: ", file_, line, col);
+  }
+  void fail(const YNode *node, const std::string &message) {
+    if (error_.empty())
+      error_ = where(node ? node->loc : llvm::SMLoc()) + "error: " + message;
+  }
+  bool failed() const { return !error_.empty(); }
+
+  bool readMapping(const YNode *node, llvm::StringRef section,
+                   llvm::ArrayRef<llvm::StringRef> allowed, Fields &fields);
+  std::optional<std::string> scalar(const YNode *node, llvm::StringRef key);
+  void readInt(const Fields &fields, llvm::StringRef key, int64_t &out, int64_t min, int64_t max,
+               bool required);
+  void readUInt(const Fields &fields, llvm::StringRef key, uint64_t &out);
+  void readDouble(const Fields &fields, llvm::StringRef key, double &out, double min, double max);
+  void readBool(const Fields &fields, llvm::StringRef key, bool &out);
+  void readChoice(const Fields &fields, llvm::StringRef key, std::string &out,
+                  llvm::ArrayRef<llvm::StringRef> choices);
+
+  std::string file_;
+  const YNode *section_ = nullptr; // the mapping being read, for "missing key" errors
+  llvm::StringRef sectionName_;
+  std::unique_ptr<llvm::MemoryBuffer> buffer_;
+  llvm::SourceMgr sm_;
+  std::string error_;
+};
+
+bool ConfigReader::readMapping(const YNode *node, llvm::StringRef section,
+                               llvm::ArrayRef<llvm::StringRef> allowed, Fields &fields) {
+  section_ = node;
+  sectionName_ = section;
+  if (node->kind != YNode::Mapping) {
+    fail(node, fmt::format("'{}' must be a mapping of keys to values", section.str()));
+    return false;
+  }
+  for (const auto &[keyNode, value] : node->entries) {
+    if (keyNode.kind != YNode::Scalar) {
+      fail(&keyNode, fmt::format("keys of '{}' must be plain names", section.str()));
+      return false;
+    }
+    const std::string &key = keyNode.value;
+    if (!llvm::is_contained(allowed, key)) {
+      std::string list;
+      for (llvm::StringRef a : allowed)
+        list += (list.empty() ? "" : ", ") + a.str();
+      fail(&keyNode, fmt::format("unknown key '{}' in '{}' (expected one of: {})", key,
+                                 section.str(), list));
+      return false;
+    }
+    if (fields.count(key)) {
+      fail(&keyNode, fmt::format("key '{}' appears twice in '{}'", key, section.str()));
+      return false;
+    }
+    fields[key] = &value;
+  }
+  return !failed();
+}
+
+std::optional<std::string> ConfigReader::scalar(const YNode *node, llvm::StringRef key) {
+  if (node->kind != YNode::Scalar) {
+    fail(node, fmt::format("'{}' must be a single value", key.str()));
+    return std::nullopt;
+  }
+  return node->value;
+}
+
+void ConfigReader::readInt(const Fields &fields, llvm::StringRef key, int64_t &out, int64_t min,
+                           int64_t max, bool required) {
+  if (failed())
+    return;
+  auto it = fields.find(key);
+  if (it == fields.end()) {
+    if (required)
+      fail(section_, fmt::format("missing required key '{}' in '{}'", key.str(),
+                                 sectionName_.str()));
+    return;
+  }
+  auto text = scalar(it->second, key);
+  if (!text)
+    return;
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec == std::errc::result_out_of_range ||
+      (ec == std::errc() && ptr == text->data() + text->size() && (value < min || value > max))) {
+    fail(it->second, fmt::format("{} ({}) must be between {} and {}", key.str(), *text, min, max));
+    return;
+  }
+  if (ec != std::errc() || ptr != text->data() + text->size()) {
+    fail(it->second, fmt::format("{} must be an integer, got '{}'", key.str(), *text));
+    return;
+  }
+  out = value;
+}
+
+void ConfigReader::readUInt(const Fields &fields, llvm::StringRef key, uint64_t &out) {
+  if (failed() || !fields.count(key))
+    return;
+  auto *node = fields.lookup(key);
+  auto text = scalar(node, key);
+  if (!text)
+    return;
+  uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec != std::errc() || ptr != text->data() + text->size()) {
+    fail(node, fmt::format("{} must be a non-negative 64-bit integer, got '{}'", key.str(), *text));
+    return;
+  }
+  out = value;
+}
+
+void ConfigReader::readDouble(const Fields &fields, llvm::StringRef key, double &out, double min,
+                              double max) {
+  if (failed() || !fields.count(key))
+    return;
+  auto *node = fields.lookup(key);
+  auto text = scalar(node, key);
+  if (!text)
+    return;
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec != std::errc() || ptr != text->data() + text->size() || !std::isfinite(value)) {
+    fail(node, fmt::format("{} must be a number, got '{}'", key.str(), *text));
+    return;
+  }
+  if (value < min || value > max) {
+    fail(node, fmt::format("{} ({}) must be between {} and {}", key.str(), *text, min, max));
+    return;
+  }
+  out = value;
+}
+
+void ConfigReader::readBool(const Fields &fields, llvm::StringRef key, bool &out) {
+  if (failed() || !fields.count(key))
+    return;
+  auto *node = fields.lookup(key);
+  auto text = scalar(node, key);
+  if (!text)
+    return;
+  if (*text == "true")
+    out = true;
+  else if (*text == "false")
+    out = false;
+  else
+    fail(node, fmt::format("{} must be true or false, got '{}'", key.str(), *text));
+}
+
+void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::string &out,
+                              llvm::ArrayRef<llvm::StringRef> choices) {
+  if (failed() || !fields.count(key))
+    return;
+  auto *node = fields.lookup(key);
+  auto text = scalar(node, key);
+  if (!text)
+    return;
+  if (!llvm::is_contained(choices, *text)) {
+    std::string list;
+    for (llvm::StringRef c : choices)
+      list += (list.empty() ? "" : " | ") + c.str();
+    fail(node, fmt::format("{} must be one of {}, got '{}'", key.str(), list, *text));
+    return;
+  }
+  out = *text;
+}
+
+llvm::Expected<ModelConfig> ConfigReader::read() {
+  auto fromError = [&]() {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), error_.c_str());
+  };
+  ModelConfig config;
+  llvm::yaml::Stream stream(buffer_->getMemBufferRef(), sm_, /*ShowColors=*/false);
+  auto doc = stream.begin();
+  if (failed())
+    return fromError();
+  if (doc == stream.end() || !doc->getRoot() || llvm::isa<llvm::yaml::NullNode>(doc->getRoot())) {
+    error_ = file_ + ":1:1: error: empty model description (expected keys name, model, ...)";
+    return fromError();
+  }
+  YNode root = materialize(doc->getRoot());
+  // Read the rest of the stream so that syntax errors anywhere in the file are reported.
+  for (++doc; doc != stream.end() && !failed(); ++doc)
+    fail(nullptr, "only one YAML document is allowed");
+  if (!failed() && stream.failed())
+    error_ = file_ + ": error: malformed YAML";
+  if (failed())
+    return fromError();
+  Fields top, model, train, data, precision;
+  if (!readMapping(&root, "the model description",
+                   {"name", "model", "train", "data", "precision"}, top))
+    return fromError();
+  if (!top.count("model")) {
+    error_ = file_ + ":1:1: error: missing required section 'model'";
+    return fromError();
+  }
+  if (top.count("name")) {
+    if (auto name = scalar(top["name"], "name"))
+      config.name = *name;
+    bool valid = !config.name.empty() && llvm::all_of(config.name, [](char c) {
+      return llvm::isAlnum(c) || c == '_' || c == '-' || c == '.';
+    });
+    if (!failed() && !valid)
+      fail(top["name"], "name must be letters, digits, '_', '-' or '.'");
+  } else {
+    config.name = llvm::sys::path::stem(file_).str();
+  }
+  readMapping(top["model"], "model",
+              {"vocab", "seq_len", "d_model", "heads", "layers", "ffn", "norm", "activation",
+               "bias", "tie_embeddings", "norm_eps"},
+              model);
+  readInt(model, "vocab", config.vocab, 2, 1 << 20, true);
+  readInt(model, "seq_len", config.seqLen, 2, 1 << 16, true);
+  readInt(model, "d_model", config.dModel, 1, 1 << 16, true);
+  readInt(model, "heads", config.heads, 1, 1 << 10, true);
+  readInt(model, "layers", config.layers, 1, 1 << 10, true);
+  readInt(model, "ffn", config.ffn, 1, 1 << 20, true);
+  std::string norm = "layernorm", activation = "gelu";
+  readChoice(model, "norm", norm, {"layernorm", "rmsnorm"});
+  readChoice(model, "activation", activation, {"gelu", "swiglu"});
+  config.norm = norm == "layernorm" ? NormKind::LayerNorm : NormKind::RMSNorm;
+  config.activation = activation == "gelu" ? ActivationKind::Gelu : ActivationKind::SwiGLU;
+  readBool(model, "bias", config.bias);
+  readBool(model, "tie_embeddings", config.tieEmbeddings);
+  readDouble(model, "norm_eps", config.normEps, 1e-12, 0.1);
+  if (!failed() && config.dModel % config.heads != 0)
+    fail(model["heads"], fmt::format("heads ({}) does not divide d_model ({})", config.heads,
+                                     config.dModel));
+
+  TrainConfig &t = config.train;
+  if (top.count("train") &&
+      readMapping(top["train"], "train",
+                  {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
+                   "grad_clip", "seed"},
+                  train)) {
+    readInt(train, "batch", t.batch, 1, 1 << 16, false);
+    readDouble(train, "lr", t.lr, 1e-12, 10);
+    readInt(train, "steps", t.steps, 0, int64_t(1) << 40, false);
+    readInt(train, "warmup", t.warmup, 0, int64_t(1) << 40, false);
+    readDouble(train, "weight_decay", t.weightDecay, 0, 10);
+    readDouble(train, "beta1", t.beta1, 0, 0.999999);
+    readDouble(train, "beta2", t.beta2, 0, 0.999999999);
+    readDouble(train, "eps", t.eps, 1e-30, 1);
+    readDouble(train, "grad_clip", t.gradClip, 0, 1e9);
+    readUInt(train, "seed", t.seed);
+  }
+  if (top.count("data") &&
+      readMapping(top["data"], "data", {"min_step", "max_step"}, data)) {
+    readInt(data, "min_step", config.data.minStep, 1, config.vocab - 1, false);
+    readInt(data, "max_step", config.data.maxStep, 1, config.vocab - 1, false);
+    if (!failed() && config.data.maxStep < config.data.minStep)
+      fail(data["max_step"], fmt::format("max_step ({}) is below min_step ({})",
+                                         config.data.maxStep, config.data.minStep));
+  }
+  PrecisionConfig &p = config.precision;
+  if (top.count("precision") &&
+      readMapping(top["precision"], "precision",
+                  {"recipe", "fp8_format", "margin", "amax_history_len", "amax_compute_algo"},
+                  precision)) {
+    readChoice(precision, "recipe", p.recipe, {"auto", "fp32", "bf16", "fp8"});
+    readChoice(precision, "fp8_format", p.fp8Format, {"hybrid", "e4m3"});
+    readInt(precision, "margin", p.margin, 0, 64, false);
+    readInt(precision, "amax_history_len", p.amaxHistoryLen, 1, 1 << 16, false);
+    readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo, {"max", "most_recent"});
+  }
+  if (failed())
+    return fromError();
+
+  constexpr int64_t kMaxParams = int64_t(1) << 37; // 137 billion: far beyond any target here
+  // Dimensions are each bounded above, so this product cannot overflow int64.
+  if (config.numParams() > kMaxParams) {
+    error_ = fmt::format("{}: error: model has {} parameters, more than the limit of {}", file_,
+                         config.numParams(), kMaxParams);
+    return fromError();
+  }
+  return config;
+}
+
+} // namespace
+
+llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file) {
+  return ConfigReader(text, file).read();
+}
+
+llvm::Expected<ModelConfig> loadModelConfig(llvm::StringRef path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  if (!buffer)
+    return llvm::createStringError(buffer.getError(), "%s: error: cannot read: %s",
+                                   path.str().c_str(), buffer.getError().message().c_str());
+  return parseModelConfig((*buffer)->getBuffer(), path);
+}
+
+} // namespace tgc

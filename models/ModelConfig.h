@@ -1,0 +1,68 @@
+// Model descriptions: the YAML files in models/, read with LLVM's YAML parser and checked with
+// errors that name file:line:col.
+#pragma once
+
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <string>
+
+namespace tgc {
+
+enum class NormKind { LayerNorm, RMSNorm };
+enum class ActivationKind { Gelu, SwiGLU };
+
+struct TrainConfig {
+  int64_t batch = 16;
+  double lr = 1e-3;
+  int64_t steps = 100;
+  int64_t warmup = 10;
+  double weightDecay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double gradClip = 1.0;
+  uint64_t seed = 1234;
+};
+
+/// Arithmetic progressions token_i = (a + k*i) mod vocab with k in [minStep, maxStep].
+struct DataConfig {
+  int64_t minStep = 1;
+  int64_t maxStep = 8;
+};
+
+struct PrecisionConfig {
+  std::string recipe = "auto";       // auto | fp32 | bf16 | fp8
+  std::string fp8Format = "hybrid";  // hybrid | e4m3
+  int64_t margin = 0;
+  int64_t amaxHistoryLen = 1024;
+  std::string amaxComputeAlgo = "max"; // max | most_recent
+};
+
+struct ModelConfig {
+  std::string name;
+  int64_t vocab = 0;
+  int64_t seqLen = 0;
+  int64_t dModel = 0;
+  int64_t heads = 0;
+  int64_t layers = 0;
+  int64_t ffn = 0;
+  NormKind norm = NormKind::LayerNorm;
+  ActivationKind activation = ActivationKind::Gelu;
+  bool bias = true;
+  bool tieEmbeddings = false;
+  double normEps = 1e-5;
+  TrainConfig train;
+  DataConfig data;
+  PrecisionConfig precision;
+
+  int64_t headDim() const { return dModel / heads; }
+  /// Number of trainable parameters of the GPT this describes.
+  int64_t numParams() const;
+};
+
+/// Parses and checks a model description; `file` names it in errors.
+llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file);
+llvm::Expected<ModelConfig> loadModelConfig(llvm::StringRef path);
+
+} // namespace tgc

@@ -1,0 +1,125 @@
+#include "passes/Pass.h"
+
+#include "ir/Printer.h"
+#include "ir/Verifier.h"
+#include "passes/Passes.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+
+namespace {
+struct PassEntry {
+  const char *name;
+  std::unique_ptr<Pass> (*create)();
+};
+// Every pass, in the order the default pipeline runs them.
+const PassEntry kPasses[] = {
+    {"cse", createCommonSubexpressionEliminationPass},
+    {"dce", createDeadCodeEliminationPass},
+};
+} // namespace
+
+std::unique_ptr<Pass> createPass(llvm::StringRef name) {
+  for (const PassEntry &entry : kPasses)
+    if (name == entry.name)
+      return entry.create();
+  return nullptr;
+}
+
+std::vector<std::string> allPassNames() {
+  std::vector<std::string> names;
+  for (const PassEntry &entry : kPasses)
+    names.push_back(entry.name);
+  return names;
+}
+
+std::vector<std::string> defaultPipeline() { return allPassNames(); }
+
+OpCounts countOps(const Graph &graph) {
+  OpCounts counts;
+  for (const Op *op : graph.ops())
+    ++counts[op->name().str()];
+  return counts;
+}
+
+void printOpCountTable(const OpCounts &before, const OpCounts &after, llvm::raw_ostream &os) {
+  std::map<std::string, std::pair<int64_t, int64_t>> rows;
+  int64_t totalBefore = 0, totalAfter = 0;
+  for (const auto &[name, n] : before) {
+    rows[name].first = n;
+    totalBefore += n;
+  }
+  for (const auto &[name, n] : after) {
+    rows[name].second = n;
+    totalAfter += n;
+  }
+  os << fmt::format("{:<24}{:>10}{:>10}\n", "op", "before", "after");
+  for (const auto &[name, counts] : rows)
+    os << fmt::format("{:<24}{:>10}{:>10}\n", name, counts.first, counts.second);
+  os << fmt::format("{:<24}{:>10}{:>10}\n", "total", totalBefore, totalAfter);
+}
+
+static llvm::Error unknownPass(llvm::StringRef name) {
+  std::string known;
+  for (const std::string &n : allPassNames())
+    known += (known.empty() ? "" : ", ") + n;
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "error: unknown pass '%s' (passes: %s)", name.str().c_str(),
+                                 known.c_str());
+}
+
+llvm::Expected<PassPipeline> PassPipeline::create(llvm::ArrayRef<std::string> names,
+                                                  PipelineOptions options) {
+  for (const std::string &name : options.disabled)
+    if (!createPass(name))
+      return unknownPass(name);
+  for (const std::string &name : options.dumpAfter)
+    if (name != "all" && !createPass(name))
+      return unknownPass(name);
+  PassPipeline pipeline;
+  for (const std::string &name : names) {
+    auto pass = createPass(name);
+    if (!pass)
+      return unknownPass(name);
+    if (!llvm::is_contained(options.disabled, name))
+      pipeline.passes_.push_back(std::move(pass));
+  }
+  pipeline.options_ = std::move(options);
+  return std::move(pipeline);
+}
+
+std::vector<std::string> PassPipeline::passNames() const {
+  std::vector<std::string> names;
+  for (const auto &pass : passes_)
+    names.push_back(pass->name().str());
+  return names;
+}
+
+llvm::Error PassPipeline::run(Graph &graph) {
+  if (auto err = verify(graph))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "invalid input graph: %s",
+                                   llvm::toString(std::move(err)).c_str());
+  llvm::raw_ostream &dump = options_.dumpStream ? *options_.dumpStream : llvm::errs();
+  for (const auto &pass : passes_) {
+    auto changed = pass->run(graph);
+    if (!changed)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "pass %s failed: %s",
+                                     pass->name().str().c_str(),
+                                     llvm::toString(changed.takeError()).c_str());
+    if (auto err = verify(graph))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "pass %s produced an invalid graph: %s",
+                                     pass->name().str().c_str(),
+                                     llvm::toString(std::move(err)).c_str());
+    if (llvm::is_contained(options_.dumpAfter, "all") ||
+        llvm::is_contained(options_.dumpAfter, pass->name().str())) {
+      dump << "// ----- IR after " << pass->name() << (*changed ? "" : " (unchanged)")
+           << " -----\n";
+      printGraph(graph, dump);
+    }
+  }
+  return llvm::Error::success();
+}
+
+} // namespace tgc
