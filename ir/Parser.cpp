@@ -60,7 +60,8 @@ private:
   llvm::Error advance() { return lex(tok_); }
   llvm::Error error(const Token &at, const std::string &message) const {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s:%u:%u: error: %s",
-                                   file_.str().c_str(), at.line, at.column, message.c_str());
+                                   file_.str().c_str(), at.line, at.column,
+                                   escapeForMessage(message).c_str());
   }
   llvm::Error expected(llvm::StringRef what) const {
     std::string found = describe(tok_.kind).str();

@@ -128,4 +128,19 @@ std::optional<std::vector<int64_t>> AttrMap::getInts(llvm::StringRef key) const 
   return getAs<std::vector<int64_t>>(*this, key);
 }
 
+std::string escapeForMessage(llvm::StringRef text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c >= 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += char(c);
+  }
+  return out;
+}
+
 } // namespace tgc

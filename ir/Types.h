@@ -75,6 +75,10 @@ private:
   std::map<std::string, Attr> attrs_;
 };
 
+/// `text` with control characters and non-ASCII bytes escaped (\n, \x7f), so that error
+/// messages quoting user input stay on one line.
+std::string escapeForMessage(llvm::StringRef text);
+
 /// Where an op came from in IR text (line 0 means built in memory).
 struct Location {
   unsigned line = 0;

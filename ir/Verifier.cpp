@@ -16,7 +16,7 @@ static llvm::Error opError(const Op &op, llvm::StringRef file, const std::string
   std::string subject = op.numResults() ? "%" + op.result(0)->name() + " = " : "";
   return llvm::createStringError(llvm::inconvertibleErrorCode(), "%serror: %s%s: %s",
                                  where.c_str(), subject.c_str(), op.name().str().c_str(),
-                                 message.c_str());
+                                 escapeForMessage(message).c_str());
 }
 
 llvm::Error verify(const Graph &graph, llvm::StringRef file) {

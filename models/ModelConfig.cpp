@@ -1,5 +1,7 @@
 #include "models/ModelConfig.h"
 
+#include "ir/Types.h"
+
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -245,7 +247,7 @@ void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::st
 
 llvm::Expected<ModelConfig> ConfigReader::read() {
   auto fromError = [&]() {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), error_.c_str());
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), escapeForMessage(error_).c_str());
   };
   ModelConfig config;
   llvm::yaml::Stream stream(buffer_->getMemBufferRef(), sm_, /*ShowColors=*/false);

@@ -44,6 +44,8 @@ public:
   /// Fails on unknown pass names, in the list or in the options.
   static llvm::Expected<PassPipeline> create(llvm::ArrayRef<std::string> names,
                                              PipelineOptions options);
+  /// Appends a pass object (tests use this for passes outside the registry).
+  void addPass(std::unique_ptr<Pass> pass) { passes_.push_back(std::move(pass)); }
   /// Runs the passes in order; the graph is verified before the first and after every pass.
   llvm::Error run(Graph &graph);
   std::vector<std::string> passNames() const;

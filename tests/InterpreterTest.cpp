@@ -1,0 +1,202 @@
+// Interpreter ops against plain loops on random inputs, and the arithmetic data stream.
+#include "ir/Parser.h"
+#include "runtime/Data.h"
+#include "runtime/Interpreter.h"
+#include "runtime/Random.h"
+#include "tests/TestUtil.h"
+
+#include <cmath>
+#include <set>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+Tensor randomTensor(const TensorType &type, Rng &rng) {
+  Tensor t = Tensor::zeros(type);
+  for (float &v : t.data)
+    v = float(rng.normal());
+  return t;
+}
+
+/// Runs a one-op graph given as IR text with the inputs bound by name.
+std::vector<Tensor> runText(const std::string &text, std::map<std::string, Tensor> inputs) {
+  auto graph = unwrap(parseGraph(text, "test.ir"));
+  if (!graph)
+    return {};
+  Interpreter interp(*graph);
+  EXPECT_FALSE(bool(interp.bindAll(inputs)));
+  return unwrap(interp.run());
+}
+
+TEST(Interpreter, MatMulAllTransposesAndBatchings) {
+  Rng rng(42);
+  const int64_t B = 3, M = 5, K = 7, N = 4;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool sharedB : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb << " shared=" << sharedB);
+        TensorType aType(DType::F32, ta ? Shape{B, K, M} : Shape{B, M, K});
+        Shape bShape = tb ? Shape{N, K} : Shape{K, N};
+        if (!sharedB)
+          bShape.insert(bShape.begin(), B);
+        TensorType bType(DType::F32, bShape);
+        std::string text = "graph @g\n%a = input() : " + aType.str() + "\n%b = input() : " +
+                           bType.str() + "\n%c = matmul(%a, %b) {transpose_a=" +
+                           (ta ? "true" : "false") + ", transpose_b=" + (tb ? "true" : "false") +
+                           "} : f32[3,5,4]\nreturn %c\n";
+        Tensor a = randomTensor(aType, rng), b = randomTensor(bType, rng);
+        auto out = runText(text, {{"a", a}, {"b", b}});
+        ASSERT_EQ(out.size(), 1u);
+        for (int64_t n = 0; n < B; ++n)
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double want = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                double av = a.data[n * M * K + (ta ? k * M + i : i * K + k)];
+                int64_t bBase = sharedB ? 0 : n * K * N;
+                double bv = b.data[bBase + (tb ? j * K + k : k * N + j)];
+                want += av * bv;
+              }
+              EXPECT_NEAR(out[0].data[(n * M + i) * N + j], want, 1e-5 * (1 + std::abs(want)));
+            }
+      }
+}
+
+TEST(Interpreter, TransposeMatchesIndexFormula) {
+  Rng rng(1);
+  TensorType xType(DType::F32, {2, 3, 4, 5});
+  Tensor x = randomTensor(xType, rng);
+  auto out = runText("graph @g\n%x = input() : f32[2,3,4,5]\n"
+                     "%y = transpose(%x) {perm=[2,0,3,1]} : f32[4,2,5,3]\nreturn %y\n",
+                     {{"x", x}});
+  ASSERT_EQ(out.size(), 1u);
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 3; ++b)
+      for (int c = 0; c < 4; ++c)
+        for (int d = 0; d < 5; ++d)
+          EXPECT_EQ(out[0].data[((c * 2 + a) * 5 + d) * 3 + b], x.data[((a * 3 + b) * 4 + c) * 5 + d]);
+}
+
+TEST(Interpreter, SliceAddBroadcastAndScale) {
+  Rng rng(2);
+  Tensor x = randomTensor(TensorType(DType::F32, {2, 3, 6}), rng);
+  Tensor bias = randomTensor(TensorType(DType::F32, {2}), rng);
+  auto out = runText("graph @g\n%x = input() : f32[2,3,6]\n%bias = input() : f32[2]\n"
+                     "%s = slice(%x) {axis=2, size=2, start=3} : f32[2,3,2]\n"
+                     "%y = add(%s, %bias) : f32[2,3,2]\n"
+                     "%z = scale(%y) {factor=-0.5} : f32[2,3,2]\nreturn %z\n",
+                     {{"x", x}, {"bias", bias}});
+  ASSERT_EQ(out.size(), 1u);
+  for (int r = 0; r < 6; ++r)
+    for (int j = 0; j < 2; ++j)
+      EXPECT_FLOAT_EQ(out[0].data[r * 2 + j], -0.5f * (x.data[r * 6 + 3 + j] + bias.data[j]));
+}
+
+TEST(Interpreter, CausalSoftmaxRowsSumToOneAndIgnoreTheFuture) {
+  Rng rng(3);
+  Tensor x = randomTensor(TensorType(DType::F32, {2, 4, 4}), rng);
+  auto out = runText("graph @g\n%x = input() : f32[2,4,4]\n"
+                     "%m = causal_mask(%x) : f32[2,4,4]\n%p = softmax(%m) : f32[2,4,4]\n"
+                     "%l = log_softmax(%x) : f32[2,4,4]\nreturn %p, %l\n",
+                     {{"x", x}});
+  ASSERT_EQ(out.size(), 2u);
+  for (int r = 0; r < 8; ++r) {
+    int query = r % 4;
+    double sum = 0, max = -1e30, expSum = 0;
+    for (int k = 0; k <= query; ++k)
+      max = std::max(max, double(x.data[r * 4 + k]));
+    for (int k = 0; k <= query; ++k)
+      expSum += std::exp(x.data[r * 4 + k] - max);
+    for (int k = 0; k < 4; ++k) {
+      float p = out[0].data[r * 4 + k];
+      sum += p;
+      if (k > query) {
+        EXPECT_EQ(p, 0.0f);
+      } else {
+        EXPECT_NEAR(p, std::exp(x.data[r * 4 + k] - max) / expSum, 1e-6);
+      }
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+    double fullMax = *std::max_element(&x.data[r * 4], &x.data[r * 4 + 4]), full = 0;
+    for (int k = 0; k < 4; ++k)
+      full += std::exp(x.data[r * 4 + k] - fullMax);
+    for (int k = 0; k < 4; ++k)
+      EXPECT_NEAR(out[1].data[r * 4 + k], x.data[r * 4 + k] - fullMax - std::log(full), 1e-5);
+  }
+}
+
+TEST(Interpreter, OutOfVocabularyIdsAreErrorsNotCrashes) {
+  auto graph = unwrap(parseGraph("graph @g\n%t = input() : f32[4,2]\n%ids = input() : i32[3]\n"
+                                 "%e = embedding(%t, %ids) : f32[3,2]\nreturn %e\n",
+                                 "t"));
+  ASSERT_TRUE(graph);
+  Interpreter interp(*graph);
+  ASSERT_FALSE(bool(interp.bind("t", Tensor::zeros(TensorType(DType::F32, {4, 2})))));
+  ASSERT_FALSE(bool(interp.bind("ids", Tensor{TensorType(DType::I32, {3}), {}, {0, 4, 1}})));
+  std::string message = errorOf(interp.run());
+  EXPECT_NE(message.find("token id 4 at position 1 is outside the vocabulary [0, 4)"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Interpreter, BindChecksNamesAndTypes) {
+  auto graph = unwrap(parseGraph("graph @g\n%x = input() : f32[2]\n%y = gelu(%x) : f32[2]\n"
+                                 "return %y\n",
+                                 "t"));
+  ASSERT_TRUE(graph);
+  Interpreter interp(*graph);
+  EXPECT_NE(errorOf(interp.bind("nope", Tensor::zeros(TensorType(DType::F32, {2}))))
+                .find("no input or parameter named 'nope'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(interp.bind("x", Tensor::zeros(TensorType(DType::F32, {3}))))
+                .find("'x' is f32[2], but a f32[3] was given"),
+            std::string::npos);
+  EXPECT_NE(errorOf(interp.run()).find("input %x was not given a value"), std::string::npos);
+}
+
+TEST(ArithmeticData, SequencesAreProgressionsAndTargetsAreShifted) {
+  DataConfig dc;
+  ArithmeticData data(64, 16, dc, 99);
+  Batch b = data.trainBatch(5, 8);
+  ASSERT_EQ(b.tokens.size(), 8u * 16u);
+  for (int s = 0; s < 8; ++s) {
+    int step = (b.tokens[s * 16 + 1] - b.tokens[s * 16] + 64) % 64;
+    EXPECT_GE(step, dc.minStep);
+    EXPECT_LE(step, dc.maxStep);
+    for (int t = 0; t < 16; ++t) {
+      EXPECT_EQ(b.targets[s * 16 + t], (b.tokens[s * 16 + t] + step) % 64);
+      if (t + 1 < 16) {
+        EXPECT_EQ(b.tokens[s * 16 + t + 1], b.targets[s * 16 + t]);
+      }
+    }
+  }
+}
+
+TEST(ArithmeticData, HeldOutPairsNeverAppearInTraining) {
+  DataConfig dc;
+  ArithmeticData data(64, 8, dc, 5);
+  auto eval = data.evalPairs(1000);
+  EXPECT_GT(eval.size(), 30u); // about one pair in eight of 64 * 8
+  std::set<std::pair<int64_t, int64_t>> held(eval.begin(), eval.end());
+  for (auto [a, k] : eval)
+    EXPECT_TRUE(ArithmeticData::isEvalPair(a, k));
+  for (int64_t i = 0; i < 200; ++i) {
+    Batch b = data.trainBatch(i, 16);
+    for (int s = 0; s < 16; ++s) {
+      int64_t a = b.tokens[s * 8], k = (b.tokens[s * 8 + 1] - a + 64) % 64;
+      EXPECT_FALSE(held.count({a, k})) << "pair (" << a << ", " << k << ") in batch " << i;
+    }
+  }
+}
+
+TEST(ArithmeticData, SameSeedSameBatchesDifferentSeedDifferentBatches) {
+  ArithmeticData a(64, 8, DataConfig(), 11), b(64, 8, DataConfig(), 11), c(64, 8, DataConfig(), 12);
+  EXPECT_EQ(a.trainBatch(3, 4).tokens, b.trainBatch(3, 4).tokens);
+  EXPECT_NE(a.trainBatch(3, 4).tokens, a.trainBatch(4, 4).tokens);
+  EXPECT_NE(a.trainBatch(3, 4).tokens, c.trainBatch(3, 4).tokens);
+  EXPECT_NEAR(a.lossFloor(), std::log(8.0) / 8.0, 1e-12);
+}
+
+} // namespace

@@ -1,0 +1,128 @@
+// Model descriptions: the standard models load, and bad files get one line naming the place.
+#include "models/ModelConfig.h"
+#include "tests/TestUtil.h"
+
+#include <cmath>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+TEST(ModelConfig, StandardModelsMatchTheDesignTable) {
+  struct Row {
+    const char *name;
+    int64_t vocab, seq, d, heads, layers, ffn, batch;
+  };
+  for (const Row &r : {Row{"tiny", 64, 32, 64, 4, 2, 256, 16},
+                       Row{"seed", 1024, 128, 512, 8, 4, 2048, 32},
+                       Row{"gpt2-124m", 50304, 1024, 768, 12, 12, 3072, 16},
+                       Row{"gpt2-350m", 50304, 1024, 1024, 16, 24, 4096, 16},
+                       Row{"gpt-1.3b", 50304, 1024, 2048, 16, 24, 8192, 16}}) {
+    SCOPED_TRACE(r.name);
+    auto c = unwrap(loadModelConfig(sourcePath(std::string("models/") + r.name + ".yaml")));
+    EXPECT_EQ(c.name, r.name);
+    EXPECT_EQ(c.vocab, r.vocab);
+    EXPECT_EQ(c.seqLen, r.seq);
+    EXPECT_EQ(c.dModel, r.d);
+    EXPECT_EQ(c.heads, r.heads);
+    EXPECT_EQ(c.layers, r.layers);
+    EXPECT_EQ(c.ffn, r.ffn);
+    EXPECT_EQ(c.train.batch, r.batch);
+  }
+}
+
+TEST(ModelConfig, ParameterCountMatchesGPT2Small) {
+  // GPT-2 small with the vocab padded to 50304 and tied embeddings: 124,475,904 parameters
+  // (llm.c prints this number for the padded model).
+  auto c = unwrap(loadModelConfig(sourcePath("models/gpt2-124m.yaml")));
+  EXPECT_EQ(c.numParams(), 124475904);
+}
+
+TEST(ModelConfig, ReadsEveryField) {
+  auto c = unwrap(parseModelConfig(R"(name: custom
+model: {vocab: 100, seq_len: 16, d_model: 48, heads: 6, layers: 3, ffn: 96, norm: rmsnorm,
+        activation: swiglu, bias: false, tie_embeddings: true, norm_eps: 1.0e-6}
+train: {batch: 4, lr: 0.01, steps: 7, warmup: 2, weight_decay: 0.0, beta1: 0.8, beta2: 0.9,
+        eps: 1.0e-7, grad_clip: 0.5, seed: 18446744073709551615}
+data: {min_step: 2, max_step: 5}
+precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
+            amax_compute_algo: most_recent}
+)",
+                                   "custom.yaml"));
+  EXPECT_EQ(c.name, "custom");
+  EXPECT_EQ(c.norm, NormKind::RMSNorm);
+  EXPECT_EQ(c.activation, ActivationKind::SwiGLU);
+  EXPECT_FALSE(c.bias);
+  EXPECT_TRUE(c.tieEmbeddings);
+  EXPECT_EQ(c.normEps, 1e-6);
+  EXPECT_EQ(c.train.batch, 4);
+  EXPECT_EQ(c.train.lr, 0.01);
+  EXPECT_EQ(c.train.gradClip, 0.5);
+  EXPECT_EQ(c.train.seed, 18446744073709551615ULL);
+  EXPECT_EQ(c.data.minStep, 2);
+  EXPECT_EQ(c.data.maxStep, 5);
+  EXPECT_EQ(c.precision.recipe, "fp8");
+  EXPECT_EQ(c.precision.fp8Format, "e4m3");
+  EXPECT_EQ(c.precision.margin, 1);
+  EXPECT_EQ(c.precision.amaxHistoryLen, 32);
+  EXPECT_EQ(c.precision.amaxComputeAlgo, "most_recent");
+  EXPECT_EQ(c.headDim(), 8);
+}
+
+struct BadModel {
+  const char *what;
+  const char *text;
+  const char *message;
+  const char *where; // "line:col", or "" for errors about the whole file
+};
+
+class ModelConfigErrors : public testing::TestWithParam<BadModel> {};
+
+TEST_P(ModelConfigErrors, NameThePlaceAndTheProblem) {
+  const BadModel &c = GetParam();
+  std::string message = errorOf(parseModelConfig(c.text, "m.yaml"));
+  std::string prefix = std::string("m.yaml:") + c.where + (*c.where ? ": " : "") + "error: ";
+  if (!*c.where)
+    prefix = "m.yaml: error: ";
+  EXPECT_EQ(message.find(prefix), 0u) << message;
+  EXPECT_NE(message.find(c.message), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+}
+
+#define MODEL(body) "name: m\nmodel:\n" body
+#define GOOD "  vocab: 64\n  seq_len: 8\n  d_model: 16\n  heads: 2\n  layers: 1\n  ffn: 32\n"
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ModelConfigErrors,
+    testing::Values(
+        BadModel{"empty", "", "empty model description", "1:1"},
+        BadModel{"heads", MODEL("  vocab: 64\n  seq_len: 8\n  d_model: 512\n  heads: 6\n  layers: 1\n  ffn: 32\n"),
+                 "heads (6) does not divide d_model (512)", "6:10"},
+        BadModel{"negative", MODEL("  vocab: 64\n  seq_len: -8\n  d_model: 16\n  heads: 2\n  layers: 1\n  ffn: 32\n"),
+                 "seq_len (-8) must be between 2 and 65536", "4:12"},
+        BadModel{"absurd", MODEL("  vocab: 64\n  seq_len: 8\n  d_model: 16\n  heads: 2\n  layers: 1\n  ffn: 999999999999999999999\n"),
+                 "ffn (999999999999999999999) must be between 1 and 1048576", "8:8"},
+        BadModel{"not a number", MODEL("  vocab: many\n  seq_len: 8\n  d_model: 16\n  heads: 2\n  layers: 1\n  ffn: 32\n"),
+                 "vocab must be an integer, got 'many'", "3:10"},
+        BadModel{"missing key", MODEL("  vocab: 64\n  seq_len: 8\n  d_model: 16\n  layers: 1\n  ffn: 32\n"),
+                 "missing required key 'heads' in 'model'", "3:3"},
+        BadModel{"unknown key", MODEL(GOOD "  hedas: 2\n"), "unknown key 'hedas' in 'model'", "9:3"},
+        BadModel{"duplicate key", MODEL(GOOD "  vocab: 32\n"), "key 'vocab' appears twice", "9:3"},
+        BadModel{"bad choice", MODEL(GOOD "  norm: batchnorm\n"),
+                 "norm must be one of layernorm | rmsnorm, got 'batchnorm'", "9:9"},
+        BadModel{"bad recipe", MODEL(GOOD) "precision:\n  recipe: fp4\n",
+                 "recipe must be one of auto | fp32 | bf16 | fp8, got 'fp4'", "10:11"},
+        BadModel{"bad lr", MODEL(GOOD) "train:\n  lr: -1\n", "lr (-1) must be between", "10:7"},
+        BadModel{"bad steps range", MODEL(GOOD) "data:\n  min_step: 5\n  max_step: 2\n",
+                 "max_step (2) is below min_step (5)", "11:13"},
+        BadModel{"no model", "name: m\n", "missing required section 'model'", "1:1"},
+        BadModel{"not a mapping", "just a string\n", "must be a mapping", "1:1"},
+        BadModel{"truncated", "name: m\nmodel:\n  vocab: 64\n  seq_len: [8,\n", "", "4:15"},
+        BadModel{"binary garbage", "\x7f" "ELF\x02\x01\x01\x00\x00\x00\xff\xfe", "", "1:1"},
+        BadModel{"too many parameters",
+                 MODEL("  vocab: 1048576\n  seq_len: 8\n  d_model: 65536\n  heads: 2\n  layers: 1024\n  ffn: 1048576\n"),
+                 "parameters, more than the limit", ""},
+        BadModel{"two documents", MODEL(GOOD) "---\nname: other\n", "only one YAML document", ""}));
+
+} // namespace

@@ -1,0 +1,111 @@
+// The pass pipeline: verification after every pass, dumps, disabling, and the cse/dce passes.
+#include "ir/Parser.h"
+#include "ir/Printer.h"
+#include "passes/Pass.h"
+#include "tests/TestUtil.h"
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+const char *kRedundant = "graph @g\n"
+                         "%x = input() : f32[4]\n"
+                         "%a = gelu(%x) : f32[4]\n"
+                         "%b = gelu(%x) : f32[4]\n"
+                         "%dead = scale(%a) {factor=2.0} : f32[4]\n"
+                         "%c = add(%a, %b) : f32[4]\n"
+                         "return %c\n";
+
+TEST(Pipeline, CseThenDceRemovesTheDuplicateAndTheDeadOp) {
+  auto g = unwrap(parseGraph(kRedundant, "t"));
+  ASSERT_TRUE(g);
+  auto pipeline = unwrap(PassPipeline::create({"cse", "dce"}, {}));
+  ASSERT_FALSE(bool(pipeline.run(*g)));
+  EXPECT_EQ(printGraph(*g), "graph @g\n"
+                            "%x = input() : f32[4]\n"
+                            "%a = gelu(%x) : f32[4]\n"
+                            "%c = add(%a, %a) : f32[4]\n"
+                            "return %c\n");
+}
+
+TEST(Pipeline, DumpAfterPrintsTheNamedPassOnly) {
+  auto g = unwrap(parseGraph(kRedundant, "t"));
+  ASSERT_TRUE(g);
+  std::string dump;
+  llvm::raw_string_ostream os(dump);
+  PipelineOptions options;
+  options.dumpAfter = {"dce"};
+  options.dumpStream = &os;
+  auto pipeline = unwrap(PassPipeline::create({"cse", "dce"}, options));
+  ASSERT_FALSE(bool(pipeline.run(*g)));
+  os.flush();
+  EXPECT_EQ(dump.find("IR after cse"), std::string::npos);
+  EXPECT_EQ(dump.find("// ----- IR after dce -----\ngraph @g\n"), 0u) << dump;
+}
+
+TEST(Pipeline, DisabledPassesDoNotRun) {
+  auto g = unwrap(parseGraph(kRedundant, "t"));
+  ASSERT_TRUE(g);
+  PipelineOptions options;
+  options.disabled = {"cse"};
+  auto pipeline = unwrap(PassPipeline::create({"cse", "dce"}, options));
+  EXPECT_EQ(pipeline.passNames(), std::vector<std::string>{"dce"});
+  ASSERT_FALSE(bool(pipeline.run(*g)));
+  EXPECT_NE(g->lookup("b"), nullptr);
+  EXPECT_EQ(g->lookup("dead"), nullptr);
+}
+
+TEST(Pipeline, UnknownPassNamesAreErrors) {
+  std::string m = errorOf(PassPipeline::create({"cse", "fuse-everything"}, {}));
+  EXPECT_NE(m.find("unknown pass 'fuse-everything' (passes: cse, dce"), std::string::npos) << m;
+  PipelineOptions options;
+  options.disabled = {"nope"};
+  EXPECT_NE(errorOf(PassPipeline::create({}, options)).find("unknown pass 'nope'"),
+            std::string::npos);
+  options = {};
+  options.dumpAfter = {"nope"};
+  EXPECT_NE(errorOf(PassPipeline::create({}, options)).find("unknown pass 'nope'"),
+            std::string::npos);
+}
+
+/// A deliberately wrong pass: it rewires an operand to a value of another shape.
+class BreakShapes : public Pass {
+public:
+  llvm::StringRef name() const override { return "break-shapes"; }
+  llvm::StringRef description() const override { return "test only"; }
+  llvm::Expected<bool> run(Graph &g) override {
+    g.lookup("c")->def()->setOperand(1, g.lookup("y"));
+    return true;
+  }
+};
+
+TEST(Pipeline, VerifiesAfterEveryPassAndNamesTheCulprit) {
+  auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%y = input() : f32[3]\n"
+                             "%c = add(%x, %x) : f32[4]\nreturn %c\n",
+                             "t"));
+  ASSERT_TRUE(g);
+  auto pipeline = unwrap(PassPipeline::create({}, {}));
+  pipeline.addPass(std::make_unique<BreakShapes>());
+  std::string m = errorOf(pipeline.run(*g));
+  EXPECT_NE(m.find("pass break-shapes produced an invalid graph"), std::string::npos) << m;
+  EXPECT_NE(m.find("shape mismatch"), std::string::npos) << m;
+}
+
+TEST(Pipeline, OpCountsByKind) {
+  auto g = unwrap(parseGraph(kRedundant, "t"));
+  ASSERT_TRUE(g);
+  OpCounts counts = countOps(*g);
+  EXPECT_EQ(counts["gelu"], 2);
+  EXPECT_EQ(counts["input"], 1);
+  EXPECT_EQ(counts["add"], 1);
+  std::string table;
+  llvm::raw_string_ostream os(table);
+  printOpCountTable(counts, {{"gelu", 1}}, os);
+  os.flush();
+  EXPECT_NE(table.find("gelu"), std::string::npos);
+  EXPECT_NE(table.find("total                            5         1"), std::string::npos)
+      << table;
+}
+
+} // namespace
