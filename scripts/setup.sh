@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what tgc needs to build and test, from Debian's packages, when it is missing.
+# The CUDA Toolkit is optional: without it (or with TGC_CUDA=OFF) tgc builds CPU-only.
+set -euo pipefail
+
+packages=(cmake g++ make llvm-16-dev llvm-16-tools libfmt-dev libgtest-dev
+          zlib1g-dev libzstd-dev libncurses-dev libxml2-dev python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
