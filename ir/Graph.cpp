@@ -23,6 +23,13 @@ std::optional<OpKind> parseOpKind(llvm::StringRef name) {
   return std::nullopt;
 }
 
+bool isLeaf(OpKind kind) {
+  return kind == OpKind::Input || kind == OpKind::Param || kind == OpKind::State ||
+         kind == OpKind::Constant;
+}
+
+bool hasSideEffects(OpKind kind) { return kind == OpKind::Assign; }
+
 void Value::removeUse(Op *user) {
   auto &users = users_;
   auto it = std::find(users.begin(), users.end(), user);
@@ -45,6 +52,13 @@ std::vector<Op *> Graph::ops() const {
 }
 
 Value *Graph::lookup(llvm::StringRef name) const { return names_.lookup(name); }
+
+void Graph::rename(Value *value, llvm::StringRef name) {
+  assert(!names_.count(name) && "rename to a name in use");
+  names_.erase(value->name_);
+  value->name_ = name.str();
+  names_[name] = value;
+}
 
 std::string Graph::uniqueName(llvm::StringRef base) const {
   if (!names_.count(base))
@@ -103,8 +117,8 @@ void Graph::eraseOp(Op *op) {
   ops_.erase(pos);
 }
 
-Value *Builder::create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
-                       llvm::StringRef name) {
+Op *Builder::createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
+                      llvm::StringRef name) {
   if (!error_.empty() || llvm::is_contained(operands, nullptr))
     return nullptr;
   auto types = inferResultTypes(kind, operands, attrs);
@@ -116,7 +130,19 @@ Value *Builder::create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap at
   std::vector<std::string> names;
   for (size_t i = 0; i < types->size(); ++i)
     names.push_back(graph_.uniqueName(i == 0 ? name : (name + "." + std::to_string(i)).str()));
-  return graph_.createOp(kind, operands, std::move(attrs), *types, names)->result(0);
+  return graph_.createOp(kind, operands, std::move(attrs), *types, names);
+}
+
+Value *Builder::create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
+                       llvm::StringRef name) {
+  Op *op = createOp(kind, operands, std::move(attrs), name);
+  return op && op->numResults() ? op->result(0) : nullptr;
+}
+
+Value *Builder::constant(llvm::StringRef name, TensorType type, double value) {
+  AttrMap attrs;
+  attrs.set("value", value);
+  return leaf(OpKind::Constant, graph_.uniqueName(name), std::move(type), std::move(attrs));
 }
 
 Value *Builder::leaf(OpKind kind, llvm::StringRef name, TensorType type, AttrMap attrs) {
@@ -135,6 +161,10 @@ Value *Builder::input(llvm::StringRef name, TensorType type) {
 
 Value *Builder::param(llvm::StringRef name, TensorType type, AttrMap init) {
   return leaf(OpKind::Param, name, std::move(type), std::move(init));
+}
+
+Value *Builder::state(llvm::StringRef name, TensorType type, AttrMap init) {
+  return leaf(OpKind::State, name, std::move(type), std::move(init));
 }
 
 llvm::Error Builder::takeError() {

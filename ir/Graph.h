@@ -27,6 +27,10 @@ struct OpInfo {
 
 const OpInfo &opInfo(OpKind kind);
 std::optional<OpKind> parseOpKind(llvm::StringRef name);
+/// Leaves have no operands and a declared type: input, param, state, constant.
+bool isLeaf(OpKind kind);
+/// Ops that must stay even when nothing reads them (assign).
+bool hasSideEffects(OpKind kind);
 constexpr unsigned kNumOpKinds = 0
 #define OP(Enum, Name, MinOperands, MaxOperands, Results) +1
 #include "ir/Ops.def"
@@ -98,9 +102,12 @@ public:
   size_t numOps() const { return ops_.size(); }
   llvm::ArrayRef<Value *> outputs() const { return outputs_; }
   void addOutput(Value *value) { outputs_.push_back(value); }
+  void removeOutput(unsigned i) { outputs_.erase(outputs_.begin() + i); }
   void setOutput(unsigned i, Value *value) { outputs_[i] = value; }
   Value *lookup(llvm::StringRef name) const;
 
+  /// Renames a value; `name` must not be in use.
+  void rename(Value *value, llvm::StringRef name);
   /// A name not yet used in the graph: `base`, else `base.1`, `base.2`, ...
   std::string uniqueName(llvm::StringRef base) const;
 
@@ -128,10 +135,16 @@ class Builder {
 public:
   explicit Builder(Graph &graph) : graph_(graph) {}
 
+  /// Creates an op and returns its first result (nullptr for an op without results).
   Value *create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
                 llvm::StringRef name);
+  /// Creates an op with several results, named `name`, `name.1`, ...
+  Op *createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,
+               llvm::StringRef name);
+  Value *constant(llvm::StringRef name, TensorType type, double value);
   Value *input(llvm::StringRef name, TensorType type);
   Value *param(llvm::StringRef name, TensorType type, AttrMap init);
+  Value *state(llvm::StringRef name, TensorType type, AttrMap init);
   llvm::Error takeError();
   Graph &graph() { return graph_; }
 

@@ -65,6 +65,8 @@ llvm::Expected<TypeList> inferParam(Operands ops, const AttrMap &attrs, llvm::Ar
     return types.takeError();
   if (auto err = requireFloat((*types)[0], "a parameter"))
     return std::move(err);
+  if (attrs.has("decay") && !attrs.getBool("decay"))
+    return fail("attribute 'decay' must be true or false");
   auto init = attrs.getString("init");
   if (!init)
     return fail("missing string attribute 'init' (normal | zeros | ones)");
@@ -78,6 +80,28 @@ llvm::Expected<TypeList> inferParam(Operands ops, const AttrMap &attrs, llvm::Ar
     return fail("unknown init '{}' (expected normal, zeros or ones)", *init);
   }
   return types;
+}
+
+llvm::Expected<TypeList> inferState(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {
+  return inferParam(ops, attrs, d);
+}
+
+llvm::Expected<TypeList> inferConstant(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {
+  auto types = inferLeaf(ops, attrs, d);
+  if (!types)
+    return types.takeError();
+  if (auto err = requireFloat((*types)[0], "a constant"))
+    return std::move(err);
+  auto value = requireFloatAttr(attrs, "value");
+  if (!value)
+    return value.takeError();
+  return types;
+}
+
+llvm::Expected<TypeList> inferAssign(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  if (ops[0] != ops[1])
+    return fail("assigns {} to a {}", ops[1].str(), ops[0].str());
+  return TypeList{};
 }
 
 llvm::Expected<TypeList> inferEmbedding(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
@@ -239,8 +263,10 @@ llvm::Expected<TypeList> inferSlice(Operands ops, const AttrMap &attrs, llvm::Ar
   return TypeList{result};
 }
 
-llvm::Expected<TypeList> inferCausalMask(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+llvm::Expected<TypeList> inferCausalMask(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &x = ops[0];
+  if (attrs.has("fill") && !attrs.getFloat("fill"))
+    return fail("attribute 'fill' must be a float");
   if (auto err = requireFloat(x, "scores"))
     return std::move(err);
   if (x.rank() < 2 || x.dim(-1) != x.dim(-2))
@@ -273,6 +299,154 @@ llvm::Expected<TypeList> inferNLLLoss(Operands ops, const AttrMap &, llvm::Array
     return fail("targets must be i32{}, got {}",
                 TensorType(DType::I32, expected).str().substr(3), targets.str());
   return TypeList{TensorType(DType::F32, {})};
+}
+
+// Gradients.
+
+llvm::Expected<TypeList> inferReduceTo(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto shape = requireIntsAttr(attrs, "shape");
+  if (!shape)
+    return shape.takeError();
+  const TensorType &x = ops[0];
+  if (auto err = requireFloat(x, "operand"))
+    return std::move(err);
+  TensorType result(x.dtype, *shape);
+  bool suffix = result.rank() <= x.rank() &&
+                std::equal(result.shape.begin(), result.shape.end(), x.shape.end() - result.rank());
+  if (!suffix)
+    return fail("shape {} is not a suffix of {}", result.str(), x.str());
+  return TypeList{result};
+}
+
+llvm::Expected<TypeList> inferPad(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto axis = requireIntAttr(attrs, "axis");
+  if (!axis)
+    return axis.takeError();
+  auto start = requireIntAttr(attrs, "start");
+  if (!start)
+    return start.takeError();
+  auto size = requireIntAttr(attrs, "size");
+  if (!size)
+    return size.takeError();
+  const TensorType &x = ops[0];
+  if (*axis < 0 || *axis >= int64_t(x.rank()))
+    return fail("axis {} out of range for {}", *axis, x.str());
+  if (*start < 0 || *size <= 0 || x.shape[*axis] > *size - *start)
+    return fail("cannot place {} elements at {} of a dimension of size {}", x.shape[*axis],
+                *start, *size);
+  TensorType result = x;
+  result.shape[*axis] = *size;
+  return TypeList{result};
+}
+
+llvm::Expected<TypeList> inferEmbeddingBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  const TensorType &dy = ops[0], &ids = ops[1];
+  auto vocab = requireIntAttr(attrs, "vocab");
+  if (!vocab)
+    return vocab.takeError();
+  if (auto err = requireFloat(dy, "dy"))
+    return std::move(err);
+  Shape expected(dy.shape.begin(), dy.shape.end() - (dy.rank() ? 1 : 0));
+  if (dy.rank() < 2 || ids.dtype != DType::I32 || ids.shape != expected)
+    return fail("dy {} and ids {} do not match", dy.str(), ids.str());
+  return TypeList{TensorType(dy.dtype, {*vocab, dy.dim(-1)})};
+}
+
+llvm::Expected<TypeList> inferSameAsOperands(Operands ops) {
+  if (auto err = requireFloat(ops[0], "dy"))
+    return std::move(err);
+  for (const TensorType &t : ops.drop_front())
+    if (t != ops[0])
+      return fail("operand types differ: {} and {}", ops[0].str(), t.str());
+  return TypeList{ops[0]};
+}
+
+llvm::Expected<TypeList> inferGeluBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferSameAsOperands(ops);
+}
+llvm::Expected<TypeList> inferSiluBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferSameAsOperands(ops);
+}
+llvm::Expected<TypeList> inferSoftmaxBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferSameAsOperands(ops);
+}
+llvm::Expected<TypeList> inferLogSoftmaxBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferSameAsOperands(ops);
+}
+
+llvm::Expected<TypeList> inferLayerNormBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (ops[0] != ops[1])
+    return fail("dy {} and x {} differ", ops[0].str(), ops[1].str());
+  if (auto err = checkNorm(ops.drop_front(), attrs))
+    return std::move(err);
+  return TypeList{ops[1], ops[2], ops[2]};
+}
+
+llvm::Expected<TypeList> inferRMSNormBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (ops[0] != ops[1])
+    return fail("dy {} and x {} differ", ops[0].str(), ops[1].str());
+  if (auto err = checkNorm(ops.drop_front(), attrs))
+    return std::move(err);
+  return TypeList{ops[1], ops[2]};
+}
+
+const TensorType kScalar(DType::F32, {});
+
+llvm::Expected<TypeList> inferNLLLossBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (ops[0] != kScalar)
+    return fail("dloss must be f32[], got {}", ops[0].str());
+  auto loss = inferNLLLoss(ops.drop_front(), attrs, {});
+  if (!loss)
+    return loss.takeError();
+  return TypeList{ops[1]};
+}
+
+// Optimizer.
+
+llvm::Expected<TypeList> inferSumSquares(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  if (auto err = requireFloat(ops[0], "operand"))
+    return std::move(err);
+  return TypeList{kScalar};
+}
+
+llvm::Expected<TypeList> inferClipScale(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto maxNorm = requireFloatAttr(attrs, "max_norm");
+  if (!maxNorm)
+    return maxNorm.takeError();
+  if (!(*maxNorm >= 0))
+    return fail("'max_norm' must be >= 0, got {}", *maxNorm);
+  if (ops[0] != kScalar)
+    return fail("operand must be f32[], got {}", ops[0].str());
+  return TypeList{kScalar};
+}
+
+llvm::Expected<TypeList> inferLRSchedule(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  for (const char *key : {"lr", "min_lr"})
+    if (auto v = requireFloatAttr(attrs, key); !v)
+      return v.takeError();
+  for (const char *key : {"warmup", "steps"})
+    if (auto v = requireIntAttr(attrs, key); !v)
+      return v.takeError();
+  if (ops[0] != TensorType(DType::I32, {}))
+    return fail("step must be i32[], got {}", ops[0].str());
+  return TypeList{kScalar};
+}
+
+llvm::Expected<TypeList> inferAdamW(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  for (const char *key : {"beta1", "beta2", "eps", "weight_decay"})
+    if (auto v = requireFloatAttr(attrs, key); !v)
+      return v.takeError();
+  const TensorType &p = ops[0];
+  if (auto err = requireFloat(p, "param"))
+    return std::move(err);
+  for (int i = 1; i < 4; ++i)
+    if (ops[i] != p)
+      return fail("param, grad, m and v must have one type: {} vs {}", p.str(), ops[i].str());
+  if (ops[4] != kScalar || ops[5] != kScalar)
+    return fail("lr and clip must be f32[]");
+  if (ops[6] != TensorType(DType::I32, {}))
+    return fail("step must be i32[], got {}", ops[6].str());
+  return TypeList{p, p, p};
 }
 
 using InferFn = llvm::Expected<TypeList> (*)(Operands, const AttrMap &, llvm::ArrayRef<TensorType>);

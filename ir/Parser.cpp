@@ -349,7 +349,8 @@ llvm::Error Parser::parseAttrs(AttrMap &attrs) {
 llvm::Error Parser::parseStatement(Graph &graph) {
   Token first = tok_;
   llvm::SmallVector<Token, 2> results;
-  while (true) {
+  // An op without results (assign) starts with its name.
+  while (tok_.kind != Tok::Ident) {
     if (tok_.kind != Tok::ValueName)
       return expected(results.empty() ? "an op ('%name = op(...) : type') or 'return'"
                                       : "a result name");
@@ -365,8 +366,9 @@ llvm::Error Parser::parseStatement(Graph &graph) {
     if (auto err = advance())
       return err;
   }
-  if (auto err = expect(Tok::Equal, "'=' after the result names"))
-    return err;
+  if (!results.empty())
+    if (auto err = expect(Tok::Equal, "'=' after the result names"))
+      return err;
   if (tok_.kind != Tok::Ident)
     return expected("an op name");
   Token opTok = tok_;
@@ -397,10 +399,11 @@ llvm::Error Parser::parseStatement(Graph &graph) {
   if (tok_.kind == Tok::LBrace)
     if (auto err = parseAttrs(attrs))
       return err;
-  if (auto err = expect(Tok::Colon, "':' and the result types"))
-    return err;
   llvm::SmallVector<TensorType, 1> types;
-  while (true) {
+  if (!results.empty())
+    if (auto err = expect(Tok::Colon, "':' and the result types"))
+      return err;
+  while (!results.empty()) {
     TensorType type;
     if (auto err = parseType(type))
       return err;

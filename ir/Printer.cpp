@@ -6,7 +6,7 @@ std::string printOp(const Op &op) {
   std::string line;
   for (unsigned i = 0; i < op.numResults(); ++i)
     line += (i ? ", %" : "%") + op.result(i)->name();
-  line += " = " + op.name().str() + "(";
+  line += (op.numResults() ? " = " : "") + op.name().str() + "(";
   for (unsigned i = 0; i < op.numOperands(); ++i)
     line += (i ? ", %" : "%") + op.operand(i)->name();
   line += ")";
@@ -19,7 +19,8 @@ std::string printOp(const Op &op) {
     }
     line += "}";
   }
-  line += " : ";
+  if (op.numResults())
+    line += " : ";
   for (unsigned i = 0; i < op.numResults(); ++i)
     line += (i ? ", " : "") + op.result(i)->type().str();
   return line;

@@ -21,6 +21,7 @@ static llvm::Error opError(const Op &op, llvm::StringRef file, const std::string
 
 llvm::Error verify(const Graph &graph, llvm::StringRef file) {
   llvm::DenseSet<const Value *> defined;
+  llvm::DenseSet<const Op *> assigned;
   for (const Op *op : graph.ops()) {
     llvm::SmallVector<TensorType, 4> operandTypes;
     for (const Value *v : op->operands()) {
@@ -45,6 +46,14 @@ llvm::Error verify(const Graph &graph, llvm::StringRef file) {
                                    declared[i].str(), (*inferred)[i].str()));
     for (unsigned i = 0; i < op->numResults(); ++i)
       defined.insert(op->result(i));
+    if (op->kind() == OpKind::Assign) {
+      const Op *target = op->operand(0)->def();
+      if (target->kind() != OpKind::Param && target->kind() != OpKind::State)
+        return opError(*op, file, "can only assign to a param or state, not to %" +
+                                      op->operand(0)->name());
+      if (!assigned.insert(target).second)
+        return opError(*op, file, "%" + op->operand(0)->name() + " is assigned twice");
+    }
   }
   if (graph.outputs().empty())
     return llvm::createStringError(llvm::inconvertibleErrorCode(),

@@ -7,8 +7,8 @@ namespace {
 
 class GPTBuilder {
 public:
-  GPTBuilder(const ModelConfig &config, int64_t batch, Graph &graph)
-      : c_(config), batch_(batch), b_(graph) {}
+  GPTBuilder(const ModelConfig &config, int64_t batch, GPTOutput output, Graph &graph)
+      : c_(config), batch_(batch), output_(output), b_(graph) {}
 
   llvm::Error build();
 
@@ -21,9 +21,10 @@ private:
       map.set(k, v);
     return map;
   }
-  Value *weight(const std::string &name, Dims dims, double std) {
+  /// A normal-initialised matrix; `decay` marks it for AdamW's weight decay.
+  Value *weight(const std::string &name, Dims dims, double std, bool decay) {
     return b_.param(name, TensorType(DType::F32, dims),
-                    attrs({{"init", std::string("normal")}, {"std", std}}));
+                    attrs({{"decay", decay}, {"init", std::string("normal")}, {"std", std}}));
   }
   Value *constant(const std::string &name, Dims dims, const char *init) {
     return b_.param(name, TensorType(DType::F32, dims), attrs({{"init", std::string(init)}}));
@@ -34,7 +35,7 @@ private:
   }
   /// x @ weight^T (+ bias), weight stored [out, in] as in torch.nn.Linear.
   Value *linear(Value *x, const std::string &name, int64_t in, int64_t out, double std) {
-    Value *w = weight(name + ".weight", {out, in}, std);
+    Value *w = weight(name + ".weight", {out, in}, std, /*decay=*/true);
     Value *y = op(OpKind::MatMul, {x, w}, name, attrs({{"transpose_b", true}}));
     if (!c_.bias)
       return y;
@@ -53,6 +54,7 @@ private:
 
   const ModelConfig &c_;
   int64_t batch_;
+  GPTOutput output_;
   Builder b_;
   double std_ = 0.02;
 };
@@ -106,9 +108,11 @@ Value *GPTBuilder::mlp(Value *x, const std::string &p) {
 llvm::Error GPTBuilder::build() {
   int64_t B = batch_, T = c_.seqLen, D = c_.dModel, V = c_.vocab;
   Value *tokens = b_.input("tokens", TensorType(DType::I32, {B, T}));
-  Value *targets = b_.input("targets", TensorType(DType::I32, {B, T}));
-  Value *wte = weight("wte", {V, D}, std_);
-  Value *wpe = weight("wpe", {T, D}, std_ / 2);
+  Value *targets = output_ == GPTOutput::Loss ? b_.input("targets", TensorType(DType::I32, {B, T}))
+                                               : nullptr;
+  bool decayEmbeddings = c_.train.decayEmbeddings;
+  Value *wte = weight("wte", {V, D}, std_, decayEmbeddings);
+  Value *wpe = weight("wpe", {T, D}, std_ / 2, decayEmbeddings);
   Value *tok = op(OpKind::Embedding, {wte, tokens}, "tok_emb");
   Value *x = op(OpKind::Add, {tok, wpe}, "x0");
   for (int64_t l = 0; l < c_.layers; ++l) {
@@ -121,8 +125,14 @@ llvm::Error GPTBuilder::build() {
     x = op(OpKind::Add, {x, ffn}, p + ".res2");
   }
   Value *final = norm(x, "lnf");
-  Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_);
+  Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_, /*decay=*/true);
   Value *logits = op(OpKind::MatMul, {final, head}, "logits", attrs({{"transpose_b", true}}));
+  if (output_ == GPTOutput::Logits) {
+    if (auto err = b_.takeError())
+      return err;
+    b_.graph().addOutput(logits);
+    return llvm::Error::success();
+  }
   Value *logp = op(OpKind::LogSoftmax, {logits}, "logp");
   Value *loss = op(OpKind::NLLLoss, {logp, targets}, "loss");
   if (auto err = b_.takeError())
@@ -133,9 +143,10 @@ llvm::Error GPTBuilder::build() {
 
 } // namespace
 
-llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch) {
+llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
+                                                GPTOutput output) {
   auto graph = std::make_unique<Graph>(config.name);
-  if (auto err = GPTBuilder(config, batch, *graph).build())
+  if (auto err = GPTBuilder(config, batch, output, *graph).build())
     return std::move(err);
   return std::move(graph);
 }

@@ -7,8 +7,13 @@
 
 namespace tgc {
 
-/// The graph takes inputs %tokens and %targets (i32[batch, seq_len]) and returns %loss.
+enum class GPTOutput {
+  Loss,   // inputs %tokens, %targets (i32[batch, seq_len]); returns %loss (training)
+  Logits, // input %tokens; returns %logits [batch, seq_len, vocab] (generation)
+};
+
 /// Parameter names follow PyTorch conventions (h0.attn.qkv.weight, lm_head.weight, ...).
-llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch);
+llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
+                                                GPTOutput output = GPTOutput::Loss);
 
 } // namespace tgc

@@ -311,7 +311,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   if (top.count("train") &&
       readMapping(top["train"], "train",
                   {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
-                   "grad_clip", "seed"},
+                   "grad_clip", "min_lr_ratio", "decay_embeddings", "seed"},
                   train)) {
     readInt(train, "batch", t.batch, 1, 1 << 16, false);
     readDouble(train, "lr", t.lr, 1e-12, 10);
@@ -322,6 +322,8 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     readDouble(train, "beta2", t.beta2, 0, 0.999999999);
     readDouble(train, "eps", t.eps, 1e-30, 1);
     readDouble(train, "grad_clip", t.gradClip, 0, 1e9);
+    readDouble(train, "min_lr_ratio", t.minLrRatio, 0, 1);
+    readBool(train, "decay_embeddings", t.decayEmbeddings);
     readUInt(train, "seed", t.seed);
   }
   if (top.count("data") &&
@@ -357,6 +359,30 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
 }
 
 } // namespace
+
+std::string formatModelConfig(const ModelConfig &c) {
+  auto num = [](double v) { return formatDouble(v); };
+  const TrainConfig &t = c.train;
+  const PrecisionConfig &p = c.precision;
+  return fmt::format(
+      "name: {}\n"
+      "model:\n  vocab: {}\n  seq_len: {}\n  d_model: {}\n  heads: {}\n  layers: {}\n"
+      "  ffn: {}\n  norm: {}\n  activation: {}\n  bias: {}\n  tie_embeddings: {}\n"
+      "  norm_eps: {}\n"
+      "train:\n  batch: {}\n  lr: {}\n  steps: {}\n  warmup: {}\n  weight_decay: {}\n"
+      "  beta1: {}\n  beta2: {}\n  eps: {}\n  grad_clip: {}\n  min_lr_ratio: {}\n"
+      "  decay_embeddings: {}\n  seed: {}\n"
+      "data:\n  min_step: {}\n  max_step: {}\n"
+      "precision:\n  recipe: {}\n  fp8_format: {}\n  margin: {}\n  amax_history_len: {}\n"
+      "  amax_compute_algo: {}\n",
+      c.name, c.vocab, c.seqLen, c.dModel, c.heads, c.layers, c.ffn,
+      c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
+      c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
+      num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
+      num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.seed,
+      c.data.minStep, c.data.maxStep, p.recipe, p.fp8Format, p.margin, p.amaxHistoryLen,
+      p.amaxComputeAlgo);
+}
 
 llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file) {
   return ConfigReader(text, file).read();

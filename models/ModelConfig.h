@@ -22,6 +22,8 @@ struct TrainConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double gradClip = 1.0;
+  double minLrRatio = 0.1;       // the cosine schedule ends at lr * min_lr_ratio
+  bool decayEmbeddings = false;  // weight decay on wte/wpe too (never on norms and biases)
   uint64_t seed = 1234;
 };
 
@@ -64,5 +66,7 @@ struct ModelConfig {
 /// Parses and checks a model description; `file` names it in errors.
 llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file);
 llvm::Expected<ModelConfig> loadModelConfig(llvm::StringRef path);
+/// The description as a model file that parseModelConfig reads back to the same config.
+std::string formatModelConfig(const ModelConfig &config);
 
 } // namespace tgc

@@ -1,5 +1,6 @@
 // cse: an op with the same kind, operands and attributes as an earlier one is replaced by it.
-// All tgc ops are pure; leaves (inputs, parameters) are distinct by definition.
+// Ops other than assign are pure; leaves (inputs, parameters, state, constants) are distinct by
+// definition.
 #include "passes/Passes.h"
 
 #include <map>
@@ -22,7 +23,7 @@ public:
     std::map<Key, Op *> seen;
     bool changed = false;
     for (Op *op : graph.ops()) {
-      if (op->kind() == OpKind::Input || op->kind() == OpKind::Param)
+      if (isLeaf(op->kind()) || hasSideEffects(op->kind()))
         continue;
       std::vector<std::string> operands;
       for (Value *v : op->operands())

@@ -1,5 +1,6 @@
-// dce: removes ops none of whose results is used. Inputs and parameters are the program's
-// interface (and the checkpoint's contents), so they stay even when unused.
+// dce: removes ops none of whose results is used. Leaves (inputs, parameters, state) are the
+// program's interface and the checkpoint's contents, so they stay even when unused; so do
+// assigns.
 #include "passes/Passes.h"
 
 namespace tgc {
@@ -16,9 +17,9 @@ public:
     // Walking backwards frees a whole dead chain in one sweep.
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       Op *op = *it;
-      if (op->kind() == OpKind::Input || op->kind() == OpKind::Param)
+      if (isLeaf(op->kind()) || hasSideEffects(op->kind()))
         continue;
-      bool used = llvm::is_contained(graph.outputs(), op->result(0));
+      bool used = false;
       for (unsigned i = 0; i < op->numResults() && !used; ++i)
         used = op->result(i)->hasUses() || llvm::is_contained(graph.outputs(), op->result(i));
       if (used)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ir/Graph.h"
+#include "models/ModelConfig.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -21,11 +22,18 @@ public:
   virtual llvm::Expected<bool> run(Graph &graph) = 0;
 };
 
+/// What passes that need settings read (the optimizer's hyperparameters).
+struct PassOptions {
+  TrainConfig train;
+};
+
 /// Every pass tgc has, by name.
-std::unique_ptr<Pass> createPass(llvm::StringRef name);
+std::unique_ptr<Pass> createPass(llvm::StringRef name, const PassOptions &options = {});
 std::vector<std::string> allPassNames();
-/// The passes `tgc compile` runs, in order.
-std::vector<std::string> defaultPipeline();
+/// The passes that turn the builder's forward graph into the inference program.
+std::vector<std::string> forwardPipeline();
+/// The passes that turn it into the training program: forward, loss, backward, update.
+std::vector<std::string> trainingPipeline();
 
 /// Op counts by kind, in op-table order.
 using OpCounts = std::map<std::string, int64_t>;
@@ -37,6 +45,7 @@ struct PipelineOptions {
   std::vector<std::string> dumpAfter;
   std::vector<std::string> disabled;
   llvm::raw_ostream *dumpStream = nullptr; // defaults to errs()
+  PassOptions passOptions;
 };
 
 class PassPipeline {

@@ -7,5 +7,7 @@ namespace tgc {
 
 std::unique_ptr<Pass> createCommonSubexpressionEliminationPass();
 std::unique_ptr<Pass> createDeadCodeEliminationPass();
+std::unique_ptr<Pass> createAutodiffPass();
+std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 
 } // namespace tgc

@@ -11,19 +11,20 @@ namespace tgc {
 namespace {
 struct PassEntry {
   const char *name;
-  std::unique_ptr<Pass> (*create)();
+  std::unique_ptr<Pass> (*create)(const PassOptions &);
 };
-// Every pass, in the order the default pipeline runs them.
 const PassEntry kPasses[] = {
-    {"cse", createCommonSubexpressionEliminationPass},
-    {"dce", createDeadCodeEliminationPass},
+    {"cse", [](const PassOptions &) { return createCommonSubexpressionEliminationPass(); }},
+    {"dce", [](const PassOptions &) { return createDeadCodeEliminationPass(); }},
+    {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
+    {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
 };
 } // namespace
 
-std::unique_ptr<Pass> createPass(llvm::StringRef name) {
+std::unique_ptr<Pass> createPass(llvm::StringRef name, const PassOptions &options) {
   for (const PassEntry &entry : kPasses)
     if (name == entry.name)
-      return entry.create();
+      return entry.create(options);
   return nullptr;
 }
 
@@ -34,7 +35,9 @@ std::vector<std::string> allPassNames() {
   return names;
 }
 
-std::vector<std::string> defaultPipeline() { return allPassNames(); }
+std::vector<std::string> forwardPipeline() { return {"cse", "dce"}; }
+
+std::vector<std::string> trainingPipeline() { return {"cse", "autodiff", "adamw", "dce"}; }
 
 OpCounts countOps(const Graph &graph) {
   OpCounts counts;
@@ -79,7 +82,7 @@ llvm::Expected<PassPipeline> PassPipeline::create(llvm::ArrayRef<std::string> na
       return unknownPass(name);
   PassPipeline pipeline;
   for (const std::string &name : names) {
-    auto pass = createPass(name);
+    auto pass = createPass(name, options.passOptions);
     if (!pass)
       return unknownPass(name);
     if (!llvm::is_contained(options.disabled, name))

@@ -1,7 +1,14 @@
-// Training data: deterministic arithmetic progressions token_i = (a + k*i) mod vocab.
+// Training data: deterministic arithmetic progressions token_i = (a + k*i) mod vocab, or windows
+// of a byte-level text file or of a uint16 token file. Batch i is a pure function of (seed, i),
+// so a resumed run continues the same stream from its data position.
 #pragma once
 
 #include "models/ModelConfig.h"
+
+#include "llvm/Support/Error.h"
+
+#include <memory>
+#include <string>
 
 #include <cstdint>
 #include <vector>
@@ -14,29 +21,57 @@ struct Batch {
   std::vector<int32_t> targets; // [batch, seqLen]: the next token of each position
 };
 
-class ArithmeticData {
+class DataSource {
+public:
+  virtual ~DataSource() = default;
+  /// Batch number `index` of the training stream.
+  virtual Batch trainBatch(int64_t index, int64_t batchSize) const = 0;
+  virtual std::string describe() const = 0;
+  /// The lowest loss a perfect model reaches on average, if known (else 0).
+  virtual double lossFloor() const { return 0; }
+};
+
+class ArithmeticData : public DataSource {
 public:
   ArithmeticData(int64_t vocab, int64_t seqLen, DataConfig config, uint64_t seed)
       : vocab_(vocab), seqLen_(seqLen), config_(config), seed_(seed) {}
+  std::string describe() const override;
 
   /// One pair in eight is held out for evaluation: training never draws it. The rule depends
   /// on (a, k) alone, so it is the same whatever the seed.
   static bool isEvalPair(int64_t a, int64_t k);
   /// Batch number `index` of the training stream: a pure function of (seed, index), so a
   /// resumed run continues the same stream from its data position.
-  Batch trainBatch(int64_t index, int64_t batchSize) const;
+  Batch trainBatch(int64_t index, int64_t batchSize) const override;
   /// `count` held-out (a, k) pairs, drawn deterministically.
   std::vector<std::pair<int64_t, int64_t>> evalPairs(int64_t count) const;
   /// The first `length` tokens of the progression (a, k).
   std::vector<int32_t> sequence(int64_t a, int64_t k, int64_t length) const;
 
   /// Loss no model can beat on average: the first token and the step are unpredictable.
-  double lossFloor() const;
+  double lossFloor() const override;
 
 private:
   int64_t vocab_, seqLen_;
   DataConfig config_;
   uint64_t seed_;
+};
+
+/// Random windows of seq_len + 1 tokens from a token sequence read from a file.
+class TokenFileData : public DataSource {
+public:
+  /// `.bin`, `.u16` and `.tokens` files hold little-endian uint16 token ids; anything else is
+  /// text, one token per byte (vocab >= 256).
+  static llvm::Expected<std::unique_ptr<TokenFileData>> open(llvm::StringRef path, int64_t vocab,
+                                                             int64_t seqLen, uint64_t seed);
+  Batch trainBatch(int64_t index, int64_t batchSize) const override;
+  std::string describe() const override { return description_; }
+
+private:
+  std::vector<int32_t> tokens_;
+  int64_t seqLen_ = 0;
+  uint64_t seed_ = 0;
+  std::string description_;
 };
 
 } // namespace tgc

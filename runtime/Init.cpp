@@ -7,7 +7,7 @@ namespace tgc {
 std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed) {
   std::map<std::string, Tensor> params;
   for (const Op *op : graph.ops()) {
-    if (op->kind() != OpKind::Param)
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;
     const Value *v = op->result();
     Tensor t = Tensor::zeros(v->type());

@@ -1,5 +1,7 @@
 #include "runtime/Interpreter.h"
 
+#include "runtime/Schedule.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
@@ -22,6 +24,13 @@ int64_t rows(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1
 
 llvm::Error evalInput(const Op &, Operands, Results) { return fail("leaves are bound, not run"); }
 llvm::Error evalParam(const Op &, Operands, Results) { return fail("leaves are bound, not run"); }
+llvm::Error evalState(const Op &, Operands, Results) { return fail("leaves are bound, not run"); }
+llvm::Error evalAssign(const Op &, Operands, Results) { return fail("assigns are run by run()"); }
+
+llvm::Error evalConstant(const Op &op, Operands, Results out) {
+  std::fill(out[0].data.begin(), out[0].data.end(), float(*op.attrs().getFloat("value")));
+  return llvm::Error::success();
+}
 
 llvm::Error evalEmbedding(const Op &op, Operands in, Results out) {
   const Tensor &table = *in[0], &ids = *in[1];
@@ -200,13 +209,14 @@ llvm::Error evalSlice(const Op &op, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-llvm::Error evalCausalMask(const Op &, Operands in, Results out) {
+llvm::Error evalCausalMask(const Op &op, Operands in, Results out) {
   int64_t t = in[0]->type.dim(-1);
+  float fill = float(op.attrs().getFloat("fill").value_or(-HUGE_VAL));
   out[0].data = in[0]->data;
   for (int64_t r = 0; r < rows(in[0]->type); ++r) {
     int64_t query = r % t;
     for (int64_t key = query + 1; key < t; ++key)
-      out[0].data[r * t + key] = -std::numeric_limits<float>::infinity();
+      out[0].data[r * t + key] = fill;
   }
   return llvm::Error::success();
 }
@@ -248,6 +258,209 @@ llvm::Error evalNLLLoss(const Op &, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+// Gradients.
+
+llvm::Error evalReduceTo(const Op &, Operands in, Results out) {
+  int64_t period = out[0].size(), repeats = in[0]->size() / period;
+  for (int64_t j = 0; j < period; ++j) {
+    double sum = 0;
+    for (int64_t i = 0; i < repeats; ++i)
+      sum += in[0]->data[i * period + j];
+    out[0].data[j] = float(sum);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalPad(const Op &op, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  int64_t axis = *op.attrs().getInt("axis"), start = *op.attrs().getInt("start");
+  int64_t size = *op.attrs().getInt("size"), extent = x.type.shape[axis];
+  int64_t inner = 1, outer = 1;
+  for (unsigned i = axis + 1; i < x.type.rank(); ++i)
+    inner *= x.type.shape[i];
+  for (int64_t i = 0; i < axis; ++i)
+    outer *= x.type.shape[i];
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(&x.data[o * extent * inner], extent * inner,
+                &out[0].data[(o * size + start) * inner]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalEmbeddingBackward(const Op &, Operands in, Results out) {
+  const Tensor &dy = *in[0], &ids = *in[1];
+  int64_t vocab = out[0].type.dim(0), dim = out[0].type.dim(1);
+  // Rows are accumulated in position order: the same sum every run.
+  for (int64_t i = 0; i < ids.size(); ++i) {
+    int32_t id = ids.ints[i];
+    if (id < 0 || id >= vocab)
+      return fail("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
+    for (int64_t j = 0; j < dim; ++j)
+      out[0].data[id * dim + j] += dy.data[i * dim + j];
+  }
+  return llvm::Error::success();
+}
+
+template <typename F> llvm::Error binaryMap(Operands in, Results out, F f) {
+  for (int64_t i = 0; i < out[0].size(); ++i)
+    out[0].data[i] = f(in[0]->data[i], in[1]->data[i]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalGeluBackward(const Op &, Operands in, Results out) {
+  return binaryMap(in, out, [](float dy, float x) {
+    const float c = 0.7978845608028654f;
+    float u = c * (x + 0.044715f * x * x * x);
+    float t = std::tanh(u);
+    float du = c * (1.0f + 3.0f * 0.044715f * x * x);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+  });
+}
+
+llvm::Error evalSiluBackward(const Op &, Operands in, Results out) {
+  return binaryMap(in, out, [](float dy, float x) {
+    float s = 1.0f / (1.0f + std::exp(-x));
+    return dy * s * (1.0f + x * (1.0f - s));
+  });
+}
+
+/// Shared by layer_norm_backward and rms_norm_backward. With xhat the normalised row and
+/// g = dy * gamma: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) for LayerNorm, and
+/// dx = rstd * (g - xhat * mean(g * xhat)) for RMSNorm.
+llvm::Error normBackward(const Op &op, Operands in, Results out, bool centered) {
+  const Tensor &dy = *in[0], &x = *in[1], &gamma = *in[2];
+  double eps = *op.attrs().getFloat("eps");
+  int64_t d = x.type.dim(-1);
+  std::vector<double> dgamma(d, 0.0), dbeta(d, 0.0), xhat(d);
+  for (int64_t r = 0; r < rows(x.type); ++r) {
+    const float *row = &x.data[r * d], *dyRow = &dy.data[r * d];
+    double mean = 0, var = 0;
+    if (centered) {
+      for (int64_t i = 0; i < d; ++i)
+        mean += row[i];
+      mean /= d;
+    }
+    for (int64_t i = 0; i < d; ++i)
+      var += (row[i] - mean) * (row[i] - mean);
+    var /= d;
+    double rstd = 1.0 / std::sqrt(var + eps);
+    double meanG = 0, meanGX = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      xhat[i] = (row[i] - mean) * rstd;
+      double g = double(dyRow[i]) * gamma.data[i];
+      meanG += g;
+      meanGX += g * xhat[i];
+      dgamma[i] += double(dyRow[i]) * xhat[i];
+      dbeta[i] += dyRow[i];
+    }
+    meanG = centered ? meanG / d : 0.0;
+    meanGX /= d;
+    for (int64_t i = 0; i < d; ++i) {
+      double g = double(dyRow[i]) * gamma.data[i];
+      out[0].data[r * d + i] = float(rstd * (g - meanG - xhat[i] * meanGX));
+    }
+  }
+  for (int64_t i = 0; i < d; ++i) {
+    out[1].data[i] = float(dgamma[i]);
+    if (centered)
+      out[2].data[i] = float(dbeta[i]);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalLayerNormBackward(const Op &op, Operands in, Results out) {
+  return normBackward(op, in, out, /*centered=*/true);
+}
+llvm::Error evalRMSNormBackward(const Op &op, Operands in, Results out) {
+  return normBackward(op, in, out, /*centered=*/false);
+}
+
+llvm::Error evalSoftmaxBackward(const Op &, Operands in, Results out) {
+  const Tensor &dy = *in[0], &y = *in[1];
+  int64_t d = y.type.dim(-1);
+  for (int64_t r = 0; r < rows(y.type); ++r) {
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i)
+      dot += double(dy.data[r * d + i]) * y.data[r * d + i];
+    for (int64_t i = 0; i < d; ++i)
+      out[0].data[r * d + i] = float(y.data[r * d + i] * (dy.data[r * d + i] - dot));
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalLogSoftmaxBackward(const Op &, Operands in, Results out) {
+  const Tensor &dy = *in[0], &y = *in[1];
+  int64_t d = y.type.dim(-1);
+  for (int64_t r = 0; r < rows(y.type); ++r) {
+    double sum = 0;
+    for (int64_t i = 0; i < d; ++i)
+      sum += dy.data[r * d + i];
+    for (int64_t i = 0; i < d; ++i)
+      out[0].data[r * d + i] = float(dy.data[r * d + i] - std::exp(double(y.data[r * d + i])) * sum);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalNLLLossBackward(const Op &, Operands in, Results out) {
+  const Tensor &dloss = *in[0], &targets = *in[2];
+  int64_t vocab = out[0].type.dim(-1), n = targets.size();
+  float g = float(-double(dloss.data[0]) / double(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t t = targets.ints[i];
+    if (t < 0 || t >= vocab)
+      return fail("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
+    out[0].data[i * vocab + t] = g;
+  }
+  return llvm::Error::success();
+}
+
+// Optimizer.
+
+llvm::Error evalSumSquares(const Op &, Operands in, Results out) {
+  double sum = 0;
+  for (float v : in[0]->data)
+    sum += double(v) * v;
+  out[0].data[0] = float(sum);
+  return llvm::Error::success();
+}
+
+llvm::Error evalClipScale(const Op &op, Operands in, Results out) {
+  double maxNorm = *op.attrs().getFloat("max_norm");
+  double norm = std::sqrt(double(in[0]->data[0]));
+  out[0].data[0] = maxNorm > 0 ? float(std::min(1.0, maxNorm / (norm + 1e-6))) : 1.0f;
+  return llvm::Error::success();
+}
+
+llvm::Error evalLRSchedule(const Op &op, Operands in, Results out) {
+  out[0].data[0] = float(learningRate(op.attrs(), in[0]->ints[0]));
+  return llvm::Error::success();
+}
+
+llvm::Error evalAdamW(const Op &op, Operands in, Results out) {
+  const Tensor &param = *in[0], &grad = *in[1], &m = *in[2], &v = *in[3];
+  float lr = in[4]->data[0], clip = in[5]->data[0];
+  int32_t step = in[6]->ints[0];
+  if (step < 1)
+    return fail("step must be >= 1, got {}", step);
+  double beta1 = *op.attrs().getFloat("beta1"), beta2 = *op.attrs().getFloat("beta2");
+  float eps = float(*op.attrs().getFloat("eps"));
+  float decay = float(1.0 - double(lr) * *op.attrs().getFloat("weight_decay"));
+  // torch.optim.AdamW (single-tensor path): bias corrections in double, elementwise in float.
+  double bc1 = 1.0 - std::pow(beta1, step), bc2 = 1.0 - std::pow(beta2, step);
+  float stepSize = float(lr / bc1), bc2Sqrt = float(std::sqrt(bc2));
+  float b1 = float(beta1), b2 = float(beta2);
+  for (int64_t i = 0; i < param.size(); ++i) {
+    float g = grad.data[i] * clip;
+    float p = param.data[i] * decay;
+    float mi = m.data[i] + (1.0f - b1) * (g - m.data[i]);
+    float vi = v.data[i] * b2 + (1.0f - b2) * g * g;
+    float denom = std::sqrt(vi) / bc2Sqrt + eps;
+    out[0].data[i] = p - stepSize * (mi / denom);
+    out[1].data[i] = mi;
+    out[2].data[i] = vi;
+  }
+  return llvm::Error::success();
+}
+
 using EvalFn = llvm::Error (*)(const Op &, Operands, Results);
 const EvalFn kEvalFns[] = {
 #define OP(Enum, Name, MinOperands, MaxOperands, Results) &eval##Enum,
@@ -262,8 +475,9 @@ llvm::Error evalOp(const Op &op, Operands operands, Results results) {
 
 llvm::Error Interpreter::bind(llvm::StringRef name, Tensor tensor) {
   const Value *v = graph_.lookup(name);
-  if (!v || (v->def()->kind() != OpKind::Input && v->def()->kind() != OpKind::Param))
-    return fail("graph @{} has no input or parameter named '{}'", graph_.name(), name.str());
+  if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
+    return fail("graph @{} has no input, parameter or state named '{}'", graph_.name(),
+                name.str());
   if (tensor.type != v->type())
     return fail("'{}' is {}, but a {} was given", name.str(), v->type().str(), tensor.type.str());
   size_t expected = size_t(tensor.size());
@@ -273,11 +487,10 @@ llvm::Error Interpreter::bind(llvm::StringRef name, Tensor tensor) {
   return llvm::Error::success();
 }
 
-llvm::Error Interpreter::bindAll(const std::map<std::string, Tensor> &tensors) {
-  for (const auto &[name, tensor] : tensors)
-    if (auto err = bind(name, tensor))
-      return err;
-  return llvm::Error::success();
+llvm::Expected<Tensor> Interpreter::read(llvm::StringRef name) const {
+  if (const Tensor *t = lookup(name))
+    return *t;
+  return fail("graph @{} has no value '{}' to read", graph_.name(), name.str());
 }
 
 const Tensor *Interpreter::lookup(llvm::StringRef name) const {
@@ -306,9 +519,11 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
     auto jt = values_.find(v);
     return jt == values_.end() ? nullptr : &jt->second;
   };
+  // Assigns take effect when the step ends, after every op has read the old values.
+  std::vector<std::pair<const Value *, Tensor>> pending;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op &op = *ops[i];
-    if (op.kind() == OpKind::Input || op.kind() == OpKind::Param) {
+    if (isLeaf(op.kind()) && op.kind() != OpKind::Constant) {
       if (!bound_.count(op.result()))
         return fail("{} %{} was not given a value", op.name().str(), op.result()->name());
       continue;
@@ -316,14 +531,18 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
     llvm::SmallVector<const Tensor *, 4> operands;
     for (const Value *v : op.operands())
       operands.push_back(get(v));
-    llvm::SmallVector<Tensor, 1> results;
-    for (unsigned r = 0; r < op.numResults(); ++r)
-      results.push_back(Tensor::zeros(op.result(r)->type()));
-    if (auto err = evalOp(op, operands, results))
-      return fail("%{} = {}: {}", op.result()->name(), op.name().str(),
-                  llvm::toString(std::move(err)));
-    for (unsigned r = 0; r < op.numResults(); ++r)
-      values_[op.result(r)] = std::move(results[r]);
+    if (op.kind() == OpKind::Assign) {
+      pending.emplace_back(op.operand(0), *operands[1]);
+    } else {
+      llvm::SmallVector<Tensor, 3> results;
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        results.push_back(Tensor::zeros(op.result(r)->type()));
+      if (auto err = evalOp(op, operands, results))
+        return fail("%{} = {}: {}", op.result()->name(), op.name().str(),
+                    llvm::toString(std::move(err)));
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        values_[op.result(r)] = std::move(results[r]);
+    }
     if (keepAll_)
       continue;
     for (const Value *v : op.operands()) {
@@ -335,6 +554,8 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
   std::vector<Tensor> outputs;
   for (const Value *v : graph_.outputs())
     outputs.push_back(*get(v));
+  for (auto &[leaf, value] : pending)
+    bound_[leaf] = std::move(value);
   return outputs;
 }
 

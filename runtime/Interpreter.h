@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ir/Graph.h"
+#include "runtime/Executor.h"
 #include "runtime/Tensor.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -11,19 +12,17 @@
 
 namespace tgc {
 
-class Interpreter {
+class Interpreter : public Executor {
 public:
   explicit Interpreter(const Graph &graph) : graph_(graph) {}
 
-  /// Binds an input or parameter by name; its type must match the graph's.
-  llvm::Error bind(llvm::StringRef name, Tensor tensor);
-  /// Binds every tensor of the map (e.g. from initParams).
-  llvm::Error bindAll(const std::map<std::string, Tensor> &tensors);
+  llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
+  llvm::Expected<std::vector<Tensor>> run() override;
+  llvm::Expected<Tensor> read(llvm::StringRef name) const override;
+  std::string describe() const override { return "cpu (reference interpreter, fp32)"; }
   /// Keeps every intermediate value after run() instead of freeing it at its last use.
   void keepIntermediates(bool keep) { keepAll_ = keep; }
 
-  /// Runs the graph; returns the graph's outputs in order.
-  llvm::Expected<std::vector<Tensor>> run();
   /// A bound leaf, or (with keepIntermediates) any value of the last run.
   const Tensor *lookup(llvm::StringRef name) const;
 

@@ -148,7 +148,7 @@ TEST(Interpreter, BindChecksNamesAndTypes) {
   ASSERT_TRUE(graph);
   Interpreter interp(*graph);
   EXPECT_NE(errorOf(interp.bind("nope", Tensor::zeros(TensorType(DType::F32, {2}))))
-                .find("no input or parameter named 'nope'"),
+                .find("no input, parameter or state named 'nope'"),
             std::string::npos);
   EXPECT_NE(errorOf(interp.bind("x", Tensor::zeros(TensorType(DType::F32, {3}))))
                 .find("'x' is f32[2], but a f32[3] was given"),

@@ -175,7 +175,7 @@ void compareWithReference(const ModelConfig &config, uint64_t seed, bool randomi
   const int64_t batch = 4;
   auto graph = unwrap(buildGPT(config, batch));
   ASSERT_TRUE(graph);
-  auto pipeline = unwrap(PassPipeline::create(defaultPipeline(), {}));
+  auto pipeline = unwrap(PassPipeline::create(forwardPipeline(), {}));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   auto params = randomize ? randomParams(*graph, seed) : initParams(*graph, seed);
   ArithmeticData data(config.vocab, config.seqLen, config.data, seed);

@@ -1,5 +1,5 @@
-// tgc: the runner. Compiles model descriptions, prints the IR after any pass, runs it on the
-// CPU reference interpreter, and reports what this machine can run.
+// tgc: the runner. Compiles model descriptions, prints the IR after any pass, trains, generates
+// and evaluates, and reports what this machine can run.
 #include "compiler/Target.h"
 #include "ir/Parser.h"
 #include "ir/Printer.h"
@@ -7,9 +7,14 @@
 #include "passes/Pass.h"
 #include "runtime/Data.h"
 #include "runtime/Init.h"
+#include "runtime/Generate.h"
 #include "runtime/Interpreter.h"
+#include "runtime/Trainer.h"
 
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -26,9 +31,18 @@ static cl::SubCommand CompileCmd("compile", "Build a model's IR, run the passes 
 static cl::SubCommand OptCmd("opt", "Parse IR text, run the given passes and print it");
 static cl::SubCommand RunCmd("run", "Run one forward pass on a deterministic batch, print the loss");
 static cl::SubCommand InfoCmd("info", "Show the GPU, the libraries and what this machine can run");
+static cl::SubCommand TrainCmd("train", "Train a model; print the loss per step; save a checkpoint");
+static cl::SubCommand GenerateCmd("generate", "Continue a prompt with a trained checkpoint");
+static cl::SubCommand EvalCmd("eval", "Score greedy continuations of held-out arithmetic prompts");
 
 static cl::opt<std::string> ModelPath(cl::Positional, cl::desc("<model.yaml>"), cl::Required,
-                                      cl::sub(CompileCmd), cl::sub(RunCmd), cl::cat(Category));
+                                      cl::sub(CompileCmd), cl::sub(RunCmd), cl::sub(TrainCmd),
+                                      cl::cat(Category));
+static cl::opt<std::string> CheckpointPath(cl::Positional, cl::desc("<checkpoint.safetensors>"),
+                                           cl::Required, cl::sub(GenerateCmd), cl::sub(EvalCmd),
+                                           cl::cat(Category));
+static cl::opt<bool> Train("train", cl::desc("Compile the training program (forward, loss, backward, AdamW)"),
+                           cl::sub(CompileCmd), cl::cat(Category));
 static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
                                    cl::sub(OptCmd), cl::cat(Category));
 static cl::list<std::string> Passes("passes", cl::desc("Comma-separated passes to run, in order"),
@@ -38,13 +52,46 @@ static cl::list<std::string>
               cl::CommaSeparated, cl::sub(CompileCmd), cl::sub(OptCmd), cl::cat(Category));
 static cl::list<std::string> DisablePass("disable-pass", cl::desc("Skip the named pass"),
                                          cl::CommaSeparated, cl::sub(CompileCmd), cl::sub(RunCmd),
-                                         cl::cat(Category));
+                                         cl::sub(TrainCmd), cl::cat(Category));
 static cl::opt<bool> Stats("stats", cl::desc("Print op counts by kind before and after the passes"),
                            cl::sub(CompileCmd), cl::sub(OptCmd), cl::cat(Category));
 static cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model file's)"),
-                              cl::init(0), cl::sub(CompileCmd), cl::sub(RunCmd), cl::cat(Category));
-static cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init and the data (default: the model file's)"),
-                              cl::sub(RunCmd), cl::cat(Category));
+                              cl::init(0), cl::sub(CompileCmd), cl::sub(RunCmd), cl::sub(TrainCmd),
+                              cl::cat(Category));
+static cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
+                              cl::sub(RunCmd), cl::sub(TrainCmd), cl::sub(GenerateCmd),
+                              cl::cat(Category));
+static cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
+                              cl::sub(TrainCmd), cl::sub(CompileCmd), cl::cat(Category));
+static cl::opt<double> LearningRate("lr", cl::desc("Peak learning rate (default: the model file's)"),
+                                    cl::sub(TrainCmd), cl::sub(CompileCmd), cl::cat(Category));
+static cl::opt<std::string> SavePath("save", cl::desc("Write a checkpoint here at the end (atomically)"),
+                                     cl::value_desc("file.safetensors"), cl::sub(TrainCmd),
+                                     cl::cat(Category));
+static cl::opt<std::string> ResumePath("resume", cl::desc("Continue from a checkpoint of the same model"),
+                                       cl::value_desc("file.safetensors"), cl::sub(TrainCmd),
+                                       cl::cat(Category));
+static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per step"),
+                                    cl::value_desc("file.jsonl"), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, or uint16 tokens (.bin, .u16, .tokens)"),
+                                     cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<std::string> Device("device", cl::desc("auto | cpu | cuda"), cl::init("auto"),
+                                   cl::sub(TrainCmd), cl::sub(GenerateCmd), cl::sub(EvalCmd),
+                                   cl::cat(Category));
+static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (default: about 20 lines)"),
+                                 cl::init(0), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<std::string> Prompt("prompt", cl::desc("Token ids, separated by spaces or commas"),
+                                   cl::sub(GenerateCmd), cl::cat(Category));
+static cl::opt<int64_t> Tokens("tokens", cl::desc("How many tokens to generate"), cl::init(16),
+                               cl::sub(GenerateCmd), cl::cat(Category));
+static cl::opt<double> Temperature("temperature", cl::desc("0 is greedy"), cl::init(0.0),
+                                   cl::sub(GenerateCmd), cl::cat(Category));
+static cl::opt<int64_t> TopK("top-k", cl::desc("Sample among the k most likely tokens (0: all)"),
+                             cl::init(0), cl::sub(GenerateCmd), cl::cat(Category));
+static cl::opt<int64_t> Sequences("sequences", cl::desc("Held-out prompts to score"), cl::init(64),
+                                  cl::sub(EvalCmd), cl::cat(Category));
+static cl::opt<int64_t> PromptLength("prompt-length", cl::desc("Tokens given of each held-out progression"),
+                                     cl::init(8), cl::sub(EvalCmd), cl::cat(Category));
 
 namespace {
 
@@ -57,29 +104,64 @@ int report(llvm::Error err) {
   return 1;
 }
 
-llvm::Expected<int64_t> batchSize(const ModelConfig &config) {
-  if (BatchSize.getNumOccurrences() == 0)
-    return config.train.batch;
-  if (BatchSize < 1 || BatchSize > (1 << 16))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "--batch must be between 1 and 65536, got %lld",
-                                   (long long)BatchSize);
-  return int64_t(BatchSize);
+llvm::Error flagError(const std::string &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
 }
 
-/// Model file -> forward graph -> default pipeline (minus --disable-pass).
-llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool stats,
-                                                    std::vector<std::string> dumpAfter) {
-  auto batch = batchSize(config);
-  if (!batch)
-    return batch.takeError();
-  auto graph = buildGPT(config, *batch);
+/// The model file with the command line's overrides applied and checked.
+llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
+  auto config = loadModelConfig(path);
+  if (!config)
+    return config.takeError();
+  TrainConfig &t = config->train;
+  if (BatchSize.getNumOccurrences()) {
+    if (BatchSize < 1 || BatchSize > (1 << 16))
+      return flagError(fmt::format("--batch must be between 1 and 65536, got {}", int64_t(BatchSize)));
+    t.batch = BatchSize;
+  }
+  if (Steps.getNumOccurrences()) {
+    if (Steps < 0 || Steps > (int64_t(1) << 40))
+      return flagError(fmt::format("--steps must be between 0 and 2^40, got {}", int64_t(Steps)));
+    t.steps = Steps;
+  }
+  if (LearningRate.getNumOccurrences()) {
+    if (!(LearningRate > 0 && LearningRate <= 10))
+      return flagError(fmt::format("--lr must be in (0, 10], got {}", double(LearningRate)));
+    t.lr = LearningRate;
+  }
+  if (Seed.getNumOccurrences())
+    t.seed = Seed;
+  return config;
+}
+
+/// The CPU interpreter is the only backend so far: --device cuda is refused, not downgraded.
+llvm::Expected<std::string> resolveDevice() {
+  if (Device == "cpu")
+    return std::string("cpu");
+  if (Device == "auto") {
+    TargetInfo target = detectTarget();
+    if (!target.gpus.empty())
+      llvm::errs() << "tgc: note: a GPU is present, but the GPU backend is not built yet; "
+                      "running on the CPU\n";
+    return std::string("cpu");
+  }
+  if (Device == "cuda")
+    return flagError("--device cuda: the GPU backend is not part of this build yet (use --device cpu)");
+  return flagError("--device must be auto, cpu or cuda, got '" + Device + "'");
+}
+
+/// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
+llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
+                                                    bool stats, std::vector<std::string> dumpAfter) {
+  auto graph = buildGPT(config, config.train.batch);
   if (!graph)
     return graph.takeError();
   PipelineOptions options;
   options.dumpAfter = std::move(dumpAfter);
   options.disabled = DisablePass;
-  auto pipeline = PassPipeline::create(defaultPipeline(), options);
+  options.passOptions.train = config.train;
+  auto pipeline =
+      PassPipeline::create(training ? trainingPipeline() : forwardPipeline(), options);
   if (!pipeline)
     return pipeline.takeError();
   OpCounts before = countOps(**graph);
@@ -94,10 +176,10 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
 }
 
 int runCompile() {
-  auto config = loadModelConfig(ModelPath);
+  auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());
-  auto graph = compileModel(*config, Stats, DumpAfter);
+  auto graph = compileModel(*config, Train, Stats, DumpAfter);
   if (!graph)
     return report(graph.takeError());
   printGraph(**graph, llvm::outs());
@@ -123,13 +205,13 @@ int runOpt() {
 }
 
 int runForward() {
-  auto config = loadModelConfig(ModelPath);
+  auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());
-  auto graph = compileModel(*config, false, {});
+  auto graph = compileModel(*config, false, false, {});
   if (!graph)
     return report(graph.takeError());
-  uint64_t seed = Seed.getNumOccurrences() ? uint64_t(Seed) : config->train.seed;
+  uint64_t seed = config->train.seed;
   Interpreter interpreter(**graph);
   if (auto err = interpreter.bindAll(initParams(**graph, seed)))
     return report(std::move(err));
@@ -153,6 +235,212 @@ int runForward() {
   llvm::outs() << fmt::format("loss {:.6f}   ln(vocab) {:.6f}   forward {:.1f} ms on the CPU "
                               "interpreter (fp32)\n",
                               (*outputs)[0].data[0], std::log(double(config->vocab)), ms);
+  return 0;
+}
+
+/// Fails early, before any training, when the checkpoint could not be written there.
+llvm::Error checkWritable(llvm::StringRef path) {
+  llvm::SmallString<256> dir(path);
+  llvm::sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+  if (!llvm::sys::fs::is_directory(dir))
+    return flagError(fmt::format("{}: error: folder '{}' does not exist", path.str(), dir.str().str()));
+  if (llvm::sys::fs::is_directory(path))
+    return flagError(fmt::format("{}: error: is a folder, not a file", path.str()));
+  if (llvm::sys::fs::access(dir, llvm::sys::fs::AccessMode::Write))
+    return flagError(fmt::format("{}: error: folder '{}' is not writable", path.str(), dir.str().str()));
+  return llvm::Error::success();
+}
+
+int runTrain() {
+  auto config = loadConfig(ModelPath);
+  if (!config)
+    return report(config.takeError());
+  auto device = resolveDevice();
+  if (!device)
+    return report(device.takeError());
+  for (const std::string *path : {&SavePath.getValue(), &LogPath.getValue()})
+    if (!path->empty())
+      if (auto err = checkWritable(*path))
+        return report(std::move(err));
+  std::optional<Checkpoint> resumeFrom;
+  if (!ResumePath.empty()) {
+    auto checkpoint = readCheckpoint(ResumePath);
+    if (!checkpoint)
+      return report(checkpoint.takeError());
+    resumeFrom = std::move(*checkpoint);
+  }
+  auto trainer = Trainer::create(*config, DataPath);
+  if (!trainer)
+    return report(trainer.takeError());
+  Trainer &t = **trainer;
+  if (resumeFrom)
+    if (auto err = t.resume(*resumeFrom, ResumePath))
+      return report(std::move(err));
+  const ModelConfig &c = t.config();
+  int64_t total = c.train.steps, tokensPerStep = c.train.batch * c.seqLen;
+  llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, "
+                              "seed {}\n",
+                              c.name, c.numParams(), c.train.batch, c.seqLen, total,
+                              formatDouble(c.train.lr), c.train.seed);
+  llvm::outs() << fmt::format("device: {}\ndata: {}\n", t.executor().describe(), t.data().describe());
+  if (t.stepsDone())
+    llvm::outs() << fmt::format("resumed from {} at step {}\n", ResumePath.getValue(), t.stepsDone());
+
+  std::unique_ptr<llvm::raw_fd_ostream> log;
+  if (!LogPath.empty()) {
+    std::error_code ec;
+    log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
+    if (ec)
+      return report(flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message())));
+  }
+  bool terminal = llvm::sys::Process::StandardOutIsDisplayed();
+  int64_t every = LogEvery > 0 ? int64_t(LogEvery) : std::max<int64_t>(1, total / 20);
+  std::vector<double> losses;
+  double totalMs = 0;
+  while (t.stepsDone() < total) {
+    auto record = t.step();
+    if (!record)
+      return report(record.takeError());
+    losses.push_back(record->loss);
+    totalMs += record->stepMs;
+    double tokensPerSecond = tokensPerStep / (record->stepMs / 1000.0);
+    std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  "
+                                   "{:.1f} ms  {:.0f} tok/s",
+                                   record->step, total, record->loss, record->lr,
+                                   record->gradNorm, record->stepMs, tokensPerSecond);
+    bool print = record->step % every == 0 || record->step == 1 || record->step == total;
+    if (terminal) {
+      int width = 30, filled = int(width * record->step / std::max<int64_t>(total, 1));
+      llvm::outs() << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
+                   << line << (print ? "\n" : "");
+      llvm::outs().flush();
+    } else if (print) {
+      llvm::outs() << line << "\n";
+    }
+    if (log)
+      *log << llvm::json::Value(llvm::json::Object{{"step", record->step},
+                                                   {"loss", record->loss},
+                                                   {"lr", record->lr},
+                                                   {"grad_norm", record->gradNorm},
+                                                   {"step_ms", record->stepMs},
+                                                   {"tokens_per_s", tokensPerSecond}})
+           << "\n";
+  }
+  if (!losses.empty()) {
+    size_t tail = std::min<size_t>(10, losses.size());
+    double mean = 0;
+    for (size_t i = losses.size() - tail; i < losses.size(); ++i)
+      mean += losses[i] / tail;
+    llvm::outs() << fmt::format("final loss {:.4f} (mean of the last {}: {:.4f})   random guess "
+                                "ln(V) {:.4f}",
+                                losses.back(), tail, mean, std::log(double(c.vocab)));
+    if (double floor = t.data().lossFloor(); floor > 0)
+      llvm::outs() << fmt::format("   task floor {:.4f}", floor);
+    llvm::outs() << fmt::format("\n{} steps in {:.1f} s, {:.0f} tokens/s\n", losses.size(),
+                                totalMs / 1000, tokensPerStep * losses.size() / (totalMs / 1000));
+  }
+  if (!SavePath.empty()) {
+    auto checkpoint = t.checkpoint();
+    if (!checkpoint)
+      return report(checkpoint.takeError());
+    if (auto err = writeCheckpoint(SavePath, *checkpoint))
+      return report(std::move(err));
+    llvm::outs() << fmt::format("saved {} (step {})\n", SavePath.getValue(), t.stepsDone());
+  }
+  return 0;
+}
+
+/// A checkpoint and the model it was trained for.
+llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path) {
+  auto checkpoint = readCheckpoint(path);
+  if (!checkpoint)
+    return checkpoint.takeError();
+  auto config = checkpointModel(*checkpoint, path);
+  if (!config)
+    return config.takeError();
+  return std::make_pair(std::move(*config), std::move(*checkpoint));
+}
+
+llvm::Expected<std::vector<int32_t>> parsePrompt(llvm::StringRef text, int64_t vocab) {
+  llvm::SmallVector<llvm::StringRef, 16> parts;
+  text.split(parts, ' ', -1, /*KeepEmpty=*/false);
+  std::vector<int32_t> tokens;
+  for (llvm::StringRef part : parts) {
+    for (llvm::StringRef piece : llvm::split(part, ',')) {
+      if (piece.empty())
+        continue;
+      int64_t id = 0;
+      if (piece.getAsInteger(10, id))
+        return flagError(fmt::format("--prompt: '{}' is not a token id", escapeForMessage(piece)));
+      if (id < 0 || id >= vocab)
+        return flagError(fmt::format("--prompt: token {} is outside the vocabulary [0, {})", id, vocab));
+      tokens.push_back(int32_t(id));
+    }
+  }
+  if (tokens.empty())
+    return flagError("--prompt: give at least one token id, e.g. --prompt \"5 12 19\"");
+  return tokens;
+}
+
+int runGenerate() {
+  auto device = resolveDevice();
+  if (!device)
+    return report(device.takeError());
+  if (Tokens < 1 || Tokens > 100000)
+    return report(flagError(fmt::format("--tokens must be between 1 and 100000, got {}", int64_t(Tokens))));
+  if (!(Temperature >= 0 && Temperature <= 100))
+    return report(flagError("--temperature must be between 0 and 100"));
+  if (TopK < 0)
+    return report(flagError("--top-k must be >= 0"));
+  auto trained = loadTrained(CheckpointPath);
+  if (!trained)
+    return report(trained.takeError());
+  auto &[config, checkpoint] = *trained;
+  auto prompt = parsePrompt(Prompt, config.vocab);
+  if (!prompt)
+    return report(prompt.takeError());
+  auto generator = Generator::create(config, checkpoint.tensors, 1);
+  if (!generator)
+    return report(generator.takeError());
+  SamplingOptions options{Temperature, TopK, Seed.getNumOccurrences() ? uint64_t(Seed) : 0};
+  auto out = (*generator)->generate({*prompt}, Tokens, options);
+  if (!out)
+    return report(out.takeError());
+  llvm::outs() << fmt::format("{}\n", fmt::join((*out)[0], " "));
+  return 0;
+}
+
+int runEval() {
+  auto device = resolveDevice();
+  if (!device)
+    return report(device.takeError());
+  auto trained = loadTrained(CheckpointPath);
+  if (!trained)
+    return report(trained.takeError());
+  auto &[config, checkpoint] = *trained;
+  if (PromptLength < 2 || PromptLength >= config.seqLen)
+    return report(flagError(fmt::format("--prompt-length must be between 2 and seq_len - 1 = {}",
+                                        config.seqLen - 1)));
+  if (Sequences < 1 || Sequences > 100000)
+    return report(flagError("--sequences must be between 1 and 100000"));
+  int64_t batch = std::min<int64_t>(Sequences, 64);
+  auto generator = Generator::create(config, checkpoint.tensors, batch);
+  if (!generator)
+    return report(generator.takeError());
+  auto result = evaluateArithmetic(**generator, config, Sequences, PromptLength, batch);
+  if (!result)
+    return report(result.takeError());
+  llvm::outs() << fmt::format("model {}, {} held-out progressions, {} prompt tokens, {} generated "
+                              "each (greedy)\n",
+                              config.name, result->sequences, PromptLength.getValue(),
+                              config.seqLen - PromptLength);
+  llvm::outs() << fmt::format("tokens correct:    {:.2f}% ({} of {})\n", 100 * result->tokenAccuracy(),
+                              result->correctTokens, result->tokens);
+  llvm::outs() << fmt::format("sequences correct: {:.2f}% ({} of {})\n",
+                              100 * result->sequenceAccuracy(), result->correctSequences,
+                              result->sequences);
   return 0;
 }
 
@@ -183,7 +471,8 @@ int runInfo() {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
-  for (cl::SubCommand *sub : {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd})
+  for (cl::SubCommand *sub :
+       {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd, &TrainCmd, &GenerateCmd, &EvalCmd})
     cl::HideUnrelatedOptions(Category, *sub);
   cl::HideUnrelatedOptions(Category);
   if (!cl::ParseCommandLineOptions(
@@ -192,6 +481,9 @@ int main(int argc, char **argv) {
           "  tgc compile MODEL.yaml [--dump-after=PASS|all] [--disable-pass=PASS] [--stats]\n"
           "  tgc opt FILE.ir --passes=a,b\n"
           "  tgc run MODEL.yaml\n"
+          "  tgc train MODEL.yaml [--steps N] [--save CKPT] [--log FILE.jsonl]\n"
+          "  tgc generate CKPT --prompt \"5 12 19\" [--tokens N]\n"
+          "  tgc eval CKPT\n"
           "  tgc info\n\n"
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
@@ -204,6 +496,13 @@ int main(int argc, char **argv) {
     return runForward();
   if (InfoCmd)
     return runInfo();
-  llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, info); see tgc --help\n";
+  if (TrainCmd)
+    return runTrain();
+  if (GenerateCmd)
+    return runGenerate();
+  if (EvalCmd)
+    return runEval();
+  llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, info); "
+                  "see tgc --help\n";
   return 1;
 }

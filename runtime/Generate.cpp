@@ -1,0 +1,135 @@
+#include "runtime/Generate.h"
+
+#include "models/GPTBuilder.h"
+#include "passes/Pass.h"
+#include "runtime/Interpreter.h"
+#include "runtime/Random.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <numeric>
+
+namespace tgc {
+
+namespace {
+llvm::Error fail(const std::string &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
+}
+
+/// The next token from one row of logits.
+int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options, Rng &rng) {
+  if (options.temperature <= 0)
+    return int32_t(std::max_element(logits, logits + vocab) - logits);
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  int64_t keep = options.topK > 0 ? std::min(options.topK, vocab) : vocab;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  double max = logits[order[0]], total = 0;
+  std::vector<double> weights(keep);
+  for (int64_t i = 0; i < keep; ++i)
+    total += weights[i] = std::exp((logits[order[i]] - max) / options.temperature);
+  double u = rng.uniform() * total;
+  for (int64_t i = 0; i < keep; ++i)
+    if ((u -= weights[i]) < 0)
+      return order[i];
+  return order[keep - 1];
+}
+} // namespace
+
+llvm::Expected<std::unique_ptr<Generator>>
+Generator::create(const ModelConfig &config, const std::map<std::string, Tensor> &weights,
+                  int64_t batch) {
+  auto generator = std::unique_ptr<Generator>(new Generator());
+  generator->config_ = config;
+  generator->batch_ = batch;
+  auto graph = buildGPT(config, batch, GPTOutput::Logits);
+  if (!graph)
+    return graph.takeError();
+  auto pipeline = PassPipeline::create(forwardPipeline(), {});
+  if (!pipeline)
+    return pipeline.takeError();
+  if (auto err = pipeline->run(**graph))
+    return std::move(err);
+  generator->program_ = std::move(*graph);
+  generator->executor_ = std::make_unique<Interpreter>(*generator->program_);
+  for (const Op *op : generator->program_->ops()) {
+    if (op->kind() != OpKind::Param)
+      continue;
+    auto it = weights.find(op->result()->name());
+    if (it == weights.end())
+      return fail(fmt::format("error: no weights for parameter '{}'", op->result()->name()));
+    if (auto err = generator->executor_->bind(it->first, it->second))
+      return std::move(err);
+  }
+  return generator;
+}
+
+llvm::Expected<std::vector<std::vector<int32_t>>>
+Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
+                    const SamplingOptions &options) {
+  const int64_t T = config_.seqLen, V = config_.vocab;
+  if (prompts.empty() || int64_t(prompts.size()) > batch_)
+    return fail(fmt::format("error: {} prompts for a batch of {}", prompts.size(), batch_));
+  for (const auto &p : prompts) {
+    if (p.empty() || p.size() != prompts[0].size())
+      return fail("error: prompts must be non-empty and of one length");
+    for (int32_t id : p)
+      if (id < 0 || id >= V)
+        return fail(fmt::format("error: prompt token {} is outside the vocabulary [0, {})", id, V));
+  }
+  Rng rng(mix64(options.seed));
+  std::vector<std::vector<int32_t>> sequences = prompts, generated(prompts.size());
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t length = int64_t(sequences[0].size());
+    int64_t window = std::min(length, T), start = length - window;
+    std::vector<int32_t> tokens(batch_ * T, 0);
+    for (size_t b = 0; b < sequences.size(); ++b)
+      std::copy(sequences[b].begin() + start, sequences[b].end(), tokens.begin() + b * T);
+    if (auto err = executor_->bind("tokens", Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
+      return std::move(err);
+    auto outputs = executor_->run();
+    if (!outputs)
+      return outputs.takeError();
+    const std::vector<float> &logits = (*outputs)[0].data;
+    for (size_t b = 0; b < sequences.size(); ++b) {
+      int32_t next = pick(&logits[(b * T + window - 1) * V], V, options, rng);
+      sequences[b].push_back(next);
+      generated[b].push_back(next);
+    }
+  }
+  return generated;
+}
+
+llvm::Expected<EvalResult> evaluateArithmetic(Generator &generator, const ModelConfig &config,
+                                              int64_t sequences, int64_t promptLength,
+                                              int64_t batch) {
+  ArithmeticData data(config.vocab, config.seqLen, config.data, config.train.seed);
+  auto pairs = data.evalPairs(sequences);
+  int64_t count = config.seqLen - promptLength;
+  EvalResult result;
+  for (size_t first = 0; first < pairs.size(); first += batch) {
+    std::vector<std::vector<int32_t>> prompts, truth;
+    for (size_t i = first; i < std::min(pairs.size(), first + size_t(batch)); ++i) {
+      std::vector<int32_t> seq = data.sequence(pairs[i].first, pairs[i].second, config.seqLen);
+      prompts.emplace_back(seq.begin(), seq.begin() + promptLength);
+      truth.emplace_back(seq.begin() + promptLength, seq.end());
+    }
+    auto out = generator.generate(prompts, count, {});
+    if (!out)
+      return out.takeError();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      int64_t right = 0;
+      for (int64_t t = 0; t < count; ++t)
+        right += (*out)[i][t] == truth[i][t];
+      result.tokens += count;
+      result.correctTokens += right;
+      result.correctSequences += right == count;
+      ++result.sequences;
+    }
+  }
+  return result;
+}
+
+} // namespace tgc

@@ -1,0 +1,56 @@
+// Autoregressive generation from trained weights, and the held-out evaluation of the arithmetic
+// task built on it.
+#pragma once
+
+#include "ir/Graph.h"
+#include "models/ModelConfig.h"
+#include "runtime/Data.h"
+#include "runtime/Executor.h"
+
+#include <map>
+#include <memory>
+
+namespace tgc {
+
+struct SamplingOptions {
+  double temperature = 0; // 0: greedy (argmax, lowest id on ties)
+  int64_t topK = 0;       // 0: the whole vocabulary
+  uint64_t seed = 0;
+};
+
+class Generator {
+public:
+  /// Compiles the inference program (logits for `batch` sequences of seq_len tokens).
+  static llvm::Expected<std::unique_ptr<Generator>>
+  create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch);
+
+  /// Continues each prompt (all of one length, at most `batch` of them) by `count` tokens. The
+  /// context is the last seq_len tokens; positions after it are padding that causal attention
+  /// never reads.
+  llvm::Expected<std::vector<std::vector<int32_t>>>
+  generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
+           const SamplingOptions &options);
+
+private:
+  ModelConfig config_;
+  int64_t batch_ = 0;
+  std::unique_ptr<Graph> program_;
+  std::unique_ptr<Executor> executor_;
+};
+
+struct EvalResult {
+  int64_t sequences = 0;
+  int64_t tokens = 0;
+  int64_t correctTokens = 0;
+  int64_t correctSequences = 0;
+  double tokenAccuracy() const { return tokens ? double(correctTokens) / tokens : 0; }
+  double sequenceAccuracy() const { return sequences ? double(correctSequences) / sequences : 0; }
+};
+
+/// Greedy continuations of held-out progressions: `promptLength` tokens in, the rest of the
+/// window out, compared token by token with the true progression.
+llvm::Expected<EvalResult> evaluateArithmetic(Generator &generator, const ModelConfig &config,
+                                              int64_t sequences, int64_t promptLength,
+                                              int64_t batch);
+
+} // namespace tgc
