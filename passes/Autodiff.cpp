@@ -7,6 +7,7 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <fmt/format.h>
+#include <numeric>
 
 namespace tgc {
 namespace {
@@ -78,10 +79,16 @@ llvm::Expected<Grads> gradMatMul(GradContext &c) {
   };
   Grads grads{nullptr, nullptr};
   if (c.needs[0]) {
-    if (!ta)
-      grads[0] = tb ? mm(dc, b, false, false, 0) : mm(dc, b, false, true, 0);
-    else
-      grads[0] = tb ? mm(b, dc, true, true, 0) : mm(b, dc, false, true, 0);
+    // dA = dC op_b(B)^T, laid out as A; with transpose_a that is (dC op_b(B)^T)^T, formed with
+    // dC on the left so that a B shared over the batch stays the rank-2 operand.
+    Value *g = tb ? mm(dc, b, false, false, 0) : mm(dc, b, false, true, 0);
+    if (ta) {
+      std::vector<int64_t> perm(a->type().rank());
+      std::iota(perm.begin(), perm.end(), 0);
+      std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+      g = c.create(OpKind::Transpose, {g}, attrs({{"perm", perm}}), 0);
+    }
+    grads[0] = g;
   }
   if (c.needs[1]) {
     bool shared = b->type().rank() == 2 && a->type().rank() > 2;
@@ -185,8 +192,13 @@ llvm::Expected<Grads> gradNLLLoss(GradContext &c) {
   return Grads{c.create(OpKind::NLLLossBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};
 }
 
+llvm::Expected<Grads> gradReduceTo(GradContext &c) {
+  // Broadcast dy back over the summed leading dims: zeros of x's shape plus dy.
+  Value *zeros = c.b.constant(c.name(0) + ".zeros", c.x(0)->type(), 0.0);
+  return Grads{c.create(OpKind::Add, {zeros, c.dy()}, {}, 0)};
+}
+
 // Gradients of gradients and of the optimizer are not needed for training.
-llvm::Expected<Grads> gradReduceTo(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradPad(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradEmbeddingBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradGeluBackward(GradContext &c) { return notDifferentiable(c); }
