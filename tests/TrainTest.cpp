@@ -1,0 +1,218 @@
+// Training on the CPU: the optimizer's arithmetic, bitwise determinism across runs and across
+// save and resume, checkpoint errors, PyTorch parity, and the tiny model learning its task.
+#include "ir/Parser.h"
+#include "runtime/Checkpoint.h"
+#include "runtime/Generate.h"
+#include "runtime/Interpreter.h"
+#include "runtime/Schedule.h"
+#include "runtime/Trainer.h"
+#include "tests/TestUtil.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+
+#include <cmath>
+#include <fstream>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+ModelConfig parityConfig() {
+  return unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
+}
+
+std::vector<double> trainLosses(Trainer &t, int64_t steps) {
+  std::vector<double> losses;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto r = t.step();
+    if (!r) {
+      ADD_FAILURE() << llvm::toString(r.takeError());
+      break;
+    }
+    losses.push_back(r->loss);
+  }
+  return losses;
+}
+
+std::string tempPath(const char *name) {
+  llvm::SmallString<128> path;
+  llvm::sys::fs::createUniquePath(std::string("tgc-test-%%%%%%-") + name, path, /*MakeAbsolute=*/true);
+  return path.str().str();
+}
+
+TEST(Schedule, WarmupThenCosineToMinLr) {
+  EXPECT_DOUBLE_EQ(learningRate(1.0, 0.1, 10, 110, 1), 0.1);
+  EXPECT_DOUBLE_EQ(learningRate(1.0, 0.1, 10, 110, 10), 1.0);
+  EXPECT_NEAR(learningRate(1.0, 0.1, 10, 110, 60), 0.55, 1e-12); // halfway down the cosine
+  EXPECT_DOUBLE_EQ(learningRate(1.0, 0.1, 10, 110, 110), 0.1);
+  EXPECT_DOUBLE_EQ(learningRate(1.0, 0.1, 10, 110, 500), 0.1);
+  EXPECT_DOUBLE_EQ(learningRate(1.0, 0.1, 0, 0, 7), 1.0);
+}
+
+TEST(Optimizer, AdamWClipAndScheduleOpsFollowTorch) {
+  auto g = unwrap(parseGraph(
+      "graph @opt\n"
+      "%p = param() {init=\"zeros\"} : f32[3]\n%m = state() {init=\"zeros\"} : f32[3]\n"
+      "%v = state() {init=\"zeros\"} : f32[3]\n%grad = input() : f32[3]\n%step = input() : i32[]\n"
+      "%ss = sum_squares(%grad) : f32[]\n%clip = clip_scale(%ss) {max_norm=1.0} : f32[]\n"
+      "%lr = lr_schedule(%step) {lr=0.1, min_lr=0.01, steps=100, warmup=0} : f32[]\n"
+      "%p2, %m2, %v2 = adamw(%p, %grad, %m, %v, %lr, %clip, %step) {beta1=0.9, beta2=0.95, "
+      "eps=1e-08, weight_decay=0.5} : f32[3], f32[3], f32[3]\n"
+      "assign(%p, %p2)\nassign(%m, %m2)\nassign(%v, %v2)\nreturn %clip, %lr\n",
+      "opt.ir"));
+  ASSERT_TRUE(g);
+  Interpreter interp(*g);
+  ASSERT_FALSE(bool(interp.bind("p", Tensor{TensorType(DType::F32, {3}), {1, -2, 3}, {}})));
+  ASSERT_FALSE(bool(interp.bindAll({{"m", Tensor::zeros(TensorType(DType::F32, {3}))},
+                                    {"v", Tensor::zeros(TensorType(DType::F32, {3}))}})));
+  ASSERT_FALSE(bool(interp.bind("grad", Tensor{TensorType(DType::F32, {3}), {3, 0, -4}, {}})));
+  ASSERT_FALSE(bool(interp.bind("step", Tensor{TensorType(DType::I32, {}), {}, {1}})));
+  auto out = unwrap(interp.run());
+  ASSERT_EQ(out.size(), 2u);
+  double clip = 1.0 / (5.0 + 1e-6); // |grad| = 5
+  EXPECT_FLOAT_EQ(out[0].data[0], float(clip));
+  // No warmup: step 1 is already 1% into the cosine decay.
+  EXPECT_FLOAT_EQ(out[1].data[0], float(learningRate(0.1, 0.01, 0, 100, 1)));
+  float lr = out[1].data[0];
+  // Step 1 of AdamW: m = 0.1 g, v = 0.05 g^2, bias-corrected m/sqrt(v) = sign(g).
+  Tensor p = unwrap(interp.read("p")), m = unwrap(interp.read("m")), v = unwrap(interp.read("v"));
+  float decay = 1 - lr * 0.5f;
+  float want[3] = {1 * decay - lr, -2 * decay, 3 * decay + lr};
+  for (int i = 0; i < 3; ++i) {
+    float gi = float((i == 0 ? 3 : i == 1 ? 0 : -4) * clip);
+    EXPECT_NEAR(p.data[i], want[i], 1e-6) << i;
+    EXPECT_NEAR(m.data[i], 0.1f * gi, 1e-7);
+    EXPECT_NEAR(v.data[i], 0.05f * gi * gi, 1e-7);
+  }
+}
+
+TEST(Training, SameSeedSameLossesBitForBit) {
+  auto a = unwrap(Trainer::create(parityConfig()));
+  auto b = unwrap(Trainer::create(parityConfig()));
+  ASSERT_TRUE(a && b);
+  std::vector<double> la = trainLosses(*a, 5), lb = trainLosses(*b, 5);
+  ASSERT_EQ(la.size(), 5u);
+  EXPECT_EQ(la, lb);
+  ModelConfig other = parityConfig();
+  other.train.seed = 99;
+  auto c = unwrap(Trainer::create(other));
+  EXPECT_NE(trainLosses(*c, 1)[0], la[0]);
+}
+
+TEST(Training, SaveAndResumeContinuesBitForBit) {
+  auto straight = unwrap(Trainer::create(parityConfig()));
+  ASSERT_TRUE(straight);
+  std::vector<double> all = trainLosses(*straight, 6);
+
+  auto first = unwrap(Trainer::create(parityConfig()));
+  ASSERT_TRUE(first);
+  trainLosses(*first, 3);
+  std::string path = tempPath("resume.safetensors");
+  ASSERT_FALSE(bool(writeCheckpoint(path, unwrap(first->checkpoint()))));
+  ModelConfig differentSeed = parityConfig();
+  differentSeed.train.seed = 5; // the checkpoint's seed wins: the stream continues
+  auto second = unwrap(Trainer::create(differentSeed));
+  ASSERT_TRUE(second);
+  ASSERT_FALSE(bool(second->resume(unwrap(readCheckpoint(path)), path)));
+  EXPECT_EQ(second->stepsDone(), 3);
+  std::vector<double> rest = trainLosses(*second, 3);
+  EXPECT_EQ(rest, std::vector<double>(all.begin() + 3, all.end()));
+  Checkpoint a = unwrap(straight->checkpoint()), b = unwrap(second->checkpoint());
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto &[name, t] : a.tensors)
+    EXPECT_EQ(t.data, b.tensors.at(name).data) << name;
+  llvm::sys::fs::remove(path);
+}
+
+TEST(Checkpoint, RoundTripsTensorsAndMetadata) {
+  Checkpoint c;
+  c.tensors["w"] = Tensor{TensorType(DType::F32, {2, 3}), {1, 2, 3, 4, 5, -6.5f}, {}};
+  c.tensors["b"] = Tensor{TensorType(DType::F32, {1}), {0.25f}, {}};
+  c.meta["step"] = 7;
+  std::string path = tempPath("rt.safetensors");
+  ASSERT_FALSE(bool(writeCheckpoint(path, c)));
+  Checkpoint back = unwrap(readCheckpoint(path));
+  EXPECT_EQ(back.tensors.at("w").data, c.tensors.at("w").data);
+  EXPECT_EQ(back.tensors.at("w").type, c.tensors.at("w").type);
+  EXPECT_EQ(back.tensors.at("b").data, c.tensors.at("b").data);
+  EXPECT_EQ(back.meta.getInteger("step"), 7);
+  llvm::sys::fs::remove(path);
+}
+
+TEST(Checkpoint, BadFilesAreClearErrors) {
+  auto trainer = unwrap(Trainer::create(parityConfig()));
+  ASSERT_TRUE(trainer);
+  std::string good = tempPath("good.safetensors");
+  ASSERT_FALSE(bool(writeCheckpoint(good, unwrap(trainer->checkpoint()))));
+  auto bytes = llvm::MemoryBuffer::getFile(good);
+  ASSERT_TRUE(bool(bytes));
+  std::string text = (*bytes)->getBuffer().str();
+  auto write = [](const std::string &path, const std::string &contents) {
+    std::ofstream(path, std::ios::binary) << contents;
+  };
+  std::string bad = tempPath("bad.safetensors");
+  struct Case {
+    std::string contents, message;
+  };
+  for (const Case &c :
+       {Case{text.substr(0, text.size() / 2), "truncated"}, Case{"", "shorter than the 8-byte header"},
+        Case{std::string("\x10\0\0\0\0\0\0\0", 8) + "{not json at all", "malformed safetensors header"},
+        Case{std::string(64, '\xff'), "not a safetensors checkpoint"}}) {
+    write(bad, c.contents);
+    std::string m = errorOf(readCheckpoint(bad));
+    EXPECT_NE(m.find(bad + ": error: "), std::string::npos) << m;
+    EXPECT_NE(m.find(c.message), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_NE(errorOf(readCheckpoint("/nonexistent/x.safetensors")).find("cannot read"), std::string::npos);
+
+  // A checkpoint of another model does not fit.
+  ModelConfig wider = parityConfig();
+  wider.dModel = 128;
+  auto other = unwrap(Trainer::create(wider));
+  ASSERT_TRUE(other);
+  std::string m = errorOf(other->resume(unwrap(readCheckpoint(good)), good));
+  EXPECT_NE(m.find("checkpoint of model 'tiny-parity' does not fit model 'tiny-parity' (d_model 64 vs 128)"),
+            std::string::npos) << m;
+  llvm::sys::fs::remove(good);
+  llvm::sys::fs::remove(bad);
+}
+
+TEST(Training, MatchesPyTorchLosses) {
+  // tests/reference/parity.py trained the same model from the same initial weights on the same
+  // batches with torch.optim.AdamW; these are its per-step losses.
+  auto golden = llvm::json::parse(readSource("tests/reference/tiny-parity-losses.json"));
+  ASSERT_TRUE(bool(golden)) << llvm::toString(golden.takeError());
+  const llvm::json::Array *losses = golden->getAsObject()->getArray("losses");
+  ASSERT_TRUE(losses);
+  ASSERT_EQ(losses->size(), 20u);
+  auto trainer = unwrap(Trainer::create(parityConfig()));
+  ASSERT_TRUE(trainer);
+  std::vector<double> ours = trainLosses(*trainer, 20);
+  ASSERT_EQ(ours.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    double want = *(*losses)[i].getAsNumber();
+    EXPECT_NEAR(ours[i], want, 1e-4 * want) << "step " << i + 1;
+  }
+}
+
+TEST(Training, TinyModelLearnsTheArithmeticTask) {
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  auto trainer = unwrap(Trainer::create(config));
+  ASSERT_TRUE(trainer);
+  std::vector<double> losses = trainLosses(*trainer, config.train.steps);
+  ASSERT_EQ(int64_t(losses.size()), config.train.steps);
+  double mean = 0;
+  for (size_t i = losses.size() - 10; i < losses.size(); ++i)
+    mean += losses[i] / 10;
+  EXPECT_LT(mean, 0.1 * std::log(double(config.vocab)));
+  Checkpoint checkpoint = unwrap(trainer->checkpoint());
+  auto generator = unwrap(Generator::create(config, checkpoint.tensors, 64));
+  ASSERT_TRUE(generator);
+  EvalResult result = unwrap(evaluateArithmetic(*generator, config, 64, 8, 64));
+  EXPECT_GE(result.tokenAccuracy(), 0.99) << result.correctTokens << " of " << result.tokens;
+}
+
+} // namespace

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""PyTorch peer of tgc's fp32 training, for parity tests.
+
+Builds the same GPT in plain PyTorch, loads tgc's initial weights from a tgc checkpoint
+(safetensors, the names documented in the README), draws the same batches (tgc's arithmetic data
+stream, reimplemented below), trains with torch.optim.AdamW and clip_grad_norm_ under tgc's
+schedule, and writes the per-step losses as JSON. With --generate it instead loads a trained
+checkpoint and prints greedy continuations of a prompt, to compare with `tgc generate`.
+
+  tgc train tests/reference/tiny-parity.yaml --steps 0 --save init.safetensors
+  python3 tests/reference/parity.py init.safetensors --config tests/reference/tiny-parity.yaml \
+      --steps 20 --out losses.json
+  python3 tests/reference/parity.py trained.safetensors --generate "5 12 19" --tokens 16
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+MASK = (1 << 64) - 1
+
+
+def mix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+class Rng:
+    """tgc's runtime/Random.h."""
+
+    def __init__(self, seed):
+        self.state = seed & MASK
+
+    def next(self):
+        value = mix64(self.state)
+        self.state = (self.state + 1) & MASK
+        return value
+
+    def below(self, n):
+        return self.next() % n
+
+
+def is_eval_pair(a, k):
+    return mix64((a * 1000003 + k) & MASK) % 8 == 0
+
+
+def train_batch(cfg, index):
+    """tgc's ArithmeticData::trainBatch."""
+    vocab, seq, batch = cfg["vocab"], cfg["seq_len"], cfg["batch"]
+    lo, hi = cfg["min_step"], cfg["max_step"]
+    rng = Rng((mix64(cfg["seed"] ^ 0x5EED0DA7A) + index * 0x9E3779B97F4A7C15) & MASK)
+    tokens, targets = [], []
+    for _ in range(batch):
+        for _ in range(1000):
+            a = rng.below(vocab)
+            k = lo + rng.below(hi - lo + 1)
+            if not is_eval_pair(a, k):
+                break
+        s = [(a + k * i) % vocab for i in range(seq + 1)]
+        tokens.append(s[:-1])
+        targets.append(s[1:])
+    return torch.tensor(tokens), torch.tensor(targets)
+
+
+def learning_rate(cfg, step):
+    """tgc's runtime/Schedule.h."""
+    lr, warmup, steps = cfg["lr"], cfg["warmup"], cfg["steps"]
+    min_lr = lr * cfg["min_lr_ratio"]
+    if warmup > 0 and step <= warmup:
+        return lr * step / warmup
+    if steps <= warmup:
+        return lr
+    progress = min(1.0, (step - warmup) / (steps - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def read_config(model_yaml):
+    """The flat model description tgc stores in checkpoint metadata (two levels, key: value)."""
+    cfg = {}
+    for line in model_yaml.splitlines():
+        if ":" not in line or not line.startswith("  "):
+            continue
+        key, value = (part.strip() for part in line.split(":", 1))
+        for convert in (int, float):
+            try:
+                value = convert(value)
+                break
+            except ValueError:
+                pass
+        if value in ("true", "false"):
+            value = value == "true"
+        cfg[key] = value
+    return cfg
+
+
+class GPT(torch.nn.Module):
+    """tgc's GPT: pre-LayerNorm blocks, tanh GELU, weights [out, in]."""
+
+    def __init__(self, cfg, weights):
+        super().__init__()
+        self.cfg = cfg
+        self.p = torch.nn.ParameterDict(
+            {name.replace(".", "__"): torch.nn.Parameter(t.clone()) for name, t in weights.items()})
+
+    def w(self, name):
+        return self.p[name.replace(".", "__")]
+
+    def has(self, name):
+        return name.replace(".", "__") in self.p
+
+    def linear(self, x, name):
+        bias = self.w(name + ".bias") if self.has(name + ".bias") else None
+        return F.linear(x, self.w(name + ".weight"), bias)
+
+    def norm(self, x, name):
+        c = self.cfg
+        if c["norm"] == "rmsnorm":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c["norm_eps"]) * self.w(name + ".weight")
+        return F.layer_norm(x, (c["d_model"],), self.w(name + ".weight"), self.w(name + ".bias"), c["norm_eps"])
+
+    def forward(self, tokens):
+        c = self.cfg
+        B, T = tokens.shape
+        D, H = c["d_model"], c["heads"]
+        x = self.w("wte")[tokens] + self.w("wpe")[:T]
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        for l in range(c["layers"]):
+            h = f"h{l}"
+            qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
+            q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in qkv.split(D, dim=2))
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
+            probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+            ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)
+            x = x + self.linear(ctx, h + ".attn.proj")
+            u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
+            if c["activation"] == "swiglu":
+                gate, up = u.split(c["ffn"], dim=-1)
+                act = F.silu(gate) * up
+            else:
+                act = F.gelu(u, approximate="tanh")
+            x = x + self.linear(act, h + ".mlp.fc2")
+        head = self.w("wte") if c["tie_embeddings"] else self.w("lm_head.weight")
+        return F.linear(self.norm(x, "lnf"), head)
+
+
+def decays(name, cfg):
+    """tgc's builder marks linear weights and the LM head for decay; embeddings unless asked."""
+    if name in ("wte", "wpe"):
+        return cfg.get("decay_embeddings", False)
+    return name.endswith(".weight") and (".attn." in name or ".mlp." in name or name == "lm_head.weight")
+
+
+def load(path):
+    weights, meta = {}, None
+    with safe_open(path, framework="pt") as f:
+        meta = json.loads(f.metadata()["tgc"])
+        for name in f.keys():
+            if ".adam_" not in name:
+                weights[name] = f.get_tensor(name)
+    return weights, meta
+
+
+def train(args):
+    weights, meta = load(args.checkpoint)
+    # The schedule comes from the model file: the checkpoint saved at step 0 says steps: 0.
+    cfg = read_config(meta["model"])
+    with open(args.config) as f:
+        cfg.update(read_config(f.read()))
+    model = GPT(cfg, weights)
+    names = list(weights.keys())
+    groups = [
+        {"params": [model.w(n) for n in names if decays(n, cfg)], "weight_decay": cfg["weight_decay"]},
+        {"params": [model.w(n) for n in names if not decays(n, cfg)], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                            foreach=False)
+    losses = []
+    for step in range(1, args.steps + 1):
+        tokens, targets = train_batch(cfg, step - 1)
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.view(-1, cfg["vocab"]), targets.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"], foreach=False)
+        for g in opt.param_groups:
+            g["lr"] = learning_rate(cfg, step)
+        opt.step()
+        losses.append(loss.item())
+        print(f"step {step:3d} loss {loss.item():.6f}", file=sys.stderr)
+    out = {"model": cfg["name"] if "name" in cfg else "tiny-parity", "steps": args.steps,
+           "torch": torch.__version__, "losses": losses}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+@torch.no_grad()
+def generate(args):
+    weights, meta = load(args.checkpoint)
+    cfg = read_config(meta["model"])
+    model = GPT(cfg, weights)
+    seq = [int(t) for t in args.generate.replace(",", " ").split()]
+    out = []
+    for _ in range(args.tokens):
+        window = seq[-cfg["seq_len"]:]
+        logits = model(torch.tensor([window]))
+        nxt = int(logits[0, -1].argmax())
+        seq.append(nxt)
+        out.append(nxt)
+    print(" ".join(map(str, out)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("--config", help="model file whose training settings to use")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", default="losses.json")
+    parser.add_argument("--generate", help="prompt token ids: print greedy continuations instead")
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    if args.generate:
+        generate(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()
