@@ -22,6 +22,10 @@ public:
   std::string describe() const override { return "cpu (reference interpreter, fp32)"; }
   /// Keeps every intermediate value after run() instead of freeing it at its last use.
   void keepIntermediates(bool keep) { keepAll_ = keep; }
+  /// Accumulates the time spent in each op kind over the runs (see profile()).
+  void enableProfile(bool enable) { profiling_ = enable; }
+  /// Milliseconds per op name, summed over the runs since profiling was enabled.
+  const std::map<std::string, double> &profile() const { return profile_; }
 
   /// A bound leaf, or (with keepIntermediates) any value of the last run.
   const Tensor *lookup(llvm::StringRef name) const;
@@ -31,6 +35,8 @@ private:
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
   bool keepAll_ = false;
+  bool profiling_ = false;
+  std::map<std::string, double> profile_;
 };
 
 /// Evaluates one non-leaf op on host tensors (exposed for per-op tests).

@@ -61,6 +61,8 @@ static cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the mo
 static cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
                               cl::sub(RunCmd), cl::sub(TrainCmd), cl::sub(GenerateCmd),
                               cl::cat(Category));
+static cl::opt<bool> Profile("profile", cl::desc("Print the time spent in each op kind"),
+                             cl::sub(RunCmd), cl::cat(Category));
 static cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
                               cl::sub(TrainCmd), cl::sub(CompileCmd), cl::cat(Category));
 static cl::opt<double> LearningRate("lr", cl::desc("Peak learning rate (default: the model file's)"),
@@ -213,6 +215,7 @@ int runForward() {
     return report(graph.takeError());
   uint64_t seed = config->train.seed;
   Interpreter interpreter(**graph);
+  interpreter.enableProfile(Profile);
   if (auto err = interpreter.bindAll(initParams(**graph, seed)))
     return report(std::move(err));
   ArithmeticData data(config->vocab, config->seqLen, config->data, seed);
@@ -235,6 +238,14 @@ int runForward() {
   llvm::outs() << fmt::format("loss {:.6f}   ln(vocab) {:.6f}   forward {:.1f} ms on the CPU "
                               "interpreter (fp32)\n",
                               (*outputs)[0].data[0], std::log(double(config->vocab)), ms);
+  if (Profile) {
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto &[name, opMs] : interpreter.profile())
+      rows.emplace_back(opMs, name);
+    std::sort(rows.rbegin(), rows.rend());
+    for (const auto &[opMs, name] : rows)
+      llvm::outs() << fmt::format("  {:<24}{:>10.1f} ms {:>6.1f}%\n", name, opMs, 100 * opMs / ms);
+  }
   return 0;
 }
 
