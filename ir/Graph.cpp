@@ -3,6 +3,9 @@
 #include "ir/Infer.h"
 
 #include <algorithm>
+#include <functional>
+
+#include "llvm/ADT/DenseMap.h"
 #include <cassert>
 
 namespace tgc {
@@ -131,6 +134,42 @@ Op *Builder::createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap att
   for (size_t i = 0; i < types->size(); ++i)
     names.push_back(graph_.uniqueName(i == 0 ? name : (name + "." + std::to_string(i)).str()));
   return graph_.createOp(kind, operands, std::move(attrs), *types, names);
+}
+
+void Graph::sortTopologically() {
+  std::vector<std::unique_ptr<Op>> sorted;
+  sorted.reserve(ops_.size());
+  llvm::DenseMap<const Op *, size_t> position, pending;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    position[ops_[i].get()] = i;
+  // Ready ops in a min-heap of their old positions, so the order is deterministic and stable.
+  std::vector<size_t> ready;
+  auto pushReady = [&](size_t i) {
+    ready.push_back(i);
+    std::push_heap(ready.begin(), ready.end(), std::greater<>());
+  };
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    size_t count = 0;
+    for (Value *v : ops_[i]->operands_)
+      count += v->def() != ops_[i].get();
+    pending[ops_[i].get()] = count;
+    if (count == 0)
+      pushReady(i);
+  }
+  std::vector<std::unique_ptr<Op>> old = std::move(ops_);
+  while (!ready.empty()) {
+    std::pop_heap(ready.begin(), ready.end(), std::greater<>());
+    size_t i = ready.back();
+    ready.pop_back();
+    Op *op = old[i].get();
+    for (const auto &result : op->results_)
+      for (Op *user : result->users_)
+        if (--pending[user] == 0)
+          pushReady(position[user]);
+    sorted.push_back(std::move(old[i]));
+  }
+  assert(sorted.size() == old.size() && "the graph has a cycle");
+  ops_ = std::move(sorted);
 }
 
 Value *Builder::create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,

@@ -22,7 +22,7 @@ struct OpInfo {
   llvm::StringRef name;
   unsigned minOperands;
   unsigned maxOperands;
-  unsigned numResults;
+  unsigned maxResults;
 };
 
 const OpInfo &opInfo(OpKind kind);
@@ -121,6 +121,9 @@ public:
   void replaceAllUsesWith(Value *from, Value *to);
   /// Removes an op whose results have no uses.
   void eraseOp(Op *op);
+  /// Reorders the ops so that every operand is defined above its users, moving as little as
+  /// possible: among the ops that are ready, the one that came first goes first.
+  void sortTopologically();
 
 private:
   std::string name_;

@@ -32,13 +32,12 @@ llvm::Error verify(const Graph &graph, llvm::StringRef file) {
     llvm::SmallVector<TensorType, 1> declared;
     for (unsigned i = 0; i < op->numResults(); ++i)
       declared.push_back(op->result(i)->type());
-    if (declared.size() != opInfo(op->kind()).numResults)
-      return opError(*op, file,
-                     fmt::format("has {} results, expected {}", declared.size(),
-                                 opInfo(op->kind()).numResults));
     auto inferred = inferResultTypes(op->kind(), operandTypes, op->attrs(), declared);
     if (!inferred)
       return opError(*op, file, llvm::toString(inferred.takeError()));
+    if (declared.size() != inferred->size())
+      return opError(*op, file,
+                     fmt::format("has {} results, expected {}", declared.size(), inferred->size()));
     for (unsigned i = 0; i < declared.size(); ++i)
       if ((*inferred)[i] != declared[i])
         return opError(*op, file,

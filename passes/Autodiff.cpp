@@ -3,6 +3,8 @@
 // is added to the graph's outputs (the adamw pass consumes them).
 #include "passes/Passes.h"
 
+#include "ir/Fused.h"
+
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -198,7 +200,87 @@ llvm::Expected<Grads> gradReduceTo(GradContext &c) {
   return Grads{c.create(OpKind::Add, {zeros, c.dy()}, {}, 0)};
 }
 
+/// The gradient of result i, or zeros when the loss does not depend on that result.
+Value *dyOrZeros(GradContext &c, unsigned i) {
+  if (c.dys[i])
+    return c.dys[i];
+  return c.b.constant(c.op.result(i)->name() + ".grad.zeros", c.op.result(i)->type(), 0.0);
+}
+
+/// A fused backward op whose results are the gradients of the forward operands, in order.
+llvm::Expected<Grads> fusedBackward(GradContext &c, OpKind kind, llvm::ArrayRef<Value *> leading) {
+  llvm::SmallVector<Value *, 8> operands(leading.begin(), leading.end());
+  operands.append(c.op.operands().begin(), c.op.operands().end());
+  Op *back = c.b.createOp(kind, operands, c.op.attrs(), c.name(0));
+  Grads grads;
+  for (unsigned i = 0; i < c.op.numOperands(); ++i)
+    grads.push_back(back ? back->result(i) : nullptr);
+  return grads;
+}
+
+llvm::Expected<Grads> gradLayerNormLinear(GradContext &c) {
+  llvm::SmallVector<Value *, 2> leading{dyOrZeros(c, 0)};
+  if (c.op.numResults() > 1)
+    leading.push_back(dyOrZeros(c, 1));
+  return fusedBackward(c, OpKind::LayerNormLinearBackward, leading);
+}
+
+llvm::Expected<Grads> gradLayerNormMLP(GradContext &c) {
+  return fusedBackward(c, OpKind::LayerNormMLPBackward, {c.dy()});
+}
+
+llvm::Expected<Grads> gradAttention(GradContext &c) {
+  return Grads{c.create(OpKind::AttentionBackward, {c.dy(), c.x(0)}, c.op.attrs(), 0)};
+}
+
+llvm::Expected<Grads> gradResidualNorm(GradContext &c) {
+  // sum = a + b, n = norm(sum): d sum = dys[0] + norm backward of dys[1] at sum.
+  Value *sum = c.op.result(0), *total = c.dys[0];
+  Grads grads(c.op.numOperands(), nullptr);
+  if (c.dys[1]) {
+    bool layerNorm = isLayerNorm(c.op.attrs());
+    Op *back = c.b.createOp(layerNorm ? OpKind::LayerNormBackward : OpKind::RMSNormBackward,
+                            {c.dys[1], sum, c.x(2)}, attrs({{"eps", *c.op.attrs().getFloat("eps")}}),
+                            sum->name() + ".grad.norm");
+    if (!back)
+      return grads;
+    grads[2] = back->result(1);
+    if (layerNorm)
+      grads[3] = back->result(2);
+    Value *dx = back->result(0);
+    total = total ? c.b.create(OpKind::Add, {total, dx}, {}, sum->name() + ".grad") : dx;
+  }
+  grads[0] = grads[1] = total;
+  return grads;
+}
+
+llvm::Expected<Grads> gradMatMulBiasGelu(GradContext &c) {
+  // y = gelu(pre), pre = x @ w^T + b (result 1, kept by the forward for this rule).
+  Value *x = c.x(0), *w = c.x(1), *pre = c.op.result(1);
+  Value *dpre = c.b.create(OpKind::GeluBackward, {dyOrZeros(c, 0), pre}, {}, pre->name() + ".grad");
+  if (c.dys[1])
+    dpre = c.b.create(OpKind::Add, {dpre, c.dys[1]}, {}, pre->name() + ".grad");
+  if (!dpre)
+    return Grads{nullptr, nullptr, nullptr};
+  int64_t k = x->type().dim(-1), n = w->type().dim(0), rows = x->type().numElements() / k;
+  Value *xRows = c.b.create(OpKind::Reshape, {x}, attrs({{"shape", std::vector<int64_t>{rows, k}}}),
+                            x->name() + ".rows");
+  Value *dRows = c.b.create(OpKind::Reshape, {dpre}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
+                            dpre->name() + ".rows");
+  return Grads{c.needs[0] ? c.create(OpKind::MatMul, {dpre, w}, {}, 0) : nullptr,
+               c.create(OpKind::MatMul, {dRows, xRows}, attrs({{"transpose_a", true}}), 1),
+               c.create(OpKind::ReduceTo, {dpre}, attrs({{"shape", std::vector<int64_t>{n}}}), 2)};
+}
+
+llvm::Expected<Grads> gradCrossEntropy(GradContext &c) {
+  return Grads{c.create(OpKind::CrossEntropyBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};
+}
+
 // Gradients of gradients and of the optimizer are not needed for training.
+llvm::Expected<Grads> gradLayerNormLinearBackward(GradContext &c) { return notDifferentiable(c); }
+llvm::Expected<Grads> gradLayerNormMLPBackward(GradContext &c) { return notDifferentiable(c); }
+llvm::Expected<Grads> gradAttentionBackward(GradContext &c) { return notDifferentiable(c); }
+llvm::Expected<Grads> gradCrossEntropyBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradPad(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradEmbeddingBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradGeluBackward(GradContext &c) { return notDifferentiable(c); }
@@ -268,11 +350,7 @@ public:
       }
       if (!needed)
         continue;
-      // Multi-result ops with a missing result gradient are not produced by the builder;
-      // rules assume every result has one.
-      if (llvm::is_contained(dys, nullptr))
-        return fail(fmt::format("%{} ({}) has results without gradients", op->result()->name(),
-                                op->name().str()));
+      // Rules of multi-result ops accept results without a gradient (nullptr).
       auto operandGrads = kGradFns[static_cast<unsigned>(op->kind())](context);
       if (!operandGrads)
         return operandGrads.takeError();

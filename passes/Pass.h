@@ -30,6 +30,8 @@ struct PassOptions {
 /// Every pass tgc has, by name.
 std::unique_ptr<Pass> createPass(llvm::StringRef name, const PassOptions &options = {});
 std::vector<std::string> allPassNames();
+/// The fusion passes in the order the pipelines run them.
+std::vector<std::string> fusionPasses();
 /// The passes that turn the builder's forward graph into the inference program.
 std::vector<std::string> forwardPipeline();
 /// The passes that turn it into the training program: forward, loss, backward, update.

@@ -7,6 +7,12 @@ namespace tgc {
 
 std::unique_ptr<Pass> createCommonSubexpressionEliminationPass();
 std::unique_ptr<Pass> createDeadCodeEliminationPass();
+std::unique_ptr<Pass> createFuseAttentionPass();
+std::unique_ptr<Pass> createFuseLayerNormMLPPass();
+std::unique_ptr<Pass> createFuseLayerNormLinearPass();
+std::unique_ptr<Pass> createFuseResidualNormPass();
+std::unique_ptr<Pass> createFuseBiasActivationPass();
+std::unique_ptr<Pass> createFuseCrossEntropyPass();
 std::unique_ptr<Pass> createAutodiffPass();
 std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 

@@ -16,6 +16,12 @@ struct PassEntry {
 const PassEntry kPasses[] = {
     {"cse", [](const PassOptions &) { return createCommonSubexpressionEliminationPass(); }},
     {"dce", [](const PassOptions &) { return createDeadCodeEliminationPass(); }},
+    {"fuse-attention", [](const PassOptions &) { return createFuseAttentionPass(); }},
+    {"fuse-layernorm-mlp", [](const PassOptions &) { return createFuseLayerNormMLPPass(); }},
+    {"fuse-layernorm-linear", [](const PassOptions &) { return createFuseLayerNormLinearPass(); }},
+    {"fuse-residual-norm", [](const PassOptions &) { return createFuseResidualNormPass(); }},
+    {"fuse-bias-activation", [](const PassOptions &) { return createFuseBiasActivationPass(); }},
+    {"fuse-cross-entropy", [](const PassOptions &) { return createFuseCrossEntropyPass(); }},
     {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
     {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
 };
@@ -35,9 +41,32 @@ std::vector<std::string> allPassNames() {
   return names;
 }
 
-std::vector<std::string> forwardPipeline() { return {"cse", "dce"}; }
+std::vector<std::string> fusionPasses() {
+  // Larger patterns first: attention and the MLP before LayerNorm+Linear takes their norms;
+  // residual-norm and bias-activation then fuse what those left (with them disabled, say).
+  return {"fuse-attention",     "fuse-layernorm-mlp",   "fuse-layernorm-linear",
+          "fuse-residual-norm", "fuse-bias-activation", "fuse-cross-entropy"};
+}
 
-std::vector<std::string> trainingPipeline() { return {"cse", "autodiff", "adamw", "dce"}; }
+std::vector<std::string> forwardPipeline() {
+  std::vector<std::string> passes{"cse"};
+  for (const std::string &p : fusionPasses())
+    passes.push_back(p);
+  passes.push_back("dce");
+  return passes;
+}
+
+// Fusion runs before autodiff: the backward comes from the fused ops' own gradient rules,
+// which are fused too (and recompute instead of storing), so the backward needs no patterns
+// of its own and stays as fused as the forward.
+std::vector<std::string> trainingPipeline() {
+  std::vector<std::string> passes{"cse"};
+  for (const std::string &p : fusionPasses())
+    passes.push_back(p);
+  for (const char *p : {"autodiff", "adamw", "dce"})
+    passes.push_back(p);
+  return passes;
+}
 
 OpCounts countOps(const Graph &graph) {
   OpCounts counts;

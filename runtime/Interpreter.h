@@ -39,7 +39,7 @@ private:
   std::map<std::string, double> profile_;
 };
 
-/// Evaluates one non-leaf op on host tensors (exposed for per-op tests).
+/// Evaluates one non-leaf op on host tensors.
 llvm::Error evalOp(const Op &op, llvm::ArrayRef<const Tensor *> operands,
                    llvm::MutableArrayRef<Tensor> results);
 

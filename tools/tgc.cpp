@@ -45,8 +45,11 @@ static cl::opt<bool> Train("train", cl::desc("Compile the training program (forw
                            cl::sub(CompileCmd), cl::cat(Category));
 static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
                                    cl::sub(OptCmd), cl::cat(Category));
-static cl::list<std::string> Passes("passes", cl::desc("Comma-separated passes to run, in order"),
-                                    cl::CommaSeparated, cl::sub(OptCmd), cl::cat(Category));
+static cl::list<std::string> Passes("passes",
+                                    cl::desc("Comma-separated passes to run, in order, instead of "
+                                             "the default pipeline ('none': the builder's output)"),
+                                    cl::CommaSeparated, cl::sub(OptCmd), cl::sub(CompileCmd),
+                                    cl::cat(Category));
 static cl::list<std::string>
     DumpAfter("dump-after", cl::desc("Print the IR to stderr after <pass>, or after every pass with 'all'"),
               cl::CommaSeparated, cl::sub(CompileCmd), cl::sub(OptCmd), cl::cat(Category));
@@ -152,6 +155,15 @@ llvm::Expected<std::string> resolveDevice() {
   return flagError("--device must be auto, cpu or cuda, got '" + Device + "'");
 }
 
+/// --passes as given, with "none" for no pass at all.
+std::vector<std::string> explicitPasses() {
+  std::vector<std::string> passes;
+  for (const std::string &p : Passes)
+    if (p != "none")
+      passes.push_back(p);
+  return passes;
+}
+
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
@@ -162,8 +174,10 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.dumpAfter = std::move(dumpAfter);
   options.disabled = DisablePass;
   options.passOptions.train = config.train;
-  auto pipeline =
-      PassPipeline::create(training ? trainingPipeline() : forwardPipeline(), options);
+  std::vector<std::string> passes = training ? trainingPipeline() : forwardPipeline();
+  if (Passes.getNumOccurrences())
+    passes = explicitPasses();
+  auto pipeline = PassPipeline::create(passes, options);
   if (!pipeline)
     return pipeline.takeError();
   OpCounts before = countOps(**graph);
@@ -194,7 +208,7 @@ int runOpt() {
     return report(graph.takeError());
   PipelineOptions options;
   options.dumpAfter = DumpAfter;
-  auto pipeline = PassPipeline::create(Passes, options);
+  auto pipeline = PassPipeline::create(explicitPasses(), options);
   if (!pipeline)
     return report(pipeline.takeError());
   OpCounts before = countOps(**graph);

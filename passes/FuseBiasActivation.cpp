@@ -1,0 +1,39 @@
+// fuse-bias-activation: linear -> bias add -> gelu becomes matmul_bias_gelu, cuBLASLt's
+// GELU_AUX_BIAS epilogue. The pre-activation is its second result (the backward reads it).
+#include "passes/Passes.h"
+#include "passes/Rewrite.h"
+
+namespace tgc {
+namespace {
+
+class FuseBiasActivation : public FusionPass {
+public:
+  llvm::StringRef name() const override { return "fuse-bias-activation"; }
+  llvm::StringRef description() const override { return "linear + bias + gelu -> matmul_bias_gelu"; }
+
+  std::optional<FusionMatch> match(const Graph &graph, Op *gelu) const override {
+    if (gelu->kind() != OpKind::Gelu)
+      return std::nullopt;
+    Op *add = definedBy(gelu->operand(0), OpKind::Add);
+    Op *linear = add ? add->operand(0)->def() : nullptr;
+    // Legality: the matmul's product is read only by the bias add (the epilogue never writes
+    // it); the pre-activation may have other readers (it is returned).
+    if (!isLinear(linear) || biasAddOf(graph, linear->result()) != add)
+      return std::nullopt;
+    FusionMatch m;
+    m.pattern = {linear, add, gelu};
+    Replacement &r = m.replacement;
+    r.kind = OpKind::MatMulBiasGelu;
+    r.operands = {linear->operand(0), linear->operand(1), add->operand(1)};
+    r.replaces = {gelu->result(), add->result()};
+    return m;
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createFuseBiasActivationPass() {
+  return std::make_unique<FuseBiasActivation>();
+}
+
+} // namespace tgc
