@@ -90,6 +90,17 @@ void printOpCountTable(const OpCounts &before, const OpCounts &after, llvm::raw_
   for (const auto &[name, counts] : rows)
     os << fmt::format("{:<24}{:>10}{:>10}\n", name, counts.first, counts.second);
   os << fmt::format("{:<24}{:>10}{:>10}\n", "total", totalBefore, totalAfter);
+  // What runs: everything but leaves (inputs, parameters, state, constants) and assigns.
+  auto computing = [](const OpCounts &counts) {
+    int64_t n = 0;
+    for (const auto &[name, count] : counts) {
+      auto kind = parseOpKind(name);
+      if (kind && !isLeaf(*kind) && !hasSideEffects(*kind))
+        n += count;
+    }
+    return n;
+  };
+  os << fmt::format("{:<24}{:>10}{:>10}\n", "compute ops", computing(before), computing(after));
 }
 
 static llvm::Error unknownPass(llvm::StringRef name) {

@@ -1,0 +1,156 @@
+// Fused and unfused programs on the CPU interpreter: the same loss, logits and gradients of
+// every parameter, on fresh random inputs each run, with all fusions on and with each one off.
+#include "models/GPTBuilder.h"
+#include "passes/Pass.h"
+#include "runtime/Init.h"
+#include "runtime/Interpreter.h"
+#include "runtime/Random.h"
+#include "tests/TestUtil.h"
+
+#include <cmath>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+std::vector<std::string> without(const std::vector<std::string> &all, const std::string &name) {
+  std::vector<std::string> rest;
+  for (const std::string &p : all)
+    if (p != name)
+      rest.push_back(p);
+  return rest;
+}
+
+/// The loss-and-gradients program (no optimizer) with the given fusions.
+std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
+                                       const std::vector<std::string> &fusions,
+                                       GPTOutput output = GPTOutput::Loss) {
+  auto graph = unwrap(buildGPT(c, batch, output));
+  if (!graph)
+    return nullptr;
+  std::vector<std::string> passes{"cse"};
+  passes.insert(passes.end(), fusions.begin(), fusions.end());
+  if (output == GPTOutput::Loss)
+    passes.push_back("autodiff");
+  passes.push_back("dce");
+  auto pipeline = unwrap(PassPipeline::create(passes, {}));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  return graph;
+}
+
+/// Random parameters (norm weights and biases too) and a random batch.
+std::map<std::string, Tensor> randomInputs(const Graph &g, const ModelConfig &c, int64_t batch,
+                                           uint64_t seed) {
+  Rng rng(seed);
+  std::map<std::string, Tensor> leaves = initParams(g, rng.next());
+  for (auto &[name, t] : leaves)
+    for (float &v : t.data)
+      v += float(rng.normal() * 0.1);
+  for (const char *name : {"tokens", "targets"}) {
+    Tensor t = Tensor::zeros(TensorType(DType::I32, {batch, c.seqLen}));
+    for (int32_t &v : t.ints)
+      v = int32_t(rng.below(c.vocab));
+    leaves[name] = std::move(t);
+  }
+  return leaves;
+}
+
+std::map<std::string, Tensor> runNamed(const Graph &g, std::map<std::string, Tensor> leaves) {
+  if (!g.lookup("targets"))
+    leaves.erase("targets");
+  Interpreter interp(g);
+  EXPECT_FALSE(bool(interp.bindAll(leaves)));
+  auto outputs = unwrap(interp.run());
+  std::map<std::string, Tensor> named;
+  for (size_t i = 0; i < outputs.size(); ++i)
+    named[g.outputs()[i]->name()] = std::move(outputs[i]);
+  return named;
+}
+
+/// Every output of both programs, by name, within `rel` of the largest magnitude of each.
+void expectSameOutputs(const std::map<std::string, Tensor> &fused,
+                       const std::map<std::string, Tensor> &plain, double rel) {
+  ASSERT_EQ(fused.size(), plain.size());
+  for (const auto &[name, want] : plain) {
+    auto it = fused.find(name);
+    ASSERT_NE(it, fused.end()) << name;
+    const Tensor &got = it->second;
+    ASSERT_EQ(got.type, want.type) << name;
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < want.data.size(); ++i) {
+      scale = std::max(scale, double(std::abs(want.data[i])));
+      worst = std::max(worst, double(std::abs(got.data[i] - want.data[i])));
+    }
+    EXPECT_LE(worst, rel * scale + 1e-12) << name << ": max difference " << worst << " at scale "
+                                          << scale;
+  }
+}
+
+void compareFusedWithPlain(const ModelConfig &c, int64_t batch,
+                           const std::vector<std::string> &fusions) {
+  uint64_t seed = freshSeed();
+  for (GPTOutput output : {GPTOutput::Loss, GPTOutput::Logits}) {
+    auto plain = gradientProgram(c, batch, {}, output);
+    auto fused = gradientProgram(c, batch, fusions, output);
+    ASSERT_TRUE(plain && fused);
+    auto leaves = randomInputs(*plain, c, batch, seed);
+    expectSameOutputs(runNamed(*fused, leaves), runNamed(*plain, leaves), 1e-5);
+  }
+}
+
+ModelConfig loadModel(const char *path) { return unwrap(loadModelConfig(sourcePath(path))); }
+
+TEST(Fusion, TinyAllFusionsMatchUnfused) {
+  compareFusedWithPlain(loadModel("models/tiny.yaml"), 4, fusionPasses());
+}
+
+TEST(Fusion, SeedAllFusionsMatchUnfused) {
+  // The seed architecture at batch 2, so that the interpreter runs it in seconds.
+  compareFusedWithPlain(loadModel("models/seed.yaml"), 2, fusionPasses());
+}
+
+TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
+  compareFusedWithPlain(loadModel("tests/models/tiny-variants.yaml"), 3, fusionPasses());
+}
+
+class FusionDisabled : public testing::TestWithParam<std::string> {};
+
+TEST_P(FusionDisabled, EachFusionOffStillMatchesUnfused) {
+  compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, without(fusionPasses(), GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fusions, FusionDisabled, testing::ValuesIn(fusionPasses()),
+                         [](const testing::TestParamInfo<std::string> &info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST(Fusion, EachFusionAloneMatchesUnfused) {
+  // Alone, residual-norm and bias-activation find the norms and GELUs that the larger
+  // fusions otherwise take.
+  for (const std::string &fusion : fusionPasses()) {
+    SCOPED_TRACE(fusion);
+    compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, {fusion});
+  }
+}
+
+int64_t computeOps(const Graph &g) {
+  int64_t n = 0;
+  for (const Op *op : g.ops())
+    n += !isLeaf(op->kind()) && !hasSideEffects(op->kind());
+  return n;
+}
+
+TEST(Fusion, SeedTrainingProgramHasFarFewerOps) {
+  // Forward, loss and backward; the optimizer after them is the same with or without fusion.
+  ModelConfig c = loadModel("models/seed.yaml");
+  auto fused = gradientProgram(c, c.train.batch, fusionPasses());
+  auto plain = gradientProgram(c, c.train.batch, {});
+  ASSERT_TRUE(fused && plain);
+  EXPECT_LT(computeOps(*fused) * 3, computeOps(*plain))
+      << computeOps(*fused) << " vs " << computeOps(*plain);
+}
+
+} // namespace
