@@ -2,6 +2,7 @@
 #include "ir/Parser.h"
 #include "ir/Printer.h"
 #include "passes/Pass.h"
+#include "passes/Rewrite.h"
 #include "tests/TestUtil.h"
 
 using namespace tgc;
@@ -106,6 +107,48 @@ TEST(Pipeline, OpCountsByKind) {
   EXPECT_NE(table.find("gelu"), std::string::npos);
   EXPECT_NE(table.find("total                            5         1"), std::string::npos)
       << table;
+}
+
+} // namespace
+
+namespace {
+
+/// A pattern that matches its own output forever: gelu(x) -> gelu(x).
+class EndlessRewrite : public FusionPass {
+public:
+  llvm::StringRef name() const override { return "endless"; }
+  llvm::StringRef description() const override { return "test only"; }
+  std::optional<FusionMatch> match(const Graph &, Op *root) const override {
+    if (root->kind() != OpKind::Gelu)
+      return std::nullopt;
+    FusionMatch m;
+    m.pattern = {root};
+    m.replacement.kind = OpKind::Gelu;
+    m.replacement.operands = {root->operand(0)};
+    m.replacement.replaces = {root->result()};
+    return m;
+  }
+};
+
+TEST(RewriteDriver, StopsALoopingPatternWithAnError) {
+  auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%y = gelu(%x) : f32[4]\nreturn %y\n", "t"));
+  ASSERT_TRUE(g);
+  EndlessRewrite pass;
+  std::string m = errorOf(pass.run(*g));
+  EXPECT_NE(m.find("endless did not reach a fixed point after"), std::string::npos) << m;
+}
+
+TEST(RewriteDriver, ReplacementKeepsNamesAndOrder) {
+  // The fused op takes the replaced value's name and lands where its operands are defined.
+  auto g = unwrap(parseGraph("graph @g\n%logits = input() : f32[2,5]\n%t = input() : i32[2]\n"
+                             "%logp = log_softmax(%logits) : f32[2,5]\n"
+                             "%loss = nll_loss(%logp, %t) : f32[]\nreturn %loss\n",
+                             "t"));
+  ASSERT_TRUE(g);
+  auto pipeline = unwrap(PassPipeline::create({"fuse-cross-entropy"}, {}));
+  ASSERT_FALSE(bool(pipeline.run(*g)));
+  EXPECT_EQ(printGraph(*g), "graph @g\n%logits = input() : f32[2,5]\n%t = input() : i32[2]\n"
+                            "%loss = cross_entropy(%logits, %t) : f32[]\nreturn %loss\n");
 }
 
 } // namespace
