@@ -43,8 +43,9 @@ TEST(Fp8, EveryFiniteCodeEncodesBackToItself) {
   for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
     for (int c = 0; c < 256; ++c) {
       float v = fp8ToFloat(uint8_t(c), f);
-      if (std::isfinite(v))
+      if (std::isfinite(v)) {
         EXPECT_EQ(floatToFp8(v, f), uint8_t(c)) << c; // -0 is 0x80
+      }
     }
 }
 

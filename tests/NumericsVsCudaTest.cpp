@@ -38,7 +38,7 @@ std::vector<float> samples() {
   for (float v : {448.0f, 464.0f, 480.0f, 57344.0f, 61440.0f, 65536.0f})
     for (float w : {v, std::nextafter(v, INFINITY), std::nextafter(v, 0.0f)})
       xs.insert(xs.end(), {w, -w});
-  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 65521) // a prime stride
+  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 4093) // a prime stride: about a million patterns
     xs.push_back(fromBits(uint32_t(bits)));
   return xs;
 }
@@ -52,7 +52,7 @@ TEST(NumericsVsCuda, Fp8EncodingMatchesCudaBitForBit) {
         << std::hexfloat << x;
     ++checked;
   }
-  EXPECT_GT(checked, 60000);
+  EXPECT_GT(checked, 1000000);
 }
 
 TEST(NumericsVsCuda, Fp8DecodingMatchesCuda) {
