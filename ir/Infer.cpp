@@ -16,9 +16,18 @@ llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
 
 using Operands = llvm::ArrayRef<TensorType>;
 
+bool isFp8(DType d) { return d == DType::F8E4M3 || d == DType::F8E5M2; }
+
+/// Arithmetic ops take f32, bf16 or f16; FP8 tensors feed only GEMMs and layout ops.
 llvm::Error requireFloat(const TensorType &t, llvm::StringRef what) {
-  if (!isFloat(t.dtype))
-    return fail("{} must be a floating-point tensor, got {}", what, t.str());
+  if (!isFloat(t.dtype) || isFp8(t.dtype))
+    return fail("{} must be an f32, bf16 or f16 tensor, got {}", what, t.str());
+  return llvm::Error::success();
+}
+
+llvm::Error checkGemmDType(const AttrMap &attrs) {
+  if (attrs.has("gemm_dtype") && attrs.getString("gemm_dtype") != "bf16")
+    return fail("attribute 'gemm_dtype' must be \"bf16\" (or absent for the operands' own type)");
   return llvm::Error::success();
 }
 
@@ -121,10 +130,20 @@ llvm::Expected<TypeList> inferEmbedding(Operands ops, const AttrMap &, llvm::Arr
 
 llvm::Expected<TypeList> inferMatMul(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &a = ops[0], &b = ops[1];
-  if (auto err = requireFloat(a, "lhs"))
+  if (auto err = checkGemmDType(attrs))
     return std::move(err);
-  if (auto err = requireSameDType(a, b))
-    return std::move(err);
+  // FP8 GEMMs (cuBLASLt on Hopper): E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3; fp32 result.
+  bool fp8 = isFp8(a.dtype) || isFp8(b.dtype);
+  if (fp8 && (!isFp8(a.dtype) || !isFp8(b.dtype)))
+    return fail("an FP8 GEMM needs both operands in FP8, got {} and {}", a.str(), b.str());
+  if (fp8 && a.dtype == DType::F8E5M2 && b.dtype == DType::F8E5M2)
+    return fail("E5M2 x E5M2 GEMMs are not supported (cuBLASLt), got {} and {}", a.str(), b.str());
+  if (!fp8) {
+    if (auto err = requireFloat(a, "lhs"))
+      return std::move(err);
+    if (auto err = requireSameDType(a, b))
+      return std::move(err);
+  }
   if (a.rank() < 2)
     return fail("lhs must have rank >= 2, got {}", a.str());
   if (b.rank() != 2 && b.rank() != a.rank())
@@ -142,7 +161,7 @@ llvm::Expected<TypeList> inferMatMul(Operands ops, const AttrMap &attrs, llvm::A
   Shape shape(a.shape.begin(), a.shape.end() - 2);
   shape.push_back(m);
   shape.push_back(n);
-  return TypeList{TensorType(a.dtype, shape)};
+  return TypeList{TensorType(fp8 ? DType::F32 : a.dtype, shape)};
 }
 
 llvm::Expected<TypeList> inferBroadcastBinary(Operands ops) {
@@ -451,6 +470,48 @@ llvm::Expected<TypeList> inferAdamW(Operands ops, const AttrMap &attrs, llvm::Ar
   return TypeList{p, p, p};
 }
 
+// Precision.
+
+llvm::Expected<DType> fp8FormatAttr(const AttrMap &attrs) {
+  auto format = attrs.getString("format");
+  if (format == "e4m3")
+    return DType::F8E4M3;
+  if (format == "e5m2")
+    return DType::F8E5M2;
+  return fail("attribute 'format' must be \"e4m3\" or \"e5m2\"");
+}
+
+llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto format = fp8FormatAttr(attrs);
+  if (!format)
+    return format.takeError();
+  if (auto err = requireFloat(ops[0], "input"))
+    return std::move(err);
+  if (ops[1] != kScalar || ops[2] != kScalar)
+    return fail("scale and scale_inv must be f32[], got {} and {}", ops[1].str(), ops[2].str());
+  return TypeList{TensorType(*format, ops[0].shape), kScalar, kScalar};
+}
+
+llvm::Expected<TypeList> inferFp8Update(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (auto format = fp8FormatAttr(attrs); !format)
+    return format.takeError();
+  auto margin = requireIntAttr(attrs, "margin");
+  if (!margin)
+    return margin.takeError();
+  if (*margin < 0 || *margin > 64)
+    return fail("'margin' must be between 0 and 64, got {}", *margin);
+  auto algo = attrs.getString("algo");
+  if (algo != "max" && algo != "most_recent")
+    return fail("attribute 'algo' must be \"max\" or \"most_recent\"");
+  const TensorType &history = ops[0];
+  if (history.dtype != DType::F32 || history.rank() != 1)
+    return fail("amax_history must be f32[L], got {}", history.str());
+  for (int i = 1; i < 5; ++i)
+    if (ops[i] != kScalar)
+      return fail("scale, amax, saturations and saturated must be f32[], got {}", ops[i].str());
+  return TypeList{history, kScalar, kScalar, kScalar};
+}
+
 // Fused ops.
 
 llvm::Expected<std::string> requireChoice(const AttrMap &attrs, llvm::StringRef key,
@@ -468,6 +529,8 @@ llvm::Expected<std::string> requireChoice(const AttrMap &attrs, llvm::StringRef 
 llvm::Error checkFusedNorm(Operands ops, const AttrMap &attrs, const FusedLayout &layout) {
   if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
     return norm.takeError();
+  if (auto err = checkGemmDType(attrs))
+    return err;
   if (attrs.has("bias") && !attrs.getBool("bias"))
     return fail("attribute 'bias' must be true or false");
   if (ops.size() != layout.numOperands())
@@ -531,6 +594,8 @@ llvm::Expected<TypeList> inferLayerNormMLP(Operands ops, const AttrMap &attrs, l
 
 llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &qkv = ops[0];
+  if (auto err = checkGemmDType(attrs))
+    return std::move(err);
   auto heads = requireIntAttr(attrs, "heads");
   if (!heads)
     return heads.takeError();
@@ -559,8 +624,10 @@ llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, l
   return TypeList{ops[0], ops[0]};
 }
 
-llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &x = ops[0], &w = ops[1], &bias = ops[2];
+  if (auto err = checkGemmDType(attrs))
+    return std::move(err);
   if (auto err = requireFloat(x, "input"))
     return std::move(err);
   if (x.rank() < 2 || w.rank() != 2 || w.dtype != x.dtype || w.dim(1) != x.dim(-1))

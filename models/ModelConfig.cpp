@@ -30,10 +30,11 @@ namespace {
 
 /// A YAML node copied out of LLVM's streaming parser, whose nodes cannot be visited twice.
 struct YNode {
-  enum Kind { Scalar, Mapping, Other } kind = Other;
+  enum Kind { Scalar, Mapping, Sequence, Other } kind = Other;
   llvm::SMLoc loc;
   std::string value;                            // Scalar
   std::vector<std::pair<YNode, YNode>> entries; // Mapping: (key, value) in file order
+  std::vector<YNode> items;                     // Sequence
 };
 
 YNode materialize(llvm::yaml::Node *node) {
@@ -50,8 +51,9 @@ YNode materialize(llvm::yaml::Node *node) {
     for (auto &entry : *map)
       out.entries.emplace_back(materialize(entry.getKey()), materialize(entry.getValue()));
   } else if (auto *seq = llvm::dyn_cast<llvm::yaml::SequenceNode>(node)) {
+    out.kind = YNode::Sequence;
     for (auto &item : *seq)
-      (void)item; // read through so the parser's errors inside it are reported
+      out.items.push_back(materialize(&item));
   }
   return out;
 }
@@ -99,6 +101,7 @@ private:
   void readBool(const Fields &fields, llvm::StringRef key, bool &out);
   void readChoice(const Fields &fields, llvm::StringRef key, std::string &out,
                   llvm::ArrayRef<llvm::StringRef> choices);
+  void readStrings(const Fields &fields, llvm::StringRef key, std::vector<std::string> &out);
 
   std::string file_;
   const YNode *section_ = nullptr; // the mapping being read, for "missing key" errors
@@ -245,6 +248,25 @@ void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::st
   out = *text;
 }
 
+void ConfigReader::readStrings(const Fields &fields, llvm::StringRef key,
+                               std::vector<std::string> &out) {
+  if (failed() || !fields.count(key))
+    return;
+  const YNode *node = fields.lookup(key);
+  if (node->kind != YNode::Sequence) {
+    fail(node, fmt::format("{} must be a list, e.g. [lm_head, \"h0.*\"]", key.str()));
+    return;
+  }
+  out.clear();
+  for (const YNode &item : node->items) {
+    if (item.kind != YNode::Scalar || item.value.empty()) {
+      fail(&item, fmt::format("{} holds names or glob patterns", key.str()));
+      return;
+    }
+    out.push_back(item.value);
+  }
+}
+
 llvm::Expected<ModelConfig> ConfigReader::read() {
   auto fromError = [&]() {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), escapeForMessage(error_).c_str());
@@ -337,13 +359,16 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   PrecisionConfig &p = config.precision;
   if (top.count("precision") &&
       readMapping(top["precision"], "precision",
-                  {"recipe", "fp8_format", "margin", "amax_history_len", "amax_compute_algo"},
+                  {"recipe", "fp8_format", "margin", "amax_history_len", "amax_compute_algo",
+                   "keep_bf16", "fp8_min_dim"},
                   precision)) {
     readChoice(precision, "recipe", p.recipe, {"auto", "fp32", "bf16", "fp8"});
     readChoice(precision, "fp8_format", p.fp8Format, {"hybrid", "e4m3"});
     readInt(precision, "margin", p.margin, 0, 64, false);
     readInt(precision, "amax_history_len", p.amaxHistoryLen, 1, 1 << 16, false);
     readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo, {"max", "most_recent"});
+    readStrings(precision, "keep_bf16", p.keepBf16);
+    readInt(precision, "fp8_min_dim", p.fp8MinDim, 0, 1 << 20, false);
   }
   if (failed())
     return fromError();
@@ -360,6 +385,20 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
 
 } // namespace
 
+static std::string quotedList(const std::vector<std::string> &items) {
+  std::string out;
+  for (const std::string &item : items) {
+    std::string quoted = "\"";
+    for (char ch : item) {
+      if (ch == '"' || ch == '\\')
+        quoted += '\\';
+      quoted += ch;
+    }
+    out += (out.empty() ? "" : ", ") + quoted + "\"";
+  }
+  return out;
+}
+
 std::string formatModelConfig(const ModelConfig &c) {
   auto num = [](double v) { return formatDouble(v); };
   const TrainConfig &t = c.train;
@@ -374,14 +413,14 @@ std::string formatModelConfig(const ModelConfig &c) {
       "  decay_embeddings: {}\n  seed: {}\n"
       "data:\n  min_step: {}\n  max_step: {}\n"
       "precision:\n  recipe: {}\n  fp8_format: {}\n  margin: {}\n  amax_history_len: {}\n"
-      "  amax_compute_algo: {}\n",
+      "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n",
       c.name, c.vocab, c.seqLen, c.dModel, c.heads, c.layers, c.ffn,
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.seed,
       c.data.minStep, c.data.maxStep, p.recipe, p.fp8Format, p.margin, p.amaxHistoryLen,
-      p.amaxComputeAlgo);
+      p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim);
 }
 
 llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tgc {
 
@@ -39,6 +40,10 @@ struct PrecisionConfig {
   int64_t margin = 0;
   int64_t amaxHistoryLen = 1024;
   std::string amaxComputeAlgo = "max"; // max | most_recent
+  /// GEMM sites (glob patterns: lm_head, h0.*) that stay in BF16 under the fp8 recipe.
+  std::vector<std::string> keepBf16 = {"lm_head"};
+  /// FP8 only for GEMMs whose K and N are at least this (see passes/Precision.h).
+  int64_t fp8MinDim = 2048;
 };
 
 struct ModelConfig {

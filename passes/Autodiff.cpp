@@ -4,6 +4,7 @@
 #include "passes/Passes.h"
 
 #include "ir/Fused.h"
+#include "passes/Precision.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -71,12 +72,26 @@ llvm::Expected<Grads> gradMatMul(GradContext &c) {
   Value *a = c.x(0), *b = c.x(1), *dc = c.dy();
   bool ta = c.op.attrs().getBool("transpose_a").value_or(false);
   bool tb = c.op.attrs().getBool("transpose_b").value_or(false);
+  // FP8 forward GEMMs get FP8 backward GEMMs: the output gradient is quantized (E5M2 under
+  // hybrid) with scaling state of its own, then meets the saved FP8 operands (TE's dgrad and
+  // wgrad). BF16 GEMMs keep BF16 operands in the backward.
+  if (auto format = c.op.attrs().getString("fp8_grad")) {
+    std::string prefix = c.op.attrs().getString("fp8_site").value_or(c.op.result()->name()) +
+                         ".fp8.grad_output";
+    Value *q = quantizeWithState(c.b, dc, prefix, *format,
+                                 c.op.attrs().getInt("fp8_history").value_or(1));
+    if (!q)
+      return Grads{nullptr, nullptr};
+    dc = q;
+  }
   auto mm = [&](Value *l, Value *r, bool tl, bool tr, unsigned i) {
     AttrMap flags;
     if (tl)
       flags.set("transpose_a", true);
     if (tr)
       flags.set("transpose_b", true);
+    if (auto dtype = c.op.attrs().getString("gemm_dtype"))
+      flags.set("gemm_dtype", *dtype);
     return c.create(OpKind::MatMul, {l, r}, std::move(flags), i);
   };
   Grads grads{nullptr, nullptr};
@@ -271,6 +286,14 @@ llvm::Expected<Grads> gradMatMulBiasGelu(GradContext &c) {
                c.create(OpKind::MatMul, {dRows, xRows}, attrs({{"transpose_a", true}}), 1),
                c.create(OpKind::ReduceTo, {dpre}, attrs({{"shape", std::vector<int64_t>{n}}}), 2)};
 }
+
+llvm::Expected<Grads> gradQuantize(GradContext &c) {
+  // Straight through: the gradient of the quantized value is the gradient of its input (what
+  // TE does); scales and amaxes get none.
+  return Grads{c.dys[0], nullptr, nullptr};
+}
+
+llvm::Expected<Grads> gradFp8Update(GradContext &c) { return notDifferentiable(c); }
 
 llvm::Expected<Grads> gradCrossEntropy(GradContext &c) {
   return Grads{c.create(OpKind::CrossEntropyBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};

@@ -24,8 +24,15 @@ public:
 
 /// What passes that need settings read (the optimizer's hyperparameters).
 struct PassOptions {
+  PassOptions() { precision.recipe = "fp32"; }
   TrainConfig train;
+  PrecisionConfig precision; // the recipe resolved: fp32, bf16 or fp8 (see resolveRecipe)
 };
+
+/// The recipe a model file's "auto" means on the CPU interpreter: fp32. (The GPU backend's
+/// policy: fp8 from compute capability 8.9, bf16 from 8.0.) Explicit recipes stay; the
+/// interpreter emulates BF16 and FP8 exactly.
+PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision);
 
 /// Every pass tgc has, by name.
 std::unique_ptr<Pass> createPass(llvm::StringRef name, const PassOptions &options = {});

@@ -22,7 +22,9 @@ const PassEntry kPasses[] = {
     {"fuse-residual-norm", [](const PassOptions &) { return createFuseResidualNormPass(); }},
     {"fuse-bias-activation", [](const PassOptions &) { return createFuseBiasActivationPass(); }},
     {"fuse-cross-entropy", [](const PassOptions &) { return createFuseCrossEntropyPass(); }},
+    {"assign-precision", [](const PassOptions &o) { return createAssignPrecisionPass(o.precision); }},
     {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
+    {"fp8-update", [](const PassOptions &o) { return createFp8UpdatePass(o.precision); }},
     {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
 };
 } // namespace
@@ -48,24 +50,36 @@ std::vector<std::string> fusionPasses() {
           "fuse-residual-norm", "fuse-bias-activation", "fuse-cross-entropy"};
 }
 
+// assign-precision runs after attention fusion and before the LayerNorm fusions: an FP8 linear
+// layer's quantize ops then stand between its norm and its GEMM, so LayerNorm+Linear/MLP fuse
+// only the BF16 and fp32 ones (fusing the FP8 cast into the norm is the GPU backend's part).
 std::vector<std::string> forwardPipeline() {
   std::vector<std::string> passes{"cse"};
-  for (const std::string &p : fusionPasses())
+  for (const std::string &p : fusionPasses()) {
     passes.push_back(p);
+    if (p == "fuse-attention")
+      passes.push_back("assign-precision");
+  }
   passes.push_back("dce");
   return passes;
 }
 
 // Fusion runs before autodiff: the backward comes from the fused ops' own gradient rules,
 // which are fused too (and recompute instead of storing), so the backward needs no patterns
-// of its own and stays as fused as the forward.
+// of its own and stays as fused as the forward. fp8-update follows autodiff, which adds the
+// gradients' quantize ops.
 std::vector<std::string> trainingPipeline() {
-  std::vector<std::string> passes{"cse"};
-  for (const std::string &p : fusionPasses())
-    passes.push_back(p);
-  for (const char *p : {"autodiff", "adamw", "dce"})
+  std::vector<std::string> passes = forwardPipeline();
+  passes.pop_back(); // dce last
+  for (const char *p : {"autodiff", "fp8-update", "adamw", "dce"})
     passes.push_back(p);
   return passes;
+}
+
+PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
+  if (precision.recipe == "auto")
+    precision.recipe = "fp32";
+  return precision;
 }
 
 OpCounts countOps(const Graph &graph) {

@@ -19,7 +19,11 @@ Op *soleUser(const Graph &graph, Value *v) {
 }
 
 bool isLinear(const Op *op) {
+  auto fp8 = [](const Value *v) {
+    return v->type().dtype == DType::F8E4M3 || v->type().dtype == DType::F8E5M2;
+  };
   return op && op->kind() == OpKind::MatMul && op->operand(1)->type().rank() == 2 &&
+         !fp8(op->operand(0)) && !fp8(op->operand(1)) &&
          op->attrs().getBool("transpose_b").value_or(false) &&
          !op->attrs().getBool("transpose_a").value_or(false);
 }

@@ -17,7 +17,8 @@ Op *definedBy(Value *v, OpKind kind);
 /// The only op that reads `v`, if exactly one op reads it (once) and it is not a graph output.
 Op *soleUser(const Graph &graph, Value *v);
 bool isGraphOutput(const Graph &graph, const Value *v);
-/// A matmul computing x @ w^T with a rank-2 w stored [out, in] (the builder's linear layer).
+/// A matmul computing x @ w^T with a rank-2 w stored [out, in] (the builder's linear layer), not
+/// yet quantized: the fusions leave FP8 GEMMs alone.
 bool isLinear(const Op *matmul);
 /// The add that applies a bias [N] to `y` and is `y`'s only user, if there is one.
 Op *biasAddOf(const Graph &graph, Value *y);

@@ -1,6 +1,7 @@
 // The CPU reference kernels: one eval function per op of ir/Ops.def, written plainly.
 #include "runtime/CpuKernels.h"
 
+#include "runtime/Fp8Scaling.h"
 #include "runtime/Schedule.h"
 
 #include <algorithm>
@@ -114,12 +115,22 @@ llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {
   int64_t k = ta ? a.type.dim(-2) : a.type.dim(-1);
   int64_t batches = a.size() / (m * k);
   bool sharedB = b.type.rank() == 2;
+  // gemm_dtype=bf16: the operands are rounded to BF16, the products accumulate in fp32.
+  bool bf16 = attrs.getString("gemm_dtype") == "bf16";
+  auto round = [bf16](std::vector<float> &v) {
+    if (bf16)
+      for (float &x : v)
+        x = roundToBf16(x);
+  };
   // Pack A as [m, k] and B as [n, k] so every output is a contiguous dot product.
   std::vector<float> packedA, packedB;
   for (int64_t batch = 0; batch < batches; ++batch) {
     packMatrix(&a.data[batch * m * k], m, k, ta, packedA);
-    if (batch == 0 || !sharedB)
+    round(packedA);
+    if (batch == 0 || !sharedB) {
       packMatrix(&b.data[sharedB ? 0 : batch * k * n], n, k, !tb, packedB);
+      round(packedB);
+    }
     float *c = &out[0].data[batch * m * n];
     // Tiles of 64 rows of B and 256 rows of A stay in cache while they are reused. Each output
     // element is still one dot product, so the tiling and the threads change no result.
@@ -455,6 +466,44 @@ llvm::Error evalNLLLossBackward(const AttrMap &, Operands in, Results out) {
       return fail("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
     out[0].data[i * vocab + t] = g;
   }
+  return llvm::Error::success();
+}
+
+// Precision.
+
+Fp8Format formatOf(const AttrMap &attrs) {
+  return attrs.getString("format") == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
+llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  float scale = in[1]->data[0], scaleInv = in[2]->data[0];
+  Fp8Format format = formatOf(attrs);
+  float max = fp8Max(format), amax = 0.0f;
+  int64_t saturated = 0;
+  for (int64_t i = 0; i < x.size(); ++i) {
+    float v = x.data[i], scaled = v * scale;
+    amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
+    saturated += std::fabs(scaled) > max;
+    // The tensor holds what a GEMM reads: the FP8 code times scale_inv.
+    out[0].data[i] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
+  }
+  out[1].data[0] = amax;
+  out[2].data[0] = float(saturated);
+  return llvm::Error::success();
+}
+
+llvm::Error evalFp8Update(const AttrMap &attrs, Operands in, Results out) {
+  ScalingState state;
+  state.scale = in[1]->data[0];
+  state.amaxHistory = in[0]->data;
+  state.amaxHistory[0] = in[2]->data[0]; // the producer's amax goes into the current slot
+  AmaxAlgo algo = attrs.getString("algo") == "most_recent" ? AmaxAlgo::MostRecent : AmaxAlgo::Max;
+  updateScaling(state, formatOf(attrs), int(*attrs.getInt("margin")), algo);
+  out[0].data = std::move(state.amaxHistory);
+  out[1].data[0] = state.scale;
+  out[2].data[0] = state.scaleInv;
+  out[3].data[0] = in[3]->data[0] + in[4]->data[0];
   return llvm::Error::success();
 }
 

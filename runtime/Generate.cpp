@@ -47,19 +47,22 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   auto graph = buildGPT(config, batch, GPTOutput::Logits);
   if (!graph)
     return graph.takeError();
-  auto pipeline = PassPipeline::create(forwardPipeline(), {});
+  PipelineOptions options;
+  options.passOptions.precision = resolveRecipeForCpu(config.precision);
+  auto pipeline = PassPipeline::create(forwardPipeline(), options);
   if (!pipeline)
     return pipeline.takeError();
   if (auto err = pipeline->run(**graph))
     return std::move(err);
   generator->program_ = std::move(*graph);
   generator->executor_ = std::make_unique<Interpreter>(*generator->program_);
+  // Parameters, and FP8 scaling state for the recipes that quantize.
   for (const Op *op : generator->program_->ops()) {
-    if (op->kind() != OpKind::Param)
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;
     auto it = weights.find(op->result()->name());
     if (it == weights.end())
-      return fail(fmt::format("error: no weights for parameter '{}'", op->result()->name()));
+      return fail(fmt::format("error: the checkpoint has no tensor '{}'", op->result()->name()));
     if (auto err = generator->executor_->bind(it->first, it->second))
       return std::move(err);
   }

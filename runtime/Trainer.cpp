@@ -27,6 +27,7 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
     return graph.takeError();
   PipelineOptions options;
   options.passOptions.train = config.train;
+  options.passOptions.precision = resolveRecipeForCpu(config.precision);
   auto pipeline = PassPipeline::create(trainingPipeline(), options);
   if (!pipeline)
     return pipeline.takeError();
@@ -94,7 +95,7 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
   checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
                                                {"path", dataPath_},
                                                {"position", stepsDone_}};
-  checkpoint.meta["precision"] = config_.precision.recipe;
+  checkpoint.meta["precision"] = resolveRecipeForCpu(config_.precision).recipe;
   return checkpoint;
 }
 

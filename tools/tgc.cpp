@@ -5,8 +5,10 @@
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
+#include "passes/Passes.h"
 #include "runtime/Data.h"
 #include "runtime/Init.h"
+#include "runtime/Fp8Scaling.h"
 #include "runtime/Generate.h"
 #include "runtime/Interpreter.h"
 #include "runtime/Trainer.h"
@@ -34,13 +36,16 @@ static cl::SubCommand InfoCmd("info", "Show the GPU, the libraries and what this
 static cl::SubCommand TrainCmd("train", "Train a model; print the loss per step; save a checkpoint");
 static cl::SubCommand GenerateCmd("generate", "Continue a prompt with a trained checkpoint");
 static cl::SubCommand EvalCmd("eval", "Score greedy continuations of held-out arithmetic prompts");
+static cl::SubCommand InspectCmd("inspect", "Show a checkpoint's FP8 scaling state");
 
 static cl::opt<std::string> ModelPath(cl::Positional, cl::desc("<model.yaml>"), cl::Required,
                                       cl::sub(CompileCmd), cl::sub(RunCmd), cl::sub(TrainCmd),
                                       cl::cat(Category));
 static cl::opt<std::string> CheckpointPath(cl::Positional, cl::desc("<checkpoint.safetensors>"),
                                            cl::Required, cl::sub(GenerateCmd), cl::sub(EvalCmd),
-                                           cl::cat(Category));
+                                           cl::sub(InspectCmd), cl::cat(Category));
+static cl::opt<bool> Json("json", cl::desc("Print JSON for scripts"), cl::sub(InspectCmd),
+                          cl::cat(Category));
 static cl::opt<bool> Train("train", cl::desc("Compile the training program (forward, loss, backward, AdamW)"),
                            cl::sub(CompileCmd), cl::cat(Category));
 static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
@@ -64,6 +69,23 @@ static cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the mo
 static cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
                               cl::sub(RunCmd), cl::sub(TrainCmd), cl::sub(GenerateCmd),
                               cl::cat(Category));
+static cl::opt<std::string> Precision("precision", cl::desc("auto | fp32 | bf16 | fp8 (default: the model file's)"),
+                                      cl::sub(CompileCmd), cl::sub(RunCmd), cl::sub(TrainCmd),
+                                      cl::cat(Category));
+static cl::opt<std::string> Fp8FormatFlag("fp8-format", cl::desc("hybrid | e4m3"), cl::sub(CompileCmd),
+                                      cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<int64_t> Margin("margin", cl::desc("FP8 scale margin (scale / 2^margin)"),
+                               cl::sub(CompileCmd), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<int64_t> AmaxHistoryLen("amax-history-len", cl::desc("Length of the amax window"),
+                                       cl::sub(CompileCmd), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_recent"),
+                                     cl::sub(CompileCmd), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<bool> ExplainPrecision("explain-precision",
+                                      cl::desc("Print each linear layer's precision and why"),
+                                      cl::sub(CompileCmd), cl::cat(Category));
+static cl::opt<int64_t> Fp8SummaryEvery("fp8-summary-every",
+                                        cl::desc("Print the FP8 scaling summary every N steps"),
+                                        cl::init(0), cl::sub(TrainCmd), cl::cat(Category));
 static cl::opt<bool> Profile("profile", cl::desc("Print the time spent in each op kind"),
                              cl::sub(RunCmd), cl::cat(Category));
 static cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
@@ -136,6 +158,43 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
   }
   if (Seed.getNumOccurrences())
     t.seed = Seed;
+  PrecisionConfig &p = config->precision;
+  auto choice = [](const std::string &flag, const std::string &value,
+                   std::initializer_list<const char *> allowed) -> llvm::Error {
+    for (const char *a : allowed)
+      if (value == a)
+        return llvm::Error::success();
+    std::string list;
+    for (const char *a : allowed)
+      list += (list.empty() ? "" : " | ") + std::string(a);
+    return flagError(fmt::format("--{} must be {}, got '{}'", flag, list, value));
+  };
+  if (Precision.getNumOccurrences()) {
+    if (auto err = choice("precision", Precision, {"auto", "fp32", "bf16", "fp8"}))
+      return std::move(err);
+    p.recipe = Precision;
+  }
+  if (Fp8FormatFlag.getNumOccurrences()) {
+    if (auto err = choice("fp8-format", Fp8FormatFlag, {"hybrid", "e4m3"}))
+      return std::move(err);
+    p.fp8Format = Fp8FormatFlag;
+  }
+  if (AmaxAlgoFlag.getNumOccurrences()) {
+    if (auto err = choice("amax-compute-algo", AmaxAlgoFlag, {"max", "most_recent"}))
+      return std::move(err);
+    p.amaxComputeAlgo = AmaxAlgoFlag;
+  }
+  if (Margin.getNumOccurrences()) {
+    if (Margin < 0 || Margin > 64)
+      return flagError(fmt::format("--margin must be between 0 and 64, got {}", int64_t(Margin)));
+    p.margin = Margin;
+  }
+  if (AmaxHistoryLen.getNumOccurrences()) {
+    if (AmaxHistoryLen < 1 || AmaxHistoryLen > (1 << 16))
+      return flagError(fmt::format("--amax-history-len must be between 1 and 65536, got {}",
+                                   int64_t(AmaxHistoryLen)));
+    p.amaxHistoryLen = AmaxHistoryLen;
+  }
   return config;
 }
 
@@ -174,6 +233,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.dumpAfter = std::move(dumpAfter);
   options.disabled = DisablePass;
   options.passOptions.train = config.train;
+  options.passOptions.precision = resolveRecipeForCpu(config.precision);
   std::vector<std::string> passes = training ? trainingPipeline() : forwardPipeline();
   if (Passes.getNumOccurrences())
     passes = explicitPasses();
@@ -198,6 +258,16 @@ int runCompile() {
   auto graph = compileModel(*config, Train, Stats, DumpAfter);
   if (!graph)
     return report(graph.takeError());
+  if (ExplainPrecision) {
+    auto plain = buildGPT(*config, config->train.batch);
+    if (!plain)
+      return report(plain.takeError());
+    PrecisionConfig precision = resolveRecipeForCpu(config->precision);
+    llvm::errs() << fmt::format("// precision of @{}'s linear layers (recipe {}):\n",
+                                config->name, precision.recipe);
+    for (const std::string &line : explainPrecision(**plain, precision))
+      llvm::errs() << "//   " << line << "\n";
+  }
   printGraph(**graph, llvm::outs());
   return 0;
 }
@@ -261,6 +331,19 @@ int runForward() {
       llvm::outs() << fmt::format("  {:<24}{:>10.1f} ms {:>6.1f}%\n", name, opMs, 100 * opMs / ms);
   }
   return 0;
+}
+
+/// The FP8 scaling summary: one line per quantized tensor.
+void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ostream &os) {
+  os << fmt::format("  {:<30}{:<8}{:>12}{:>12}  {:<40}{:>10}\n", "tensor", "format", "scale",
+                    "scale_inv", "amax history (newest first)", "saturated");
+  for (const Fp8TensorSummary &s : summary) {
+    std::string amax;
+    for (float a : s.newestAmax)
+      amax += fmt::format("{}{:.4g}", amax.empty() ? "" : " ", a);
+    os << fmt::format("  {:<30}{:<8}{:>12.5g}{:>12.5g}  {:<40}{:>10.0f}\n",
+                      s.site + " " + s.role, s.format, s.scale, s.scaleInv, amax, s.saturations);
+  }
 }
 
 /// Fails early, before any training, when the checkpoint could not be written there.
@@ -343,6 +426,15 @@ int runTrain() {
       llvm::outs().flush();
     } else if (print) {
       llvm::outs() << line << "\n";
+    }
+    if (Fp8SummaryEvery > 0 && record->step % Fp8SummaryEvery == 0) {
+      auto checkpoint = t.checkpoint();
+      if (!checkpoint)
+        return report(checkpoint.takeError());
+      auto summary = summarizeFp8State(checkpoint->tensors, c.precision);
+      llvm::outs() << fmt::format("FP8 scaling state after step {} ({} quantized tensors):\n",
+                                  record->step, summary.size());
+      printFp8Summary(summary, llvm::outs());
     }
     if (log)
       *log << llvm::json::Value(llvm::json::Object{{"step", record->step},
@@ -469,6 +561,55 @@ int runEval() {
   return 0;
 }
 
+int runInspect() {
+  auto trained = loadTrained(CheckpointPath);
+  if (!trained)
+    return report(trained.takeError());
+  auto &[config, checkpoint] = *trained;
+  PrecisionConfig precision = resolveRecipeForCpu(config.precision);
+  auto summary = summarizeFp8State(checkpoint.tensors, precision, /*newest=*/8);
+  int64_t step = checkpoint.meta.getInteger("step").value_or(0);
+  if (Json) {
+    llvm::json::Array tensors;
+    for (const Fp8TensorSummary &s : summary) {
+      llvm::json::Array amax;
+      for (float a : s.newestAmax)
+        amax.push_back(double(a));
+      tensors.push_back(llvm::json::Object{{"gemm", s.site},
+                                           {"operand", s.role},
+                                           {"format", s.format},
+                                           {"scale", double(s.scale)},
+                                           {"scale_inv", double(s.scaleInv)},
+                                           {"amax_newest_first", std::move(amax)},
+                                           {"amax_history_len", s.historyLength},
+                                           {"saturated", s.saturations}});
+    }
+    llvm::outs() << llvm::json::Value(llvm::json::Object{{"model", config.name},
+                                                          {"step", step},
+                                                          {"recipe", precision.recipe},
+                                                          {"fp8_format", precision.fp8Format},
+                                                          {"margin", precision.margin},
+                                                          {"amax_compute_algo", precision.amaxComputeAlgo},
+                                                          {"tensors", std::move(tensors)}})
+                 << "\n";
+    return 0;
+  }
+  llvm::outs() << fmt::format("{}: model {}, step {}, recipe {}", CheckpointPath.getValue(),
+                              config.name, step, precision.recipe);
+  if (precision.recipe == "fp8")
+    llvm::outs() << fmt::format(" ({}, margin {}, amax history {}, {})", precision.fp8Format,
+                                precision.margin, precision.amaxHistoryLen,
+                                precision.amaxComputeAlgo);
+  llvm::outs() << "\n";
+  if (summary.empty()) {
+    llvm::outs() << "no FP8 scaling state: nothing in this model was quantized\n";
+    return 0;
+  }
+  llvm::outs() << fmt::format("{} quantized tensors:\n", summary.size());
+  printFp8Summary(summary, llvm::outs());
+  return 0;
+}
+
 int runInfo() {
   TargetInfo info = detectTarget();
   llvm::outs() << fmt::format("tgc built with CUDA: {}\n", info.builtWithCuda ? "yes" : "no");
@@ -488,7 +629,22 @@ int runInfo() {
   }
   if (info.gpus.empty())
     llvm::outs() << "GPU: none (" << info.noGpuReason << ")\n";
-  llvm::outs() << "backends: cpu (reference interpreter, fp32)\n";
+  llvm::outs() << "backends: cpu (reference interpreter)\n";
+  llvm::outs() << "recipes:\n"
+                  "  fp32  cpu: yes\n"
+                  "  bf16  cpu: yes, emulated (operands rounded to BF16 as CUDA rounds them, "
+                  "fp32 accumulation)\n"
+                  "  fp8   cpu: yes, emulated (E4M3/E5M2 bit for bit with cuda_fp8.h, delayed "
+                  "scaling as Transformer Engine)\n";
+  for (const GpuInfo &g : info.gpus) {
+    int cc = g.major * 10 + g.minor;
+    llvm::outs() << fmt::format("  on {} (compute capability {}.{}): fp8 {}, bf16 {}; the GPU "
+                                "backend is not built yet\n",
+                                g.name, g.major, g.minor,
+                                cc >= 89 ? "supported (FP8 tensor cores)" : "not supported (needs 8.9)",
+                                cc >= 80 ? "supported" : "not supported (needs 8.0)");
+  }
+  llvm::outs() << "  --precision auto picks fp32 on the CPU interpreter\n";
   return 0;
 }
 
@@ -497,7 +653,7 @@ int runInfo() {
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   for (cl::SubCommand *sub :
-       {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd, &TrainCmd, &GenerateCmd, &EvalCmd})
+       {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd, &TrainCmd, &GenerateCmd, &EvalCmd, &InspectCmd})
     cl::HideUnrelatedOptions(Category, *sub);
   cl::HideUnrelatedOptions(Category);
   if (!cl::ParseCommandLineOptions(
@@ -509,6 +665,7 @@ int main(int argc, char **argv) {
           "  tgc train MODEL.yaml [--steps N] [--save CKPT] [--log FILE.jsonl]\n"
           "  tgc generate CKPT --prompt \"5 12 19\" [--tokens N]\n"
           "  tgc eval CKPT\n"
+          "  tgc inspect CKPT [--json]\n"
           "  tgc info\n\n"
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
@@ -527,7 +684,10 @@ int main(int argc, char **argv) {
     return runGenerate();
   if (EvalCmd)
     return runEval();
-  llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, info); "
+  if (InspectCmd)
+    return runInspect();
+  llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
+                  "info); "
                   "see tgc --help\n";
   return 1;
 }
