@@ -282,8 +282,13 @@ llvm::Expected<Grads> gradMatMulBiasGelu(GradContext &c) {
                             x->name() + ".rows");
   Value *dRows = c.b.create(OpKind::Reshape, {dpre}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
                             dpre->name() + ".rows");
-  return Grads{c.needs[0] ? c.create(OpKind::MatMul, {dpre, w}, {}, 0) : nullptr,
-               c.create(OpKind::MatMul, {dRows, xRows}, attrs({{"transpose_a", true}}), 1),
+  AttrMap dgrad, wgrad = attrs({{"transpose_a", true}});
+  if (auto dtype = c.op.attrs().getString("gemm_dtype")) {
+    dgrad.set("gemm_dtype", *dtype);
+    wgrad.set("gemm_dtype", *dtype);
+  }
+  return Grads{c.needs[0] ? c.create(OpKind::MatMul, {dpre, w}, dgrad, 0) : nullptr,
+               c.create(OpKind::MatMul, {dRows, xRows}, wgrad, 1),
                c.create(OpKind::ReduceTo, {dpre}, attrs({{"shape", std::vector<int64_t>{n}}}), 2)};
 }
 

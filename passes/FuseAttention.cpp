@@ -76,6 +76,9 @@ public:
     m.replacement.operands = {qkv};
     m.replacement.attrs.set("heads", heads);
     m.replacement.attrs.set("scale", *scale->attrs().getFloat("factor"));
+    if (scores->attrs().getString("gemm_dtype") != context->attrs().getString("gemm_dtype"))
+      return std::nullopt;
+    copyGemmDType(*scores, m.replacement.attrs);
     m.replacement.replaces = {merge->result()};
     return m;
   }

@@ -26,6 +26,7 @@ public:
     r.kind = OpKind::MatMulBiasGelu;
     r.operands = {linear->operand(0), linear->operand(1), add->operand(1)};
     r.replaces = {gelu->result(), add->result()};
+    copyGemmDType(*linear, r.attrs);
     return m;
   }
 };

@@ -29,6 +29,7 @@ public:
     r.kind = OpKind::LayerNormLinear;
     r.attrs = normAttrs(norm);
     r.attrs.set("bias", bias != nullptr);
+    copyGemmDType(*linear, r.attrs);
     if (returnNorm)
       r.attrs.set("return_norm", true);
     r.operands.append(norm->operands().begin(), norm->operands().end());

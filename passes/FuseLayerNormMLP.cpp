@@ -73,6 +73,9 @@ public:
     Op *bias2 = biasAddOf(graph, fc2->result());
     if ((bias1 != nullptr) != (bias2 != nullptr))
       return std::nullopt;
+    // One gemm_dtype for both GEMMs.
+    if (fc1->attrs().getString("gemm_dtype") != fc2->attrs().getString("gemm_dtype"))
+      return std::nullopt;
 
     m.pattern.assign(ops.rbegin(), ops.rend());
     Replacement &r = m.replacement;
@@ -80,6 +83,7 @@ public:
     r.attrs = normAttrs(norm);
     r.attrs.set("activation", activation);
     r.attrs.set("bias", bias1 != nullptr);
+    copyGemmDType(*fc1, r.attrs);
     r.operands.append(norm->operands().begin(), norm->operands().end());
     r.operands.push_back(fc1->operand(1));
     if (bias1)

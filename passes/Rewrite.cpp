@@ -68,6 +68,11 @@ llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replace
   return llvm::Error::success();
 }
 
+void copyGemmDType(const Op &gemm, AttrMap &fused) {
+  if (auto dtype = gemm.attrs().getString("gemm_dtype"))
+    fused.set("gemm_dtype", *dtype);
+}
+
 bool isNorm(const Op *op) {
   return op && (op->kind() == OpKind::LayerNorm || op->kind() == OpKind::RMSNorm);
 }

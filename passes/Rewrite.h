@@ -50,6 +50,9 @@ public:
   virtual std::optional<FusionMatch> match(const Graph &graph, Op *root) const = 0;
 };
 
+/// Carries a GEMM's gemm_dtype (set by assign-precision) over to the op that absorbs it.
+void copyGemmDType(const Op &gemm, AttrMap &fused);
+
 /// The norm ops a fused op can absorb, and the attributes that describe one.
 bool isNorm(const Op *op);
 AttrMap normAttrs(const Op *norm);

@@ -35,10 +35,20 @@ Tensor apply(EvalFn kernel, const AttrMap &a, std::initializer_list<const Tensor
   return out;
 }
 
+/// A GEMM inside a fused op: the transpose flags given, and the fused op's gemm_dtype.
+Tensor gemm(const AttrMap &fused, std::initializer_list<const char *> transposes, const Tensor &a,
+            const Tensor &b, const TensorType &type) {
+  AttrMap flags;
+  for (const char *t : transposes)
+    flags.set(t, true);
+  if (auto dtype = fused.getString("gemm_dtype"))
+    flags.set("gemm_dtype", *dtype);
+  return apply(evalMatMul, flags, {&a, &b}, type);
+}
+
 /// x @ weight^T (+ bias), weight stored [out, in]: the builder's linear layer.
-Tensor linear(const Tensor &x, const Tensor &weight, const Tensor *bias) {
-  Tensor y = apply(evalMatMul, attrs({{"transpose_b", true}}), {&x, &weight},
-                   withLastDim(x.type, weight.type.dim(0)));
+Tensor linear(const AttrMap &fused, const Tensor &x, const Tensor &weight, const Tensor *bias) {
+  Tensor y = gemm(fused, {"transpose_b"}, x, weight, withLastDim(x.type, weight.type.dim(0)));
   return bias ? apply(evalAdd, {}, {&y, bias}, y.type) : y;
 }
 
@@ -61,11 +71,12 @@ Tensor asRows(const Tensor &t) {
 struct LinearGrads {
   Tensor dx, dw, db;
 };
-LinearGrads linearBackward(const Tensor &dy, const Tensor &x, const Tensor &w, bool bias) {
+LinearGrads linearBackward(const AttrMap &fused, const Tensor &dy, const Tensor &x,
+                           const Tensor &w, bool bias) {
   LinearGrads g;
-  g.dx = apply(evalMatMul, {}, {&dy, &w}, x.type);
+  g.dx = gemm(fused, {}, dy, w, x.type);
   Tensor dyRows = asRows(dy), xRows = asRows(x);
-  g.dw = apply(evalMatMul, attrs({{"transpose_a", true}}), {&dyRows, &xRows}, w.type);
+  g.dw = gemm(fused, {"transpose_a"}, dyRows, xRows, w.type);
   if (bias)
     g.db = apply(evalReduceTo, attrs({{"shape", std::vector<int64_t>{w.type.dim(0)}}}), {&dy},
                  TensorType(dy.type.dtype, {w.type.dim(0)}));
@@ -147,7 +158,7 @@ AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
   };
   AttentionParts p{head(0), head(1), head(2), {}};
   TensorType scoresType(qkv.type.dtype, {B, H, T, T});
-  Tensor scores = apply(evalMatMul, attrs({{"transpose_b", true}}), {&p.q, &p.k}, scoresType);
+  Tensor scores = gemm(a, {"transpose_b"}, p.q, p.k, scoresType);
   Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&scores}, scoresType);
   Tensor masked = apply(evalCausalMask, {}, {&scaled}, scoresType);
   p.probs = apply(evalSoftmax, {}, {&masked}, scoresType);
@@ -160,7 +171,7 @@ llvm::Error evalLayerNormLinear(const AttrMap &a, Operands in, Results out) {
   FusedLayout layout(OpKind::LayerNormLinear, a);
   Tensor n = norm(a, *in[layout[FusedSlot::X]], *in[layout[FusedSlot::Gamma]],
                   slot(in, layout, FusedSlot::Beta));
-  out[0] = linear(n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
+  out[0] = linear(a, n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
   if (out.size() > 1)
     out[1] = std::move(n);
   return llvm::Error::success();
@@ -171,9 +182,9 @@ llvm::Error evalLayerNormMLP(const AttrMap &a, Operands in, Results out) {
   bool swiglu = a.getString("activation") == "swiglu";
   Tensor n = norm(a, *in[layout[FusedSlot::X]], *in[layout[FusedSlot::Gamma]],
                   slot(in, layout, FusedSlot::Beta));
-  Tensor h = linear(n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
+  Tensor h = linear(a, n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
   Tensor act = activate(h, swiglu);
-  out[0] = linear(act, *in[layout[FusedSlot::W2]], slot(in, layout, FusedSlot::B2));
+  out[0] = linear(a, act, *in[layout[FusedSlot::W2]], slot(in, layout, FusedSlot::B2));
   return llvm::Error::success();
 }
 
@@ -181,7 +192,7 @@ llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
   AttentionParts p = attentionForward(a, *in[0]);
   const TensorType type = out[0].type; // a copy: out[0] is reassigned below
   int64_t B = type.dim(0), T = type.dim(1), H = *a.getInt("heads"), Dh = type.dim(2) / H;
-  Tensor context = apply(evalMatMul, {}, {&p.probs, &p.v}, p.q.type);
+  Tensor context = gemm(a, {}, p.probs, p.v, p.q.type);
   out[0] = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&context},
                  TensorType(type.dtype, {B, T, H, Dh}));
   out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
@@ -194,8 +205,8 @@ llvm::Error evalResidualNorm(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-llvm::Error evalMatMulBiasGelu(const AttrMap &, Operands in, Results out) {
-  out[1] = linear(*in[0], *in[1], in[2]);
+llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
+  out[1] = linear(a, *in[0], *in[1], in[2]);
   out[0] = apply(evalGelu, {}, {&out[1]}, out[1].type);
   return llvm::Error::success();
 }
@@ -227,7 +238,7 @@ llvm::Error evalLayerNormLinearBackward(const AttrMap &a, Operands in, Results o
   const Tensor &w = *in[layout[FusedSlot::W1]];
   bool layerNorm = layout.has(FusedSlot::Beta);
   Tensor n = norm(a, x, gamma, slot(in, layout, FusedSlot::Beta));
-  LinearGrads g = linearBackward(*in[layout[FusedSlot::Dy]], n, w, layout.has(FusedSlot::B1));
+  LinearGrads g = linearBackward(a, *in[layout[FusedSlot::Dy]], n, w, layout.has(FusedSlot::B1));
   if (layout.has(FusedSlot::DNorm))
     g.dx = apply(evalAdd, {}, {&g.dx, in[layout[FusedSlot::DNorm]]}, g.dx.type);
   unsigned r = 0;
@@ -251,11 +262,11 @@ llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out)
   bool layerNorm = layout.has(FusedSlot::Beta), bias = layout.has(FusedSlot::B1);
   // Recompute the forward activations.
   Tensor n = norm(a, x, gamma, slot(in, layout, FusedSlot::Beta));
-  Tensor h = linear(n, w1, slot(in, layout, FusedSlot::B1));
+  Tensor h = linear(a, n, w1, slot(in, layout, FusedSlot::B1));
   Tensor act = activate(h, swiglu);
-  LinearGrads g2 = linearBackward(*in[layout[FusedSlot::Dy]], act, w2, bias);
+  LinearGrads g2 = linearBackward(a, *in[layout[FusedSlot::Dy]], act, w2, bias);
   Tensor dh = activateBackward(g2.dx, h, swiglu);
-  LinearGrads g1 = linearBackward(dh, n, w1, bias);
+  LinearGrads g1 = linearBackward(a, dh, n, w1, bias);
   Tensor dx, dgamma, dbeta;
   normBackward(a, g1.dx, x, gamma, layerNorm, dx, dgamma, &dbeta);
   unsigned r = 0;
@@ -281,13 +292,13 @@ llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
   Tensor split = dout;
   split.type = TensorType(dt, {B, T, H, Dh});
   Tensor dcontext = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&split}, p.q.type);
-  Tensor dprobs = apply(evalMatMul, attrs({{"transpose_b", true}}), {&dcontext, &p.v}, p.probs.type);
-  Tensor dv = apply(evalMatMul, attrs({{"transpose_a", true}}), {&p.probs, &dcontext}, p.v.type);
+  Tensor dprobs = gemm(a, {"transpose_b"}, dcontext, p.v, p.probs.type);
+  Tensor dv = gemm(a, {"transpose_a"}, p.probs, dcontext, p.v.type);
   Tensor dmasked = apply(evalSoftmaxBackward, {}, {&dprobs, &p.probs}, p.probs.type);
   Tensor dscaled = apply(evalCausalMask, attrs({{"fill", 0.0}}), {&dmasked}, p.probs.type);
   Tensor dscores = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, p.probs.type);
-  Tensor dq = apply(evalMatMul, {}, {&dscores, &p.k}, p.q.type);
-  Tensor dk = apply(evalMatMul, attrs({{"transpose_a", true}}), {&dscores, &p.q}, p.k.type);
+  Tensor dq = gemm(a, {}, dscores, p.k, p.q.type);
+  Tensor dk = gemm(a, {"transpose_a"}, dscores, p.q, p.k.type);
   // Back to [B, T, D] each, placed at q | k | v of the packed gradient.
   Tensor dqkv = Tensor::zeros(qkv.type);
   int64_t part = 0;

@@ -29,12 +29,20 @@ std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
   auto graph = unwrap(buildGPT(c, batch, output));
   if (!graph)
     return nullptr;
+  // assign-precision where the pipelines put it (a no-op for fp32).
   std::vector<std::string> passes{"cse"};
-  passes.insert(passes.end(), fusions.begin(), fusions.end());
+  if (llvm::is_contained(fusions, "fuse-attention"))
+    passes.push_back("fuse-attention");
+  passes.push_back("assign-precision");
+  for (const std::string &f : fusions)
+    if (f != "fuse-attention")
+      passes.push_back(f);
   if (output == GPTOutput::Loss)
     passes.push_back("autodiff");
   passes.push_back("dce");
-  auto pipeline = unwrap(PassPipeline::create(passes, {}));
+  PipelineOptions options;
+  options.passOptions.precision = resolveRecipeForCpu(c.precision);
+  auto pipeline = unwrap(PassPipeline::create(passes, options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   return graph;
 }
@@ -108,6 +116,13 @@ TEST(Fusion, TinyAllFusionsMatchUnfused) {
 TEST(Fusion, SeedAllFusionsMatchUnfused) {
   // The seed architecture at batch 2, so that the interpreter runs it in seconds.
   compareFusedWithPlain(loadModel("models/seed.yaml"), 2, fusionPasses());
+}
+
+TEST(Fusion, Bf16FusedMatchesBf16Unfused) {
+  // Fused kernels round their GEMM operands to BF16 exactly where the unfused graph does.
+  ModelConfig c = loadModel("models/tiny.yaml");
+  c.precision.recipe = "bf16";
+  compareFusedWithPlain(c, 2, fusionPasses());
 }
 
 TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {

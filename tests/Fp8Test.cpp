@@ -1,0 +1,156 @@
+// FP8 delayed scaling: TE's scale update, the quantize kernel, and the tiny model trained with
+// the fp8 recipe on the CPU (emulated) against its fp32 run.
+#include "ir/Parser.h"
+#include "runtime/Checkpoint.h"
+#include "runtime/Fp8Scaling.h"
+#include "runtime/Generate.h"
+#include "runtime/Interpreter.h"
+#include "runtime/Trainer.h"
+#include "tests/TestUtil.h"
+
+#include <cfloat>
+#include <cmath>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+ScalingState stateWith(std::vector<float> history, float scale = 1.0f) {
+  ScalingState s;
+  s.scale = scale;
+  s.scaleInv = 1.0f / scale;
+  s.amaxHistory = std::move(history);
+  return s;
+}
+
+TEST(Fp8Scaling, FirstStepQuantizesWithScaleOne) {
+  ScalingState fresh;
+  EXPECT_EQ(fresh.scale, 1.0f);
+  EXPECT_EQ(fresh.scaleInv, 1.0f);
+}
+
+TEST(Fp8Scaling, ScaleIsMaxOverAmaxWithMargin) {
+  ScalingState s = stateWith({2.0f, 0, 0, 0});
+  updateScaling(s, Fp8Format::E4M3, 0, AmaxAlgo::Max);
+  EXPECT_EQ(s.scale, 448.0f / 2.0f);
+  EXPECT_EQ(s.scaleInv, 1.0f / 224.0f);
+  ScalingState m = stateWith({2.0f, 0, 0, 0});
+  updateScaling(m, Fp8Format::E5M2, 3, AmaxAlgo::Max);
+  EXPECT_EQ(m.scale, 57344.0f / 2.0f / 8.0f);
+}
+
+TEST(Fp8Scaling, ZeroInfAndNaNAmaxKeepTheOldScale) {
+  for (float bad : {0.0f, INFINITY, NAN}) {
+    ScalingState s = stateWith({bad, 0, 0}, 7.0f);
+    updateScaling(s, Fp8Format::E4M3, 0, AmaxAlgo::MostRecent);
+    EXPECT_EQ(s.scale, 7.0f) << bad;
+    EXPECT_EQ(s.scaleInv, 1.0f / 7.0f) << bad;
+  }
+  // A NaN anywhere in the window poisons the max: the old scale stays.
+  ScalingState s = stateWith({1.0f, NAN, 3.0f}, 5.0f);
+  updateScaling(s, Fp8Format::E4M3, 0, AmaxAlgo::Max);
+  EXPECT_EQ(s.scale, 5.0f);
+}
+
+TEST(Fp8Scaling, TinyAmaxGivesFltMaxNotInf) {
+  ScalingState s = stateWith({1e-45f});
+  updateScaling(s, Fp8Format::E4M3, 0, AmaxAlgo::Max);
+  EXPECT_EQ(s.scale, FLT_MAX);
+  EXPECT_EQ(s.scaleInv, 1.0f / FLT_MAX);
+}
+
+TEST(Fp8Scaling, MaxUsesTheWholeWindowMostRecentTheCurrentSlot) {
+  ScalingState a = stateWith({1.0f, 4.0f, 2.0f, 8.0f});
+  updateScaling(a, Fp8Format::E4M3, 0, AmaxAlgo::Max);
+  EXPECT_EQ(a.scale, 448.0f / 8.0f);
+  ScalingState b = stateWith({1.0f, 4.0f, 2.0f, 8.0f});
+  updateScaling(b, Fp8Format::E4M3, 0, AmaxAlgo::MostRecent);
+  EXPECT_EQ(b.scale, 448.0f);
+}
+
+TEST(Fp8Scaling, RollMovesTheCurrentAmaxToTheEndAndClearsSlotZero) {
+  // TE: new[i] = old[i+1], new[L-1] = old[0], then new[0] = 0 (old[1] is dropped).
+  ScalingState s = stateWith({5.0f, 1.0f, 2.0f, 3.0f});
+  updateScaling(s, Fp8Format::E4M3, 0, AmaxAlgo::Max);
+  EXPECT_EQ(s.amaxHistory, (std::vector<float>{0.0f, 2.0f, 3.0f, 5.0f}));
+}
+
+TEST(Fp8Scaling, HistoryLengthsOneSixteenAnd1024) {
+  for (size_t length : {size_t(1), size_t(16), size_t(1024)}) {
+    SCOPED_TRACE(length);
+    ScalingState s = stateWith(std::vector<float>(length, 0.0f));
+    // A spike at step 1, then small amaxes: with max, the spike sets the scale as long as it
+    // is in the window (length - 1 further steps, slot 0 being cleared at each roll).
+    std::vector<float> amaxes{100.0f};
+    amaxes.resize(length + 2, 1.0f);
+    for (size_t step = 0; step < amaxes.size(); ++step) {
+      s.amaxHistory[0] = amaxes[step];
+      updateScaling(s, Fp8Format::E4M3, 0, AmaxAlgo::Max);
+      bool spikeInWindow = step < length;
+      EXPECT_EQ(s.scale, 448.0f / (spikeInWindow ? 100.0f : 1.0f)) << "step " << step;
+    }
+  }
+}
+
+TEST(Quantize, RoundsScaledValuesRecordsAmaxAndCountsSaturation) {
+  auto g = unwrap(parseGraph("graph @q\n%x = input() : f32[5]\n%s = input() : f32[]\n"
+                             "%si = input() : f32[]\n"
+                             "%q, %amax, %sat = quantize(%x, %s, %si) {format=\"e4m3\"} : "
+                             "f8e4m3[5], f32[], f32[]\nreturn %q, %amax, %sat\n",
+                             "q.ir"));
+  ASSERT_TRUE(g);
+  Interpreter interp(*g);
+  ASSERT_FALSE(bool(interp.bind("x", Tensor{TensorType(DType::F32, {5}), {1.0f, -0.3f, 100.0f, 0.0f, -2.6f}, {}})));
+  ASSERT_FALSE(bool(interp.bind("s", Tensor{TensorType(DType::F32, {}), {8.0f}, {}})));
+  ASSERT_FALSE(bool(interp.bind("si", Tensor{TensorType(DType::F32, {}), {0.125f}, {}})));
+  auto out = unwrap(interp.run());
+  ASSERT_EQ(out.size(), 3u);
+  // x * 8 in E4M3: 8, -2.4 -> -2.5, 800 -> 448 (saturated), 0, -20.8 -> -20; then / 8.
+  EXPECT_EQ(out[0].data, (std::vector<float>{1.0f, -0.3125f, 56.0f, 0.0f, -2.5f}));
+  EXPECT_EQ(out[1].data[0], 100.0f);
+  EXPECT_EQ(out[2].data[0], 1.0f);
+}
+
+/// Mean of the last ten losses of a full tiny run under `recipe`, and the trained checkpoint.
+std::pair<double, Checkpoint> trainTiny(const std::string &recipe) {
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  config.precision.recipe = recipe;
+  auto trainer = unwrap(Trainer::create(config));
+  if (!trainer)
+    return {NAN, {}};
+  double mean = 0;
+  for (int64_t i = 0; i < config.train.steps; ++i) {
+    auto r = trainer->step();
+    if (!r) {
+      ADD_FAILURE() << llvm::toString(r.takeError());
+      return {NAN, {}};
+    }
+    if (i >= config.train.steps - 10)
+      mean += r->loss / 10;
+  }
+  return {mean, unwrap(trainer->checkpoint())};
+}
+
+TEST(Fp8Training, TinyModelWithinTenPercentOfFp32AndLearnsTheTask) {
+  auto [fp32Loss, fp32Checkpoint] = trainTiny("fp32");
+  auto [fp8Loss, checkpoint] = trainTiny("fp8");
+  EXPECT_LT(fp8Loss, 1.1 * fp32Loss) << "fp32 " << fp32Loss;
+  ModelConfig config = unwrap(checkpointModel(checkpoint, "fp8"));
+  auto generator = unwrap(Generator::create(config, checkpoint.tensors, 64));
+  ASSERT_TRUE(generator);
+  EvalResult result = unwrap(evaluateArithmetic(*generator, config, 64, 8, 64));
+  EXPECT_GE(result.tokenAccuracy(), 0.99);
+  // The scaling state moved: scales away from 1, histories filled.
+  auto summary = summarizeFp8State(checkpoint.tensors, config.precision);
+  ASSERT_EQ(summary.size(), 24u); // 8 linear layers x (input, weight, grad_output); head in BF16
+  for (const Fp8TensorSummary &s : summary) {
+    EXPECT_NE(s.scale, 1.0f) << s.site << " " << s.role;
+    EXPECT_EQ(s.scaleInv, 1.0f / s.scale);
+    ASSERT_FALSE(s.newestAmax.empty());
+    EXPECT_GT(s.newestAmax[0], 0.0f) << s.site << " " << s.role;
+    EXPECT_EQ(s.format, s.role == "grad_output" ? "e5m2" : "e4m3");
+  }
+}
+
+} // namespace
