@@ -19,7 +19,7 @@ public:
   llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
-  std::string describe() const override { return "cpu (reference interpreter, fp32)"; }
+  std::string describe() const override { return "cpu (reference interpreter)"; }
   /// Keeps every intermediate value after run() instead of freeing it at its last use.
   void keepIntermediates(bool keep) { keepAll_ = keep; }
   /// Accumulates the time spent in each op kind over the runs (see profile()).

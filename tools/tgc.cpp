@@ -392,7 +392,9 @@ int runTrain() {
                               "seed {}\n",
                               c.name, c.numParams(), c.train.batch, c.seqLen, total,
                               formatDouble(c.train.lr), c.train.seed);
-  llvm::outs() << fmt::format("device: {}\ndata: {}\n", t.executor().describe(), t.data().describe());
+  std::string recipe = resolveRecipeForCpu(c.precision).recipe;
+  llvm::outs() << fmt::format("device: {}, precision {}{}\ndata: {}\n", t.executor().describe(),
+                              recipe, recipe == "fp32" ? "" : " (emulated)", t.data().describe());
   if (t.stepsDone())
     llvm::outs() << fmt::format("resumed from {} at step {}\n", ResumePath.getValue(), t.stepsDone());
 
