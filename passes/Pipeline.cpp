@@ -82,6 +82,14 @@ PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
   return precision;
 }
 
+std::vector<std::string> gpuPipeline(bool training) {
+  std::vector<std::string> passes;
+  for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
+    if (!llvm::is_contained(fusionPasses(), p))
+      passes.push_back(p);
+  return passes;
+}
+
 OpCounts countOps(const Graph &graph) {
   OpCounts counts;
   for (const Op *op : graph.ops())

@@ -22,7 +22,4 @@ llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint);
 /// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file.
 llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path);
 
-/// Writes `contents` to `path` through a temporary file in the same folder and a rename.
-llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents);
-
 } // namespace tgc

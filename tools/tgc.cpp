@@ -1,5 +1,7 @@
 // tgc: the runner. Compiles model descriptions, prints the IR after any pass, trains, generates
 // and evaluates, and reports what this machine can run.
+#include "compiler/CudaSource.h"
+#include "compiler/Nvrtc.h"
 #include "compiler/Target.h"
 #include "ir/Parser.h"
 #include "ir/Printer.h"
@@ -12,6 +14,7 @@
 #include "runtime/Generate.h"
 #include "runtime/Interpreter.h"
 #include "runtime/Trainer.h"
+#include "support/Files.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -86,6 +89,10 @@ static cl::opt<bool> ExplainPrecision("explain-precision",
 static cl::opt<int64_t> Fp8SummaryEvery("fp8-summary-every",
                                         cl::desc("Print the FP8 scaling summary every N steps"),
                                         cl::init(0), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<std::string> EmitCuda("emit-cuda", cl::desc("Write the generated CUDA source into this folder"),
+                                     cl::value_desc("dir"), cl::sub(CompileCmd), cl::cat(Category));
+static cl::opt<std::string> Arch("arch", cl::desc("Compile the generated kernels with NVRTC for sm_XY (no GPU needed)"),
+                                 cl::sub(CompileCmd), cl::cat(Category));
 static cl::opt<bool> Profile("profile", cl::desc("Print the time spent in each op kind"),
                              cl::sub(RunCmd), cl::cat(Category));
 static cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
@@ -234,7 +241,9 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.disabled = DisablePass;
   options.passOptions.train = config.train;
   options.passOptions.precision = resolveRecipeForCpu(config.precision);
-  std::vector<std::string> passes = training ? trainingPipeline() : forwardPipeline();
+  bool gpu = !EmitCuda.empty() || !Arch.empty();
+  std::vector<std::string> passes =
+      gpu ? gpuPipeline(training) : training ? trainingPipeline() : forwardPipeline();
   if (Passes.getNumOccurrences())
     passes = explicitPasses();
   auto pipeline = PassPipeline::create(passes, options);
@@ -258,6 +267,32 @@ int runCompile() {
   auto graph = compileModel(*config, Train, Stats, DumpAfter);
   if (!graph)
     return report(graph.takeError());
+  if (!EmitCuda.empty() || !Arch.empty()) {
+    auto cuda = lowerToCuda(**graph);
+    if (!cuda)
+      return report(cuda.takeError());
+    int64_t kernels = 0;
+    for (const OpLowering &l : cuda->lowering)
+      kernels += l.launches.size();
+    if (!EmitCuda.empty()) {
+      if (auto ec = llvm::sys::fs::create_directories(EmitCuda))
+        return report(flagError(fmt::format("{}: error: cannot create: {}", EmitCuda.getValue(), ec.message())));
+      llvm::SmallString<256> path(EmitCuda.getValue());
+      llvm::sys::path::append(path, (*graph)->name() + ".cu");
+      if (auto err = writeFileAtomically(path, cuda->source))
+        return report(std::move(err));
+      llvm::errs() << fmt::format("// wrote {} ({} kernels)\n", path.str().str(), kernels);
+    }
+    if (!Arch.empty()) {
+      auto module = compileCuda(cuda->source, Arch);
+      if (!module)
+        return report(module.takeError());
+      llvm::errs() << fmt::format("// {} kernels for {}: {}, {} bytes of CUBIN{}\n", kernels,
+                                  Arch.getValue(), module->fromCache ? "from the cache" : "compiled by NVRTC",
+                                  module->cubin.size(),
+                                  module->log.empty() ? ", NVRTC log clean" : "; NVRTC says:\n" + module->log);
+    }
+  }
   if (ExplainPrecision) {
     auto plain = buildGPT(*config, config->train.batch);
     if (!plain)

@@ -1,0 +1,42 @@
+// Lowering to CUDA: every op of a program that is not a GEMM becomes a kernel generated from a
+// template with its shapes and constants baked in. The kernels of one program form one
+// translation unit, compiled once by NVRTC (Nvrtc.h).
+#pragma once
+
+#include "ir/Graph.h"
+
+#include <string>
+#include <vector>
+
+namespace tgc {
+
+/// One launch of a generated kernel. Its parameters are, in order, the op's operands, its
+/// results and then its scratch buffers, each a device pointer.
+struct KernelLaunch {
+  std::string name;
+  int64_t blocks = 1;
+  int threads = 256;
+};
+
+/// How the executor runs one op.
+struct OpLowering {
+  enum Kind {
+    Kernels, // the launches below
+    Gemm,    // cuBLASLt
+    Alias,   // the result is the operand's memory (reshape)
+    Leaf,    // bound by the executor
+    Assign,  // a copy when the step ends
+  } kind = Kernels;
+  std::vector<KernelLaunch> launches;
+  std::vector<int64_t> scratchFloats; // per scratch buffer
+};
+
+struct CudaProgram {
+  std::string source;               // all kernels, legible (tgc compile --emit-cuda)
+  std::vector<OpLowering> lowering; // one per op, in program order
+};
+
+/// Generates the kernels of `graph`, or says which op has no lowering yet.
+llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph);
+
+} // namespace tgc
