@@ -2,6 +2,7 @@
 
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
+#include "runtime/CudaExecutor.h"
 #include "runtime/Init.h"
 #include "runtime/Interpreter.h"
 
@@ -18,7 +19,7 @@ llvm::Error fail(const std::string &message) {
 } // namespace
 
 llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
-                                                         llvm::StringRef dataPath) {
+                                                         llvm::StringRef dataPath, Device device) {
   auto trainer = std::unique_ptr<Trainer>(new Trainer());
   trainer->config_ = config;
   trainer->dataPath_ = dataPath.str();
@@ -28,13 +29,25 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.precision = resolveRecipeForCpu(config.precision);
-  auto pipeline = PassPipeline::create(trainingPipeline(), options);
+  if (device == Device::Cuda && options.passOptions.precision.recipe != "fp32")
+    return fail(fmt::format("error: the GPU backend runs the fp32 recipe only so far; {} runs on "
+                            "the CPU interpreter (--device cpu)",
+                            options.passOptions.precision.recipe));
+  auto pipeline = PassPipeline::create(
+      device == Device::Cuda ? gpuPipeline(/*training=*/true) : trainingPipeline(), options);
   if (!pipeline)
     return pipeline.takeError();
   if (auto err = pipeline->run(**graph))
     return std::move(err);
   trainer->program_ = std::move(*graph);
-  trainer->executor_ = std::make_unique<Interpreter>(*trainer->program_);
+  if (device == Device::Cuda) {
+    auto executor = createCudaExecutor(*trainer->program_);
+    if (!executor)
+      return executor.takeError();
+    trainer->executor_ = std::move(*executor);
+  } else {
+    trainer->executor_ = std::make_unique<Interpreter>(*trainer->program_);
+  }
   if (auto err = trainer->executor_->bindAll(initParams(*trainer->program_, config.train.seed)))
     return std::move(err);
   if (dataPath.empty()) {

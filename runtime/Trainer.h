@@ -20,12 +20,16 @@ struct StepRecord {
   double stepMs = 0;
 };
 
+enum class Device { Cpu, Cuda };
+
 class Trainer {
 public:
   /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
-  /// means the arithmetic task.
+  /// means the arithmetic task. On the GPU the program is compiled without fusions and in fp32
+  /// (what the first GPU slice lowers); other recipes are an error there, not a downgrade.
   static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
-                                                         llvm::StringRef dataPath = "");
+                                                         llvm::StringRef dataPath = "",
+                                                         Device device = Device::Cpu);
 
   /// Runs the next step.
   llvm::Expected<StepRecord> step();

@@ -10,6 +10,7 @@
 #include "passes/Passes.h"
 #include "runtime/Data.h"
 #include "runtime/Init.h"
+#include "runtime/CudaExecutor.h"
 #include "runtime/Fp8Scaling.h"
 #include "runtime/Generate.h"
 #include "runtime/Interpreter.h"
@@ -109,7 +110,7 @@ static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per s
                                     cl::value_desc("file.jsonl"), cl::sub(TrainCmd), cl::cat(Category));
 static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, or uint16 tokens (.bin, .u16, .tokens)"),
                                      cl::sub(TrainCmd), cl::cat(Category));
-static cl::opt<std::string> Device("device", cl::desc("auto | cpu | cuda"), cl::init("auto"),
+static cl::opt<std::string> DeviceFlag("device", cl::desc("auto | cpu | cuda"), cl::init("auto"),
                                    cl::sub(TrainCmd), cl::sub(GenerateCmd), cl::sub(EvalCmd),
                                    cl::cat(Category));
 static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (default: about 20 lines)"),
@@ -205,20 +206,22 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
   return config;
 }
 
-/// The CPU interpreter is the only backend so far: --device cuda is refused, not downgraded.
-llvm::Expected<std::string> resolveDevice() {
-  if (Device == "cpu")
-    return std::string("cpu");
-  if (Device == "auto") {
-    TargetInfo target = detectTarget();
-    if (!target.gpus.empty())
-      llvm::errs() << "tgc: note: a GPU is present, but the GPU backend is not built yet; "
-                      "running on the CPU\n";
-    return std::string("cpu");
+/// --device: auto takes the GPU when there is one (and this build can use it); an explicit
+/// request the machine cannot serve is an error, not a downgrade.
+llvm::Expected<Device> resolveDevice(bool gpuCapable = true) {
+  std::string why;
+  if (DeviceFlag == "cpu")
+    return tgc::Device::Cpu;
+  if (DeviceFlag == "auto")
+    return gpuCapable && cudaAvailable(&why) ? tgc::Device::Cuda : tgc::Device::Cpu;
+  if (DeviceFlag == "cuda") {
+    if (!cudaAvailable(&why))
+      return flagError("--device cuda: " + why);
+    if (!gpuCapable)
+      return flagError("--device cuda: this command runs on the CPU interpreter so far");
+    return tgc::Device::Cuda;
   }
-  if (Device == "cuda")
-    return flagError("--device cuda: the GPU backend is not part of this build yet (use --device cpu)");
-  return flagError("--device must be auto, cpu or cuda, got '" + Device + "'");
+  return flagError("--device must be auto, cpu or cuda, got '" + DeviceFlag + "'");
 }
 
 /// --passes as given, with "none" for no pass at all.
@@ -414,7 +417,7 @@ int runTrain() {
       return report(checkpoint.takeError());
     resumeFrom = std::move(*checkpoint);
   }
-  auto trainer = Trainer::create(*config, DataPath);
+  auto trainer = Trainer::create(*config, DataPath, *device);
   if (!trainer)
     return report(trainer.takeError());
   Trainer &t = **trainer;
@@ -539,7 +542,7 @@ llvm::Expected<std::vector<int32_t>> parsePrompt(llvm::StringRef text, int64_t v
 }
 
 int runGenerate() {
-  auto device = resolveDevice();
+  auto device = resolveDevice(/*gpuCapable=*/false);
   if (!device)
     return report(device.takeError());
   if (Tokens < 1 || Tokens > 100000)
@@ -567,7 +570,7 @@ int runGenerate() {
 }
 
 int runEval() {
-  auto device = resolveDevice();
+  auto device = resolveDevice(/*gpuCapable=*/false);
   if (!device)
     return report(device.takeError());
   auto trained = loadTrained(CheckpointPath);

@@ -1,0 +1,329 @@
+#include "runtime/CudaExecutor.h"
+
+#include "compiler/CudaSource.h"
+#include "compiler/Nvrtc.h"
+#include "compiler/Target.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+#include <fmt/format.h>
+
+#ifdef TGC_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace tgc {
+
+#ifndef TGC_HAVE_CUDA
+
+bool cudaAvailable(std::string *why) {
+  if (why)
+    *why = "tgc was built without CUDA (-DTGC_CUDA=OFF)";
+  return false;
+}
+
+llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &, CudaOptions) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "error: tgc was built without CUDA (-DTGC_CUDA=OFF)");
+}
+
+#else
+
+namespace {
+
+llvm::Error cudaFailure(const char *call, const char *file, int line, const std::string &what) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: %s failed at %s:%d: %s",
+                                 call, file, line, what.c_str());
+}
+
+#define CUDA_CHECK(call)                                                                           \
+  do {                                                                                             \
+    cudaError_t status_ = (call);                                                                  \
+    if (status_ != cudaSuccess)                                                                    \
+      return cudaFailure(#call, __FILE__, __LINE__, cudaGetErrorString(status_));                  \
+  } while (0)
+
+#define CUBLAS_CHECK(call)                                                                         \
+  do {                                                                                             \
+    cublasStatus_t status_ = (call);                                                               \
+    if (status_ != CUBLAS_STATUS_SUCCESS)                                                          \
+      return cudaFailure(#call, __FILE__, __LINE__, "cuBLAS status " + std::to_string(int(status_))); \
+  } while (0)
+
+/// One cuBLASLt matmul, planned once: layouts, batching and the algorithm.
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+class CudaExecutor : public Executor {
+public:
+  CudaExecutor(const Graph &graph, CudaOptions options) : graph_(graph), options_(options) {}
+  ~CudaExecutor() override;
+
+  llvm::Error initialize();
+  llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
+  llvm::Expected<std::vector<Tensor>> run() override;
+  llvm::Expected<Tensor> read(llvm::StringRef name) const override;
+  std::string describe() const override { return description_; }
+
+private:
+  llvm::Error planGemm(const Op &op, GemmPlan &plan);
+  llvm::Error runGemm(const Op &op, const GemmPlan &plan);
+  void *buffer(const Value *v) const { return buffers_.lookup(v); }
+  static size_t bytesOf(const TensorType &t) { return size_t(t.numElements()) * 4; }
+
+  const Graph &graph_;
+  CudaOptions options_;
+  std::string description_;
+  std::vector<Op *> ops_;
+  CudaProgram program_;
+  cudaLibrary_t library_ = nullptr;
+  std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
+  std::vector<std::vector<void *>> scratch_;       // per op
+  std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
+  llvm::DenseMap<const Value *, void *> buffers_;
+  std::vector<void *> owned_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void *workspace_ = nullptr;
+  static constexpr size_t kWorkspaceBytes = 32 << 20; // 32 MiB, as fp8.md suggests for Hopper
+};
+
+CudaExecutor::~CudaExecutor() {
+  for (GemmPlan &p : gemms_) {
+    if (p.desc)
+      cublasLtMatmulDescDestroy(p.desc);
+    for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+      if (l)
+        cublasLtMatrixLayoutDestroy(l);
+  }
+  for (void *p : owned_)
+    cudaFree(p);
+  if (workspace_)
+    cudaFree(workspace_);
+  if (lt_)
+    cublasLtDestroy(lt_);
+  if (library_)
+    cudaLibraryUnload(library_);
+  if (stream_)
+    cudaStreamDestroy(stream_);
+}
+
+llvm::Error CudaExecutor::initialize() {
+  CUDA_CHECK(cudaSetDevice(options_.device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
+  std::string arch = archName(prop.major, prop.minor);
+  description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
+  auto program = lowerToCuda(graph_);
+  if (!program)
+    return program.takeError();
+  program_ = std::move(*program);
+  auto module = compileCuda(program_.source, arch);
+  if (!module)
+    return module.takeError();
+  CUDA_CHECK(cudaLibraryLoadData(&library_, module->cubin.data(), nullptr, nullptr, 0, nullptr,
+                                 nullptr, 0));
+  CUDA_CHECK(cudaStreamCreate(&stream_));
+  if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
+    return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
+  CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  ops_ = graph_.ops();
+  kernels_.resize(ops_.size());
+  scratch_.resize(ops_.size());
+  gemms_.resize(ops_.size());
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op &op = *ops_[i];
+    const OpLowering &lowering = program_.lowering[i];
+    for (unsigned r = 0; r < op.numResults(); ++r) {
+      const Value *v = op.result(r);
+      if (lowering.kind == OpLowering::Alias) {
+        buffers_[v] = buffer(op.operand(0));
+        continue;
+      }
+      void *p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
+      CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
+      owned_.push_back(p);
+      buffers_[v] = p;
+    }
+    for (const KernelLaunch &launch : lowering.launches) {
+      cudaKernel_t kernel;
+      CUDA_CHECK(cudaLibraryGetKernel(&kernel, library_, launch.name.c_str()));
+      kernels_[i].push_back(kernel);
+    }
+    for (int64_t floats : lowering.scratchFloats) {
+      void *p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
+      owned_.push_back(p);
+      scratch_[i].push_back(p);
+    }
+    if (lowering.kind == OpLowering::Gemm)
+      if (auto err = planGemm(op, gemms_[i]))
+        return err;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
+  // Row-major C[M,N] = opA(A) opB(B) is column-major C^T = opB(B)^T opA(A)^T: cuBLASLt's first
+  // operand is B, its second A (see the README's note on layouts).
+  const TensorType &a = op.operand(0)->type(), &b = op.operand(1)->type(), &c = op.result()->type();
+  bool ta = op.attrs().getBool("transpose_a").value_or(false);
+  bool tb = op.attrs().getBool("transpose_b").value_or(false);
+  int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  int64_t batches = c.numElements() / (m * n);
+  bool sharedB = b.rank() == 2 && batches > 1;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof opSecond));
+  // The first operand (B) as stored: [K,N] row-major is N x K column-major, [N,K] is K x N.
+  uint64_t firstRows = tb ? k : n, firstCols = tb ? n : k;
+  uint64_t secondRows = ta ? m : k, secondCols = ta ? k : m;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_32F, firstRows, firstCols, firstRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_32F, secondRows, secondCols, secondRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
+  if (batches > 1) {
+    int32_t count = int32_t(batches);
+    int64_t strideFirst = sharedB ? 0 : k * n, strideSecond = m * k, strideC = m * n;
+    for (auto [layout, stride] : {std::pair{plan.a, strideFirst}, std::pair{plan.b, strideSecond},
+                                  std::pair{plan.c, strideC}}) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    }
+  }
+  // The algorithm is chosen once here and reused every step.
+  cublasLtMatmulPreference_t preference;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  size_t workspace = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                                         preference, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0)
+    return cudaFailure("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__,
+                       fmt::format("no algorithm for %{} ({}x{}x{}, batch {})", op.result()->name(), m, k, n, batches));
+  plan.algo = result.algo;
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
+  float alpha = 1.0f, beta = 0.0f;
+  void *c = buffer(op.result());
+  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, buffer(op.operand(1)), plan.a,
+                              buffer(op.operand(0)), plan.b, &beta, c, plan.c, c, plan.c,
+                              &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s has no input, parameter or state named '%s'",
+                                   graph_.name().c_str(), name.str().c_str());
+  if (tensor.type != v->type())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is %s, but a %s was given",
+                                   name.str().c_str(), v->type().str().c_str(), tensor.type.str().c_str());
+  const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
+                                                : (const void *)tensor.ints.data();
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytesOf(v->type()), cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return llvm::Error::success();
+}
+
+llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
+  std::vector<std::pair<const Value *, const Value *>> assigns;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op &op = *ops_[i];
+    const OpLowering &lowering = program_.lowering[i];
+    if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, bytesOf(op.result(r)->type()), stream_));
+    switch (lowering.kind) {
+    case OpLowering::Leaf:
+    case OpLowering::Alias:
+      break;
+    case OpLowering::Assign:
+      assigns.emplace_back(op.operand(0), op.operand(1));
+      break;
+    case OpLowering::Gemm:
+      if (auto err = runGemm(op, gemms_[i]))
+        return std::move(err);
+      break;
+    case OpLowering::Kernels: {
+      std::vector<void *> pointers;
+      for (const Value *v : op.operands())
+        pointers.push_back(buffer(v));
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        pointers.push_back(buffer(op.result(r)));
+      for (void *s : scratch_[i])
+        pointers.push_back(s);
+      std::vector<void *> args;
+      for (void *&p : pointers)
+        args.push_back(&p);
+      for (size_t l = 0; l < lowering.launches.size(); ++l) {
+        const KernelLaunch &launch = lowering.launches[l];
+        CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),
+                                    dim3(unsigned(launch.threads)), args.data(), 0, stream_));
+      }
+      break;
+    }
+    }
+  }
+  // Assigns take effect when the step ends, after every op has read the old values.
+  for (auto [leaf, value] : assigns)
+    CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
+                               cudaMemcpyDeviceToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<Tensor> outputs;
+  for (const Value *v : graph_.outputs()) {
+    auto t = read(v->name());
+    if (!t)
+      return t.takeError();
+    outputs.push_back(std::move(*t));
+  }
+  return outputs;
+}
+
+llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
+  const Value *v = graph_.lookup(name);
+  if (!v || !buffer(v))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "graph @%s has no value '%s'",
+                                   graph_.name().c_str(), name.str().c_str());
+  Tensor t = Tensor::zeros(v->type());
+  void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();
+  CUDA_CHECK(cudaMemcpy(host, buffer(v), bytesOf(v->type()), cudaMemcpyDeviceToHost));
+  return t;
+}
+
+} // namespace
+
+bool cudaAvailable(std::string *why) {
+  TargetInfo target = detectTarget();
+  if (!target.gpus.empty())
+    return true;
+  if (why)
+    *why = target.noGpuReason;
+  return false;
+}
+
+llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph, CudaOptions options) {
+  std::string why;
+  if (!cudaAvailable(&why))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: no GPU: %s", why.c_str());
+  auto executor = std::make_unique<CudaExecutor>(graph, options);
+  if (auto err = executor->initialize())
+    return std::move(err);
+  return std::unique_ptr<Executor>(std::move(executor));
+}
+
+#endif
+
+} // namespace tgc
