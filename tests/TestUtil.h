@@ -5,14 +5,18 @@
 #include "llvm/Support/MemoryBuffer.h"
 
 #include <gtest/gtest.h>
+#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
 
 namespace tgc::test {
 
+/// A file of the source tree; TGC_SOURCE_DIR in the environment overrides the build's path (for
+/// test binaries carried to another machine).
 inline std::string sourcePath(const std::string &relative) {
-  return std::string(TGC_SOURCE_DIR) + "/" + relative;
+  const char *root = std::getenv("TGC_SOURCE_DIR");
+  return std::string(root && *root ? root : TGC_SOURCE_DIR) + "/" + relative;
 }
 
 inline std::string readSource(const std::string &relative) {
