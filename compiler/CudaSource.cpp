@@ -46,6 +46,22 @@ __device__ float geluTanh(float x) {
 
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)
+
+// BF16 copies of the operands of gemm_dtype="bf16" GEMMs: round to nearest even, NaN to 0x7FFF
+// (what __float2bfloat16 does, and the CPU interpreter's roundToBf16).
+extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out, int64 count) {
+  FOR_EACH_ELEMENT(i, count) {
+    unsigned int bits = __float_as_uint(x[i]);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+      out[i] = 0x7fff;
+    } else {
+      unsigned int upper = bits >> 16, remainder = bits << 16;
+      if (remainder > 0x80000000u || (remainder == 0x80000000u && (upper & 1u)))
+        ++upper;
+      out[i] = (unsigned short)upper;
+    }
+  }
+}
 )";
 
 constexpr int kThreads = 256;
@@ -97,8 +113,8 @@ public:
 llvm::Error unsupported(const Op &op) {
   return llvm::createStringError(
       llvm::inconvertibleErrorCode(),
-      "error: %%%s = %s has no GPU lowering yet (the first GPU slice runs the unfused fp32 "
-      "program)",
+      "error: %%%s = %s has no GPU lowering yet (the GPU backend runs the unfused fp32 and bf16 "
+      "programs so far)",
       op.numResults() ? op.result()->name().c_str() : "", op.name().str().c_str());
 }
 
@@ -412,8 +428,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph) {
     } else if (op.kind() == OpKind::Reshape) {
       lowering.kind = OpLowering::Alias;
     } else if (op.kind() == OpKind::MatMul) {
-      if (op.attrs().has("gemm_dtype") || !isFloat(op.operand(0)->type().dtype) ||
-          op.operand(0)->type().dtype != DType::F32)
+      if (op.operand(0)->type().dtype != DType::F32 || op.operand(1)->type().dtype != DType::F32)
         return unsupported(op);
       lowering.kind = OpLowering::Gemm;
     } else {

@@ -51,11 +51,14 @@ llvm::Error cudaFailure(const char *call, const char *file, int line, const std:
       return cudaFailure(#call, __FILE__, __LINE__, "cuBLAS status " + std::to_string(int(status_))); \
   } while (0)
 
-/// One cuBLASLt matmul, planned once: layouts, batching and the algorithm.
+/// One cuBLASLt matmul, planned once: layouts, batching and the algorithm. A BF16 GEMM reads
+/// BF16 copies of its operands, which the op's conversion kernels write first.
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool bf16 = false;
+  void *bf16Operands[2] = {nullptr, nullptr};
 };
 
 class CudaExecutor : public Executor {
@@ -71,7 +74,8 @@ public:
 
 private:
   llvm::Error planGemm(const Op &op, GemmPlan &plan);
-  llvm::Error runGemm(const Op &op, const GemmPlan &plan);
+  llvm::Error runGemm(const Op &op, const GemmPlan &plan, cudaKernel_t toBf16);
+  llvm::Error launchStep();
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
   static size_t bytesOf(const TensorType &t) { return size_t(t.numElements()) * 4; }
 
@@ -81,6 +85,8 @@ private:
   std::vector<Op *> ops_;
   CudaProgram program_;
   cudaLibrary_t library_ = nullptr;
+  cudaKernel_t toBf16_ = nullptr; // the prelude's f32 -> BF16 conversion
+  cudaGraphExec_t graph_exec_ = nullptr;
   std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
   std::vector<std::vector<void *>> scratch_;       // per op
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
@@ -93,6 +99,8 @@ private:
 };
 
 CudaExecutor::~CudaExecutor() {
+  if (graph_exec_)
+    cudaGraphExecDestroy(graph_exec_);
   for (GemmPlan &p : gemms_) {
     if (p.desc)
       cublasLtMatmulDescDestroy(p.desc);
@@ -125,9 +133,16 @@ llvm::Error CudaExecutor::initialize() {
   auto module = compileCuda(program_.source, arch);
   if (!module)
     return module.takeError();
+  int64_t kernels = 0;
+  for (const OpLowering &l : program_.lowering)
+    kernels += l.launches.size();
+  description_ += fmt::format(", {} kernels {}", kernels,
+                              module->fromCache ? "from the kernel cache (no NVRTC compilation)"
+                                                : "compiled by NVRTC");
   CUDA_CHECK(cudaLibraryLoadData(&library_, module->cubin.data(), nullptr, nullptr, 0, nullptr,
                                  nullptr, 0));
   CUDA_CHECK(cudaStreamCreate(&stream_));
+  CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
     return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
@@ -177,6 +192,14 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
   int64_t batches = c.numElements() / (m * n);
   bool sharedB = b.rank() == 2 && batches > 1;
+  // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype).
+  plan.bf16 = op.attrs().getString("gemm_dtype") == "bf16";
+  cudaDataType_t operandType = plan.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (plan.bf16)
+    for (int i = 0; i < 2; ++i) {
+      CUDA_CHECK(cudaMalloc(&plan.bf16Operands[i], size_t(op.operand(i)->type().numElements()) * 2));
+      owned_.push_back(plan.bf16Operands[i]);
+    }
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));
@@ -184,8 +207,8 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   // The first operand (B) as stored: [K,N] row-major is N x K column-major, [N,K] is K x N.
   uint64_t firstRows = tb ? k : n, firstCols = tb ? n : k;
   uint64_t secondRows = ta ? m : k, secondCols = ta ? k : m;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_32F, firstRows, firstCols, firstRows));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_32F, secondRows, secondCols, secondRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, operandType, firstRows, firstCols, firstRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, operandType, secondRows, secondCols, secondRows));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
   if (batches > 1) {
     int32_t count = int32_t(batches);
@@ -213,12 +236,24 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   return llvm::Error::success();
 }
 
-llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
+llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan, cudaKernel_t toBf16) {
   float alpha = 1.0f, beta = 0.0f;
   void *c = buffer(op.result());
-  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, buffer(op.operand(1)), plan.a,
-                              buffer(op.operand(0)), plan.b, &beta, c, plan.c, c, plan.c,
-                              &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  void *first = buffer(op.operand(1)), *second = buffer(op.operand(0));
+  if (plan.bf16) {
+    for (int i = 0; i < 2; ++i) {
+      void *source = buffer(op.operand(i));
+      void *target = plan.bf16Operands[i];
+      int64_t count = op.operand(i)->type().numElements();
+      void *args[] = {&source, &target, &count};
+      unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
+      CUDA_CHECK(cudaLaunchKernel((const void *)toBf16, dim3(blocks), dim3(256), args, 0, stream_));
+    }
+    first = plan.bf16Operands[1];
+    second = plan.bf16Operands[0];
+  }
+  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c,
+                              plan.c, c, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
   return llvm::Error::success();
 }
 
@@ -238,7 +273,8 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
   return llvm::Error::success();
 }
 
-llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
+/// Enqueues one step on the stream: every op in order, then the assigns.
+llvm::Error CudaExecutor::launchStep() {
   std::vector<std::pair<const Value *, const Value *>> assigns;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
@@ -254,8 +290,8 @@ llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
       assigns.emplace_back(op.operand(0), op.operand(1));
       break;
     case OpLowering::Gemm:
-      if (auto err = runGemm(op, gemms_[i]))
-        return std::move(err);
+      if (auto err = runGemm(op, gemms_[i], toBf16_))
+        return err;
       break;
     case OpLowering::Kernels: {
       std::vector<void *> pointers;
@@ -281,6 +317,32 @@ llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
   for (auto [leaf, value] : assigns)
     CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
                                cudaMemcpyDeviceToDevice, stream_));
+  return llvm::Error::success();
+}
+
+llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
+  // The whole step is captured once as a CUDA graph and replayed: one launch a step, no host
+  // synchronisation inside it. (Poisoning between runs is a debugging mode and stays eager.)
+  if (options_.poisonResults) {
+    if (auto err = launchStep())
+      return std::move(err);
+  } else {
+    if (!graph_exec_) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      llvm::Error err = launchStep();
+      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      if (err)
+        return std::move(err);
+      if (end != cudaSuccess)
+        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
+      cudaError_t instantiated = cudaGraphInstantiate(&graph_exec_, graph, 0);
+      cudaGraphDestroy(graph);
+      if (instantiated != cudaSuccess)
+        return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::vector<Tensor> outputs;
   for (const Value *v : graph_.outputs()) {

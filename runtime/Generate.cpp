@@ -2,6 +2,7 @@
 
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
+#include "runtime/CudaExecutor.h"
 #include "runtime/Interpreter.h"
 #include "runtime/Random.h"
 
@@ -40,7 +41,7 @@ int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options,
 
 llvm::Expected<std::unique_ptr<Generator>>
 Generator::create(const ModelConfig &config, const std::map<std::string, Tensor> &weights,
-                  int64_t batch) {
+                  int64_t batch, Device device) {
   auto generator = std::unique_ptr<Generator>(new Generator());
   generator->config_ = config;
   generator->batch_ = batch;
@@ -48,14 +49,25 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   if (!graph)
     return graph.takeError();
   PipelineOptions options;
-  options.passOptions.precision = resolveRecipeForCpu(config.precision);
-  auto pipeline = PassPipeline::create(forwardPipeline(), options);
+  options.passOptions.precision = resolveRecipe(config.precision, device);
+  if (device == Device::Cuda && options.passOptions.precision.recipe == "fp8")
+    return fail("error: the GPU backend runs the fp32 and bf16 recipes so far; this fp8 "
+                "checkpoint runs on the CPU interpreter (--device cpu)");
+  auto pipeline = PassPipeline::create(
+      device == Device::Cuda ? gpuPipeline(/*training=*/false) : forwardPipeline(), options);
   if (!pipeline)
     return pipeline.takeError();
   if (auto err = pipeline->run(**graph))
     return std::move(err);
   generator->program_ = std::move(*graph);
-  generator->executor_ = std::make_unique<Interpreter>(*generator->program_);
+  if (device == Device::Cuda) {
+    auto executor = createCudaExecutor(*generator->program_);
+    if (!executor)
+      return executor.takeError();
+    generator->executor_ = std::move(*executor);
+  } else {
+    generator->executor_ = std::make_unique<Interpreter>(*generator->program_);
+  }
   // Parameters, and FP8 scaling state for the recipes that quantize.
   for (const Op *op : generator->program_->ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)

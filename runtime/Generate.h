@@ -6,6 +6,7 @@
 #include "models/ModelConfig.h"
 #include "runtime/Data.h"
 #include "runtime/Executor.h"
+#include "runtime/Trainer.h"
 
 #include <map>
 #include <memory>
@@ -20,9 +21,12 @@ struct SamplingOptions {
 
 class Generator {
 public:
-  /// Compiles the inference program (logits for `batch` sequences of seq_len tokens).
+  /// Compiles the inference program (logits for `batch` sequences of seq_len tokens) for the
+  /// device.
   static llvm::Expected<std::unique_ptr<Generator>>
-  create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch);
+  create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch,
+         Device device = Device::Cpu);
+  std::string describe() const { return executor_->describe(); }
 
   /// Continues each prompt (all of one length, at most `batch` of them) by `count` tokens. The
   /// context is the last seq_len tokens; positions after it are padding that causal attention

@@ -2,6 +2,7 @@
 
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
+#include "compiler/Target.h"
 #include "runtime/CudaExecutor.h"
 #include "runtime/Init.h"
 #include "runtime/Interpreter.h"
@@ -18,6 +19,15 @@ llvm::Error fail(const std::string &message) {
 }
 } // namespace
 
+PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
+  if (precision.recipe != "auto" || device == Device::Cpu)
+    return resolveRecipeForCpu(precision);
+  TargetInfo target = detectTarget();
+  int cc = target.gpus.empty() ? 0 : target.gpus[0].major * 10 + target.gpus[0].minor;
+  precision.recipe = cc >= 80 ? "bf16" : "fp32";
+  return precision;
+}
+
 llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
                                                          llvm::StringRef dataPath, Device device) {
   auto trainer = std::unique_ptr<Trainer>(new Trainer());
@@ -28,11 +38,11 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
     return graph.takeError();
   PipelineOptions options;
   options.passOptions.train = config.train;
-  options.passOptions.precision = resolveRecipeForCpu(config.precision);
-  if (device == Device::Cuda && options.passOptions.precision.recipe != "fp32")
-    return fail(fmt::format("error: the GPU backend runs the fp32 recipe only so far; {} runs on "
-                            "the CPU interpreter (--device cpu)",
-                            options.passOptions.precision.recipe));
+  options.passOptions.precision = resolveRecipe(config.precision, device);
+  trainer->config_.precision = options.passOptions.precision;
+  if (device == Device::Cuda && options.passOptions.precision.recipe == "fp8")
+    return fail("error: the GPU backend runs the fp32 and bf16 recipes so far; fp8 runs on the "
+                "CPU interpreter (--device cpu)");
   auto pipeline = PassPipeline::create(
       device == Device::Cuda ? gpuPipeline(/*training=*/true) : trainingPipeline(), options);
   if (!pipeline)
@@ -108,7 +118,7 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
   checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
                                                {"path", dataPath_},
                                                {"position", stepsDone_}};
-  checkpoint.meta["precision"] = resolveRecipeForCpu(config_.precision).recipe;
+  checkpoint.meta["precision"] = config_.precision.recipe;
   return checkpoint;
 }
 

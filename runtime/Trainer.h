@@ -22,11 +22,16 @@ struct StepRecord {
 
 enum class Device { Cpu, Cuda };
 
+/// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
+/// the device policy (fp8 from compute capability 8.9, bf16 from 8.0, fp32 below), except that
+/// fp8, not lowered to the GPU yet, becomes bf16. Explicit recipes stay as they are.
+PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device);
+
 class Trainer {
 public:
   /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
-  /// means the arithmetic task. On the GPU the program is compiled without fusions and in fp32
-  /// (what the first GPU slice lowers); other recipes are an error there, not a downgrade.
+  /// means the arithmetic task. On the GPU the program is compiled without fusions, in fp32 or
+  /// bf16 (what the GPU backend lowers so far); fp8 is an error there, not a downgrade.
   static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
                                                          llvm::StringRef dataPath = "",
                                                          Device device = Device::Cpu);
