@@ -71,6 +71,7 @@ public:
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return description_; }
+  int64_t deviceBytes() const override { return allocatedBytes_; }
 
 private:
   llvm::Error planGemm(const Op &op, GemmPlan &plan);
@@ -92,6 +93,7 @@ private:
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
   llvm::DenseMap<const Value *, void *> buffers_;
   std::vector<void *> owned_;
+  int64_t allocatedBytes_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void *workspace_ = nullptr;
@@ -146,6 +148,7 @@ llvm::Error CudaExecutor::initialize() {
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
     return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  allocatedBytes_ += kWorkspaceBytes;
   ops_ = graph_.ops();
   kernels_.resize(ops_.size());
   scratch_.resize(ops_.size());
@@ -161,6 +164,7 @@ llvm::Error CudaExecutor::initialize() {
       }
       void *p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
+      allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
       CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
       owned_.push_back(p);
       buffers_[v] = p;
@@ -173,6 +177,7 @@ llvm::Error CudaExecutor::initialize() {
     for (int64_t floats : lowering.scratchFloats) {
       void *p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
+      allocatedBytes_ += floats * 4;
       owned_.push_back(p);
       scratch_[i].push_back(p);
     }
@@ -198,6 +203,7 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   if (plan.bf16)
     for (int i = 0; i < 2; ++i) {
       CUDA_CHECK(cudaMalloc(&plan.bf16Operands[i], size_t(op.operand(i)->type().numElements()) * 2));
+      allocatedBytes_ += op.operand(i)->type().numElements() * 2;
       owned_.push_back(plan.bf16Operands[i]);
     }
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));

@@ -23,6 +23,8 @@ public:
   /// The current value of a leaf (after the last run's assigns).
   virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
   virtual std::string describe() const = 0;
+  /// Device memory the program holds (buffers and workspace); 0 on the CPU.
+  virtual int64_t deviceBytes() const { return 0; }
 
   llvm::Error bindAll(const std::map<std::string, Tensor> &tensors) {
     for (const auto &[name, tensor] : tensors)

@@ -5,6 +5,7 @@
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
 #include "runtime/CudaExecutor.h"
+#include "runtime/Generate.h"
 #include "runtime/Interpreter.h"
 #include "runtime/Random.h"
 #include "runtime/Trainer.h"
@@ -24,13 +25,14 @@ namespace {
       GTEST_SKIP() << "no GPU: " << why;                                                           \
   } while (0)
 
-std::unique_ptr<Graph> tinyGpuProgram() {
+std::unique_ptr<Graph> tinyGpuProgram(const std::string &recipe) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   auto graph = unwrap(buildGPT(c, 4));
   if (!graph)
     return nullptr;
   PipelineOptions options;
   options.passOptions.train = c.train;
+  options.passOptions.precision.recipe = recipe;
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   return graph;
@@ -70,9 +72,11 @@ Tensor randomOperand(const Op &op, unsigned i, Rng &rng) {
   return t;
 }
 
-TEST(GpuKernels, EveryOpOfTheTinyTrainingProgramMatchesTheCpu) {
+class GpuKernels : public testing::TestWithParam<std::string> {};
+
+TEST_P(GpuKernels, EveryOpOfTheTinyTrainingProgramMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  auto program = tinyGpuProgram();
+  auto program = tinyGpuProgram(GetParam());
   ASSERT_TRUE(program);
   Rng rng(freshSeed());
   int checked = 0;
@@ -124,6 +128,8 @@ TEST(GpuKernels, EveryOpOfTheTinyTrainingProgramMatchesTheCpu) {
   EXPECT_GT(checked, 100);
 }
 
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuKernels, testing::Values("fp32", "bf16"));
+
 std::vector<double> losses(Device device, int steps) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
   auto trainer = unwrap(Trainer::create(c, "", device));
@@ -144,6 +150,21 @@ TEST(GpuTraining, Fp32LossesFollowTheCpuFor20Steps) {
   ASSERT_EQ(gpu.size(), 20u);
   for (size_t i = 0; i < 20; ++i)
     EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "step " << i + 1;
+}
+
+TEST(GpuTraining, SeedModelLearnsInBf16) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
+  c.precision.recipe = "bf16";
+  auto trainer = unwrap(Trainer::create(c, "", Device::Cuda));
+  ASSERT_TRUE(trainer);
+  for (int64_t i = 0; i < c.train.steps; ++i)
+    ASSERT_TRUE(bool(unwrap(trainer->step()).step));
+  Checkpoint checkpoint = unwrap(trainer->checkpoint());
+  auto generator = unwrap(Generator::create(c, checkpoint.tensors, 64, Device::Cuda));
+  ASSERT_TRUE(generator);
+  EvalResult result = unwrap(evaluateArithmetic(*generator, c, 64, 8, 64));
+  EXPECT_GE(result.tokenAccuracy(), 0.99) << result.correctTokens << " of " << result.tokens;
 }
 
 TEST(GpuTraining, SameSeedSameLossesBitForBit) {

@@ -41,6 +41,15 @@ static cl::SubCommand TrainCmd("train", "Train a model; print the loss per step;
 static cl::SubCommand GenerateCmd("generate", "Continue a prompt with a trained checkpoint");
 static cl::SubCommand EvalCmd("eval", "Score greedy continuations of held-out arithmetic prompts");
 static cl::SubCommand InspectCmd("inspect", "Show a checkpoint's FP8 scaling state");
+static cl::SubCommand BenchCmd("bench", "Train each precision for a few steps and compare step time and memory");
+static cl::opt<std::string> BenchModel(cl::Positional, cl::desc("<model.yaml>"), cl::Required,
+                                       cl::sub(BenchCmd), cl::cat(Category));
+static cl::list<std::string> BenchPrecisions("precisions", cl::desc("Comma-separated recipes (default fp32,bf16,fp8)"),
+                                             cl::CommaSeparated, cl::sub(BenchCmd), cl::cat(Category));
+static cl::opt<int64_t> BenchSteps("bench-steps", cl::desc("Timed steps per precision"), cl::init(50),
+                                   cl::sub(BenchCmd), cl::cat(Category));
+static cl::opt<int64_t> BenchWarmup("warmup", cl::desc("Untimed steps first"), cl::init(10),
+                                    cl::sub(BenchCmd), cl::cat(Category));
 
 static cl::opt<std::string> ModelPath(cl::Positional, cl::desc("<model.yaml>"), cl::Required,
                                       cl::sub(CompileCmd), cl::sub(RunCmd), cl::sub(TrainCmd),
@@ -111,7 +120,7 @@ static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per s
 static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, or uint16 tokens (.bin, .u16, .tokens)"),
                                      cl::sub(TrainCmd), cl::cat(Category));
 static cl::opt<std::string> DeviceFlag("device", cl::desc("auto | cpu | cuda"), cl::init("auto"),
-                                   cl::sub(TrainCmd), cl::sub(GenerateCmd), cl::sub(EvalCmd),
+                                   cl::sub(TrainCmd), cl::sub(GenerateCmd), cl::sub(EvalCmd), cl::sub(BenchCmd),
                                    cl::cat(Category));
 static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (default: about 20 lines)"),
                                  cl::init(0), cl::sub(TrainCmd), cl::cat(Category));
@@ -608,6 +617,77 @@ int runEval() {
   return 0;
 }
 
+/// Model FLOPs of one training step: 6 per parameter per token, plus attention's
+/// 12 * layers * seq_len * d_model per token (the PaLM appendix's count).
+double trainingFlops(const ModelConfig &c) {
+  double tokens = double(c.train.batch) * double(c.seqLen);
+  return tokens * (6.0 * double(c.numParams()) + 12.0 * c.layers * double(c.seqLen) * c.dModel);
+}
+
+int runBench() {
+  auto base = loadModelConfig(BenchModel);
+  if (!base)
+    return report(base.takeError());
+  std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
+  if (recipes.empty())
+    recipes = {"fp32", "bf16", "fp8"};
+  if (BenchSteps < 1 || BenchWarmup < 0)
+    return report(flagError("--bench-steps must be >= 1 and --warmup >= 0"));
+  llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens, {} warm-up + {} timed steps per precision\n",
+                              base->name, base->train.batch, base->seqLen, int64_t(BenchWarmup),
+                              int64_t(BenchSteps));
+  llvm::outs() << fmt::format("{:<6} {:<34} {:>10} {:>10} {:>12} {:>9} {:>11} {:>10}\n", "recipe",
+                              "device", "median ms", "mean ms", "tokens/s", "TFLOP/s", "memory MiB",
+                              "final loss");
+  std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
+  for (const std::string &recipe : recipes) {
+    if (recipe != "fp32" && recipe != "bf16" && recipe != "fp8")
+      return report(flagError("--precisions takes fp32, bf16 and fp8, got '" + recipe + "'"));
+    ModelConfig config = *base;
+    config.precision.recipe = recipe;
+    config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps);
+    auto device = resolveDevice(recipe);
+    if (!device)
+      return report(device.takeError());
+    auto trainer = Trainer::create(config, "", *device);
+    if (!trainer) {
+      llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(trainer.takeError()));
+      continue;
+    }
+    std::vector<double> times;
+    double loss = 0;
+    for (int64_t i = 0; i < BenchWarmup + BenchSteps; ++i) {
+      auto r = (*trainer)->step();
+      if (!r)
+        return report(r.takeError());
+      if (i >= BenchWarmup)
+        times.push_back(r->stepMs);
+      loss = r->loss;
+    }
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    double median = sorted[sorted.size() / 2], mean = 0;
+    for (double t : times)
+      mean += t / times.size();
+    double tokens = double(config.train.batch) * config.seqLen;
+    llvm::outs() << fmt::format("{:<6} {:<34} {:>10.2f} {:>10.2f} {:>12.0f} {:>9.3f} {:>11.0f} {:>10.4f}\n",
+                                recipe, (*trainer)->executor().describe().substr(0, 34), median, mean,
+                                tokens / (median / 1000), trainingFlops(config) / (median / 1000) / 1e12,
+                                double((*trainer)->executor().deviceBytes()) / (1 << 20), loss);
+    if (recipe == "fp8") {
+      auto checkpoint = (*trainer)->checkpoint();
+      if (!checkpoint)
+        return report(checkpoint.takeError());
+      fp8States.emplace_back(recipe, summarizeFp8State(checkpoint->tensors, config.precision));
+    }
+  }
+  for (auto &[recipe, summary] : fp8States) {
+    llvm::outs() << fmt::format("FP8 scaling state after the fp8 run ({} quantized tensors):\n", summary.size());
+    printFp8Summary(summary, llvm::outs());
+  }
+  return 0;
+}
+
 int runInspect() {
   auto trained = loadTrained(CheckpointPath);
   if (!trained)
@@ -702,7 +782,8 @@ int runInfo() {
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   for (cl::SubCommand *sub :
-       {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd, &TrainCmd, &GenerateCmd, &EvalCmd, &InspectCmd})
+       {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd, &TrainCmd, &GenerateCmd, &EvalCmd, &InspectCmd,
+        &BenchCmd})
     cl::HideUnrelatedOptions(Category, *sub);
   cl::HideUnrelatedOptions(Category);
   if (!cl::ParseCommandLineOptions(
@@ -715,6 +796,7 @@ int main(int argc, char **argv) {
           "  tgc generate CKPT --prompt \"5 12 19\" [--tokens N]\n"
           "  tgc eval CKPT\n"
           "  tgc inspect CKPT [--json]\n"
+          "  tgc bench MODEL.yaml [--precisions fp32,bf16,fp8] [--bench-steps N]\n"
           "  tgc info\n\n"
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
@@ -735,6 +817,8 @@ int main(int argc, char **argv) {
     return runEval();
   if (InspectCmd)
     return runInspect();
+  if (BenchCmd)
+    return runBench();
   llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
                   "info); "
                   "see tgc --help\n";

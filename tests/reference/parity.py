@@ -215,6 +215,53 @@ def generate(args):
     print(" ".join(map(str, out)))
 
 
+def bench(args):
+    """The PyTorch peer of `tgc bench`: the same model, batches and optimizer on the GPU."""
+    import statistics
+    import time
+    weights, meta = load(args.checkpoint)
+    cfg = read_config(meta["model"])
+    if args.config:
+        with open(args.config) as f:
+            cfg.update(read_config(f.read()))
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as in tgc
+    torch.backends.cudnn.allow_tf32 = False
+    model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}).to(device)
+    names = list(weights.keys())
+    groups = [
+        {"params": [model.w(n) for n in names if decays(n, cfg)], "weight_decay": cfg["weight_decay"]},
+        {"params": [model.w(n) for n in names if not decays(n, cfg)], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                            fused=True)
+    total = args.warmup + args.steps
+    batches = [tuple(t.to(device) for t in train_batch(cfg, i)) for i in range(total)]
+    torch.cuda.reset_peak_memory_stats()
+    times, loss = [], None
+    for step in range(1, total + 1):
+        tokens, targets = batches[step - 1]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), targets.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        for g in opt.param_groups:
+            g["lr"] = learning_rate(cfg, step)
+        opt.step()
+        torch.cuda.synchronize()
+        if step > args.warmup:
+            times.append((time.perf_counter() - start) * 1000)
+    tokens_per_step = cfg["batch"] * cfg["seq_len"]
+    median = statistics.median(times)
+    print(f"pytorch {args.precision:<5} eager, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
+          f"mean {statistics.mean(times):.2f} ms, {tokens_per_step / median * 1000:.0f} tokens/s, "
+          f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, final loss {loss.item():.4f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
@@ -223,11 +270,17 @@ def main():
     parser.add_argument("--out", default="losses.json")
     parser.add_argument("--generate", help="prompt token ids: print greedy continuations instead")
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--bench", action="store_true", help="time training on the GPU instead")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args()
     torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    if args.generate:
+    if not args.bench:
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)
+    if args.bench:
+        bench(args)
+    elif args.generate:
         generate(args)
     else:
         train(args)
