@@ -129,7 +129,7 @@ class GPT(torch.nn.Module):
         B, T = tokens.shape
         D, H = c["d_model"], c["heads"]
         x = self.w("wte")[tokens] + self.w("wpe")[:T]
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu(1)
         for l in range(c["layers"]):
             h = f"h{l}"
             qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
