@@ -165,6 +165,21 @@ AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
   return p;
 }
 
+/// log(sum(exp(row))) with the row's maximum taken out first, summed in double.
+double rowLogSumExp(const float *row, int64_t n) {
+  float max = *std::max_element(row, row + n);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i)
+    sum += std::exp(double(row[i]) - max);
+  return double(max) + std::log(sum);
+}
+
+llvm::Error targetOutOfRange(int32_t t, int64_t position, int64_t vocab) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      fmt::format("target {} at position {} is outside the vocabulary [0, {})", t, position, vocab));
+}
+
 } // namespace
 
 llvm::Error evalLayerNormLinear(const AttrMap &a, Operands in, Results out) {
@@ -219,14 +234,8 @@ llvm::Error evalCrossEntropy(const AttrMap &, Operands in, Results out) {
     const float *row = &logits.data[r * vocab];
     int32_t t = targets.ints[r];
     if (t < 0 || t >= vocab)
-      return llvm::createStringError(
-          llvm::inconvertibleErrorCode(),
-          fmt::format("target {} at position {} is outside the vocabulary [0, {})", t, r, vocab));
-    float max = *std::max_element(row, row + vocab);
-    double expSum = 0;
-    for (int64_t i = 0; i < vocab; ++i)
-      expSum += std::exp(double(row[i]) - max);
-    sum += double(max) + std::log(expSum) - row[t];
+      return targetOutOfRange(t, r, vocab);
+    sum += rowLogSumExp(row, vocab) - row[t];
   }
   out[0].data[0] = float(sum / double(n));
   return llvm::Error::success();
@@ -324,16 +333,10 @@ llvm::Error evalCrossEntropyBackward(const AttrMap &, Operands in, Results out) 
     float *dst = &out[0].data[r * vocab];
     int32_t t = targets.ints[r];
     if (t < 0 || t >= vocab)
-      return llvm::createStringError(
-          llvm::inconvertibleErrorCode(),
-          fmt::format("target {} at position {} is outside the vocabulary [0, {})", t, r, vocab));
-    float max = *std::max_element(row, row + vocab);
-    double expSum = 0;
+      return targetOutOfRange(t, r, vocab);
+    double logSum = rowLogSumExp(row, vocab);
     for (int64_t i = 0; i < vocab; ++i)
-      expSum += std::exp(double(row[i]) - max);
-    double logSum = std::log(expSum);
-    for (int64_t i = 0; i < vocab; ++i)
-      dst[i] = float((std::exp(double(row[i]) - max - logSum) - (i == t ? 1.0 : 0.0)) * g);
+      dst[i] = float((std::exp(double(row[i]) - logSum) - (i == t ? 1.0 : 0.0)) * g);
   }
   return llvm::Error::success();
 }

@@ -2,8 +2,6 @@
 
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
-#include "runtime/CudaExecutor.h"
-#include "runtime/Interpreter.h"
 #include "runtime/Random.h"
 
 #include <algorithm>
@@ -48,26 +46,11 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   auto graph = buildGPT(config, batch, GPTOutput::Logits);
   if (!graph)
     return graph.takeError();
-  PipelineOptions options;
-  options.passOptions.precision = resolveRecipe(config.precision, device);
-  if (device == Device::Cuda && options.passOptions.precision.recipe == "fp8")
-    return fail("error: the GPU backend runs the fp32 and bf16 recipes so far; this fp8 "
-                "checkpoint runs on the CPU interpreter (--device cpu)");
-  auto pipeline = PassPipeline::create(
-      device == Device::Cuda ? gpuPipeline(/*training=*/false) : forwardPipeline(), options);
-  if (!pipeline)
-    return pipeline.takeError();
-  if (auto err = pipeline->run(**graph))
-    return std::move(err);
-  generator->program_ = std::move(*graph);
-  if (device == Device::Cuda) {
-    auto executor = createCudaExecutor(*generator->program_);
-    if (!executor)
-      return executor.takeError();
-    generator->executor_ = std::move(*executor);
-  } else {
-    generator->executor_ = std::make_unique<Interpreter>(*generator->program_);
-  }
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
+  if (!program)
+    return program.takeError();
+  generator->program_ = std::move(program->graph);
+  generator->executor_ = std::move(program->executor);
   // Parameters, and FP8 scaling state for the recipes that quantize.
   for (const Op *op : generator->program_->ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)

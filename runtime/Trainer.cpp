@@ -2,10 +2,7 @@
 
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
-#include "compiler/Target.h"
-#include "runtime/CudaExecutor.h"
 #include "runtime/Init.h"
-#include "runtime/Interpreter.h"
 
 #include <chrono>
 #include <cmath>
@@ -19,15 +16,6 @@ llvm::Error fail(const std::string &message) {
 }
 } // namespace
 
-PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
-  if (precision.recipe != "auto" || device == Device::Cpu)
-    return resolveRecipeForCpu(precision);
-  TargetInfo target = detectTarget();
-  int cc = target.gpus.empty() ? 0 : target.gpus[0].major * 10 + target.gpus[0].minor;
-  precision.recipe = cc >= 80 ? "bf16" : "fp32";
-  return precision;
-}
-
 llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
                                                          llvm::StringRef dataPath, Device device) {
   auto trainer = std::unique_ptr<Trainer>(new Trainer());
@@ -36,28 +24,12 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   auto graph = buildGPT(config, config.train.batch);
   if (!graph)
     return graph.takeError();
-  PipelineOptions options;
-  options.passOptions.train = config.train;
-  options.passOptions.precision = resolveRecipe(config.precision, device);
-  trainer->config_.precision = options.passOptions.precision;
-  if (device == Device::Cuda && options.passOptions.precision.recipe == "fp8")
-    return fail("error: the GPU backend runs the fp32 and bf16 recipes so far; fp8 runs on the "
-                "CPU interpreter (--device cpu)");
-  auto pipeline = PassPipeline::create(
-      device == Device::Cuda ? gpuPipeline(/*training=*/true) : trainingPipeline(), options);
-  if (!pipeline)
-    return pipeline.takeError();
-  if (auto err = pipeline->run(**graph))
-    return std::move(err);
-  trainer->program_ = std::move(*graph);
-  if (device == Device::Cuda) {
-    auto executor = createCudaExecutor(*trainer->program_);
-    if (!executor)
-      return executor.takeError();
-    trainer->executor_ = std::move(*executor);
-  } else {
-    trainer->executor_ = std::make_unique<Interpreter>(*trainer->program_);
-  }
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/true);
+  if (!program)
+    return program.takeError();
+  trainer->config_.precision = program->precision;
+  trainer->program_ = std::move(program->graph);
+  trainer->executor_ = std::move(program->executor);
   if (auto err = trainer->executor_->bindAll(initParams(*trainer->program_, config.train.seed)))
     return std::move(err);
   if (dataPath.empty()) {

@@ -7,6 +7,7 @@
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
 #include "runtime/Executor.h"
+#include "runtime/Program.h"
 
 #include <memory>
 
@@ -20,12 +21,6 @@ struct StepRecord {
   double stepMs = 0;
 };
 
-enum class Device { Cpu, Cuda };
-
-/// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
-/// the device policy (fp8 from compute capability 8.9, bf16 from 8.0, fp32 below), except that
-/// fp8, not lowered to the GPU yet, becomes bf16. Explicit recipes stay as they are.
-PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device);
 
 class Trainer {
 public:

@@ -1,0 +1,33 @@
+// A model's program compiled for a device: the pipeline for training or inference on that
+// device, and the executor that runs it. The trainer and the generator both start here.
+#pragma once
+
+#include "ir/Graph.h"
+#include "models/ModelConfig.h"
+#include "runtime/Executor.h"
+
+#include <memory>
+
+namespace tgc {
+
+enum class Device { Cpu, Cuda };
+
+/// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
+/// the device policy (fp8 from compute capability 8.9, bf16 from 8.0, fp32 below), except that
+/// fp8, not lowered to the GPU yet, becomes bf16. Explicit recipes stay as they are.
+PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device);
+
+struct CompiledProgram {
+  std::unique_ptr<Graph> graph;
+  std::unique_ptr<Executor> executor;
+  PrecisionConfig precision; // resolved
+};
+
+/// Runs the training or the inference pipeline on `graph` (the builder's output) and creates
+/// the executor. On the GPU the program is compiled without fusions, in fp32 or bf16 (what the
+/// GPU backend lowers so far); fp8 is an error there, not a downgrade.
+llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
+                                                 const ModelConfig &config, Device device,
+                                                 bool training);
+
+} // namespace tgc
