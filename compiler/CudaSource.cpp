@@ -65,6 +65,7 @@ extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out
 )";
 
 constexpr int kThreads = 256;
+constexpr int64_t kChunk = 64; // rows per partial sum of a column reduction
 
 std::string lit(double v) {
   float f = float(v);
@@ -98,6 +99,11 @@ public:
   void rowwise(unsigned launch, const std::string &params, int64_t rows, const std::string &body) {
     source += header(launch, params) + body + "}\n\n";
     lowering.launches.push_back({name(launch), rows, kThreads});
+  }
+  /// A launch with an explicit grid.
+  void launch(unsigned index, const std::string &params, int64_t blocks, const std::string &body) {
+    source += header(index, params) + body + "}\n\n";
+    lowering.launches.push_back({name(index), blocks, kThreads});
   }
   void single(const std::string &params, const std::string &body) {
     source += header(0, params) + body + "}\n\n";
@@ -263,20 +269,36 @@ llvm::Error emit(const Op &op, Emitter &e) {
                           "  }}\n"
                           "  if (threadIdx.x == 0) {{ stats[2 * blockIdx.x] = (float)mean; stats[2 * blockIdx.x + 1] = (float)rstd; }}\n",
                           d, formatDouble(*a.getFloat("eps")), layer ? "true" : "false"));
-    std::string betaSum = layer ? "    dbetaSum += dy[(int64)r * {0} + j];\n" : "";
-    std::string betaStore = layer ? "  dbeta[j] = (float)dbetaSum;\n" : "";
-    std::string body = fmt::format("  int j = blockIdx.x * blockDim.x + threadIdx.x;\n"
-                                   "  if (j >= {0}) return;\n"
-                                   "  double dgammaSum = 0, dbetaSum = 0;\n"
-                                   "  for (int64 r = 0; r < {1}; ++r) {{\n"
-                                   "    double xhat = ((double)x[r * {0} + j] - stats[2 * r]) * stats[2 * r + 1];\n"
-                                   "    dgammaSum += (double)dy[r * {0} + j] * xhat;\n",
-                                   d, rows) +
-                       fmt::format(fmt::runtime(betaSum), d) + "  }\n  dgamma[j] = (float)dgammaSum;\n" +
-                       betaStore + "  (void)dbetaSum;\n";
-    e.source += e.header(1, params) + body + "}\n\n";
-    e.lowering.launches.push_back({e.name(1), (d + kThreads - 1) / kThreads, kThreads});
-    e.lowering.scratchFloats.push_back(2 * rows);
+    // dgamma (and dbeta): partial column sums over chunks of rows, then the chunks in order.
+    int64_t chunks = (rows + kChunk - 1) / kChunk, columnBlocks = (d + kThreads - 1) / kThreads;
+    e.launch(1, params, chunks * columnBlocks,
+             fmt::format("  double *partial = (double *)(stats + 2 * {1});\n"
+                         "  int64 chunk = blockIdx.x / {2}, j = (blockIdx.x % {2}) * blockDim.x + threadIdx.x;\n"
+                         "  if (j >= {0}) return;\n"
+                         "  double dgammaSum = 0, dbetaSum = 0;\n"
+                         "  for (int64 r = chunk * {3}; r < {1} && r < (chunk + 1) * {3}; ++r) {{\n"
+                         "    double xhat = ((double)x[r * {0} + j] - stats[2 * r]) * stats[2 * r + 1];\n"
+                         "    dgammaSum += (double)dy[r * {0} + j] * xhat;\n"
+                         "    dbetaSum += dy[r * {0} + j];\n"
+                         "  }}\n"
+                         "  partial[2 * (chunk * {0} + j)] = dgammaSum;\n"
+                         "  partial[2 * (chunk * {0} + j) + 1] = dbetaSum;\n",
+                         d, rows, columnBlocks, kChunk));
+    std::string store = layer ? "  dbeta[j] = (float)dbetaSum;\n" : "";
+    e.launch(2, params, columnBlocks,
+             fmt::format("  double *partial = (double *)(stats + 2 * {1});\n"
+                         "  int64 j = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                         "  if (j >= {0}) return;\n"
+                         "  double dgammaSum = 0, dbetaSum = 0;\n"
+                         "  for (int64 c = 0; c < {2}; ++c) {{\n"
+                         "    dgammaSum += partial[2 * (c * {0} + j)];\n"
+                         "    dbetaSum += partial[2 * (c * {0} + j) + 1];\n"
+                         "  }}\n"
+                         "  dgamma[j] = (float)dgammaSum;\n",
+                         d, rows, chunks) + store + "  (void)dbetaSum;\n");
+    // Scratch: the rows' mean and rstd (floats; an even count keeps the partials aligned), then
+    // the partial sums (doubles).
+    e.lowering.scratchFloats.push_back(2 * rows + 4 * chunks * d);
     return llvm::Error::success();
   }
   case OpKind::Softmax:
@@ -335,25 +357,67 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   case OpKind::ReduceTo: {
+    // Column sums in two passes, so that many blocks share the rows: partial sums over chunks
+    // of kChunk rows, then the chunks in order. Fixed order, no atomics.
     int64_t period = n, repeats = type(0).numElements() / period;
-    e.elementwise("const float *x, float *out", n,
-                  fmt::format("    double sum = 0;\n"
-                              "    for (int64 r = 0; r < {1}; ++r) sum += x[r * {0} + i];\n"
-                              "    out[i] = (float)sum;\n",
-                              period, repeats));
+    int64_t chunks = (repeats + kChunk - 1) / kChunk, columnBlocks = (period + kThreads - 1) / kThreads;
+    e.launch(0, "const float *x, float *out, float *scratch", chunks * columnBlocks,
+             fmt::format("  double *partial = (double *)scratch;\n"
+                         "  int64 chunk = blockIdx.x / {2}, column = (blockIdx.x % {2}) * blockDim.x + threadIdx.x;\n"
+                         "  if (column >= {0}) return;\n"
+                         "  double sum = 0;\n"
+                         "  for (int64 r = chunk * {3}; r < {1} && r < (chunk + 1) * {3}; ++r) sum += x[r * {0} + column];\n"
+                         "  partial[chunk * {0} + column] = sum;\n",
+                         period, repeats, columnBlocks, kChunk));
+    e.launch(1, "const float *x, float *out, float *scratch", columnBlocks,
+             fmt::format("  double *partial = (double *)scratch;\n"
+                         "  int64 column = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                         "  if (column >= {0}) return;\n"
+                         "  double sum = 0;\n"
+                         "  for (int64 c = 0; c < {1}; ++c) sum += partial[c * {0} + column];\n"
+                         "  out[column] = (float)sum;\n",
+                         period, chunks));
+    e.lowering.scratchFloats.push_back(2 * chunks * period);
     return llvm::Error::success();
   }
   case OpKind::EmbeddingBackward: {
-    // One thread per table element, summing the positions that read it in position order:
-    // deterministic, without atomics.
-    int64_t dim = out.dim(1), positions = type(1).numElements();
-    e.elementwise("const float *dy, const int *ids, float *dtable", n,
-                  fmt::format("    int64 row = i / {0}, col = i % {0};\n"
-                              "    float sum = 0.0f;\n"
-                              "    for (int64 p = 0; p < {1}; ++p)\n"
-                              "      if (ids[p] == row) sum += dy[p * {0} + col];\n"
-                              "    dtable[i] = sum;\n",
-                              dim, positions));
+    // One block per table row. The block finds, 256 ids at a time, the positions that read its
+    // row (compacted in order with a prefix sum), then each thread adds those positions' rows
+    // of dy into its columns: position order, as on the CPU, and no atomics.
+    int64_t vocab = out.dim(0), dim = out.dim(1), positions = type(1).numElements();
+    int64_t columns = (dim + kThreads - 1) / kThreads;
+    e.launch(0, "const float *dy, const int *ids, float *dtable", vocab,
+             fmt::format("  __shared__ int hits[256];\n"
+                         "  __shared__ int found[256];\n"
+                         "  int row = blockIdx.x;\n"
+                         "  float acc[{2}];\n"
+                         "  for (int c = 0; c < {2}; ++c) acc[c] = 0.0f;\n"
+                         "  for (int64 base = 0; base < {1}; base += 256) {{\n"
+                         "    int64 p = base + threadIdx.x;\n"
+                         "    int hit = (p < {1} && ids[p] == row) ? 1 : 0;\n"
+                         "    hits[threadIdx.x] = hit;\n"
+                         "    __syncthreads();\n"
+                         "    for (int stride = 1; stride < 256; stride <<= 1) {{ // inclusive prefix sum\n"
+                         "      int add = threadIdx.x >= stride ? hits[threadIdx.x - stride] : 0;\n"
+                         "      __syncthreads();\n"
+                         "      hits[threadIdx.x] += add;\n"
+                         "      __syncthreads();\n"
+                         "    }}\n"
+                         "    if (hit) found[hits[threadIdx.x] - 1] = (int)p;\n"
+                         "    int count = hits[255];\n"
+                         "    __syncthreads();\n"
+                         "    for (int k = 0; k < count; ++k)\n"
+                         "      for (int c = 0; c < {2}; ++c) {{\n"
+                         "        int col = threadIdx.x + c * 256;\n"
+                         "        if (col < {0}) acc[c] += dy[(int64)found[k] * {0} + col];\n"
+                         "      }}\n"
+                         "    __syncthreads();\n"
+                         "  }}\n"
+                         "  for (int c = 0; c < {2}; ++c) {{\n"
+                         "    int col = threadIdx.x + c * 256;\n"
+                         "    if (col < {0}) dtable[(int64)row * {0} + col] = acc[c];\n"
+                         "  }}\n",
+                         dim, positions, columns));
     return llvm::Error::success();
   }
   case OpKind::SumSquares: {

@@ -6,7 +6,10 @@
 
 #include "llvm/ADT/DenseMap.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <fmt/format.h>
+#include <map>
 
 #ifdef TGC_HAVE_CUDA
 #include <cublasLt.h>
@@ -88,6 +91,11 @@ private:
   cudaLibrary_t library_ = nullptr;
   cudaKernel_t toBf16_ = nullptr; // the prelude's f32 -> BF16 conversion
   cudaGraphExec_t graph_exec_ = nullptr;
+  // TGC_GPU_PROFILE=1: eager steps with an event pair per op; the time per op kind is printed
+  // to stderr when the executor ends.
+  bool profile_ = false;
+  std::map<std::string, double> profileMs_;
+  int64_t profiledSteps_ = 0;
   std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
   std::vector<std::vector<void *>> scratch_;       // per op
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
@@ -101,6 +109,19 @@ private:
 };
 
 CudaExecutor::~CudaExecutor() {
+  if (profile_ && profiledSteps_) {
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (auto &[name, ms] : profileMs_) {
+      rows.emplace_back(ms / profiledSteps_, name);
+      total += ms / profiledSteps_;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops):\n",
+                                profiledSteps_, total);
+    for (auto &[ms, name] : rows)
+      llvm::errs() << fmt::format("  {:<26}{:>9.3f} ms {:>6.1f}%\n", name, ms, 100 * ms / total);
+  }
   if (graph_exec_)
     cudaGraphExecDestroy(graph_exec_);
   for (GemmPlan &p : gemms_) {
@@ -123,6 +144,8 @@ CudaExecutor::~CudaExecutor() {
 }
 
 llvm::Error CudaExecutor::initialize() {
+  if (const char *env = std::getenv("TGC_GPU_PROFILE"))
+    profile_ = std::string(env) == "1";
   CUDA_CHECK(cudaSetDevice(options_.device));
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
@@ -288,6 +311,13 @@ llvm::Error CudaExecutor::launchStep() {
     if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
       for (unsigned r = 0; r < op.numResults(); ++r)
         CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, bytesOf(op.result(r)->type()), stream_));
+    cudaEvent_t start = nullptr, stop = nullptr;
+    bool timed = profile_ && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm);
+    if (timed) {
+      CUDA_CHECK(cudaEventCreate(&start));
+      CUDA_CHECK(cudaEventCreate(&stop));
+      CUDA_CHECK(cudaEventRecord(start, stream_));
+    }
     switch (lowering.kind) {
     case OpLowering::Leaf:
     case OpLowering::Alias:
@@ -318,7 +348,18 @@ llvm::Error CudaExecutor::launchStep() {
       break;
     }
     }
+    if (timed) {
+      CUDA_CHECK(cudaEventRecord(stop, stream_));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      profileMs_[op.name().str() + (lowering.kind == OpLowering::Gemm && op.attrs().has("gemm_dtype") ? " (bf16)" : "")] += ms;
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
   }
+  if (profile_)
+    ++profiledSteps_;
   // Assigns take effect when the step ends, after every op has read the old values.
   for (auto [leaf, value] : assigns)
     CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
@@ -329,7 +370,7 @@ llvm::Error CudaExecutor::launchStep() {
 llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
   // The whole step is captured once as a CUDA graph and replayed: one launch a step, no host
   // synchronisation inside it. (Poisoning between runs is a debugging mode and stays eager.)
-  if (options_.poisonResults) {
+  if (options_.poisonResults || profile_) {
     if (auto err = launchStep())
       return std::move(err);
   } else {
