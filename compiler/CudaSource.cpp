@@ -421,14 +421,29 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   case OpKind::SumSquares: {
+    // Two passes: each block sums a contiguous range (a fixed tree inside it), then one block
+    // sums the ranges in order. The same bits every run, and the whole GPU on the first pass.
     int64_t count = type(0).numElements();
-    e.rowwise(0, "const float *x, float *out", 1,
-              fmt::format("  __shared__ double shared[256];\n"
-                          "  double sum = 0;\n"
-                          "  for (int64 i = threadIdx.x; i < {0}; i += blockDim.x) sum += (double)x[i] * x[i];\n"
-                          "  sum = blockSum(sum, shared);\n"
-                          "  if (threadIdx.x == 0) out[0] = (float)sum;\n",
-                          count));
+    int64_t blocks = std::min<int64_t>(1024, (count + 2047) / 2048);
+    int64_t perBlock = (count + blocks - 1) / blocks;
+    e.launch(0, "const float *x, float *out, float *scratch", blocks,
+             fmt::format("  __shared__ double shared[256];\n"
+                         "  double *partial = (double *)scratch;\n"
+                         "  int64 begin = blockIdx.x * {1}LL, end = begin + {1}LL < {0}LL ? begin + {1}LL : {0}LL;\n"
+                         "  double sum = 0;\n"
+                         "  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) sum += (double)x[i] * x[i];\n"
+                         "  sum = blockSum(sum, shared);\n"
+                         "  if (threadIdx.x == 0) partial[blockIdx.x] = sum;\n",
+                         count, perBlock));
+    e.launch(1, "const float *x, float *out, float *scratch", 1,
+             fmt::format("  __shared__ double shared[256];\n"
+                         "  double *partial = (double *)scratch;\n"
+                         "  double sum = 0;\n"
+                         "  for (int i = threadIdx.x; i < {0}; i += blockDim.x) sum += partial[i];\n"
+                         "  sum = blockSum(sum, shared);\n"
+                         "  if (threadIdx.x == 0) out[0] = (float)sum;\n",
+                         blocks));
+    e.lowering.scratchFloats.push_back(2 * blocks);
     return llvm::Error::success();
   }
   case OpKind::ClipScale: {
