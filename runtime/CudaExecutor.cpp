@@ -1,6 +1,7 @@
 #include "runtime/CudaExecutor.h"
 
 #include "compiler/CudaSource.h"
+#include "compiler/MemoryPlan.h"
 #include "compiler/Nvrtc.h"
 #include "compiler/Target.h"
 
@@ -176,21 +177,31 @@ llvm::Error CudaExecutor::initialize() {
   kernels_.resize(ops_.size());
   scratch_.resize(ops_.size());
   gemms_.resize(ops_.size());
+  // Intermediates live in one arena laid out by the memory plan; leaves (parameters, state,
+  // inputs) keep buffers of their own.
+  MemoryPlan plan = planMemory(graph_, program_);
+  char *arena = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&arena), size_t(std::max<int64_t>(plan.arenaBytes, 256))));
+  CUDA_CHECK(cudaMemset(arena, 0, size_t(std::max<int64_t>(plan.arenaBytes, 256))));
+  owned_.push_back(arena);
+  allocatedBytes_ += plan.arenaBytes;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
     const OpLowering &lowering = program_.lowering[i];
     for (unsigned r = 0; r < op.numResults(); ++r) {
       const Value *v = op.result(r);
-      if (lowering.kind == OpLowering::Alias) {
+      if (lowering.kind == OpLowering::Leaf) {
+        void *p = nullptr;
+        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
+        allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
+        CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
+        owned_.push_back(p);
+        buffers_[v] = p;
+      } else if (plan.offsets.count(v)) {
+        buffers_[v] = arena + plan.offsets.lookup(v);
+      } else { // an alias of a leaf
         buffers_[v] = buffer(op.operand(0));
-        continue;
       }
-      void *p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
-      allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
-      CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
-      owned_.push_back(p);
-      buffers_[v] = p;
     }
     for (const KernelLaunch &launch : lowering.launches) {
       cudaKernel_t kernel;

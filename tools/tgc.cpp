@@ -1,6 +1,7 @@
 // tgc: the runner. Compiles model descriptions, prints the IR after any pass, trains, generates
 // and evaluates, and reports what this machine can run.
 #include "compiler/CudaSource.h"
+#include "compiler/MemoryPlan.h"
 #include "compiler/Nvrtc.h"
 #include "compiler/Target.h"
 #include "ir/Parser.h"
@@ -275,6 +276,19 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     llvm::errs() << fmt::format("// op counts of @{} (passes: {})\n", (*graph)->name(),
                                 fmt::join(pipeline->passNames(), ","));
     printOpCountTable(before, countOps(**graph), llvm::errs());
+    // The GPU memory plan, for programs the GPU backend lowers.
+    if (auto lowered = lowerToCuda(**graph)) {
+      MemoryPlan plan = planMemory(**graph, *lowered);
+      auto mib = [](int64_t bytes) { return double(bytes) / double(1 << 20); };
+      llvm::errs() << fmt::format("// GPU memory plan: intermediates {:.1f} MiB in one arena ({:.1f} MiB "
+                                  "without reuse), parameters, state and inputs {:.1f} MiB\n",
+                                  mib(plan.arenaBytes), mib(plan.withoutReuseBytes),
+                                  mib(plan.persistentBytes));
+    } else {
+      llvm::consumeError(lowered.takeError());
+      llvm::errs() << "// GPU memory plan: this program has ops the GPU backend does not lower "
+                      "(compile with --arch or --emit-cuda for the GPU's program)\n";
+    }
   }
   return graph;
 }

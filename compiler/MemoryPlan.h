@@ -1,0 +1,24 @@
+// The memory plan: every intermediate value of a program gets an offset in one arena, and
+// values whose lifetimes (program order, from definition to last use) do not overlap share
+// memory. Parameters, optimizer state and inputs keep buffers of their own.
+#pragma once
+
+#include "compiler/CudaSource.h"
+#include "ir/Graph.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+namespace tgc {
+
+struct MemoryPlan {
+  llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena
+  int64_t arenaBytes = 0;
+  int64_t withoutReuseBytes = 0; // what one buffer per value would take
+  int64_t persistentBytes = 0;   // parameters, state and inputs
+};
+
+/// Plans the arena for `graph` as lowered (aliases share their source's memory and extend its
+/// life; graph outputs and values assigned at the end of the step live to the end).
+MemoryPlan planMemory(const Graph &graph, const CudaProgram &program);
+
+} // namespace tgc
