@@ -263,24 +263,33 @@ llvm::Expected<TypeList> inferTranspose(Operands ops, const AttrMap &attrs, llvm
   return TypeList{TensorType(x.dtype, shape)};
 }
 
+/// The axis, start and size attributes of slice and pad, with the axis checked against `x`.
+struct AxisRange {
+  int64_t axis, start, size;
+};
+llvm::Expected<AxisRange> axisRange(const AttrMap &attrs, const TensorType &x) {
+  AxisRange r{};
+  for (auto [key, out] : {std::pair{"axis", &r.axis}, {"start", &r.start}, {"size", &r.size}}) {
+    auto v = requireIntAttr(attrs, key);
+    if (!v)
+      return v.takeError();
+    *out = *v;
+  }
+  if (r.axis < 0 || r.axis >= int64_t(x.rank()))
+    return fail("axis {} out of range for {}", r.axis, x.str());
+  return r;
+}
+
 llvm::Expected<TypeList> inferSlice(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto axis = requireIntAttr(attrs, "axis");
-  if (!axis)
-    return axis.takeError();
-  auto start = requireIntAttr(attrs, "start");
-  if (!start)
-    return start.takeError();
-  auto size = requireIntAttr(attrs, "size");
-  if (!size)
-    return size.takeError();
   const TensorType &x = ops[0];
-  if (*axis < 0 || *axis >= int64_t(x.rank()))
-    return fail("axis {} out of range for {}", *axis, x.str());
-  if (*start < 0 || *size <= 0 || *start > x.shape[*axis] - *size)
-    return fail("slice [{}, {}) out of range for dimension {} of size {}", *start,
-                *start + *size, *axis, x.shape[*axis]);
+  auto r = axisRange(attrs, x);
+  if (!r)
+    return r.takeError();
+  if (r->start < 0 || r->size <= 0 || r->start > x.shape[r->axis] - r->size)
+    return fail("slice [{}, {}) out of range for dimension {} of size {}", r->start,
+                r->start + r->size, r->axis, x.shape[r->axis]);
   TensorType result = x;
-  result.shape[*axis] = *size;
+  result.shape[r->axis] = r->size;
   return TypeList{result};
 }
 
@@ -340,23 +349,15 @@ llvm::Expected<TypeList> inferReduceTo(Operands ops, const AttrMap &attrs, llvm:
 }
 
 llvm::Expected<TypeList> inferPad(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto axis = requireIntAttr(attrs, "axis");
-  if (!axis)
-    return axis.takeError();
-  auto start = requireIntAttr(attrs, "start");
-  if (!start)
-    return start.takeError();
-  auto size = requireIntAttr(attrs, "size");
-  if (!size)
-    return size.takeError();
   const TensorType &x = ops[0];
-  if (*axis < 0 || *axis >= int64_t(x.rank()))
-    return fail("axis {} out of range for {}", *axis, x.str());
-  if (*start < 0 || *size <= 0 || x.shape[*axis] > *size - *start)
-    return fail("cannot place {} elements at {} of a dimension of size {}", x.shape[*axis],
-                *start, *size);
+  auto r = axisRange(attrs, x);
+  if (!r)
+    return r.takeError();
+  if (r->start < 0 || r->size <= 0 || x.shape[r->axis] > r->size - r->start)
+    return fail("cannot place {} elements at {} of a dimension of size {}", x.shape[r->axis],
+                r->start, r->size);
   TensorType result = x;
-  result.shape[*axis] = *size;
+  result.shape[r->axis] = r->size;
   return TypeList{result};
 }
 
