@@ -10,6 +10,16 @@ int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 4) + kAlignmen
 int64_t bytesOf(const TensorType &t) { return t.numElements() * 4; }
 } // namespace
 
+std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering) {
+  std::vector<int64_t> bytes;
+  for (int64_t floats : lowering.scratchFloats)
+    bytes.push_back(floats * 4);
+  if (lowering.kind == OpLowering::Gemm && op.attrs().getString("gemm_dtype") == "bf16")
+    for (unsigned i = 0; i < 2; ++i)
+      bytes.push_back(op.operand(i)->type().numElements() * 2);
+  return bytes;
+}
+
 MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   MemoryPlan plan;
   std::vector<Op *> ops = graph.ops();
@@ -46,30 +56,46 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   for (const Value *out : graph.outputs())
     if (const Value *o = owner.lookup(out))
       life[o].second = end;
-  // Largest first, each at the lowest offset that overlaps no placed value alive at once.
-  std::stable_sort(planned.begin(), planned.end(), [](const Value *a, const Value *b) {
-    return bytesOf(a->type()) > bytesOf(b->type());
-  });
-  std::vector<const Value *> placed;
-  for (const Value *v : planned) {
-    int64_t size = aligned(bytesOf(v->type()));
-    auto [first, last] = life[v];
-    std::vector<std::pair<int64_t, int64_t>> busy;
-    for (const Value *p : placed) {
-      auto [pf, pl] = life[p];
-      if (pf <= last && first <= pl)
-        busy.push_back({plan.offsets[p], plan.offsets[p] + aligned(bytesOf(p->type()))});
+  // Everything placed in the arena: values, and op-local buffers alive during their op only.
+  struct Item {
+    int64_t bytes, first, last;
+    const Value *value; // nullptr for an op-local buffer
+    size_t op, local;
+  };
+  std::vector<Item> items;
+  for (const Value *v : planned)
+    items.push_back({aligned(bytesOf(v->type())), life[v].first, life[v].second, v, 0, 0});
+  plan.opLocalOffsets.resize(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::vector<int64_t> local = opLocalBytes(*ops[i], program.lowering[i]);
+    plan.opLocalOffsets[i].resize(local.size());
+    for (size_t k = 0; k < local.size(); ++k) {
+      items.push_back({aligned(local[k]), int64_t(i), int64_t(i), nullptr, i, k});
+      plan.withoutReuseBytes += aligned(local[k]);
     }
+  }
+  // Largest first, each at the lowest offset that overlaps no placed item alive at once.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item &a, const Item &b) { return a.bytes > b.bytes; });
+  std::vector<std::pair<const Item *, int64_t>> placed;
+  for (const Item &item : items) {
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (auto &[p, offset] : placed)
+      if (p->first <= item.last && item.first <= p->last)
+        busy.push_back({offset, offset + p->bytes});
     std::sort(busy.begin(), busy.end());
     int64_t offset = 0;
     for (auto [b, e] : busy) {
-      if (offset + size <= b)
+      if (offset + item.bytes <= b)
         break;
       offset = std::max(offset, e);
     }
-    plan.offsets[v] = offset;
-    plan.arenaBytes = std::max(plan.arenaBytes, offset + size);
-    placed.push_back(v);
+    if (item.value)
+      plan.offsets[item.value] = offset;
+    else
+      plan.opLocalOffsets[item.op][item.local] = offset;
+    plan.arenaBytes = std::max(plan.arenaBytes, offset + item.bytes);
+    placed.push_back({&item, offset});
   }
   // Aliases point into their source's memory.
   for (auto &[v, o] : owner)

@@ -12,10 +12,16 @@ namespace tgc {
 
 struct MemoryPlan {
   llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena
+  /// Per op: its scratch buffers (OpLowering::scratchFloats), then for a BF16 GEMM the BF16
+  /// copies of its two operands. They live only while the op runs.
+  std::vector<std::vector<int64_t>> opLocalOffsets;
   int64_t arenaBytes = 0;
   int64_t withoutReuseBytes = 0; // what one buffer per value would take
   int64_t persistentBytes = 0;   // parameters, state and inputs
 };
+
+/// Bytes of the op-local buffers of op `op` as lowered (see MemoryPlan::opLocalOffsets).
+std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering);
 
 /// Plans the arena for `graph` as lowered (aliases share their source's memory and extend its
 /// life; graph outputs and values assigned at the end of the step live to the end).

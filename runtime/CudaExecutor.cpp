@@ -208,16 +208,15 @@ llvm::Error CudaExecutor::initialize() {
       CUDA_CHECK(cudaLibraryGetKernel(&kernel, library_, launch.name.c_str()));
       kernels_[i].push_back(kernel);
     }
-    for (int64_t floats : lowering.scratchFloats) {
-      void *p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
-      allocatedBytes_ += floats * 4;
-      owned_.push_back(p);
-      scratch_[i].push_back(p);
-    }
-    if (lowering.kind == OpLowering::Gemm)
+    for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
+      scratch_[i].push_back(arena + plan.opLocalOffsets[i][k]);
+    if (lowering.kind == OpLowering::Gemm) {
       if (auto err = planGemm(op, gemms_[i]))
         return err;
+      if (gemms_[i].bf16) // the BF16 operand copies follow the op's scratch in the plan
+        for (int k = 0; k < 2; ++k)
+          gemms_[i].bf16Operands[k] = arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
+    }
   }
   return llvm::Error::success();
 }
@@ -234,12 +233,6 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype).
   plan.bf16 = op.attrs().getString("gemm_dtype") == "bf16";
   cudaDataType_t operandType = plan.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  if (plan.bf16)
-    for (int i = 0; i < 2; ++i) {
-      CUDA_CHECK(cudaMalloc(&plan.bf16Operands[i], size_t(op.operand(i)->type().numElements()) * 2));
-      allocatedBytes_ += op.operand(i)->type().numElements() * 2;
-      owned_.push_back(plan.bf16Operands[i]);
-    }
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));

@@ -10,12 +10,13 @@ using namespace tgc::test;
 
 namespace {
 
-void checkPlan(const char *model) {
+void checkPlan(const char *model, const char *recipe) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   auto graph = unwrap(buildGPT(c, c.train.batch));
   ASSERT_TRUE(graph);
   PipelineOptions options;
   options.passOptions.train = c.train;
+  options.passOptions.precision.recipe = recipe;
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
@@ -64,10 +65,23 @@ void checkPlan(const char *model) {
       bool together = f0 <= l1 && f1 <= l0, shared = b0 < e1 && b1 < e0;
       ASSERT_FALSE(together && shared) << "two live values share memory";
     }
+  // An op's scratch (and BF16 operand copies) never overlaps a value alive while it runs.
+  ASSERT_EQ(plan.opLocalOffsets.size(), ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::vector<int64_t> bytes = opLocalBytes(*ops[i], program.lowering[i]);
+    ASSERT_EQ(bytes.size(), plan.opLocalOffsets[i].size());
+    for (size_t k = 0; k < bytes.size(); ++k) {
+      int64_t begin = plan.opLocalOffsets[i][k], end = begin + bytes[k];
+      EXPECT_LE(end, plan.arenaBytes);
+      for (auto &[b, e, first, last] : spans)
+        ASSERT_FALSE(first <= i && i <= last && begin < e && b < end) << "scratch of op " << i;
+    }
+  }
   EXPECT_LT(plan.arenaBytes * 3, plan.withoutReuseBytes);
 }
 
-TEST(MemoryPlan, TinyTrainingProgram) { checkPlan("models/tiny.yaml"); }
-TEST(MemoryPlan, SeedTrainingProgram) { checkPlan("models/seed.yaml"); }
+TEST(MemoryPlan, TinyTrainingProgram) { checkPlan("models/tiny.yaml", "fp32"); }
+TEST(MemoryPlan, SeedTrainingProgram) { checkPlan("models/seed.yaml", "fp32"); }
+TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16"); }
 
 } // namespace
