@@ -1,5 +1,7 @@
 #include "compiler/CudaSource.h"
 
+#include "ir/Fused.h"
+
 #include <cmath>
 #include <fmt/format.h>
 
@@ -484,6 +486,77 @@ llvm::Error emit(const Op &op, Emitter &e) {
                     "    newV[i] = vi;\n",
                     formatDouble(beta1), formatDouble(beta2), lit(*a.getFloat("eps")),
                     formatDouble(*a.getFloat("weight_decay")), lit(beta1), lit(beta2)));
+    return llvm::Error::success();
+  }
+  case OpKind::ResidualNorm: {
+    // One block per row: the residual sum (the stream goes on) and its normalisation.
+    bool layer = isLayerNorm(a);
+    int64_t d = out.dim(-1);
+    std::string params = layer ? "const float *x, const float *y, const float *gamma, const float *beta, float *sum, float *normed"
+                               : "const float *x, const float *y, const float *gamma, float *sum, float *normed";
+    e.rowwise(0, params, rowsOf(out),
+              fmt::format("  __shared__ double shared[256];\n"
+                          "  int64 base = (int64)blockIdx.x * {0};\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum[base + j] = x[base + j] + y[base + j];\n"
+                          "  const float *row = sum + base;\n"
+                          "  double total = 0;\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) total += row[j];\n"
+                          "  double mean = {2} ? blockSum(total, shared) / {0} : 0.0;\n"
+                          "  double squares = 0;\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) squares += (row[j] - mean) * (row[j] - mean);\n"
+                          "  float rstd = (float)(1.0 / sqrt(blockSum(squares, shared) / {0} + {1}));\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
+                          "    normed[base + j] = (row[j] - (float)mean) * rstd * gamma[j]{3};\n",
+                          d, formatDouble(*a.getFloat("eps")), layer ? "true" : "false",
+                          layer ? " + beta[j]" : ""));
+    return llvm::Error::success();
+  }
+  case OpKind::CrossEntropy: {
+    // Launch 0, one block per row: the row's loss, logsumexp - logit[target], into scratch.
+    // Launch 1, one block: the mean over rows in row order.
+    int64_t vocab = type(0).dim(-1), rows = type(1).numElements();
+    std::string params = "const float *logits, const int *targets, float *loss, float *scratch";
+    e.rowwise(0, params, rows,
+              fmt::format("  __shared__ double shared[256];\n"
+                          "  __shared__ float sharedMax[256];\n"
+                          "  const float *row = logits + (int64)blockIdx.x * {0};\n"
+                          "  float max = __int_as_float(0xff800000);\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
+                          "  max = blockMax(max, sharedMax);\n"
+                          "  double sum = 0;\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
+                          "  sum = blockSum(sum, shared);\n"
+                          "  if (threadIdx.x == 0)\n"
+                          "    ((double *)scratch)[blockIdx.x] = (double)max + log(sum) - row[targets[blockIdx.x]];\n",
+                          vocab));
+    e.launch(1, params, 1,
+             fmt::format("  __shared__ double shared[256];\n"
+                         "  double sum = 0;\n"
+                         "  for (int64 r = threadIdx.x; r < {0}; r += blockDim.x) sum += ((double *)scratch)[r];\n"
+                         "  sum = blockSum(sum, shared);\n"
+                         "  if (threadIdx.x == 0) loss[0] = (float)(sum / {0});\n",
+                         rows));
+    e.lowering.scratchFloats.push_back(2 * rows);
+    return llvm::Error::success();
+  }
+  case OpKind::CrossEntropyBackward: {
+    int64_t vocab = out.dim(-1), rows = type(2).numElements();
+    e.rowwise(0, "const float *dloss, const float *logits, const int *targets, float *dlogits", rows,
+              fmt::format("  __shared__ double shared[256];\n"
+                          "  __shared__ float sharedMax[256];\n"
+                          "  int64 base = (int64)blockIdx.x * {0};\n"
+                          "  const float *row = logits + base;\n"
+                          "  float max = __int_as_float(0xff800000);\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
+                          "  max = blockMax(max, sharedMax);\n"
+                          "  double sum = 0;\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
+                          "  double logSum = (double)max + log(blockSum(sum, shared));\n"
+                          "  double g = (double)dloss[0] / {1};\n"
+                          "  int target = targets[blockIdx.x];\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
+                          "    dlogits[base + j] = (float)((exp((double)row[j] - logSum) - (j == target ? 1.0 : 0.0)) * g);\n",
+                          vocab, rows));
     return llvm::Error::success();
   }
   default:

@@ -43,8 +43,8 @@ std::vector<std::string> fusionPasses();
 std::vector<std::string> forwardPipeline();
 /// The passes that turn it into the training program: forward, loss, backward, update.
 std::vector<std::string> trainingPipeline();
-/// What the GPU backend compiles: the same pipelines without the fusions, whose fused ops have
-/// no CUDA lowering yet.
+/// What the GPU backend compiles: the same pipelines without the fusions whose fused ops have
+/// no CUDA lowering yet (residual-norm and cross-entropy have one).
 std::vector<std::string> gpuPipeline(bool training);
 
 /// Op counts by kind, in op-table order.

@@ -83,9 +83,12 @@ PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
 }
 
 std::vector<std::string> gpuPipeline(bool training) {
+  // The fusions whose fused ops (and their gradients) the GPU backend lowers so far. Without
+  // LayerNorm+Linear/MLP, residual-norm takes every residual add and the norm after it.
+  const std::vector<std::string> lowered = {"fuse-residual-norm", "fuse-cross-entropy"};
   std::vector<std::string> passes;
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
-    if (!llvm::is_contained(fusionPasses(), p))
+    if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))
       passes.push_back(p);
   return passes;
 }

@@ -46,8 +46,10 @@ int64_t intBound(const Op &op, unsigned i) {
   case OpKind::EmbeddingBackward:
     return *op.attrs().getInt("vocab");
   case OpKind::NLLLoss:
+  case OpKind::CrossEntropy:
     return op.operand(0)->type().dim(-1);
   case OpKind::NLLLossBackward:
+  case OpKind::CrossEntropyBackward:
     return op.operand(1)->type().dim(-1);
   default:
     return 20; // a step number: 1..20
