@@ -121,7 +121,7 @@ public:
 llvm::Error unsupported(const Op &op) {
   return llvm::createStringError(
       llvm::inconvertibleErrorCode(),
-      "error: %%%s = %s has no GPU lowering yet (the GPU backend runs the unfused fp32 and bf16 "
+      "error: %%%s = %s has no GPU lowering yet (the GPU backend runs gpuPipeline's fp32 and bf16 "
       "programs so far)",
       op.numResults() ? op.result()->name().c_str() : "", op.name().str().c_str());
 }

@@ -25,7 +25,7 @@ struct StepRecord {
 class Trainer {
 public:
   /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
-  /// means the arithmetic task. On the GPU the program is compiled without fusions, in fp32 or
+  /// means the arithmetic task. On the GPU the program is compiled by gpuPipeline, in fp32 or
   /// bf16 (what the GPU backend lowers so far); fp8 is an error there, not a downgrade.
   static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
                                                          llvm::StringRef dataPath = "",
