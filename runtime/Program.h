@@ -24,8 +24,8 @@ struct CompiledProgram {
 };
 
 /// Runs the training or the inference pipeline on `graph` (the builder's output) and creates
-/// the executor. On the GPU the program is compiled with the fusions the GPU lowers (gpuPipeline), in fp32 or bf16 (what the
-/// GPU backend lowers so far); fp8 is an error there, not a downgrade.
+/// the executor. On the GPU the program is compiled by gpuPipeline (the fusions the GPU
+/// lowers), in fp32 or bf16; fp8 is an error there, not a downgrade.
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  const ModelConfig &config, Device device,
                                                  bool training);
