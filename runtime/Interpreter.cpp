@@ -105,8 +105,6 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
       for (unsigned r = 0; r < op.numResults(); ++r)
         values_[op.result(r)] = std::move(results[r]);
     }
-    if (keepAll_)
-      continue;
     for (const Value *v : op.operands()) {
       bool isOutput = llvm::is_contained(graph_.outputs(), v);
       if (lastUse[v] == i && !isOutput && !bound_.count(v))

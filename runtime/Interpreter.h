@@ -20,21 +20,18 @@ public:
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return "cpu (reference interpreter)"; }
-  /// Keeps every intermediate value after run() instead of freeing it at its last use.
-  void keepIntermediates(bool keep) { keepAll_ = keep; }
   /// Accumulates the time spent in each op kind over the runs (see profile()).
   void enableProfile(bool enable) { profiling_ = enable; }
   /// Milliseconds per op name, summed over the runs since profiling was enabled.
   const std::map<std::string, double> &profile() const { return profile_; }
 
-  /// A bound leaf, or (with keepIntermediates) any value of the last run.
+  /// A bound leaf, or a value of the last run that was still alive at its end (outputs).
   const Tensor *lookup(llvm::StringRef name) const;
 
 private:
   const Graph &graph_;
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
-  bool keepAll_ = false;
   bool profiling_ = false;
   std::map<std::string, double> profile_;
 };
