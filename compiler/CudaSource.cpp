@@ -78,6 +78,20 @@ std::string lit(double v) {
 
 int64_t rowsOf(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1) : 1; }
 
+/// Kernel text that leaves in `max` and `sum` the row's maximum and sum(exp(row - max)), the
+/// row being `row[0..n)`; shared by softmax and cross-entropy.
+std::string rowMaxAndExpSum(int64_t n) {
+  return fmt::format("  __shared__ double shared[256];\n"
+                     "  __shared__ float sharedMax[256];\n"
+                     "  float max = __int_as_float(0xff800000);\n"
+                     "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
+                     "  max = blockMax(max, sharedMax);\n"
+                     "  double sum = 0;\n"
+                     "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
+                     "  sum = blockSum(sum, shared);\n",
+                     n);
+}
+
 class Emitter {
 public:
   Emitter(const Op &op, unsigned index) : op_(op), index_(index) {}
@@ -308,19 +322,14 @@ llvm::Error emit(const Op &op, Emitter &e) {
     bool log = op.kind() == OpKind::LogSoftmax;
     int64_t d = out.dim(-1);
     e.rowwise(0, "const float *x, float *out", rowsOf(out),
-              fmt::format("  __shared__ double shared[256];\n"
-                          "  __shared__ float sharedMax[256];\n"
-                          "  const float *row = x + (int64)blockIdx.x * {0};\n"
-                          "  float *dst = out + (int64)blockIdx.x * {0};\n"
-                          "  float max = __int_as_float(0xff800000);\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
-                          "  max = blockMax(max, sharedMax);\n"
-                          "  double sum = 0;\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
-                          "  sum = blockSum(sum, shared);\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
-                          "    dst[j] = {1};\n",
-                          d, log ? "(float)((double)row[j] - max - log(sum))" : "(float)(exp((double)row[j] - max) / sum)"));
+              fmt::format("  const float *row = x + (int64)blockIdx.x * {0};\n"
+                          "  float *dst = out + (int64)blockIdx.x * {0};\n",
+                          d) +
+                  rowMaxAndExpSum(d) +
+                  fmt::format("  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
+                              "    dst[j] = {1};\n",
+                              d, log ? "(float)((double)row[j] - max - log(sum))"
+                                     : "(float)(exp((double)row[j] - max) / sum)"));
     return llvm::Error::success();
   }
   case OpKind::SoftmaxBackward:
@@ -517,18 +526,10 @@ llvm::Error emit(const Op &op, Emitter &e) {
     int64_t vocab = type(0).dim(-1), rows = type(1).numElements();
     std::string params = "const float *logits, const int *targets, float *loss, float *scratch";
     e.rowwise(0, params, rows,
-              fmt::format("  __shared__ double shared[256];\n"
-                          "  __shared__ float sharedMax[256];\n"
-                          "  const float *row = logits + (int64)blockIdx.x * {0};\n"
-                          "  float max = __int_as_float(0xff800000);\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
-                          "  max = blockMax(max, sharedMax);\n"
-                          "  double sum = 0;\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
-                          "  sum = blockSum(sum, shared);\n"
-                          "  if (threadIdx.x == 0)\n"
-                          "    ((double *)scratch)[blockIdx.x] = (double)max + log(sum) - row[targets[blockIdx.x]];\n",
-                          vocab));
+              fmt::format("  const float *row = logits + (int64)blockIdx.x * {0};\n", vocab) +
+                  rowMaxAndExpSum(vocab) +
+                  "  if (threadIdx.x == 0)\n"
+                  "    ((double *)scratch)[blockIdx.x] = (double)max + log(sum) - row[targets[blockIdx.x]];\n");
     e.launch(1, params, 1,
              fmt::format("  __shared__ double shared[256];\n"
                          "  double sum = 0;\n"
@@ -542,16 +543,11 @@ llvm::Error emit(const Op &op, Emitter &e) {
   case OpKind::CrossEntropyBackward: {
     int64_t vocab = out.dim(-1), rows = type(2).numElements();
     e.rowwise(0, "const float *dloss, const float *logits, const int *targets, float *dlogits", rows,
-              fmt::format("  __shared__ double shared[256];\n"
-                          "  __shared__ float sharedMax[256];\n"
-                          "  int64 base = (int64)blockIdx.x * {0};\n"
-                          "  const float *row = logits + base;\n"
-                          "  float max = __int_as_float(0xff800000);\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
-                          "  max = blockMax(max, sharedMax);\n"
-                          "  double sum = 0;\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
-                          "  double logSum = (double)max + log(blockSum(sum, shared));\n"
+              fmt::format("  int64 base = (int64)blockIdx.x * {0};\n"
+                          "  const float *row = logits + base;\n",
+                          vocab) +
+                  rowMaxAndExpSum(vocab) +
+                  fmt::format("  double logSum = (double)max + log(sum);\n"
                           "  double g = (double)dloss[0] / {1};\n"
                           "  int target = targets[blockIdx.x];\n"
                           "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
