@@ -184,40 +184,46 @@ llvm::Error evalSilu(const AttrMap &, Operands in, Results out) {
   return unary(in, out, [](float x) { return x / (1.0f + std::exp(-x)); });
 }
 
-llvm::Error evalLayerNorm(const AttrMap &attrs, Operands in, Results out) {
-  const Tensor &x = *in[0], &gamma = *in[1], &beta = *in[2];
-  double eps = *attrs.getFloat("eps");
-  int64_t d = x.type.dim(-1);
-  for (int64_t r = 0; r < rows(x.type); ++r) {
-    const float *row = &x.data[r * d];
-    double mean = 0, var = 0;
+/// Mean (0 for RMSNorm) and 1 / sqrt(variance + eps) of one row, accumulated in double: the
+/// statistics both norms and their gradients start from.
+struct RowStats {
+  double mean, rstd;
+};
+RowStats rowStats(const float *row, int64_t d, bool centered, double eps) {
+  double mean = 0, var = 0;
+  if (centered) {
     for (int64_t i = 0; i < d; ++i)
       mean += row[i];
     mean /= d;
-    for (int64_t i = 0; i < d; ++i)
-      var += (row[i] - mean) * (row[i] - mean);
-    var /= d;
-    float rstd = float(1.0 / std::sqrt(var + eps));
-    for (int64_t i = 0; i < d; ++i)
-      out[0].data[r * d + i] = (row[i] - float(mean)) * rstd * gamma.data[i] + beta.data[i];
   }
-  return llvm::Error::success();
+  for (int64_t i = 0; i < d; ++i)
+    var += (row[i] - mean) * (row[i] - mean);
+  var /= d;
+  return {mean, 1.0 / std::sqrt(var + eps)};
 }
 
-llvm::Error evalRMSNorm(const AttrMap &attrs, Operands in, Results out) {
+/// LayerNorm (centered, with beta) or RMSNorm over the last axis.
+llvm::Error normForward(const AttrMap &attrs, Operands in, Results out, bool centered) {
   const Tensor &x = *in[0], &gamma = *in[1];
   double eps = *attrs.getFloat("eps");
   int64_t d = x.type.dim(-1);
   for (int64_t r = 0; r < rows(x.type); ++r) {
     const float *row = &x.data[r * d];
-    double sumSquares = 0;
-    for (int64_t i = 0; i < d; ++i)
-      sumSquares += double(row[i]) * row[i];
-    float rrms = float(1.0 / std::sqrt(sumSquares / d + eps));
-    for (int64_t i = 0; i < d; ++i)
-      out[0].data[r * d + i] = row[i] * rrms * gamma.data[i];
+    RowStats stats = rowStats(row, d, centered, eps);
+    float mean = float(stats.mean), rstd = float(stats.rstd);
+    for (int64_t i = 0; i < d; ++i) {
+      float y = (row[i] - mean) * rstd * gamma.data[i];
+      out[0].data[r * d + i] = centered ? y + in[2]->data[i] : y;
+    }
   }
   return llvm::Error::success();
+}
+
+llvm::Error evalLayerNorm(const AttrMap &attrs, Operands in, Results out) {
+  return normForward(attrs, in, out, /*centered=*/true);
+}
+llvm::Error evalRMSNorm(const AttrMap &attrs, Operands in, Results out) {
+  return normForward(attrs, in, out, /*centered=*/false);
 }
 
 llvm::Error evalReshape(const AttrMap &, Operands in, Results out) {
@@ -389,16 +395,7 @@ llvm::Error normBackward(const AttrMap &attrs, Operands in, Results out, bool ce
   std::vector<double> dgamma(d, 0.0), dbeta(d, 0.0), xhat(d);
   for (int64_t r = 0; r < rows(x.type); ++r) {
     const float *row = &x.data[r * d], *dyRow = &dy.data[r * d];
-    double mean = 0, var = 0;
-    if (centered) {
-      for (int64_t i = 0; i < d; ++i)
-        mean += row[i];
-      mean /= d;
-    }
-    for (int64_t i = 0; i < d; ++i)
-      var += (row[i] - mean) * (row[i] - mean);
-    var /= d;
-    double rstd = 1.0 / std::sqrt(var + eps);
+    auto [mean, rstd] = rowStats(row, d, centered, eps);
     double meanG = 0, meanGX = 0;
     for (int64_t i = 0; i < d; ++i) {
       xhat[i] = (row[i] - mean) * rstd;

@@ -156,6 +156,16 @@ def decays(name, cfg):
     return name.endswith(".weight") and (".attn." in name or ".mlp." in name or name == "lm_head.weight")
 
 
+def make_optimizer(model, names, cfg, **kwargs):
+    """torch.optim.AdamW with tgc's decay groups and hyperparameters."""
+    groups = [
+        {"params": [model.w(n) for n in names if decays(n, cfg)], "weight_decay": cfg["weight_decay"]},
+        {"params": [model.w(n) for n in names if not decays(n, cfg)], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                             **kwargs)
+
+
 def load(path):
     weights, meta = {}, None
     with safe_open(path, framework="pt") as f:
@@ -173,13 +183,7 @@ def train(args):
     with open(args.config) as f:
         cfg.update(read_config(f.read()))
     model = GPT(cfg, weights)
-    names = list(weights.keys())
-    groups = [
-        {"params": [model.w(n) for n in names if decays(n, cfg)], "weight_decay": cfg["weight_decay"]},
-        {"params": [model.w(n) for n in names if not decays(n, cfg)], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                            foreach=False)
+    opt = make_optimizer(model, list(weights.keys()), cfg, foreach=False)
     losses = []
     for step in range(1, args.steps + 1):
         tokens, targets = train_batch(cfg, step - 1)
@@ -228,13 +232,7 @@ def bench(args):
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as in tgc
     torch.backends.cudnn.allow_tf32 = False
     model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}).to(device)
-    names = list(weights.keys())
-    groups = [
-        {"params": [model.w(n) for n in names if decays(n, cfg)], "weight_decay": cfg["weight_decay"]},
-        {"params": [model.w(n) for n in names if not decays(n, cfg)], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
-                            fused=True)
+    opt = make_optimizer(model, list(weights.keys()), cfg, fused=True)
     total = args.warmup + args.steps
     batches = [tuple(t.to(device) for t in train_batch(cfg, i)) for i in range(total)]
     torch.cuda.reset_peak_memory_stats()
