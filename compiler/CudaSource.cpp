@@ -66,6 +66,30 @@ extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out
 }
 )";
 
+// Added when a program quantizes: the conversions are cuda_fp8.h's (round to nearest even,
+// saturating to the largest finite value), which the CPU interpreter matches bit for bit.
+const char *kFp8Prelude = R"(
+#include <cuda_fp8.h>
+
+// max |x| that a NaN anywhere turns into NaN, as the CPU's amax does.
+__device__ float amaxMerge(float a, float b) {
+  return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+__device__ float blockAmax(float value, float *shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride)
+      shared[threadIdx.x] = amaxMerge(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  float result = shared[0];
+  __syncthreads();
+  return result;
+}
+)";
+
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 64; // rows per partial sum of a column reduction
 
@@ -77,6 +101,18 @@ std::string lit(double v) {
 }
 
 int64_t rowsOf(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1) : 1; }
+
+/// The C type a kernel reads and writes elements of `dtype` as: FP8 values are their bytes.
+const char *cType(DType dtype) {
+  if (isFp8(dtype))
+    return "unsigned char";
+  return dtype == DType::I32 ? "int" : "float";
+}
+
+const char *fp8Interpretation(const AttrMap &attrs) {
+  return attrs.getString("format") == "e5m2" ? "__NV_E5M2" : "__NV_E4M3";
+}
+double fp8Largest(const AttrMap &attrs) { return attrs.getString("format") == "e5m2" ? 57344.0 : 448.0; }
 
 /// Kernel text that leaves in `max` and `sum` the row's maximum and sum(exp(row - max)), the
 /// row being `row[0..n)`; shared by softmax and cross-entropy.
@@ -135,8 +171,7 @@ public:
 llvm::Error unsupported(const Op &op) {
   return llvm::createStringError(
       llvm::inconvertibleErrorCode(),
-      "error: %%%s = %s has no GPU lowering yet (the GPU backend runs gpuPipeline's fp32 and bf16 "
-      "programs so far)",
+      "error: %%%s = %s has no GPU lowering yet (the GPU backend runs gpuPipeline's programs)",
       op.numResults() ? op.result()->name().c_str() : "", op.name().str().c_str());
 }
 
@@ -194,9 +229,38 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   case OpKind::Transpose: {
-    // out[o] = x[offset(o)]: the input strides read in the output's dimension order.
     std::vector<int64_t> perm = *a.getInts("perm");
     const TensorType &in = type(0);
+    const char *t = cType(in.dtype);
+    bool swapsLastTwo = in.rank() >= 2;
+    for (unsigned d = 0; d + 2 < in.rank(); ++d)
+      swapsLastTwo &= perm[d] == int64_t(d);
+    swapsLastTwo = swapsLastTwo && perm[in.rank() - 2] == int64_t(in.rank()) - 1;
+    if (swapsLastTwo) {
+      // [..., R, C] -> [..., C, R] through shared memory, 32 x 32 tiles: reads and writes
+      // both run along rows.
+      int64_t rows = in.dim(-2), cols = in.dim(-1), batch = in.numElements() / (rows * cols);
+      int64_t tilesR = (rows + 31) / 32, tilesC = (cols + 31) / 32;
+      e.launch(0, fmt::format("const {} *x, {} *out", t, t), batch * tilesR * tilesC,
+               fmt::format("  __shared__ {0} tile[32][33];\n"
+                           "  int64 b = blockIdx.x / {3}, tileR = (blockIdx.x % {3}) / {4}, tileC = blockIdx.x % {4};\n"
+                           "  const {0} *src = x + b * {1}LL * {2}LL;\n"
+                           "  {0} *dst = out + b * {1}LL * {2}LL;\n"
+                           "  int tx = threadIdx.x % 32, ty = threadIdx.x / 32;\n"
+                           "  for (int j = ty; j < 32; j += 8) {{\n"
+                           "    int64 r = tileR * 32 + j, c = tileC * 32 + tx;\n"
+                           "    if (r < {1} && c < {2}) tile[j][tx] = src[r * {2} + c];\n"
+                           "  }}\n"
+                           "  __syncthreads();\n"
+                           "  for (int j = ty; j < 32; j += 8) {{\n"
+                           "    int64 c = tileC * 32 + j, r = tileR * 32 + tx;\n"
+                           "    if (r < {1} && c < {2}) dst[c * {1} + r] = tile[tx][j];\n"
+                           "  }}\n",
+                           t, rows, cols, tilesR * tilesC, tilesC));
+      return llvm::Error::success();
+    }
+    // Any other permutation: out[o] = x[offset(o)], the input strides read in the output's
+    // dimension order.
     std::vector<int64_t> inStrides(in.rank(), 1);
     for (int i = int(in.rank()) - 2; i >= 0; --i)
       inStrides[i] = inStrides[i + 1] * in.shape[i + 1];
@@ -205,7 +269,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
       body += fmt::format("    offset += (rest % {}) * {}LL; rest /= {};\n", out.shape[d],
                           inStrides[perm[d]], out.shape[d]);
     body += "    out[i] = x[offset];\n";
-    e.elementwise("const float *x, float *out", n, body);
+    e.elementwise(fmt::format("const {} *x, {} *out", t, t), n, body);
     return llvm::Error::success();
   }
   case OpKind::Slice:
@@ -497,6 +561,84 @@ llvm::Error emit(const Op &op, Emitter &e) {
                     formatDouble(*a.getFloat("weight_decay")), lit(beta1), lit(beta2)));
     return llvm::Error::success();
   }
+  case OpKind::Quantize: {
+    // Launch 0: each block converts a contiguous range to FP8 (x * scale, saturating) and
+    // leaves its max |x| and its count of saturated values in scratch. Launch 1, one block: the
+    // tensor's amax and count, and the scale_inv used, kept for the GEMMs that read the bytes.
+    int64_t count = type(0).numElements();
+    int64_t blocks = std::min<int64_t>(1024, (count + 4095) / 4096);
+    int64_t perBlock = (count + blocks - 1) / blocks;
+    std::string params = "const float *x, const float *scale, const float *scaleInv, unsigned char *q, "
+                         "float *amax, float *saturations, float *scratch, float *used";
+    e.launch(0, params, blocks,
+             fmt::format("  __shared__ double shared[256];\n"
+                         "  __shared__ float sharedMax[256];\n"
+                         "  int64 begin = blockIdx.x * {1}LL, end = begin + {1}LL < {0}LL ? begin + {1}LL : {0}LL;\n"
+                         "  float s = scale[0], localMax = 0.0f;\n"
+                         "  int saturated = 0;\n"
+                         "  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) {{\n"
+                         "    float v = x[i], scaled = v * s;\n"
+                         "    localMax = amaxMerge(localMax, fabsf(v));\n"
+                         "    saturated += fabsf(scaled) > {2};\n"
+                         "    q[i] = __nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, {3});\n"
+                         "  }}\n"
+                         "  localMax = blockAmax(localMax, sharedMax);\n"
+                         "  double total = blockSum((double)saturated, shared);\n"
+                         "  if (threadIdx.x == 0) {{\n"
+                         "    ((double *)scratch)[blockIdx.x] = total;\n"
+                         "    scratch[2 * {4} + blockIdx.x] = localMax;\n"
+                         "  }}\n",
+                         count, perBlock, lit(fp8Largest(a)), fp8Interpretation(a), blocks));
+    e.launch(1, params, 1,
+             fmt::format("  __shared__ double shared[256];\n"
+                         "  __shared__ float sharedMax[256];\n"
+                         "  double total = 0;\n"
+                         "  float localMax = 0.0f;\n"
+                         "  for (int b = threadIdx.x; b < {0}; b += blockDim.x) {{\n"
+                         "    total += ((double *)scratch)[b];\n"
+                         "    localMax = amaxMerge(localMax, scratch[2 * {0} + b]);\n"
+                         "  }}\n"
+                         "  localMax = blockAmax(localMax, sharedMax);\n"
+                         "  total = blockSum(total, shared);\n"
+                         "  if (threadIdx.x == 0) {{\n"
+                         "    amax[0] = localMax;\n"
+                         "    saturations[0] = (float)total;\n"
+                         "    used[0] = scaleInv[0];\n"
+                         "  }}\n",
+                         blocks));
+    e.lowering.scratchFloats.push_back(3 * blocks);
+    e.lowering.persistentFloats.push_back(1);
+    return llvm::Error::success();
+  }
+  case OpKind::Fp8Update: {
+    // Transformer Engine's delayed-scaling update (fp8.md), one thread: the producer's amax
+    // into the current slot, the amax over the window taken before the roll, the roll, and the
+    // scale from the amax (the old one kept when the amax is 0, inf or NaN).
+    int64_t length = type(0).numElements();
+    bool max = a.getString("algo") != "most_recent";
+    e.single("const float *history, const float *scale, const float *amax, const float *saturations, "
+             "const float *saturated, float *newHistory, float *newScale, float *newScaleInv, "
+             "float *newSaturations",
+             fmt::format("  float current = amax[0], windowMax = current;\n"
+                         "  for (int i = 1; i < {0} && {1}; ++i) {{\n"
+                         "    float h = history[i];\n"
+                         "    windowMax = (isnan(h) || h > windowMax) ? h : windowMax;\n"
+                         "  }}\n"
+                         "  for (int i = 0; i + 1 < {0}; ++i) newHistory[i] = history[i + 1];\n"
+                         "  newHistory[{0} - 1] = current;\n"
+                         "  newHistory[0] = 0.0f;\n"
+                         "  float s = scale[0];\n"
+                         "  if (isfinite(windowMax) && windowMax > 0.0f) {{\n"
+                         "    s = ({2} / windowMax) / {3};\n"
+                         "    if (isinf(s)) s = __int_as_float(0x7f7fffff); // FLT_MAX\n"
+                         "  }}\n"
+                         "  newScale[0] = s;\n"
+                         "  newScaleInv[0] = 1.0f / s;\n"
+                         "  newSaturations[0] = saturations[0] + saturated[0];\n",
+                         length, max ? "true" : "false", lit(fp8Largest(a)),
+                         lit(std::ldexp(1.0, int(*a.getInt("margin"))))));
+    return llvm::Error::success();
+  }
   case OpKind::ResidualNorm: {
     // One block per row: the residual sum (the stream goes on) and its normalisation.
     bool layer = isLayerNorm(a);
@@ -566,6 +708,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph) {
   CudaProgram program;
   program.source = kPrelude;
   std::vector<Op *> ops = graph.ops();
+  if (llvm::any_of(ops, [](const Op *op) { return op->kind() == OpKind::Quantize; }))
+    program.source += kFp8Prelude;
   for (unsigned i = 0; i < ops.size(); ++i) {
     const Op &op = *ops[i];
     OpLowering lowering;
@@ -576,12 +720,21 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph) {
     } else if (op.kind() == OpKind::Reshape) {
       lowering.kind = OpLowering::Alias;
     } else if (op.kind() == OpKind::MatMul) {
-      if (op.operand(0)->type().dtype != DType::F32 || op.operand(1)->type().dtype != DType::F32)
+      bool fp8 = isFp8(op.operand(0)->type().dtype);
+      if (fp8 && (op.attrs().getBool("transpose_a").value_or(false) ||
+                  !op.attrs().getBool("transpose_b").value_or(false)))
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(),
+            "error: the FP8 GEMM %%%s is not in cuBLASLt's TN layout (matmul(A, B) "
+            "{transpose_b=true}); run legalize-fp8-gemm first",
+            op.result()->name().c_str());
+      if (!fp8 && op.operand(0)->type().dtype != DType::F32)
         return unsupported(op);
       lowering.kind = OpLowering::Gemm;
     } else {
       for (const Value *v : op.operands())
-        if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32)
+        if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&
+            !(isFp8(v->type().dtype) && op.kind() == OpKind::Transpose))
           return unsupported(op);
       Emitter e(op, i);
       if (auto err = emit(op, e))

@@ -11,7 +11,7 @@
 namespace tgc {
 
 /// One launch of a generated kernel. Its parameters are, in order, the op's operands, its
-/// results and then its scratch buffers, each a device pointer.
+/// results, its scratch buffers and its persistent buffers, each a device pointer.
 struct KernelLaunch {
   std::string name;
   int64_t blocks = 1;
@@ -28,7 +28,10 @@ struct OpLowering {
     Assign,  // a copy when the step ends
   } kind = Kernels;
   std::vector<KernelLaunch> launches;
-  std::vector<int64_t> scratchFloats; // per scratch buffer
+  std::vector<int64_t> scratchFloats; // per scratch buffer, alive during the op
+  // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
+  // the scale_inv it quantized with here (what its FP8 GEMMs and read-back multiply by).
+  std::vector<int64_t> persistentFloats;
 };
 
 struct CudaProgram {

@@ -7,8 +7,9 @@ namespace tgc {
 namespace {
 constexpr int64_t kAlignment = 256;
 int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 4) + kAlignment - 1) / kAlignment * kAlignment; }
-int64_t bytesOf(const TensorType &t) { return t.numElements() * 4; }
 } // namespace
+
+int64_t deviceBytesOf(const TensorType &t) { return t.numElements() * dtypeBytes(t.dtype); }
 
 std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering) {
   std::vector<int64_t> bytes;
@@ -31,10 +32,12 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   for (int64_t i = 0; i < end; ++i) {
     const Op &op = *ops[i];
     const OpLowering &lowering = program.lowering[i];
+    for (int64_t floats : lowering.persistentFloats)
+      plan.persistentBytes += aligned(floats * 4);
     for (unsigned r = 0; r < op.numResults(); ++r) {
       const Value *v = op.result(r);
       if (lowering.kind == OpLowering::Leaf) {
-        plan.persistentBytes += aligned(bytesOf(v->type()));
+        plan.persistentBytes += aligned(deviceBytesOf(v->type()));
         continue;
       }
       owner[v] = lowering.kind == OpLowering::Alias ? owner.lookup(op.operand(0)) : v;
@@ -43,7 +46,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       if (lowering.kind != OpLowering::Alias) {
         life[v] = {i, i};
         planned.push_back(v);
-        plan.withoutReuseBytes += aligned(bytesOf(v->type()));
+        plan.withoutReuseBytes += aligned(deviceBytesOf(v->type()));
       }
     }
     for (const Value *v : op.operands())
@@ -64,7 +67,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   };
   std::vector<Item> items;
   for (const Value *v : planned)
-    items.push_back({aligned(bytesOf(v->type())), life[v].first, life[v].second, v, 0, 0});
+    items.push_back({aligned(deviceBytesOf(v->type())), life[v].first, life[v].second, v, 0, 0});
   plan.opLocalOffsets.resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     std::vector<int64_t> local = opLocalBytes(*ops[i], program.lowering[i]);

@@ -10,6 +10,9 @@
 
 namespace tgc {
 
+/// Bytes a value of type `t` takes on the GPU: f32 and i32 four per element, FP8 one.
+int64_t deviceBytesOf(const TensorType &t);
+
 struct MemoryPlan {
   llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena
   /// Per op: its scratch buffers (OpLowering::scratchFloats), then for a BF16 GEMM the BF16
@@ -17,7 +20,7 @@ struct MemoryPlan {
   std::vector<std::vector<int64_t>> opLocalOffsets;
   int64_t arenaBytes = 0;
   int64_t withoutReuseBytes = 0; // what one buffer per value would take
-  int64_t persistentBytes = 0;   // parameters, state and inputs
+  int64_t persistentBytes = 0;   // parameters, state, inputs and ops' persistent buffers
 };
 
 /// Bytes of the op-local buffers of op `op` as lowered (see MemoryPlan::opLocalOffsets).

@@ -34,6 +34,21 @@ std::string kernelCacheDir() {
   return path.str().str();
 }
 
+std::string cudaIncludeDir() {
+  std::vector<std::string> candidates;
+  for (const char *env : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char *dir = std::getenv(env); dir && *dir)
+      candidates.push_back(std::string(dir) + "/include");
+  candidates.push_back("/usr/local/cuda/include");
+#ifdef TGC_CUDA_INCLUDE_DIR
+  candidates.push_back(TGC_CUDA_INCLUDE_DIR);
+#endif
+  for (const std::string &dir : candidates)
+    if (llvm::sys::fs::exists(dir + "/cuda_fp8.h"))
+      return dir;
+  return "";
+}
+
 llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringRef arch) {
   auto fail = [](const std::string &message) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
@@ -49,6 +64,13 @@ llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringR
                                       "-default-device"};
   int major = 0, minor = 0;
   nvrtcVersion(&major, &minor);
+  // Kernels that include toolkit headers (cuda_fp8.h for the FP8 conversions) need them at run
+  // time. The folder is not part of the cache key: the NVRTC version stands for the headers.
+  std::string includeDir = cudaIncludeDir();
+  if (source.contains("#include <") && includeDir.empty())
+    return fail("error: NVRTC needs the CUDA toolkit's headers (cuda_fp8.h) to compile the FP8 "
+                "kernels, and none were found: set CUDA_HOME to the toolkit that matches NVRTC " +
+                fmt::format("{}.{}", major, minor));
   llvm::SHA1 hash;
   hash.update(source);
   for (const std::string &o : options)
@@ -68,6 +90,8 @@ llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringR
   if (nvrtcCreateProgram(&program, source.str().c_str(), "tgc_kernels.cu", 0, nullptr, nullptr) !=
       NVRTC_SUCCESS)
     return fail("error: nvrtcCreateProgram failed");
+  if (!includeDir.empty())
+    options.push_back("--include-path=" + includeDir);
   std::vector<const char *> argv;
   for (const std::string &o : options)
     argv.push_back(o.c_str());

@@ -19,6 +19,9 @@ struct CompiledModule {
 std::string archName(int major, int minor);
 /// $TGC_CACHE_DIR, else $XDG_CACHE_HOME/tgc/kernels, else ~/.cache/tgc/kernels.
 std::string kernelCacheDir();
+/// The CUDA toolkit's include folder (CUDA_HOME, CUDA_PATH, /usr/local/cuda, or the one tgc was
+/// built with), the first that has cuda_fp8.h; empty if none has.
+std::string cudaIncludeDir();
 /// Compiles (or loads from the cache) `source` for `arch`.
 llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringRef arch);
 

@@ -16,8 +16,6 @@ llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
 
 using Operands = llvm::ArrayRef<TensorType>;
 
-bool isFp8(DType d) { return d == DType::F8E4M3 || d == DType::F8E5M2; }
-
 /// Arithmetic ops take f32, bf16 or f16; FP8 tensors feed only GEMMs and layout ops.
 llvm::Error requireFloat(const TensorType &t, llvm::StringRef what) {
   if (!isFloat(t.dtype) || isFp8(t.dtype))

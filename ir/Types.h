@@ -22,6 +22,7 @@ enum class DType : uint8_t {
 llvm::StringRef dtypeName(DType dtype);
 unsigned dtypeBytes(DType dtype);
 bool isFloat(DType dtype);
+inline bool isFp8(DType d) { return d == DType::F8E4M3 || d == DType::F8E5M2; }
 std::optional<DType> parseDType(llvm::StringRef name);
 
 /// Largest rank and element count the IR accepts; larger shapes are input errors, not overflows.
@@ -61,6 +62,7 @@ class AttrMap {
 public:
   void set(llvm::StringRef key, Attr value) { attrs_[key.str()] = std::move(value); }
   bool has(llvm::StringRef key) const { return attrs_.count(key.str()) != 0; }
+  void erase(llvm::StringRef key) { attrs_.erase(key.str()); }
   const Attr *get(llvm::StringRef key) const;
   std::optional<int64_t> getInt(llvm::StringRef key) const;
   std::optional<double> getFloat(llvm::StringRef key) const;

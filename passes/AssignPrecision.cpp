@@ -99,7 +99,7 @@ std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionCon
     }
     GemmChoice choice = chooseGemmPrecision(config, site, m, k, n);
     lines.push_back(fmt::format("{:<24} {:>6} x {:>5} x {:>6}  {}  ({})", site, m, k, n,
-                                choice.fp8 ? "fp8 " : "bf16", choice.fp8 ? "FP8 pays" : choice.reason));
+                                choice.fp8 ? "fp8 " : "bf16", choice.reason));
   }
   return lines;
 }

@@ -44,7 +44,7 @@ std::vector<std::string> forwardPipeline();
 /// The passes that turn it into the training program: forward, loss, backward, update.
 std::vector<std::string> trainingPipeline();
 /// What the GPU backend compiles: the same pipelines without the fusions whose fused ops have
-/// no CUDA lowering yet (residual-norm and cross-entropy have one).
+/// no CUDA lowering yet (residual-norm and cross-entropy have one), and with legalize-fp8-gemm.
 std::vector<std::string> gpuPipeline(bool training);
 
 /// Op counts by kind, in op-table order.

@@ -26,6 +26,7 @@ const PassEntry kPasses[] = {
     {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
     {"fp8-update", [](const PassOptions &o) { return createFp8UpdatePass(o.precision); }},
     {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
+    {"legalize-fp8-gemm", [](const PassOptions &) { return createLegalizeFp8GemmPass(); }},
 };
 } // namespace
 
@@ -90,6 +91,8 @@ std::vector<std::string> gpuPipeline(bool training) {
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
     if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))
       passes.push_back(p);
+  // FP8 GEMMs in cuBLASLt's TN layout; the final dce stays last.
+  passes.insert(passes.end() - 1, "legalize-fp8-gemm");
   return passes;
 }
 

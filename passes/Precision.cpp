@@ -37,7 +37,7 @@ GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef si
   if (k < config.fp8MinDim || n < config.fp8MinDim)
     return {false, fmt::format("K={} or N={} below fp8_min_dim {}: FP8 would not pay", k, n,
                                config.fp8MinDim)};
-  return {true, fmt::format("{}x{}x{}", m, k, n)};
+  return {true, fmt::format("K and N >= fp8_min_dim {}", config.fp8MinDim)};
 }
 
 std::string gemmSite(const Op &linear) {

@@ -4,6 +4,7 @@
 #include "compiler/MemoryPlan.h"
 #include "compiler/Nvrtc.h"
 #include "compiler/Target.h"
+#include "runtime/Numerics.h"
 
 #include "llvm/ADT/DenseMap.h"
 
@@ -56,7 +57,8 @@ llvm::Error cudaFailure(const char *call, const char *file, int line, const std:
   } while (0)
 
 /// One cuBLASLt matmul, planned once: layouts, batching and the algorithm. A BF16 GEMM reads
-/// BF16 copies of its operands, which the op's conversion kernels write first.
+/// BF16 copies of its operands, which the op's conversion kernels write first. An FP8 GEMM
+/// reads the bytes its quantize ops wrote, scaled back by the scale_inv each quantized with.
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -64,6 +66,25 @@ struct GemmPlan {
   bool bf16 = false;
   void *bf16Operands[2] = {nullptr, nullptr};
 };
+
+/// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
+const Op *quantizeOf(const Value *v) {
+  const Op *def = v->def();
+  while (def && (def->kind() == OpKind::Reshape || def->kind() == OpKind::Transpose))
+    def = def->operand(0)->def();
+  return def && def->kind() == OpKind::Quantize ? def : nullptr;
+}
+
+cudaDataType_t cudaTypeOf(DType dtype) {
+  switch (dtype) {
+  case DType::F8E4M3:
+    return CUDA_R_8F_E4M3;
+  case DType::F8E5M2:
+    return CUDA_R_8F_E5M2;
+  default:
+    return CUDA_R_32F;
+  }
+}
 
 class CudaExecutor : public Executor {
 public:
@@ -82,7 +103,7 @@ private:
   llvm::Error runGemm(const Op &op, const GemmPlan &plan, cudaKernel_t toBf16);
   llvm::Error launchStep();
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
-  static size_t bytesOf(const TensorType &t) { return size_t(t.numElements()) * 4; }
+  static size_t bytesOf(const TensorType &t) { return size_t(deviceBytesOf(t)); }
 
   const Graph &graph_;
   CudaOptions options_;
@@ -99,6 +120,8 @@ private:
   int64_t profiledSteps_ = 0;
   std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
   std::vector<std::vector<void *>> scratch_;       // per op
+  std::vector<std::vector<void *>> persistent_;    // per op
+  llvm::DenseMap<const Op *, float *> usedScaleInv_; // per quantize op: the scale_inv it used
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
   llvm::DenseMap<const Value *, void *> buffers_;
   std::vector<void *> owned_;
@@ -176,6 +199,7 @@ llvm::Error CudaExecutor::initialize() {
   ops_ = graph_.ops();
   kernels_.resize(ops_.size());
   scratch_.resize(ops_.size());
+  persistent_.resize(ops_.size());
   gemms_.resize(ops_.size());
   // Intermediates live in one arena laid out by the memory plan; leaves (parameters, state,
   // inputs) keep buffers of their own.
@@ -210,6 +234,16 @@ llvm::Error CudaExecutor::initialize() {
     }
     for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
       scratch_[i].push_back(arena + plan.opLocalOffsets[i][k]);
+    for (int64_t floats : lowering.persistentFloats) {
+      void *p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
+      CUDA_CHECK(cudaMemset(p, 0, size_t(floats) * 4));
+      allocatedBytes_ += floats * 4;
+      owned_.push_back(p);
+      persistent_[i].push_back(p);
+    }
+    if (op.kind() == OpKind::Quantize)
+      usedScaleInv_[&op] = static_cast<float *>(persistent_[i].at(0));
     if (lowering.kind == OpLowering::Gemm) {
       if (auto err = planGemm(op, gemms_[i]))
         return err;
@@ -230,18 +264,37 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
   int64_t batches = c.numElements() / (m * n);
   bool sharedB = b.rank() == 2 && batches > 1;
-  // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype).
+  if (sharedB && !ta) { // [..., M, K] rows against one [K, N] (or [N, K]): one GEMM of all rows
+    m *= batches;
+    batches = 1;
+    sharedB = false;
+  }
+  // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype). FP8: the operands' own
+  // types, fp32 accumulation and output, each operand scaled by its quantize's scale_inv.
   plan.bf16 = op.attrs().getString("gemm_dtype") == "bf16";
-  cudaDataType_t operandType = plan.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  bool fp8 = isFp8(a.dtype);
+  cudaDataType_t firstType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(b.dtype);
+  cudaDataType_t secondType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(a.dtype);
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (fp8) {
+    const Op *firstQuantize = quantizeOf(op.operand(1)), *secondQuantize = quantizeOf(op.operand(0));
+    if (!firstQuantize || !secondQuantize)
+      return cudaFailure("planGemm", __FILE__, __LINE__,
+                         fmt::format("the FP8 GEMM %{} reads a value no quantize op produced",
+                                     op.result()->name()));
+    const void *firstScale = usedScaleInv_.lookup(firstQuantize);
+    const void *secondScale = usedScaleInv_.lookup(secondQuantize);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
+  }
   cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof opSecond));
   // The first operand (B) as stored: [K,N] row-major is N x K column-major, [N,K] is K x N.
   uint64_t firstRows = tb ? k : n, firstCols = tb ? n : k;
   uint64_t secondRows = ta ? m : k, secondCols = ta ? k : m;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, operandType, firstRows, firstCols, firstRows));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, operandType, secondRows, secondCols, secondRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, firstType, firstRows, firstCols, firstRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, secondType, secondRows, secondCols, secondRows));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
   if (batches > 1) {
     int32_t count = int32_t(batches);
@@ -299,6 +352,10 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
   if (tensor.type != v->type())
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is %s, but a %s was given",
                                    name.str().c_str(), v->type().str().c_str(), tensor.type.str().c_str());
+  if (isFp8(v->type().dtype))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "'%s' is %s: FP8 tensors come from quantize ops, not from the host",
+                                   name.str().c_str(), v->type().str().c_str());
   const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
                                                 : (const void *)tensor.ints.data();
   CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytesOf(v->type()), cudaMemcpyHostToDevice, stream_));
@@ -341,6 +398,8 @@ llvm::Error CudaExecutor::launchStep() {
         pointers.push_back(buffer(op.result(r)));
       for (void *s : scratch_[i])
         pointers.push_back(s);
+      for (void *s : persistent_[i])
+        pointers.push_back(s);
       std::vector<void *> args;
       for (void *&p : pointers)
         args.push_back(&p);
@@ -357,7 +416,12 @@ llvm::Error CudaExecutor::launchStep() {
       CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      profileMs_[op.name().str() + (lowering.kind == OpLowering::Gemm && op.attrs().has("gemm_dtype") ? " (bf16)" : "")] += ms;
+      std::string label = op.name().str();
+      if (lowering.kind == OpLowering::Gemm)
+        label += op.attrs().has("gemm_dtype") ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
+      else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))
+        label += " (fp8)";
+      profileMs_[label] += ms;
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     }
@@ -411,6 +475,22 @@ llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "graph @%s has no value '%s'",
                                    graph_.name().c_str(), name.str().c_str());
   Tensor t = Tensor::zeros(v->type());
+  if (isFp8(v->type().dtype)) {
+    // What the CPU interpreter holds for an FP8 value: each code times the scale_inv its
+    // quantize used.
+    const Op *quantize = quantizeOf(v);
+    if (!quantize)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "%%%s is FP8 but no quantize op produced it", name.str().c_str());
+    std::vector<uint8_t> codes(t.data.size());
+    float scaleInv = 0;
+    CUDA_CHECK(cudaMemcpy(codes.data(), buffer(v), codes.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&scaleInv, usedScaleInv_.lookup(quantize), 4, cudaMemcpyDeviceToHost));
+    Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    for (size_t i = 0; i < codes.size(); ++i)
+      t.data[i] = fp8ToFloat(codes[i], format) * scaleInv;
+    return t;
+  }
   void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();
   CUDA_CHECK(cudaMemcpy(host, buffer(v), bytesOf(v->type()), cudaMemcpyDeviceToHost));
   return t;

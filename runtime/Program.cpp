@@ -5,14 +5,22 @@
 #include "runtime/CudaExecutor.h"
 #include "runtime/Interpreter.h"
 
+#include <fmt/format.h>
+
 namespace tgc {
+
+namespace {
+int computeCapability() {
+  TargetInfo target = detectTarget();
+  return target.gpus.empty() ? 0 : target.gpus[0].major * 10 + target.gpus[0].minor;
+}
+} // namespace
 
 PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
   if (precision.recipe != "auto" || device == Device::Cpu)
     return resolveRecipeForCpu(precision);
-  TargetInfo target = detectTarget();
-  int cc = target.gpus.empty() ? 0 : target.gpus[0].major * 10 + target.gpus[0].minor;
-  precision.recipe = cc >= 80 ? "bf16" : "fp32";
+  int cc = computeCapability();
+  precision.recipe = cc >= 89 ? "fp8" : cc >= 80 ? "bf16" : "fp32";
   return precision;
 }
 
@@ -23,10 +31,17 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
-  if (device == Device::Cuda && program.precision.recipe == "fp8")
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "error: the GPU backend runs the fp32 and bf16 recipes so far; "
-                                   "fp8 runs on the CPU interpreter (--device cpu)");
+  // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
+  if (device == Device::Cuda) {
+    int cc = computeCapability();
+    const std::string &recipe = program.precision.recipe;
+    if ((recipe == "fp8" && cc < 89) || (recipe == "bf16" && cc < 80))
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          fmt::format("error: the {} recipe needs a GPU of compute capability {} or later; this "
+                      "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
+                      recipe, recipe == "fp8" ? "8.9" : "8.0", cc / 10, cc % 10));
+  }
   std::vector<std::string> passes = device == Device::Cuda ? gpuPipeline(training)
                                     : training            ? trainingPipeline()
                                                           : forwardPipeline();

@@ -1,6 +1,10 @@
 // FP8 delayed scaling: TE's scale update, the quantize kernel, and the tiny model trained with
 // the fp8 recipe on the CPU (emulated) against its fp32 run.
 #include "ir/Parser.h"
+#include "models/GPTBuilder.h"
+#include "passes/Pass.h"
+#include "runtime/Init.h"
+#include "runtime/Random.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Fp8Scaling.h"
 #include "runtime/Generate.h"
@@ -110,6 +114,74 @@ TEST(Quantize, RoundsScaledValuesRecordsAmaxAndCountsSaturation) {
   EXPECT_EQ(out[0].data, (std::vector<float>{1.0f, -0.3125f, 56.0f, 0.0f, -2.5f}));
   EXPECT_EQ(out[1].data[0], 100.0f);
   EXPECT_EQ(out[2].data[0], 1.0f);
+}
+
+/// The tiny fp8 training program, with legalize-fp8-gemm before the final dce or without it.
+std::unique_ptr<Graph> tinyFp8Program(bool legalize) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = "fp8";
+  auto graph = unwrap(buildGPT(c, 4));
+  if (!graph)
+    return nullptr;
+  std::vector<std::string> passes = trainingPipeline();
+  if (legalize)
+    passes.insert(passes.end() - 1, "legalize-fp8-gemm");
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = c.precision;
+  auto pipeline = unwrap(PassPipeline::create(passes, options));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  return graph;
+}
+
+TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
+  auto plain = tinyFp8Program(false), legal = tinyFp8Program(true);
+  ASSERT_TRUE(plain && legal);
+  int fp8Gemms = 0, notTN = 0, transposes = 0;
+  for (const Op *op : plain->ops())
+    if (op->kind() == OpKind::MatMul && isFp8(op->operand(0)->type().dtype))
+      notTN += op->attrs().getBool("transpose_a").value_or(false) ||
+               !op->attrs().getBool("transpose_b").value_or(false);
+  for (const Op *op : legal->ops()) {
+    if (op->kind() == OpKind::Transpose && isFp8(op->operand(0)->type().dtype))
+      ++transposes;
+    if (op->kind() != OpKind::MatMul || !isFp8(op->operand(0)->type().dtype))
+      continue;
+    ++fp8Gemms;
+    EXPECT_FALSE(op->attrs().has("transpose_a")) << op->result()->name();
+    EXPECT_EQ(op->attrs().getBool("transpose_b"), true) << op->result()->name();
+  }
+  // 8 FP8 linear layers: forward, dgrad and wgrad each; dgrad and wgrad were not TN, and need
+  // W^T, and X^T and dY^T: three transposes per layer.
+  EXPECT_EQ(fp8Gemms, 24);
+  EXPECT_EQ(notTN, 16);
+  EXPECT_EQ(transposes, 24);
+  // One training step of each on the same random parameters and batch: the same bits.
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = initParams(*plain, rng.next());
+  for (const char *name : {"tokens", "targets"}) {
+    Tensor t = Tensor::zeros(plain->lookup(name)->type());
+    for (int32_t &v : t.ints)
+      v = int32_t(rng.below(64));
+    leaves[name] = std::move(t);
+  }
+  leaves["step"] = Tensor{plain->lookup("step")->type(), {}, {1}};
+  Interpreter a(*plain), b(*legal);
+  ASSERT_FALSE(bool(a.bindAll(leaves)));
+  ASSERT_FALSE(bool(b.bindAll(leaves)));
+  auto outA = unwrap(a.run()), outB = unwrap(b.run());
+  ASSERT_EQ(outA.size(), outB.size());
+  for (size_t i = 0; i < outA.size(); ++i)
+    EXPECT_EQ(outA[i].data, outB[i].data) << plain->outputs()[i]->name();
+  // The step's updates: parameters, AdamW moments and the FP8 scaling state.
+  int leavesCompared = 0;
+  for (const Op *op : plain->ops())
+    if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
+      std::string name = op->result()->name();
+      EXPECT_EQ(unwrap(a.read(name)).data, unwrap(b.read(name)).data) << name;
+      ++leavesCompared;
+    }
+  EXPECT_GT(leavesCompared, 100);
 }
 
 /// Mean of the last ten losses of a full tiny run under `recipe`, and the trained checkpoint.

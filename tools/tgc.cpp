@@ -94,6 +94,9 @@ static cl::opt<int64_t> AmaxHistoryLen("amax-history-len", cl::desc("Length of t
                                        cl::sub(CompileCmd), cl::sub(TrainCmd), cl::cat(Category));
 static cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_recent"),
                                      cl::sub(CompileCmd), cl::sub(TrainCmd), cl::cat(Category));
+static cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
+                                  cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
+                                  cl::sub(CompileCmd), cl::sub(TrainCmd), cl::sub(BenchCmd), cl::cat(Category));
 static cl::opt<bool> ExplainPrecision("explain-precision",
                                       cl::desc("Print each linear layer's precision and why"),
                                       cl::sub(CompileCmd), cl::cat(Category));
@@ -154,6 +157,14 @@ llvm::Error flagError(const std::string &message) {
 }
 
 /// The model file with the command line's overrides applied and checked.
+llvm::Error applyFp8MinDim(PrecisionConfig &p) {
+  if (Fp8MinDim < 0 || Fp8MinDim > kMaxDim)
+    return flagError(fmt::format("--fp8-min-dim must be between 0 and {}, got {}", kMaxDim,
+                                 int64_t(Fp8MinDim)));
+  p.fp8MinDim = Fp8MinDim;
+  return llvm::Error::success();
+}
+
 llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
   auto config = loadModelConfig(path);
   if (!config)
@@ -207,6 +218,10 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
       return flagError(fmt::format("--margin must be between 0 and 64, got {}", int64_t(Margin)));
     p.margin = Margin;
   }
+  if (Fp8MinDim.getNumOccurrences()) {
+    if (auto err = applyFp8MinDim(p))
+      return std::move(err);
+  }
   if (AmaxHistoryLen.getNumOccurrences()) {
     if (AmaxHistoryLen < 1 || AmaxHistoryLen > (1 << 16))
       return flagError(fmt::format("--amax-history-len must be between 1 and 65536, got {}",
@@ -216,21 +231,15 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
   return config;
 }
 
-/// --device: auto takes the GPU when there is one (and this build can use it) and the recipe
-/// has a GPU lowering; an explicit request the machine cannot serve is an error, not a
-/// downgrade.
-llvm::Expected<Device> resolveDevice(const std::string &recipe) {
+/// --device: auto takes the GPU when there is one (and this build can use it); an explicit
+/// request the machine cannot serve is an error, not a downgrade.
+llvm::Expected<Device> resolveDevice() {
   std::string why;
   if (DeviceFlag == "cpu")
     return tgc::Device::Cpu;
   if (DeviceFlag == "auto") {
     if (!cudaAvailable(&why))
       return tgc::Device::Cpu;
-    if (recipe == "fp8") {
-      llvm::errs() << "tgc: note: the GPU backend does not lower fp8 yet; running on the CPU "
-                      "interpreter\n";
-      return tgc::Device::Cpu;
-    }
     return tgc::Device::Cuda;
   }
   if (DeviceFlag == "cuda") {
@@ -433,7 +442,7 @@ int runTrain() {
   auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());
-  auto device = resolveDevice(resolveRecipeForCpu(config->precision).recipe);
+  auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
   for (const std::string *path : {&SavePath.getValue(), &LogPath.getValue()})
@@ -582,7 +591,7 @@ int runGenerate() {
   if (!trained)
     return report(trained.takeError());
   auto &[config, checkpoint] = *trained;
-  auto device = resolveDevice(resolveRecipeForCpu(config.precision).recipe);
+  auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
   auto prompt = parsePrompt(Prompt, config.vocab);
@@ -604,7 +613,7 @@ int runEval() {
   if (!trained)
     return report(trained.takeError());
   auto &[config, checkpoint] = *trained;
-  auto device = resolveDevice(resolveRecipeForCpu(config.precision).recipe);
+  auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
   if (PromptLength < 2 || PromptLength >= config.seqLen)
@@ -642,6 +651,9 @@ int runBench() {
   auto base = loadModelConfig(BenchModel);
   if (!base)
     return report(base.takeError());
+  if (Fp8MinDim.getNumOccurrences())
+    if (auto err = applyFp8MinDim(base->precision))
+      return report(std::move(err));
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
   if (recipes.empty())
     recipes = {"fp32", "bf16", "fp8"};
@@ -660,7 +672,7 @@ int runBench() {
     ModelConfig config = *base;
     config.precision.recipe = recipe;
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps);
-    auto device = resolveDevice(recipe);
+    auto device = resolveDevice();
     if (!device)
       return report(device.takeError());
     auto trainer = Trainer::create(config, "", *device);
@@ -689,6 +701,17 @@ int runBench() {
                                 tokens / (median / 1000), trainingFlops(config) / (median / 1000) / 1e12,
                                 double((*trainer)->executor().deviceBytes()) / (1 << 20), loss);
     if (recipe == "fp8") {
+      int64_t fp8Layers = 0, linearLayers = 0;
+      for (const Op *op : (*trainer)->program().ops()) { // linear weights: [out, in] "*.weight"
+        llvm::StringRef site = op->result() ? llvm::StringRef(op->result()->name()) : "";
+        if (op->kind() != OpKind::Param || op->result()->type().rank() != 2 || !site.consume_back(".weight"))
+          continue;
+        ++linearLayers;
+        fp8Layers += (*trainer)->program().lookup((site + ".fp8.weight.scale").str()) != nullptr;
+      }
+      llvm::outs() << fmt::format("       {} of {} linear layers in FP8 (fp8_min_dim {}; compile "
+                                  "--explain-precision says why)\n",
+                                  fp8Layers, linearLayers, config.precision.fp8MinDim);
       auto checkpoint = (*trainer)->checkpoint();
       if (!checkpoint)
         return report(checkpoint.takeError());
@@ -785,9 +808,10 @@ int runInfo() {
                                 cc >= 89 ? "yes" : "no (needs 8.9)",
                                 cc >= 80 ? "yes" : "no (needs 8.0)");
   }
-  llvm::outs() << "  GPU backend (NVRTC kernels, cuBLASLt): fp32 and bf16 so far; fp8 runs on the CPU\n"
-                  "  --precision auto: fp32 on the CPU interpreter; on a GPU bf16 from compute "
-                  "capability 8.0 (fp8 from 8.9 once lowered), fp32 below\n";
+  llvm::outs() << "  GPU backend (NVRTC kernels, cuBLASLt): fp32, bf16 (from 8.0) and fp8 (from 8.9)\n"
+                  "  --precision auto: fp32 on the CPU interpreter; on a GPU fp8 from compute "
+                  "capability 8.9, bf16 from 8.0, fp32 below\n"
+                  "  under fp8, a GEMM smaller than fp8_min_dim stays BF16 (compile --explain-precision)\n";
   return 0;
 }
 
