@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 MASK = (1 << 64) - 1
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0
 
 
 def mix64(x):
@@ -99,12 +100,85 @@ def read_config(model_yaml):
     return cfg
 
 
+class DelayedScaling:
+    """Transformer Engine's DelayedScaling state of one tensor (../shared/fp8.md): the producer
+    records amax in the current slot; after the step the scale follows the window's max."""
+
+    def __init__(self, fmt_max, history, device):
+        self.fmt_max = fmt_max
+        self.scale = torch.ones((), device=device)
+        self.history = torch.zeros(history, device=device)
+
+    def quantize(self, x, dtype):
+        self.history[0] = x.detach().abs().amax().float()
+        # torch's float8 casts round to nearest even but do not saturate: clamp first.
+        q = (x.float() * self.scale).clamp(-self.fmt_max, self.fmt_max).to(dtype)
+        return q, self.scale.reciprocal()
+
+    def update(self):
+        amax = self.history.max()
+        self.history = torch.roll(self.history, -1)
+        self.history[0] = 0
+        ok = torch.isfinite(amax) & (amax > 0)
+        self.scale = torch.where(ok, self.fmt_max / torch.where(ok, amax, 1.0), self.scale)
+
+
+class Fp8Linear(torch.autograd.Function):
+    """y = x W^T + b with E4M3 x and W, and E5M2 gradients (hybrid), through torch._scaled_mm,
+    which takes A row-major and B column-major (cuBLASLt's TN): the backward materialises the
+    transposes, as tgc's legalize-fp8-gemm does."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, state):
+        shape = x.shape
+        xq, xs = state["input"].quantize(x.reshape(-1, shape[-1]), torch.float8_e4m3fn)
+        wq, ws = state["weight"].quantize(weight, torch.float8_e4m3fn)
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.float32)
+        if bias is not None:
+            y = y + bias.float()
+        ctx.save_for_backward(xq, wq, xs, ws)
+        ctx.state, ctx.shape, ctx.has_bias = state, shape, bias is not None
+        return y.reshape(*shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xq, wq, xs, ws = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dyq, dys = ctx.state["grad_output"].quantize(dy2, torch.float8_e5m2)
+        dx = torch._scaled_mm(dyq, wq.t().contiguous().t(), scale_a=dys, scale_b=ws, out_dtype=torch.float32)
+        dw = torch._scaled_mm(dyq.t().contiguous(), xq.t().contiguous().t(), scale_a=dys, scale_b=xs,
+                              out_dtype=torch.float32)
+        db = dy2.float().sum(0) if ctx.has_bias else None
+        return dx.reshape(ctx.shape), dw, db, None
+
+
+def fp8_layers(cfg, min_dim, device):
+    """tgc's rule (passes/Precision.h): FP8 for a linear layer but the head when M, K and N are
+    multiples of 16 and K and N reach fp8_min_dim. Scaling state for each."""
+    d, ffn, m = cfg["d_model"], cfg["ffn"], cfg["batch"] * cfg["seq_len"]
+    up = 2 * ffn if cfg["activation"] == "swiglu" else ffn
+    shapes = {}
+    for l in range(cfg["layers"]):
+        shapes.update({f"h{l}.attn.qkv": (d, 3 * d), f"h{l}.attn.proj": (d, d), f"h{l}.mlp.fc1": (d, up),
+                       f"h{l}.mlp.fc2": (ffn, d)})
+    history = cfg.get("amax_history_len", 1024)
+    layers = {}
+    for name, (k, n) in shapes.items():
+        if m % 16 or k % 16 or n % 16 or k < min_dim or n < min_dim:
+            continue
+        layers[name] = {"input": DelayedScaling(E4M3_MAX, history, device),
+                        "weight": DelayedScaling(E4M3_MAX, history, device),
+                        "grad_output": DelayedScaling(E5M2_MAX, history, device)}
+    return layers
+
+
 class GPT(torch.nn.Module):
     """tgc's GPT: pre-LayerNorm blocks, tanh GELU, weights [out, in]."""
 
-    def __init__(self, cfg, weights):
+    def __init__(self, cfg, weights, fp8=None):
         super().__init__()
         self.cfg = cfg
+        self.fp8 = fp8 or {}
         self.p = torch.nn.ParameterDict(
             {name.replace(".", "__"): torch.nn.Parameter(t.clone()) for name, t in weights.items()})
 
@@ -116,6 +190,8 @@ class GPT(torch.nn.Module):
 
     def linear(self, x, name):
         bias = self.w(name + ".bias") if self.has(name + ".bias") else None
+        if name in self.fp8:
+            return Fp8Linear.apply(x, self.w(name + ".weight"), bias, self.fp8[name])
         return F.linear(x, self.w(name + ".weight"), bias)
 
     def norm(self, x, name):
@@ -231,7 +307,9 @@ def bench(args):
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as in tgc
     torch.backends.cudnn.allow_tf32 = False
-    model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}).to(device)
+    min_dim = args.fp8_min_dim if args.fp8_min_dim is not None else cfg.get("fp8_min_dim", 2048)
+    fp8 = fp8_layers(cfg, min_dim, device) if args.precision == "fp8" else {}
+    model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}, fp8).to(device)
     opt = make_optimizer(model, list(weights.keys()), cfg, fused=True)
     total = args.warmup + args.steps
     batches = [tuple(t.to(device) for t in train_batch(cfg, i)) for i in range(total)]
@@ -241,7 +319,7 @@ def bench(args):
         tokens, targets = batches[step - 1]
         torch.cuda.synchronize()
         start = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision != "fp32"):
             logits = model(tokens)
             loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), targets.view(-1))
         opt.zero_grad(set_to_none=True)
@@ -250,12 +328,16 @@ def bench(args):
         for g in opt.param_groups:
             g["lr"] = learning_rate(cfg, step)
         opt.step()
+        for state in fp8.values():
+            for s in state.values():
+                s.update()
         torch.cuda.synchronize()
         if step > args.warmup:
             times.append((time.perf_counter() - start) * 1000)
     tokens_per_step = cfg["batch"] * cfg["seq_len"]
     median = statistics.median(times)
-    print(f"pytorch {args.precision:<5} eager, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
+    what = f" ({len(fp8)} FP8 linear layers, delayed scaling)" if args.precision == "fp8" else ""
+    print(f"pytorch {args.precision:<5} eager{what}, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
           f"mean {statistics.mean(times):.2f} ms, {tokens_per_step / median * 1000:.0f} tokens/s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, final loss {loss.item():.4f}")
 
@@ -269,7 +351,8 @@ def main():
     parser.add_argument("--generate", help="prompt token ids: print greedy continuations instead")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--bench", action="store_true", help="time training on the GPU instead")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp8"], default="fp32")
+    parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args()
     torch.manual_seed(0)
