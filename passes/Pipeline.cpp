@@ -86,7 +86,8 @@ PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
 std::vector<std::string> gpuPipeline(bool training) {
   // The fusions whose fused ops (and their gradients) the GPU backend lowers so far. Without
   // LayerNorm+Linear/MLP, residual-norm takes every residual add and the norm after it.
-  const std::vector<std::string> lowered = {"fuse-residual-norm", "fuse-cross-entropy"};
+  const std::vector<std::string> lowered = {"fuse-residual-norm", "fuse-bias-activation",
+                                            "fuse-cross-entropy"};
   std::vector<std::string> passes;
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
     if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))
