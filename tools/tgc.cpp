@@ -79,7 +79,7 @@ static cl::opt<bool> Stats("stats", cl::desc("Print op counts by kind before and
                            cl::sub(CompileCmd), cl::sub(OptCmd), cl::cat(Category));
 static cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model file's)"),
                               cl::init(0), cl::sub(CompileCmd), cl::sub(RunCmd), cl::sub(TrainCmd),
-                              cl::cat(Category));
+                              cl::sub(BenchCmd), cl::cat(Category));
 static cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
                               cl::sub(RunCmd), cl::sub(TrainCmd), cl::sub(GenerateCmd),
                               cl::cat(Category));
@@ -648,12 +648,9 @@ double trainingFlops(const ModelConfig &c) {
 }
 
 int runBench() {
-  auto base = loadModelConfig(BenchModel);
+  auto base = loadConfig(BenchModel); // with --batch and --fp8-min-dim applied
   if (!base)
     return report(base.takeError());
-  if (Fp8MinDim.getNumOccurrences())
-    if (auto err = applyFp8MinDim(base->precision))
-      return report(std::move(err));
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
   if (recipes.empty())
     recipes = {"fp32", "bf16", "fp8"};
