@@ -42,8 +42,9 @@ GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef si
 
 std::string gemmSite(const Op &linear) {
   llvm::StringRef weight = linear.operand(1)->name();
-  if (weight.consume_back(".weight"))
-    return weight.str();
+  if (weight == "wte") // a tied LM head reads the embedding table: it is still the LM head
+    return "lm_head";
+  weight.consume_back(".weight");
   return weight.str();
 }
 

@@ -26,8 +26,8 @@ struct GemmChoice {
 GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef site, int64_t m,
                                int64_t k, int64_t n);
 
-/// The name the FP8 state of a linear layer is kept under: its weight's name without
-/// ".weight" (h0.attn.qkv), or the weight's own name (wte, when the LM head is tied).
+/// The name the FP8 state of a linear layer is kept under, and keep_bf16 matches: its weight's
+/// name without ".weight" (h0.attn.qkv); "lm_head" for the head, tied to wte or not.
 std::string gemmSite(const Op &linear);
 
 } // namespace tgc

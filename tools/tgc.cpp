@@ -470,8 +470,9 @@ int runTrain() {
                               c.name, c.numParams(), c.train.batch, c.seqLen, total,
                               formatDouble(c.train.lr), c.train.seed);
   std::string recipe = c.precision.recipe; // resolved by the trainer for its device
+  bool emulated = recipe != "fp32" && llvm::StringRef(t.executor().describe()).starts_with("cpu");
   llvm::outs() << fmt::format("device: {}, precision {}{}\ndata: {}\n", t.executor().describe(),
-                              recipe, recipe == "fp32" ? "" : " (emulated)", t.data().describe());
+                              recipe, emulated ? " (emulated)" : "", t.data().describe());
   if (t.stepsDone())
     llvm::outs() << fmt::format("resumed from {} at step {}\n", ResumePath.getValue(), t.stepsDone());
 
