@@ -707,6 +707,7 @@ int runBench() {
         ++linearLayers;
         fp8Layers += (*trainer)->program().lookup((site + ".fp8.weight.scale").str()) != nullptr;
       }
+      linearLayers += config.tieEmbeddings; // the head reads wte, which the loop does not count
       llvm::outs() << fmt::format("       {} of {} linear layers in FP8 (fp8_min_dim {}; compile "
                                   "--explain-precision says why)\n",
                                   fp8Layers, linearLayers, config.precision.fp8MinDim);
