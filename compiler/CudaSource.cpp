@@ -46,23 +46,31 @@ __device__ float geluTanh(float x) {
   return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+// The sum of one value per lane over a warp; every lane gets it.
+__device__ float warpSum(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// x rounded to the nearest BF16 (ties to even), as the GEMMs of gemm_dtype="bf16" read it.
+__device__ float roundBf16(float x) {
+  unsigned int bits = __float_as_uint(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return __uint_as_float(0x7fff0000u);
+  unsigned int upper = bits >> 16, remainder = bits << 16;
+  if (remainder > 0x80000000u || (remainder == 0x80000000u && (upper & 1u)))
+    ++upper;
+  return __uint_as_float(upper << 16);
+}
+
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)
 
 // BF16 copies of the operands of gemm_dtype="bf16" GEMMs: round to nearest even, NaN to 0x7FFF
 // (what __float2bfloat16 does, and the CPU interpreter's roundToBf16).
 extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out, int64 count) {
-  FOR_EACH_ELEMENT(i, count) {
-    unsigned int bits = __float_as_uint(x[i]);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-      out[i] = 0x7fff;
-    } else {
-      unsigned int upper = bits >> 16, remainder = bits << 16;
-      if (remainder > 0x80000000u || (remainder == 0x80000000u && (upper & 1u)))
-        ++upper;
-      out[i] = (unsigned short)upper;
-    }
-  }
+  FOR_EACH_ELEMENT(i, count) out[i] = (unsigned short)(__float_as_uint(roundBf16(x[i])) >> 16);
 }
 )";
 
@@ -637,6 +645,59 @@ llvm::Error emit(const Op &op, Emitter &e) {
                          "  newSaturations[0] = saturations[0] + saturated[0];\n",
                          length, max ? "true" : "false", lit(fp8Largest(a)),
                          lit(std::ldexp(1.0, int(*a.getInt("margin"))))));
+    return llvm::Error::success();
+  }
+  case OpKind::KvWrite: {
+    // The cache with row pos of every sequence replaced by x (the copy is assigned back to the
+    // cache when the step ends).
+    int64_t T = out.dim(1), D = out.dim(2);
+    e.elementwise("const float *cache, const float *x, const int *pos, float *out", n,
+                  fmt::format("    int64 t = (i / {1}) % {0}, b = i / ({0} * {1});\n"
+                              "    out[i] = t == pos[0] ? x[b * {1} + i % {1}] : cache[i];\n",
+                              T, D));
+    return llvm::Error::success();
+  }
+  case OpKind::DecodeAttention: {
+    // A warp per (sequence, head): the query against cached keys 0..pos, as the CPU computes
+    // it (BF16 operands under gemm_dtype; max in float, sum in double; a head dimension per
+    // lane for the dot products and the weighted values).
+    int64_t B = out.dim(0), D = out.dim(2), T = type(1).dim(1), H = *a.getInt("heads"), Dh = D / H;
+    int64_t per = (Dh + 31) / 32;
+    std::string R = a.getString("gemm_dtype") == "bf16" ? "roundBf16" : "";
+    std::string score = fmt::format(
+        "    float partial = 0.0f;\n"
+        "    for (int c = 0; c < {0}; ++c)\n"
+        "      if (lane + 32 * c < {1}) partial += q[c] * {2}(k[(b * {3} + j) * {4} + h * {1} + lane + 32 * c]);\n"
+        "    float s = warpSum(partial) * {5};\n",
+        per, Dh, R, T, D, lit(*a.getFloat("scale")));
+    e.launch(0, "const float *query, const float *k, const float *v, const int *pos, float *out",
+             (B * H + 7) / 8,
+             fmt::format("  int lane = threadIdx.x % 32;\n"
+                         "  int64 w = (int64)blockIdx.x * 8 + threadIdx.x / 32;\n"
+                         "  if (w >= {0}) return;\n"
+                         "  // A pos outside the cache (which the CPU reports as an error) reads no memory outside it.\n"
+                         "  int64 h = w % {1}, b = w / {1}, last = pos[0] < {7} ? pos[0] : {7} - 1;\n"
+                         "  float q[{2}], acc[{2}];\n"
+                         "  for (int c = 0; c < {2}; ++c) {{\n"
+                         "    q[c] = lane + 32 * c < {3} ? {4}(query[b * {5} + h * {3} + lane + 32 * c]) : 0.0f;\n"
+                         "    acc[c] = 0.0f;\n"
+                         "  }}\n"
+                         "  float mx = __int_as_float(0xff800000);\n"
+                         "  for (int64 j = 0; j <= last; ++j) {{\n{6}"
+                         "    mx = fmaxf(mx, s);\n"
+                         "  }}\n"
+                         "  double sum = 0;\n"
+                         "  for (int64 j = 0; j <= last; ++j) {{\n{6}"
+                         "    sum += exp((double)s - mx);\n"
+                         "  }}\n"
+                         "  for (int64 j = 0; j <= last; ++j) {{\n{6}"
+                         "    float p = {4}((float)(exp((double)s - mx) / sum));\n"
+                         "    for (int c = 0; c < {2}; ++c)\n"
+                         "      if (lane + 32 * c < {3}) acc[c] += p * {4}(v[(b * {7} + j) * {5} + h * {3} + lane + 32 * c]);\n"
+                         "  }}\n"
+                         "  for (int c = 0; c < {2}; ++c)\n"
+                         "    if (lane + 32 * c < {3}) out[b * {5} + h * {3} + lane + 32 * c] = acc[c];\n",
+                         B * H, H, per, Dh, R, D, score, T));
     return llvm::Error::success();
   }
   case OpKind::ResidualNorm: {

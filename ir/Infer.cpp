@@ -610,6 +610,38 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
   return TypeList{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d})};
 }
 
+llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  const TensorType &cache = ops[0], &x = ops[1], &pos = ops[2];
+  if (auto err = requireFloat(cache, "cache"))
+    return std::move(err);
+  if (cache.rank() != 3 || x != TensorType(cache.dtype, {cache.dim(0), 1, cache.dim(2)}))
+    return fail("cache [B, T, D] and x [B, 1, D] do not match: {} and {}", cache.str(), x.str());
+  if (pos != TensorType(DType::I32, {}))
+    return fail("pos must be i32[], got {}", pos.str());
+  return TypeList{cache};
+}
+
+llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  const TensorType &q = ops[0], &k = ops[1], &v = ops[2], &pos = ops[3];
+  if (auto err = checkGemmDType(attrs))
+    return std::move(err);
+  auto heads = requireIntAttr(attrs, "heads");
+  if (!heads)
+    return heads.takeError();
+  if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
+    return scale.takeError();
+  if (auto err = requireFloat(q, "q"))
+    return std::move(err);
+  if (k.rank() != 3 || k != v || q != TensorType(k.dtype, {k.dim(0), 1, k.dim(2)}))
+    return fail("q [B, 1, D] and the caches [B, T, D] do not match: {}, {} and {}", q.str(), k.str(),
+                v.str());
+  if (*heads < 1 || q.dim(2) % *heads)
+    return fail("heads ({}) must divide d_model ({})", *heads, q.dim(2));
+  if (pos != TensorType(DType::I32, {}))
+    return fail("pos must be i32[], got {}", pos.str());
+  return TypeList{q};
+}
+
 llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
     return norm.takeError();

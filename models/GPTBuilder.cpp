@@ -50,6 +50,7 @@ private:
     return op(OpKind::LayerNorm, {x, gamma, beta}, name, attrs({{"eps", c_.normEps}}));
   }
   Value *attention(Value *x, const std::string &p);
+  Value *decodeAttention(Value *x, const std::string &p);
   Value *mlp(Value *x, const std::string &p);
 
   const ModelConfig &c_;
@@ -57,7 +58,29 @@ private:
   GPTOutput output_;
   Builder b_;
   double std_ = 0.02;
+  Value *pos_ = nullptr; // Decode: the position written this step
 };
+
+Value *GPTBuilder::decodeAttention(Value *x, const std::string &p) {
+  int64_t B = batch_, T = c_.seqLen, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
+  Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
+  auto part = [&](int64_t index, const char *name) {
+    return op(OpKind::Slice, {qkv}, p + "." + name,
+              attrs({{"axis", int64_t(2)}, {"start", index * D}, {"size", D}}));
+  };
+  Value *q = part(0, "q"), *k = part(1, "k"), *v = part(2, "v");
+  AttrMap zeros = attrs({{"init", std::string("zeros")}});
+  auto cached = [&](Value *row, const char *name) {
+    Value *cache = b_.state(p + "." + name, TensorType(DType::F32, {B, T, D}), zeros);
+    Value *written = op(OpKind::KvWrite, {cache, row, pos_}, p + "." + name + ".new");
+    b_.create(OpKind::Assign, {cache, written}, {}, "");
+    return written;
+  };
+  Value *keys = cached(k, "k_cache"), *values = cached(v, "v_cache");
+  Value *context = op(OpKind::DecodeAttention, {q, keys, values, pos_}, p + ".context.flat",
+                      attrs({{"heads", H}, {"scale", 1.0 / std::sqrt(double(Dh))}}));
+  return linear(context, p + ".proj", D, D, std_ / std::sqrt(2.0 * c_.layers));
+}
 
 Value *GPTBuilder::attention(Value *x, const std::string &p) {
   int64_t B = batch_, T = c_.seqLen, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
@@ -107,18 +130,24 @@ Value *GPTBuilder::mlp(Value *x, const std::string &p) {
 
 llvm::Error GPTBuilder::build() {
   int64_t B = batch_, T = c_.seqLen, D = c_.dModel, V = c_.vocab;
-  Value *tokens = b_.input("tokens", TensorType(DType::I32, {B, T}));
+  bool decode = output_ == GPTOutput::Decode;
+  int64_t steps = decode ? 1 : T; // positions per sequence in this program
+  Value *tokens = b_.input("tokens", TensorType(DType::I32, {B, steps}));
   Value *targets = output_ == GPTOutput::Loss ? b_.input("targets", TensorType(DType::I32, {B, T}))
                                                : nullptr;
+  Value *positions = decode ? b_.input("positions", TensorType(DType::I32, {B, 1})) : nullptr;
+  if (decode)
+    pos_ = b_.input("pos", TensorType(DType::I32, {}));
   bool decayEmbeddings = c_.train.decayEmbeddings;
   Value *wte = weight("wte", {V, D}, std_, decayEmbeddings);
   Value *wpe = weight("wpe", {T, D}, std_ / 2, decayEmbeddings);
   Value *tok = op(OpKind::Embedding, {wte, tokens}, "tok_emb");
-  Value *x = op(OpKind::Add, {tok, wpe}, "x0");
+  Value *posEmb = decode ? op(OpKind::Embedding, {wpe, positions}, "pos_emb") : wpe;
+  Value *x = op(OpKind::Add, {tok, posEmb}, "x0");
   for (int64_t l = 0; l < c_.layers; ++l) {
     std::string p = "h" + std::to_string(l);
     Value *ln1 = norm(x, p + ".ln1");
-    Value *attn = attention(ln1, p + ".attn");
+    Value *attn = decode ? decodeAttention(ln1, p + ".attn") : attention(ln1, p + ".attn");
     x = op(OpKind::Add, {x, attn}, p + ".res1");
     Value *ln2 = norm(x, p + ".ln2");
     Value *ffn = mlp(ln2, p + ".mlp");
@@ -127,7 +156,7 @@ llvm::Error GPTBuilder::build() {
   Value *final = norm(x, "lnf");
   Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_, /*decay=*/true);
   Value *logits = op(OpKind::MatMul, {final, head}, "logits", attrs({{"transpose_b", true}}));
-  if (output_ == GPTOutput::Logits) {
+  if (output_ != GPTOutput::Loss) {
     if (auto err = b_.takeError())
       return err;
     b_.graph().addOutput(logits);

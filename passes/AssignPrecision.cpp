@@ -14,7 +14,8 @@ namespace tgc {
 namespace {
 
 bool isGemm(OpKind kind) {
-  return kind == OpKind::MatMul || kind == OpKind::Attention || kind == OpKind::LayerNormLinear ||
+  return kind == OpKind::MatMul || kind == OpKind::Attention || kind == OpKind::DecodeAttention ||
+         kind == OpKind::LayerNormLinear ||
          kind == OpKind::LayerNormMLP || kind == OpKind::MatMulBiasGelu;
 }
 

@@ -299,6 +299,8 @@ llvm::Expected<Grads> gradQuantize(GradContext &c) {
 }
 
 llvm::Expected<Grads> gradFp8Update(GradContext &c) { return notDifferentiable(c); }
+llvm::Expected<Grads> gradKvWrite(GradContext &c) { return notDifferentiable(c); }
+llvm::Expected<Grads> gradDecodeAttention(GradContext &c) { return notDifferentiable(c); }
 
 llvm::Expected<Grads> gradCrossEntropy(GradContext &c) {
   return Grads{c.create(OpKind::CrossEntropyBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};

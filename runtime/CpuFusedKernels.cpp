@@ -4,7 +4,9 @@
 // attention probabilities), as the GPU kernels do.
 #include "ir/Fused.h"
 #include "runtime/CpuKernels.h"
+#include "runtime/Numerics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -211,6 +213,57 @@ llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
   out[0] = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&context},
                  TensorType(type.dtype, {B, T, H, Dh}));
   out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
+  return llvm::Error::success();
+}
+
+llvm::Error evalKvWrite(const AttrMap &, Operands in, Results out) {
+  const Tensor &cache = *in[0], &x = *in[1];
+  int64_t B = cache.type.dim(0), T = cache.type.dim(1), D = cache.type.dim(2), pos = in[2]->ints[0];
+  if (pos < 0 || pos >= T)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   fmt::format("position {} is outside the cache [0, {})", pos, T));
+  out[0].data = cache.data;
+  for (int64_t b = 0; b < B; ++b)
+    std::copy(&x.data[b * D], &x.data[(b + 1) * D], &out[0].data[(b * T + pos) * D]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
+  // What attention computes for the row of position pos, in the same steps: scores (a GEMM:
+  // BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in double),
+  // probabilities times values (a GEMM again).
+  const Tensor &q = *in[0], &k = *in[1], &v = *in[2];
+  int64_t B = k.type.dim(0), T = k.type.dim(1), D = k.type.dim(2), pos = in[3]->ints[0];
+  int64_t H = *a.getInt("heads"), Dh = D / H;
+  float scale = float(*a.getFloat("scale"));
+  if (pos < 0 || pos >= T)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   fmt::format("position {} is outside the cache [0, {})", pos, T));
+  bool bf16 = a.getString("gemm_dtype") == "bf16";
+  auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
+  std::vector<float> scores(pos + 1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const float *qh = &q.data[b * D + h * Dh];
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float *kj = &k.data[(b * T + j) * D + h * Dh];
+        float dot = 0.0f;
+        for (int64_t d = 0; d < Dh; ++d)
+          dot += r(qh[d]) * r(kj[d]);
+        scores[j] = dot * scale;
+      }
+      float max = *std::max_element(scores.begin(), scores.end());
+      double sum = 0;
+      for (float s : scores)
+        sum += std::exp(double(s) - max);
+      float *o = &out[0].data[b * D + h * Dh];
+      for (int64_t j = 0; j <= pos; ++j) {
+        float p = r(float(std::exp(double(scores[j]) - max) / sum));
+        const float *vj = &v.data[(b * T + j) * D + h * Dh];
+        for (int64_t d = 0; d < Dh; ++d)
+          o[d] += p * r(vj[d]);
+      }
+    }
   return llvm::Error::success();
 }
 

@@ -35,6 +35,48 @@ int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options,
       return order[i];
   return order[keep - 1];
 }
+
+/// Compiles `output`'s program of `config` for `batch` sequences and binds the weights (and
+/// FP8 scaling state) from `weights`; KV caches start at zero.
+llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
+                                                 const std::map<std::string, Tensor> &weights,
+                                                 int64_t batch, Device device, GPTOutput output) {
+  auto graph = buildGPT(config, batch, output);
+  if (!graph)
+    return graph.takeError();
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
+  if (!program)
+    return program.takeError();
+  for (const Op *op : program->graph->ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    llvm::StringRef name = op->result()->name();
+    auto it = weights.find(name.str());
+    if (it == weights.end() && (name.ends_with(".k_cache") || name.ends_with(".v_cache"))) {
+      if (auto err = program->executor->bind(name, Tensor::zeros(op->result()->type())))
+        return std::move(err);
+      continue;
+    }
+    if (it == weights.end())
+      return fail(fmt::format("error: the checkpoint has no tensor '{}'", name.str()));
+    if (auto err = program->executor->bind(it->first, it->second))
+      return std::move(err);
+  }
+  return program;
+}
+
+llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64_t batch, int64_t vocab) {
+  if (prompts.empty() || int64_t(prompts.size()) > batch)
+    return fail(fmt::format("error: {} prompts for a batch of {}", prompts.size(), batch));
+  for (const auto &p : prompts) {
+    if (p.empty() || p.size() != prompts[0].size())
+      return fail("error: prompts must be non-empty and of one length");
+    for (int32_t id : p)
+      if (id < 0 || id >= vocab)
+        return fail(fmt::format("error: prompt token {} is outside the vocabulary [0, {})", id, vocab));
+  }
+  return llvm::Error::success();
+}
 } // namespace
 
 llvm::Expected<std::unique_ptr<Generator>>
@@ -43,40 +85,74 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   auto generator = std::unique_ptr<Generator>(new Generator());
   generator->config_ = config;
   generator->batch_ = batch;
-  auto graph = buildGPT(config, batch, GPTOutput::Logits);
-  if (!graph)
-    return graph.takeError();
-  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
-  if (!program)
-    return program.takeError();
-  generator->program_ = std::move(program->graph);
-  generator->executor_ = std::move(program->executor);
-  // Parameters, and FP8 scaling state for the recipes that quantize.
-  for (const Op *op : generator->program_->ops()) {
-    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
-      continue;
-    auto it = weights.find(op->result()->name());
-    if (it == weights.end())
-      return fail(fmt::format("error: the checkpoint has no tensor '{}'", op->result()->name()));
-    if (auto err = generator->executor_->bind(it->first, it->second))
-      return std::move(err);
-  }
+  generator->device_ = device;
+  generator->weights_ = weights;
+  auto decode = compileInference(config, weights, batch, device, GPTOutput::Decode);
+  if (!decode)
+    return decode.takeError();
+  generator->decode_ = std::move(*decode);
   return generator;
+}
+
+llvm::Error Generator::ensureWindowed() {
+  if (windowed_.executor)
+    return llvm::Error::success();
+  auto windowed = compileInference(config_, weights_, batch_, device_, GPTOutput::Logits);
+  if (!windowed)
+    return windowed.takeError();
+  windowed_ = std::move(*windowed);
+  return llvm::Error::success();
 }
 
 llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
                     const SamplingOptions &options) {
   const int64_t T = config_.seqLen, V = config_.vocab;
-  if (prompts.empty() || int64_t(prompts.size()) > batch_)
-    return fail(fmt::format("error: {} prompts for a batch of {}", prompts.size(), batch_));
-  for (const auto &p : prompts) {
-    if (p.empty() || p.size() != prompts[0].size())
-      return fail("error: prompts must be non-empty and of one length");
-    for (int32_t id : p)
-      if (id < 0 || id >= V)
-        return fail(fmt::format("error: prompt token {} is outside the vocabulary [0, {})", id, V));
+  if (auto err = checkPrompts(prompts, batch_, V))
+    return std::move(err);
+  int64_t promptLength = int64_t(prompts[0].size());
+  // Positions fed: the prompt's, then every generated token but the last.
+  if (count < 1 || promptLength + count - 1 > T)
+    return generateWithoutCache(prompts, count, options);
+  Rng rng(mix64(options.seed));
+  Executor &executor = *decode_.executor;
+  std::vector<int32_t> feed(batch_, 0);
+  for (size_t b = 0; b < prompts.size(); ++b)
+    feed[b] = prompts[b][0];
+  std::vector<std::vector<int32_t>> generated(prompts.size());
+  for (int64_t pos = 0; pos < promptLength + count - 1; ++pos) {
+    TensorType column(DType::I32, {batch_, 1});
+    if (auto err = executor.bind("tokens", Tensor{column, {}, feed}))
+      return std::move(err);
+    if (auto err = executor.bind("positions", Tensor{column, {}, std::vector<int32_t>(batch_, int32_t(pos))}))
+      return std::move(err);
+    if (auto err = executor.bind("pos", Tensor{TensorType(DType::I32, {}), {}, {int32_t(pos)}}))
+      return std::move(err);
+    auto outputs = executor.run();
+    if (!outputs)
+      return outputs.takeError();
+    const std::vector<float> &logits = (*outputs)[0].data; // [batch, 1, V]
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      if (pos + 1 < promptLength) {
+        feed[b] = prompts[b][pos + 1];
+        continue;
+      }
+      feed[b] = pick(&logits[b * V], V, options, rng);
+      generated[b].push_back(feed[b]);
+    }
   }
+  return generated;
+}
+
+llvm::Expected<std::vector<std::vector<int32_t>>>
+Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
+                                const SamplingOptions &options) {
+  const int64_t T = config_.seqLen, V = config_.vocab;
+  if (auto err = checkPrompts(prompts, batch_, V))
+    return std::move(err);
+  if (auto err = ensureWindowed())
+    return std::move(err);
+  Executor &executor = *windowed_.executor;
   Rng rng(mix64(options.seed));
   std::vector<std::vector<int32_t>> sequences = prompts, generated(prompts.size());
   for (int64_t n = 0; n < count; ++n) {
@@ -85,9 +161,9 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
     std::vector<int32_t> tokens(batch_ * T, 0);
     for (size_t b = 0; b < sequences.size(); ++b)
       std::copy(sequences[b].begin() + start, sequences[b].end(), tokens.begin() + b * T);
-    if (auto err = executor_->bind("tokens", Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
+    if (auto err = executor.bind("tokens", Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
       return std::move(err);
-    auto outputs = executor_->run();
+    auto outputs = executor.run();
     if (!outputs)
       return outputs.takeError();
     const std::vector<float> &logits = (*outputs)[0].data;

@@ -21,25 +21,36 @@ struct SamplingOptions {
 
 class Generator {
 public:
-  /// Compiles the inference program (logits for `batch` sequences of seq_len tokens) for the
-  /// device.
+  /// Compiles the decode program (one token per sequence a step, keys and values kept in a KV
+  /// cache; GPTOutput::Decode) for `batch` sequences on the device.
   static llvm::Expected<std::unique_ptr<Generator>>
   create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch,
          Device device = Device::Cpu);
-  std::string describe() const { return executor_->describe(); }
+  std::string describe() const { return decode_.executor->describe(); }
 
-  /// Continues each prompt (all of one length, at most `batch` of them) by `count` tokens. The
-  /// context is the last seq_len tokens; positions after it are padding that causal attention
-  /// never reads.
+  /// Continues each prompt (all of one length, at most `batch` of them) by `count` tokens.
+  /// While every position fits in seq_len, each step runs the decode program on one token per
+  /// sequence. Past seq_len the context is the last seq_len tokens, recomputed each step by
+  /// the full inference program (compiled then), whose positions after the context are
+  /// padding that causal attention never reads.
   llvm::Expected<std::vector<std::vector<int32_t>>>
   generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
            const SamplingOptions &options);
 
+  /// Greedy/sampled continuation without the KV cache (the full program every step), for
+  /// comparison.
+  llvm::Expected<std::vector<std::vector<int32_t>>>
+  generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
+                       const SamplingOptions &options);
+
 private:
+  llvm::Error ensureWindowed();
+
   ModelConfig config_;
   int64_t batch_ = 0;
-  std::unique_ptr<Graph> program_;
-  std::unique_ptr<Executor> executor_;
+  Device device_ = Device::Cpu;
+  std::map<std::string, Tensor> weights_;
+  CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
 };
 
 struct EvalResult {

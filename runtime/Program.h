@@ -25,7 +25,8 @@ struct CompiledProgram {
 
 /// Runs the training or the inference pipeline on `graph` (the builder's output) and creates
 /// the executor. On the GPU the program is compiled by gpuPipeline (the fusions the GPU
-/// lowers), in fp32 or bf16; fp8 is an error there, not a downgrade.
+/// lowers); a recipe the GPU cannot serve (fp8 below compute capability 8.9, bf16 below 8.0)
+/// is an error there, not a downgrade.
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  const ModelConfig &config, Device device,
                                                  bool training);

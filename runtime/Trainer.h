@@ -25,8 +25,8 @@ struct StepRecord {
 class Trainer {
 public:
   /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
-  /// means the arithmetic task. On the GPU the program is compiled by gpuPipeline, in fp32 or
-  /// bf16 (what the GPU backend lowers so far); fp8 is an error there, not a downgrade.
+  /// means the arithmetic task. On the GPU the program is compiled by gpuPipeline (see
+  /// compileForDevice).
   static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
                                                          llvm::StringRef dataPath = "",
                                                          Device device = Device::Cpu);

@@ -62,6 +62,9 @@ static cl::opt<bool> Json("json", cl::desc("Print JSON for scripts"), cl::sub(In
                           cl::cat(Category));
 static cl::opt<bool> Train("train", cl::desc("Compile the training program (forward, loss, backward, AdamW)"),
                            cl::sub(CompileCmd), cl::cat(Category));
+static cl::opt<bool> Decode("decode",
+                            cl::desc("Compile the generation step with a KV cache (one token per sequence)"),
+                            cl::sub(CompileCmd), cl::cat(Category));
 static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
                                    cl::sub(OptCmd), cl::cat(Category));
 static cl::list<std::string> Passes("passes",
@@ -262,7 +265,9 @@ std::vector<std::string> explicitPasses() {
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
-  auto graph = buildGPT(config, config.train.batch);
+  if (training && Decode)
+    return flagError("--train and --decode name different programs: give one");
+  auto graph = buildGPT(config, config.train.batch, Decode ? GPTOutput::Decode : GPTOutput::Loss);
   if (!graph)
     return graph.takeError();
   PipelineOptions options;
