@@ -591,22 +591,29 @@ llvm::Expected<TypeList> inferLayerNormMLP(Operands ops, const AttrMap &attrs, l
   return TypeList{x};
 }
 
-llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  const TensorType &qkv = ops[0];
+/// The attributes of the attention ops: gemm_dtype, scale, and heads dividing d_model.
+llvm::Error checkAttentionAttrs(const AttrMap &attrs, int64_t dModel) {
   if (auto err = checkGemmDType(attrs))
-    return std::move(err);
+    return err;
   auto heads = requireIntAttr(attrs, "heads");
   if (!heads)
     return heads.takeError();
   if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
     return scale.takeError();
+  if (*heads < 1 || dModel % *heads)
+    return fail("heads ({}) must divide d_model ({})", *heads, dModel);
+  return llvm::Error::success();
+}
+
+llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  const TensorType &qkv = ops[0];
   if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
   if (qkv.rank() != 3 || qkv.dim(-1) % 3)
     return fail("qkv must be [batch, seq, 3 * d_model], got {}", qkv.str());
   int64_t d = qkv.dim(-1) / 3;
-  if (*heads < 1 || d % *heads)
-    return fail("heads ({}) must divide d_model ({})", *heads, d);
+  if (auto err = checkAttentionAttrs(attrs, d))
+    return std::move(err);
   return TypeList{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d})};
 }
 
@@ -623,20 +630,13 @@ llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::Array
 
 llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &q = ops[0], &k = ops[1], &v = ops[2], &pos = ops[3];
-  if (auto err = checkGemmDType(attrs))
-    return std::move(err);
-  auto heads = requireIntAttr(attrs, "heads");
-  if (!heads)
-    return heads.takeError();
-  if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
-    return scale.takeError();
   if (auto err = requireFloat(q, "q"))
     return std::move(err);
   if (k.rank() != 3 || k != v || q != TensorType(k.dtype, {k.dim(0), 1, k.dim(2)}))
     return fail("q [B, 1, D] and the caches [B, T, D] do not match: {}, {} and {}", q.str(), k.str(),
                 v.str());
-  if (*heads < 1 || q.dim(2) % *heads)
-    return fail("heads ({}) must divide d_model ({})", *heads, q.dim(2));
+  if (auto err = checkAttentionAttrs(attrs, q.dim(2)))
+    return std::move(err);
   if (pos != TensorType(DType::I32, {}))
     return fail("pos must be i32[], got {}", pos.str());
   return TypeList{q};
