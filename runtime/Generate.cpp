@@ -86,11 +86,16 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   generator->config_ = config;
   generator->batch_ = batch;
   generator->device_ = device;
-  generator->weights_ = weights;
   auto decode = compileInference(config, weights, batch, device, GPTOutput::Decode);
   if (!decode)
     return decode.takeError();
   generator->decode_ = std::move(*decode);
+  // What the full program would bind, should a sequence outgrow the cache: the decode program's
+  // weights and scaling state (not a checkpoint's optimizer moments).
+  for (const Op *op : generator->decode_.graph->ops())
+    if (op->kind() == OpKind::Param || op->kind() == OpKind::State)
+      if (auto it = weights.find(op->result()->name()); it != weights.end())
+        generator->weights_.insert(*it);
   return generator;
 }
 

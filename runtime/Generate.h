@@ -49,7 +49,7 @@ private:
   ModelConfig config_;
   int64_t batch_ = 0;
   Device device_ = Device::Cpu;
-  std::map<std::string, Tensor> weights_;
+  std::map<std::string, Tensor> weights_; // for windowed_: the decode program's bound tensors
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
 };
 
