@@ -16,11 +16,25 @@ int computeCapability() {
 }
 } // namespace
 
+std::string gpuRecipeFor(int computeCapability) {
+  return computeCapability >= 89 ? "fp8" : computeCapability >= 80 ? "bf16" : "fp32";
+}
+
+llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability) {
+  int cc = computeCapability;
+  if ((recipe == "fp8" && cc < 89) || (recipe == "bf16" && cc < 80))
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        fmt::format("error: the {} recipe needs a GPU of compute capability {} or later; this "
+                    "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
+                    recipe, recipe == "fp8" ? "8.9" : "8.0", cc / 10, cc % 10));
+  return llvm::Error::success();
+}
+
 PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
   if (precision.recipe != "auto" || device == Device::Cpu)
     return resolveRecipeForCpu(precision);
-  int cc = computeCapability();
-  precision.recipe = cc >= 89 ? "fp8" : cc >= 80 ? "bf16" : "fp32";
+  precision.recipe = gpuRecipeFor(computeCapability());
   return precision;
 }
 
@@ -32,16 +46,9 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   options.passOptions.train = config.train;
   options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
-  if (device == Device::Cuda) {
-    int cc = computeCapability();
-    const std::string &recipe = program.precision.recipe;
-    if ((recipe == "fp8" && cc < 89) || (recipe == "bf16" && cc < 80))
-      return llvm::createStringError(
-          llvm::inconvertibleErrorCode(),
-          fmt::format("error: the {} recipe needs a GPU of compute capability {} or later; this "
-                      "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
-                      recipe, recipe == "fp8" ? "8.9" : "8.0", cc / 10, cc % 10));
-  }
+  if (device == Device::Cuda)
+    if (auto err = checkGpuRecipe(program.precision.recipe, computeCapability()))
+      return std::move(err);
   std::vector<std::string> passes = device == Device::Cuda ? gpuPipeline(training)
                                     : training            ? trainingPipeline()
                                                           : forwardPipeline();

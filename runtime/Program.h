@@ -13,9 +13,13 @@ namespace tgc {
 enum class Device { Cpu, Cuda };
 
 /// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
-/// the device policy (fp8 from compute capability 8.9, bf16 from 8.0, fp32 below), except that
-/// fp8, not lowered to the GPU yet, becomes bf16. Explicit recipes stay as they are.
+/// gpuRecipeFor its compute capability. Explicit recipes stay as they are.
 PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device);
+/// What --precision auto picks on a GPU of compute capability major*10+minor: fp8 from 8.9
+/// (FP8 tensor cores), bf16 from 8.0, fp32 below.
+std::string gpuRecipeFor(int computeCapability);
+/// An error naming what the recipe needs when a GPU of that compute capability cannot run it.
+llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability);
 
 struct CompiledProgram {
   std::unique_ptr<Graph> graph;

@@ -4,6 +4,7 @@
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
 #include "runtime/Init.h"
+#include "runtime/Program.h"
 #include "runtime/Random.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Fp8Scaling.h"
@@ -114,6 +115,22 @@ TEST(Quantize, RoundsScaledValuesRecordsAmaxAndCountsSaturation) {
   EXPECT_EQ(out[0].data, (std::vector<float>{1.0f, -0.3125f, 56.0f, 0.0f, -2.5f}));
   EXPECT_EQ(out[1].data[0], 100.0f);
   EXPECT_EQ(out[2].data[0], 1.0f);
+}
+
+TEST(GpuPolicy, AutoPicksByComputeCapabilityAndRefusesWhatTheGpuCannotRun) {
+  EXPECT_EQ(gpuRecipeFor(90), "fp8"); // H100, H200
+  EXPECT_EQ(gpuRecipeFor(89), "fp8"); // Ada
+  EXPECT_EQ(gpuRecipeFor(86), "bf16");
+  EXPECT_EQ(gpuRecipeFor(80), "bf16"); // A100
+  EXPECT_EQ(gpuRecipeFor(75), "fp32");
+  EXPECT_FALSE(bool(checkGpuRecipe("fp8", 90)));
+  EXPECT_FALSE(bool(checkGpuRecipe("bf16", 80)));
+  EXPECT_FALSE(bool(checkGpuRecipe("fp32", 70)));
+  EXPECT_EQ(errorOf(checkGpuRecipe("fp8", 80)),
+            "error: the fp8 recipe needs a GPU of compute capability 8.9 or later; this one is 8.0 "
+            "(--precision fp32, or --device cpu to emulate it)");
+  EXPECT_NE(errorOf(checkGpuRecipe("bf16", 75)).find("compute capability 8.0 or later; this one is 7.5"),
+            std::string::npos);
 }
 
 /// The tiny fp8 training program, with legalize-fp8-gemm before the final dce or without it.
