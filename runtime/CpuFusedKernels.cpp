@@ -241,7 +241,7 @@ llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
                                    fmt::format("position {} is outside the cache [0, {})", pos, T));
   bool bf16 = a.getString("gemm_dtype") == "bf16";
   auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
-  std::vector<float> scores(pos + 1);
+  Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const float *qh = &q.data[b * D + h * Dh];
@@ -250,15 +250,12 @@ llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
         float dot = 0.0f;
         for (int64_t d = 0; d < Dh; ++d)
           dot += r(qh[d]) * r(kj[d]);
-        scores[j] = dot * scale;
+        scores.data[j] = dot * scale;
       }
-      float max = *std::max_element(scores.begin(), scores.end());
-      double sum = 0;
-      for (float s : scores)
-        sum += std::exp(double(s) - max);
+      Tensor probs = apply(evalSoftmax, {}, {&scores}, scores.type);
       float *o = &out[0].data[b * D + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
-        float p = r(float(std::exp(double(scores[j]) - max) / sum));
+        float p = r(probs.data[j]);
         const float *vj = &v.data[(b * T + j) * D + h * Dh];
         for (int64_t d = 0; d < Dh; ++d)
           o[d] += p * r(vj[d]);
