@@ -167,21 +167,6 @@ AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
   return p;
 }
 
-/// log(sum(exp(row))) with the row's maximum taken out first, summed in double.
-double rowLogSumExp(const float *row, int64_t n) {
-  float max = *std::max_element(row, row + n);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i)
-    sum += std::exp(double(row[i]) - max);
-  return double(max) + std::log(sum);
-}
-
-llvm::Error targetOutOfRange(int32_t t, int64_t position, int64_t vocab) {
-  return llvm::createStringError(
-      llvm::inconvertibleErrorCode(),
-      fmt::format("target {} at position {} is outside the vocabulary [0, {})", t, position, vocab));
-}
-
 } // namespace
 
 llvm::Error evalLayerNormLinear(const AttrMap &a, Operands in, Results out) {
@@ -278,17 +263,8 @@ llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
 
 llvm::Error evalCrossEntropy(const AttrMap &, Operands in, Results out) {
   const Tensor &logits = *in[0], &targets = *in[1];
-  int64_t vocab = logits.type.dim(-1), n = targets.size();
-  double sum = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    const float *row = &logits.data[r * vocab];
-    int32_t t = targets.ints[r];
-    if (t < 0 || t >= vocab)
-      return targetOutOfRange(t, r, vocab);
-    sum += rowLogSumExp(row, vocab) - row[t];
-  }
-  out[0].data[0] = float(sum / double(n));
-  return llvm::Error::success();
+  Tensor logp = apply(evalLogSoftmax, {}, {&logits}, logits.type);
+  return evalNLLLoss({}, {&logp, &targets}, out);
 }
 
 llvm::Error evalLayerNormLinearBackward(const AttrMap &a, Operands in, Results out) {
@@ -375,20 +351,14 @@ llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
 }
 
 llvm::Error evalCrossEntropyBackward(const AttrMap &, Operands in, Results out) {
+  // The log-probabilities recomputed, then nll_loss's and log_softmax's gradients: the unfused
+  // graph's arithmetic, so that a BF16 LM head rounds the same dlogits either way.
   const Tensor &dloss = *in[0], &logits = *in[1], &targets = *in[2];
-  int64_t vocab = logits.type.dim(-1), n = targets.size();
-  double g = double(dloss.data[0]) / double(n);
-  for (int64_t r = 0; r < n; ++r) {
-    const float *row = &logits.data[r * vocab];
-    float *dst = &out[0].data[r * vocab];
-    int32_t t = targets.ints[r];
-    if (t < 0 || t >= vocab)
-      return targetOutOfRange(t, r, vocab);
-    double logSum = rowLogSumExp(row, vocab);
-    for (int64_t i = 0; i < vocab; ++i)
-      dst[i] = float((std::exp(double(row[i]) - logSum) - (i == t ? 1.0 : 0.0)) * g);
-  }
-  return llvm::Error::success();
+  Tensor logp = apply(evalLogSoftmax, {}, {&logits}, logits.type);
+  Tensor dlogp = Tensor::zeros(logits.type);
+  if (llvm::Error err = evalNLLLossBackward({}, {&dloss, &logp, &targets}, Results(dlogp)))
+    return err;
+  return evalLogSoftmaxBackward({}, {&dlogp, &logp}, out);
 }
 
 } // namespace tgc::cpu
