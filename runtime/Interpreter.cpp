@@ -2,9 +2,12 @@
 
 #include "runtime/CpuKernels.h"
 
+#include "llvm/ADT/SmallPtrSet.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <fmt/format.h>
 #include <limits>
 #include <thread>
@@ -117,6 +120,70 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
   for (auto &[leaf, value] : pending)
     bound_[leaf] = std::move(value);
   return outputs;
+}
+
+int64_t interpreterPeakBytes(const Graph &graph) {
+  // run()'s schedule: bound leaves throughout, each intermediate from its op to its last
+  // reader (outputs to the end), assigned values from their assign to the end.
+  std::vector<Op *> ops = graph.ops();
+  llvm::DenseMap<const Value *, size_t> lastUse;
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (const Value *v : ops[i]->operands())
+      lastUse[v] = i;
+  auto bytes = [](const Value *v) { return v->type().numElements() * int64_t(sizeof(float)); };
+  int64_t live = 0, peak = 0;
+  for (const Op *op : ops)
+    if (isLeaf(op->kind()) && op->kind() != OpKind::Constant)
+      live += bytes(op->result());
+  peak = live;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op &op = *ops[i];
+    if (isLeaf(op.kind()) && op.kind() != OpKind::Constant)
+      continue;
+    if (op.kind() == OpKind::Assign) {
+      live += bytes(op.operand(1));
+    } else {
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        live += bytes(op.result(r));
+    }
+    peak = std::max(peak, live);
+    llvm::SmallPtrSet<const Value *, 4> freed;
+    for (const Value *v : op.operands()) {
+      const Op *def = v->def();
+      bool leaf = isLeaf(def->kind()) && def->kind() != OpKind::Constant;
+      if (lastUse[v] == i && !leaf && !llvm::is_contained(graph.outputs(), v) &&
+          freed.insert(v).second)
+        live -= bytes(v);
+    }
+  }
+  return peak;
+}
+
+std::optional<int64_t> availableHostMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:")
+      return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return std::nullopt;
+}
+
+llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes) {
+  int64_t need = interpreterPeakBytes(graph);
+  if (need <= availableBytes)
+    return llvm::Error::success();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return fail("@{} needs at least {:.1f} GiB of memory on the CPU interpreter, and this machine has "
+              "{:.1f} GiB available: use a smaller --batch or model, or a GPU",
+              graph.name(), need / kGiB, availableBytes / kGiB);
+}
+
+llvm::Error checkHostMemory(const Graph &graph) {
+  std::optional<int64_t> available = availableHostMemory();
+  return available ? checkHostMemory(graph, *available) : llvm::Error::success();
 }
 
 } // namespace tgc

@@ -9,6 +9,7 @@
 #include "llvm/ADT/DenseMap.h"
 
 #include <map>
+#include <optional>
 
 namespace tgc {
 
@@ -35,6 +36,22 @@ private:
   bool profiling_ = false;
   std::map<std::string, double> profile_;
 };
+
+/// The host memory the interpreter holds at the peak of one run of `graph`, in bytes: every
+/// leaf bound, the intermediates alive at once (each freed after its last reader), and the
+/// assigned values it keeps until the step ends. A lower bound: the kernels' own temporaries
+/// (packed GEMM operands, a fused op's recomputed activations) are not counted, and on the tiny
+/// model's training step they take the resident size to about 4x this.
+int64_t interpreterPeakBytes(const Graph &graph);
+
+/// The memory this machine has available now (MemAvailable), if it can say.
+std::optional<int64_t> availableHostMemory();
+
+/// An error when interpreterPeakBytes(graph) is more than `availableBytes`, naming both, so
+/// that a model too large for the CPU interpreter stops before it allocates anything.
+llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes);
+/// checkHostMemory against availableHostMemory(), when the machine says what it has.
+llvm::Error checkHostMemory(const Graph &graph);
 
 /// Evaluates one non-leaf op on host tensors.
 llvm::Error evalOp(const Op &op, llvm::ArrayRef<const Tensor *> operands,

@@ -64,6 +64,9 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
       return executor.takeError();
     program.executor = std::move(*executor);
   } else {
+    // A program too large for this machine stops here, before any tensor is allocated.
+    if (auto err = checkHostMemory(*program.graph))
+      return std::move(err);
     program.executor = std::make_unique<Interpreter>(*program.graph);
   }
   return program;

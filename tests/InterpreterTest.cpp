@@ -1,5 +1,7 @@
 // Interpreter ops against plain loops on random inputs, and the arithmetic data stream.
 #include "ir/Parser.h"
+#include "models/GPTBuilder.h"
+#include "runtime/Program.h"
 #include "runtime/Data.h"
 #include "runtime/Interpreter.h"
 #include "runtime/Random.h"
@@ -154,6 +156,42 @@ TEST(Interpreter, BindChecksNamesAndTypes) {
                 .find("'x' is f32[2], but a f32[3] was given"),
             std::string::npos);
   EXPECT_NE(errorOf(interp.run()).find("input %x was not given a value"), std::string::npos);
+}
+
+TEST(Interpreter, PeakBytesFollowTheRunsSchedule) {
+  // x and s bound throughout (8000 bytes); a, b, c, d 4000 each. a dies after b (read twice,
+  // freed once); b and c after d. The peak is after d: x, s, b, c, d = 20000 bytes; then the
+  // assign holds a copy of d until the step ends, with b and c freed: x, s, d, the copy.
+  auto graph = unwrap(parseGraph("graph @g\n%x = input() : f32[1000]\n"
+                                 "%s = state() {init=\"zeros\"} : f32[1000]\n"
+                                 "%a = gelu(%x) : f32[1000]\n%b = add(%a, %a) : f32[1000]\n"
+                                 "%c = gelu(%b) : f32[1000]\n%d = add(%b, %c) : f32[1000]\n"
+                                 "assign(%s, %d)\nreturn %d\n",
+                                 "t"));
+  ASSERT_TRUE(graph);
+  EXPECT_EQ(interpreterPeakBytes(*graph), 20000);
+  EXPECT_FALSE(bool(checkHostMemory(*graph, 20000)));
+  std::string message = errorOf(checkHostMemory(*graph, 19999));
+  EXPECT_NE(message.find("@g needs at least 0.0 GiB of memory on the CPU interpreter, and this "
+                         "machine has 0.0 GiB available"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Interpreter, TinyTrainingStepFitsAndAMuchLargerBatchNeedsMore) {
+  // The training program's estimate grows with the batch, and covers at least the parameters
+  // with AdamW's two moments, and the batch's logits.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  auto trainingStep = [&](int64_t batch) {
+    auto program = unwrap(compileForDevice(unwrap(buildGPT(c, batch)), c, Device::Cpu, true));
+    return program.graph ? interpreterPeakBytes(*program.graph) : 0;
+  };
+  int64_t small = trainingStep(2), large = trainingStep(64);
+  int64_t params = c.numParams() * 4, logits = 64 * c.seqLen * c.vocab * 4;
+  EXPECT_GT(small, 3 * params);
+  EXPECT_GT(large, small + logits);
+  ASSERT_TRUE(availableHostMemory().has_value());
+  EXPECT_GT(*availableHostMemory(), large);
 }
 
 TEST(ArithmeticData, SequencesAreProgressionsAndTargetsAreShifted) {

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
+#include <new>
 
 using namespace tgc;
 namespace cl = llvm::cl;
@@ -380,6 +381,8 @@ int runForward() {
   if (!graph)
     return report(graph.takeError());
   uint64_t seed = config->train.seed;
+  if (auto err = checkHostMemory(**graph))
+    return report(std::move(err));
   Interpreter interpreter(**graph);
   interpreter.enableProfile(Profile);
   if (auto err = interpreter.bindAll(initParams(**graph, seed)))
@@ -819,6 +822,32 @@ int runInfo() {
   return 0;
 }
 
+/// The chosen subcommand's exit status.
+int runSubcommand() {
+  if (CompileCmd)
+    return runCompile();
+  if (OptCmd)
+    return runOpt();
+  if (RunCmd)
+    return runForward();
+  if (InfoCmd)
+    return runInfo();
+  if (TrainCmd)
+    return runTrain();
+  if (GenerateCmd)
+    return runGenerate();
+  if (EvalCmd)
+    return runEval();
+  if (InspectCmd)
+    return runInspect();
+  if (BenchCmd)
+    return runBench();
+  llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
+                  "info); "
+                  "see tgc --help\n";
+  return 1;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -843,26 +872,13 @@ int main(int argc, char **argv) {
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
     return 1;
-  if (CompileCmd)
-    return runCompile();
-  if (OptCmd)
-    return runOpt();
-  if (RunCmd)
-    return runForward();
-  if (InfoCmd)
-    return runInfo();
-  if (TrainCmd)
-    return runTrain();
-  if (GenerateCmd)
-    return runGenerate();
-  if (EvalCmd)
-    return runEval();
-  if (InspectCmd)
-    return runInspect();
-  if (BenchCmd)
-    return runBench();
-  llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
-                  "info); "
-                  "see tgc --help\n";
-  return 1;
+  // A failed allocation is an error message and exit 1, not LLVM's abort: InitLLVM's handler
+  // is replaced so that operator new throws.
+  std::set_new_handler(nullptr);
+  try {
+    return runSubcommand();
+  } catch (const std::bad_alloc &) {
+    llvm::errs() << "tgc: error: out of host memory; use a smaller --batch or model\n";
+    return 1;
+  }
 }
