@@ -538,15 +538,16 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   case OpKind::LRSchedule: {
-    double lr = *a.getFloat("lr"), minLr = *a.getFloat("min_lr");
-    int64_t warmup = *a.getInt("warmup"), steps = *a.getInt("steps");
-    e.single("const int *step, float *lr",
-             fmt::format("  double s = step[0], rate;\n"
-                         "  if ({2} > 0 && s <= {2}) rate = {0} * s / {2};\n"
-                         "  else if ({3} <= {2}) rate = {0};\n"
-                         "  else rate = {1} + 0.5 * ({0} - {1}) * (1.0 + cos(3.141592653589793 * fmin(1.0, (s - {2}) / ({3} - {2}))));\n"
-                         "  lr[0] = (float)rate;\n",
-                         formatDouble(lr), formatDouble(minLr), warmup, steps));
+    e.lowering.constants = {*a.getFloat("lr"), *a.getFloat("min_lr"), double(*a.getInt("warmup")),
+                            double(*a.getInt("steps"))};
+    e.single("const int *step, float *lr, const double *schedule",
+             "  // lr, min_lr, warmup, steps: linear warm-up, then cosine decay to min_lr.\n"
+             "  double peak = schedule[0], minLr = schedule[1], warmup = schedule[2], steps = schedule[3];\n"
+             "  double s = step[0], rate;\n"
+             "  if (warmup > 0 && s <= warmup) rate = peak * s / warmup;\n"
+             "  else if (steps <= warmup) rate = peak;\n"
+             "  else rate = minLr + 0.5 * (peak - minLr) * (1.0 + cos(3.141592653589793 * fmin(1.0, (s - warmup) / (steps - warmup))));\n"
+             "  lr[0] = (float)rate;\n");
     return llvm::Error::success();
   }
   case OpKind::AdamW: {

@@ -11,7 +11,8 @@
 namespace tgc {
 
 /// One launch of a generated kernel. Its parameters are, in order, the op's operands, its
-/// results, its scratch buffers and its persistent buffers, each a device pointer.
+/// results, its scratch buffers, its persistent buffers and its constants, each a device
+/// pointer.
 struct KernelLaunch {
   std::string name;
   int64_t blocks = 1;
@@ -32,6 +33,11 @@ struct OpLowering {
   // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
   // the scale_inv it quantized with here (what its FP8 GEMMs and read-back multiply by).
   std::vector<int64_t> persistentFloats;
+  // Attributes the kernels read from memory instead of having them in their source, uploaded
+  // once into a buffer of the op's own (doubles), passed last: programs that differ only in
+  // them (the LR schedule's lr, min_lr, warmup and steps: tgc train --steps N, --lr X) then
+  // share one compiled module, and the kernel cache serves the second.
+  std::vector<double> constants;
 };
 
 struct CudaProgram {

@@ -34,6 +34,8 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
     const OpLowering &lowering = program.lowering[i];
     for (int64_t floats : lowering.persistentFloats)
       plan.persistentBytes += aligned(floats * 4);
+    if (!lowering.constants.empty())
+      plan.persistentBytes += aligned(int64_t(lowering.constants.size() * sizeof(double)));
     for (unsigned r = 0; r < op.numResults(); ++r) {
       const Value *v = op.result(r);
       if (lowering.kind == OpLowering::Leaf) {

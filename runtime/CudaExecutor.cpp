@@ -242,6 +242,15 @@ llvm::Error CudaExecutor::initialize() {
       owned_.push_back(p);
       persistent_[i].push_back(p);
     }
+    if (!lowering.constants.empty()) { // after the persistent buffers, as the kernels expect
+      size_t bytes = lowering.constants.size() * sizeof(double);
+      void *p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, bytes));
+      CUDA_CHECK(cudaMemcpy(p, lowering.constants.data(), bytes, cudaMemcpyHostToDevice));
+      allocatedBytes_ += int64_t(bytes);
+      owned_.push_back(p);
+      persistent_[i].push_back(p);
+    }
     if (op.kind() == OpKind::Quantize)
       usedScaleInv_[&op] = static_cast<float *>(persistent_[i].at(0));
     if (lowering.kind == OpLowering::Gemm) {
