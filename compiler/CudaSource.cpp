@@ -404,6 +404,44 @@ llvm::Error emit(const Op &op, Emitter &e) {
                                      : "(float)(exp((double)row[j] - max) / sum)"));
     return llvm::Error::success();
   }
+  case OpKind::MaskedSoftmax: {
+    // One block per row of the [..., T, T] scores; the row's query is row % T, and the keys
+    // after it are neither read nor summed (the unfused mask's -inf adds exp(-inf) = 0 there):
+    // the bits of scale, causal_mask and softmax in one pass.
+    int64_t t = out.dim(-1);
+    std::string scaled = fmt::format("row[j] * {}", lit(*a.getFloat("scale")));
+    e.rowwise(0, "const float *x, float *out", rowsOf(out),
+              fmt::format("  const float *row = x + (int64)blockIdx.x * {0};\n"
+                          "  float *dst = out + (int64)blockIdx.x * {0};\n"
+                          "  int last = (int)(blockIdx.x % {0}); // the query: keys 0..last are visible\n"
+                          "  __shared__ double shared[256];\n"
+                          "  __shared__ float sharedMax[256];\n"
+                          "  float max = __int_as_float(0xff800000);\n"
+                          "  for (int j = threadIdx.x; j <= last; j += blockDim.x) max = fmaxf(max, {1});\n"
+                          "  max = blockMax(max, sharedMax);\n"
+                          "  double sum = 0;\n"
+                          "  for (int j = threadIdx.x; j <= last; j += blockDim.x) sum += exp((double)({1}) - max);\n"
+                          "  sum = blockSum(sum, shared);\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
+                          "    dst[j] = j <= last ? (float)(exp((double)({1}) - max) / sum) : 0.0f;\n",
+                          t, scaled));
+    return llvm::Error::success();
+  }
+  case OpKind::MaskedSoftmaxBackward: {
+    // softmax_backward, then 0 after the query, then the scale: one pass over dy and y.
+    int64_t t = out.dim(-1);
+    e.rowwise(0, "const float *dy, const float *y, float *dx", rowsOf(out),
+              fmt::format("  __shared__ double shared[256];\n"
+                          "  int64 base = (int64)blockIdx.x * {0};\n"
+                          "  int last = (int)(blockIdx.x % {0});\n"
+                          "  double partial = 0;\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) partial += (double)dy[base + j] * y[base + j];\n"
+                          "  double total = blockSum(partial, shared);\n"
+                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
+                          "    dx[base + j] = j <= last ? (float)(y[base + j] * (dy[base + j] - total)) * {1} : 0.0f;\n",
+                          t, lit(*a.getFloat("scale"))));
+    return llvm::Error::success();
+  }
   case OpKind::SoftmaxBackward:
   case OpKind::LogSoftmaxBackward: {
     bool log = op.kind() == OpKind::LogSoftmaxBackward;

@@ -316,6 +316,23 @@ llvm::Expected<TypeList> inferLogSoftmax(Operands ops, const AttrMap &, llvm::Ar
   return inferRowwise(ops[0]);
 }
 
+/// Scores [..., T, T] and a float attribute `scale`: what masked_softmax and its gradient read.
+llvm::Error checkMaskedSoftmax(const TensorType &scores, const AttrMap &attrs) {
+  auto scale = requireFloatAttr(attrs, "scale");
+  if (!scale)
+    return scale.takeError();
+  if (auto err = requireFloat(scores, "scores"))
+    return err;
+  if (scores.rank() < 2 || scores.dim(-1) != scores.dim(-2))
+    return fail("scores must be [..., T, T], got {}", scores.str());
+  return llvm::Error::success();
+}
+llvm::Expected<TypeList> inferMaskedSoftmax(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (auto err = checkMaskedSoftmax(ops[0], attrs))
+    return std::move(err);
+  return TypeList{ops[0]};
+}
+
 llvm::Expected<TypeList> inferNLLLoss(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   const TensorType &logp = ops[0], &targets = ops[1];
   if (auto err = requireFloat(logp, "log-probabilities"))
@@ -391,6 +408,11 @@ llvm::Expected<TypeList> inferSoftmaxBackward(Operands ops, const AttrMap &, llv
   return inferSameAsOperands(ops);
 }
 llvm::Expected<TypeList> inferLogSoftmaxBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  return inferSameAsOperands(ops);
+}
+llvm::Expected<TypeList> inferMaskedSoftmaxBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (auto err = checkMaskedSoftmax(ops[1], attrs))
+    return std::move(err);
   return inferSameAsOperands(ops);
 }
 

@@ -302,6 +302,11 @@ llvm::Expected<Grads> gradFp8Update(GradContext &c) { return notDifferentiable(c
 llvm::Expected<Grads> gradKvWrite(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradDecodeAttention(GradContext &c) { return notDifferentiable(c); }
 
+llvm::Expected<Grads> gradMaskedSoftmax(GradContext &c) {
+  return Grads{c.create(OpKind::MaskedSoftmaxBackward, {c.dy(), c.op.result()},
+                        attrs({{"scale", *c.op.attrs().getFloat("scale")}}), 0)};
+}
+
 llvm::Expected<Grads> gradCrossEntropy(GradContext &c) {
   return Grads{c.create(OpKind::CrossEntropyBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};
 }
@@ -311,6 +316,7 @@ llvm::Expected<Grads> gradLayerNormLinearBackward(GradContext &c) { return notDi
 llvm::Expected<Grads> gradLayerNormMLPBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradAttentionBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradCrossEntropyBackward(GradContext &c) { return notDifferentiable(c); }
+llvm::Expected<Grads> gradMaskedSoftmaxBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradPad(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradEmbeddingBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradGeluBackward(GradContext &c) { return notDifferentiable(c); }

@@ -13,6 +13,7 @@ std::unique_ptr<Pass> createFuseLayerNormLinearPass();
 std::unique_ptr<Pass> createFuseResidualNormPass();
 std::unique_ptr<Pass> createFuseBiasActivationPass();
 std::unique_ptr<Pass> createFuseCrossEntropyPass();
+std::unique_ptr<Pass> createFuseSoftmaxPass();
 std::unique_ptr<Pass> createAssignPrecisionPass(const PrecisionConfig &config);
 std::unique_ptr<Pass> createFp8UpdatePass(const PrecisionConfig &config);
 std::unique_ptr<Pass> createLegalizeFp8GemmPass();

@@ -17,6 +17,7 @@ const PassEntry kPasses[] = {
     {"cse", [](const PassOptions &) { return createCommonSubexpressionEliminationPass(); }},
     {"dce", [](const PassOptions &) { return createDeadCodeEliminationPass(); }},
     {"fuse-attention", [](const PassOptions &) { return createFuseAttentionPass(); }},
+    {"fuse-softmax", [](const PassOptions &) { return createFuseSoftmaxPass(); }},
     {"fuse-layernorm-mlp", [](const PassOptions &) { return createFuseLayerNormMLPPass(); }},
     {"fuse-layernorm-linear", [](const PassOptions &) { return createFuseLayerNormLinearPass(); }},
     {"fuse-residual-norm", [](const PassOptions &) { return createFuseResidualNormPass(); }},
@@ -46,9 +47,11 @@ std::vector<std::string> allPassNames() {
 
 std::vector<std::string> fusionPasses() {
   // Larger patterns first: attention and the MLP before LayerNorm+Linear takes their norms;
-  // residual-norm and bias-activation then fuse what those left (with them disabled, say).
-  return {"fuse-attention",     "fuse-layernorm-mlp",   "fuse-layernorm-linear",
-          "fuse-residual-norm", "fuse-bias-activation", "fuse-cross-entropy"};
+  // softmax, residual-norm and bias-activation then fuse what those left (with them disabled,
+  // say, or on the GPU, which does not lower all of them).
+  return {"fuse-attention",       "fuse-softmax",       "fuse-layernorm-mlp",
+          "fuse-layernorm-linear", "fuse-residual-norm", "fuse-bias-activation",
+          "fuse-cross-entropy"};
 }
 
 // assign-precision runs after attention fusion and before the LayerNorm fusions: an FP8 linear

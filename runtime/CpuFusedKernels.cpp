@@ -255,6 +255,20 @@ llvm::Error evalResidualNorm(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+llvm::Error evalMaskedSoftmax(const AttrMap &a, Operands in, Results out) {
+  const TensorType &type = in[0]->type;
+  Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {in[0]}, type);
+  Tensor masked = apply(evalCausalMask, {}, {&scaled}, type);
+  return evalSoftmax({}, {&masked}, out);
+}
+
+llvm::Error evalMaskedSoftmaxBackward(const AttrMap &a, Operands in, Results out) {
+  const TensorType &type = in[1]->type;
+  Tensor dmasked = apply(evalSoftmaxBackward, {}, {in[0], in[1]}, type);
+  Tensor dscaled = apply(evalCausalMask, attrs({{"fill", 0.0}}), {&dmasked}, type);
+  return evalScale(attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, out);
+}
+
 llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
   out[1] = linear(a, *in[0], *in[1], in[2]);
   out[0] = apply(evalGelu, {}, {&out[1]}, out[1].type);

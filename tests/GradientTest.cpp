@@ -130,6 +130,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "f32[2,4]"},
         GradCase{"causal_softmax", P("p", "f32[2,4,4]")
                  "%m = causal_mask(%p) : f32[2,4,4]\n%y = softmax(%m) : f32[2,4,4]\n", "f32[2,4,4]"},
+        GradCase{"masked_softmax", P("p", "f32[2,4,4]")
+                 "%y = masked_softmax(%p) {scale=0.7} : f32[2,4,4]\n", "f32[2,4,4]"},
         GradCase{"softmax", P("p", "f32[3,5]") "%y = softmax(%p) : f32[3,5]\n", "f32[3,5]"},
         GradCase{"log_softmax", P("p", "f32[3,5]") "%y = log_softmax(%p) : f32[3,5]\n", "f32[3,5]"},
         GradCase{"nll_loss", P("p", "f32[2,3,5]") "%t = input() : i32[2,3]\n"
