@@ -831,8 +831,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph) {
       if (!fp8 && op.operand(0)->type().dtype != DType::F32)
         return unsupported(op);
       lowering.kind = OpLowering::Gemm;
-    } else if (op.kind() == OpKind::MatMulBiasGelu) {
-      lowering.kind = OpLowering::Gemm; // cuBLASLt's GELU_AUX_BIAS epilogue
+    } else if (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu) {
+      lowering.kind = OpLowering::Gemm; // cuBLASLt's BIAS or GELU_AUX_BIAS epilogue
     } else {
       for (const Value *v : op.operands())
         if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&

@@ -677,7 +677,8 @@ llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, l
   return TypeList{ops[0], ops[0]};
 }
 
-llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+/// x [..., K] @ weight [N, K]^T + bias [N]: the result type of the bias epilogues.
+llvm::Expected<TensorType> inferLinearWithBias(Operands ops, const AttrMap &attrs) {
   const TensorType &x = ops[0], &w = ops[1], &bias = ops[2];
   if (auto err = checkGemmDType(attrs))
     return std::move(err);
@@ -689,7 +690,19 @@ llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs,
     return fail("bias must be [{}], got {}", w.dim(0), bias.str());
   TensorType y = x;
   y.shape.back() = w.dim(0);
-  return TypeList{y, y};
+  return y;
+}
+llvm::Expected<TypeList> inferMatMulBias(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto y = inferLinearWithBias(ops, attrs);
+  if (!y)
+    return y.takeError();
+  return TypeList{*y};
+}
+llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto y = inferLinearWithBias(ops, attrs);
+  if (!y)
+    return y.takeError();
+  return TypeList{*y, *y};
 }
 
 llvm::Expected<TypeList> inferCrossEntropy(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

@@ -16,7 +16,8 @@ namespace {
 bool isGemm(OpKind kind) {
   return kind == OpKind::MatMul || kind == OpKind::Attention || kind == OpKind::DecodeAttention ||
          kind == OpKind::LayerNormLinear ||
-         kind == OpKind::LayerNormMLP || kind == OpKind::MatMulBiasGelu;
+         kind == OpKind::LayerNormMLP || kind == OpKind::MatMulBias ||
+         kind == OpKind::MatMulBiasGelu;
 }
 
 class AssignPrecision : public Pass {

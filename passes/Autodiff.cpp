@@ -269,27 +269,35 @@ llvm::Expected<Grads> gradResidualNorm(GradContext &c) {
   return grads;
 }
 
-llvm::Expected<Grads> gradMatMulBiasGelu(GradContext &c) {
-  // y = gelu(pre), pre = x @ w^T + b (result 1, kept by the forward for this rule).
-  Value *x = c.x(0), *w = c.x(1), *pre = c.op.result(1);
-  Value *dpre = c.b.create(OpKind::GeluBackward, {dyOrZeros(c, 0), pre}, {}, pre->name() + ".grad");
-  if (c.dys[1])
-    dpre = c.b.create(OpKind::Add, {dpre, c.dys[1]}, {}, pre->name() + ".grad");
-  if (!dpre)
+/// The gradients of x @ w^T + b (operands x, w, b) from the gradient of that sum.
+Grads linearWithBiasGrads(GradContext &c, Value *dsum) {
+  if (!dsum)
     return Grads{nullptr, nullptr, nullptr};
+  Value *x = c.x(0), *w = c.x(1);
   int64_t k = x->type().dim(-1), n = w->type().dim(0), rows = x->type().numElements() / k;
   Value *xRows = c.b.create(OpKind::Reshape, {x}, attrs({{"shape", std::vector<int64_t>{rows, k}}}),
                             x->name() + ".rows");
-  Value *dRows = c.b.create(OpKind::Reshape, {dpre}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
-                            dpre->name() + ".rows");
+  Value *dRows = c.b.create(OpKind::Reshape, {dsum}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
+                            dsum->name() + ".rows");
   AttrMap dgrad, wgrad = attrs({{"transpose_a", true}});
   if (auto dtype = c.op.attrs().getString("gemm_dtype")) {
     dgrad.set("gemm_dtype", *dtype);
     wgrad.set("gemm_dtype", *dtype);
   }
-  return Grads{c.needs[0] ? c.create(OpKind::MatMul, {dpre, w}, dgrad, 0) : nullptr,
+  return Grads{c.needs[0] ? c.create(OpKind::MatMul, {dsum, w}, dgrad, 0) : nullptr,
                c.create(OpKind::MatMul, {dRows, xRows}, wgrad, 1),
-               c.create(OpKind::ReduceTo, {dpre}, attrs({{"shape", std::vector<int64_t>{n}}}), 2)};
+               c.create(OpKind::ReduceTo, {dsum}, attrs({{"shape", std::vector<int64_t>{n}}}), 2)};
+}
+
+llvm::Expected<Grads> gradMatMulBias(GradContext &c) { return linearWithBiasGrads(c, c.dy()); }
+
+llvm::Expected<Grads> gradMatMulBiasGelu(GradContext &c) {
+  // y = gelu(pre), pre = x @ w^T + b (result 1, kept by the forward for this rule).
+  Value *pre = c.op.result(1);
+  Value *dpre = c.b.create(OpKind::GeluBackward, {dyOrZeros(c, 0), pre}, {}, pre->name() + ".grad");
+  if (c.dys[1])
+    dpre = c.b.create(OpKind::Add, {dpre, c.dys[1]}, {}, pre->name() + ".grad");
+  return linearWithBiasGrads(c, dpre);
 }
 
 llvm::Expected<Grads> gradQuantize(GradContext &c) {

@@ -1,5 +1,7 @@
-// fuse-bias-activation: linear -> bias add -> gelu becomes matmul_bias_gelu, cuBLASLt's
-// GELU_AUX_BIAS epilogue. The pre-activation is its second result (the backward reads it).
+// The GEMM epilogues. fuse-bias-activation: linear -> bias add -> gelu becomes
+// matmul_bias_gelu, cuBLASLt's GELU_AUX_BIAS epilogue; the pre-activation is its second result
+// (the backward reads it). fuse-bias: a linear and its bias add that are left become
+// matmul_bias, the BIAS epilogue.
 #include "passes/Passes.h"
 #include "passes/Rewrite.h"
 
@@ -31,7 +33,32 @@ public:
   }
 };
 
+class FuseBias : public FusionPass {
+public:
+  llvm::StringRef name() const override { return "fuse-bias"; }
+  llvm::StringRef description() const override { return "linear + bias -> matmul_bias"; }
+
+  std::optional<FusionMatch> match(const Graph &graph, Op *add) const override {
+    if (add->kind() != OpKind::Add)
+      return std::nullopt;
+    Op *linear = add->operand(0)->def();
+    // Legality: the product is read only by the bias add (the epilogue never writes it).
+    if (!isLinear(linear) || biasAddOf(graph, linear->result()) != add)
+      return std::nullopt;
+    FusionMatch m;
+    m.pattern = {linear, add};
+    Replacement &r = m.replacement;
+    r.kind = OpKind::MatMulBias;
+    r.operands = {linear->operand(0), linear->operand(1), add->operand(1)};
+    r.replaces = {add->result()};
+    copyGemmDType(*linear, r.attrs);
+    return m;
+  }
+};
+
 } // namespace
+
+std::unique_ptr<Pass> createFuseBiasPass() { return std::make_unique<FuseBias>(); }
 
 std::unique_ptr<Pass> createFuseBiasActivationPass() {
   return std::make_unique<FuseBiasActivation>();

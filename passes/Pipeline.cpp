@@ -22,6 +22,7 @@ const PassEntry kPasses[] = {
     {"fuse-layernorm-linear", [](const PassOptions &) { return createFuseLayerNormLinearPass(); }},
     {"fuse-residual-norm", [](const PassOptions &) { return createFuseResidualNormPass(); }},
     {"fuse-bias-activation", [](const PassOptions &) { return createFuseBiasActivationPass(); }},
+    {"fuse-bias", [](const PassOptions &) { return createFuseBiasPass(); }},
     {"fuse-cross-entropy", [](const PassOptions &) { return createFuseCrossEntropyPass(); }},
     {"assign-precision", [](const PassOptions &o) { return createAssignPrecisionPass(o.precision); }},
     {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
@@ -47,11 +48,11 @@ std::vector<std::string> allPassNames() {
 
 std::vector<std::string> fusionPasses() {
   // Larger patterns first: attention and the MLP before LayerNorm+Linear takes their norms;
-  // softmax, residual-norm and bias-activation then fuse what those left (with them disabled,
-  // say, or on the GPU, which does not lower all of them).
+  // softmax, residual-norm and the bias epilogues then fuse what those left (with them
+  // disabled, say, or on the GPU, which does not lower all of them).
   return {"fuse-attention",       "fuse-softmax",       "fuse-layernorm-mlp",
           "fuse-layernorm-linear", "fuse-residual-norm", "fuse-bias-activation",
-          "fuse-cross-entropy"};
+          "fuse-bias",             "fuse-cross-entropy"};
 }
 
 // assign-precision runs after attention fusion and before the LayerNorm fusions: an FP8 linear

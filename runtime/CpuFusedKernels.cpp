@@ -269,6 +269,11 @@ llvm::Error evalMaskedSoftmaxBackward(const AttrMap &a, Operands in, Results out
   return evalScale(attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, out);
 }
 
+llvm::Error evalMatMulBias(const AttrMap &a, Operands in, Results out) {
+  out[0] = linear(a, *in[0], *in[1], in[2]);
+  return llvm::Error::success();
+}
+
 llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
   out[1] = linear(a, *in[0], *in[1], in[2]);
   out[0] = apply(evalGelu, {}, {&out[1]}, out[1].type);

@@ -269,8 +269,9 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   // operand is B, its second A (see the README's note on layouts).
   const TensorType &a = op.operand(0)->type(), &b = op.operand(1)->type(), &c = op.result()->type();
   bool biasGelu = op.kind() == OpKind::MatMulBiasGelu; // x @ w^T + bias, then GELU
+  bool bias = biasGelu || op.kind() == OpKind::MatMulBias;  // x @ w^T + bias
   bool ta = op.attrs().getBool("transpose_a").value_or(false);
-  bool tb = biasGelu || op.attrs().getBool("transpose_b").value_or(false);
+  bool tb = bias || op.attrs().getBool("transpose_b").value_or(false);
   int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
   int64_t batches = c.numElements() / (m * n);
   bool sharedB = b.rank() == 2 && batches > 1;
@@ -297,15 +298,17 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
   }
+  if (bias) {
+    // D = x w^T + bias, or GELU of it (the tanh form) with the pre-activation into the second
+    // result (the backward reads it): no separate bias-add and GELU kernels.
+    cublasLtEpilogue_t epilogue = biasGelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    const void *biasPointer = buffer(op.operand(2));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
+  }
   if (biasGelu) {
-    // D = GELU(x w^T + bias) (the tanh form), and the pre-activation into the second result
-    // (the backward reads it): no separate bias-add and GELU kernels.
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    const void *bias = buffer(op.operand(2));
     void *aux = buffer(op.result(1));
     int64_t auxLd = n;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof auxLd));
   }

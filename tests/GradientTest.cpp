@@ -111,6 +111,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "%y = matmul(%p, %q) : f32[2,3,5]\n", "f32[2,3,5]"},
         GradCase{"matmul_batched_tb", P("p", "f32[2,3,4]") P("q", "f32[2,5,4]")
                  "%y = matmul(%p, %q) {transpose_b=true} : f32[2,3,5]\n", "f32[2,3,5]"},
+        GradCase{"matmul_bias", P("p", "f32[2,3,4]") P("q", "f32[5,4]") P("b", "f32[5]")
+                 "%y = matmul_bias(%p, %q, %b) : f32[2,3,5]\n", "f32[2,3,5]"},
+        GradCase{"matmul_bias_gelu", P("p", "f32[2,3,4]") P("q", "f32[5,4]") P("b", "f32[5]")
+                 "%y, %pre = matmul_bias_gelu(%p, %q, %b) : f32[2,3,5], f32[2,3,5]\n", "f32[2,3,5]"},
         GradCase{"add_broadcast", P("p", "f32[2,3,4]") P("q", "f32[3,4]")
                  "%y = add(%p, %q) : f32[2,3,4]\n", "f32[2,3,4]"},
         GradCase{"mul_broadcast", P("p", "f32[2,3,4]") P("q", "f32[4]")
