@@ -124,17 +124,20 @@ double fp8Largest(const AttrMap &attrs) { return attrs.getString("format") == "e
 
 /// Kernel text that leaves in `max` and `sum` the row's maximum and sum(exp(row - max)), the
 /// row being `row[0..n)`; shared by softmax and cross-entropy.
-std::string rowMaxAndExpSum(int64_t n) {
+/// A row's max and sum of exp(value - max) over j < end, in `max` and `sum`; `value` is an
+/// expression of j (the row's element, or it scaled, in parentheses).
+std::string rowMaxAndExpSum(const std::string &end, const std::string &value = "row[j]") {
   return fmt::format("  __shared__ double shared[256];\n"
                      "  __shared__ float sharedMax[256];\n"
                      "  float max = __int_as_float(0xff800000);\n"
-                     "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, row[j]);\n"
+                     "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) max = fmaxf(max, {1});\n"
                      "  max = blockMax(max, sharedMax);\n"
                      "  double sum = 0;\n"
-                     "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double)row[j] - max);\n"
+                     "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += exp((double){1} - max);\n"
                      "  sum = blockSum(sum, shared);\n",
-                     n);
+                     end, value);
 }
+std::string rowMaxAndExpSum(int64_t n) { return rowMaxAndExpSum(std::to_string(n)); }
 
 class Emitter {
 public:
@@ -409,54 +412,40 @@ llvm::Error emit(const Op &op, Emitter &e) {
     // after it are neither read nor summed (the unfused mask's -inf adds exp(-inf) = 0 there):
     // the bits of scale, causal_mask and softmax in one pass.
     int64_t t = out.dim(-1);
-    std::string scaled = fmt::format("row[j] * {}", lit(*a.getFloat("scale")));
+    std::string scaled = fmt::format("(row[j] * {})", lit(*a.getFloat("scale")));
     e.rowwise(0, "const float *x, float *out", rowsOf(out),
               fmt::format("  const float *row = x + (int64)blockIdx.x * {0};\n"
                           "  float *dst = out + (int64)blockIdx.x * {0};\n"
-                          "  int last = (int)(blockIdx.x % {0}); // the query: keys 0..last are visible\n"
-                          "  __shared__ double shared[256];\n"
-                          "  __shared__ float sharedMax[256];\n"
-                          "  float max = __int_as_float(0xff800000);\n"
-                          "  for (int j = threadIdx.x; j <= last; j += blockDim.x) max = fmaxf(max, {1});\n"
-                          "  max = blockMax(max, sharedMax);\n"
-                          "  double sum = 0;\n"
-                          "  for (int j = threadIdx.x; j <= last; j += blockDim.x) sum += exp((double)({1}) - max);\n"
-                          "  sum = blockSum(sum, shared);\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
-                          "    dst[j] = j <= last ? (float)(exp((double)({1}) - max) / sum) : 0.0f;\n",
-                          t, scaled));
-    return llvm::Error::success();
-  }
-  case OpKind::MaskedSoftmaxBackward: {
-    // softmax_backward, then 0 after the query, then the scale: one pass over dy and y.
-    int64_t t = out.dim(-1);
-    e.rowwise(0, "const float *dy, const float *y, float *dx", rowsOf(out),
-              fmt::format("  __shared__ double shared[256];\n"
-                          "  int64 base = (int64)blockIdx.x * {0};\n"
-                          "  int last = (int)(blockIdx.x % {0});\n"
-                          "  double partial = 0;\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) partial += (double)dy[base + j] * y[base + j];\n"
-                          "  double total = blockSum(partial, shared);\n"
-                          "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
-                          "    dx[base + j] = j <= last ? (float)(y[base + j] * (dy[base + j] - total)) * {1} : 0.0f;\n",
-                          t, lit(*a.getFloat("scale"))));
+                          "  int visible = (int)(blockIdx.x % {0}) + 1; // keys up to the query\n",
+                          t) +
+                  rowMaxAndExpSum("visible", scaled) +
+                  fmt::format("  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
+                              "    dst[j] = j < visible ? (float)(exp((double){1} - max) / sum) : 0.0f;\n",
+                              t, scaled));
     return llvm::Error::success();
   }
   case OpKind::SoftmaxBackward:
-  case OpKind::LogSoftmaxBackward: {
+  case OpKind::LogSoftmaxBackward:
+  case OpKind::MaskedSoftmaxBackward: {
+    // masked_softmax_backward: softmax_backward, then 0 after the query, then the scale.
     bool log = op.kind() == OpKind::LogSoftmaxBackward;
+    bool masked = op.kind() == OpKind::MaskedSoftmaxBackward;
     int64_t d = out.dim(-1);
+    std::string dx = log ? "(float)(dy[base + j] - exp((double)y[base + j]) * total)"
+                         : "(float)(y[base + j] * (dy[base + j] - total))";
+    if (masked)
+      dx = fmt::format("j < visible ? {} * {} : 0.0f", dx, lit(*a.getFloat("scale")));
     e.rowwise(0, "const float *dy, const float *y, float *dx", rowsOf(out),
               fmt::format("  __shared__ double shared[256];\n"
                           "  int64 base = (int64)blockIdx.x * {0};\n"
+                          "{3}"
                           "  double partial = 0;\n"
                           "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) partial += {1};\n"
                           "  double total = blockSum(partial, shared);\n"
                           "  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
                           "    dx[base + j] = {2};\n",
-                          d, log ? "dy[base + j]" : "(double)dy[base + j] * y[base + j]",
-                          log ? "(float)(dy[base + j] - exp((double)y[base + j]) * total)"
-                              : "(float)(y[base + j] * (dy[base + j] - total))"));
+                          d, log ? "dy[base + j]" : "(double)dy[base + j] * y[base + j]", dx,
+                          masked ? fmt::format("  int visible = (int)(blockIdx.x % {}) + 1;\n", d) : ""));
     return llvm::Error::success();
   }
   case OpKind::NLLLoss: {
