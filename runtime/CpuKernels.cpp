@@ -122,26 +122,48 @@ llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {
       for (float &x : v)
         x = roundToBf16(x);
   };
-  // Pack A as [m, k] and B as [n, k] so every output is a contiguous dot product.
-  std::vector<float> packedA, packedB;
+  // Pack A as [m, k] and B as [n, k] so every output is a contiguous dot product. Each output
+  // element is one dot product however the work is split, so tiles and threads change no bit.
+  std::vector<float> packedB;
+  if (sharedB) {
+    packMatrix(&b.data[0], n, k, !tb, packedB);
+    round(packedB);
+  }
+  // Tiles of 64 rows of B and 256 rows of A stay in cache while they are reused.
+  constexpr int64_t kTileB = 64, kTileA = 256;
+  auto multiply = [&](const float *pa, const float *pb, float *c, int64_t j0, int64_t j1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kTileA)
+      for (int64_t i = i0; i < std::min(m, i0 + kTileA); ++i)
+        for (int64_t j = j0; j < j1; ++j)
+          c[i * n + j] = dot(&pa[i * k], &pb[j * k], k);
+  };
+  if (batches > 1 && m * n * k < (int64_t(1) << 22)) {
+    // Many small products (attention's heads): the threads take whole batches.
+    parallelFor(batches, batches * m * n * k, [&](int64_t batch) {
+      thread_local std::vector<float> ownA, ownB;
+      packMatrix(&a.data[batch * m * k], m, k, ta, ownA);
+      round(ownA);
+      if (!sharedB) {
+        packMatrix(&b.data[batch * k * n], n, k, !tb, ownB);
+        round(ownB);
+      }
+      multiply(ownA.data(), sharedB ? packedB.data() : ownB.data(), &out[0].data[batch * m * n], 0, n);
+    });
+    return llvm::Error::success();
+  }
+  std::vector<float> packedA;
   for (int64_t batch = 0; batch < batches; ++batch) {
     packMatrix(&a.data[batch * m * k], m, k, ta, packedA);
     round(packedA);
-    if (batch == 0 || !sharedB) {
-      packMatrix(&b.data[sharedB ? 0 : batch * k * n], n, k, !tb, packedB);
+    if (!sharedB) {
+      packMatrix(&b.data[batch * k * n], n, k, !tb, packedB);
       round(packedB);
     }
     float *c = &out[0].data[batch * m * n];
-    // Tiles of 64 rows of B and 256 rows of A stay in cache while they are reused. Each output
-    // element is still one dot product, so the tiling and the threads change no result.
-    constexpr int64_t kTileB = 64, kTileA = 256;
     int64_t tiles = (n + kTileB - 1) / kTileB;
     parallelFor(tiles, m * n * k, [&](int64_t tile) {
-      int64_t j0 = tile * kTileB, j1 = std::min(n, j0 + kTileB);
-      for (int64_t i0 = 0; i0 < m; i0 += kTileA)
-        for (int64_t i = i0; i < std::min(m, i0 + kTileA); ++i)
-          for (int64_t j = j0; j < j1; ++j)
-            c[i * n + j] = dot(&packedA[i * k], &packedB[j * k], k);
+      int64_t j0 = tile * kTileB;
+      multiply(packedA.data(), packedB.data(), c, j0, std::min(n, j0 + kTileB));
     });
   }
   return llvm::Error::success();
@@ -287,7 +309,7 @@ llvm::Error evalCausalMask(const AttrMap &attrs, Operands in, Results out) {
 llvm::Error softmaxRows(Operands in, Results out, bool log) {
   const Tensor &x = *in[0];
   int64_t d = x.type.dim(-1);
-  for (int64_t r = 0; r < rows(x.type); ++r) {
+  parallelFor(rows(x.type), x.size() * 16, [&](int64_t r) {
     const float *row = &x.data[r * d];
     float *dst = &out[0].data[r * d];
     float max = *std::max_element(row, row + d);
@@ -297,7 +319,7 @@ llvm::Error softmaxRows(Operands in, Results out, bool log) {
     for (int64_t i = 0; i < d; ++i)
       dst[i] = log ? float(double(row[i]) - max - std::log(sum))
                    : float(std::exp(double(row[i]) - max) / sum);
-  }
+  });
   return llvm::Error::success();
 }
 

@@ -33,6 +33,27 @@ llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
   return kEvalFns[static_cast<unsigned>(op.kind())](op.attrs(), operands, results);
 }
 
+Interpreter::Interpreter(const Graph &graph) : graph_(graph) {
+  if (const char *env = std::getenv("TGC_CPU_PROFILE"))
+    profiling_ = reportProfile_ = std::string(env) == "1";
+}
+
+Interpreter::~Interpreter() {
+  if (!reportProfile_ || runs_ == 0)
+    return;
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto &[name, ms] : profile_) {
+    rows.emplace_back(ms / double(runs_), name);
+    total += ms / double(runs_);
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  llvm::errs() << fmt::format("CPU time per run of @{} by op ({} runs, {:.1f} ms in ops):\n",
+                              graph_.name(), runs_, total);
+  for (const auto &[ms, name] : rows)
+    llvm::errs() << fmt::format("  {:<30}{:>10.1f} ms {:>6.1f}%\n", name, ms, 100 * ms / total);
+}
+
 llvm::Error Interpreter::bind(llvm::StringRef name, Tensor tensor) {
   const Value *v = graph_.lookup(name);
   if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
@@ -114,6 +135,7 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
         values_.erase(v);
     }
   }
+  ++runs_;
   std::vector<Tensor> outputs;
   for (const Value *v : graph_.outputs())
     outputs.push_back(*get(v));

@@ -15,7 +15,10 @@ namespace tgc {
 
 class Interpreter : public Executor {
 public:
-  explicit Interpreter(const Graph &graph) : graph_(graph) {}
+  /// TGC_CPU_PROFILE=1 turns profiling on, and the destructor prints the time per op kind
+  /// over the runs to stderr (as TGC_GPU_PROFILE does for the CUDA executor).
+  explicit Interpreter(const Graph &graph);
+  ~Interpreter() override;
 
   llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
   llvm::Expected<std::vector<Tensor>> run() override;
@@ -33,7 +36,8 @@ private:
   const Graph &graph_;
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
-  bool profiling_ = false;
+  bool profiling_ = false, reportProfile_ = false;
+  int64_t runs_ = 0;
   std::map<std::string, double> profile_;
 };
 
