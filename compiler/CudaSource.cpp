@@ -676,12 +676,13 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   case OpKind::KvWrite: {
-    // The cache with row pos of every sequence replaced by x (the copy is assigned back to the
-    // cache when the step ends).
+    // The cache with row pos of every sequence replaced by x. Written in place (out is the
+    // cache, assigned to it: MemoryPlan.h), only that row changes.
     int64_t T = out.dim(1), D = out.dim(2);
     e.elementwise("const float *cache, const float *x, const int *pos, float *out", n,
                   fmt::format("    int64 t = (i / {1}) % {0}, b = i / ({0} * {1});\n"
-                              "    out[i] = t == pos[0] ? x[b * {1} + i % {1}] : cache[i];\n",
+                              "    if (t == pos[0]) out[i] = x[b * {1} + i % {1}];\n"
+                              "    else if (out != cache) out[i] = cache[i];\n",
                               T, D));
     return llvm::Error::success();
   }

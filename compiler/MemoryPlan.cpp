@@ -21,8 +21,68 @@ std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering) {
   return bytes;
 }
 
-MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
+int inPlaceOperand(const Op &op, unsigned r) {
+  switch (op.kind()) {
+  case OpKind::AdamW: // (param, grad, m, v, ...) -> (param, m, v), elementwise
+    return r == 0 ? 0 : r == 1 ? 2 : r == 2 ? 3 : -1;
+  case OpKind::Fp8Update: // (history, scale, amax, saturations, ...) -> (history, scale,
+                          // scale_inv, saturations); the history is read whole before the roll
+    return r == 0 ? 0 : r == 1 ? 1 : r == 3 ? 3 : -1;
+  case OpKind::KvWrite: // (cache, x, pos) -> cache with one row replaced, elementwise
+    return r == 0 ? 0 : -1;
+  default:
+    return -1;
+  }
+}
+
+llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
+                                                           const CudaProgram &program) {
+  std::vector<Op *> ops = graph.ops();
+  // The leaf each value's memory is (a leaf itself, or a reshape of one), and the last op that
+  // reads each leaf's memory other than as an assign's target.
+  llvm::DenseMap<const Value *, const Value *> leafOf;
+  llvm::DenseMap<const Value *, int64_t> lastRead;
+  llvm::DenseMap<const Op *, int64_t> index;
+  for (int64_t i = 0; i < int64_t(ops.size()); ++i) {
+    const Op &op = *ops[i];
+    index[&op] = i;
+    const OpLowering &lowering = program.lowering[i];
+    if (lowering.kind == OpLowering::Leaf)
+      leafOf[op.result()] = op.result();
+    else if (lowering.kind == OpLowering::Alias)
+      if (const Value *leaf = leafOf.lookup(op.operand(0)))
+        leafOf[op.result()] = leaf;
+    for (unsigned p = 0; p < op.numOperands(); ++p)
+      if (const Value *leaf = leafOf.lookup(op.operand(p)))
+        if (!(op.kind() == OpKind::Assign && p == 0))
+          lastRead[leaf] = i;
+  }
+  llvm::DenseMap<const Value *, const Value *> inPlace;
+  for (const Op *assign : ops) {
+    if (assign->kind() != OpKind::Assign)
+      continue;
+    const Value *leaf = assign->operand(0), *value = assign->operand(1);
+    const Op *def = value->def();
+    if (!def || deviceBytesOf(leaf->type()) != deviceBytesOf(value->type()) ||
+        program.lowering[index.lookup(def)].kind == OpLowering::Alias)
+      continue;
+    unsigned r = 0;
+    while (def->result(r) != value)
+      ++r;
+    bool safe = lastRead.lookup(leaf) <= index.lookup(def);
+    for (unsigned p = 0; p < def->numOperands() && safe; ++p)
+      if (leafOf.lookup(def->operand(p)) == leaf)
+        safe = int(p) == inPlaceOperand(*def, r) && def->operand(p) == leaf;
+    if (safe)
+      inPlace[value] = leaf;
+  }
+  return inPlace;
+}
+
+MemoryPlan planMemory(const Graph &graph, const CudaProgram &program, bool updateInPlace) {
   MemoryPlan plan;
+  if (updateInPlace)
+    plan.inPlace = inPlaceValues(graph, program);
   std::vector<Op *> ops = graph.ops();
   int64_t end = int64_t(ops.size());
   // The value whose memory each value uses (itself, or an alias's source).
@@ -40,6 +100,10 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       const Value *v = op.result(r);
       if (lowering.kind == OpLowering::Leaf) {
         plan.persistentBytes += aligned(deviceBytesOf(v->type()));
+        continue;
+      }
+      if (plan.inPlace.count(v)) { // in its leaf's buffer, as are its aliases
+        plan.inPlaceBytes += aligned(deviceBytesOf(v->type()));
         continue;
       }
       owner[v] = lowering.kind == OpLowering::Alias ? owner.lookup(op.operand(0)) : v;

@@ -1,6 +1,8 @@
 // The memory plan: every intermediate value of a program gets an offset in one arena, and
 // values whose lifetimes (program order, from definition to last use) do not overlap share
-// memory. Parameters, optimizer state and inputs keep buffers of their own.
+// memory. Parameters, optimizer state and inputs keep buffers of their own; a value assigned to
+// one of them at the end of the step is written straight into it where that is safe (in place),
+// which removes both its arena bytes and the copy.
 #pragma once
 
 #include "compiler/CudaSource.h"
@@ -15,6 +17,10 @@ int64_t deviceBytesOf(const TensorType &t);
 
 struct MemoryPlan {
   llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena
+  /// Values written in place: each takes the buffer of the leaf it is assigned to (no arena
+  /// bytes, no copy when the step ends), and so do its aliases.
+  llvm::DenseMap<const Value *, const Value *> inPlace;
+  int64_t inPlaceBytes = 0; // what those values would take in the arena
   /// Per op: its scratch buffers (OpLowering::scratchFloats), then for a BF16 GEMM the BF16
   /// copies of its two operands. They live only while the op runs.
   std::vector<std::vector<int64_t>> opLocalOffsets;
@@ -26,8 +32,21 @@ struct MemoryPlan {
 /// Bytes of the op-local buffers of op `op` as lowered (see MemoryPlan::opLocalOffsets).
 std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering);
 
+/// The operand whose buffer result `r` of `op` may take: its kernel reads each element of that
+/// operand before it writes the same element of the result, and no other element after (AdamW's
+/// parameter and moments, fp8_update's history, scale and saturation count, kv_write's cache).
+/// -1 when there is none.
+int inPlaceOperand(const Op &op, unsigned r);
+
+/// The values of `graph` that can be written into the leaf they are assigned to: Assign(L, V),
+/// V a result of op D, where no op after D reads L (nor a reshape of it) and D reads L only as
+/// inPlaceOperand(D, r). The map goes from V to L.
+llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
+                                                           const CudaProgram &program);
+
 /// Plans the arena for `graph` as lowered (aliases share their source's memory and extend its
-/// life; graph outputs and values assigned at the end of the step live to the end).
-MemoryPlan planMemory(const Graph &graph, const CudaProgram &program);
+/// life; graph outputs and values assigned at the end of the step live to the end). With
+/// `updateInPlace`, the inPlaceValues go into their leaves instead.
+MemoryPlan planMemory(const Graph &graph, const CudaProgram &program, bool updateInPlace);
 
 } // namespace tgc

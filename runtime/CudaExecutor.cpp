@@ -4,9 +4,11 @@
 #include "compiler/MemoryPlan.h"
 #include "compiler/Nvrtc.h"
 #include "compiler/Target.h"
+#include "passes/Pass.h"
 #include "runtime/Numerics.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -124,6 +126,7 @@ private:
   llvm::DenseMap<const Op *, float *> usedScaleInv_; // per quantize op: the scale_inv it used
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
   llvm::DenseMap<const Value *, void *> buffers_;
+  llvm::DenseSet<const Value *> inPlace_; // results written into their assigned leaf's buffer
   std::vector<void *> owned_;
   int64_t allocatedBytes_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -203,7 +206,7 @@ llvm::Error CudaExecutor::initialize() {
   gemms_.resize(ops_.size());
   // Intermediates live in one arena laid out by the memory plan; leaves (parameters, state,
   // inputs) keep buffers of their own.
-  MemoryPlan plan = planMemory(graph_, program_);
+  MemoryPlan plan = planMemory(graph_, program_, gpuPendingFeatures());
   char *arena = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&arena), size_t(std::max<int64_t>(plan.arenaBytes, 256))));
   CUDA_CHECK(cudaMemset(arena, 0, size_t(std::max<int64_t>(plan.arenaBytes, 256))));
@@ -221,6 +224,9 @@ llvm::Error CudaExecutor::initialize() {
         CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
         owned_.push_back(p);
         buffers_[v] = p;
+      } else if (const Value *leaf = plan.inPlace.lookup(v)) {
+        buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
+        inPlace_.insert(v);
       } else if (plan.offsets.count(v)) {
         buffers_[v] = arena + plan.offsets.lookup(v);
       } else { // an alias of a leaf
@@ -396,7 +402,8 @@ llvm::Error CudaExecutor::launchStep() {
     const OpLowering &lowering = program_.lowering[i];
     if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
       for (unsigned r = 0; r < op.numResults(); ++r)
-        CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, bytesOf(op.result(r)->type()), stream_));
+        if (!inPlace_.count(op.result(r))) // poisoning it would poison the operand it updates
+          CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, bytesOf(op.result(r)->type()), stream_));
     cudaEvent_t start = nullptr, stop = nullptr;
     bool timed = profile_ && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm);
     if (timed) {
@@ -453,10 +460,12 @@ llvm::Error CudaExecutor::launchStep() {
   }
   if (profile_)
     ++profiledSteps_;
-  // Assigns take effect when the step ends, after every op has read the old values.
+  // Assigns take effect when the step ends, after every op has read the old values; a value
+  // written in place is already there.
   for (auto [leaf, value] : assigns)
-    CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
-                               cudaMemcpyDeviceToDevice, stream_));
+    if (!inPlace_.count(value))
+      CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
+                                 cudaMemcpyDeviceToDevice, stream_));
   return llvm::Error::success();
 }
 

@@ -1,6 +1,7 @@
 // The GPU memory plan: values alive at the same time never share bytes, aliases share their
 // source's, and reuse makes the arena much smaller than one buffer per value.
 #include "compiler/MemoryPlan.h"
+#include "ir/Parser.h"
 #include "models/GPTBuilder.h"
 #include "passes/Pass.h"
 #include "tests/TestUtil.h"
@@ -10,7 +11,7 @@ using namespace tgc::test;
 
 namespace {
 
-void checkPlan(const char *model, const char *recipe) {
+void checkPlan(const char *model, const char *recipe, bool updateInPlace) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   auto graph = unwrap(buildGPT(c, c.train.batch));
   ASSERT_TRUE(graph);
@@ -20,7 +21,7 @@ void checkPlan(const char *model, const char *recipe) {
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
-  MemoryPlan plan = planMemory(*graph, program);
+  MemoryPlan plan = planMemory(*graph, program, updateInPlace);
   // Lifetimes recomputed here: from the defining op to the last op reading the value or any
   // reshape of it; outputs and assigned values to the end.
   std::vector<Op *> ops = graph->ops();
@@ -50,6 +51,10 @@ void checkPlan(const char *model, const char *recipe) {
       life[root[out]].second = ops.size();
   std::vector<std::tuple<int64_t, int64_t, size_t, size_t>> spans; // begin, end, first, last
   for (auto &[v, l] : life) {
+    if (plan.inPlace.count(v)) { // in its leaf's buffer, outside the arena
+      EXPECT_FALSE(plan.offsets.count(v)) << v->name();
+      continue;
+    }
     ASSERT_TRUE(plan.offsets.count(v)) << v->name();
     int64_t begin = plan.offsets.lookup(v), end = begin + v->type().numElements() * 4;
     EXPECT_LE(end, plan.arenaBytes);
@@ -57,7 +62,9 @@ void checkPlan(const char *model, const char *recipe) {
     spans.emplace_back(begin, end, l.first, l.second);
   }
   for (auto &[v, r] : root)
-    EXPECT_EQ(plan.offsets.lookup(v), plan.offsets.lookup(r)) << v->name();
+    if (!plan.inPlace.count(r)) {
+      EXPECT_EQ(plan.offsets.lookup(v), plan.offsets.lookup(r)) << v->name();
+    }
   for (size_t a = 0; a < spans.size(); ++a)
     for (size_t b = a + 1; b < spans.size(); ++b) {
       auto [b0, e0, f0, l0] = spans[a];
@@ -80,8 +87,104 @@ void checkPlan(const char *model, const char *recipe) {
   EXPECT_LT(plan.arenaBytes * 3, plan.withoutReuseBytes);
 }
 
-TEST(MemoryPlan, TinyTrainingProgram) { checkPlan("models/tiny.yaml", "fp32"); }
-TEST(MemoryPlan, SeedTrainingProgram) { checkPlan("models/seed.yaml", "fp32"); }
-TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16"); }
+TEST(MemoryPlan, TinyTrainingProgram) {
+  checkPlan("models/tiny.yaml", "fp32", false);
+  checkPlan("models/tiny.yaml", "fp32", true);
+}
+TEST(MemoryPlan, TinyFp8TrainingProgram) {
+  checkPlan("models/tiny.yaml", "fp8", false);
+  checkPlan("models/tiny.yaml", "fp8", true);
+}
+TEST(MemoryPlan, SeedTrainingProgram) { checkPlan("models/seed.yaml", "fp32", true); }
+TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16", false); }
+
+/// The training program of `model` under `recipe` as the GPU compiles and lowers it.
+std::pair<std::unique_ptr<Graph>, CudaProgram> gpuTrainingProgram(const char *model, const char *recipe) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
+  auto graph = unwrap(buildGPT(c, c.train.batch));
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = c.precision;
+  options.passOptions.precision.recipe = recipe;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  return {std::move(graph), std::move(program)};
+}
+
+TEST(MemoryPlan, OptimizerAndScalingStateUpdatedInPlace) {
+  // Every AdamW result (parameter, moments) and every fp8_update result goes straight into the
+  // state it is assigned to: no copy at the end of the step, no arena bytes.
+  auto [graph, program] = gpuTrainingProgram("models/tiny.yaml", "fp8");
+  MemoryPlan plan = planMemory(*graph, program, true);
+  EXPECT_TRUE(planMemory(*graph, program, false).inPlace.empty());
+  int assigns = 0;
+  for (const Op *op : graph->ops()) {
+    if (op->kind() != OpKind::Assign)
+      continue;
+    ++assigns;
+    OpKind producer = op->operand(1)->def()->kind();
+    ASSERT_TRUE(producer == OpKind::AdamW || producer == OpKind::Fp8Update) << op->operand(1)->name();
+    EXPECT_EQ(plan.inPlace.lookup(op->operand(1)), op->operand(0)) << op->operand(1)->name();
+  }
+  EXPECT_EQ(assigns, 183); // 29 parameters x 3, and 24 FP8 tensors x 4
+  EXPECT_EQ(int(plan.inPlace.size()), assigns);
+}
+
+TEST(MemoryPlan, KvCacheWrittenInPlace) {
+  // The decode step's kv_write goes straight into the cache: one row a token, not a copy of
+  // the whole cache.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  auto graph = unwrap(buildGPT(c, 2, GPTOutput::Decode));
+  ASSERT_TRUE(graph);
+  PipelineOptions options;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false), options));
+  ASSERT_FALSE(bool(pipeline.run(*graph)));
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  auto inPlace = inPlaceValues(*graph, program);
+  int writes = 0;
+  for (const Op *op : graph->ops())
+    if (op->kind() == OpKind::KvWrite) {
+      ++writes;
+      EXPECT_EQ(inPlace.lookup(op->result()), op->operand(0)) << op->result()->name();
+    }
+  EXPECT_EQ(writes, 2 * c.layers);
+}
+
+TEST(MemoryPlan, InPlaceOnlyWhereNothingReadsTheOldValueAfterwards) {
+  // AdamW's parameter and second moment go in place; its first moment does not, because %late
+  // reads the old %m after the update. %t reads %s through gelu, not an in-place kernel, so it
+  // does not either; %u.new reads no %u and nothing reads %u after it, so it does.
+  auto graph = unwrap(parseGraph(R"(graph @g
+%p = param() {init="normal", std=1.0} : f32[8]
+%g = input() : f32[8]
+%m = state() {init="zeros"} : f32[8]
+%v = state() {init="zeros"} : f32[8]
+%lr = input() : f32[]
+%clip = input() : f32[]
+%step = input() : i32[]
+%p.new, %m.new, %v.new = adamw(%p, %g, %m, %v, %lr, %clip, %step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1} : f32[8], f32[8], f32[8]
+%late = add(%m, %g) : f32[8]
+%s = state() {init="zeros"} : f32[8]
+%t = gelu(%s) : f32[8]
+%u = state() {init="zeros"} : f32[8]
+%u.new = gelu(%g) : f32[8]
+assign(%p, %p.new)
+assign(%m, %m.new)
+assign(%v, %v.new)
+assign(%s, %t)
+assign(%u, %u.new)
+return %late
+)", "t.ir"));
+  ASSERT_TRUE(graph);
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  auto inPlace = inPlaceValues(*graph, program);
+  EXPECT_EQ(inPlace.lookup(graph->lookup("p.new")), graph->lookup("p"));
+  EXPECT_EQ(inPlace.lookup(graph->lookup("v.new")), graph->lookup("v"));
+  EXPECT_FALSE(inPlace.count(graph->lookup("m.new"))); // %late reads the old %m
+  EXPECT_FALSE(inPlace.count(graph->lookup("t")));     // gelu is not an in-place kernel
+  EXPECT_EQ(inPlace.lookup(graph->lookup("u.new")), graph->lookup("u"));
+  EXPECT_EQ(inPlace.size(), 3u);
+}
 
 } // namespace

@@ -293,12 +293,16 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     printOpCountTable(before, countOps(**graph), llvm::errs());
     // The GPU memory plan, for programs the GPU backend lowers.
     if (auto lowered = lowerToCuda(**graph)) {
-      MemoryPlan plan = planMemory(**graph, *lowered);
+      MemoryPlan plan = planMemory(**graph, *lowered, gpuPendingFeatures());
       auto mib = [](int64_t bytes) { return double(bytes) / double(1 << 20); };
       llvm::errs() << fmt::format("// GPU memory plan: intermediates {:.1f} MiB in one arena ({:.1f} MiB "
                                   "without reuse), parameters, state and inputs {:.1f} MiB\n",
                                   mib(plan.arenaBytes), mib(plan.withoutReuseBytes),
                                   mib(plan.persistentBytes));
+      if (!plan.inPlace.empty())
+        llvm::errs() << fmt::format("// {} values written into the state they are assigned to "
+                                    "({:.1f} MiB neither in the arena nor copied)\n",
+                                    plan.inPlace.size(), mib(plan.inPlaceBytes));
     } else {
       llvm::consumeError(lowered.takeError());
       llvm::errs() << "// GPU memory plan: this program has ops the GPU backend does not lower "
