@@ -57,13 +57,18 @@ llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
         if (!(op.kind() == OpKind::Assign && p == 0))
           lastRead[leaf] = i;
   }
+  llvm::DenseMap<const Value *, unsigned> assigned; // how many leaves each value is assigned to
+  for (const Op *op : ops)
+    if (op->kind() == OpKind::Assign)
+      ++assigned[op->operand(1)];
   llvm::DenseMap<const Value *, const Value *> inPlace;
   for (const Op *assign : ops) {
     if (assign->kind() != OpKind::Assign)
       continue;
     const Value *leaf = assign->operand(0), *value = assign->operand(1);
     const Op *def = value->def();
-    if (!def || deviceBytesOf(leaf->type()) != deviceBytesOf(value->type()) ||
+    if (!def || assigned.lookup(value) != 1 ||
+        deviceBytesOf(leaf->type()) != deviceBytesOf(value->type()) ||
         program.lowering[index.lookup(def)].kind == OpLowering::Alias)
       continue;
     unsigned r = 0;

@@ -463,7 +463,7 @@ llvm::Error CudaExecutor::launchStep() {
   // Assigns take effect when the step ends, after every op has read the old values; a value
   // written in place is already there.
   for (auto [leaf, value] : assigns)
-    if (!inPlace_.count(value))
+    if (buffer(leaf) != buffer(value))
       CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
                                  cudaMemcpyDeviceToDevice, stream_));
   return llvm::Error::success();

@@ -154,7 +154,8 @@ TEST(MemoryPlan, KvCacheWrittenInPlace) {
 TEST(MemoryPlan, InPlaceOnlyWhereNothingReadsTheOldValueAfterwards) {
   // AdamW's parameter and second moment go in place; its first moment does not, because %late
   // reads the old %m after the update. %t reads %s through gelu, not an in-place kernel, so it
-  // does not either; %u.new reads no %u and nothing reads %u after it, so it does.
+  // does not either; %u.new reads no %u and nothing reads %u after it, so it does. %both is
+  // assigned to two leaves, so it stays a value of its own, copied to each.
   auto graph = unwrap(parseGraph(R"(graph @g
 %p = param() {init="normal", std=1.0} : f32[8]
 %g = input() : f32[8]
@@ -169,11 +170,16 @@ TEST(MemoryPlan, InPlaceOnlyWhereNothingReadsTheOldValueAfterwards) {
 %t = gelu(%s) : f32[8]
 %u = state() {init="zeros"} : f32[8]
 %u.new = gelu(%g) : f32[8]
+%w1 = state() {init="zeros"} : f32[8]
+%w2 = state() {init="zeros"} : f32[8]
+%both = silu(%g) : f32[8]
 assign(%p, %p.new)
 assign(%m, %m.new)
 assign(%v, %v.new)
 assign(%s, %t)
 assign(%u, %u.new)
+assign(%w1, %both)
+assign(%w2, %both)
 return %late
 )", "t.ir"));
   ASSERT_TRUE(graph);
@@ -184,6 +190,7 @@ return %late
   EXPECT_FALSE(inPlace.count(graph->lookup("m.new"))); // %late reads the old %m
   EXPECT_FALSE(inPlace.count(graph->lookup("t")));     // gelu is not an in-place kernel
   EXPECT_EQ(inPlace.lookup(graph->lookup("u.new")), graph->lookup("u"));
+  EXPECT_FALSE(inPlace.count(graph->lookup("both"))); // one buffer cannot be two leaves
   EXPECT_EQ(inPlace.size(), 3u);
 }
 
