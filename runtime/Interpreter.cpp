@@ -22,6 +22,15 @@ llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
 }
 
 using EvalFn = llvm::Error (*)(const AttrMap &, cpu::Operands, cpu::Results);
+
+/// The index of the last op that reads each value (run() frees the value after it).
+llvm::DenseMap<const Value *, size_t> lastUses(llvm::ArrayRef<Op *> ops) {
+  llvm::DenseMap<const Value *, size_t> last;
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (const Value *v : ops[i]->operands())
+      last[v] = i;
+  return last;
+}
 const EvalFn kEvalFns[] = {
 #define OP(Enum, Name, MinOperands, MaxOperands, Results) &cpu::eval##Enum,
 #include "ir/Ops.def"
@@ -89,10 +98,7 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
   values_.clear();
   std::vector<Op *> ops = graph_.ops();
   // The last op that reads each value: after it the value is freed.
-  llvm::DenseMap<const Value *, size_t> lastUse;
-  for (size_t i = 0; i < ops.size(); ++i)
-    for (const Value *v : ops[i]->operands())
-      lastUse[v] = i;
+  llvm::DenseMap<const Value *, size_t> lastUse = lastUses(ops);
   auto get = [&](const Value *v) -> const Tensor * {
     auto it = bound_.find(v);
     if (it != bound_.end())
@@ -148,10 +154,7 @@ int64_t interpreterPeakBytes(const Graph &graph) {
   // run()'s schedule: bound leaves throughout, each intermediate from its op to its last
   // reader (outputs to the end), assigned values from their assign to the end.
   std::vector<Op *> ops = graph.ops();
-  llvm::DenseMap<const Value *, size_t> lastUse;
-  for (size_t i = 0; i < ops.size(); ++i)
-    for (const Value *v : ops[i]->operands())
-      lastUse[v] = i;
+  llvm::DenseMap<const Value *, size_t> lastUse = lastUses(ops);
   auto bytes = [](const Value *v) { return v->type().numElements() * int64_t(sizeof(float)); };
   int64_t live = 0, peak = 0;
   for (const Op *op : ops)
