@@ -847,8 +847,7 @@ int runSubcommand() {
   if (BenchCmd)
     return runBench();
   llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
-                  "info); "
-                  "see tgc --help\n";
+                  "bench, info); see tgc --help\n";
   return 1;
 }
 
