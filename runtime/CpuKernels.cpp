@@ -81,10 +81,16 @@ void packMatrix(const float *src, int64_t r, int64_t c, bool transpose, std::vec
     std::copy_n(src, r * c, dst.data());
     return;
   }
-  // src is stored [c, r]; dst[i][j] = src[j][i].
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j)
-      dst[i * c + j] = src[j * r + i];
+  // src is stored [c, r]; dst[i][j] = src[j][i], in 32 x 32 blocks so that both sides stay
+  // in cache (a plain loop reads src a whole row apart at every step).
+  constexpr int64_t kBlock = 32;
+  parallelFor((r + kBlock - 1) / kBlock, r * c * 8, [&](int64_t block) {
+    int64_t i0 = block * kBlock;
+    for (int64_t j0 = 0; j0 < c; j0 += kBlock)
+      for (int64_t i = i0; i < std::min(r, i0 + kBlock); ++i)
+        for (int64_t j = j0; j < std::min(c, j0 + kBlock); ++j)
+          dst[i * c + j] = src[j * r + i];
+  });
 }
 
 /// Dot product with 32 partial sums (four vectors of eight, so that the adds of one vector
