@@ -29,6 +29,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <new>
+#include <system_error>
 
 using namespace tgc;
 namespace cl = llvm::cl;
@@ -875,13 +876,16 @@ int main(int argc, char **argv) {
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
     return 1;
-  // A failed allocation is an error message and exit 1, not LLVM's abort: InitLLVM's handler
-  // is replaced so that operator new throws.
+  // A failed allocation (or thread) is an error message and exit 1, not an abort: InitLLVM's
+  // out-of-memory handler is replaced so that operator new throws.
   std::set_new_handler(nullptr);
   try {
     return runSubcommand();
   } catch (const std::bad_alloc &) {
     llvm::errs() << "tgc: error: out of host memory; use a smaller --batch or model\n";
+    return 1;
+  } catch (const std::system_error &e) { // a worker thread the system would not start
+    llvm::errs() << "tgc: error: " << e.what() << "\n";
     return 1;
   }
 }
