@@ -8,6 +8,16 @@
 namespace tgc {
 namespace {
 
+/// The epilogue op of `kind` over a linear layer and its bias add: (x, weight, bias), with the
+/// GEMM's gemm_dtype.
+Replacement biasEpilogue(OpKind kind, const Op &linear, const Op &add) {
+  Replacement r;
+  r.kind = kind;
+  r.operands = {linear.operand(0), linear.operand(1), add.operand(1)};
+  copyGemmDType(linear, r.attrs);
+  return r;
+}
+
 class FuseBiasActivation : public FusionPass {
 public:
   llvm::StringRef name() const override { return "fuse-bias-activation"; }
@@ -24,11 +34,8 @@ public:
       return std::nullopt;
     FusionMatch m;
     m.pattern = {linear, add, gelu};
-    Replacement &r = m.replacement;
-    r.kind = OpKind::MatMulBiasGelu;
-    r.operands = {linear->operand(0), linear->operand(1), add->operand(1)};
-    r.replaces = {gelu->result(), add->result()};
-    copyGemmDType(*linear, r.attrs);
+    m.replacement = biasEpilogue(OpKind::MatMulBiasGelu, *linear, *add);
+    m.replacement.replaces = {gelu->result(), add->result()};
     return m;
   }
 };
@@ -47,11 +54,8 @@ public:
       return std::nullopt;
     FusionMatch m;
     m.pattern = {linear, add};
-    Replacement &r = m.replacement;
-    r.kind = OpKind::MatMulBias;
-    r.operands = {linear->operand(0), linear->operand(1), add->operand(1)};
-    r.replaces = {add->result()};
-    copyGemmDType(*linear, r.attrs);
+    m.replacement = biasEpilogue(OpKind::MatMulBias, *linear, *add);
+    m.replacement.replaces = {add->result()};
     return m;
   }
 };

@@ -827,26 +827,22 @@ int runInfo() {
   return 0;
 }
 
+/// Every subcommand and what runs it, in the order of tgc --help.
+struct Subcommand {
+  cl::SubCommand *command;
+  int (*run)();
+};
+const Subcommand kSubcommands[] = {
+    {&CompileCmd, runCompile}, {&OptCmd, runOpt},         {&RunCmd, runForward},
+    {&InfoCmd, runInfo},       {&TrainCmd, runTrain},     {&GenerateCmd, runGenerate},
+    {&EvalCmd, runEval},       {&InspectCmd, runInspect}, {&BenchCmd, runBench},
+};
+
 /// The chosen subcommand's exit status.
 int runSubcommand() {
-  if (CompileCmd)
-    return runCompile();
-  if (OptCmd)
-    return runOpt();
-  if (RunCmd)
-    return runForward();
-  if (InfoCmd)
-    return runInfo();
-  if (TrainCmd)
-    return runTrain();
-  if (GenerateCmd)
-    return runGenerate();
-  if (EvalCmd)
-    return runEval();
-  if (InspectCmd)
-    return runInspect();
-  if (BenchCmd)
-    return runBench();
+  for (const Subcommand &s : kSubcommands)
+    if (*s.command)
+      return s.run();
   llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
                   "bench, info); see tgc --help\n";
   return 1;
@@ -856,10 +852,8 @@ int runSubcommand() {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
-  for (cl::SubCommand *sub :
-       {&CompileCmd, &OptCmd, &RunCmd, &InfoCmd, &TrainCmd, &GenerateCmd, &EvalCmd, &InspectCmd,
-        &BenchCmd})
-    cl::HideUnrelatedOptions(Category, *sub);
+  for (const Subcommand &s : kSubcommands)
+    cl::HideUnrelatedOptions(Category, *s.command);
   cl::HideUnrelatedOptions(Category);
   if (!cl::ParseCommandLineOptions(
           argc, argv,
