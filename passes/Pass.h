@@ -44,14 +44,9 @@ std::vector<std::string> forwardPipeline();
 /// The passes that turn it into the training program: forward, loss, backward, update.
 std::vector<std::string> trainingPipeline();
 /// What the GPU backend compiles: the same pipelines without the fusions whose fused ops have
-/// no CUDA lowering yet (residual-norm, bias+GELU and cross-entropy have one), and with
-/// legalize-fp8-gemm.
+/// no CUDA lowering yet (softmax, residual-norm, bias, bias+GELU and cross-entropy have one),
+/// and with legalize-fp8-gemm.
 std::vector<std::string> gpuPipeline(bool training);
-/// TGC_GPU_PENDING=1: the GPU features written and tested on the CPU (IR, CPU kernels, NVRTC
-/// compilation, the memory plan) that have not yet run on a GPU: fuse-softmax and fuse-bias in
-/// gpuPipeline, and state updated in place (MemoryPlan.h). Off until a GPU run has checked
-/// them; the GPU tests run with it on and off.
-bool gpuPendingFeatures();
 
 /// Op counts by kind, in op-table order.
 using OpCounts = std::map<std::string, int64_t>;

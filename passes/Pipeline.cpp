@@ -4,7 +4,6 @@
 #include "ir/Verifier.h"
 #include "passes/Passes.h"
 
-#include <cstdlib>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -88,18 +87,11 @@ PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
   return precision;
 }
 
-bool gpuPendingFeatures() {
-  const char *env = std::getenv("TGC_GPU_PENDING");
-  return env && std::string(env) == "1";
-}
-
 std::vector<std::string> gpuPipeline(bool training) {
   // The fusions whose fused ops (and their gradients) the GPU backend lowers so far. Without
   // LayerNorm+Linear/MLP, residual-norm takes every residual add and the norm after it.
-  std::vector<std::string> lowered = {"fuse-residual-norm", "fuse-bias-activation",
-                                      "fuse-cross-entropy"};
-  if (gpuPendingFeatures())
-    lowered.insert(lowered.end(), {"fuse-softmax", "fuse-bias"});
+  std::vector<std::string> lowered = {"fuse-softmax", "fuse-residual-norm",
+                                      "fuse-bias-activation", "fuse-bias", "fuse-cross-entropy"};
   std::vector<std::string> passes;
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
     if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))

@@ -206,7 +206,7 @@ llvm::Error CudaExecutor::initialize() {
   gemms_.resize(ops_.size());
   // Intermediates live in one arena laid out by the memory plan; leaves (parameters, state,
   // inputs) keep buffers of their own.
-  MemoryPlan plan = planMemory(graph_, program_, gpuPendingFeatures());
+  MemoryPlan plan = planMemory(graph_, program_, /*updateInPlace=*/true);
   char *arena = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&arena), size_t(std::max<int64_t>(plan.arenaBytes, 256))));
   CUDA_CHECK(cudaMemset(arena, 0, size_t(std::max<int64_t>(plan.arenaBytes, 256))));
