@@ -5,6 +5,8 @@
 
 #include "ir/Graph.h"
 
+#include "llvm/ADT/DenseMap.h"
+
 #include <string>
 #include <vector>
 
@@ -27,8 +29,13 @@ struct OpLowering {
     Alias,   // the result is the operand's memory (reshape)
     Leaf,    // bound by the executor
     Assign,  // a copy when the step ends
+    Grouped, // run by another op's launches (one flat launch for many AdamW ops)
   } kind = Kernels;
   std::vector<KernelLaunch> launches;
+  // When not empty, the launches take these values' buffers instead of the op's operands and
+  // results (a grouped launch: the first tensor of each contiguous buffer it covers).
+  std::vector<const Value *> arguments;
+  std::string label; // what a profile calls a grouped launch; empty: the op's name
   std::vector<int64_t> scratchFloats; // per scratch buffer, alive during the op
   // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
   // the scale_inv it quantized with here (what its FP8 GEMMs and read-back multiply by).
@@ -40,12 +47,32 @@ struct OpLowering {
   std::vector<double> constants;
 };
 
+/// Where parameters, gradients and state live on the GPU: three contiguous buffers, as llm.c
+/// lays them out. The parameters AdamW updates come first (those with weight decay, then those
+/// without), then the others; their gradients sit in the gradient buffer and their two moments
+/// in the state buffer at the same offsets (the second moments after all the first), then the
+/// rest of the state. Every tensor starts at a multiple of 256 bytes; the padding is zero.
+struct ParameterLayout {
+  llvm::DenseMap<const Value *, int64_t> params;   // Param leaf -> bytes into the parameter buffer
+  llvm::DenseMap<const Value *, int64_t> grads;    // gradient -> bytes into the gradient buffer
+  llvm::DenseMap<const Value *, int64_t> state;    // State leaf -> bytes into the state buffer
+  std::vector<const Op *> updates;                 // the AdamW ops laid out, in program order
+  int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
+  int64_t updatedBytes = 0; // the leading bytes AdamW updates (of params, grads, each moment)
+  int64_t decayedBytes = 0; // of those, the leading bytes with weight decay
+};
+
 struct CudaProgram {
   std::string source;               // all kernels, legible (tgc compile --emit-cuda)
   std::vector<OpLowering> lowering; // one per op, in program order
+  /// Values written straight into the leaf they are assigned to (MemoryPlan.h inPlaceValues).
+  llvm::DenseMap<const Value *, const Value *> inPlace;
+  ParameterLayout layout;
 };
 
-/// Generates the kernels of `graph`, or says which op has no lowering yet.
-llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph);
+/// Generates the kernels of `graph`, or says which op has no lowering yet. With
+/// `groupOptimizer`, the per-parameter AdamW ops run as one launch over the contiguous layout,
+/// and the gradient norm's sum_squares and adds as one pair of launches (the same bits).
+llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, bool groupOptimizer = true);
 
 } // namespace tgc

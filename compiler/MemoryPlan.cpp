@@ -1,5 +1,7 @@
 #include "compiler/MemoryPlan.h"
 
+#include "llvm/ADT/STLExtras.h"
+
 #include <algorithm>
 
 namespace tgc {
@@ -84,10 +86,74 @@ llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
   return inPlace;
 }
 
-MemoryPlan planMemory(const Graph &graph, const CudaProgram &program, bool updateInPlace) {
+ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program) {
+  ParameterLayout layout;
+  std::vector<Op *> ops = graph.ops();
+  llvm::DenseMap<const Op *, size_t> index;
+  llvm::DenseMap<const Value *, int> adamwReads; // how many AdamW ops read each gradient
+  for (size_t i = 0; i < ops.size(); ++i) {
+    index[ops[i]] = i;
+    if (ops[i]->kind() == OpKind::AdamW)
+      ++adamwReads[ops[i]->operand(1)];
+  }
+  auto leafOf = [](const Value *v, OpKind kind) { return v->def() && v->def()->kind() == kind; };
+  llvm::DenseMap<const Value *, const Op *> updateOf; // parameter -> the AdamW op laid out with it
+  for (const Op *op : ops) {
+    if (op->kind() != OpKind::AdamW)
+      continue;
+    const Value *p = op->operand(0), *g = op->operand(1), *m = op->operand(2), *v = op->operand(3);
+    OpLowering::Kind gradKind = g->def() ? program.lowering[index.lookup(g->def())].kind : OpLowering::Leaf;
+    bool usual = leafOf(p, OpKind::Param) && leafOf(m, OpKind::State) && leafOf(v, OpKind::State) &&
+                 !updateOf.count(p) && program.inPlace.lookup(op->result(0)) == p &&
+                 program.inPlace.lookup(op->result(1)) == m && program.inPlace.lookup(op->result(2)) == v &&
+                 (gradKind == OpLowering::Kernels || gradKind == OpLowering::Gemm) &&
+                 !program.inPlace.count(g) && adamwReads.lookup(g) == 1 &&
+                 p->type().dtype == DType::F32 && g->type() == p->type() && m->type() == p->type() &&
+                 v->type() == p->type();
+    if (usual)
+      updateOf[p] = op;
+  }
+  // Parameters: AdamW's with weight decay, AdamW's without, then the rest, each in program order.
+  for (int group = 0; group < 3; ++group) {
+    for (const Op *op : ops) {
+      if (op->kind() != OpKind::Param)
+        continue;
+      const Op *update = updateOf.lookup(op->result());
+      bool decayed = update && update->attrs().getFloat("weight_decay").value_or(0) != 0;
+      if (group != (!update ? 2 : decayed ? 0 : 1))
+        continue;
+      layout.params[op->result()] = layout.paramBytes;
+      layout.paramBytes += aligned(deviceBytesOf(op->result()->type()));
+    }
+    if (group == 0)
+      layout.decayedBytes = layout.paramBytes;
+    if (group == 1)
+      layout.updatedBytes = layout.paramBytes;
+  }
+  for (const Op *op : ops)
+    if (const Op *update = op->kind() == OpKind::Param ? updateOf.lookup(op->result()) : nullptr) {
+      int64_t offset = layout.params.lookup(op->result());
+      layout.updates.push_back(update);
+      layout.grads[update->operand(1)] = offset;
+      layout.state[update->operand(2)] = offset;
+      layout.state[update->operand(3)] = layout.updatedBytes + offset;
+    }
+  llvm::sort(layout.updates, [&](const Op *a, const Op *b) { return index.lookup(a) < index.lookup(b); });
+  layout.gradBytes = layout.updatedBytes;
+  layout.stateBytes = 2 * layout.updatedBytes;
+  for (const Op *op : ops)
+    if (op->kind() == OpKind::State && !layout.state.count(op->result())) {
+      layout.state[op->result()] = layout.stateBytes;
+      layout.stateBytes += aligned(deviceBytesOf(op->result()->type()));
+    }
+  return layout;
+}
+
+MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   MemoryPlan plan;
-  if (updateInPlace)
-    plan.inPlace = inPlaceValues(graph, program);
+  plan.inPlace = program.inPlace;
+  const ParameterLayout &layout = program.layout;
+  plan.persistentBytes = layout.paramBytes + layout.gradBytes + layout.stateBytes;
   std::vector<Op *> ops = graph.ops();
   int64_t end = int64_t(ops.size());
   // The value whose memory each value uses (itself, or an alias's source).
@@ -104,13 +170,16 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program, bool updat
     for (unsigned r = 0; r < op.numResults(); ++r) {
       const Value *v = op.result(r);
       if (lowering.kind == OpLowering::Leaf) {
-        plan.persistentBytes += aligned(deviceBytesOf(v->type()));
+        if (op.kind() == OpKind::Input) // parameters and state are in the layout's buffers
+          plan.persistentBytes += aligned(deviceBytesOf(v->type()));
         continue;
       }
       if (plan.inPlace.count(v)) { // in its leaf's buffer, as are its aliases
         plan.inPlaceBytes += aligned(deviceBytesOf(v->type()));
         continue;
       }
+      if (layout.grads.count(v)) // in the gradient buffer, as are its aliases
+        continue;
       owner[v] = lowering.kind == OpLowering::Alias ? owner.lookup(op.operand(0)) : v;
       if (lowering.kind == OpLowering::Alias && !owner[v]) // an alias of a leaf
         owner.erase(v);

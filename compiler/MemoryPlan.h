@@ -1,8 +1,9 @@
 // The memory plan: every intermediate value of a program gets an offset in one arena, and
 // values whose lifetimes (program order, from definition to last use) do not overlap share
-// memory. Parameters, optimizer state and inputs keep buffers of their own; a value assigned to
-// one of them at the end of the step is written straight into it where that is safe (in place),
-// which removes both its arena bytes and the copy.
+// memory. Parameters, gradients and state live in three contiguous buffers (ParameterLayout,
+// CudaSource.h); inputs keep buffers of their own. A value assigned to a leaf at the end of the
+// step is written straight into it where that is safe (in place), which removes both its arena
+// bytes and the copy.
 #pragma once
 
 #include "compiler/CudaSource.h"
@@ -26,7 +27,7 @@ struct MemoryPlan {
   std::vector<std::vector<int64_t>> opLocalOffsets;
   int64_t arenaBytes = 0;
   int64_t withoutReuseBytes = 0; // what one buffer per value would take
-  int64_t persistentBytes = 0;   // parameters, state, inputs and ops' persistent buffers
+  int64_t persistentBytes = 0;   // parameters, gradients, state, inputs, ops' persistent buffers
 };
 
 /// Bytes of the op-local buffers of op `op` as lowered (see MemoryPlan::opLocalOffsets).
@@ -44,9 +45,16 @@ int inPlaceOperand(const Op &op, unsigned r);
 llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
                                                            const CudaProgram &program);
 
+/// Lays out the parameters, the gradients AdamW reads and the state of `graph` as lowered, its
+/// in-place values known (see ParameterLayout). A gradient goes into the gradient buffer when
+/// it is a value of its own (not a reshape, not written in place) that one AdamW op reads, its
+/// parameter a Param leaf updated in place with State moments.
+ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program);
+
 /// Plans the arena for `graph` as lowered (aliases share their source's memory and extend its
-/// life; graph outputs and values assigned at the end of the step live to the end). With
-/// `updateInPlace`, the inPlaceValues go into their leaves instead.
-MemoryPlan planMemory(const Graph &graph, const CudaProgram &program, bool updateInPlace);
+/// life; graph outputs and values assigned at the end of the step live to the end). The
+/// program's in-place values go into their leaves and its laid-out gradients into the gradient
+/// buffer, not the arena.
+MemoryPlan planMemory(const Graph &graph, const CudaProgram &program);
 
 } // namespace tgc

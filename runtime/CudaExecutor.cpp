@@ -178,7 +178,7 @@ llvm::Error CudaExecutor::initialize() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
   std::string arch = archName(prop.major, prop.minor);
   description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
-  auto program = lowerToCuda(graph_);
+  auto program = lowerToCuda(graph_, options_.groupOptimizer);
   if (!program)
     return program.takeError();
   program_ = std::move(*program);
@@ -204,20 +204,29 @@ llvm::Error CudaExecutor::initialize() {
   scratch_.resize(ops_.size());
   persistent_.resize(ops_.size());
   gemms_.resize(ops_.size());
-  // Intermediates live in one arena laid out by the memory plan; leaves (parameters, state,
-  // inputs) keep buffers of their own.
-  MemoryPlan plan = planMemory(graph_, program_, /*updateInPlace=*/true);
-  char *arena = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&arena), size_t(std::max<int64_t>(plan.arenaBytes, 256))));
-  CUDA_CHECK(cudaMemset(arena, 0, size_t(std::max<int64_t>(plan.arenaBytes, 256))));
-  owned_.push_back(arena);
-  allocatedBytes_ += plan.arenaBytes;
+  // Intermediates live in one arena laid out by the memory plan; parameters, the gradients
+  // AdamW reads and state in three buffers of the parameter layout (zeroed: their padding stays
+  // zero); inputs keep buffers of their own.
+  MemoryPlan plan = planMemory(graph_, program_);
+  const ParameterLayout &layout = program_.layout;
+  char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
+  for (auto [base, bytes] : {std::pair{&arena, plan.arenaBytes}, std::pair{&params, layout.paramBytes},
+                             std::pair{&grads, layout.gradBytes}, std::pair{&state, layout.stateBytes}}) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(base), size_t(std::max<int64_t>(bytes, 256))));
+    CUDA_CHECK(cudaMemset(*base, 0, size_t(std::max<int64_t>(bytes, 256))));
+    owned_.push_back(*base);
+    allocatedBytes_ += bytes;
+  }
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
     const OpLowering &lowering = program_.lowering[i];
     for (unsigned r = 0; r < op.numResults(); ++r) {
       const Value *v = op.result(r);
-      if (lowering.kind == OpLowering::Leaf) {
+      if (layout.params.count(v)) {
+        buffers_[v] = params + layout.params.lookup(v);
+      } else if (layout.state.count(v)) {
+        buffers_[v] = state + layout.state.lookup(v);
+      } else if (lowering.kind == OpLowering::Leaf) { // an input
         void *p = nullptr;
         CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
         allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
@@ -227,9 +236,11 @@ llvm::Error CudaExecutor::initialize() {
       } else if (const Value *leaf = plan.inPlace.lookup(v)) {
         buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
         inPlace_.insert(v);
+      } else if (layout.grads.count(v)) {
+        buffers_[v] = grads + layout.grads.lookup(v);
       } else if (plan.offsets.count(v)) {
         buffers_[v] = arena + plan.offsets.lookup(v);
-      } else { // an alias of a leaf
+      } else { // an alias of a leaf, of an in-place value or of a gradient
         buffers_[v] = buffer(op.operand(0));
       }
     }
@@ -414,6 +425,7 @@ llvm::Error CudaExecutor::launchStep() {
     switch (lowering.kind) {
     case OpLowering::Leaf:
     case OpLowering::Alias:
+    case OpLowering::Grouped:
       break;
     case OpLowering::Assign:
       assigns.emplace_back(op.operand(0), op.operand(1));
@@ -424,10 +436,14 @@ llvm::Error CudaExecutor::launchStep() {
       break;
     case OpLowering::Kernels: {
       std::vector<void *> pointers;
-      for (const Value *v : op.operands())
+      for (const Value *v : lowering.arguments)
         pointers.push_back(buffer(v));
-      for (unsigned r = 0; r < op.numResults(); ++r)
-        pointers.push_back(buffer(op.result(r)));
+      if (lowering.arguments.empty()) {
+        for (const Value *v : op.operands())
+          pointers.push_back(buffer(v));
+        for (unsigned r = 0; r < op.numResults(); ++r)
+          pointers.push_back(buffer(op.result(r)));
+      }
       for (void *s : scratch_[i])
         pointers.push_back(s);
       for (void *s : persistent_[i])
@@ -448,7 +464,7 @@ llvm::Error CudaExecutor::launchStep() {
       CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      std::string label = op.name().str();
+      std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
       if (lowering.kind == OpLowering::Gemm)
         label += op.attrs().has("gemm_dtype") ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
       else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))

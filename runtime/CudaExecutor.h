@@ -15,6 +15,9 @@ struct CudaOptions {
   /// Fill every result buffer with NaN before each run, so that elements a kernel fails to
   /// write show up in comparisons (the GPU tests set it).
   bool poisonResults = false;
+  /// AdamW and the gradient norm as flat launches over the contiguous parameter layout (the
+  /// same bits as one kernel per op; off only to test that).
+  bool groupOptimizer = true;
 };
 
 /// Whether this build can use a GPU, and why not.

@@ -11,7 +11,7 @@ using namespace tgc::test;
 
 namespace {
 
-void checkPlan(const char *model, const char *recipe, bool updateInPlace) {
+void checkPlan(const char *model, const char *recipe) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   auto graph = unwrap(buildGPT(c, c.train.batch));
   ASSERT_TRUE(graph);
@@ -21,7 +21,7 @@ void checkPlan(const char *model, const char *recipe, bool updateInPlace) {
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
-  MemoryPlan plan = planMemory(*graph, program, updateInPlace);
+  MemoryPlan plan = planMemory(*graph, program);
   // Lifetimes recomputed here: from the defining op to the last op reading the value or any
   // reshape of it; outputs and assigned values to the end.
   std::vector<Op *> ops = graph->ops();
@@ -51,7 +51,7 @@ void checkPlan(const char *model, const char *recipe, bool updateInPlace) {
       life[root[out]].second = ops.size();
   std::vector<std::tuple<int64_t, int64_t, size_t, size_t>> spans; // begin, end, first, last
   for (auto &[v, l] : life) {
-    if (plan.inPlace.count(v)) { // in its leaf's buffer, outside the arena
+    if (plan.inPlace.count(v) || program.layout.grads.count(v)) { // outside the arena
       EXPECT_FALSE(plan.offsets.count(v)) << v->name();
       continue;
     }
@@ -62,7 +62,7 @@ void checkPlan(const char *model, const char *recipe, bool updateInPlace) {
     spans.emplace_back(begin, end, l.first, l.second);
   }
   for (auto &[v, r] : root)
-    if (!plan.inPlace.count(r)) {
+    if (!plan.inPlace.count(r) && !program.layout.grads.count(r)) {
       EXPECT_EQ(plan.offsets.lookup(v), plan.offsets.lookup(r)) << v->name();
     }
   for (size_t a = 0; a < spans.size(); ++a)
@@ -87,16 +87,10 @@ void checkPlan(const char *model, const char *recipe, bool updateInPlace) {
   EXPECT_LT(plan.arenaBytes * 3, plan.withoutReuseBytes);
 }
 
-TEST(MemoryPlan, TinyTrainingProgram) {
-  checkPlan("models/tiny.yaml", "fp32", false);
-  checkPlan("models/tiny.yaml", "fp32", true);
-}
-TEST(MemoryPlan, TinyFp8TrainingProgram) {
-  checkPlan("models/tiny.yaml", "fp8", false);
-  checkPlan("models/tiny.yaml", "fp8", true);
-}
-TEST(MemoryPlan, SeedTrainingProgram) { checkPlan("models/seed.yaml", "fp32", true); }
-TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16", false); }
+TEST(MemoryPlan, TinyTrainingProgram) { checkPlan("models/tiny.yaml", "fp32"); }
+TEST(MemoryPlan, TinyFp8TrainingProgram) { checkPlan("models/tiny.yaml", "fp8"); }
+TEST(MemoryPlan, SeedTrainingProgram) { checkPlan("models/seed.yaml", "fp32"); }
+TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16"); }
 
 /// The training program of `model` under `recipe` as the GPU compiles and lowers it.
 std::pair<std::unique_ptr<Graph>, CudaProgram> gpuTrainingProgram(const char *model, const char *recipe) {
@@ -116,8 +110,7 @@ TEST(MemoryPlan, OptimizerAndScalingStateUpdatedInPlace) {
   // Every AdamW result (parameter, moments) and every fp8_update result goes straight into the
   // state it is assigned to: no copy at the end of the step, no arena bytes.
   auto [graph, program] = gpuTrainingProgram("models/tiny.yaml", "fp8");
-  MemoryPlan plan = planMemory(*graph, program, true);
-  EXPECT_TRUE(planMemory(*graph, program, false).inPlace.empty());
+  MemoryPlan plan = planMemory(*graph, program);
   int assigns = 0;
   for (const Op *op : graph->ops()) {
     if (op->kind() != OpKind::Assign)
@@ -129,6 +122,121 @@ TEST(MemoryPlan, OptimizerAndScalingStateUpdatedInPlace) {
   }
   EXPECT_EQ(assigns, 183); // 29 parameters x 3, and 24 FP8 tensors x 4
   EXPECT_EQ(int(plan.inPlace.size()), assigns);
+}
+
+/// Offsets of the tensors of one buffer: each starts at a multiple of 256 bytes, inside the
+/// buffer, and no two overlap.
+void expectDisjoint(const llvm::DenseMap<const Value *, int64_t> &offsets, int64_t bufferBytes) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (auto &[v, offset] : offsets) {
+    EXPECT_EQ(offset % 256, 0) << v->name();
+    EXPECT_LE(offset + deviceBytesOf(v->type()), bufferBytes) << v->name();
+    spans.emplace_back(offset, offset + deviceBytesOf(v->type()));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    EXPECT_LE(spans[i - 1].second, spans[i].first);
+}
+
+void checkLayout(const char *model, const char *recipe) {
+  SCOPED_TRACE(std::string(model) + " " + recipe);
+  auto [graph, program] = gpuTrainingProgram(model, recipe);
+  const ParameterLayout &layout = program.layout;
+  std::vector<Op *> ops = graph->ops();
+  int params = 0, states = 0, adamws = 0;
+  for (const Op *op : ops) {
+    params += op->kind() == OpKind::Param;
+    states += op->kind() == OpKind::State;
+    adamws += op->kind() == OpKind::AdamW;
+  }
+  EXPECT_EQ(int(layout.params.size()), params);
+  EXPECT_EQ(int(layout.state.size()), states);
+  EXPECT_EQ(int(layout.updates.size()), adamws); // every parameter of a GPT is the usual kind
+  expectDisjoint(layout.params, layout.paramBytes);
+  expectDisjoint(layout.grads, layout.gradBytes);
+  expectDisjoint(layout.state, layout.stateBytes);
+  // Gradients and moments at their parameter's offset (second moments after all the first);
+  // decayed parameters first.
+  for (const Op *update : layout.updates) {
+    int64_t offset = layout.params.lookup(update->operand(0));
+    EXPECT_EQ(layout.grads.lookup(update->operand(1)), offset);
+    EXPECT_EQ(layout.state.lookup(update->operand(2)), offset);
+    EXPECT_EQ(layout.state.lookup(update->operand(3)), layout.updatedBytes + offset);
+    bool decayed = update->attrs().getFloat("weight_decay").value_or(0) != 0;
+    EXPECT_EQ(offset < layout.decayedBytes, decayed) << update->operand(0)->name();
+    EXPECT_LT(offset, layout.updatedBytes);
+  }
+  EXPECT_GT(layout.decayedBytes, 0);
+  EXPECT_EQ(layout.gradBytes, layout.updatedBytes);
+  // One launch runs every AdamW op and two the gradient norm; the ops they replace run nothing.
+  int adamwLaunches = 0, normLaunches = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpLowering &l = program.lowering[i];
+    if (ops[i]->kind() == OpKind::AdamW || ops[i]->kind() == OpKind::SumSquares)
+      EXPECT_TRUE(l.kind == OpLowering::Grouped || !l.arguments.empty()) << ops[i]->result()->name();
+    if (l.label == "adamw (all parameters)")
+      adamwLaunches += int(l.launches.size());
+    if (l.label == "grad norm (all gradients)")
+      normLaunches += int(l.launches.size());
+  }
+  EXPECT_EQ(adamwLaunches, 1);
+  EXPECT_EQ(normLaunches, 2);
+  // Without grouping, the same layout and one kernel per op.
+  CudaProgram ungrouped = unwrap(lowerToCuda(*graph, /*groupOptimizer=*/false));
+  EXPECT_EQ(ungrouped.layout.params, layout.params);
+  for (const OpLowering &l : ungrouped.lowering)
+    EXPECT_NE(l.kind, OpLowering::Grouped);
+}
+
+TEST(MemoryPlan, ParametersGradientsAndMomentsContiguousAtTheSameOffsets) {
+  checkLayout("models/tiny.yaml", "fp32");
+  checkLayout("models/tiny.yaml", "fp8");
+  checkLayout("models/seed.yaml", "bf16");
+}
+
+TEST(MemoryPlan, AdamWUngroupedWhenOneUpdateIsNotInPlace) {
+  // %late reads the old %m1, so %m1.new is not written in place: that update keeps its own
+  // kernel, its parameter is not laid out with a gradient, and so neither AdamW op is grouped.
+  auto graph = unwrap(parseGraph(R"(graph @g
+%p0 = param() {init="normal", std=1.0} : f32[8]
+%p1 = param() {init="normal", std=1.0} : f32[8]
+%x = input() : f32[8]
+%g0 = gelu(%x) : f32[8]
+%g1 = silu(%x) : f32[8]
+%m0 = state() {init="zeros"} : f32[8]
+%v0 = state() {init="zeros"} : f32[8]
+%m1 = state() {init="zeros"} : f32[8]
+%v1 = state() {init="zeros"} : f32[8]
+%lr = input() : f32[]
+%clip = input() : f32[]
+%step = input() : i32[]
+%p0.new, %m0.new, %v0.new = adamw(%p0, %g0, %m0, %v0, %lr, %clip, %step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.1} : f32[8], f32[8], f32[8]
+%p1.new, %m1.new, %v1.new = adamw(%p1, %g1, %m1, %v1, %lr, %clip, %step) {beta1=0.9, beta2=0.95, eps=1e-08, weight_decay=0.0} : f32[8], f32[8], f32[8]
+%late = add(%m1, %x) : f32[8]
+assign(%p0, %p0.new)
+assign(%m0, %m0.new)
+assign(%v0, %v0.new)
+assign(%p1, %p1.new)
+assign(%m1, %m1.new)
+assign(%v1, %v1.new)
+return %late
+)", "t.ir"));
+  ASSERT_TRUE(graph);
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  const ParameterLayout &layout = program.layout;
+  ASSERT_EQ(layout.updates.size(), 1u);
+  EXPECT_EQ(layout.updates[0]->result()->name(), "p0.new");
+  EXPECT_EQ(layout.params.lookup(graph->lookup("p0")), 0); // the updated one first
+  EXPECT_EQ(layout.params.lookup(graph->lookup("p1")), 256);
+  EXPECT_TRUE(layout.grads.count(graph->lookup("g0")));
+  EXPECT_FALSE(layout.grads.count(graph->lookup("g1")));
+  std::vector<Op *> ops = graph->ops();
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i]->kind() == OpKind::AdamW) {
+      EXPECT_EQ(program.lowering[i].kind, OpLowering::Kernels);
+      EXPECT_TRUE(program.lowering[i].arguments.empty());
+    }
+  EXPECT_EQ(program.source.find("adamw_flat"), std::string::npos);
 }
 
 TEST(MemoryPlan, KvCacheWrittenInPlace) {

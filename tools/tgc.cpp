@@ -294,12 +294,21 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     printOpCountTable(before, countOps(**graph), llvm::errs());
     // The GPU memory plan, for programs the GPU backend lowers.
     if (auto lowered = lowerToCuda(**graph)) {
-      MemoryPlan plan = planMemory(**graph, *lowered, /*updateInPlace=*/true);
+      MemoryPlan plan = planMemory(**graph, *lowered);
+      const ParameterLayout &layout = lowered->layout;
       auto mib = [](int64_t bytes) { return double(bytes) / double(1 << 20); };
       llvm::errs() << fmt::format("// GPU memory plan: intermediates {:.1f} MiB in one arena ({:.1f} MiB "
-                                  "without reuse), parameters, state and inputs {:.1f} MiB\n",
+                                  "without reuse), parameters, gradients, state and inputs {:.1f} MiB\n",
                                   mib(plan.arenaBytes), mib(plan.withoutReuseBytes),
                                   mib(plan.persistentBytes));
+      llvm::errs() << fmt::format("// contiguous buffers: parameters {:.1f} MiB ({} tensors), gradients "
+                                  "{:.1f} MiB, state {:.1f} MiB (AdamW's moments {:.1f} MiB)\n",
+                                  mib(layout.paramBytes), layout.params.size(), mib(layout.gradBytes),
+                                  mib(layout.stateBytes), mib(2 * layout.updatedBytes));
+      for (const OpLowering &l : lowered->lowering)
+        if (!l.label.empty())
+          llvm::errs() << fmt::format("// grouped: {}, {} launch{}\n", l.label, l.launches.size(),
+                                      l.launches.size() == 1 ? "" : "es");
       if (!plan.inPlace.empty())
         llvm::errs() << fmt::format("// {} values written into the state they are assigned to "
                                     "({:.1f} MiB neither in the arena nor copied)\n",
