@@ -315,6 +315,24 @@ llvm::Error emit(const Op &op, Emitter &e) {
     e.elementwise(fmt::format("const {} *x, {} *out", t, t), n, body);
     return llvm::Error::success();
   }
+  case OpKind::Concat: {
+    // Each output element from the operand whose range of the axis holds it.
+    int64_t axis = *a.getInt("axis"), inner = 1, start = 0;
+    for (unsigned i = axis + 1; i < out.rank(); ++i)
+      inner *= out.shape[i];
+    std::string params, body = fmt::format("    int64 inner = i % {0}, along = (i / {0}) % {1}, outer = i / ({0} * {1});\n",
+                                           inner, out.shape[axis]);
+    for (unsigned k = 0; k < op.numOperands(); ++k) {
+      int64_t extent = type(k).shape[axis];
+      params += fmt::format("const float *x{}, ", k);
+      body += fmt::format("    {}out[i] = x{}[(outer * {} + along - {}) * {} + inner];\n",
+                          k + 1 < op.numOperands() ? fmt::format("{}if (along < {}) ", k ? "else " : "", start + extent) : "else ",
+                          k, extent, start, inner);
+      start += extent;
+    }
+    e.elementwise(params + "float *out", n, body);
+    return llvm::Error::success();
+  }
   case OpKind::Slice:
   case OpKind::Pad: {
     bool slice = op.kind() == OpKind::Slice;

@@ -291,6 +291,27 @@ llvm::Expected<TypeList> inferSlice(Operands ops, const AttrMap &attrs, llvm::Ar
   return TypeList{result};
 }
 
+llvm::Expected<TypeList> inferConcat(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto axis = requireIntAttr(attrs, "axis");
+  if (!axis)
+    return axis.takeError();
+  TensorType result = ops[0];
+  if (auto err = requireFloat(result, "operand 0"))
+    return std::move(err);
+  if (*axis < 0 || *axis >= int64_t(result.rank()))
+    return fail("axis {} out of range for {}", *axis, result.str());
+  for (size_t i = 1; i < ops.size(); ++i) {
+    const TensorType &t = ops[i];
+    bool joins = t.dtype == result.dtype && t.rank() == result.rank();
+    for (unsigned d = 0; joins && d < t.rank(); ++d)
+      joins = int64_t(d) == *axis || t.shape[d] == result.shape[d];
+    if (!joins)
+      return fail("operand {} is {}, which does not join {} along axis {}", i, t.str(), ops[0].str(), *axis);
+    result.shape[*axis] += t.shape[*axis];
+  }
+  return TypeList{result};
+}
+
 llvm::Expected<TypeList> inferCausalMask(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &x = ops[0];
   if (attrs.has("fill") && !attrs.getFloat("fill"))

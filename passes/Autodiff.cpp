@@ -326,6 +326,18 @@ llvm::Expected<Grads> gradAttentionBackward(GradContext &c) { return notDifferen
 llvm::Expected<Grads> gradCrossEntropyBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradMaskedSoftmaxBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradPad(GradContext &c) { return notDifferentiable(c); }
+
+llvm::Expected<Grads> gradConcat(GradContext &c) {
+  int64_t axis = *c.op.attrs().getInt("axis"), start = 0;
+  Grads grads(c.op.numOperands(), nullptr);
+  for (unsigned i = 0; i < c.op.numOperands(); ++i) {
+    int64_t size = c.x(i)->type().shape[axis];
+    if (c.needs[i])
+      grads[i] = c.create(OpKind::Slice, {c.dy()}, attrs({{"axis", axis}, {"start", start}, {"size", size}}), i);
+    start += size;
+  }
+  return grads;
+}
 llvm::Expected<Grads> gradEmbeddingBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradGeluBackward(GradContext &c) { return notDifferentiable(c); }
 llvm::Expected<Grads> gradSiluBackward(GradContext &c) { return notDifferentiable(c); }

@@ -21,6 +21,7 @@ std::unique_ptr<Pass> createLegalizeFp8GemmPass();
 /// One line per linear layer: its shape and the precision the recipe gives it, and why.
 std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config);
 std::unique_ptr<Pass> createAutodiffPass();
+std::unique_ptr<Pass> createConcatPadsPass();
 std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 
 } // namespace tgc

@@ -26,6 +26,7 @@ const PassEntry kPasses[] = {
     {"fuse-cross-entropy", [](const PassOptions &) { return createFuseCrossEntropyPass(); }},
     {"assign-precision", [](const PassOptions &o) { return createAssignPrecisionPass(o.precision); }},
     {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
+    {"concat-pads", [](const PassOptions &) { return createConcatPadsPass(); }},
     {"fp8-update", [](const PassOptions &o) { return createFp8UpdatePass(o.precision); }},
     {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
     {"legalize-fp8-gemm", [](const PassOptions &) { return createLegalizeFp8GemmPass(); }},
@@ -76,7 +77,7 @@ std::vector<std::string> forwardPipeline() {
 std::vector<std::string> trainingPipeline() {
   std::vector<std::string> passes = forwardPipeline();
   passes.pop_back(); // dce last
-  for (const char *p : {"autodiff", "fp8-update", "adamw", "dce"})
+  for (const char *p : {"autodiff", "concat-pads", "fp8-update", "adamw", "dce"})
     passes.push_back(p);
   return passes;
 }

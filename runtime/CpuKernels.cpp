@@ -376,6 +376,22 @@ llvm::Error evalPad(const AttrMap &attrs, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+llvm::Error evalConcat(const AttrMap &attrs, Operands in, Results out) {
+  int64_t axis = *attrs.getInt("axis"), total = out[0].type.shape[axis], start = 0;
+  int64_t inner = 1, outer = 1;
+  for (unsigned i = axis + 1; i < out[0].type.rank(); ++i)
+    inner *= out[0].type.shape[i];
+  for (int64_t i = 0; i < axis; ++i)
+    outer *= out[0].type.shape[i];
+  for (const Tensor *x : in) {
+    int64_t extent = x->type.shape[axis];
+    for (int64_t o = 0; o < outer; ++o)
+      std::copy_n(&x->data[o * extent * inner], extent * inner, &out[0].data[(o * total + start) * inner]);
+    start += extent;
+  }
+  return llvm::Error::success();
+}
+
 llvm::Error evalEmbeddingBackward(const AttrMap &, Operands in, Results out) {
   const Tensor &dy = *in[0], &ids = *in[1];
   int64_t vocab = out[0].type.dim(0), dim = out[0].type.dim(1);

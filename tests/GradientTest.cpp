@@ -132,6 +132,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "%y = transpose(%p) {perm=[2,0,1]} : f32[4,2,3]\n", "f32[4,2,3]"},
         GradCase{"slice", P("p", "f32[2,9]") "%y = slice(%p) {axis=1, size=4, start=3} : f32[2,4]\n",
                  "f32[2,4]"},
+        GradCase{"concat", P("p", "f32[2,3]") P("q", "f32[2,4]")
+                 "%y = concat(%p, %q, %p) {axis=1} : f32[2,10]\n", "f32[2,10]"},
         GradCase{"causal_softmax", P("p", "f32[2,4,4]")
                  "%m = causal_mask(%p) : f32[2,4,4]\n%y = softmax(%m) : f32[2,4,4]\n", "f32[2,4,4]"},
         GradCase{"masked_softmax", P("p", "f32[2,4,4]")

@@ -172,8 +172,9 @@ void checkLayout(const char *model, const char *recipe) {
   int adamwLaunches = 0, normLaunches = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpLowering &l = program.lowering[i];
-    if (ops[i]->kind() == OpKind::AdamW || ops[i]->kind() == OpKind::SumSquares)
+    if (ops[i]->kind() == OpKind::AdamW || ops[i]->kind() == OpKind::SumSquares) {
       EXPECT_TRUE(l.kind == OpLowering::Grouped || !l.arguments.empty()) << ops[i]->result()->name();
+    }
     if (l.label == "adamw (all parameters)")
       adamwLaunches += int(l.launches.size());
     if (l.label == "grad norm (all gradients)")

@@ -3,6 +3,8 @@
 #include "ir/Printer.h"
 #include "passes/Pass.h"
 #include "passes/Rewrite.h"
+#include "runtime/Interpreter.h"
+#include "runtime/Random.h"
 #include "tests/TestUtil.h"
 
 using namespace tgc;
@@ -149,6 +151,41 @@ TEST(RewriteDriver, ReplacementKeepsNamesAndOrder) {
   ASSERT_FALSE(bool(pipeline.run(*g)));
   EXPECT_EQ(printGraph(*g), "graph @g\n%logits = input() : f32[2,5]\n%t = input() : i32[2]\n"
                             "%loss = cross_entropy(%logits, %t) : f32[]\nreturn %loss\n");
+}
+
+TEST(ConcatPads, GivesTheValuesOfThePadsAndAdds) {
+  // Three pads tiling the last axis in shuffled order, summed: concat gives the same numbers.
+  const char *text = "graph @g\n"
+                     "%a = input() : f32[2,3,2]\n"
+                     "%b = input() : f32[2,3,1]\n"
+                     "%c = input() : f32[2,3,3]\n"
+                     "%pa = pad(%a) {axis=2, size=6, start=1} : f32[2,3,6]\n"
+                     "%pc = pad(%c) {axis=2, size=6, start=3} : f32[2,3,6]\n"
+                     "%pb = pad(%b) {axis=2, size=6, start=0} : f32[2,3,6]\n"
+                     "%ac = add(%pa, %pc) : f32[2,3,6]\n"
+                     "%sum = add(%ac, %pb) : f32[2,3,6]\n"
+                     "return %sum\n";
+  auto padded = unwrap(parseGraph(text, "t")), joined = unwrap(parseGraph(text, "t"));
+  ASSERT_TRUE(padded && joined);
+  auto pipeline = unwrap(PassPipeline::create({"concat-pads", "dce"}, {}));
+  ASSERT_FALSE(bool(pipeline.run(*joined)));
+  ASSERT_EQ(countOps(*joined)["concat"], 1);
+  EXPECT_EQ(countOps(*joined)["pad"], 0);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> inputs;
+  for (const char *name : {"a", "b", "c"}) {
+    Tensor t = Tensor::zeros(padded->lookup(name)->type());
+    for (float &v : t.data)
+      v = float(rng.normal());
+    inputs[name] = std::move(t);
+  }
+  Interpreter before(*padded), after(*joined);
+  ASSERT_FALSE(bool(before.bindAll(inputs)));
+  ASSERT_FALSE(bool(after.bindAll(inputs)));
+  std::vector<float> want = unwrap(before.run()).at(0).data, got = unwrap(after.run()).at(0).data;
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got[1], inputs["a"].data[0]); // row 0: b, a a, c c c
+  EXPECT_EQ(got[0], inputs["b"].data[0]);
 }
 
 } // namespace
