@@ -51,7 +51,8 @@ struct OpLowering {
 /// lays them out. The parameters AdamW updates come first (those with weight decay, then those
 /// without), then the others; their gradients sit in the gradient buffer and their two moments
 /// in the state buffer at the same offsets (the second moments after all the first), then the
-/// rest of the state. Every tensor starts at a multiple of 256 bytes; the padding is zero.
+/// rest of the state. Every tensor starts at a multiple of 256 bytes (512 in the parameter,
+/// gradient and moment regions); the padding is zero.
 struct ParameterLayout {
   llvm::DenseMap<const Value *, int64_t> params;   // Param leaf -> bytes into the parameter buffer
   llvm::DenseMap<const Value *, int64_t> grads;    // gradient -> bytes into the gradient buffer

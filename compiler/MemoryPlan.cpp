@@ -8,7 +8,12 @@ namespace tgc {
 
 namespace {
 constexpr int64_t kAlignment = 256;
-int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 4) + kAlignment - 1) / kAlignment * kAlignment; }
+int64_t aligned(int64_t bytes, int64_t alignment = kAlignment) {
+  return (std::max<int64_t>(bytes, 4) + alignment - 1) / alignment * alignment;
+}
+// Parameters start at multiples of 512 bytes, so that in the executor's BF16 copy of the
+// parameter buffer (half the bytes) each starts at a multiple of 256, as cuBLASLt expects.
+constexpr int64_t kParamAlignment = 512;
 } // namespace
 
 int64_t deviceBytesOf(const TensorType &t) { return t.numElements() * dtypeBytes(t.dtype); }
@@ -123,7 +128,7 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
       if (group != (!update ? 2 : decayed ? 0 : 1))
         continue;
       layout.params[op->result()] = layout.paramBytes;
-      layout.paramBytes += aligned(deviceBytesOf(op->result()->type()));
+      layout.paramBytes += aligned(deviceBytesOf(op->result()->type()), kParamAlignment);
     }
     if (group == 0)
       layout.decayedBytes = layout.paramBytes;

@@ -67,6 +67,7 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
   bool bf16 = false;
   void *bf16Operands[2] = {nullptr, nullptr};
+  bool fromWeightCopy[2] = {false, false}; // the operand is a parameter: its BF16 copy is ready
 };
 
 /// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
@@ -102,8 +103,9 @@ public:
 
 private:
   llvm::Error planGemm(const Op &op, GemmPlan &plan);
-  llvm::Error runGemm(const Op &op, const GemmPlan &plan, cudaKernel_t toBf16);
+  llvm::Error runGemm(const Op &op, const GemmPlan &plan);
   llvm::Error launchStep();
+  llvm::Error convertKernel(const void *source, void *target, int64_t count);
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
   static size_t bytesOf(const TensorType &t) { return size_t(deviceBytesOf(t)); }
 
@@ -127,6 +129,11 @@ private:
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
   llvm::DenseMap<const Value *, void *> buffers_;
   llvm::DenseSet<const Value *> inPlace_; // results written into their assigned leaf's buffer
+  // Parameters in one buffer (ParameterLayout), and when BF16 GEMMs read them, a BF16 copy of
+  // that buffer written once at the start of each step instead of a conversion per GEMM.
+  char *params_ = nullptr;
+  int64_t paramBytes_ = 0;
+  char *weightsBf16_ = nullptr;
   std::vector<void *> owned_;
   int64_t allocatedBytes_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -217,6 +224,8 @@ llvm::Error CudaExecutor::initialize() {
     owned_.push_back(*base);
     allocatedBytes_ += bytes;
   }
+  params_ = params;
+  paramBytes_ = layout.paramBytes;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
     const OpLowering &lowering = program_.lowering[i];
@@ -278,6 +287,31 @@ llvm::Error CudaExecutor::initialize() {
           gemms_[i].bf16Operands[k] = arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
     }
   }
+  // BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
+  // parameter buffer: the same bits as converting them at each GEMM, once a step.
+  auto inParams = [&](const void *p) {
+    return p >= (const void *)params_ && p < (const void *)(params_ + paramBytes_);
+  };
+  for (size_t i = 0; i < ops_.size(); ++i)
+    for (int k = 0; k < 2 && gemms_[i].bf16; ++k)
+      if (inParams(buffer(ops_[i]->operand(k))))
+        gemms_[i].fromWeightCopy[k] = true;
+  if (llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
+    owned_.push_back(weightsBf16_);
+    allocatedBytes_ += paramBytes_ / 2;
+    for (size_t i = 0; i < ops_.size(); ++i)
+      for (int k = 0; k < 2; ++k)
+        if (gemms_[i].fromWeightCopy[k])
+          gemms_[i].bf16Operands[k] = weightsBf16_ + ((char *)buffer(ops_[i]->operand(k)) - params_) / 2;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::convertKernel(const void *source, void *target, int64_t count) {
+  void *args[] = {&source, &target, &count};
+  unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
+  CUDA_CHECK(cudaLaunchKernel((const void *)toBf16_, dim3(blocks), dim3(256), args, 0, stream_));
   return llvm::Error::success();
 }
 
@@ -364,19 +398,16 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   return llvm::Error::success();
 }
 
-llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan, cudaKernel_t toBf16) {
+llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
   float alpha = 1.0f, beta = 0.0f;
   void *c = buffer(op.result());
   void *first = buffer(op.operand(1)), *second = buffer(op.operand(0));
   if (plan.bf16) {
-    for (int i = 0; i < 2; ++i) {
-      void *source = buffer(op.operand(i));
-      void *target = plan.bf16Operands[i];
-      int64_t count = op.operand(i)->type().numElements();
-      void *args[] = {&source, &target, &count};
-      unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
-      CUDA_CHECK(cudaLaunchKernel((const void *)toBf16, dim3(blocks), dim3(256), args, 0, stream_));
-    }
+    for (int i = 0; i < 2; ++i)
+      if (!plan.fromWeightCopy[i])
+        if (auto err = convertKernel(buffer(op.operand(i)), plan.bf16Operands[i],
+                                     op.operand(i)->type().numElements()))
+          return err;
     first = plan.bf16Operands[1];
     second = plan.bf16Operands[0];
   }
@@ -408,6 +439,9 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
 /// Enqueues one step on the stream: every op in order, then the assigns.
 llvm::Error CudaExecutor::launchStep() {
   std::vector<std::pair<const Value *, const Value *>> assigns;
+  if (weightsBf16_) // the parameters as the BF16 GEMMs read them (padding included: zeros)
+    if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
+      return err;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
     const OpLowering &lowering = program_.lowering[i];
@@ -431,7 +465,7 @@ llvm::Error CudaExecutor::launchStep() {
       assigns.emplace_back(op.operand(0), op.operand(1));
       break;
     case OpLowering::Gemm:
-      if (auto err = runGemm(op, gemms_[i], toBf16_))
+      if (auto err = runGemm(op, gemms_[i]))
         return err;
       break;
     case OpLowering::Kernels: {

@@ -153,6 +153,8 @@ void checkLayout(const char *model, const char *recipe) {
   EXPECT_EQ(int(layout.state.size()), states);
   EXPECT_EQ(int(layout.updates.size()), adamws); // every parameter of a GPT is the usual kind
   expectDisjoint(layout.params, layout.paramBytes);
+  for (auto &[v, offset] : layout.params) // the BF16 copy's tensors at multiples of 256 bytes
+    EXPECT_EQ(offset % 512, 0) << v->name();
   expectDisjoint(layout.grads, layout.gradBytes);
   expectDisjoint(layout.state, layout.stateBytes);
   // Gradients and moments at their parameter's offset (second moments after all the first);
@@ -228,7 +230,7 @@ return %late
   ASSERT_EQ(layout.updates.size(), 1u);
   EXPECT_EQ(layout.updates[0]->result()->name(), "p0.new");
   EXPECT_EQ(layout.params.lookup(graph->lookup("p0")), 0); // the updated one first
-  EXPECT_EQ(layout.params.lookup(graph->lookup("p1")), 256);
+  EXPECT_EQ(layout.params.lookup(graph->lookup("p1")), 512);
   EXPECT_TRUE(layout.grads.count(graph->lookup("g0")));
   EXPECT_FALSE(layout.grads.count(graph->lookup("g1")));
   std::vector<Op *> ops = graph->ops();
