@@ -4,6 +4,7 @@
 #include "ir/Fused.h"
 
 #include <cmath>
+#include <functional>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -64,6 +65,19 @@ __device__ float roundBf16(float x) {
     ++upper;
   return __uint_as_float(upper << 16);
 }
+
+// The output of a kernel whose result is stored in BF16 (CudaProgram::bf16Stored): the
+// kernel's `out[i] = value` stores value rounded to the nearest BF16, as a BF16 GEMM would
+// round it when reading.
+struct Bf16Out {
+  unsigned short *p;
+  struct Element {
+    unsigned short *q;
+    __device__ void operator=(float value) const { *q = (unsigned short)(__float_as_uint(roundBf16(value)) >> 16); }
+  };
+  __device__ Element operator[](int64 i) const { return Element{p + i}; }
+  __device__ Bf16Out operator+(int64 i) const { return Bf16Out{p + i}; }
+};
 
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)
@@ -173,7 +187,8 @@ int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count 
 
 class Emitter {
 public:
-  Emitter(const Op &op, unsigned index) : op_(op), index_(index) {}
+  Emitter(const Op &op, unsigned index, const llvm::DenseSet<const Value *> &bf16Stored)
+      : op_(op), index_(index), bf16Stored_(bf16Stored) {}
 
   /// The kernel name for launch `i` of this op: k<index>_<op>[_<i>].
   std::string name(unsigned launch = 0) const {
@@ -181,6 +196,24 @@ public:
     return launch ? n + "_" + std::to_string(launch) : n;
   }
   std::string header(unsigned launch, const std::string &params) const {
+    return headerWithTypes(launch, bf16Params(params));
+  }
+  /// `params` with the results stored in BF16 (after the operands, in order) as Bf16Out.
+  std::string bf16Params(const std::string &params) const {
+    llvm::SmallVector<llvm::StringRef, 16> list;
+    llvm::StringRef(params).split(list, ", ");
+    std::string typed;
+    for (size_t k = 0; k < list.size(); ++k) {
+      std::string param = list[k].str();
+      size_t r = k - op_.numOperands();
+      if (k >= op_.numOperands() && r < op_.numResults() && bf16Stored_.count(op_.result(unsigned(r))) &&
+          llvm::StringRef(param).starts_with("float *"))
+        param = "Bf16Out " + param.substr(7);
+      typed += (k ? ", " : "") + param;
+    }
+    return typed;
+  }
+  std::string headerWithTypes(unsigned launch, const std::string &params) const {
     std::string comment = "// " + (op_.numResults() ? "%" + op_.result()->name() + " = " : "") +
                           op_.name().str();
     return fmt::format("{}\nextern \"C\" __global__ void {}({}) {{\n", comment, name(launch), params);
@@ -207,6 +240,7 @@ public:
 
   const Op &op_;
   unsigned index_;
+  const llvm::DenseSet<const Value *> &bf16Stored_;
   std::string source;
   OpLowering lowering;
 };
@@ -288,7 +322,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
                fmt::format("  __shared__ {0} tile[32][33];\n"
                            "  int64 b = blockIdx.x / {3}, tileR = (blockIdx.x % {3}) / {4}, tileC = blockIdx.x % {4};\n"
                            "  const {0} *src = x + b * {1}LL * {2}LL;\n"
-                           "  {0} *dst = out + b * {1}LL * {2}LL;\n"
+                           "  auto dst = out + b * {1}LL * {2}LL;\n"
                            "  int tx = threadIdx.x % 32, ty = threadIdx.x / 32;\n"
                            "  for (int j = ty; j < 32; j += 8) {{\n"
                            "    int64 r = tileR * 32 + j, c = tileC * 32 + tx;\n"
@@ -365,7 +399,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
     e.rowwise(0, params, rowsOf(out),
               fmt::format("  __shared__ double shared[256];\n"
                           "  const float *row = x + (int64)blockIdx.x * {0};\n"
-                          "  float *dst = out + (int64)blockIdx.x * {0};\n"
+                          "  auto dst = out + (int64)blockIdx.x * {0};\n"
                           "  double sum = 0;\n"
                           "  for (int j = threadIdx.x; j < {0}; j += blockDim.x) sum += row[j];\n"
                           "  double mean = {2} ? blockSum(sum, shared) / {0} : 0.0;\n"
@@ -999,12 +1033,76 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
   }
 }
 
+bool isBf16Gemm(const Op &op) {
+  return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
+          op.kind() == OpKind::MatMulBiasGelu) &&
+         op.attrs().getString("gemm_dtype") == "bf16";
+}
+
+/// Whether only BF16 GEMMs read `v` (directly or through reshapes), as their A or B operand.
+bool onlyBf16GemmsRead(const Graph &graph, const Value *v) {
+  if (v->users().empty() || llvm::is_contained(graph.outputs(), v))
+    return false;
+  for (const Op *user : v->users()) {
+    if (user->kind() == OpKind::Reshape) {
+      if (!onlyBf16GemmsRead(graph, user->result()))
+        return false;
+      continue;
+    }
+    if (!isBf16Gemm(*user))
+      return false;
+    for (unsigned p = 0; p < user->numOperands(); ++p)
+      if (user->operand(p) == v && p > 1) // the bias of matmul_bias is added in fp32
+        return false;
+  }
+  return true;
+}
+
+/// The values to store in BF16 (CudaProgram::bf16Stored): f32 results of the generated kernels
+/// below (whose templates store through `out[i] = ...` only) that only BF16 GEMMs read, and
+/// their reshapes.
+llvm::DenseSet<const Value *> bf16StoredValues(const Graph &graph) {
+  llvm::DenseSet<const Value *> stored;
+  std::function<void(const Value *)> mark = [&](const Value *v) {
+    stored.insert(v);
+    for (const Op *user : v->users())
+      if (user->kind() == OpKind::Reshape)
+        mark(user->result());
+  };
+  for (const Op *op : graph.ops()) {
+    switch (op->kind()) {
+    case OpKind::Transpose:
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm:
+    case OpKind::ResidualNorm:
+    case OpKind::SoftmaxBackward:
+    case OpKind::MaskedSoftmaxBackward:
+    case OpKind::CrossEntropyBackward:
+    case OpKind::Slice:
+    case OpKind::Concat:
+    case OpKind::Add:
+    case OpKind::Scale:
+    case OpKind::Gelu:
+    case OpKind::GeluBackward:
+      break;
+    default:
+      continue;
+    }
+    for (unsigned r = 0; r < op->numResults(); ++r)
+      if (op->result(r)->type().dtype == DType::F32 && onlyBf16GemmsRead(graph, op->result(r)))
+        mark(op->result(r));
+  }
+  return stored;
+}
+
 } // namespace
 
-llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, bool groupOptimizer) {
+llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
   CudaProgram program;
   std::vector<Op *> ops = graph.ops();
   std::vector<std::string> sources(ops.size()); // each op's kernels
+  if (options.storeBf16)
+    program.bf16Stored = bf16StoredValues(graph);
   for (unsigned i = 0; i < ops.size(); ++i) {
     const Op &op = *ops[i];
     OpLowering lowering;
@@ -1033,7 +1131,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, bool groupOptimizer)
         if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&
             !(isFp8(v->type().dtype) && op.kind() == OpKind::Transpose))
           return unsupported(op);
-      Emitter e(op, i);
+      Emitter e(op, i, program.bf16Stored);
       if (auto err = emit(op, e))
         return std::move(err);
       sources[i] = std::move(e.source);
@@ -1043,7 +1141,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, bool groupOptimizer)
   }
   program.inPlace = inPlaceValues(graph, program);
   program.layout = layoutParameters(graph, program);
-  if (groupOptimizer) {
+  if (options.groupOptimizer) {
     groupAdamW(ops, program, sources);
     groupGradientNorm(ops, program, sources);
   }

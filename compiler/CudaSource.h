@@ -6,6 +6,7 @@
 #include "ir/Graph.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <string>
 #include <vector>
@@ -69,11 +70,21 @@ struct CudaProgram {
   /// Values written straight into the leaf they are assigned to (MemoryPlan.h inPlaceValues).
   llvm::DenseMap<const Value *, const Value *> inPlace;
   ParameterLayout layout;
+  /// Values stored in BF16 (two bytes an element), with their reshapes: only BF16 GEMMs read
+  /// them, as operands they would round to BF16 anyway, so their producer rounds instead and
+  /// no GEMM converts them. No result changes.
+  llvm::DenseSet<const Value *> bf16Stored;
 };
 
-/// Generates the kernels of `graph`, or says which op has no lowering yet. With
-/// `groupOptimizer`, the per-parameter AdamW ops run as one launch over the contiguous layout,
-/// and the gradient norm's sum_squares and adds as one pair of launches (the same bits).
-llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, bool groupOptimizer = true);
+struct LoweringOptions {
+  /// The per-parameter AdamW ops as one launch over the contiguous layout, and the gradient
+  /// norm's sum_squares and adds as one pair of launches (the same bits).
+  bool groupOptimizer = true;
+  /// Values only BF16 GEMMs read stored in BF16 (CudaProgram::bf16Stored; the same bits).
+  bool storeBf16 = true;
+};
+
+/// Generates the kernels of `graph`, or says which op has no lowering yet.
+llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = {});
 
 } // namespace tgc

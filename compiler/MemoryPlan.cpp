@@ -18,13 +18,28 @@ constexpr int64_t kParamAlignment = 512;
 
 int64_t deviceBytesOf(const TensorType &t) { return t.numElements() * dtypeBytes(t.dtype); }
 
-std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering) {
+int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
+  return program.bf16Stored.count(v) ? v->type().numElements() * 2 : deviceBytesOf(v->type());
+}
+
+bool isWeight(const CudaProgram &program, const Value *v) {
+  while (v->def() && v->def()->kind() == OpKind::Reshape)
+    v = v->def()->operand(0);
+  return program.layout.params.count(v);
+}
+
+bool bf16Ready(const CudaProgram &program, const Value *v) {
+  return program.bf16Stored.count(v) || isWeight(program, v);
+}
+
+std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size_t index) {
+  const OpLowering &lowering = program.lowering[index];
   std::vector<int64_t> bytes;
   for (int64_t floats : lowering.scratchFloats)
     bytes.push_back(floats * 4);
   if (lowering.kind == OpLowering::Gemm && op.attrs().getString("gemm_dtype") == "bf16")
     for (unsigned i = 0; i < 2; ++i)
-      bytes.push_back(op.operand(i)->type().numElements() * 2);
+      bytes.push_back(bf16Ready(program, op.operand(i)) ? 0 : op.operand(i)->type().numElements() * 2);
   return bytes;
 }
 
@@ -191,7 +206,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       if (lowering.kind != OpLowering::Alias) {
         life[v] = {i, i};
         planned.push_back(v);
-        plan.withoutReuseBytes += aligned(deviceBytesOf(v->type()));
+        plan.withoutReuseBytes += aligned(storedBytesOf(program, v));
       }
     }
     for (const Value *v : op.operands())
@@ -212,10 +227,10 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   };
   std::vector<Item> items;
   for (const Value *v : planned)
-    items.push_back({aligned(deviceBytesOf(v->type())), life[v].first, life[v].second, v, 0, 0});
+    items.push_back({aligned(storedBytesOf(program, v)), life[v].first, life[v].second, v, 0, 0});
   plan.opLocalOffsets.resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
-    std::vector<int64_t> local = opLocalBytes(*ops[i], program.lowering[i]);
+    std::vector<int64_t> local = opLocalBytes(*ops[i], program, i);
     plan.opLocalOffsets[i].resize(local.size());
     for (size_t k = 0; k < local.size(); ++k) {
       items.push_back({aligned(local[k]), int64_t(i), int64_t(i), nullptr, i, k});

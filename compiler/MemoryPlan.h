@@ -15,6 +15,8 @@ namespace tgc {
 
 /// Bytes a value of type `t` takes on the GPU: f32 and i32 four per element, FP8 one.
 int64_t deviceBytesOf(const TensorType &t);
+/// What value `v` takes in `program`'s memory: half its f32 bytes when stored in BF16.
+int64_t storedBytesOf(const CudaProgram &program, const Value *v);
 
 struct MemoryPlan {
   llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena
@@ -23,15 +25,23 @@ struct MemoryPlan {
   llvm::DenseMap<const Value *, const Value *> inPlace;
   int64_t inPlaceBytes = 0; // what those values would take in the arena
   /// Per op: its scratch buffers (OpLowering::scratchFloats), then for a BF16 GEMM the BF16
-  /// copies of its two operands. They live only while the op runs.
+  /// copies of its operands that are not BF16 already (weights, stored values). They live only
+  /// while the op runs.
   std::vector<std::vector<int64_t>> opLocalOffsets;
   int64_t arenaBytes = 0;
   int64_t withoutReuseBytes = 0; // what one buffer per value would take
   int64_t persistentBytes = 0;   // parameters, gradients, state, inputs, ops' persistent buffers
 };
 
-/// Bytes of the op-local buffers of op `op` as lowered (see MemoryPlan::opLocalOffsets).
-std::vector<int64_t> opLocalBytes(const Op &op, const OpLowering &lowering);
+/// Whether `v` is a parameter (or a reshape of one): the executor keeps a BF16 copy of the
+/// parameter buffer for the BF16 GEMMs, written once a step.
+bool isWeight(const CudaProgram &program, const Value *v);
+/// Whether a BF16 GEMM reads operand `v` without converting it: stored in BF16, or a weight.
+bool bf16Ready(const CudaProgram &program, const Value *v);
+
+/// Bytes of the op-local buffers of op `op`, the program's op number `index` (see
+/// MemoryPlan::opLocalOffsets; a BF16-ready operand's copy takes none).
+std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size_t index);
 
 /// The operand whose buffer result `r` of `op` may take: its kernel reads each element of that
 /// operand before it writes the same element of the result, and no other element after (AdamW's

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fmt/format.h>
 #include <map>
 
@@ -68,6 +69,7 @@ struct GemmPlan {
   bool bf16 = false;
   void *bf16Operands[2] = {nullptr, nullptr};
   bool fromWeightCopy[2] = {false, false}; // the operand is a parameter: its BF16 copy is ready
+  bool stored[2] = {false, false};         // the operand is stored in BF16 already
 };
 
 /// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
@@ -108,6 +110,7 @@ private:
   llvm::Error convertKernel(const void *source, void *target, int64_t count);
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
   static size_t bytesOf(const TensorType &t) { return size_t(deviceBytesOf(t)); }
+  size_t storedBytes(const Value *v) const { return size_t(storedBytesOf(program_, v)); }
 
   const Graph &graph_;
   CudaOptions options_;
@@ -185,7 +188,10 @@ llvm::Error CudaExecutor::initialize() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
   std::string arch = archName(prop.major, prop.minor);
   description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
-  auto program = lowerToCuda(graph_, options_.groupOptimizer);
+  LoweringOptions lowering;
+  lowering.groupOptimizer = options_.groupOptimizer;
+  lowering.storeBf16 = options_.storeBf16;
+  auto program = lowerToCuda(graph_, lowering);
   if (!program)
     return program.takeError();
   program_ = std::move(*program);
@@ -288,14 +294,16 @@ llvm::Error CudaExecutor::initialize() {
     }
   }
   // BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
-  // parameter buffer: the same bits as converting them at each GEMM, once a step.
-  auto inParams = [&](const void *p) {
-    return p >= (const void *)params_ && p < (const void *)(params_ + paramBytes_);
-  };
+  // parameter buffer: the same bits as converting them at each GEMM, once a step. Operands
+  // stored in BF16 are read as they are.
   for (size_t i = 0; i < ops_.size(); ++i)
-    for (int k = 0; k < 2 && gemms_[i].bf16; ++k)
-      if (inParams(buffer(ops_[i]->operand(k))))
-        gemms_[i].fromWeightCopy[k] = true;
+    for (int k = 0; k < 2 && gemms_[i].bf16; ++k) {
+      const Value *operand = ops_[i]->operand(k);
+      gemms_[i].fromWeightCopy[k] = isWeight(program_, operand);
+      gemms_[i].stored[k] = program_.bf16Stored.count(operand);
+      if (gemms_[i].stored[k])
+        gemms_[i].bf16Operands[k] = buffer(operand);
+    }
   if (llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
     owned_.push_back(weightsBf16_);
@@ -404,7 +412,7 @@ llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
   void *first = buffer(op.operand(1)), *second = buffer(op.operand(0));
   if (plan.bf16) {
     for (int i = 0; i < 2; ++i)
-      if (!plan.fromWeightCopy[i])
+      if (!plan.fromWeightCopy[i] && !plan.stored[i])
         if (auto err = convertKernel(buffer(op.operand(i)), plan.bf16Operands[i],
                                      op.operand(i)->type().numElements()))
           return err;
@@ -448,7 +456,7 @@ llvm::Error CudaExecutor::launchStep() {
     if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
       for (unsigned r = 0; r < op.numResults(); ++r)
         if (!inPlace_.count(op.result(r))) // poisoning it would poison the operand it updates
-          CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, bytesOf(op.result(r)->type()), stream_));
+          CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, storedBytes(op.result(r)), stream_));
     cudaEvent_t start = nullptr, stop = nullptr;
     bool timed = profile_ && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm);
     if (timed) {
@@ -573,6 +581,15 @@ llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
     Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
     for (size_t i = 0; i < codes.size(); ++i)
       t.data[i] = fp8ToFloat(codes[i], format) * scaleInv;
+    return t;
+  }
+  if (program_.bf16Stored.count(v)) { // the BF16 a GEMM reads, widened
+    std::vector<uint16_t> bits(t.data.size());
+    CUDA_CHECK(cudaMemcpy(bits.data(), buffer(v), bits.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) {
+      uint32_t wide = uint32_t(bits[i]) << 16;
+      std::memcpy(&t.data[i], &wide, 4);
+    }
     return t;
   }
   void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();

@@ -18,6 +18,8 @@ struct CudaOptions {
   /// AdamW and the gradient norm as flat launches over the contiguous parameter layout (the
   /// same bits as one kernel per op; off only to test that).
   bool groupOptimizer = true;
+  /// Values only BF16 GEMMs read stored in BF16 (the same bits; off only to test that).
+  bool storeBf16 = true;
 };
 
 /// Whether this build can use a GPU, and why not.

@@ -248,51 +248,65 @@ TEST(GpuTraining, Fp32LossesFollowTheCpuFor20Steps) {
     EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "step " << i + 1;
 }
 
+/// Three training steps of the tiny model under `recipe` with executors made with `a` and `b`,
+/// from the same weights and batches: the same losses, gradient norms, parameters, moments and
+/// FP8 scaling state, bit for bit.
+void expectTheSameBits(const char *recipe, CudaOptions a, CudaOptions b) {
+  SCOPED_TRACE(recipe);
+  auto program = tinyGpuProgram(recipe);
+  ASSERT_TRUE(program);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = initParams(*program, rng.next());
+  auto first = unwrap(createCudaExecutor(*program, a));
+  auto second = unwrap(createCudaExecutor(*program, b));
+  ASSERT_TRUE(first && second);
+  ASSERT_FALSE(bool(first->bindAll(leaves)));
+  ASSERT_FALSE(bool(second->bindAll(leaves)));
+  int64_t vocab = program->lookup("wte")->type().dim(0);
+  for (int32_t step = 1; step <= 3; ++step) {
+    std::map<std::string, Tensor> inputs;
+    for (const char *name : {"tokens", "targets"}) {
+      Tensor t = Tensor::zeros(program->lookup(name)->type());
+      for (int32_t &id : t.ints)
+        id = int32_t(rng.below(vocab));
+      inputs[name] = std::move(t);
+    }
+    inputs["step"] = Tensor{TensorType(DType::I32, {}), {}, {step}};
+    ASSERT_FALSE(bool(first->bindAll(inputs)));
+    ASSERT_FALSE(bool(second->bindAll(inputs)));
+    std::vector<Tensor> x = unwrap(first->run()), y = unwrap(second->run());
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t o = 0; o < x.size(); ++o)
+      EXPECT_EQ(x[o].data, y[o].data) << "step " << step << ", output %" << program->outputs()[o]->name();
+  }
+  int compared = 0;
+  for (const Op *op : program->ops())
+    if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
+      std::string name = op->result()->name();
+      EXPECT_EQ(unwrap(first->read(name)).data, unwrap(second->read(name)).data) << name;
+      ++compared;
+    }
+  EXPECT_GT(compared, 80);
+}
+
 TEST(GpuTraining, GroupedOptimizerGivesTheBitsOfOneKernelPerOp) {
   // AdamW as one launch over the contiguous parameters and the gradient norm as one pair of
-  // launches give exactly what one kernel per op gives: losses, gradient norms, parameters,
-  // moments and FP8 scaling state, bit for bit, for three steps.
+  // launches give exactly what one kernel per op gives.
   SKIP_WITHOUT_GPU();
-  for (const char *recipe : {"fp32", "fp8"}) {
-    SCOPED_TRACE(recipe);
-    auto program = tinyGpuProgram(recipe);
-    ASSERT_TRUE(program);
-    Rng rng(freshSeed());
-    std::map<std::string, Tensor> leaves = initParams(*program, rng.next());
-    CudaOptions perOp;
-    perOp.groupOptimizer = false;
-    auto grouped = unwrap(createCudaExecutor(*program));
-    auto ungrouped = unwrap(createCudaExecutor(*program, perOp));
-    ASSERT_TRUE(grouped && ungrouped);
-    ASSERT_NE(grouped->describe(), ungrouped->describe()); // fewer kernels
-    ASSERT_FALSE(bool(grouped->bindAll(leaves)));
-    ASSERT_FALSE(bool(ungrouped->bindAll(leaves)));
-    int64_t vocab = program->lookup("wte")->type().dim(0);
-    for (int32_t step = 1; step <= 3; ++step) {
-      std::map<std::string, Tensor> inputs;
-      for (const char *name : {"tokens", "targets"}) {
-        Tensor t = Tensor::zeros(program->lookup(name)->type());
-        for (int32_t &id : t.ints)
-          id = int32_t(rng.below(vocab));
-        inputs[name] = std::move(t);
-      }
-      inputs["step"] = Tensor{TensorType(DType::I32, {}), {}, {step}};
-      ASSERT_FALSE(bool(grouped->bindAll(inputs)));
-      ASSERT_FALSE(bool(ungrouped->bindAll(inputs)));
-      std::vector<Tensor> a = unwrap(grouped->run()), b = unwrap(ungrouped->run());
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t o = 0; o < a.size(); ++o)
-        EXPECT_EQ(a[o].data, b[o].data) << "step " << step << ", output %" << program->outputs()[o]->name();
-    }
-    int compared = 0;
-    for (const Op *op : program->ops())
-      if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
-        std::string name = op->result()->name();
-        EXPECT_EQ(unwrap(grouped->read(name)).data, unwrap(ungrouped->read(name)).data) << name;
-        ++compared;
-      }
-    EXPECT_GT(compared, 80);
-  }
+  CudaOptions perOp;
+  perOp.groupOptimizer = false;
+  for (const char *recipe : {"fp32", "fp8"})
+    expectTheSameBits(recipe, CudaOptions{}, perOp);
+}
+
+TEST(GpuTraining, ValuesStoredInBf16GiveTheBitsOfConvertingAtEachGemm) {
+  // Values only BF16 GEMMs read, stored in BF16 by their producers, give exactly what storing
+  // them in fp32 and converting them at each GEMM gives.
+  SKIP_WITHOUT_GPU();
+  CudaOptions converting;
+  converting.storeBf16 = false;
+  for (const char *recipe : {"bf16", "fp8"})
+    expectTheSameBits(recipe, CudaOptions{}, converting);
 }
 
 TEST(GpuTraining, Bf16LossesFollowTheCpuEmulationFor20Steps) {

@@ -56,7 +56,7 @@ void checkPlan(const char *model, const char *recipe) {
       continue;
     }
     ASSERT_TRUE(plan.offsets.count(v)) << v->name();
-    int64_t begin = plan.offsets.lookup(v), end = begin + v->type().numElements() * 4;
+    int64_t begin = plan.offsets.lookup(v), end = begin + storedBytesOf(program, v);
     EXPECT_LE(end, plan.arenaBytes);
     EXPECT_EQ(begin % 256, 0);
     spans.emplace_back(begin, end, l.first, l.second);
@@ -75,7 +75,7 @@ void checkPlan(const char *model, const char *recipe) {
   // An op's scratch (and BF16 operand copies) never overlaps a value alive while it runs.
   ASSERT_EQ(plan.opLocalOffsets.size(), ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
-    std::vector<int64_t> bytes = opLocalBytes(*ops[i], program.lowering[i]);
+    std::vector<int64_t> bytes = opLocalBytes(*ops[i], program, i);
     ASSERT_EQ(bytes.size(), plan.opLocalOffsets[i].size());
     for (size_t k = 0; k < bytes.size(); ++k) {
       int64_t begin = plan.opLocalOffsets[i][k], end = begin + bytes[k];
@@ -123,6 +123,8 @@ TEST(MemoryPlan, OptimizerAndScalingStateUpdatedInPlace) {
   EXPECT_EQ(assigns, 183); // 29 parameters x 3, and 24 FP8 tensors x 4
   EXPECT_EQ(int(plan.inPlace.size()), assigns);
 }
+
+bool isBf16GemmForTest(const Op &op) { return op.attrs().getString("gemm_dtype") == "bf16"; }
 
 /// Offsets of the tensors of one buffer: each starts at a multiple of 256 bytes, inside the
 /// buffer, and no two overlap.
@@ -185,7 +187,9 @@ void checkLayout(const char *model, const char *recipe) {
   EXPECT_EQ(adamwLaunches, 1);
   EXPECT_EQ(normLaunches, 2);
   // Without grouping, the same layout and one kernel per op.
-  CudaProgram ungrouped = unwrap(lowerToCuda(*graph, /*groupOptimizer=*/false));
+  LoweringOptions perOp;
+  perOp.groupOptimizer = false;
+  CudaProgram ungrouped = unwrap(lowerToCuda(*graph, perOp));
   EXPECT_EQ(ungrouped.layout.params, layout.params);
   for (const OpLowering &l : ungrouped.lowering)
     EXPECT_NE(l.kind, OpLowering::Grouped);
@@ -195,6 +199,54 @@ TEST(MemoryPlan, ParametersGradientsAndMomentsContiguousAtTheSameOffsets) {
   checkLayout("models/tiny.yaml", "fp32");
   checkLayout("models/tiny.yaml", "fp8");
   checkLayout("models/seed.yaml", "bf16");
+}
+
+TEST(MemoryPlan, ValuesOnlyBf16GemmsReadAreStoredInBf16) {
+  // Under bf16, the normed residual stream, q, k, v and the attention's context are read
+  // by BF16 GEMMs only (forward and backward): they are stored in BF16, no GEMM converts them,
+  // and the arena shrinks. Values anything else reads (the probabilities, which the softmax
+  // gradient reads too; gradients whose bias sums read them) stay fp32.
+  auto [graph, program] = gpuTrainingProgram("models/seed.yaml", "bf16");
+  std::vector<Op *> ops = graph->ops();
+  int stored = 0;
+  for (const Value *v : program.bf16Stored) {
+    if (v->def()->kind() == OpKind::Reshape)
+      continue;
+    ++stored;
+    std::vector<const Value *> pending{v};
+    while (!pending.empty()) {
+      const Value *w = pending.back();
+      pending.pop_back();
+      EXPECT_FALSE(llvm::is_contained(graph->outputs(), w)) << w->name();
+      for (const Op *user : w->users()) {
+        if (user->kind() == OpKind::Reshape) {
+          EXPECT_TRUE(program.bf16Stored.count(user->result())) << user->result()->name();
+          pending.push_back(user->result());
+          continue;
+        }
+        EXPECT_EQ(user->attrs().getString("gemm_dtype"), "bf16") << w->name() << " read by " << user->name().str();
+        EXPECT_TRUE(user->operand(0) == w || user->operand(1) == w) << w->name();
+      }
+    }
+  }
+  EXPECT_EQ(stored, 34); // 6 of each of the 4 layers, the final norm, and 9 in the backward
+  for (const char *name : {"h0.ln1", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
+    EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
+  EXPECT_FALSE(program.bf16Stored.count(graph->lookup("h0.attn.probs")));
+  for (size_t i = 0; i < ops.size(); ++i) // no GEMM keeps a copy of a stored operand
+    if (program.lowering[i].kind == OpLowering::Gemm && isBf16GemmForTest(*ops[i]))
+      for (unsigned k = 0; k < 2; ++k)
+        if (program.bf16Stored.count(ops[i]->operand(k))) {
+          EXPECT_EQ(opLocalBytes(*ops[i], program, i)[program.lowering[i].scratchFloats.size() + k], 0);
+        }
+  LoweringOptions converting;
+  converting.storeBf16 = false;
+  CudaProgram fp32Stored = unwrap(lowerToCuda(*graph, converting));
+  EXPECT_TRUE(fp32Stored.bf16Stored.empty());
+  EXPECT_LT(planMemory(*graph, program).arenaBytes, planMemory(*graph, fp32Stored).arenaBytes);
+  // Under fp32 nothing is.
+  auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
+  EXPECT_TRUE(plainProgram.bf16Stored.empty());
 }
 
 TEST(MemoryPlan, AdamWUngroupedWhenOneUpdateIsNotInPlace) {

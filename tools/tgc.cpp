@@ -309,6 +309,16 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
         if (!l.label.empty())
           llvm::errs() << fmt::format("// grouped: {}, {} launch{}\n", l.label, l.launches.size(),
                                       l.launches.size() == 1 ? "" : "es");
+      int64_t bf16Values = 0, bf16Bytes = 0;
+      for (const Value *v : lowered->bf16Stored)
+        if (v->def()->kind() != OpKind::Reshape) {
+          ++bf16Values;
+          bf16Bytes += storedBytesOf(*lowered, v);
+        }
+      if (bf16Values)
+        llvm::errs() << fmt::format("// {} values stored in BF16, as only BF16 GEMMs read them "
+                                    "({:.1f} MiB, half their fp32 size)\n",
+                                    bf16Values, mib(bf16Bytes));
       if (!plan.inPlace.empty())
         llvm::errs() << fmt::format("// {} values written into the state they are assigned to "
                                     "({:.1f} MiB neither in the arena nor copied)\n",
