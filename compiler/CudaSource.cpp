@@ -79,6 +79,23 @@ struct Bf16Out {
   __device__ Bf16Out operator+(int64 i) const { return Bf16Out{p + i}; }
 };
 
+// The output of a kernel whose result also has a BF16 copy (CudaProgram::bf16Shadowed):
+// `out[i] = value` stores value, and value rounded to BF16 into the copy.
+struct F32Bf16Out {
+  float *f;
+  unsigned short *h;
+  struct Element {
+    float *f;
+    unsigned short *h;
+    __device__ void operator=(float value) const {
+      *f = value;
+      *h = (unsigned short)(__float_as_uint(roundBf16(value)) >> 16);
+    }
+  };
+  __device__ Element operator[](int64 i) const { return Element{f + i, h + i}; }
+  __device__ F32Bf16Out operator+(int64 i) const { return F32Bf16Out{f + i, h + i}; }
+};
+
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)
 
@@ -187,8 +204,8 @@ int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count 
 
 class Emitter {
 public:
-  Emitter(const Op &op, unsigned index, const llvm::DenseSet<const Value *> &bf16Stored)
-      : op_(op), index_(index), bf16Stored_(bf16Stored) {}
+  Emitter(const Op &op, unsigned index, const CudaProgram &program)
+      : op_(op), index_(index), program_(program) {}
 
   /// The kernel name for launch `i` of this op: k<index>_<op>[_<i>].
   std::string name(unsigned launch = 0) const {
@@ -198,7 +215,8 @@ public:
   std::string header(unsigned launch, const std::string &params) const {
     return headerWithTypes(launch, bf16Params(params));
   }
-  /// `params` with the results stored in BF16 (after the operands, in order) as Bf16Out.
+  /// `params` with the results stored in BF16 (after the operands, in order) as Bf16Out, and
+  /// those with a BF16 copy as F32Bf16Out.
   std::string bf16Params(const std::string &params) const {
     llvm::SmallVector<llvm::StringRef, 16> list;
     llvm::StringRef(params).split(list, ", ");
@@ -206,9 +224,13 @@ public:
     for (size_t k = 0; k < list.size(); ++k) {
       std::string param = list[k].str();
       size_t r = k - op_.numOperands();
-      if (k >= op_.numOperands() && r < op_.numResults() && bf16Stored_.count(op_.result(unsigned(r))) &&
-          llvm::StringRef(param).starts_with("float *"))
-        param = "Bf16Out " + param.substr(7);
+      if (k >= op_.numOperands() && r < op_.numResults() && llvm::StringRef(param).starts_with("float *")) {
+        const Value *result = op_.result(unsigned(r));
+        if (program_.bf16Stored.count(result))
+          param = "Bf16Out " + param.substr(7);
+        else if (program_.bf16Shadowed.count(result))
+          param = "F32Bf16Out " + param.substr(7);
+      }
       typed += (k ? ", " : "") + param;
     }
     return typed;
@@ -240,7 +262,7 @@ public:
 
   const Op &op_;
   unsigned index_;
-  const llvm::DenseSet<const Value *> &bf16Stored_;
+  const CudaProgram &program_;
   std::string source;
   OpLowering lowering;
 };
@@ -482,7 +504,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
     int64_t d = out.dim(-1);
     e.rowwise(0, "const float *x, float *out", rowsOf(out),
               fmt::format("  const float *row = x + (int64)blockIdx.x * {0};\n"
-                          "  float *dst = out + (int64)blockIdx.x * {0};\n",
+                          "  auto dst = out + (int64)blockIdx.x * {0};\n",
                           d) +
                   rowMaxAndExpSum(d) +
                   fmt::format("  for (int j = threadIdx.x; j < {0}; j += blockDim.x)\n"
@@ -499,7 +521,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
     std::string scaled = fmt::format("(row[j] * {})", lit(*a.getFloat("scale")));
     e.rowwise(0, "const float *x, float *out", rowsOf(out),
               fmt::format("  const float *row = x + (int64)blockIdx.x * {0};\n"
-                          "  float *dst = out + (int64)blockIdx.x * {0};\n"
+                          "  auto dst = out + (int64)blockIdx.x * {0};\n"
                           "  int visible = (int)(blockIdx.x % {0}) + 1; // keys up to the query\n",
                           t) +
                   rowMaxAndExpSum("visible", scaled) +
@@ -1039,36 +1061,38 @@ bool isBf16Gemm(const Op &op) {
          op.attrs().getString("gemm_dtype") == "bf16";
 }
 
-/// Whether only BF16 GEMMs read `v` (directly or through reshapes), as their A or B operand.
-bool onlyBf16GemmsRead(const Graph &graph, const Value *v) {
-  if (v->users().empty() || llvm::is_contained(graph.outputs(), v))
-    return false;
+/// Who reads `v`, directly or through reshapes: BF16 GEMMs as their A or B operand, and the
+/// rest (the bias of matmul_bias is added in fp32; graph outputs count as the rest).
+struct Readers {
+  int bf16Gemms = 0, others = 0;
+};
+void countReaders(const Graph &graph, const Value *v, Readers &readers) {
+  if (llvm::is_contained(graph.outputs(), v))
+    ++readers.others;
   for (const Op *user : v->users()) {
     if (user->kind() == OpKind::Reshape) {
-      if (!onlyBf16GemmsRead(graph, user->result()))
-        return false;
+      countReaders(graph, user->result(), readers);
       continue;
     }
-    if (!isBf16Gemm(*user))
-      return false;
-    for (unsigned p = 0; p < user->numOperands(); ++p)
-      if (user->operand(p) == v && p > 1) // the bias of matmul_bias is added in fp32
-        return false;
+    bool operand = isBf16Gemm(*user);
+    for (unsigned p = 2; p < user->numOperands(); ++p)
+      operand &= user->operand(p) != v;
+    ++(operand ? readers.bf16Gemms : readers.others);
   }
-  return true;
 }
 
-/// The values to store in BF16 (CudaProgram::bf16Stored): f32 results of the generated kernels
-/// below (whose templates store through `out[i] = ...` only) that only BF16 GEMMs read, and
-/// their reshapes.
-llvm::DenseSet<const Value *> bf16StoredValues(const Graph &graph) {
-  llvm::DenseSet<const Value *> stored;
-  std::function<void(const Value *)> mark = [&](const Value *v) {
-    stored.insert(v);
-    for (const Op *user : v->users())
-      if (user->kind() == OpKind::Reshape)
-        mark(user->result());
-  };
+/// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
+/// of the generated kernels below (whose templates store through `out[i] = ...` only, which
+/// Bf16Out and F32Bf16Out turn into the right stores), with their reshapes. Into
+/// program.bf16Stored when only BF16 GEMMs read them, into bf16Shadowed when others do too.
+void chooseBf16Values(const Graph &graph, CudaProgram &program) {
+  std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
+      [&](llvm::DenseSet<const Value *> &set, const Value *v) {
+        set.insert(v);
+        for (const Op *user : v->users())
+          if (user->kind() == OpKind::Reshape)
+            mark(set, user->result());
+      };
   for (const Op *op : graph.ops()) {
     switch (op->kind()) {
     case OpKind::Transpose:
@@ -1084,15 +1108,25 @@ llvm::DenseSet<const Value *> bf16StoredValues(const Graph &graph) {
     case OpKind::Scale:
     case OpKind::Gelu:
     case OpKind::GeluBackward:
+    case OpKind::Softmax:
+    case OpKind::MaskedSoftmax:
+    case OpKind::LayerNormBackward:
       break;
     default:
       continue;
     }
-    for (unsigned r = 0; r < op->numResults(); ++r)
-      if (op->result(r)->type().dtype == DType::F32 && onlyBf16GemmsRead(graph, op->result(r)))
-        mark(op->result(r));
+    for (unsigned r = 0; r < op->numResults(); ++r) {
+      const Value *v = op->result(r);
+      Readers readers;
+      countReaders(graph, v, readers);
+      if (v->type().dtype != DType::F32 || readers.bf16Gemms == 0 || program.inPlace.count(v) ||
+          program.layout.grads.count(v))
+        continue;
+      if (op->kind() == OpKind::ResidualNorm && r == 0) // its template reads the sum back
+        continue;
+      mark(readers.others == 0 ? program.bf16Stored : program.bf16Shadowed, v);
+    }
   }
-  return stored;
 }
 
 } // namespace
@@ -1101,8 +1135,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   CudaProgram program;
   std::vector<Op *> ops = graph.ops();
   std::vector<std::string> sources(ops.size()); // each op's kernels
-  if (options.storeBf16)
-    program.bf16Stored = bf16StoredValues(graph);
+
   for (unsigned i = 0; i < ops.size(); ++i) {
     const Op &op = *ops[i];
     OpLowering lowering;
@@ -1131,16 +1164,23 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
         if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&
             !(isFp8(v->type().dtype) && op.kind() == OpKind::Transpose))
           return unsupported(op);
-      Emitter e(op, i, program.bf16Stored);
-      if (auto err = emit(op, e))
-        return std::move(err);
-      sources[i] = std::move(e.source);
-      lowering = std::move(e.lowering);
+      lowering.kind = OpLowering::Kernels; // emitted below, once the BF16 values are chosen
     }
     program.lowering.push_back(std::move(lowering));
   }
   program.inPlace = inPlaceValues(graph, program);
   program.layout = layoutParameters(graph, program);
+  if (options.storeBf16)
+    chooseBf16Values(graph, program);
+  for (unsigned i = 0; i < ops.size(); ++i) {
+    if (program.lowering[i].kind != OpLowering::Kernels)
+      continue;
+    Emitter e(*ops[i], i, program);
+    if (auto err = emit(*ops[i], e))
+      return std::move(err);
+    sources[i] = std::move(e.source);
+    program.lowering[i] = std::move(e.lowering);
+  }
   if (options.groupOptimizer) {
     groupAdamW(ops, program, sources);
     groupGradientNorm(ops, program, sources);

@@ -74,13 +74,19 @@ struct CudaProgram {
   /// them, as operands they would round to BF16 anyway, so their producer rounds instead and
   /// no GEMM converts them. No result changes.
   llvm::DenseSet<const Value *> bf16Stored;
+  /// Values kept in fp32 whose producer also writes a BF16 copy (with their reshapes): BF16
+  /// GEMMs read the copy, the other readers the fp32 value (a gradient whose bias sum needs
+  /// fp32, the probabilities the softmax gradient reads). No result changes.
+  llvm::DenseSet<const Value *> bf16Shadowed;
 };
 
 struct LoweringOptions {
   /// The per-parameter AdamW ops as one launch over the contiguous layout, and the gradient
   /// norm's sum_squares and adds as one pair of launches (the same bits).
   bool groupOptimizer = true;
-  /// Values only BF16 GEMMs read stored in BF16 (CudaProgram::bf16Stored; the same bits).
+  /// The producers of BF16 GEMM operands write them in BF16: values only BF16 GEMMs read are
+  /// stored in BF16 (CudaProgram::bf16Stored), the others get a BF16 copy (bf16Shadowed); the
+  /// same bits as converting them at each GEMM.
   bool storeBf16 = true;
 };
 

@@ -22,14 +22,18 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
   return program.bf16Stored.count(v) ? v->type().numElements() * 2 : deviceBytesOf(v->type());
 }
 
-bool isWeight(const CudaProgram &program, const Value *v) {
+const Value *reshapeRoot(const Value *v) {
   while (v->def() && v->def()->kind() == OpKind::Reshape)
     v = v->def()->operand(0);
-  return program.layout.params.count(v);
+  return v;
+}
+
+bool isWeight(const CudaProgram &program, const Value *v) {
+  return program.layout.params.count(reshapeRoot(v));
 }
 
 bool bf16Ready(const CudaProgram &program, const Value *v) {
-  return program.bf16Stored.count(v) || isWeight(program, v);
+  return program.bf16Stored.count(v) || program.bf16Shadowed.count(v) || isWeight(program, v);
 }
 
 std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size_t index) {
@@ -224,10 +228,33 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
     int64_t bytes, first, last;
     const Value *value; // nullptr for an op-local buffer
     size_t op, local;
+    bool shadow = false; // the BF16 copy of `value`
   };
   std::vector<Item> items;
   for (const Value *v : planned)
     items.push_back({aligned(storedBytesOf(program, v)), life[v].first, life[v].second, v, 0, 0});
+  // BF16 copies: from the producer to the last BF16 GEMM that reads the value.
+  llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> shadowLife;
+  for (int64_t i = 0; i < end; ++i)
+    for (unsigned k = 0; k < std::min(2u, ops[i]->numOperands()); ++k)
+      if (program.lowering[i].kind == OpLowering::Gemm && program.bf16Shadowed.count(ops[i]->operand(k))) {
+        const Value *root = reshapeRoot(ops[i]->operand(k));
+        auto &span = shadowLife[root];
+        span.second = std::max(span.second, i);
+      }
+  std::vector<const Value *> shadows;
+  for (int64_t i = 0; i < end; ++i)
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      if (shadowLife.count(ops[i]->result(r))) {
+        shadowLife[ops[i]->result(r)].first = i;
+        shadows.push_back(ops[i]->result(r));
+      }
+  std::vector<Item> shadowItems;
+  for (const Value *v : shadows) {
+    int64_t bytes = aligned(v->type().numElements() * 2);
+    plan.withoutReuseBytes += bytes;
+    shadowItems.push_back({bytes, shadowLife[v].first, shadowLife[v].second, v, 0, 0, true});
+  }
   plan.opLocalOffsets.resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     std::vector<int64_t> local = opLocalBytes(*ops[i], program, i);
@@ -237,6 +264,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       plan.withoutReuseBytes += aligned(local[k]);
     }
   }
+  items.insert(items.end(), shadowItems.begin(), shadowItems.end());
   // Largest first, each at the lowest offset that overlaps no placed item alive at once.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item &a, const Item &b) { return a.bytes > b.bytes; });
@@ -253,7 +281,9 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
         break;
       offset = std::max(offset, e);
     }
-    if (item.value)
+    if (item.shadow)
+      plan.shadowOffsets[item.value] = offset;
+    else if (item.value)
       plan.offsets[item.value] = offset;
     else
       plan.opLocalOffsets[item.op][item.local] = offset;

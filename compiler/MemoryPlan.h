@@ -20,6 +20,9 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v);
 
 struct MemoryPlan {
   llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena
+  /// The BF16 copies of CudaProgram::bf16Shadowed values (keyed by the value, not its
+  /// reshapes): bytes into the arena, alive from the producer to the last BF16 GEMM reading it.
+  llvm::DenseMap<const Value *, int64_t> shadowOffsets;
   /// Values written in place: each takes the buffer of the leaf it is assigned to (no arena
   /// bytes, no copy when the step ends), and so do its aliases.
   llvm::DenseMap<const Value *, const Value *> inPlace;
@@ -36,8 +39,11 @@ struct MemoryPlan {
 /// Whether `v` is a parameter (or a reshape of one): the executor keeps a BF16 copy of the
 /// parameter buffer for the BF16 GEMMs, written once a step.
 bool isWeight(const CudaProgram &program, const Value *v);
-/// Whether a BF16 GEMM reads operand `v` without converting it: stored in BF16, or a weight.
+/// Whether a BF16 GEMM reads operand `v` without converting it: stored in BF16, with a BF16
+/// copy, or a weight.
 bool bf16Ready(const CudaProgram &program, const Value *v);
+/// The value whose memory `v` is: `v`, or the source of the reshapes it is.
+const Value *reshapeRoot(const Value *v);
 
 /// Bytes of the op-local buffers of op `op`, the program's op number `index` (see
 /// MemoryPlan::opLocalOffsets; a BF16-ready operand's copy takes none).

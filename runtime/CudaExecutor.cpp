@@ -69,7 +69,7 @@ struct GemmPlan {
   bool bf16 = false;
   void *bf16Operands[2] = {nullptr, nullptr};
   bool fromWeightCopy[2] = {false, false}; // the operand is a parameter: its BF16 copy is ready
-  bool stored[2] = {false, false};         // the operand is stored in BF16 already
+  bool written[2] = {false, false};        // its producer wrote it in BF16 (stored, or a copy)
 };
 
 /// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
@@ -131,6 +131,7 @@ private:
   llvm::DenseMap<const Op *, float *> usedScaleInv_; // per quantize op: the scale_inv it used
   std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
   llvm::DenseMap<const Value *, void *> buffers_;
+  llvm::DenseMap<const Value *, void *> shadows_; // BF16 copies of bf16Shadowed values
   llvm::DenseSet<const Value *> inPlace_; // results written into their assigned leaf's buffer
   // Parameters in one buffer (ParameterLayout), and when BF16 GEMMs read them, a BF16 copy of
   // that buffer written once at the start of each step instead of a conversion per GEMM.
@@ -258,6 +259,11 @@ llvm::Error CudaExecutor::initialize() {
       } else { // an alias of a leaf, of an in-place value or of a gradient
         buffers_[v] = buffer(op.operand(0));
       }
+      // The BF16 copy of a value that has one; a reshape shares its source's.
+      if (plan.shadowOffsets.count(v))
+        shadows_[v] = arena + plan.shadowOffsets.lookup(v);
+      else if (program_.bf16Shadowed.count(v))
+        shadows_[v] = shadows_.lookup(op.operand(0));
     }
     for (const KernelLaunch &launch : lowering.launches) {
       cudaKernel_t kernel;
@@ -300,9 +306,11 @@ llvm::Error CudaExecutor::initialize() {
     for (int k = 0; k < 2 && gemms_[i].bf16; ++k) {
       const Value *operand = ops_[i]->operand(k);
       gemms_[i].fromWeightCopy[k] = isWeight(program_, operand);
-      gemms_[i].stored[k] = program_.bf16Stored.count(operand);
-      if (gemms_[i].stored[k])
+      if (program_.bf16Stored.count(operand))
         gemms_[i].bf16Operands[k] = buffer(operand);
+      else if (program_.bf16Shadowed.count(operand))
+        gemms_[i].bf16Operands[k] = shadows_.lookup(operand);
+      gemms_[i].written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
     }
   if (llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
@@ -412,7 +420,7 @@ llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
   void *first = buffer(op.operand(1)), *second = buffer(op.operand(0));
   if (plan.bf16) {
     for (int i = 0; i < 2; ++i)
-      if (!plan.fromWeightCopy[i] && !plan.stored[i])
+      if (!plan.fromWeightCopy[i] && !plan.written[i])
         if (auto err = convertKernel(buffer(op.operand(i)), plan.bf16Operands[i],
                                      op.operand(i)->type().numElements()))
           return err;
@@ -455,8 +463,11 @@ llvm::Error CudaExecutor::launchStep() {
     const OpLowering &lowering = program_.lowering[i];
     if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
       for (unsigned r = 0; r < op.numResults(); ++r)
-        if (!inPlace_.count(op.result(r))) // poisoning it would poison the operand it updates
+        if (!inPlace_.count(op.result(r))) { // poisoning it would poison the operand it updates
           CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, storedBytes(op.result(r)), stream_));
+          if (void *copy = shadows_.lookup(op.result(r)))
+            CUDA_CHECK(cudaMemsetAsync(copy, 0xFF, size_t(op.result(r)->type().numElements()) * 2, stream_));
+        }
     cudaEvent_t start = nullptr, stop = nullptr;
     bool timed = profile_ && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm);
     if (timed) {
@@ -477,22 +488,31 @@ llvm::Error CudaExecutor::launchStep() {
         return err;
       break;
     case OpLowering::Kernels: {
+      // Each kernel parameter is a pointer, or for a result with a BF16 copy two (F32Bf16Out).
       std::vector<void *> pointers;
+      std::vector<size_t> params; // where each parameter starts in `pointers`
+      auto add = [&](void *p) {
+        params.push_back(pointers.size());
+        pointers.push_back(p);
+      };
       for (const Value *v : lowering.arguments)
-        pointers.push_back(buffer(v));
+        add(buffer(v));
       if (lowering.arguments.empty()) {
         for (const Value *v : op.operands())
-          pointers.push_back(buffer(v));
-        for (unsigned r = 0; r < op.numResults(); ++r)
-          pointers.push_back(buffer(op.result(r)));
+          add(buffer(v));
+        for (unsigned r = 0; r < op.numResults(); ++r) {
+          add(buffer(op.result(r)));
+          if (void *copy = shadows_.lookup(op.result(r)))
+            pointers.push_back(copy);
+        }
       }
       for (void *s : scratch_[i])
-        pointers.push_back(s);
+        add(s);
       for (void *s : persistent_[i])
-        pointers.push_back(s);
+        add(s);
       std::vector<void *> args;
-      for (void *&p : pointers)
-        args.push_back(&p);
+      for (size_t p : params)
+        args.push_back(&pointers[p]);
       for (size_t l = 0; l < lowering.launches.size(); ++l) {
         const KernelLaunch &launch = lowering.launches[l];
         CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),

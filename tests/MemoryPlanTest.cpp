@@ -65,6 +65,23 @@ void checkPlan(const char *model, const char *recipe) {
     if (!plan.inPlace.count(r) && !program.layout.grads.count(r)) {
       EXPECT_EQ(plan.offsets.lookup(v), plan.offsets.lookup(r)) << v->name();
     }
+  // BF16 copies: from the producer to the last BF16 GEMM reading the value (or a reshape).
+  for (auto &[v, offset] : plan.shadowOffsets) {
+    ASSERT_TRUE(program.bf16Shadowed.count(v)) << v->name();
+    size_t first = 0, last = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+        if (ops[i]->result(r) == v)
+          first = last = i;
+      if (program.lowering[i].kind == OpLowering::Gemm)
+        for (unsigned k = 0; k < 2; ++k)
+          if (reshapeRoot(ops[i]->operand(k)) == v)
+            last = std::max(last, i);
+    }
+    EXPECT_GT(last, first) << v->name();
+    EXPECT_LE(offset + v->type().numElements() * 2, plan.arenaBytes);
+    spans.emplace_back(offset, offset + v->type().numElements() * 2, first, last);
+  }
   for (size_t a = 0; a < spans.size(); ++a)
     for (size_t b = a + 1; b < spans.size(); ++b) {
       auto [b0, e0, f0, l0] = spans[a];
@@ -201,7 +218,7 @@ TEST(MemoryPlan, ParametersGradientsAndMomentsContiguousAtTheSameOffsets) {
   checkLayout("models/seed.yaml", "bf16");
 }
 
-TEST(MemoryPlan, ValuesOnlyBf16GemmsReadAreStoredInBf16) {
+TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
   // Under bf16, the normed residual stream, q, k, v and the attention's context are read
   // by BF16 GEMMs only (forward and backward): they are stored in BF16, no GEMM converts them,
   // and the arena shrinks. Values anything else reads (the probabilities, which the softmax
@@ -232,21 +249,38 @@ TEST(MemoryPlan, ValuesOnlyBf16GemmsReadAreStoredInBf16) {
   EXPECT_EQ(stored, 34); // 6 of each of the 4 layers, the final norm, and 9 in the backward
   for (const char *name : {"h0.ln1", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
     EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
+  // The probabilities, which the softmax gradient reads too, keep fp32 and get a BF16 copy;
+  // so do gradients whose bias sum reads them.
   EXPECT_FALSE(program.bf16Stored.count(graph->lookup("h0.attn.probs")));
-  for (size_t i = 0; i < ops.size(); ++i) // no GEMM keeps a copy of a stored operand
+  EXPECT_TRUE(program.bf16Shadowed.count(graph->lookup("h0.attn.probs")));
+  for (const Value *v : program.bf16Shadowed) {
+    int gemms = 0, others = 0;
+    for (const Op *user : v->users())
+      ++(user->attrs().getString("gemm_dtype") == "bf16" && (user->operand(0) == v || user->operand(1) == v)
+             ? gemms
+             : others);
+    if (v->def()->kind() != OpKind::Reshape && !llvm::any_of(v->users(), [](const Op *u) { return u->kind() == OpKind::Reshape; })) {
+      EXPECT_GT(gemms, 0) << v->name();
+      EXPECT_GT(others, 0) << v->name();
+    }
+  }
+  EXPECT_GE(program.bf16Shadowed.size(), 4u * 5); // per layer: probs and four gradients
+  for (size_t i = 0; i < ops.size(); ++i) // no GEMM converts such an operand
     if (program.lowering[i].kind == OpLowering::Gemm && isBf16GemmForTest(*ops[i]))
       for (unsigned k = 0; k < 2; ++k)
-        if (program.bf16Stored.count(ops[i]->operand(k))) {
+        if (program.bf16Stored.count(ops[i]->operand(k)) || program.bf16Shadowed.count(ops[i]->operand(k))) {
           EXPECT_EQ(opLocalBytes(*ops[i], program, i)[program.lowering[i].scratchFloats.size() + k], 0);
         }
   LoweringOptions converting;
   converting.storeBf16 = false;
   CudaProgram fp32Stored = unwrap(lowerToCuda(*graph, converting));
   EXPECT_TRUE(fp32Stored.bf16Stored.empty());
+  EXPECT_TRUE(fp32Stored.bf16Shadowed.empty());
   EXPECT_LT(planMemory(*graph, program).arenaBytes, planMemory(*graph, fp32Stored).arenaBytes);
   // Under fp32 nothing is.
   auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
   EXPECT_TRUE(plainProgram.bf16Stored.empty());
+  EXPECT_TRUE(plainProgram.bf16Shadowed.empty());
 }
 
 TEST(MemoryPlan, AdamWUngroupedWhenOneUpdateIsNotInPlace) {

@@ -319,6 +319,10 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
         llvm::errs() << fmt::format("// {} values stored in BF16, as only BF16 GEMMs read them "
                                     "({:.1f} MiB, half their fp32 size)\n",
                                     bf16Values, mib(bf16Bytes));
+      if (!plan.shadowOffsets.empty())
+        llvm::errs() << fmt::format("// {} values with a BF16 copy their producer writes for the "
+                                    "BF16 GEMMs that read them\n",
+                                    plan.shadowOffsets.size());
       if (!plan.inPlace.empty())
         llvm::errs() << fmt::format("// {} values written into the state they are assigned to "
                                     "({:.1f} MiB neither in the arena nor copied)\n",
