@@ -319,6 +319,17 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
         llvm::errs() << fmt::format("// {} values stored in BF16, as only BF16 GEMMs read them "
                                     "({:.1f} MiB, half their fp32 size)\n",
                                     bf16Values, mib(bf16Bytes));
+      std::vector<std::string> converted; // BF16 GEMM operands a conversion kernel rounds
+      std::vector<Op *> loweredOps = (*graph)->ops();
+      for (size_t i = 0; i < loweredOps.size(); ++i)
+        if (lowered->lowering[i].kind == OpLowering::Gemm &&
+            loweredOps[i]->attrs().getString("gemm_dtype") == "bf16")
+          for (unsigned k = 0; k < 2; ++k)
+            if (!bf16Ready(*lowered, loweredOps[i]->operand(k)))
+              converted.push_back("%" + loweredOps[i]->operand(k)->name());
+      if (!converted.empty())
+        llvm::errs() << fmt::format("// {} BF16 GEMM operands converted at the GEMM: {}\n",
+                                    converted.size(), fmt::join(converted, ", "));
       if (!plan.shadowOffsets.empty())
         llvm::errs() << fmt::format("// {} values with a BF16 copy their producer writes for the "
                                     "BF16 GEMMs that read them\n",
