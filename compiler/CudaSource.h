@@ -30,7 +30,7 @@ struct OpLowering {
     Alias,   // the result is the operand's memory (reshape)
     Leaf,    // bound by the executor
     Assign,  // a copy when the step ends
-    Grouped, // run by another op's launches (one flat launch for many AdamW ops)
+    Grouped, // run by another op's launches (the grouped optimizer, OptimizerGroups.cpp)
   } kind = Kernels;
   std::vector<KernelLaunch> launches;
   // When not empty, the launches take these values' buffers instead of the op's operands and

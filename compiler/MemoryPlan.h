@@ -28,8 +28,8 @@ struct MemoryPlan {
   llvm::DenseMap<const Value *, const Value *> inPlace;
   int64_t inPlaceBytes = 0; // what those values would take in the arena
   /// Per op: its scratch buffers (OpLowering::scratchFloats), then for a BF16 GEMM the BF16
-  /// copies of its operands that are not BF16 already (weights, stored values). They live only
-  /// while the op runs.
+  /// copies of its operands that are not BF16 already (not weights, nor values their producer
+  /// writes in BF16). They live only while the op runs.
   std::vector<std::vector<int64_t>> opLocalOffsets;
   int64_t arenaBytes = 0;
   int64_t withoutReuseBytes = 0; // what one buffer per value would take
