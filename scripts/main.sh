@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: install what is missing, build, train the seed model, evaluate it on held-out
 # progressions and generate from it. TGC_STEPS overrides the model file's step count (the CPU
-# interpreter takes about 18 s per seed step on two cores).
+# interpreter takes about 14 s per seed step on two cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

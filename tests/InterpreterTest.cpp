@@ -8,6 +8,7 @@
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 using namespace tgc;
@@ -64,6 +65,40 @@ TEST(Interpreter, MatMulAllTransposesAndBatchings) {
               EXPECT_NEAR(out[0].data[(n * M + i) * N + j], want, 1e-5 * (1 + std::abs(want)));
             }
       }
+}
+
+/// The CPU GEMM's arithmetic for one output, as CpuKernels.cpp documents it: 32 partial sums
+/// (products added in fp32, no FMA), combined pairwise in a fixed order.
+float dotOf32Lanes(const std::vector<float> &a, const std::vector<float> &b) {
+  float acc[32] = {};
+  for (size_t i = 0; i < a.size(); ++i)
+    acc[i % 32] += a[i] * b[i];
+  for (int width = 16; width > 0; width /= 2)
+    for (int j = 0; j < width; ++j)
+      acc[j] += acc[j + width];
+  return acc[0];
+}
+
+TEST(Interpreter, MatMulOutputsAreTheDocumentedDotProductBitForBit) {
+  // Whatever the kernel (one output at a time, four at a time, either SIMD clone, any thread
+  // count), every output is the same function of its row and column: the CPU reference's bits
+  // do not depend on how the GEMM is blocked. K = 300 has a tail after the 32-lane blocks; N = 70
+  // leaves outputs that the four-at-a-time kernel does not cover.
+  Rng rng(freshSeed());
+  const int64_t M = 37, K = 300, N = 70;
+  Tensor a = randomTensor(TensorType(DType::F32, {M, K}), rng);
+  Tensor b = randomTensor(TensorType(DType::F32, {N, K}), rng);
+  auto out = runText("graph @g\n%a = input() : f32[37,300]\n%b = input() : f32[70,300]\n"
+                     "%c = matmul(%a, %b) {transpose_b=true} : f32[37,70]\nreturn %c\n",
+                     {{"a", a}, {"b", b}});
+  ASSERT_EQ(out.size(), 1u);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      std::vector<float> row(a.data.begin() + i * K, a.data.begin() + (i + 1) * K);
+      std::vector<float> column(b.data.begin() + j * K, b.data.begin() + (j + 1) * K);
+      float want = dotOf32Lanes(row, column), got = out[0].data[i * N + j];
+      ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "output " << i << ", " << j << ": " << got << " against " << want;
+    }
 }
 
 TEST(Interpreter, TransposeMatchesIndexFormula) {
