@@ -181,9 +181,6 @@ public:
     std::string n = fmt::format("k{}_{}", index_, op_.name().str());
     return launch ? n + "_" + std::to_string(launch) : n;
   }
-  std::string header(unsigned launch, const std::string &params) const {
-    return headerWithTypes(launch, bf16Params(params));
-  }
   /// `params` with the results stored in BF16 (after the operands, in order) as Bf16Out, and
   /// those with a BF16 copy as F32Bf16Out.
   std::string bf16Params(const std::string &params) const {
@@ -204,10 +201,12 @@ public:
     }
     return typed;
   }
-  std::string headerWithTypes(unsigned launch, const std::string &params) const {
+  /// The comment naming the op, and the signature with `params` (typed by bf16Params).
+  std::string header(unsigned launch, const std::string &params) const {
     std::string comment = "// " + (op_.numResults() ? "%" + op_.result()->name() + " = " : "") +
                           op_.name().str();
-    return fmt::format("{}\nextern \"C\" __global__ void {}({}) {{\n", comment, name(launch), params);
+    return fmt::format("{}\nextern \"C\" __global__ void {}({}) {{\n", comment, name(launch),
+                       bf16Params(params));
   }
   /// An elementwise kernel over `count` elements with `body` using index i.
   void elementwise(const std::string &params, int64_t count, const std::string &body) {
@@ -848,12 +847,6 @@ llvm::Error emit(const Op &op, Emitter &e) {
   default:
     return unsupported(op);
   }
-}
-
-bool isBf16Gemm(const Op &op) {
-  return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
-          op.kind() == OpKind::MatMulBiasGelu) &&
-         op.attrs().getString("gemm_dtype") == "bf16";
 }
 
 /// Who reads `v`, directly or through reshapes: BF16 GEMMs as their A or B operand, and the

@@ -22,6 +22,12 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
   return program.bf16Stored.count(v) ? v->type().numElements() * 2 : deviceBytesOf(v->type());
 }
 
+bool isBf16Gemm(const Op &op) {
+  return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
+          op.kind() == OpKind::MatMulBiasGelu) &&
+         op.attrs().getString("gemm_dtype") == "bf16";
+}
+
 const Value *reshapeRoot(const Value *v) {
   while (v->def() && v->def()->kind() == OpKind::Reshape)
     v = v->def()->operand(0);
@@ -41,7 +47,7 @@ std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size
   std::vector<int64_t> bytes;
   for (int64_t floats : lowering.scratchFloats)
     bytes.push_back(floats * 4);
-  if (lowering.kind == OpLowering::Gemm && op.attrs().getString("gemm_dtype") == "bf16")
+  if (lowering.kind == OpLowering::Gemm && isBf16Gemm(op))
     for (unsigned i = 0; i < 2; ++i)
       bytes.push_back(bf16Ready(program, op.operand(i)) ? 0 : op.operand(i)->type().numElements() * 2);
   return bytes;
@@ -175,7 +181,6 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
 
 MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   MemoryPlan plan;
-  plan.inPlace = program.inPlace;
   const ParameterLayout &layout = program.layout;
   plan.persistentBytes = layout.paramBytes + layout.gradBytes + layout.stateBytes;
   std::vector<Op *> ops = graph.ops();
@@ -198,7 +203,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
           plan.persistentBytes += aligned(deviceBytesOf(v->type()));
         continue;
       }
-      if (plan.inPlace.count(v)) { // in its leaf's buffer, as are its aliases
+      if (program.inPlace.count(v)) { // in its leaf's buffer, as are its aliases
         plan.inPlaceBytes += aligned(deviceBytesOf(v->type()));
         continue;
       }

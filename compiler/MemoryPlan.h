@@ -23,10 +23,9 @@ struct MemoryPlan {
   /// The BF16 copies of CudaProgram::bf16Shadowed values (keyed by the value, not its
   /// reshapes): bytes into the arena, alive from the producer to the last BF16 GEMM reading it.
   llvm::DenseMap<const Value *, int64_t> shadowOffsets;
-  /// Values written in place: each takes the buffer of the leaf it is assigned to (no arena
-  /// bytes, no copy when the step ends), and so do its aliases.
-  llvm::DenseMap<const Value *, const Value *> inPlace;
-  int64_t inPlaceBytes = 0; // what those values would take in the arena
+  /// What CudaProgram::inPlace's values, written into the leaf they are assigned to (and so
+  /// are their aliases), would take in the arena.
+  int64_t inPlaceBytes = 0;
   /// Per op: its scratch buffers (OpLowering::scratchFloats), then for a BF16 GEMM the BF16
   /// copies of its operands that are not BF16 already (not weights, nor values their producer
   /// writes in BF16). They live only while the op runs.
@@ -36,6 +35,8 @@ struct MemoryPlan {
   int64_t persistentBytes = 0;   // parameters, gradients, state, inputs, ops' persistent buffers
 };
 
+/// Whether `op` is a GEMM (matmul, matmul_bias, matmul_bias_gelu) on BF16 operands.
+bool isBf16Gemm(const Op &op);
 /// Whether `v` is a parameter (or a reshape of one): the executor keeps a BF16 copy of the
 /// parameter buffer for the BF16 GEMMs, written once a step.
 bool isWeight(const CudaProgram &program, const Value *v);

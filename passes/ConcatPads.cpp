@@ -21,7 +21,9 @@ public:
   std::optional<FusionMatch> match(const Graph &graph, Op *root) const override {
     if (root->kind() != OpKind::Add || root->operand(0)->type() != root->operand(1)->type())
       return std::nullopt;
-    // The leaves of the tree of adds under root, each read by its add only.
+    // The leaves of the tree of adds under root, each read by its add only. The pattern lists
+    // each op after the one reading it; reversed, each comes before its reader and root last,
+    // which is the order applyReplacement inserts and erases by.
     FusionMatch m;
     llvm::SmallVector<Op *, 8> pads;
     llvm::SmallVector<Op *, 8> pending{root};
@@ -33,8 +35,10 @@ public:
           return std::nullopt;
         if (Op *inner = definedBy(v, OpKind::Add); inner && v->type() == root->result()->type())
           pending.push_back(inner);
-        else if (Op *pad = definedBy(v, OpKind::Pad))
+        else if (Op *pad = definedBy(v, OpKind::Pad)) {
           pads.push_back(pad);
+          m.pattern.push_back(pad);
+        }
         else
           return std::nullopt;
       }
@@ -50,16 +54,13 @@ public:
         return std::nullopt;
       covered += pad->operand(0)->type().shape[axis];
       m.replacement.operands.push_back(pad->operand(0));
-      m.pattern.push_back(pad);
     }
     if (covered != root->result()->type().shape[axis])
       return std::nullopt;
     m.replacement.kind = OpKind::Concat;
     m.replacement.attrs.set("axis", axis);
     m.replacement.replaces = {root->result()};
-    std::vector<Op *> order = graph.ops();
-    auto position = [&](Op *op) { return std::find(order.begin(), order.end(), op) - order.begin(); };
-    std::sort(m.pattern.begin(), m.pattern.end(), [&](Op *a, Op *b) { return position(a) < position(b); });
+    std::reverse(m.pattern.begin(), m.pattern.end());
     return m;
   }
 };

@@ -93,47 +93,44 @@ void packMatrix(const float *src, int64_t r, int64_t c, bool transpose, std::vec
   });
 }
 
-/// Dot product with 32 partial sums (four vectors of eight, so that the adds of one vector
-/// do not wait on each other), always combined in the same order. The partial sums fix the
-/// arithmetic, so the AVX2 clone and the SSE2 default give identical bits; there is no FMA
-/// contraction (ISO C++ mode).
-__attribute__((target_clones("avx2", "default")))
-float dot(const float *a, const float *b, int64_t n) {
+/// Dot products of a with the rows b + r * stride, r < Rows, each with 32 partial sums (four
+/// vectors of eight, so that the adds of one vector do not wait on each other) combined in the
+/// same order: one output's bits do not depend on how many are computed together. The clones
+/// below are AVX2 and the SSE2 default, neither of which has FMA, so no multiply-add is
+/// contracted and both give identical bits; an AVX-512 clone would contract them (the GEMM
+/// test checks this).
+template <int Rows>
+inline __attribute__((always_inline)) void dotRows(const float *a, const float *b, int64_t stride,
+                                                   int64_t n, float *out) {
   constexpr int kLanes = 32;
-  float acc[kLanes] = {};
+  float acc[Rows][kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j)
-      acc[j] += a[i + j] * b[i + j];
-  for (; i < n; ++i)
-    acc[i % kLanes] += a[i] * b[i];
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int j = 0; j < width; ++j)
-      acc[j] += acc[j + width];
-  return acc[0];
-}
-
-/// dot(a, b_r) for the four rows b_r = b + r * stride, each with dot's arithmetic exactly (the
-/// same 32 partial sums, combined in the same order): a is read once for four outputs. No
-/// AVX-512 clone: with it GCC contracts the multiply-adds into FMAs, which changes the bits.
-__attribute__((target_clones("avx2", "default")))
-void dot4(const float *a, const float *b, int64_t stride, int64_t n, float *out) {
-  constexpr int kLanes = 32, kRows = 4;
-  float acc[kRows][kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < Rows; ++r)
       for (int j = 0; j < kLanes; ++j)
         acc[r][j] += a[i + j] * b[r * stride + i + j];
   for (; i < n; ++i)
-    for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < Rows; ++r)
       acc[r][i % kLanes] += a[i] * b[r * stride + i];
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < Rows; ++r) {
     for (int width = kLanes / 2; width > 0; width /= 2)
       for (int j = 0; j < width; ++j)
         acc[r][j] += acc[r][j + width];
     out[r] = acc[r][0];
   }
+}
+
+__attribute__((target_clones("avx2", "default")))
+float dot(const float *a, const float *b, int64_t n) {
+  float out;
+  dotRows<1>(a, b, 0, n, &out);
+  return out;
+}
+
+/// Four outputs at once: a is read once for four rows of b.
+__attribute__((target_clones("avx2", "default")))
+void dot4(const float *a, const float *b, int64_t stride, int64_t n, float *out) {
+  dotRows<4>(a, b, stride, n, out);
 }
 
 llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {

@@ -249,7 +249,7 @@ llvm::Error CudaExecutor::initialize() {
         CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
         owned_.push_back(p);
         buffers_[v] = p;
-      } else if (const Value *leaf = plan.inPlace.lookup(v)) {
+      } else if (const Value *leaf = program_.inPlace.lookup(v)) {
         buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
         inPlace_.insert(v);
       } else if (layout.grads.count(v)) {

@@ -51,7 +51,7 @@ void checkPlan(const char *model, const char *recipe) {
       life[root[out]].second = ops.size();
   std::vector<std::tuple<int64_t, int64_t, size_t, size_t>> spans; // begin, end, first, last
   for (auto &[v, l] : life) {
-    if (plan.inPlace.count(v) || program.layout.grads.count(v)) { // outside the arena
+    if (program.inPlace.count(v) || program.layout.grads.count(v)) { // outside the arena
       EXPECT_FALSE(plan.offsets.count(v)) << v->name();
       continue;
     }
@@ -62,7 +62,7 @@ void checkPlan(const char *model, const char *recipe) {
     spans.emplace_back(begin, end, l.first, l.second);
   }
   for (auto &[v, r] : root)
-    if (!plan.inPlace.count(r) && !program.layout.grads.count(r)) {
+    if (!program.inPlace.count(r) && !program.layout.grads.count(r)) {
       EXPECT_EQ(plan.offsets.lookup(v), plan.offsets.lookup(r)) << v->name();
     }
   // BF16 copies: from the producer to the last BF16 GEMM reading the value (or a reshape).
@@ -135,13 +135,11 @@ TEST(MemoryPlan, OptimizerAndScalingStateUpdatedInPlace) {
     ++assigns;
     OpKind producer = op->operand(1)->def()->kind();
     ASSERT_TRUE(producer == OpKind::AdamW || producer == OpKind::Fp8Update) << op->operand(1)->name();
-    EXPECT_EQ(plan.inPlace.lookup(op->operand(1)), op->operand(0)) << op->operand(1)->name();
+    EXPECT_EQ(program.inPlace.lookup(op->operand(1)), op->operand(0)) << op->operand(1)->name();
   }
   EXPECT_EQ(assigns, 183); // 29 parameters x 3, and 24 FP8 tensors x 4
-  EXPECT_EQ(int(plan.inPlace.size()), assigns);
+  EXPECT_EQ(int(program.inPlace.size()), assigns);
 }
-
-bool isBf16GemmForTest(const Op &op) { return op.attrs().getString("gemm_dtype") == "bf16"; }
 
 /// Offsets of the tensors of one buffer: each starts at a multiple of 256 bytes, inside the
 /// buffer, and no two overlap.
@@ -266,7 +264,7 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
   }
   EXPECT_GE(program.bf16Shadowed.size(), 4u * 5); // per layer: probs and four gradients
   for (size_t i = 0; i < ops.size(); ++i) // no GEMM converts such an operand
-    if (program.lowering[i].kind == OpLowering::Gemm && isBf16GemmForTest(*ops[i]))
+    if (program.lowering[i].kind == OpLowering::Gemm && isBf16Gemm(*ops[i]))
       for (unsigned k = 0; k < 2; ++k)
         if (program.bf16Stored.count(ops[i]->operand(k)) || program.bf16Shadowed.count(ops[i]->operand(k))) {
           EXPECT_EQ(opLocalBytes(*ops[i], program, i)[program.lowering[i].scratchFloats.size() + k], 0);

@@ -322,8 +322,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
       std::vector<std::string> converted; // BF16 GEMM operands a conversion kernel rounds
       std::vector<Op *> loweredOps = (*graph)->ops();
       for (size_t i = 0; i < loweredOps.size(); ++i)
-        if (lowered->lowering[i].kind == OpLowering::Gemm &&
-            loweredOps[i]->attrs().getString("gemm_dtype") == "bf16")
+        if (lowered->lowering[i].kind == OpLowering::Gemm && isBf16Gemm(*loweredOps[i]))
           for (unsigned k = 0; k < 2; ++k)
             if (!bf16Ready(*lowered, loweredOps[i]->operand(k)))
               converted.push_back("%" + loweredOps[i]->operand(k)->name());
@@ -334,10 +333,10 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
         llvm::errs() << fmt::format("// {} values with a BF16 copy their producer writes for the "
                                     "BF16 GEMMs that read them\n",
                                     plan.shadowOffsets.size());
-      if (!plan.inPlace.empty())
+      if (!lowered->inPlace.empty())
         llvm::errs() << fmt::format("// {} values written into the state they are assigned to "
                                     "({:.1f} MiB neither in the arena nor copied)\n",
-                                    plan.inPlace.size(), mib(plan.inPlaceBytes));
+                                    lowered->inPlace.size(), mib(plan.inPlaceBytes));
     } else {
       llvm::consumeError(lowered.takeError());
       llvm::errs() << "// GPU memory plan: this program has ops the GPU backend does not lower "
