@@ -201,12 +201,14 @@ public:
     }
     return typed;
   }
-  /// The comment naming the op, and the signature with `params` (typed by bf16Params).
-  std::string header(unsigned launch, const std::string &params) const {
+  /// The comment naming the op, and the signature with `params` (typed by bf16Params); blocks
+  /// of other than kThreads threads say so in launch bounds.
+  std::string header(unsigned launch, const std::string &params, int threads = kThreads) const {
     std::string comment = "// " + (op_.numResults() ? "%" + op_.result()->name() + " = " : "") +
                           op_.name().str();
-    return fmt::format("{}\nextern \"C\" __global__ void {}({}) {{\n", comment, name(launch),
-                       bf16Params(params));
+    std::string bounds = threads == kThreads ? "" : fmt::format("__launch_bounds__({}) ", threads);
+    return fmt::format("{}\nextern \"C\" __global__ void {}{}({}) {{\n", comment, bounds,
+                       name(launch), bf16Params(params));
   }
   /// An elementwise kernel over `count` elements with `body` using index i.
   void elementwise(const std::string &params, int64_t count, const std::string &body) {
@@ -219,9 +221,10 @@ public:
     lowering.launches.push_back({name(launch), rows, kThreads});
   }
   /// A launch with an explicit grid.
-  void launch(unsigned index, const std::string &params, int64_t blocks, const std::string &body) {
-    source += header(index, params) + body + "}\n\n";
-    lowering.launches.push_back({name(index), blocks, kThreads});
+  void launch(unsigned index, const std::string &params, int64_t blocks, const std::string &body,
+              int threads = kThreads) {
+    source += header(index, params, threads) + body + "}\n\n";
+    lowering.launches.push_back({name(index), blocks, threads});
   }
   void single(const std::string &params, const std::string &body) {
     source += header(0, params) + body + "}\n\n";
@@ -786,6 +789,45 @@ llvm::Error emit(const Op &op, Emitter &e) {
                          B * H, H, per, Dh, R, D, score, T));
     return llvm::Error::success();
   }
+  case OpKind::Attention:
+  case OpKind::AttentionBackward: {
+    // FlashAttention-2 (AttentionKernels.cpp): BF16 tensor cores under gemm_dtype, fp32
+    // products otherwise. The gradient takes three launches: each query's log-sum-exp and
+    // sum(dout * out) (the forward again), then dk and dv by key tiles, then dq by query tiles.
+    const TensorType &qkv = type(op.kind() == OpKind::Attention ? 0 : 1);
+    int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3, H = *a.getInt("heads"), Dh = D / H;
+    if (Dh % 16 != 0 || Dh > 256)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "error: %%%s = %s: the GPU attention kernels take head dimensions that are multiples of "
+          "16 up to 256, not %lld",
+          op.result()->name().c_str(), op.name().str().c_str(), (long long)Dh);
+    bool bf16 = a.getString("gemm_dtype") == "bf16";
+    std::string kind = bf16 ? "Bf16" : "F32", scale = lit(*a.getFloat("scale"));
+    std::string shape = fmt::format("{}, {}, {}", T, H, Dh);
+    int threads = bf16 ? 128 : 64;
+    int64_t blocks = (T + 63) / 64 * B * H;
+    if (op.kind() == OpKind::Attention) {
+      e.launch(0, "const float *qkv, float *out", blocks,
+               fmt::format("  attentionForward{}<{}, false>(qkv, out, {}, nullptr, nullptr, nullptr);\n",
+                           kind, shape, scale),
+               threads);
+      return llvm::Error::success();
+    }
+    e.lowering.scratchFloats = {B * H * T, B * H * T};
+    const char *params = "const float *dout, const float *qkv, float *dqkv, float *lse, float *delta";
+    e.launch(0, params, blocks,
+             fmt::format("  attentionForward{}<{}, true>(qkv, (float *)nullptr, {}, dout, lse, delta);\n",
+                         kind, shape, scale),
+             threads);
+    e.launch(1, params, blocks,
+             fmt::format("  attentionKeyValueGrad{}<{}>(dout, qkv, dqkv, {}, lse, delta);\n", kind, shape, scale),
+             threads);
+    e.launch(2, params, blocks,
+             fmt::format("  attentionQueryGrad{}<{}>(dout, qkv, dqkv, {}, lse, delta);\n", kind, shape, scale),
+             threads);
+    return llvm::Error::success();
+  }
   case OpKind::ResidualNorm: {
     // One block per row: the residual sum (the stream goes on) and its normalisation.
     bool layer = isLayerNorm(a);
@@ -899,6 +941,8 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
     case OpKind::Softmax:
     case OpKind::MaskedSoftmax:
     case OpKind::LayerNormBackward:
+    case OpKind::Attention:
+    case OpKind::AttentionBackward:
       break;
     default:
       continue;
@@ -1001,6 +1045,10 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   program.source = kPrelude;
   if (llvm::any_of(ops, [](const Op *op) { return op->kind() == OpKind::Quantize; }))
     program.source += kFp8Prelude;
+  if (llvm::any_of(ops, [](const Op *op) {
+        return op->kind() == OpKind::Attention || op->kind() == OpKind::AttentionBackward;
+      }))
+    program.source += kAttentionPrelude;
   for (const std::string &s : sources)
     program.source += s;
   return program;

@@ -12,6 +12,9 @@ namespace tgc {
 
 constexpr int kThreads = 256; // threads per block of every generated kernel
 
+/// The attention kernels' templates (AttentionKernels.cpp), in a program that has attention.
+extern const char *const kAttentionPrelude;
+
 /// AdamW's kernel parameters: operands, then results.
 extern const char *const kAdamWParams;
 /// The body of an AdamW kernel over `count` elements: the bias corrections once per thread,

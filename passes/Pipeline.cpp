@@ -91,7 +91,7 @@ PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
 std::vector<std::string> gpuPipeline(bool training) {
   // The fusions whose fused ops (and their gradients) the GPU backend lowers so far. Without
   // LayerNorm+Linear/MLP, residual-norm takes every residual add and the norm after it.
-  std::vector<std::string> lowered = {"fuse-softmax", "fuse-residual-norm",
+  std::vector<std::string> lowered = {"fuse-attention", "fuse-softmax", "fuse-residual-norm",
                                       "fuse-bias-activation", "fuse-bias", "fuse-cross-entropy"};
   std::vector<std::string> passes;
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())

@@ -14,6 +14,7 @@
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <fmt/format.h>
 
 using namespace tgc;
 using namespace tgc::test;
@@ -155,8 +156,12 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked) {
       // promotes the sums to fp32 (DeepSeek-V3 report, section 3.3.2): 1e-3 for FP8 GEMMs.
       // decode_attention rounds its softmax's probabilities to BF16 under gemm_dtype, from
       // scores summed in another order than the CPU's: one can land on the neighbouring BF16.
+      // The attention kernels take the softmax online (FlashAttention): under gemm_dtype they
+      // round unnormalised probabilities to BF16, where the CPU rounds normalised ones.
       bool fp8Gemm = op->kind() == OpKind::MatMul && isFp8(op->operand(0)->type().dtype);
-      bool bf16Attention = op->kind() == OpKind::DecodeAttention && op->attrs().getString("gemm_dtype") == "bf16";
+      bool attention = op->kind() == OpKind::DecodeAttention || op->kind() == OpKind::Attention ||
+                       op->kind() == OpKind::AttentionBackward;
+      bool bf16Attention = attention && op->attrs().getString("gemm_dtype") == "bf16";
       double bound = bf16Attention ? 1e-2 : fp8Gemm ? 1e-3 : 1e-5;
       EXPECT_LE(worst, bound * scale + 1e-6) << "result " << r << ": max difference " << worst
                                              << " at scale " << scale;
@@ -186,6 +191,61 @@ TEST_P(GpuKernels, EveryOpOfTheTinyDecodeStepMatchesTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuKernels, testing::Values("fp32", "bf16", "fp8"));
+
+/// attention and its gradient at shapes the tiny model does not have: several 64-row tiles, a
+/// last tile cut short, head dimensions from 16 to 128; on tensor cores (BF16) and in fp32.
+TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t B, T, H, Dh;
+  };
+  Rng rng(freshSeed());
+  for (const char *dtype : {"bf16", "fp32"})
+    for (Shape s : {Shape{2, 128, 2, 64}, Shape{1, 200, 2, 128}, Shape{3, 96, 1, 32}, Shape{2, 64, 3, 16},
+                    Shape{1, 1, 1, 16}}) {
+      SCOPED_TRACE(fmt::format("{}: B {} T {} H {} Dh {}", dtype, s.B, s.T, s.H, s.Dh));
+      int64_t D = s.H * s.Dh;
+      Graph graph("attention");
+      Builder b(graph);
+      Value *qkv = b.input("qkv", TensorType(DType::F32, {s.B, s.T, 3 * D}));
+      Value *dout = b.input("dout", TensorType(DType::F32, {s.B, s.T, D}));
+      AttrMap attrs;
+      attrs.set("heads", s.H);
+      attrs.set("scale", 1.0 / std::sqrt(double(s.Dh)));
+      if (std::string(dtype) == "bf16")
+        attrs.set("gemm_dtype", std::string("bf16"));
+      graph.addOutput(b.create(OpKind::Attention, {qkv}, attrs, "out"));
+      graph.addOutput(b.create(OpKind::AttentionBackward, {dout, qkv}, attrs, "dqkv"));
+      ASSERT_FALSE(bool(b.takeError()));
+      std::map<std::string, Tensor> inputs;
+      for (const char *name : {"qkv", "dout"}) {
+        Tensor t = Tensor::zeros(graph.lookup(name)->type());
+        for (float &v : t.data)
+          v = float(rng.normal() * 2); // scores up to about 30: peaked softmax rows too
+        inputs[name] = std::move(t);
+      }
+      Interpreter cpu(graph);
+      ASSERT_FALSE(bool(cpu.bindAll(inputs)));
+      auto want = unwrap(cpu.run());
+      CudaOptions options;
+      options.poisonResults = true;
+      auto gpu = unwrap(createCudaExecutor(graph, options));
+      ASSERT_TRUE(gpu);
+      ASSERT_FALSE(bool(gpu->bindAll(inputs)));
+      auto got = unwrap(gpu->run());
+      ASSERT_EQ(got.size(), 2u);
+      for (size_t r = 0; r < 2; ++r) {
+        double scale = 0, worst = 0;
+        for (size_t i = 0; i < want[r].data.size(); ++i) {
+          ASSERT_FALSE(std::isnan(got[r].data[i])) << "result " << r << " element " << i << " unwritten or NaN";
+          scale = std::max(scale, double(std::fabs(want[r].data[i])));
+          worst = std::max(worst, double(std::fabs(got[r].data[i] - want[r].data[i])));
+        }
+        double bound = std::string(dtype) == "bf16" ? 1e-2 : 1e-5;
+        EXPECT_LE(worst, bound * scale) << "result " << r << ": max difference " << worst << " at scale " << scale;
+      }
+    }
+}
 
 TEST(GpuGeneration, DecodeStepsFollowTheCpuThroughTheWholeCache) {
   SKIP_WITHOUT_GPU();
