@@ -32,8 +32,15 @@ __device__ __forceinline__ float quadSum(float x) {
 // probabilities go from one product to the next without leaving registers. Rows of the shared
 // tiles are padded by 8 elements, which spreads a fragment's reads over all 32 banks.
 
+// (cvt.rn rounds to nearest even as roundBf16 does, NaN to 0x7FFF too, in one instruction.)
 __device__ __forceinline__ unsigned packBf16(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+  unsigned packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+#else
   return (__float_as_uint(roundBf16(lo)) >> 16) | (__float_as_uint(roundBf16(hi)) & 0xffff0000u);
+#endif
 }
 
 // d += a * b: a the A fragment, (b0, b1) the B fragment.
@@ -75,7 +82,9 @@ __device__ __forceinline__ unsigned columnPair(const unsigned short (*tile)[DH +
 template <int T, int DH>
 __device__ void loadBf16Rows(unsigned (*a)[4], const float *src, int64 stride, int row0) {
   int c = 2 * (threadIdx.x % 4);
+#pragma unroll
   for (int kk = 0; kk < DH / 16; ++kk)
+#pragma unroll
     for (int half = 0; half < 2; ++half) {
       int row = row0 + 8 * half, d = kk * 16 + c;
       float2 lo = row < T ? *(const float2 *)(src + row * stride + d) : make_float2(0, 0);
@@ -85,24 +94,28 @@ __device__ void loadBf16Rows(unsigned (*a)[4], const float *src, int64 stride, i
     }
 }
 
-// s = (16 rows of a) x (64 rows of tile)^T: 8 C fragments over the tile's rows.
-template <int DH>
+// s = (16 rows of a) x (8 * NJ rows of tile)^T: NJ C fragments over the tile's rows.
+template <int DH, int NJ = 8>
 __device__ __forceinline__ void scoresBf16(float (*s)[4], const unsigned (*a)[4], const unsigned short (*tile)[DH + 8]) {
   int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
-  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
     for (int kk = 0; kk < DH / 16; ++kk)
       mmaBf16(s[j], a[kk], rowPair<DH>(tile, j * 8 + g, kk * 16 + c), rowPair<DH>(tile, j * 8 + g, kk * 16 + 8 + c));
   }
 }
 
-// acc += p x tile: p 16 x 64 (8 C fragments, rounded to BF16 here), tile 64 x DH.
-template <int DH>
+// acc += p x tile: p 16 x (8 * NJ) (NJ C fragments, rounded to BF16 here), tile (8 * NJ) x DH.
+template <int DH, int NJ = 8>
 __device__ __forceinline__ void accumulateBf16(float (*acc)[4], const float (*p)[4], const unsigned short (*tile)[DH + 8]) {
   int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
-  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+  for (int kk = 0; kk < NJ / 2; ++kk) {
     unsigned a[4] = {packBf16(p[2 * kk][0], p[2 * kk][1]), packBf16(p[2 * kk][2], p[2 * kk][3]),
                      packBf16(p[2 * kk + 1][0], p[2 * kk + 1][1]), packBf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
     for (int n = 0; n < DH / 8; ++n)
       mmaBf16(acc[n], a, columnPair<DH>(tile, kk * 16 + c, n * 8 + g), columnPair<DH>(tile, kk * 16 + 8 + c, n * 8 + g));
   }
@@ -131,7 +144,9 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
     float s[8][4];
     scoresBf16<DH>(s, qa, ks);
     float max0 = m0, max1 = m1;
+#pragma unroll
     for (int j = 0; j < 8; ++j)
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         int key = kt * kAttentionRows + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
         float x = key <= row && key < T ? s[j][e] * scale : __int_as_float(0xff800000);
@@ -145,7 +160,9 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
     m0 = max0;
     m1 = max1;
     float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
     for (int j = 0; j < 8; ++j)
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = expf(s[j][e] - (e < 2 ? m0 : m1));
         s[j][e] = p;
@@ -153,6 +170,7 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
       }
     l0 = l0 * alpha0 + sum0;
     l1 = l1 * alpha1 + sum1;
+#pragma unroll
     for (int n = 0; n < DH / 8; ++n) {
       o[n][0] *= alpha0; o[n][1] *= alpha0;
       o[n][2] *= alpha1; o[n][3] *= alpha1;
@@ -162,7 +180,9 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
   l0 = quadSum(l0);
   l1 = quadSum(l1);
   float dot0 = 0.0f, dot1 = 0.0f;
+#pragma unroll
   for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
     for (int e = 0; e < 4; ++e) {
       int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
       float value = o[n][e] / (e < 2 ? l0 : l1);
@@ -211,20 +231,28 @@ __device__ void attentionKeyValueGradBf16(const float *dout, const float *qkv, O
       deltas[i] = row < T ? delta[(int64)bh * T + row] : 0.0f;
     }
     __syncthreads();
-    float p[8][4], dp[8][4];
-    scoresBf16<DH>(p, ka, qs);  // s^T: keys x queries
-    scoresBf16<DH>(dp, va, dos); // dp^T = v dout^T
-    for (int j = 0; j < 8; ++j)
-      for (int e = 0; e < 4; ++e) {
-        int i = j * 8 + c + (e & 1), query = qt * kAttentionRows + i, key = e < 2 ? key0 : key1;
-        float prob = key <= query && query < T ? expf(p[j][e] * scale - lses[i]) : 0.0f;
-        p[j][e] = prob;
-        dp[j][e] = prob * (dp[j][e] - deltas[i]) * scale; // ds^T
-      }
-    accumulateBf16<DH>(dv, p, dos);
-    accumulateBf16<DH>(dk, dp, qs);
+    // 32 queries at a time: fewer registers live next to dk and dv.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float p[4][4], dp[4][4];
+      scoresBf16<DH, 4>(p, ka, qs + 32 * half);   // s^T: keys x queries
+      scoresBf16<DH, 4>(dp, va, dos + 32 * half); // dp^T = v dout^T
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int i = 32 * half + j * 8 + c + (e & 1), query = qt * kAttentionRows + i, key = e < 2 ? key0 : key1;
+          float prob = key <= query && query < T ? expf(p[j][e] * scale - lses[i]) : 0.0f;
+          p[j][e] = prob;
+          dp[j][e] = prob * (dp[j][e] - deltas[i]) * scale; // ds^T
+        }
+      accumulateBf16<DH, 4>(dv, p, dos + 32 * half);
+      accumulateBf16<DH, 4>(dk, dp, qs + 32 * half);
+    }
   }
+#pragma unroll
   for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
     for (int e = 0; e < 4; ++e) {
       int key = e < 2 ? key0 : key1, d = n * 8 + c + (e & 1);
       if (key >= T)
@@ -259,7 +287,9 @@ __device__ void attentionQueryGradBf16(const float *dout, const float *qkv, Out 
     float ds[8][4], dp[8][4];
     scoresBf16<DH>(ds, qa, ks);
     scoresBf16<DH>(dp, da, vs);
+#pragma unroll
     for (int j = 0; j < 8; ++j)
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         int key = kt * kAttentionRows + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
         float prob = key <= row && key < T ? expf(ds[j][e] * scale - (e < 2 ? lse0 : lse1)) : 0.0f;
@@ -267,7 +297,9 @@ __device__ void attentionQueryGradBf16(const float *dout, const float *qkv, Out 
       }
     accumulateBf16<DH>(dq, ds, ks);
   }
+#pragma unroll
   for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
     for (int e = 0; e < 4; ++e) {
       int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
       if (row < T)

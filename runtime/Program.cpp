@@ -49,7 +49,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   if (device == Device::Cuda)
     if (auto err = checkGpuRecipe(program.precision.recipe, computeCapability()))
       return std::move(err);
-  std::vector<std::string> passes = device == Device::Cuda ? gpuPipeline(training)
+  std::vector<std::string> passes = device == Device::Cuda ? gpuPipeline(training, program.precision.recipe)
                                     : training            ? trainingPipeline()
                                                           : forwardPipeline();
   auto pipeline = PassPipeline::create(passes, options);

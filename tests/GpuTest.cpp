@@ -40,7 +40,7 @@ std::unique_ptr<Graph> tinyGpuProgram(const std::string &recipe, GPTOutput outpu
   options.passOptions.precision = c.precision; // fp8_min_dim 16: every linear layer but the head FP8
   options.passOptions.precision.recipe = recipe;
   bool training = output == GPTOutput::Loss;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training, recipe), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   return graph;
 }

@@ -20,7 +20,7 @@ void checkPlan(const char *model, const char *recipe) {
   PipelineOptions options;
   options.passOptions.train = c.train;
   options.passOptions.precision.recipe = recipe;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, recipe), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
   MemoryPlan plan = planMemory(*graph, program);
@@ -123,7 +123,7 @@ std::pair<std::unique_ptr<Graph>, CudaProgram> gpuTrainingProgram(const char *mo
   options.passOptions.train = c.train;
   options.passOptions.precision = c.precision;
   options.passOptions.precision.recipe = recipe;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, recipe), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
   return {std::move(graph), std::move(program)};
@@ -354,7 +354,7 @@ TEST(MemoryPlan, KvCacheWrittenInPlace) {
   auto graph = unwrap(buildGPT(c, 2, GPTOutput::Decode));
   ASSERT_TRUE(graph);
   PipelineOptions options;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false, "fp32"), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
   auto inPlace = inPlaceValues(*graph, program);

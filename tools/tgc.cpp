@@ -279,7 +279,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.passOptions.precision = resolveRecipeForCpu(config.precision);
   bool gpu = !EmitCuda.empty() || !Arch.empty();
   std::vector<std::string> passes =
-      gpu ? gpuPipeline(training) : training ? trainingPipeline() : forwardPipeline();
+      gpu ? gpuPipeline(training, options.passOptions.precision.recipe) : training ? trainingPipeline() : forwardPipeline();
   if (Passes.getNumOccurrences())
     passes = explicitPasses();
   auto pipeline = PassPipeline::create(passes, options);
