@@ -62,6 +62,8 @@ struct ModelConfig {
   TrainConfig train;
   DataConfig data;
   PrecisionConfig precision;
+  /// Passes the compiled programs skip (tgc's --disable-pass; not part of the model file).
+  std::vector<std::string> disabledPasses;
 
   int64_t headDim() const { return dModel / heads; }
   /// Number of trainable parameters of the GPT this describes.

@@ -45,6 +45,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
+  options.disabled = config.disabledPasses;
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
   if (device == Device::Cuda)
     if (auto err = checkGpuRecipe(program.precision.recipe, computeCapability()))

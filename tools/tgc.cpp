@@ -79,7 +79,7 @@ static cl::list<std::string>
               cl::CommaSeparated, cl::sub(CompileCmd), cl::sub(OptCmd), cl::cat(Category));
 static cl::list<std::string> DisablePass("disable-pass", cl::desc("Skip the named pass"),
                                          cl::CommaSeparated, cl::sub(CompileCmd), cl::sub(RunCmd),
-                                         cl::sub(TrainCmd), cl::cat(Category));
+                                         cl::sub(TrainCmd), cl::sub(BenchCmd), cl::cat(Category));
 static cl::opt<bool> Stats("stats", cl::desc("Print op counts by kind before and after the passes"),
                            cl::sub(CompileCmd), cl::sub(OptCmd), cl::cat(Category));
 static cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model file's)"),
@@ -233,6 +233,11 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
                                    int64_t(AmaxHistoryLen)));
     p.amaxHistoryLen = AmaxHistoryLen;
   }
+  for (const std::string &name : DisablePass)
+    if (!createPass(name))
+      return flagError(fmt::format("--disable-pass: unknown pass '{}' (passes: {})", name,
+                                   fmt::join(allPassNames(), ", ")));
+  config->disabledPasses.assign(DisablePass.begin(), DisablePass.end());
   return config;
 }
 
