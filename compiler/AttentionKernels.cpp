@@ -55,15 +55,38 @@ __device__ __forceinline__ void mmaBf16(float *d, const unsigned *a, unsigned b0
 #endif
 }
 
-// Rows [first, first + 64) of one head's q, k or v (src points at the head's first element of
-// row 0; rows are `stride` floats apart) into a shared tile as BF16; rows at or past T are 0.
-template <int T, int DH>
+// Rows [first, first + 64) of one head's q, k, v or dout (src points at the head's first
+// element of row 0; rows are `stride` floats apart) into a shared tile as BF16; rows at or past
+// T are 0. The 128 threads issue BATCH float4 loads each before converting and storing any, so
+// that a tile costs a few memory latencies rather than one per element group.
+constexpr int kAttentionThreads = 128;
+template <int T, int DH, int BATCH>
 __device__ void loadBf16Tile(unsigned short (*tile)[DH + 8], const float *src, int64 stride, int first) {
-  for (int i = threadIdx.x; i < kAttentionRows * DH / 4; i += blockDim.x) {
-    int r = i / (DH / 4), d = 4 * (i % (DH / 4));
-    float4 x = first + r < T ? *(const float4 *)(src + (first + r) * stride + d) : make_float4(0, 0, 0, 0);
-    *(uint2 *)&tile[r][d] = make_uint2(packBf16(x.x, x.y), packBf16(x.z, x.w));
+  constexpr int PER = kAttentionRows * DH / 4 / kAttentionThreads; // float4 per thread
+  static_assert(PER % BATCH == 0, "the batches split a thread's loads evenly");
+#pragma unroll 1
+  for (int k0 = 0; k0 < PER; k0 += BATCH) {
+    float4 x[BATCH];
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      int i = threadIdx.x + (k0 + k) * kAttentionThreads, r = i / (DH / 4), d = 4 * (i % (DH / 4));
+      x[k] = first + r < T ? *(const float4 *)(src + (first + r) * stride + d) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      int i = threadIdx.x + (k0 + k) * kAttentionThreads, r = i / (DH / 4), d = 4 * (i % (DH / 4));
+      *(uint2 *)&tile[r][d] = make_uint2(packBf16(x[k].x, x[k].y), packBf16(x[k].z, x[k].w));
+    }
   }
+}
+// The loads in flight per thread: the largest divisor of the DH / 8 a thread loads that is at
+// most MOST (8 in the key/value gradient, whose accumulators take more registers; else 16).
+template <int DH, int MOST>
+__host__ __device__ constexpr int tileBatch() {
+  int batch = DH / 8 < MOST ? DH / 8 : MOST;
+  while ((DH / 8) % batch != 0)
+    --batch;
+  return batch;
 }
 
 // The pair (row, col), (row, col + 1) of a shared tile, as a fragment register.
@@ -138,8 +161,8 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
   float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
   for (int kt = 0; kt <= tile; ++kt) {
     __syncthreads(); // every warp is done with the previous keys
-    loadBf16Tile<T, DH>(ks, q + D, 3 * D, kt * kAttentionRows);
-    loadBf16Tile<T, DH>(vs, q + 2 * D, 3 * D, kt * kAttentionRows);
+    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(ks, q + D, 3 * D, kt * kAttentionRows);
+    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(vs, q + 2 * D, 3 * D, kt * kAttentionRows);
     __syncthreads();
     float s[8][4];
     scoresBf16<DH>(s, qa, ks);
@@ -223,8 +246,8 @@ __device__ void attentionKeyValueGradBf16(const float *dout, const float *qkv, O
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   for (int qt = tile; qt < TILES; ++qt) {
     __syncthreads();
-    loadBf16Tile<T, DH>(qs, q, 3 * D, qt * kAttentionRows);
-    loadBf16Tile<T, DH>(dos, dy, D, qt * kAttentionRows);
+    loadBf16Tile<T, DH, tileBatch<DH, 4>()>(qs, q, 3 * D, qt * kAttentionRows);
+    loadBf16Tile<T, DH, tileBatch<DH, 4>()>(dos, dy, D, qt * kAttentionRows);
     for (int i = threadIdx.x; i < kAttentionRows; i += blockDim.x) {
       int row = qt * kAttentionRows + i;
       lses[i] = row < T ? lse[(int64)bh * T + row] : 0.0f;
@@ -281,8 +304,8 @@ __device__ void attentionQueryGradBf16(const float *dout, const float *qkv, Out 
   float dq[DH / 8][4] = {};
   for (int kt = 0; kt <= tile; ++kt) {
     __syncthreads();
-    loadBf16Tile<T, DH>(ks, q + D, 3 * D, kt * kAttentionRows);
-    loadBf16Tile<T, DH>(vs, q + 2 * D, 3 * D, kt * kAttentionRows);
+    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(ks, q + D, 3 * D, kt * kAttentionRows);
+    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(vs, q + 2 * D, 3 * D, kt * kAttentionRows);
     __syncthreads();
     float ds[8][4], dp[8][4];
     scoresBf16<DH>(ds, qa, ks);
