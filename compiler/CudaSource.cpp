@@ -805,6 +805,8 @@ llvm::Error emit(const Op &op, Emitter &e) {
     bool bf16 = a.getString("gemm_dtype") == "bf16";
     std::string kind = bf16 ? "Bf16" : "F32", scale = lit(*a.getFloat("scale"));
     std::string shape = fmt::format("{}, {}, {}", T, H, Dh);
+    // The BF16 kernels are written for 128 threads (the prelude's kAttentionThreads: four warps
+    // of 16 rows); the fp32 ones take a thread per row of a 64-row tile (kAttentionRows).
     int threads = bf16 ? 128 : 64;
     int64_t blocks = (T + 63) / 64 * B * H;
     if (op.kind() == OpKind::Attention) {
