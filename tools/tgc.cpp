@@ -15,6 +15,7 @@
 #include "runtime/Fp8Scaling.h"
 #include "runtime/Generate.h"
 #include "runtime/Interpreter.h"
+#include "runtime/Program.h"
 #include "runtime/Trainer.h"
 #include "support/Files.h"
 
@@ -269,6 +270,38 @@ std::vector<std::string> explicitPasses() {
   return passes;
 }
 
+/// The compute capability --arch names (sm_90 -> 90), or 0 without --arch.
+llvm::Expected<int> archCapability() {
+  if (Arch.empty())
+    return 0;
+  llvm::StringRef digits = llvm::StringRef(Arch).drop_front(3).take_while(llvm::isDigit);
+  int cc = 0;
+  if (!llvm::StringRef(Arch).starts_with("sm_") || digits.size() < 2 || digits.getAsInteger(10, cc))
+    return flagError(fmt::format("--arch must look like sm_90, got '{}'", Arch.getValue()));
+  return cc;
+}
+
+/// The precision a compiled program gets: with --arch, what a GPU of that architecture runs
+/// (auto takes its device policy, as tgc train does there; an explicit recipe it cannot run is
+/// an error), else the CPU's (auto is fp32).
+llvm::Expected<PrecisionConfig> compileRecipe(PrecisionConfig precision) {
+  auto cc = archCapability();
+  if (!cc)
+    return cc.takeError();
+  if (*cc == 0)
+    return resolveRecipeForCpu(precision);
+  std::string best = gpuRecipeFor(*cc);
+  if (precision.recipe == "auto")
+    precision.recipe = best;
+  auto rank = [](const std::string &r) { return r == "fp8" ? 2 : r == "bf16" ? 1 : 0; };
+  if (rank(precision.recipe) > rank(best))
+    return flagError(fmt::format("--arch {}: the {} recipe needs compute capability {} or later "
+                                 "(--precision {} or lower)",
+                                 Arch.getValue(), precision.recipe,
+                                 precision.recipe == "fp8" ? "8.9" : "8.0", best));
+  return precision;
+}
+
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
@@ -281,7 +314,10 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.dumpAfter = std::move(dumpAfter);
   options.disabled = DisablePass;
   options.passOptions.train = config.train;
-  options.passOptions.precision = resolveRecipeForCpu(config.precision);
+  auto precision = compileRecipe(config.precision);
+  if (!precision)
+    return precision.takeError();
+  options.passOptions.precision = *precision;
   bool gpu = !EmitCuda.empty() || !Arch.empty();
   std::vector<std::string> passes =
       gpu ? gpuPipeline(training, options.passOptions.precision.recipe) : training ? trainingPipeline() : forwardPipeline();
@@ -388,10 +424,12 @@ int runCompile() {
     auto plain = buildGPT(*config, config->train.batch);
     if (!plain)
       return report(plain.takeError());
-    PrecisionConfig precision = resolveRecipeForCpu(config->precision);
+    auto precision = compileRecipe(config->precision);
+    if (!precision)
+      return report(precision.takeError());
     llvm::errs() << fmt::format("// precision of @{}'s linear layers (recipe {}):\n",
-                                config->name, precision.recipe);
-    for (const std::string &line : explainPrecision(**plain, precision))
+                                config->name, precision->recipe);
+    for (const std::string &line : explainPrecision(**plain, *precision))
       llvm::errs() << "//   " << line << "\n";
   }
   printGraph(**graph, llvm::outs());
