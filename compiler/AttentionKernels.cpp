@@ -59,7 +59,7 @@ __device__ __forceinline__ void mmaBf16(float *d, const unsigned *a, unsigned b0
 // element of row 0; rows are `stride` floats apart) into a shared tile as BF16; rows at or past
 // T are 0. The 128 threads issue BATCH float4 loads each before converting and storing any, so
 // that a tile costs a few memory latencies rather than one per element group.
-constexpr int kAttentionThreads = 128;
+enum { kAttentionThreads = 128 }; // (an enumerator: no warning where only the other kernels are used)
 template <int T, int DH, int BATCH>
 __device__ void loadBf16Tile(unsigned short (*tile)[DH + 8], const float *src, int64 stride, int first) {
   constexpr int PER = kAttentionRows * DH / 4 / kAttentionThreads; // float4 per thread
@@ -329,26 +329,32 @@ __device__ void attentionQueryGradBf16(const float *dout, const float *qkv, Out 
         dqkv[((int64)b * T + row) * 3 * D + h * DH + d] = dq[n][e];
     }
 }
-// ---- fp32 (no gemm_dtype): a thread per query (or key), fp32 products ----
-// Blocks of 64 threads, the other side through shared memory 32 rows at a time.
-template <int T, int DH>
-__device__ void loadF32Tile(float (*tile)[DH], const float *src, int64 stride, int first) {
+// ---- A thread per query (or key), CUDA-core products ----
+// fp32 attention (no gemm_dtype), and BF16 attention whose head dimension the tensor-core
+// kernels do not take (ROUND: the operands and the probabilities rounded to BF16 where the
+// BF16 GEMMs round them). Blocks of 64 threads, the other side through shared memory 32 rows at
+// a time.
+template <bool ROUND>
+__device__ __forceinline__ float operand(float x) { return ROUND ? roundBf16(x) : x; }
+
+template <bool ROUND, int T, int DH>
+__device__ void loadSimtTile(float (*tile)[DH], const float *src, int64 stride, int first) {
   for (int i = threadIdx.x; i < 32 * DH; i += blockDim.x) {
     int r = i / DH, d = i % DH;
-    tile[r][d] = first + r < T ? src[(first + r) * stride + d] : 0.0f;
+    tile[r][d] = first + r < T ? operand<ROUND>(src[(first + r) * stride + d]) : 0.0f;
   }
 }
 
 template <int DH>
-__device__ __forceinline__ float dotF32(const float *a, const float *b) {
+__device__ __forceinline__ float dotSimt(const float *a, const float *b) {
   float s = 0.0f;
   for (int d = 0; d < DH; ++d)
     s += a[d] * b[d];
   return s;
 }
 
-template <int T, int H, int DH, bool STATS, typename Out>
-__device__ void attentionForwardF32(const float *qkv, Out out, float scale, const float *dout, float *lse, float *delta) {
+template <bool ROUND, int T, int H, int DH, bool STATS, typename Out>
+__device__ void attentionForwardSimt(const float *qkv, Out out, float scale, const float *dout, float *lse, float *delta) {
   constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float ks[32][DH], vs[32][DH];
   const int tile = TILES - 1 - blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
@@ -356,18 +362,18 @@ __device__ void attentionForwardF32(const float *qkv, Out out, float scale, cons
   const float *q = qkv + (int64)b * T * 3 * D + h * DH;
   float qr[DH], o[DH];
   for (int d = 0; d < DH; ++d) {
-    qr[d] = row < T ? q[(int64)row * 3 * D + d] : 0.0f;
+    qr[d] = row < T ? operand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
     o[d] = 0.0f;
   }
   float m = __int_as_float(0xff800000), l = 0.0f;
   const int keys = min(T, (tile + 1) * kAttentionRows);
   for (int k0 = 0; k0 < keys; k0 += 32) {
     __syncthreads();
-    loadF32Tile<T, DH>(ks, q + D, 3 * D, k0);
-    loadF32Tile<T, DH>(vs, q + 2 * D, 3 * D, k0);
+    loadSimtTile<ROUND, T, DH>(ks, q + D, 3 * D, k0);
+    loadSimtTile<ROUND, T, DH>(vs, q + 2 * D, 3 * D, k0);
     __syncthreads();
     for (int j = 0; j < 32 && k0 + j <= row && k0 + j < T; ++j) {
-      float s = dotF32<DH>(qr, ks[j]) * scale;
+      float s = dotSimt<DH>(qr, ks[j]) * scale;
       if (s > m) {
         float alpha = expf(m - s);
         l *= alpha;
@@ -378,7 +384,7 @@ __device__ void attentionForwardF32(const float *qkv, Out out, float scale, cons
       float p = expf(s - m);
       l += p;
       for (int d = 0; d < DH; ++d)
-        o[d] += p * vs[j][d];
+        o[d] += operand<ROUND>(p) * vs[j][d];
     }
   }
   if (row >= T)
@@ -396,8 +402,8 @@ __device__ void attentionForwardF32(const float *qkv, Out out, float scale, cons
   }
 }
 
-template <int T, int H, int DH, typename Out>
-__device__ void attentionKeyValueGradF32(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
+template <bool ROUND, int T, int H, int DH, typename Out>
+__device__ void attentionKeyValueGradSimt(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
   constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float qs[32][DH], dos[32][DH], lses[32], deltas[32];
   const int tile = blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
@@ -405,14 +411,14 @@ __device__ void attentionKeyValueGradF32(const float *dout, const float *qkv, Ou
   const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
   float kr[DH], vr[DH], dk[DH], dv[DH];
   for (int d = 0; d < DH; ++d) {
-    kr[d] = key < T ? q[(int64)key * 3 * D + D + d] : 0.0f;
-    vr[d] = key < T ? q[(int64)key * 3 * D + 2 * D + d] : 0.0f;
+    kr[d] = key < T ? operand<ROUND>(q[(int64)key * 3 * D + D + d]) : 0.0f;
+    vr[d] = key < T ? operand<ROUND>(q[(int64)key * 3 * D + 2 * D + d]) : 0.0f;
     dk[d] = dv[d] = 0.0f;
   }
   for (int q0 = tile * kAttentionRows; q0 < T; q0 += 32) {
     __syncthreads();
-    loadF32Tile<T, DH>(qs, q, 3 * D, q0);
-    loadF32Tile<T, DH>(dos, dy, D, q0);
+    loadSimtTile<ROUND, T, DH>(qs, q, 3 * D, q0);
+    loadSimtTile<ROUND, T, DH>(dos, dy, D, q0);
     if (threadIdx.x < 32) {
       int row = q0 + threadIdx.x;
       lses[threadIdx.x] = row < T ? lse[(int64)bh * T + row] : 0.0f;
@@ -423,11 +429,11 @@ __device__ void attentionKeyValueGradF32(const float *dout, const float *qkv, Ou
       int query = q0 + j;
       if (query < key || query >= T)
         continue;
-      float p = expf(dotF32<DH>(kr, qs[j]) * scale - lses[j]);
-      float ds = p * (dotF32<DH>(vr, dos[j]) - deltas[j]) * scale;
+      float p = expf(dotSimt<DH>(kr, qs[j]) * scale - lses[j]);
+      float ds = p * (dotSimt<DH>(vr, dos[j]) - deltas[j]) * scale;
       for (int d = 0; d < DH; ++d) {
-        dv[d] += p * dos[j][d];
-        dk[d] += ds * qs[j][d];
+        dv[d] += operand<ROUND>(p) * dos[j][d];
+        dk[d] += operand<ROUND>(ds) * qs[j][d];
       }
     }
   }
@@ -440,8 +446,8 @@ __device__ void attentionKeyValueGradF32(const float *dout, const float *qkv, Ou
   }
 }
 
-template <int T, int H, int DH, typename Out>
-__device__ void attentionQueryGradF32(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
+template <bool ROUND, int T, int H, int DH, typename Out>
+__device__ void attentionQueryGradSimt(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
   constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float ks[32][DH], vs[32][DH];
   const int tile = TILES - 1 - blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
@@ -449,8 +455,8 @@ __device__ void attentionQueryGradF32(const float *dout, const float *qkv, Out d
   const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
   float qr[DH], dr[DH], dq[DH];
   for (int d = 0; d < DH; ++d) {
-    qr[d] = row < T ? q[(int64)row * 3 * D + d] : 0.0f;
-    dr[d] = row < T ? dy[(int64)row * D + d] : 0.0f;
+    qr[d] = row < T ? operand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
+    dr[d] = row < T ? operand<ROUND>(dy[(int64)row * D + d]) : 0.0f;
     dq[d] = 0.0f;
   }
   const float rowLse = row < T ? lse[(int64)bh * T + row] : 0.0f;
@@ -458,14 +464,14 @@ __device__ void attentionQueryGradF32(const float *dout, const float *qkv, Out d
   const int keys = min(T, (tile + 1) * kAttentionRows);
   for (int k0 = 0; k0 < keys; k0 += 32) {
     __syncthreads();
-    loadF32Tile<T, DH>(ks, q + D, 3 * D, k0);
-    loadF32Tile<T, DH>(vs, q + 2 * D, 3 * D, k0);
+    loadSimtTile<ROUND, T, DH>(ks, q + D, 3 * D, k0);
+    loadSimtTile<ROUND, T, DH>(vs, q + 2 * D, 3 * D, k0);
     __syncthreads();
     for (int j = 0; j < 32 && k0 + j <= row && k0 + j < T; ++j) {
-      float p = expf(dotF32<DH>(qr, ks[j]) * scale - rowLse);
-      float ds = p * (dotF32<DH>(dr, vs[j]) - rowDelta) * scale;
+      float p = expf(dotSimt<DH>(qr, ks[j]) * scale - rowLse);
+      float ds = p * (dotSimt<DH>(dr, vs[j]) - rowDelta) * scale;
       for (int d = 0; d < DH; ++d)
-        dq[d] += ds * ks[j][d];
+        dq[d] += operand<ROUND>(ds) * ks[j][d];
     }
   }
   if (row < T)

@@ -791,23 +791,22 @@ llvm::Error emit(const Op &op, Emitter &e) {
   }
   case OpKind::Attention:
   case OpKind::AttentionBackward: {
-    // FlashAttention-2 (AttentionKernels.cpp): BF16 tensor cores under gemm_dtype, fp32
-    // products otherwise. The gradient takes three launches: each query's log-sum-exp and
-    // sum(dout * out) (the forward again), then dk and dv by key tiles, then dq by query tiles.
+    // FlashAttention-2 (AttentionKernels.cpp): BF16 tensor cores under gemm_dtype (head
+    // dimensions that are multiples of 16 up to 256), else a thread per row (fp32, or BF16
+    // rounding at the GEMMs' places). The gradient takes three launches: each query's
+    // log-sum-exp and sum(dout * out) (the forward again), then dk and dv by key tiles, then dq
+    // by query tiles.
     const TensorType &qkv = type(op.kind() == OpKind::Attention ? 0 : 1);
     int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3, H = *a.getInt("heads"), Dh = D / H;
-    if (Dh % 16 != 0 || Dh > 256)
-      return llvm::createStringError(
-          llvm::inconvertibleErrorCode(),
-          "error: %%%s = %s: the GPU attention kernels take head dimensions that are multiples of "
-          "16 up to 256, not %lld",
-          op.result()->name().c_str(), op.name().str().c_str(), (long long)Dh);
     bool bf16 = a.getString("gemm_dtype") == "bf16";
-    std::string kind = bf16 ? "Bf16" : "F32", scale = lit(*a.getFloat("scale"));
-    std::string shape = fmt::format("{}, {}, {}", T, H, Dh);
-    // The BF16 kernels are written for 128 threads (the prelude's kAttentionThreads: four warps
-    // of 16 rows); the fp32 ones take a thread per row of a 64-row tile (kAttentionRows).
-    int threads = bf16 ? 128 : 64;
+    bool tensorCores = bf16 && Dh % 16 == 0 && Dh <= 256;
+    std::string scale = lit(*a.getFloat("scale"));
+    // The tensor-core kernels are written for 128 threads (the prelude's kAttentionThreads:
+    // four warps of 16 rows); the others take a thread per row of a 64-row tile.
+    std::string kind = tensorCores ? "Bf16" : "Simt";
+    std::string shape = tensorCores ? fmt::format("{}, {}, {}", T, H, Dh)
+                                    : fmt::format("{}, {}, {}, {}", bf16, T, H, Dh);
+    int threads = tensorCores ? 128 : 64;
     int64_t blocks = (T + 63) / 64 * B * H;
     if (op.kind() == OpKind::Attention) {
       e.launch(0, "const float *qkv, float *out", blocks,
