@@ -16,18 +16,23 @@ int computeCapability() {
 }
 } // namespace
 
+int recipeCapability(llvm::StringRef recipe) { return recipe == "fp8" ? 89 : recipe == "bf16" ? 80 : 0; }
+
 std::string gpuRecipeFor(int computeCapability) {
-  return computeCapability >= 89 ? "fp8" : computeCapability >= 80 ? "bf16" : "fp32";
+  for (const char *recipe : {"fp8", "bf16"})
+    if (computeCapability >= recipeCapability(recipe))
+      return recipe;
+  return "fp32";
 }
 
 llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability) {
-  int cc = computeCapability;
-  if ((recipe == "fp8" && cc < 89) || (recipe == "bf16" && cc < 80))
+  int cc = computeCapability, needed = recipeCapability(recipe);
+  if (cc < needed)
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),
-        fmt::format("error: the {} recipe needs a GPU of compute capability {} or later; this "
+        fmt::format("error: the {} recipe needs a GPU of compute capability {}.{} or later; this "
                     "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
-                    recipe, recipe == "fp8" ? "8.9" : "8.0", cc / 10, cc % 10));
+                    recipe, needed / 10, needed % 10, cc / 10, cc % 10));
   return llvm::Error::success();
 }
 
@@ -50,9 +55,10 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   if (device == Device::Cuda)
     if (auto err = checkGpuRecipe(program.precision.recipe, computeCapability()))
       return std::move(err);
-  std::vector<std::string> passes = device == Device::Cuda ? gpuPipeline(training, program.precision.recipe)
-                                    : training            ? trainingPipeline()
-                                                          : forwardPipeline();
+  std::vector<std::string> passes = device == Device::Cuda
+                                        ? gpuPipeline(training, program.precision.recipe)
+                                    : training ? trainingPipeline()
+                                               : forwardPipeline();
   auto pipeline = PassPipeline::create(passes, options);
   if (!pipeline)
     return pipeline.takeError();

@@ -15,8 +15,11 @@ enum class Device { Cpu, Cuda };
 /// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
 /// gpuRecipeFor its compute capability. Explicit recipes stay as they are.
 PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device);
-/// What --precision auto picks on a GPU of compute capability major*10+minor: fp8 from 8.9
-/// (FP8 tensor cores), bf16 from 8.0, fp32 below.
+/// The compute capability (major*10+minor) a recipe needs on the GPU: 89 for fp8 (FP8 tensor
+/// cores), 80 for bf16, 0 for fp32.
+int recipeCapability(llvm::StringRef recipe);
+/// What --precision auto picks on a GPU of compute capability major*10+minor: the most compact
+/// recipe it runs (fp8 from 8.9, bf16 from 8.0, fp32 below).
 std::string gpuRecipeFor(int computeCapability);
 /// An error naming what the recipe needs when a GPU of that compute capability cannot run it.
 llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability);

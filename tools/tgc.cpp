@@ -293,12 +293,10 @@ llvm::Expected<PrecisionConfig> compileRecipe(PrecisionConfig precision) {
   std::string best = gpuRecipeFor(*cc);
   if (precision.recipe == "auto")
     precision.recipe = best;
-  auto rank = [](const std::string &r) { return r == "fp8" ? 2 : r == "bf16" ? 1 : 0; };
-  if (rank(precision.recipe) > rank(best))
-    return flagError(fmt::format("--arch {}: the {} recipe needs compute capability {} or later "
+  if (int needed = recipeCapability(precision.recipe); *cc < needed)
+    return flagError(fmt::format("--arch {}: the {} recipe needs compute capability {}.{} or later "
                                  "(--precision {} or lower)",
-                                 Arch.getValue(), precision.recipe,
-                                 precision.recipe == "fp8" ? "8.9" : "8.0", best));
+                                 Arch.getValue(), precision.recipe, needed / 10, needed % 10, best));
   return precision;
 }
 
@@ -312,15 +310,16 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     return graph.takeError();
   PipelineOptions options;
   options.dumpAfter = std::move(dumpAfter);
-  options.disabled = DisablePass;
+  options.disabled = config.disabledPasses;
   options.passOptions.train = config.train;
   auto precision = compileRecipe(config.precision);
   if (!precision)
     return precision.takeError();
   options.passOptions.precision = *precision;
   bool gpu = !EmitCuda.empty() || !Arch.empty();
-  std::vector<std::string> passes =
-      gpu ? gpuPipeline(training, options.passOptions.precision.recipe) : training ? trainingPipeline() : forwardPipeline();
+  std::vector<std::string> passes = gpu        ? gpuPipeline(training, precision->recipe)
+                                    : training ? trainingPipeline()
+                                               : forwardPipeline();
   if (Passes.getNumOccurrences())
     passes = explicitPasses();
   auto pipeline = PassPipeline::create(passes, options);
