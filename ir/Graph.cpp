@@ -133,7 +133,7 @@ Op *Builder::createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap att
   std::vector<std::string> names;
   for (size_t i = 0; i < types->size(); ++i)
     names.push_back(graph_.uniqueName(i == 0 ? name : (name + "." + std::to_string(i)).str()));
-  return graph_.createOp(kind, operands, std::move(attrs), *types, names);
+  return graph_.createOp(kind, operands, std::move(attrs), *types, names, before_);
 }
 
 void Graph::sortTopologically() {

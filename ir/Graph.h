@@ -149,11 +149,14 @@ public:
   Value *state(llvm::StringRef name, TensorType type, AttrMap init);
   llvm::Error takeError();
   Graph &graph() { return graph_; }
+  /// Ops created from now on go before `op` (nullptr: at the end, the default).
+  void setInsertionPoint(Op *op) { before_ = op; }
 
 private:
   Value *leaf(OpKind kind, llvm::StringRef name, TensorType type, AttrMap attrs);
   Graph &graph_;
   std::string error_;
+  Op *before_ = nullptr;
 };
 
 } // namespace tgc

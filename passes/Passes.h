@@ -22,6 +22,7 @@ std::unique_ptr<Pass> createLegalizeFp8GemmPass();
 std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config);
 std::unique_ptr<Pass> createAutodiffPass();
 std::unique_ptr<Pass> createConcatPadsPass();
+std::unique_ptr<Pass> createExpandLayerNormFusedPass();
 std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 
 } // namespace tgc

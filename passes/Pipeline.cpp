@@ -30,6 +30,7 @@ const PassEntry kPasses[] = {
     {"fp8-update", [](const PassOptions &o) { return createFp8UpdatePass(o.precision); }},
     {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
     {"legalize-fp8-gemm", [](const PassOptions &) { return createLegalizeFp8GemmPass(); }},
+    {"expand-layernorm-fused", [](const PassOptions &) { return createExpandLayerNormFusedPass(); }},
 };
 } // namespace
 

@@ -24,10 +24,12 @@ std::vector<std::string> without(const std::vector<std::string> &all, const std:
   return rest;
 }
 
-/// The loss-and-gradients program (no optimizer) with the given fusions.
+/// The loss-and-gradients program (no optimizer) with the given fusions, and the passes
+/// `lowering` after autodiff.
 std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
                                        const std::vector<std::string> &fusions,
-                                       GPTOutput output = GPTOutput::Loss) {
+                                       GPTOutput output = GPTOutput::Loss,
+                                       const std::vector<std::string> &lowering = {}) {
   auto graph = unwrap(buildGPT(c, batch, output));
   if (!graph)
     return nullptr;
@@ -41,6 +43,7 @@ std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
       passes.push_back(f);
   if (output == GPTOutput::Loss)
     passes.push_back("autodiff");
+  passes.insert(passes.end(), lowering.begin(), lowering.end());
   passes.push_back("dce");
   PipelineOptions options;
   options.passOptions.precision = resolveRecipeForCpu(c.precision);
@@ -104,11 +107,12 @@ void expectSameOutputs(const std::map<std::string, Tensor> &fused,
 }
 
 void compareFusedWithPlain(const ModelConfig &c, int64_t batch,
-                           const std::vector<std::string> &fusions) {
+                           const std::vector<std::string> &fusions,
+                           const std::vector<std::string> &lowering = {}) {
   uint64_t seed = freshSeed();
   for (GPTOutput output : {GPTOutput::Loss, GPTOutput::Logits}) {
     auto plain = gradientProgram(c, batch, {}, output);
-    auto fused = gradientProgram(c, batch, fusions, output);
+    auto fused = gradientProgram(c, batch, fusions, output, lowering);
     ASSERT_TRUE(plain && fused);
     auto leaves = randomInputs(*plain, c, batch, seed);
     expectSameOutputs(runNamed(*fused, leaves), runNamed(*plain, leaves));
@@ -135,6 +139,43 @@ TEST(Fusion, Bf16FusedMatchesBf16Unfused) {
 
 TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
   compareFusedWithPlain(loadModel("tests/models/tiny-variants.yaml"), 3, fusionPasses());
+}
+
+// What the GPU runs: the LayerNorm fusions' ops expanded into their norm and GEMM ops (the
+// backward recomputing), the residual adds then fused into the norms.
+const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm"};
+
+TEST(Fusion, GpuExpansionOfLayerNormFusionsMatchesUnfused) {
+  compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, fusionPasses(), kGpuLowering);
+}
+
+TEST(Fusion, GpuExpansionInBf16MatchesUnfused) {
+  ModelConfig c = loadModel("models/tiny.yaml");
+  c.precision.recipe = "bf16";
+  compareFusedWithPlain(c, 2, fusionPasses(), kGpuLowering);
+}
+
+TEST(Fusion, GpuExpansionOfRMSNormSwiGLUTiedNoBiasMatchesUnfused) {
+  compareFusedWithPlain(loadModel("tests/models/tiny-variants.yaml"), 3, fusionPasses(),
+                        kGpuLowering);
+}
+
+TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
+  ModelConfig c = loadModel("tests/models/tiny-variants.yaml");
+  auto fused = gradientProgram(c, 2, fusionPasses());
+  auto expanded = gradientProgram(c, 2, fusionPasses(), GPTOutput::Loss, kGpuLowering);
+  ASSERT_TRUE(fused && expanded);
+  OpCounts before = countOps(*fused), after = countOps(*expanded);
+  EXPECT_GT(before["layer_norm_mlp"] + before["layer_norm_mlp_backward"], 0);
+  EXPECT_GT(before["layer_norm_linear"] + before["layer_norm_linear_backward"], 0);
+  for (const char *kind : {"layer_norm_linear", "layer_norm_mlp", "layer_norm_linear_backward",
+                           "layer_norm_mlp_backward"})
+    EXPECT_EQ(after[kind], 0) << kind;
+  // The backward recomputes each fused op's norm: one more norm per fused op.
+  EXPECT_EQ(after["rms_norm"] + after["residual_norm"],
+            before["rms_norm"] + before["residual_norm"] + before["layer_norm_mlp"] +
+                before["layer_norm_linear"] + before["layer_norm_mlp_backward"] +
+                before["layer_norm_linear_backward"]);
 }
 
 class FusionDisabled : public testing::TestWithParam<std::string> {};
