@@ -43,10 +43,10 @@ std::vector<std::string> fusionPasses();
 std::vector<std::string> forwardPipeline();
 /// The passes that turn it into the training program: forward, loss, backward, update.
 std::vector<std::string> trainingPipeline();
-/// What the GPU backend compiles under `recipe`: the same pipelines without the fusions whose
-/// fused ops have no CUDA lowering yet (attention, softmax, residual-norm, bias, bias+GELU and
-/// cross-entropy have one; attention is fused under bf16 and fp8 only), and with
-/// legalize-fp8-gemm.
+/// What the GPU backend compiles under `recipe`: the same pipelines (attention fused under
+/// bf16 and fp8 only), then expand-layernorm-fused (LayerNorm+Linear/MLP as the norm kernels and
+/// cuBLASLt GEMMs the GPU runs them as), fuse-residual-norm again for the norms that exposes,
+/// and legalize-fp8-gemm.
 std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe);
 
 /// Op counts by kind, in op-table order.

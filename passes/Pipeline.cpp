@@ -90,21 +90,25 @@ PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
 }
 
 std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe) {
-  // The fusions whose fused ops (and their gradients) the GPU backend lowers so far. Without
-  // LayerNorm+Linear/MLP, residual-norm takes every residual add and the norm after it.
-  // Attention is fused where its GEMMs run in BF16 (the bf16 and fp8 recipes: tensor-core
-  // kernels); in fp32 cuBLASLt's GEMMs and the softmax kernels beat the fused op's fp32 kernels
-  // (a thread per row): seed's fp32 step took 11.60 ms fused against 9.86 ms unfused.
-  std::vector<std::string> lowered = {"fuse-softmax", "fuse-residual-norm", "fuse-bias-activation",
-                                      "fuse-bias", "fuse-cross-entropy"};
+  // The fusions whose fused ops (and their gradients) the GPU backend lowers. Attention is
+  // fused where its GEMMs run in BF16 (the bf16 and fp8 recipes: tensor-core kernels); in fp32
+  // cuBLASLt's GEMMs and the softmax kernels beat the fused op's fp32 kernels (a thread per
+  // row): seed's fp32 step took 11.60 ms fused against 9.86 ms unfused.
+  std::vector<std::string> lowered = {"fuse-softmax",       "fuse-layernorm-mlp",
+                                      "fuse-layernorm-linear", "fuse-residual-norm",
+                                      "fuse-bias-activation", "fuse-bias", "fuse-cross-entropy"};
   if (recipe != "fp32")
     lowered.push_back("fuse-attention");
   std::vector<std::string> passes;
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
     if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))
       passes.push_back(p);
-  // FP8 GEMMs in cuBLASLt's TN layout; the final dce stays last.
-  passes.insert(passes.end() - 1, "legalize-fp8-gemm");
+  // Before the final dce: LayerNorm+Linear/MLP become their norm and GEMM ops (the forward's
+  // and the backward's recomputation), and each norm then takes the residual add before it
+  // (the LayerNorm fusions ran first and left those adds alone); FP8 GEMMs go into cuBLASLt's
+  // TN layout.
+  passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm",
+                                   "legalize-fp8-gemm"});
   return passes;
 }
 

@@ -223,11 +223,11 @@ TEST(MemoryPlan, ParametersGradientsAndMomentsContiguousAtTheSameOffsets) {
 }
 
 TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
-  // Under bf16, the normed residual stream, q, k, v and the attention's context are read
-  // by BF16 GEMMs only (forward and backward): they are stored in BF16, no GEMM converts them,
-  // and the arena shrinks. Values anything else reads (the probabilities, which the softmax
-  // gradient reads too; gradients whose bias sums read them) stay fp32. With attention
-  // unfused, where q, k, v and the probabilities are values of their own.
+  // Under bf16, the normed residual stream (in the forward, and recomputed in the backward), q,
+  // k, v and the attention's context are read by BF16 GEMMs only: they are stored in BF16, no
+  // GEMM converts them, and the arena shrinks. Values anything else reads (the probabilities,
+  // which the softmax gradient reads too; gradients whose bias sums read them) stay fp32. With
+  // attention unfused, where q, k, v and the probabilities are values of their own.
   auto [graph, program] = gpuTrainingProgram("models/seed.yaml", "bf16", {"fuse-attention"});
   std::vector<Op *> ops = graph->ops();
   int stored = 0;
@@ -251,8 +251,10 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
       }
     }
   }
-  EXPECT_EQ(stored, 34); // 6 of each of the 4 layers, the final norm, and 9 in the backward
-  for (const char *name : {"h0.ln1", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
+  // 6 of each of the 4 layers, the final norm, and 18 in the backward: 9 gradients, and the
+  // 9 norms the LayerNorm+Linear/MLP gradients recompute (only their GEMMs read them).
+  EXPECT_EQ(stored, 43);
+  for (const char *name : {"h0.attn.qkv.out.norm", "h0.res1.grad.recomputed.norm", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
     EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
   // The probabilities, which the softmax gradient reads too, keep fp32 and get a BF16 copy;
   // so do gradients whose bias sum reads them.
