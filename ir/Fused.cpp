@@ -12,6 +12,8 @@ FusedLayout::FusedLayout(OpKind kind, const AttrMap &attrs) {
     add(FusedSlot::Dy);
     if (kind == OpKind::LayerNormLinearBackward && attrs.getBool("return_norm").value_or(false))
       add(FusedSlot::DNorm);
+    if (mlp)
+      add(FusedSlot::Hidden);
   }
   forwardBegin_ = count_;
   add(FusedSlot::X);

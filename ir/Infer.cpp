@@ -631,7 +631,9 @@ llvm::Expected<TypeList> inferLayerNormMLP(Operands ops, const AttrMap &attrs, l
     return out.takeError();
   if (*out != x.dim(-1))
     return fail("fc2 must map back to {} features, got {}", x.dim(-1), *out);
-  return TypeList{x};
+  TensorType h = x;
+  h.shape.back() = *hidden;
+  return TypeList{x, h};
 }
 
 /// The attributes of the attention ops: gemm_dtype, scale, and heads dividing d_model.
@@ -730,7 +732,7 @@ llvm::Expected<TypeList> inferCrossEntropy(Operands ops, const AttrMap &attrs, l
   return inferNLLLoss(ops, attrs, {});
 }
 
-/// Backward ops: (dy, [dnorm], forward operands) -> gradients of the forward operands.
+/// Backward ops: (dy, [dnorm] or [h], forward operands) -> gradients of the forward operands.
 llvm::Expected<TypeList> inferFusedBackward(OpKind forwardKind, OpKind kind, Operands ops,
                                             const AttrMap &attrs) {
   FusedLayout layout(kind, attrs);
@@ -745,6 +747,8 @@ llvm::Expected<TypeList> inferFusedBackward(OpKind forwardKind, OpKind kind, Ope
     return fail("dy must be {}, got {}", (*results)[0].str(), ops[layout[FusedSlot::Dy]].str());
   if (layout.has(FusedSlot::DNorm) && ops[layout[FusedSlot::DNorm]] != forward[0])
     return fail("dnorm must be {}, got {}", forward[0].str(), ops[layout[FusedSlot::DNorm]].str());
+  if (layout.has(FusedSlot::Hidden) && ops[layout[FusedSlot::Hidden]] != (*results)[1])
+    return fail("h must be {}, got {}", (*results)[1].str(), ops[layout[FusedSlot::Hidden]].str());
   return TypeList(forward.begin(), forward.end());
 }
 

@@ -241,7 +241,13 @@ llvm::Expected<Grads> gradLayerNormLinear(GradContext &c) {
 }
 
 llvm::Expected<Grads> gradLayerNormMLP(GradContext &c) {
-  return fusedBackward(c, OpKind::LayerNormMLPBackward, {c.dy()});
+  // h (result 1) is kept for this rule; the fusion leaves nothing else reading it.
+  if (c.dys[1])
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "no gradient rule for layer_norm_mlp when another op reads "
+                                   "its fc1 output %%%s",
+                                   c.op.result(1)->name().c_str());
+  return fusedBackward(c, OpKind::LayerNormMLPBackward, {dyOrZeros(c, 0), c.op.result(1)});
 }
 
 llvm::Expected<Grads> gradAttention(GradContext &c) {

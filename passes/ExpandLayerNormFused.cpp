@@ -5,9 +5,9 @@
 // then the GEMMs. The values between them are the op's own: nothing else reads them.
 //
 // The gradients recompute what the fused forward did not keep, as the fused op defines: the
-// normalised input, and in the MLP fc1's output and activation (one more fc1 GEMM per layer in
-// the backward). None of them is alive between the forward and the backward, which is the
-// memory the fusion saves. Each expansion is the fused op's CPU reference (CpuFusedKernels.cpp)
+// normalised input (a norm kernel), and in the MLP the activation of the fc1 output h that the
+// forward kept (an elementwise kernel; no GEMM is recomputed). Neither is alive between the
+// forward and the backward, which is the memory the fusion saves. Each expansion is the fused op's CPU reference (CpuFusedKernels.cpp)
 // written as ops, in the same order, so the result is the same function.
 #include "passes/Passes.h"
 
@@ -80,25 +80,32 @@ public:
     Value *h = nullptr, *act = nullptr;
     Value *gate = nullptr, *up = nullptr, *silu = nullptr; // SwiGLU's
   };
+  bool swiglu() const { return fused_.attrs().getString("activation") == "swiglu"; }
+
   Activation fc1(Value *n) {
     Value *w1 = operand(FusedSlot::W1), *b1 = operand(FusedSlot::B1);
-    Activation r;
-    if (fused_.attrs().getString("activation") != "swiglu") {
-      if (b1) { // the GELU_AUX_BIAS epilogue keeps h for the backward
-        Op *gemm = createOp(OpKind::MatMulBiasGelu, {n, w1, b1}, gemmAttrs({}), forward("act"));
-        if (!gemm)
-          return r;
+    if (!swiglu() && b1) { // the GELU_AUX_BIAS epilogue: h is its second result
+      Op *gemm = createOp(OpKind::MatMulBiasGelu, {n, w1, b1}, gemmAttrs({}), forward("act"));
+      Activation r;
+      if (gemm) {
         r.h = gemm->result(1);
         r.act = gemm->result(0);
-        return r;
       }
-      r.h = linear(n, w1, nullptr, forward("fc1"));
-      r.act = create(OpKind::Gelu, {r.h}, {}, forward("act"));
       return r;
     }
-    r.h = linear(n, w1, b1, forward("fc1"));
-    if (!r.h)
+    return activate(linear(n, w1, b1, forward("fc1")));
+  }
+
+  /// The activation of fc1's output h.
+  Activation activate(Value *h) {
+    Activation r;
+    r.h = h;
+    if (!h)
       return r;
+    if (!swiglu()) {
+      r.act = create(OpKind::Gelu, {h}, {}, forward("act"));
+      return r;
+    }
     // [gate | up] halves of h.
     int64_t f = r.h->type().dim(-1) / 2, axis = int64_t(r.h->type().rank()) - 1;
     auto half = [&](int64_t start, llvm::StringRef suffix) {
@@ -114,7 +121,7 @@ public:
 
   /// d(activation) -> dh.
   Value *activationGrad(Value *dact, const Activation &fwd) {
-    if (fused_.attrs().getString("activation") != "swiglu")
+    if (!swiglu())
       return create(OpKind::GeluBackward, {dact, fwd.h}, {}, "dh");
     Value *dsilu = create(OpKind::Mul, {dact, fwd.up}, {}, "dsilu");
     Value *dup = create(OpKind::Mul, {dact, fwd.silu}, {}, "dup");
@@ -193,8 +200,9 @@ llvm::Error expandLayerNormLinear(Graph &graph, Op &op) {
 llvm::Error expandLayerNormMLP(Graph &graph, Op &op) {
   Expansion e(graph, op);
   Value *n = e.norm();
-  Value *act = e.fc1(n).act;
-  return e.finish({e.linear(act, e.operand(FusedSlot::W2), e.operand(FusedSlot::B2), "out")});
+  Expansion::Activation fc1 = e.fc1(n);
+  Value *y = e.linear(fc1.act, e.operand(FusedSlot::W2), e.operand(FusedSlot::B2), "out");
+  return e.finish({y, fc1.h});
 }
 
 /// dx, dgamma, [dbeta] of the norm, then the layer's own gradients.
@@ -227,7 +235,7 @@ llvm::Error expandLayerNormMLPBackward(Graph &graph, Op &op) {
   Expansion e(graph, op);
   bool bias = e.has(FusedSlot::B1);
   Value *n = e.norm();
-  Expansion::Activation fwd = e.fc1(n);
+  Expansion::Activation fwd = e.activate(e.operand(FusedSlot::Hidden));
   auto g2 = e.linearGrads(e.operand(FusedSlot::Dy), fwd.act, e.operand(FusedSlot::W2), bias, "fc2");
   Value *dh = e.activationGrad(g2.dx, fwd);
   auto g1 = e.linearGrads(dh, n, e.operand(FusedSlot::W1), bias, "fc1");

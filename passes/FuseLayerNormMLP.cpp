@@ -94,6 +94,7 @@ public:
       m.pattern.push_back(bias2);
     }
     r.replaces.push_back(bias2 ? bias2->result() : fc2->result());
+    r.replaces.push_back(h1); // the fused op keeps fc1's output for its gradient
     return m;
   }
 };

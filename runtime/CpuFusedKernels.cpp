@@ -1,7 +1,7 @@
 // CPU reference of the fused ops, composed from the kernels of the ops each one replaces, in
 // the same order, so that a fused and an unfused program compute the same function. The fused
 // gradients recompute what their forward op did not keep (the normalised input, activations,
-// attention probabilities), as the GPU kernels do.
+// attention probabilities), as the GPU does.
 #include "ir/Fused.h"
 #include "runtime/CpuKernels.h"
 #include "runtime/Numerics.h"
@@ -187,6 +187,7 @@ llvm::Error evalLayerNormMLP(const AttrMap &a, Operands in, Results out) {
   Tensor h = linear(a, n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
   Tensor act = activate(h, swiglu);
   out[0] = linear(a, act, *in[layout[FusedSlot::W2]], slot(in, layout, FusedSlot::B2));
+  out[1] = std::move(h);
   return llvm::Error::success();
 }
 
@@ -314,9 +315,9 @@ llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out)
   const Tensor &x = *in[layout[FusedSlot::X]], &gamma = *in[layout[FusedSlot::Gamma]];
   const Tensor &w1 = *in[layout[FusedSlot::W1]], &w2 = *in[layout[FusedSlot::W2]];
   bool layerNorm = layout.has(FusedSlot::Beta), bias = layout.has(FusedSlot::B1);
-  // Recompute the forward activations.
+  // Recompute the normalised input, and the activation from the h the forward kept.
   Tensor n = norm(a, x, gamma, slot(in, layout, FusedSlot::Beta));
-  Tensor h = linear(a, n, w1, slot(in, layout, FusedSlot::B1));
+  const Tensor &h = *in[layout[FusedSlot::Hidden]];
   Tensor act = activate(h, swiglu);
   LinearGrads g2 = linearBackward(a, *in[layout[FusedSlot::Dy]], act, w2, bias);
   Tensor dh = activateBackward(g2.dx, h, swiglu);
