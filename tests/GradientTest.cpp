@@ -143,8 +143,41 @@ INSTANTIATE_TEST_SUITE_P(
         GradCase{"nll_loss", P("p", "f32[2,3,5]") "%t = input() : i32[2,3]\n"
                  "%lp = log_softmax(%p) : f32[2,3,5]\n%y = nll_loss(%lp, %t) : f32[]\n", "f32[]"},
         GradCase{"reduce_to", P("p", "f32[2,3,4]") "%y = reduce_to(%p) {shape=[3,4]} : f32[3,4]\n",
-                 "f32[3,4]"}),
+                 "f32[3,4]"},
+        // The fused ops' rules (their gradient ops) against finite differences too.
+        GradCase{"layer_norm_linear", P("p", "f32[2,3,6]") P("q", "f32[6]") P("b", "f32[6]")
+                 P("w", "f32[5,6]") P("c", "f32[5]")
+                 "%y = layer_norm_linear(%p, %q, %b, %w, %c) {bias=true, eps=1e-05, norm=\"layer_norm\"} : f32[2,3,5]\n",
+                 "f32[2,3,5]", 3e-3},
+        GradCase{"layer_norm_mlp_gelu", P("p", "f32[2,3,6]") P("q", "f32[6]") P("b", "f32[6]")
+                 P("w1", "f32[8,6]") P("b1", "f32[8]") P("w2", "f32[6,8]") P("b2", "f32[6]")
+                 "%y, %h = layer_norm_mlp(%p, %q, %b, %w1, %b1, %w2, %b2) {activation=\"gelu\", bias=true, eps=1e-05, norm=\"layer_norm\"} : f32[2,3,6], f32[2,3,8]\n",
+                 "f32[2,3,6]", 3e-3},
+        GradCase{"layer_norm_mlp_swiglu", P("p", "f32[2,3,6]") P("q", "f32[6]") P("w1", "f32[8,6]")
+                 P("w2", "f32[6,4]")
+                 "%y, %h = layer_norm_mlp(%p, %q, %w1, %w2) {activation=\"swiglu\", bias=false, eps=1e-05, norm=\"rms_norm\"} : f32[2,3,6], f32[2,3,8]\n",
+                 "f32[2,3,6]", 3e-3}),
     [](const testing::TestParamInfo<GradCase> &info) { return std::string(info.param.name); });
+
+TEST(FusedGradients, LayerNormMLPWhoseFc1OutputIsReadElsewhereIsAnError) {
+  // The h a layer_norm_mlp returns is for its gradient; a loss through it has no rule (the
+  // fusion never builds one), and autodiff says so rather than dropping that gradient.
+  auto graph = unwrap(parseGraph(R"(graph @g
+%x = param() {init="normal", std=1.0} : f32[2,3,6]
+%q = param() {init="ones"} : f32[6]
+%w1 = param() {init="normal", std=1.0} : f32[8,6]
+%w2 = param() {init="normal", std=1.0} : f32[6,8]
+%y, %h = layer_norm_mlp(%x, %q, %w1, %w2) {activation="gelu", bias=false, eps=1e-05, norm="rms_norm"} : f32[2,3,6], f32[2,3,8]
+%loss = reduce_to(%h) {shape=[]} : f32[]
+return %loss
+)", "g"));
+  ASSERT_TRUE(graph);
+  auto pipeline = unwrap(PassPipeline::create({"autodiff"}, {}));
+  std::string message = llvm::toString(pipeline.run(*graph));
+  EXPECT_NE(message.find("no gradient rule for layer_norm_mlp when another op reads its fc1 output %h"),
+            std::string::npos)
+      << message;
+}
 
 /// A small model of each shape option, all parameters randomised, checked end to end.
 void checkModel(NormKind norm, ActivationKind act, bool tie, bool bias) {
