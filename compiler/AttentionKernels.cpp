@@ -212,8 +212,9 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
       if (row >= T)
         continue;
       int64 at = ((int64)b * T + row) * D + h * DH + d;
-      if (STATS) {
-        if (e < 2) dot0 += dout[at] * value; else dot1 += dout[at] * value;
+      if (STATS) { // dout rounded as the dp products read it (one key: dp - delta is 0)
+        float d = roundBf16(dout[at]);
+        if (e < 2) dot0 += d * value; else dot1 += d * value;
       } else {
         out[at] = value;
       }
@@ -393,7 +394,7 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float scale, con
   if (STATS) {
     float dot = 0.0f;
     for (int d = 0; d < DH; ++d)
-      dot += dout[at + d] * (o[d] / l);
+      dot += operand<ROUND>(dout[at + d]) * (o[d] / l);
     lse[(int64)bh * T + row] = m + logf(l);
     delta[(int64)bh * T + row] = dot;
   } else {
