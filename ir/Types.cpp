@@ -128,6 +128,13 @@ std::optional<std::vector<int64_t>> AttrMap::getInts(llvm::StringRef key) const 
   return getAs<std::vector<int64_t>>(*this, key);
 }
 
+AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
+  AttrMap map;
+  for (auto &[k, v] : list)
+    map.set(k, v);
+  return map;
+}
+
 std::string escapeForMessage(llvm::StringRef text) {
   std::string out;
   for (unsigned char c : text) {

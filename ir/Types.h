@@ -77,6 +77,9 @@ private:
   std::map<std::string, Attr> attrs_;
 };
 
+/// An attribute map written inline, as passes and kernels build them: attrs({{"axis", 2}}).
+AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list);
+
 /// `text` with control characters and non-ASCII bytes escaped (\n, \x7f), so that error
 /// messages quoting user input stay on one line.
 std::string escapeForMessage(llvm::StringRef text);

@@ -15,12 +15,6 @@ public:
 private:
   using Dims = llvm::SmallVector<int64_t, 4>;
 
-  AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
-    AttrMap map;
-    for (auto &[k, v] : list)
-      map.set(k, v);
-    return map;
-  }
   /// A normal-initialised matrix; `decay` marks it for AdamW's weight decay.
   Value *weight(const std::string &name, Dims dims, double std, bool decay) {
     return b_.param(name, TensorType(DType::F32, dims),

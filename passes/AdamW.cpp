@@ -6,13 +6,6 @@
 namespace tgc {
 namespace {
 
-AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
-  AttrMap map;
-  for (auto &[k, v] : list)
-    map.set(k, v);
-  return map;
-}
-
 class AdamWPass : public Pass {
 public:
   explicit AdamWPass(TrainConfig config) : config_(config) {}

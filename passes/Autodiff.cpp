@@ -34,13 +34,6 @@ struct GradContext {
 using Grads = llvm::SmallVector<Value *, 4>;
 using GradFn = llvm::Expected<Grads> (*)(GradContext &);
 
-AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
-  AttrMap map;
-  for (auto &[k, v] : list)
-    map.set(k, v);
-  return map;
-}
-
 /// Sums `g` down to `target`'s shape when `target` was broadcast over leading dims.
 Value *reduceToShapeOf(GradContext &c, Value *g, Value *target, unsigned i) {
   if (!g || g->type().shape == target->type().shape)

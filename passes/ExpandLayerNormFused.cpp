@@ -17,13 +17,6 @@
 namespace tgc {
 namespace {
 
-AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
-  AttrMap map;
-  for (auto &[k, v] : list)
-    map.set(k, v);
-  return map;
-}
-
 /// Builds the expansion of one fused op just before it.
 class Expansion {
 public:

@@ -16,13 +16,6 @@ namespace {
 
 using EvalFn = llvm::Error (*)(const AttrMap &, Operands, Results);
 
-AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
-  AttrMap map;
-  for (auto &[k, v] : list)
-    map.set(k, v);
-  return map;
-}
-
 TensorType withLastDim(TensorType type, int64_t last) {
   type.shape.back() = last;
   return type;
