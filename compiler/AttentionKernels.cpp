@@ -346,6 +346,16 @@ __device__ void loadSimtTile(float (*tile)[DH], const float *src, int64 stride, 
   }
 }
 
+// Keys and values k0 .. k0 + 31 of one head into shared memory, once every thread is done with
+// the previous ones.
+template <bool ROUND, int T, int DH>
+__device__ void loadKeyValueTiles(float (*ks)[DH], float (*vs)[DH], const float *q, int D, int k0) {
+  __syncthreads();
+  loadSimtTile<ROUND, T, DH>(ks, q + D, 3 * D, k0);
+  loadSimtTile<ROUND, T, DH>(vs, q + 2 * D, 3 * D, k0);
+  __syncthreads();
+}
+
 template <int DH>
 __device__ __forceinline__ float dotSimt(const float *a, const float *b) {
   float s = 0.0f;
@@ -369,10 +379,7 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float scale, con
   float m = __int_as_float(0xff800000), l = 0.0f;
   const int keys = min(T, (tile + 1) * kAttentionRows);
   for (int k0 = 0; k0 < keys; k0 += 32) {
-    __syncthreads();
-    loadSimtTile<ROUND, T, DH>(ks, q + D, 3 * D, k0);
-    loadSimtTile<ROUND, T, DH>(vs, q + 2 * D, 3 * D, k0);
-    __syncthreads();
+    loadKeyValueTiles<ROUND, T, DH>(ks, vs, q, D, k0);
     for (int j = 0; j < 32 && k0 + j <= row && k0 + j < T; ++j) {
       float s = dotSimt<DH>(qr, ks[j]) * scale;
       if (s > m) {
@@ -464,10 +471,7 @@ __device__ void attentionQueryGradSimt(const float *dout, const float *qkv, Out 
   const float rowDelta = row < T ? delta[(int64)bh * T + row] : 0.0f;
   const int keys = min(T, (tile + 1) * kAttentionRows);
   for (int k0 = 0; k0 < keys; k0 += 32) {
-    __syncthreads();
-    loadSimtTile<ROUND, T, DH>(ks, q + D, 3 * D, k0);
-    loadSimtTile<ROUND, T, DH>(vs, q + 2 * D, 3 * D, k0);
-    __syncthreads();
+    loadKeyValueTiles<ROUND, T, DH>(ks, vs, q, D, k0);
     for (int j = 0; j < 32 && k0 + j <= row && k0 + j < T; ++j) {
       float p = expf(dotSimt<DH>(qr, ks[j]) * scale - rowLse);
       float ds = p * (dotSimt<DH>(dr, vs[j]) - rowDelta) * scale;
