@@ -1,14 +1,16 @@
 // expand-layernorm-fused: how the GPU runs layer_norm_linear, layer_norm_mlp and their
 // gradients. Each becomes, in its place, the norm kernel and the cuBLASLt GEMMs it stands for,
-// with the GEMMs' epilogues (matmul_bias, matmul_bias_gelu's GELU_AUX_BIAS), as Transformer
-// Engine runs LayerNormLinear and LayerNormMLP: a norm kernel that writes the GEMM's operand,
-// then the GEMMs. The values between them are the op's own: nothing else reads them.
+// with the GEMMs' epilogues (matmul_bias; in fp32 matmul_bias_gelu's GELU_AUX_BIAS), as
+// Transformer Engine runs LayerNormLinear and LayerNormMLP: a norm kernel that writes the
+// GEMM's operand, then the GEMMs. The values between them are the op's own: nothing else reads
+// them.
 //
 // The gradients recompute what the fused forward did not keep, as the fused op defines: the
 // normalised input (a norm kernel), and in the MLP the activation of the fc1 output h that the
 // forward kept (an elementwise kernel; no GEMM is recomputed). Neither is alive between the
-// forward and the backward, which is the memory the fusion saves. Each expansion is the fused op's CPU reference (CpuFusedKernels.cpp)
-// written as ops, in the same order, so the result is the same function.
+// forward and the backward, which is the memory the fusion saves. Each expansion is the fused
+// op's CPU reference (CpuFusedKernels.cpp) written as ops, in the same order, so the result is
+// the same function.
 #include "passes/Passes.h"
 
 #include "ir/Fused.h"
