@@ -52,7 +52,7 @@ public:
 
   /// A forward value's name: in a gradient's expansion, a recomputation says so.
   std::string forward(llvm::StringRef suffix) const {
-    return (layout_.has(FusedSlot::Dy) ? "recomputed." : "") + suffix.str();
+    return (has(FusedSlot::Dy) ? "recomputed." : "") + suffix.str();
   }
 
   Value *norm() {
