@@ -1,5 +1,6 @@
 #include "compiler/Nvrtc.h"
 
+#include "compiler/KernelHeaders.h"
 #include "support/Files.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -64,15 +65,22 @@ llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringR
                                       "-default-device"};
   int major = 0, minor = 0;
   nvrtcVersion(&major, &minor);
-  // Kernels that include toolkit headers (cuda_fp8.h for the FP8 conversions) need them at run
-  // time. The folder is not part of the cache key: the NVRTC version stands for the headers.
+  // The FP8 kernels include a toolkit header (cuda_fp8.h), which NVRTC needs at run time. The
+  // folder is not part of the cache key: the NVRTC version stands for the headers.
   std::string includeDir = cudaIncludeDir();
-  if (source.contains("#include <") && includeDir.empty())
+  if (source.contains("#include \"fp8.cuh\"") && includeDir.empty())
     return fail("error: NVRTC needs the CUDA toolkit's headers (cuda_fp8.h) to compile the FP8 "
                 "kernels, and none were found: set CUDA_HOME to the toolkit that matches NVRTC " +
                 fmt::format("{}.{}", major, minor));
   llvm::SHA1 hash;
   hash.update(source);
+  std::vector<const char *> headerNames, headerTexts; // tgc's kernel headers, which the source includes
+  for (const KernelHeader &header : kernelHeaders()) {
+    headerNames.push_back(header.name);
+    headerTexts.push_back(header.text);
+    hash.update(llvm::StringRef(header.name));
+    hash.update(llvm::StringRef(header.text));
+  }
   for (const std::string &o : options)
     hash.update(o + "\n");
   hash.update(fmt::format("nvrtc {}.{}", major, minor));
@@ -87,7 +95,8 @@ llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringR
     return module;
   }
   nvrtcProgram program;
-  if (nvrtcCreateProgram(&program, source.str().c_str(), "tgc_kernels.cu", 0, nullptr, nullptr) !=
+  if (nvrtcCreateProgram(&program, source.str().c_str(), "tgc_kernels.cu", int(headerNames.size()),
+                         headerTexts.data(), headerNames.data()) !=
       NVRTC_SUCCESS)
     return fail("error: nvrtcCreateProgram failed");
   if (!includeDir.empty())

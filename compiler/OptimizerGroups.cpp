@@ -1,7 +1,7 @@
 // The optimizer's program-level lowering: the per-parameter AdamW ops and the gradient norm's
 // chain of sum_squares and adds, each as one group of launches over the contiguous parameter
-// layout (ParameterLayout), with the arithmetic of the per-op kernels (KernelText.h).
-#include "compiler/KernelText.h"
+// layout (ParameterLayout), with the arithmetic of the per-op kernels (KernelCalls.h).
+#include "compiler/KernelCalls.h"
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -14,8 +14,7 @@ namespace {
 /// It runs where the first of them ran; the others become Grouped. Nothing happens unless every
 /// AdamW op is laid out, they share their settings and inputs, and only AdamW ops, assigns and
 /// leaves lie between the first and the last.
-void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program,
-                std::vector<std::string> &sources) {
+void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<std::vector<KernelText>> &kernels) {
   const ParameterLayout &layout = program.layout;
   std::vector<size_t> members;
   for (size_t i = 0; i < ops.size(); ++i)
@@ -53,7 +52,6 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program,
     return;
   int64_t count = layout.updatedBytes / 4, decayed = layout.decayedBytes / 4;
   std::string name = fmt::format("k{}_adamw_flat", members.front());
-  std::string params = kAdamWParams;
   OpLowering grouped;
   grouped.launches.push_back({name, elementwiseBlocks(count), kThreads});
   grouped.arguments = {base->operand(0), base->operand(1), base->operand(2), base->operand(3),
@@ -63,15 +61,14 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program,
   for (size_t i : members) {
     program.lowering[i] = OpLowering{};
     program.lowering[i].kind = OpLowering::Grouped;
-    sources[i].clear();
+    kernels[i].clear();
   }
   program.lowering[members.front()] = std::move(grouped);
-  sources[members.front()] =
-      fmt::format("// AdamW for all {} parameters at once, over the contiguous parameters, gradients "
-                  "and moments\n// ({} floats, padding included, which stays zero); the first {} "
-                  "have weight decay.\nextern \"C\" __global__ void {}({}) {{\n{}}}\n\n",
-                  members.size(), count, decayed, name, params,
-                  adamwBody(first.attrs(), count, fmt::format("(i < {}LL ? {} : 0.0)", decayed, formatDouble(decay))));
+  std::string comment = fmt::format("// AdamW for all {} parameters at once, over the contiguous parameters, gradients "
+                                    "and moments\n// ({} floats, padding included, which stays zero); the first {} "
+                                    "have weight decay.",
+                                    members.size(), count, decayed);
+  kernels[members.front()] = {{comment, name, kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}};
 }
 
 /// The gradient norm, add(...add(sum_squares(g0), sum_squares(g1))..., sum_squares(gN)) over
@@ -79,7 +76,7 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program,
 /// sums in one, then in one block each gradient's sum and the float adds in order (the same
 /// bits as the per-op kernels). The other ops of the chain become Grouped.
 void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
-                       std::vector<std::string> &sources) {
+                       std::vector<std::vector<KernelText>> &kernels) {
   llvm::DenseMap<const Value *, int> uses;
   llvm::DenseMap<const Op *, size_t> index;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -120,18 +117,20 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
     for (const Op *s : sums)
       if (program.layout.grads.lookup(s->operand(0)) < program.layout.grads.lookup(base))
         base = s->operand(0);
+    // Each gradient's {offset, count, elements per block, first block}, in the order the adds
+    // take them: the kernels read it from the op's constants.
     int64_t baseOffset = program.layout.grads.lookup(base) / 4, blocks = 0;
-    std::string table;
+    OpLowering grouped;
     for (const Op *s : sums) {
       int64_t count = s->operand(0)->type().numElements(), b = sumSquaresBlocks(count);
-      table += fmt::format("  {{{}, {}, {}, {}}}, // %{}\n", program.layout.grads.lookup(s->operand(0)) / 4 - baseOffset,
-                           count, (count + b - 1) / b, blocks, s->operand(0)->name());
+      for (int64_t field : {program.layout.grads.lookup(s->operand(0)) / 4 - baseOffset, count, (count + b - 1) / b, blocks})
+        grouped.constants.push_back(double(field));
       blocks += b;
     }
     size_t at = index.lookup(adds.back());
-    std::string name = fmt::format("k{}_grad_norm", at), params = "const float *grads, float *out, float *scratch";
+    std::string name = fmt::format("k{}_grad_norm", at);
+    const char *params = "const float *grads, float *out, float *scratch, const double *tensors";
     int64_t n = int64_t(sums.size());
-    OpLowering grouped;
     grouped.launches = {{name, blocks, kThreads}, {name + "_1", 1, kThreads}};
     grouped.scratchFloats = {2 * blocks};
     grouped.arguments = {base, adds.back()->result()};
@@ -141,53 +140,24 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
         size_t i = index.lookup(member);
         program.lowering[i] = OpLowering{};
         program.lowering[i].kind = OpLowering::Grouped;
-        sources[i].clear();
+        kernels[i].clear();
       }
     program.lowering[at] = std::move(grouped);
-    sources[at] = fmt::format(
-        "// The gradient norm's sum of squares over {0} gradients in the gradient buffer: {{offset, "
-        "count,\n// floats per block, first block}} of each, in the order the adds take them.\n"
-        "__device__ const int64 {1}_tensors[{0}][4] = {{\n{2}}};\n\n"
-        "// Launch 0: each block sums the squares of a contiguous range of one gradient.\n"
-        "extern \"C\" __global__ void {1}({3}) {{\n"
-        "  __shared__ double shared[256];\n"
-        "  double *partial = (double *)scratch;\n"
-        "  int t = 0;\n"
-        "  for (int lo = 1, hi = {0} - 1; lo <= hi;) {{ // the last tensor whose first block <= this one\n"
-        "    int mid = (lo + hi) / 2;\n"
-        "    if ({1}_tensors[mid][3] <= blockIdx.x) t = mid, lo = mid + 1; else hi = mid - 1;\n"
-        "  }}\n"
-        "  const float *x = grads + {1}_tensors[t][0];\n"
-        "  int64 count = {1}_tensors[t][1], perBlock = {1}_tensors[t][2];\n"
-        "  int64 begin = (blockIdx.x - {1}_tensors[t][3]) * perBlock, end = begin + perBlock < count ? begin + perBlock : count;\n"
-        "  double sum = 0;\n"
-        "  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) sum += (double)x[i] * x[i];\n"
-        "  sum = blockSum(sum, shared);\n"
-        "  if (threadIdx.x == 0) partial[blockIdx.x] = sum;\n"
-        "}}\n\n"
-        "// Launch 1, one block: each gradient's sum of its partials, then the adds, in float.\n"
-        "extern \"C\" __global__ void {1}_1({3}) {{\n"
-        "  __shared__ double shared[256];\n"
-        "  const double *partial = (const double *)scratch;\n"
-        "  float total = 0.0f;\n"
-        "  for (int t = 0; t < {0}; ++t) {{\n"
-        "    int64 first = {1}_tensors[t][3], blocks = (t + 1 < {0} ? {1}_tensors[t + 1][3] : {4}LL) - first;\n"
-        "    double sum = 0;\n"
-        "    for (int64 i = threadIdx.x; i < blocks; i += blockDim.x) sum += partial[first + i];\n"
-        "    sum = blockSum(sum, shared);\n"
-        "    total = t == 0 ? (float)sum : total + (float)sum;\n"
-        "  }}\n"
-        "  if (threadIdx.x == 0) out[0] = total;\n"
-        "}}\n\n",
-        n, name, table, params, blocks);
+    std::string comment = fmt::format("// The gradient norm: the sums of squares of {} gradients in the gradient buffer "
+                                      "and the adds of them", n);
+    kernels[at] = {{comment + ": each block a range of one gradient", name, params,
+                    fmt::format("gradNormPartials<{}>(grads, scratch, tensors);", n)},
+                   {comment + ": the gradients' partials, then the adds", name + "_1", params,
+                    fmt::format("gradNormTotal<{}, {}>(out, scratch, tensors);", n, blocks)}};
   }
 }
 
 } // namespace
 
-void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program, std::vector<std::string> &sources) {
-  groupAdamW(ops, program, sources);
-  groupGradientNorm(ops, program, sources);
+void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
+                    std::vector<std::vector<KernelText>> &kernels) {
+  groupAdamW(ops, program, kernels);
+  groupGradientNorm(ops, program, kernels);
 }
 
 } // namespace tgc

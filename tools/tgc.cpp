@@ -1,6 +1,7 @@
 // tgc: the runner. Compiles model descriptions, prints the IR after any pass, trains, generates
 // and evaluates, and reports what this machine can run.
 #include "compiler/CudaSource.h"
+#include "compiler/KernelHeaders.h"
 #include "compiler/MemoryPlan.h"
 #include "compiler/Nvrtc.h"
 #include "compiler/Target.h"
@@ -30,6 +31,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <new>
+#include <set>
 #include <system_error>
 
 using namespace tgc;
@@ -397,9 +399,14 @@ int runCompile() {
     auto cuda = lowerToCuda(**graph);
     if (!cuda)
       return report(cuda.takeError());
-    int64_t kernels = 0;
+    int64_t launches = 0;
+    std::set<std::string> distinct;
     for (const OpLowering &l : cuda->lowering)
-      kernels += l.launches.size();
+      for (const KernelLaunch &launch : l.launches) {
+        ++launches;
+        distinct.insert(launch.name);
+      }
+    std::string kernels = fmt::format("{} launches of {} kernels", launches, distinct.size());
     if (!EmitCuda.empty()) {
       if (auto ec = llvm::sys::fs::create_directories(EmitCuda))
         return report(flagError(fmt::format("{}: error: cannot create: {}", EmitCuda.getValue(), ec.message())));
@@ -407,13 +414,20 @@ int runCompile() {
       llvm::sys::path::append(path, (*graph)->name() + ".cu");
       if (auto err = writeFileAtomically(path, cuda->source))
         return report(std::move(err));
-      llvm::errs() << fmt::format("// wrote {} ({} kernels)\n", path.str().str(), kernels);
+      // The kernel headers beside it: nvcc -I FOLDER compiles the program as NVRTC does.
+      for (const KernelHeader &header : kernelHeaders()) {
+        llvm::SmallString<256> headerPath(EmitCuda.getValue());
+        llvm::sys::path::append(headerPath, header.name);
+        if (auto err = writeFileAtomically(headerPath, header.text))
+          return report(std::move(err));
+      }
+      llvm::errs() << fmt::format("// wrote {} ({})\n", path.str().str(), kernels);
     }
     if (!Arch.empty()) {
       auto module = compileCuda(cuda->source, Arch);
       if (!module)
         return report(module.takeError());
-      llvm::errs() << fmt::format("// {} kernels for {}: {}, {} bytes of CUBIN{}\n", kernels,
+      llvm::errs() << fmt::format("// {} for {}: {}, {} bytes of CUBIN{}\n", kernels,
                                   Arch.getValue(), module->fromCache ? "from the cache" : "compiled by NVRTC",
                                   module->cubin.size(),
                                   module->log.empty() ? ", NVRTC log clean" : "; NVRTC says:\n" + module->log);

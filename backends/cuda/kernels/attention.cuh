@@ -1,10 +1,11 @@
-// The kernels of the fused attention op and its gradient: FlashAttention-2's scheme, with the
-// shapes as template arguments. Each op's kernel is a one-line wrapper (CudaSource.cpp).
-#include "compiler/KernelText.h"
+// Causal attention without a [T, T] tensor, FlashAttention-2's scheme: the forward and a
+// three-launch gradient (each query's statistics, then dk and dv by key tiles, then dq by
+// query tiles; no atomics). BF16 on tensor cores (inline mma.sync) where the head dimension is
+// a multiple of 16 up to 256, else a thread per row (fp32, or BF16 rounding where the BF16
+// GEMMs round). The shapes are template arguments; each op's kernel is a one-line wrapper.
+#pragma once
 
-namespace tgc {
-
-const char *const kAttentionPrelude = R"(
+#include "common.cuh"
 // ---- Causal attention without a [T, T] tensor (FlashAttention-2's scheme) ----
 // qkv is [B, T, 3 * H * DH] (q | k | v, heads side by side), the output and dout [B, T, H * DH].
 // A block takes 64 rows (queries, or keys in the key/value gradient) of one (sequence, head)
@@ -12,7 +13,7 @@ const char *const kAttentionPrelude = R"(
 // probabilities never leave the block. lse and delta ([B * H, T]) carry, per query, the
 // log-sum-exp of its scaled scores and sum_d dout * out from the statistics kernel to the two
 // gradient kernels. Tiles of 64 rows: (T + 63) / 64 per (sequence, head).
-constexpr int kAttentionRows = 64;
+enum { kAttentionRows = 64 }; // (an enumerator: no unused-variable warning)
 
 __device__ __forceinline__ float quadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -335,14 +336,11 @@ __device__ void attentionQueryGradBf16(const float *dout, const float *qkv, Out 
 // kernels do not take (ROUND: the operands and the probabilities rounded to BF16 where the
 // BF16 GEMMs round them). Blocks of 64 threads, the other side through shared memory 32 rows at
 // a time.
-template <bool ROUND>
-__device__ __forceinline__ float operand(float x) { return ROUND ? roundBf16(x) : x; }
-
 template <bool ROUND, int T, int DH>
 __device__ void loadSimtTile(float (*tile)[DH], const float *src, int64 stride, int first) {
   for (int i = threadIdx.x; i < 32 * DH; i += blockDim.x) {
     int r = i / DH, d = i % DH;
-    tile[r][d] = first + r < T ? operand<ROUND>(src[(first + r) * stride + d]) : 0.0f;
+    tile[r][d] = first + r < T ? gemmOperand<ROUND>(src[(first + r) * stride + d]) : 0.0f;
   }
 }
 
@@ -373,7 +371,7 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float scale, con
   const float *q = qkv + (int64)b * T * 3 * D + h * DH;
   float qr[DH], o[DH];
   for (int d = 0; d < DH; ++d) {
-    qr[d] = row < T ? operand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
+    qr[d] = row < T ? gemmOperand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
     o[d] = 0.0f;
   }
   float m = __int_as_float(0xff800000), l = 0.0f;
@@ -392,7 +390,7 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float scale, con
       float p = expf(s - m);
       l += p;
       for (int d = 0; d < DH; ++d)
-        o[d] += operand<ROUND>(p) * vs[j][d];
+        o[d] += gemmOperand<ROUND>(p) * vs[j][d];
     }
   }
   if (row >= T)
@@ -401,7 +399,7 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float scale, con
   if (STATS) {
     float dot = 0.0f;
     for (int d = 0; d < DH; ++d)
-      dot += operand<ROUND>(dout[at + d]) * (o[d] / l);
+      dot += gemmOperand<ROUND>(dout[at + d]) * (o[d] / l);
     lse[(int64)bh * T + row] = m + logf(l);
     delta[(int64)bh * T + row] = dot;
   } else {
@@ -419,8 +417,8 @@ __device__ void attentionKeyValueGradSimt(const float *dout, const float *qkv, O
   const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
   float kr[DH], vr[DH], dk[DH], dv[DH];
   for (int d = 0; d < DH; ++d) {
-    kr[d] = key < T ? operand<ROUND>(q[(int64)key * 3 * D + D + d]) : 0.0f;
-    vr[d] = key < T ? operand<ROUND>(q[(int64)key * 3 * D + 2 * D + d]) : 0.0f;
+    kr[d] = key < T ? gemmOperand<ROUND>(q[(int64)key * 3 * D + D + d]) : 0.0f;
+    vr[d] = key < T ? gemmOperand<ROUND>(q[(int64)key * 3 * D + 2 * D + d]) : 0.0f;
     dk[d] = dv[d] = 0.0f;
   }
   for (int q0 = tile * kAttentionRows; q0 < T; q0 += 32) {
@@ -440,8 +438,8 @@ __device__ void attentionKeyValueGradSimt(const float *dout, const float *qkv, O
       float p = expf(dotSimt<DH>(kr, qs[j]) * scale - lses[j]);
       float ds = p * (dotSimt<DH>(vr, dos[j]) - deltas[j]) * scale;
       for (int d = 0; d < DH; ++d) {
-        dv[d] += operand<ROUND>(p) * dos[j][d];
-        dk[d] += operand<ROUND>(ds) * qs[j][d];
+        dv[d] += gemmOperand<ROUND>(p) * dos[j][d];
+        dk[d] += gemmOperand<ROUND>(ds) * qs[j][d];
       }
     }
   }
@@ -463,8 +461,8 @@ __device__ void attentionQueryGradSimt(const float *dout, const float *qkv, Out 
   const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
   float qr[DH], dr[DH], dq[DH];
   for (int d = 0; d < DH; ++d) {
-    qr[d] = row < T ? operand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
-    dr[d] = row < T ? operand<ROUND>(dy[(int64)row * D + d]) : 0.0f;
+    qr[d] = row < T ? gemmOperand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
+    dr[d] = row < T ? gemmOperand<ROUND>(dy[(int64)row * D + d]) : 0.0f;
     dq[d] = 0.0f;
   }
   const float rowLse = row < T ? lse[(int64)bh * T + row] : 0.0f;
@@ -476,13 +474,10 @@ __device__ void attentionQueryGradSimt(const float *dout, const float *qkv, Out 
       float p = expf(dotSimt<DH>(qr, ks[j]) * scale - rowLse);
       float ds = p * (dotSimt<DH>(dr, vs[j]) - rowDelta) * scale;
       for (int d = 0; d < DH; ++d)
-        dq[d] += operand<ROUND>(ds) * ks[j][d];
+        dq[d] += gemmOperand<ROUND>(ds) * ks[j][d];
     }
   }
   if (row < T)
     for (int d = 0; d < DH; ++d)
       dqkv[((int64)b * T + row) * 3 * D + h * DH + d] = dq[d];
 }
-)";
-
-} // namespace tgc

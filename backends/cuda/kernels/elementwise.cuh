@@ -1,0 +1,70 @@
+// Elementwise kernels: constants, arithmetic with a broadcast operand, activations and their
+// gradients, the causal mask. Each runs a grid-stride loop over Count elements; Out is float *
+// or a BF16 output wrapper (common.cuh).
+#pragma once
+
+#include "common.cuh"
+
+__device__ float geluTanh(float x) {
+  const float c = 0.7978845608028654f; // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+template <int64 Count, typename Out>
+__device__ void fill(Out out, float value) {
+  FOR_EACH_ELEMENT(i, Count) out[i] = value;
+}
+
+// out = x + y or x * y, y repeating every Period elements (a bias, a scale per feature).
+template <bool Multiply, int64 Count, int64 Period, typename Out>
+__device__ void binary(const float *x, const float *y, Out out) {
+  FOR_EACH_ELEMENT(i, Count) {
+    if (Multiply)
+      out[i] = x[i] * y[i % Period];
+    else
+      out[i] = x[i] + y[i % Period];
+  }
+}
+
+template <int64 Count, typename Out>
+__device__ void scale(const float *x, Out out, float factor) {
+  FOR_EACH_ELEMENT(i, Count) out[i] = x[i] * factor;
+}
+
+template <int64 Count, typename Out>
+__device__ void gelu(const float *x, Out out) {
+  FOR_EACH_ELEMENT(i, Count) out[i] = geluTanh(x[i]);
+}
+
+template <int64 Count, typename Out>
+__device__ void silu(const float *x, Out out) {
+  FOR_EACH_ELEMENT(i, Count) out[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+// d/dx of geluTanh, times dy.
+template <int64 Count, typename Out>
+__device__ void geluBackward(const float *dy, const float *x, Out dx) {
+  FOR_EACH_ELEMENT(i, Count) {
+    const float c = 0.7978845608028654f;
+    float v = x[i], t = tanhf(c * (v + 0.044715f * v * v * v));
+    float du = c * (1.0f + 3.0f * 0.044715f * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+template <int64 Count, typename Out>
+__device__ void siluBackward(const float *dy, const float *x, Out dx) {
+  FOR_EACH_ELEMENT(i, Count) {
+    float s = 1.0f / (1.0f + expf(-x[i]));
+    dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+  }
+}
+
+// [..., T, T] scores with the keys after each query replaced by `fill`.
+template <int64 Count, int64 T, typename Out>
+__device__ void causalMask(const float *scores, Out out, float fill) {
+  FOR_EACH_ELEMENT(i, Count) {
+    int64 key = i % T, query = (i / T) % T;
+    out[i] = key > query ? fill : scores[i];
+  }
+}

@@ -1,0 +1,98 @@
+// FP8 with delayed scaling (fp8.md): the quantize kernels and Transformer Engine's scale
+// update. The conversions are cuda_fp8.h's (round to nearest even, saturating to the largest
+// finite value), which the CPU interpreter matches bit for bit.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+
+// max |x| that a NaN anywhere turns into NaN, as the CPU's amax does.
+__device__ float amaxMerge(float a, float b) {
+  return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+__device__ float blockAmax(float value, float *shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride)
+      shared[threadIdx.x] = amaxMerge(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  float result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+// Launch 0: each of Blocks blocks converts a contiguous range of PerBlock elements to FP8
+// (x * scale, saturating at `largest`) and leaves its max |x| and its count of saturated values
+// in scratch (counts as doubles first, then the maxima after 2 * Blocks floats).
+template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format>
+__device__ void quantizeBlocks(const float *x, const float *scale, unsigned char *q, float *scratch, float largest) {
+  __shared__ double shared[256];
+  __shared__ float sharedMax[256];
+  int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
+  float s = scale[0], localMax = 0.0f;
+  int saturated = 0;
+  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float v = x[i], scaled = v * s;
+    localMax = amaxMerge(localMax, fabsf(v));
+    saturated += fabsf(scaled) > largest;
+    q[i] = __nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
+  }
+  localMax = blockAmax(localMax, sharedMax);
+  double total = blockSum((double)saturated, shared);
+  if (threadIdx.x == 0) {
+    ((double *)scratch)[blockIdx.x] = total;
+    scratch[2 * Blocks + blockIdx.x] = localMax;
+  }
+}
+
+// Launch 1, one block: the tensor's amax and saturation count, and the scale_inv the bytes were
+// made with (`used`, which their GEMMs and read-back multiply by).
+template <int64 Blocks>
+__device__ void quantizeTotals(const float *scaleInv, float *amax, float *saturations, const float *scratch,
+                               float *used) {
+  __shared__ double shared[256];
+  __shared__ float sharedMax[256];
+  double total = 0;
+  float localMax = 0.0f;
+  for (int b = threadIdx.x; b < Blocks; b += blockDim.x) {
+    total += ((const double *)scratch)[b];
+    localMax = amaxMerge(localMax, scratch[2 * Blocks + b]);
+  }
+  localMax = blockAmax(localMax, sharedMax);
+  total = blockSum(total, shared);
+  if (threadIdx.x == 0) {
+    amax[0] = localMax;
+    saturations[0] = (float)total;
+    used[0] = scaleInv[0];
+  }
+}
+
+// Transformer Engine's delayed-scaling update, one thread: the producer's amax into the
+// current slot, the amax over the window (Max) or the most recent one taken before the roll,
+// the roll, and scale = (largest / amax) / 2^margin (the old scale kept when the amax is 0,
+// inf or NaN).
+template <int64 Length, bool Max>
+__device__ void fp8Update(const float *history, const float *scale, const float *amax, const float *saturations,
+                          const float *saturated, float *newHistory, float *newScale, float *newScaleInv,
+                          float *newSaturations, float largest, float marginScale) {
+  float current = amax[0], windowMax = current;
+  for (int i = 1; i < Length && Max; ++i) {
+    float h = history[i];
+    windowMax = (isnan(h) || h > windowMax) ? h : windowMax;
+  }
+  for (int i = 0; i + 1 < Length; ++i) newHistory[i] = history[i + 1];
+  newHistory[Length - 1] = current;
+  newHistory[0] = 0.0f;
+  float s = scale[0];
+  if (isfinite(windowMax) && windowMax > 0.0f) {
+    s = (largest / windowMax) / marginScale;
+    if (isinf(s)) s = __int_as_float(0x7f7fffff); // FLT_MAX
+  }
+  newScale[0] = s;
+  newScaleInv[0] = 1.0f / s;
+  newSaturations[0] = saturations[0] + saturated[0];
+}

@@ -1,0 +1,85 @@
+// The optimizer's kernels: gradient clipping's scale, the learning-rate schedule, AdamW, and
+// the gradient norm over all gradients of the contiguous gradient buffer at once.
+#pragma once
+
+#include "common.cuh"
+
+// clip = min(1, maxNorm / (||g|| + 1e-6)); 1 when clipping is off.
+template <bool Clip>
+__device__ void clipScale(const float *sumSquares, float *clip, double maxNorm) {
+  if (Clip)
+    clip[0] = (float)fmin(1.0, maxNorm / (sqrt((double)sumSquares[0]) + 1e-6));
+  else
+    clip[0] = 1.0f;
+}
+
+// Linear warm-up, then cosine decay to min_lr. The settings come from memory (schedule: lr,
+// min_lr, warmup, steps), so that programs that differ only in them share one compiled module.
+__device__ void lrSchedule(const int *step, float *lr, const double *schedule) {
+  double peak = schedule[0], minLr = schedule[1], warmup = schedule[2], steps = schedule[3];
+  double s = step[0], rate;
+  if (warmup > 0 && s <= warmup) rate = peak * s / warmup;
+  else if (steps <= warmup) rate = peak;
+  else rate = minLr + 0.5 * (peak - minLr) * (1.0 + cos(3.141592653589793 * fmin(1.0, (s - warmup) / (steps - warmup))));
+  lr[0] = (float)rate;
+}
+
+// torch.optim.AdamW over Count elements: the bias corrections in double once per thread, the
+// elementwise update in float. The first Decayed elements have weight decay (the grouped
+// launch over all parameters puts the decayed ones first; one parameter has Decayed = Count).
+template <int64 Count, int64 Decayed>
+__device__ void adamw(const float *param, const float *grad, const float *m, const float *v, const float *lr,
+                      const float *clip, const int *step, float *newParam, float *newM, float *newV,
+                      double beta1, double beta2, float eps, double weightDecay) {
+  double bc1 = 1.0 - pow(beta1, (double)step[0]), bc2 = 1.0 - pow(beta2, (double)step[0]);
+  float rate = lr[0], scale = clip[0];
+  float stepSize = (float)(rate / bc1), bc2Sqrt = (float)sqrt(bc2);
+  FOR_EACH_ELEMENT(i, Count) {
+    float decay = (float)(1.0 - (double)rate * (i < Decayed ? weightDecay : 0.0));
+    float g = grad[i] * scale, p = param[i] * decay;
+    float mi = m[i] + (1.0f - (float)beta1) * (g - m[i]);
+    float vi = v[i] * (float)beta2 + (1.0f - (float)beta2) * g * g;
+    newParam[i] = p - stepSize * (mi / (sqrtf(vi) / bc2Sqrt + eps));
+    newM[i] = mi;
+    newV[i] = vi;
+  }
+}
+
+// The gradient norm's sums of squares over Tensors gradients of the gradient buffer, the
+// chain of adds that follows them taken in one kernel. `tensors` holds, for each gradient in
+// the order the adds take it, {offset, count, elements per block, first block} (as doubles:
+// the executor's constants). Launch 0: each block sums the squares of a contiguous range of
+// one gradient, as sumSquaresPartials does for that gradient alone.
+template <int64 Tensors>
+__device__ void gradNormPartials(const float *grads, float *scratch, const double *tensors) {
+  __shared__ double shared[256];
+  double *partial = (double *)scratch;
+  int t = 0;
+  for (int lo = 1, hi = Tensors - 1; lo <= hi;) { // the last tensor whose first block <= this one
+    int mid = (lo + hi) / 2;
+    if ((int64)tensors[4 * mid + 3] <= blockIdx.x) t = mid, lo = mid + 1; else hi = mid - 1;
+  }
+  const float *x = grads + (int64)tensors[4 * t];
+  int64 count = (int64)tensors[4 * t + 1], perBlock = (int64)tensors[4 * t + 2];
+  int64 begin = (blockIdx.x - (int64)tensors[4 * t + 3]) * perBlock, end = begin + perBlock < count ? begin + perBlock : count;
+  double sum = 0;
+  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) sum += (double)x[i] * x[i];
+  sum = blockSum(sum, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// Launch 1, one block: each gradient's sum of its partials, then the adds, in float.
+template <int64 Tensors, int64 Blocks>
+__device__ void gradNormTotal(float *out, const float *scratch, const double *tensors) {
+  __shared__ double shared[256];
+  const double *partial = (const double *)scratch;
+  float total = 0.0f;
+  for (int t = 0; t < Tensors; ++t) {
+    int64 first = (int64)tensors[4 * t + 3], blocks = (t + 1 < Tensors ? (int64)tensors[4 * (t + 1) + 3] : Blocks) - first;
+    double sum = 0;
+    for (int64 i = threadIdx.x; i < blocks; i += blockDim.x) sum += partial[first + i];
+    sum = blockSum(sum, shared);
+    total = t == 0 ? (float)sum : total + (float)sum;
+  }
+  if (threadIdx.x == 0) out[0] = total;
+}
