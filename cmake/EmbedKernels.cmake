@@ -4,7 +4,7 @@
 file(GLOB HEADERS ${KERNEL_DIR}/*.cuh)
 list(SORT HEADERS)
 set(text "// Generated at build time from backends/cuda/kernels/*.cuh by cmake/EmbedKernels.cmake.\n")
-string(APPEND text "#include \"compiler/KernelHeaders.h\"\n\nnamespace tgc {\n\n")
+string(APPEND text "#include \"backends/cuda/KernelHeaders.h\"\n\nnamespace tgc {\n\n")
 string(APPEND text "llvm::ArrayRef<KernelHeader> kernelHeaders() {\n  static const KernelHeader headers[] = {\n")
 foreach(header ${HEADERS})
   get_filename_component(name ${header} NAME)

@@ -1,16 +1,17 @@
 // FP8 delayed scaling: TE's scale update, the quantize kernel, and the tiny model trained with
 // the fp8 recipe on the CPU (emulated) against its fp32 run.
+#include "backends/cuda/Pipeline.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
-#include "runtime/Init.h"
-#include "runtime/Program.h"
-#include "runtime/Random.h"
-#include "runtime/Checkpoint.h"
-#include "runtime/Fp8Scaling.h"
-#include "runtime/Generate.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Trainer.h"
+#include "transforms/Pass.h"
+#include "app/Init.h"
+#include "driver/Program.h"
+#include "support/Random.h"
+#include "app/Checkpoint.h"
+#include "backends/cpu/Fp8Scaling.h"
+#include "app/Generate.h"
+#include "backends/cpu/Interpreter.h"
+#include "app/Trainer.h"
 #include "tests/TestUtil.h"
 
 #include <cfloat>

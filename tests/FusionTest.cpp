@@ -1,11 +1,12 @@
 // Fused and unfused programs on the CPU interpreter: the same loss, logits and gradients of
 // every parameter, bit for bit, on fresh random inputs each run, with all fusions on and with
 // each one off.
+#include "backends/cpu/Pipeline.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
-#include "runtime/Init.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Random.h"
+#include "transforms/Pass.h"
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
+#include "support/Random.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>

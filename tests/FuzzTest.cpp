@@ -4,7 +4,7 @@
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
 #include "models/ModelConfig.h"
-#include "runtime/Random.h"
+#include "support/Random.h"
 #include "tests/TestUtil.h"
 
 using namespace tgc;

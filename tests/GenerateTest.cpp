@@ -1,13 +1,14 @@
 // Generation with a KV cache against the full inference program: the decode program, fed one
 // token a step, gives each position the logits the full program gives that position, for the
 // model variants and in fp32 and bf16; the generator's tokens agree with and without the cache.
+#include "backends/cpu/Pipeline.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
-#include "runtime/Generate.h"
-#include "runtime/Init.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Random.h"
+#include "transforms/Pass.h"
+#include "app/Generate.h"
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
+#include "support/Random.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>

@@ -1,16 +1,17 @@
 // The GPU backend against the CPU interpreter: every generated kernel and GEMM of the tiny
 // model's training program on fresh random inputs (results poisoned with NaN first, so that an
 // unwritten element fails), and fp32 training parity. Skipped where there is no GPU.
+#include "backends/cuda/Pipeline.h"
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
-#include "runtime/CudaExecutor.h"
-#include "runtime/Fp8Scaling.h"
-#include "runtime/Generate.h"
-#include "runtime/Init.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Random.h"
-#include "runtime/Trainer.h"
+#include "transforms/Pass.h"
+#include "backends/cuda/CudaExecutor.h"
+#include "backends/cpu/Fp8Scaling.h"
+#include "app/Generate.h"
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
+#include "support/Random.h"
+#include "app/Trainer.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>

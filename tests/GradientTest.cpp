@@ -3,10 +3,10 @@
 #include "ir/Parser.h"
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
-#include "runtime/Init.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Random.h"
+#include "transforms/Pass.h"
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
+#include "support/Random.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>

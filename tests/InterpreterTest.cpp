@@ -1,10 +1,10 @@
 // Interpreter ops against plain loops on random inputs, and the arithmetic data stream.
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
-#include "runtime/Program.h"
-#include "runtime/Data.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Random.h"
+#include "driver/Program.h"
+#include "app/Data.h"
+#include "backends/cpu/Interpreter.h"
+#include "support/Random.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>

@@ -1,9 +1,10 @@
 // The GPU memory plan: values alive at the same time never share bytes, aliases share their
 // source's, and reuse makes the arena much smaller than one buffer per value.
-#include "compiler/MemoryPlan.h"
+#include "backends/cuda/Pipeline.h"
+#include "backends/cuda/MemoryPlan.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
+#include "transforms/Pass.h"
 #include "tests/TestUtil.h"
 
 #include <fmt/format.h>

@@ -1,5 +1,5 @@
 // FP8 and BF16 conversions from their definitions (the CUDA comparison is NumericsVsCudaTest).
-#include "runtime/Numerics.h"
+#include "support/Numerics.h"
 
 #include <gtest/gtest.h>
 

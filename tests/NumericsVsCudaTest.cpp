@@ -1,7 +1,7 @@
 // tgc's FP8 and BF16 conversions against CUDA's own (cuda_fp8.h and cuda_bf16.h, whose
 // conversion functions compile for the host), on every interesting float and a sweep of bit
 // patterns. Built where the CUDA headers are.
-#include "runtime/Numerics.h"
+#include "support/Numerics.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

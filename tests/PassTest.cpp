@@ -1,10 +1,10 @@
 // The pass pipeline: verification after every pass, dumps, disabling, and the cse/dce passes.
 #include "ir/Parser.h"
 #include "ir/Printer.h"
-#include "passes/Pass.h"
-#include "passes/Rewrite.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Random.h"
+#include "transforms/Pass.h"
+#include "transforms/Rewrite.h"
+#include "backends/cpu/Interpreter.h"
+#include "support/Random.h"
 #include "tests/TestUtil.h"
 
 using namespace tgc;

@@ -2,10 +2,10 @@
 // double precision written from the model's definition, sharing no code with the interpreter.
 #include "ir/Verifier.h"
 #include "models/GPTBuilder.h"
-#include "passes/Pass.h"
-#include "runtime/Data.h"
-#include "runtime/Init.h"
-#include "runtime/Interpreter.h"
+#include "transforms/Pass.h"
+#include "app/Data.h"
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
 #include "tests/TestUtil.h"
 
 #include <cmath>

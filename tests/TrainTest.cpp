@@ -1,11 +1,11 @@
 // Training on the CPU: the optimizer's arithmetic, bitwise determinism across runs and across
 // save and resume, checkpoint errors, PyTorch parity, and the tiny model learning its task.
 #include "ir/Parser.h"
-#include "runtime/Checkpoint.h"
-#include "runtime/Generate.h"
-#include "runtime/Interpreter.h"
-#include "runtime/Schedule.h"
-#include "runtime/Trainer.h"
+#include "app/Checkpoint.h"
+#include "app/Generate.h"
+#include "backends/cpu/Interpreter.h"
+#include "backends/cpu/Schedule.h"
+#include "app/Trainer.h"
 #include "tests/TestUtil.h"
 
 #include "llvm/Support/FileSystem.h"

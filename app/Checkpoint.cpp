@@ -1,0 +1,137 @@
+#include "app/Checkpoint.h"
+
+#include "ir/Infer.h"
+#include "support/Files.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cstring>
+#include <fmt/format.h>
+
+namespace tgc {
+
+namespace {
+
+template <typename... Args>
+llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
+}
+
+// A header larger than this is not a tgc checkpoint (the safetensors reference uses 100 MB).
+constexpr uint64_t kMaxHeaderBytes = 100 << 20;
+
+} // namespace
+
+llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) {
+  llvm::json::Object header;
+  uint64_t offset = 0;
+  for (const auto &[name, tensor] : checkpoint.tensors) {
+    if (!isFloat(tensor.type.dtype))
+      return fail(path, "tensor '{}' is not floating point", name);
+    llvm::json::Array shape;
+    for (int64_t d : tensor.type.shape)
+      shape.push_back(d);
+    uint64_t bytes = uint64_t(tensor.size()) * 4;
+    header[name] = llvm::json::Object{{"dtype", "F32"},
+                                      {"shape", std::move(shape)},
+                                      {"data_offsets", llvm::json::Array{offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string metaText;
+  llvm::raw_string_ostream(metaText) << llvm::json::Value(llvm::json::Object(checkpoint.meta));
+  header["__metadata__"] = llvm::json::Object{{"format", "pt"}, {"tgc", metaText}};
+  std::string headerText;
+  llvm::raw_string_ostream(headerText) << llvm::json::Value(std::move(header));
+  // Pad the header with spaces so the data starts 8-byte aligned, as the format recommends.
+  while ((8 + headerText.size()) % 8)
+    headerText += ' ';
+  std::string file;
+  file.reserve(8 + headerText.size() + offset);
+  uint64_t headerSize = headerText.size();
+  for (int i = 0; i < 8; ++i)
+    file += char((headerSize >> (8 * i)) & 0xff); // little-endian u64
+  file += headerText;
+  for (const auto &[name, tensor] : checkpoint.tensors)
+    file.append(reinterpret_cast<const char *>(tensor.data.data()), tensor.data.size() * 4);
+  return writeFileAtomically(path, file);
+}
+
+llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buffer)
+    return fail(path, "cannot read: {}", buffer.getError().message());
+  llvm::StringRef bytes = (*buffer)->getBuffer();
+  if (bytes.size() < 8)
+    return fail(path, "not a safetensors checkpoint: {} bytes, shorter than the 8-byte header size",
+                bytes.size());
+  uint64_t headerSize = 0;
+  for (int i = 0; i < 8; ++i)
+    headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  if (headerSize > kMaxHeaderBytes || headerSize > bytes.size() - 8)
+    return fail(path, "not a safetensors checkpoint or truncated: header of {} bytes in a file of {}",
+                headerSize, bytes.size());
+  auto parsed = llvm::json::parse(bytes.substr(8, headerSize));
+  if (!parsed)
+    return fail(path, "malformed safetensors header: {}", llvm::toString(parsed.takeError()));
+  llvm::json::Object *header = parsed->getAsObject();
+  if (!header)
+    return fail(path, "malformed safetensors header: not a JSON object");
+  uint64_t dataSize = bytes.size() - 8 - headerSize;
+  const char *data = bytes.data() + 8 + headerSize;
+  Checkpoint checkpoint;
+  for (auto &[key, value] : *header) {
+    std::string name = key.str();
+    if (name == "__metadata__") {
+      const llvm::json::Object *meta = value.getAsObject();
+      auto text = meta ? meta->getString("tgc") : std::nullopt;
+      if (!text)
+        return fail(path, "the safetensors metadata has no 'tgc' entry: not written by tgc");
+      auto metaJson = llvm::json::parse(*text);
+      if (!metaJson || !metaJson->getAsObject()) {
+        if (!metaJson)
+          llvm::consumeError(metaJson.takeError());
+        return fail(path, "the 'tgc' metadata is not a JSON object");
+      }
+      checkpoint.meta = std::move(*metaJson->getAsObject());
+      continue;
+    }
+    const llvm::json::Object *entry = value.getAsObject();
+    if (!entry)
+      return fail(path, "tensor '{}': entry is not an object", name);
+    auto dtype = entry->getString("dtype");
+    if (!dtype || *dtype != "F32")
+      return fail(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", name,
+                  dtype ? dtype->str() : "missing");
+    const llvm::json::Array *shapeArray = entry->getArray("shape");
+    const llvm::json::Array *offsets = entry->getArray("data_offsets");
+    if (!shapeArray || !offsets || offsets->size() != 2)
+      return fail(path, "tensor '{}': missing shape or data_offsets", name);
+    TensorType type(DType::F32, {});
+    for (const llvm::json::Value &d : *shapeArray) {
+      auto dim = d.getAsInteger();
+      if (!dim || *dim <= 0 || *dim > kMaxDim || type.rank() == kMaxRank)
+        return fail(path, "tensor '{}': bad shape", name);
+      type.shape.push_back(*dim);
+    }
+    if (auto err = checkTypeLimits(type))
+      return fail(path, "tensor '{}': {}", name, llvm::toString(std::move(err)));
+    auto begin = (*offsets)[0].getAsUINT64(), end = (*offsets)[1].getAsUINT64();
+    if (!begin || !end || *begin > *end || *end > dataSize ||
+        *end - *begin != uint64_t(type.numElements()) * 4)
+      return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data "
+                  "(truncated file?)", name, type.str(), dataSize);
+    Tensor tensor = Tensor::zeros(type);
+    std::memcpy(tensor.data.data(), data + *begin, *end - *begin);
+    checkpoint.tensors.emplace(name, std::move(tensor));
+  }
+  if (checkpoint.meta.empty())
+    return fail(path, "no tgc metadata: not a tgc checkpoint");
+  return checkpoint;
+}
+
+} // namespace tgc

@@ -1,0 +1,25 @@
+// Checkpoints: safetensors files (every param and state tensor, fp32, by its IR name) with tgc's
+// metadata as JSON under the "tgc" key of __metadata__. Written atomically: a crash or a bad
+// input never leaves a half-written file under the target name.
+#pragma once
+
+#include "backends/Tensor.h"
+
+#include "llvm/Support/Error.h"
+#include "llvm/Support/JSON.h"
+
+#include <map>
+#include <string>
+
+namespace tgc {
+
+struct Checkpoint {
+  std::map<std::string, Tensor> tensors;
+  llvm::json::Object meta; // model (YAML text), step, seed, data position, precision, ...
+};
+
+llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint);
+/// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file.
+llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path);
+
+} // namespace tgc

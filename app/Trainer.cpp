@@ -1,0 +1,161 @@
+#include "app/Trainer.h"
+
+#include "models/GPTBuilder.h"
+#include "transforms/Pass.h"
+#include "app/Init.h"
+
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+
+namespace tgc {
+
+namespace {
+llvm::Error fail(const std::string &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
+}
+} // namespace
+
+llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
+                                                         llvm::StringRef dataPath, Device device) {
+  auto trainer = std::unique_ptr<Trainer>(new Trainer());
+  trainer->config_ = config;
+  trainer->dataPath_ = dataPath.str();
+  auto graph = buildGPT(config, config.train.batch);
+  if (!graph)
+    return graph.takeError();
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/true);
+  if (!program)
+    return program.takeError();
+  trainer->config_.precision = program->precision;
+  trainer->program_ = std::move(program->graph);
+  trainer->executor_ = std::move(program->executor);
+  if (auto err = trainer->executor_->bindAll(initParams(*trainer->program_, config.train.seed)))
+    return std::move(err);
+  if (dataPath.empty()) {
+    trainer->data_ = std::make_unique<ArithmeticData>(config.vocab, config.seqLen, config.data,
+                                                      config.train.seed);
+  } else {
+    auto data = TokenFileData::open(dataPath, config.vocab, config.seqLen, config.train.seed);
+    if (!data)
+      return data.takeError();
+    trainer->data_ = std::move(*data);
+  }
+  return trainer;
+}
+
+llvm::Expected<StepRecord> Trainer::step() {
+  const int64_t batch = config_.train.batch, seqLen = config_.seqLen;
+  Batch b = data_->trainBatch(stepsDone_, batch);
+  TensorType ids(DType::I32, {batch, seqLen});
+  StepRecord record;
+  record.step = stepsDone_ + 1;
+  if (auto err = executor_->bind("tokens", Tensor{ids, {}, std::move(b.tokens)}))
+    return std::move(err);
+  if (auto err = executor_->bind("targets", Tensor{ids, {}, std::move(b.targets)}))
+    return std::move(err);
+  if (auto err = executor_->bind("step", Tensor{TensorType(DType::I32, {}), {}, {int32_t(record.step)}}))
+    return std::move(err);
+  auto start = std::chrono::steady_clock::now();
+  auto outputs = executor_->run();
+  if (!outputs)
+    return outputs.takeError();
+  record.stepMs =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  // Outputs of the training program: loss, lr, sum of squared gradients (see the adamw pass).
+  record.loss = (*outputs)[0].data[0];
+  record.lr = (*outputs)[1].data[0];
+  record.gradNorm = std::sqrt(double((*outputs)[2].data[0]));
+  if (!std::isfinite(record.loss))
+    return fail(fmt::format("step {}: the loss is {} (diverged; try a lower --lr)", record.step,
+                            record.loss));
+  ++stepsDone_;
+  return record;
+}
+
+llvm::Expected<Checkpoint> Trainer::checkpoint() const {
+  Checkpoint checkpoint;
+  for (const Op *op : program_->ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    auto tensor = executor_->read(op->result()->name());
+    if (!tensor)
+      return tensor.takeError();
+    checkpoint.tensors.emplace(op->result()->name(), std::move(*tensor));
+  }
+  checkpoint.meta["format"] = 1;
+  checkpoint.meta["model"] = formatModelConfig(config_);
+  checkpoint.meta["step"] = stepsDone_;
+  checkpoint.meta["seed"] = std::to_string(config_.train.seed); // u64 does not fit JSON's int64
+  checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
+                                               {"path", dataPath_},
+                                               {"position", stepsDone_}};
+  checkpoint.meta["precision"] = config_.precision.recipe;
+  return checkpoint;
+}
+
+llvm::Expected<ModelConfig> checkpointModel(const Checkpoint &checkpoint, llvm::StringRef path) {
+  auto text = checkpoint.meta.getString("model");
+  if (!text)
+    return fail(path.str() + ": error: the checkpoint metadata has no model description");
+  return parseModelConfig(*text, (path + ":model").str());
+}
+
+std::string architectureDifference(const ModelConfig &a, const ModelConfig &b) {
+  auto differ = [](const char *field, auto x, auto y) -> std::string {
+    return x == y ? "" : fmt::format("{} {} vs {}", field, x, y);
+  };
+  for (const std::string &d :
+       {differ("vocab", a.vocab, b.vocab), differ("seq_len", a.seqLen, b.seqLen),
+        differ("d_model", a.dModel, b.dModel), differ("heads", a.heads, b.heads),
+        differ("layers", a.layers, b.layers), differ("ffn", a.ffn, b.ffn),
+        differ("norm", int(a.norm), int(b.norm)),
+        differ("activation", int(a.activation), int(b.activation)),
+        differ("bias", a.bias, b.bias), differ("tie_embeddings", a.tieEmbeddings, b.tieEmbeddings)})
+    if (!d.empty())
+      return d;
+  return "";
+}
+
+llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) {
+  auto saved = checkpointModel(checkpoint, path);
+  if (!saved)
+    return saved.takeError();
+  std::string difference = architectureDifference(*saved, config_);
+  if (!difference.empty())
+    return fail(fmt::format("{}: error: checkpoint of model '{}' does not fit model '{}' ({})",
+                            path.str(), saved->name, config_.name, difference));
+  auto step = checkpoint.meta.getInteger("step");
+  if (!step || *step < 0)
+    return fail(path.str() + ": error: the checkpoint metadata has no step");
+  for (const Op *op : program_->ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    const std::string &name = op->result()->name();
+    auto it = checkpoint.tensors.find(name);
+    if (it == checkpoint.tensors.end())
+      return fail(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
+    if (auto err = executor_->bind(name, it->second))
+      return fail(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
+  }
+  // The data stream continues where it stopped: same seed, same position.
+  auto seedText = checkpoint.meta.getString("seed");
+  uint64_t seed = 0;
+  if (!seedText || seedText->getAsInteger(10, seed))
+    return fail(path.str() + ": error: the checkpoint metadata has no seed");
+  if (seed != config_.train.seed) {
+    config_.train.seed = seed;
+    if (dataPath_.empty()) {
+      data_ = std::make_unique<ArithmeticData>(config_.vocab, config_.seqLen, config_.data, seed);
+    } else {
+      auto data = TokenFileData::open(dataPath_, config_.vocab, config_.seqLen, seed);
+      if (!data)
+        return data.takeError();
+      data_ = std::move(*data);
+    }
+  }
+  stepsDone_ = *step;
+  return llvm::Error::success();
+}
+
+} // namespace tgc

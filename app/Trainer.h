@@ -1,0 +1,62 @@
+// Training: compiles the training program of a model description, owns its executor and data
+// stream, runs steps, and saves and restores checkpoints.
+#pragma once
+
+#include "ir/Graph.h"
+#include "models/ModelConfig.h"
+#include "app/Checkpoint.h"
+#include "app/Data.h"
+#include "backends/Executor.h"
+#include "driver/Program.h"
+
+#include <memory>
+
+namespace tgc {
+
+struct StepRecord {
+  int64_t step = 0; // 1-based
+  double loss = 0;
+  double lr = 0;
+  double gradNorm = 0; // before clipping
+  double stepMs = 0;
+};
+
+
+class Trainer {
+public:
+  /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
+  /// means the arithmetic task. On the GPU the program is compiled by gpuPipeline (see
+  /// compileForDevice).
+  static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
+                                                         llvm::StringRef dataPath = "",
+                                                         Device device = Device::Cpu);
+
+  /// Runs the next step.
+  llvm::Expected<StepRecord> step();
+  int64_t stepsDone() const { return stepsDone_; }
+  const ModelConfig &config() const { return config_; }
+  const Graph &program() const { return *program_; }
+  const DataSource &data() const { return *data_; }
+  const Executor &executor() const { return *executor_; }
+
+  /// Every parameter and state tensor plus the metadata to resume.
+  llvm::Expected<Checkpoint> checkpoint() const;
+  /// Continues from a checkpoint of the same model: weights, optimizer state, step, data
+  /// position. A checkpoint of another model is an error naming the difference.
+  llvm::Error resume(const Checkpoint &checkpoint, llvm::StringRef path);
+
+private:
+  ModelConfig config_;
+  std::unique_ptr<Graph> program_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<DataSource> data_;
+  std::string dataPath_;
+  int64_t stepsDone_ = 0;
+};
+
+/// The model description stored in a checkpoint.
+llvm::Expected<ModelConfig> checkpointModel(const Checkpoint &checkpoint, llvm::StringRef path);
+/// The first architecture field in which two descriptions differ, or "" when they agree.
+std::string architectureDifference(const ModelConfig &a, const ModelConfig &b);
+
+} // namespace tgc

@@ -1,0 +1,37 @@
+// What runs a compiled program: the CPU interpreter, and the GPU executor when it is built.
+// Leaves (inputs, parameters, state) are bound by name; a run executes one step and leaves the
+// assigned parameters and state updated.
+#pragma once
+
+#include "backends/Tensor.h"
+
+#include "llvm/Support/Error.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tgc {
+
+class Executor {
+public:
+  virtual ~Executor() = default;
+  /// Binds an input, parameter or state by name; its type must match the graph's.
+  virtual llvm::Error bind(llvm::StringRef name, Tensor tensor) = 0;
+  /// Runs the program once; returns its outputs in order.
+  virtual llvm::Expected<std::vector<Tensor>> run() = 0;
+  /// The current value of a leaf (after the last run's assigns).
+  virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
+  virtual std::string describe() const = 0;
+  /// Device memory the program holds (buffers and workspace); 0 on the CPU.
+  virtual int64_t deviceBytes() const { return 0; }
+
+  llvm::Error bindAll(const std::map<std::string, Tensor> &tensors) {
+    for (const auto &[name, tensor] : tensors)
+      if (auto err = bind(name, tensor))
+        return err;
+    return llvm::Error::success();
+  }
+};
+
+} // namespace tgc

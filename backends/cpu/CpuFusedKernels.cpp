@@ -1,0 +1,377 @@
+// CPU reference of the fused ops, composed from the kernels of the ops each one replaces, in
+// the same order, so that a fused and an unfused program compute the same function. The fused
+// gradients recompute what their forward op did not keep (the normalised input, activations,
+// attention probabilities), as the GPU does.
+#include "ir/Fused.h"
+#include "backends/cpu/CpuKernels.h"
+#include "support/Numerics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+namespace tgc::cpu {
+
+namespace {
+
+using EvalFn = llvm::Error (*)(const AttrMap &, Operands, Results);
+
+TensorType withLastDim(TensorType type, int64_t last) {
+  type.shape.back() = last;
+  return type;
+}
+
+/// One kernel on fresh output of `type`. The kernels used here only fail on bad ids, which
+/// none of these calls passes.
+Tensor apply(EvalFn kernel, const AttrMap &a, std::initializer_list<const Tensor *> in,
+             const TensorType &type) {
+  Tensor out = Tensor::zeros(type);
+  llvm::cantFail(kernel(a, in, llvm::MutableArrayRef<Tensor>(out)));
+  return out;
+}
+
+/// A GEMM inside a fused op: the transpose flags given, and the fused op's gemm_dtype.
+Tensor gemm(const AttrMap &fused, std::initializer_list<const char *> transposes, const Tensor &a,
+            const Tensor &b, const TensorType &type) {
+  AttrMap flags;
+  for (const char *t : transposes)
+    flags.set(t, true);
+  if (auto dtype = fused.getString("gemm_dtype"))
+    flags.set("gemm_dtype", *dtype);
+  return apply(evalMatMul, flags, {&a, &b}, type);
+}
+
+/// x @ weight^T (+ bias), weight stored [out, in]: the builder's linear layer.
+Tensor linear(const AttrMap &fused, const Tensor &x, const Tensor &weight, const Tensor *bias) {
+  Tensor y = gemm(fused, {"transpose_b"}, x, weight, withLastDim(x.type, weight.type.dim(0)));
+  return bias ? apply(evalAdd, {}, {&y, bias}, y.type) : y;
+}
+
+Tensor norm(const AttrMap &a, const Tensor &x, const Tensor &gamma, const Tensor *beta) {
+  if (beta)
+    return apply(evalLayerNorm, a, {&x, &gamma, beta}, x.type);
+  return apply(evalRMSNorm, a, {&x, &gamma}, x.type);
+}
+
+/// Rows of a [..., n] tensor as a [rows, n] matrix (the same data).
+Tensor asRows(const Tensor &t) {
+  Tensor r = t;
+  int64_t n = t.type.dim(-1);
+  r.type = TensorType(t.type.dtype, {t.size() / n, n});
+  return r;
+}
+
+/// The gradients of a linear layer y = x @ w^T + b, as autodiff writes them: dx = dy @ w,
+/// dw = dy_rows^T @ x_rows, db = the column sums of dy.
+struct LinearGrads {
+  Tensor dx, dw, db;
+};
+LinearGrads linearBackward(const AttrMap &fused, const Tensor &dy, const Tensor &x,
+                           const Tensor &w, bool bias) {
+  LinearGrads g;
+  g.dx = gemm(fused, {}, dy, w, x.type);
+  Tensor dyRows = asRows(dy), xRows = asRows(x);
+  g.dw = gemm(fused, {"transpose_a"}, dyRows, xRows, w.type);
+  if (bias)
+    g.db = apply(evalReduceTo, attrs({{"shape", std::vector<int64_t>{w.type.dim(0)}}}), {&dy},
+                 TensorType(dy.type.dtype, {w.type.dim(0)}));
+  return g;
+}
+
+/// dx, dgamma, [dbeta] of the norm at x.
+void normBackward(const AttrMap &a, const Tensor &dn, const Tensor &x, const Tensor &gamma,
+                  bool layerNorm, Tensor &dx, Tensor &dgamma, Tensor *dbeta) {
+  if (layerNorm) {
+    Tensor outs[3] = {Tensor::zeros(x.type), Tensor::zeros(gamma.type), Tensor::zeros(gamma.type)};
+    llvm::cantFail(evalLayerNormBackward(a, {&dn, &x, &gamma}, outs));
+    dx = std::move(outs[0]);
+    dgamma = std::move(outs[1]);
+    *dbeta = std::move(outs[2]);
+    return;
+  }
+  Tensor outs[2] = {Tensor::zeros(x.type), Tensor::zeros(gamma.type)};
+  llvm::cantFail(evalRMSNormBackward(a, {&dn, &x, &gamma}, outs));
+  dx = std::move(outs[0]);
+  dgamma = std::move(outs[1]);
+}
+
+const Tensor *slot(Operands in, const FusedLayout &layout, FusedSlot s) {
+  return layout.has(s) ? in[layout[s]] : nullptr;
+}
+
+/// Slices [start, start + size) of the last axis.
+Tensor lastAxisSlice(const Tensor &t, int64_t start, int64_t size) {
+  int64_t axis = int64_t(t.type.rank()) - 1;
+  return apply(evalSlice, attrs({{"axis", axis}, {"start", start}, {"size", size}}), {&t},
+               withLastDim(t.type, size));
+}
+
+/// The SwiGLU or GELU activation of fc1's output h.
+Tensor activate(const Tensor &h, bool swiglu) {
+  if (!swiglu)
+    return apply(evalGelu, {}, {&h}, h.type);
+  int64_t f = h.type.dim(-1) / 2;
+  Tensor gate = lastAxisSlice(h, 0, f), up = lastAxisSlice(h, f, f);
+  Tensor act = apply(evalSilu, {}, {&gate}, gate.type);
+  return apply(evalMul, {}, {&act, &up}, act.type);
+}
+
+/// Gradient of the activation with respect to h.
+Tensor activateBackward(const Tensor &da, const Tensor &h, bool swiglu) {
+  if (!swiglu)
+    return apply(evalGeluBackward, {}, {&da, &h}, h.type);
+  int64_t f = h.type.dim(-1) / 2, axis = int64_t(h.type.rank()) - 1;
+  Tensor gate = lastAxisSlice(h, 0, f), up = lastAxisSlice(h, f, f);
+  Tensor act = apply(evalSilu, {}, {&gate}, gate.type);
+  Tensor dact = apply(evalMul, {}, {&da, &up}, da.type);
+  Tensor dup = apply(evalMul, {}, {&da, &act}, da.type);
+  Tensor dgate = apply(evalSiluBackward, {}, {&dact, &gate}, gate.type);
+  Tensor placedGate = apply(evalPad, attrs({{"axis", axis}, {"start", int64_t(0)}, {"size", 2 * f}}),
+                            {&dgate}, h.type);
+  Tensor placedUp = apply(evalPad, attrs({{"axis", axis}, {"start", f}, {"size", 2 * f}}), {&dup},
+                          h.type);
+  return apply(evalAdd, {}, {&placedGate, &placedUp}, h.type);
+}
+
+/// The intermediate tensors of causal attention on a packed qkv, as the unfused graph has them.
+struct AttentionParts {
+  Tensor q, k, v; // [B, H, T, Dh]
+  Tensor probs;   // [B, H, T, T]
+};
+
+const std::vector<int64_t> kSwapHeads{0, 2, 1, 3};
+
+AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
+  int64_t B = qkv.type.dim(0), T = qkv.type.dim(1), D = qkv.type.dim(2) / 3;
+  int64_t H = *a.getInt("heads"), Dh = D / H;
+  auto head = [&](int64_t index) {
+    Tensor part = lastAxisSlice(qkv, index * D, D);
+    TensorType split(qkv.type.dtype, {B, T, H, Dh});
+    part.type = split; // reshape: same data
+    return apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part},
+                 TensorType(qkv.type.dtype, {B, H, T, Dh}));
+  };
+  AttentionParts p{head(0), head(1), head(2), {}};
+  TensorType scoresType(qkv.type.dtype, {B, H, T, T});
+  Tensor scores = gemm(a, {"transpose_b"}, p.q, p.k, scoresType);
+  Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&scores}, scoresType);
+  Tensor masked = apply(evalCausalMask, {}, {&scaled}, scoresType);
+  p.probs = apply(evalSoftmax, {}, {&masked}, scoresType);
+  return p;
+}
+
+} // namespace
+
+llvm::Error evalLayerNormLinear(const AttrMap &a, Operands in, Results out) {
+  FusedLayout layout(OpKind::LayerNormLinear, a);
+  Tensor n = norm(a, *in[layout[FusedSlot::X]], *in[layout[FusedSlot::Gamma]],
+                  slot(in, layout, FusedSlot::Beta));
+  out[0] = linear(a, n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
+  if (out.size() > 1)
+    out[1] = std::move(n);
+  return llvm::Error::success();
+}
+
+llvm::Error evalLayerNormMLP(const AttrMap &a, Operands in, Results out) {
+  FusedLayout layout(OpKind::LayerNormMLP, a);
+  bool swiglu = a.getString("activation") == "swiglu";
+  Tensor n = norm(a, *in[layout[FusedSlot::X]], *in[layout[FusedSlot::Gamma]],
+                  slot(in, layout, FusedSlot::Beta));
+  Tensor h = linear(a, n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
+  Tensor act = activate(h, swiglu);
+  out[0] = linear(a, act, *in[layout[FusedSlot::W2]], slot(in, layout, FusedSlot::B2));
+  out[1] = std::move(h);
+  return llvm::Error::success();
+}
+
+llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
+  AttentionParts p = attentionForward(a, *in[0]);
+  const TensorType type = out[0].type; // a copy: out[0] is reassigned below
+  int64_t B = type.dim(0), T = type.dim(1), H = *a.getInt("heads"), Dh = type.dim(2) / H;
+  Tensor context = gemm(a, {}, p.probs, p.v, p.q.type);
+  out[0] = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&context},
+                 TensorType(type.dtype, {B, T, H, Dh}));
+  out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
+  return llvm::Error::success();
+}
+
+llvm::Error evalKvWrite(const AttrMap &, Operands in, Results out) {
+  const Tensor &cache = *in[0], &x = *in[1];
+  int64_t B = cache.type.dim(0), T = cache.type.dim(1), D = cache.type.dim(2), pos = in[2]->ints[0];
+  if (pos < 0 || pos >= T)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   fmt::format("position {} is outside the cache [0, {})", pos, T));
+  out[0].data = cache.data;
+  for (int64_t b = 0; b < B; ++b)
+    std::copy(&x.data[b * D], &x.data[(b + 1) * D], &out[0].data[(b * T + pos) * D]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
+  // What attention computes for the row of position pos, in the same steps: scores (a GEMM:
+  // BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in double),
+  // probabilities times values (a GEMM again).
+  const Tensor &q = *in[0], &k = *in[1], &v = *in[2];
+  int64_t B = k.type.dim(0), T = k.type.dim(1), D = k.type.dim(2), pos = in[3]->ints[0];
+  int64_t H = *a.getInt("heads"), Dh = D / H;
+  float scale = float(*a.getFloat("scale"));
+  if (pos < 0 || pos >= T)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   fmt::format("position {} is outside the cache [0, {})", pos, T));
+  bool bf16 = a.getString("gemm_dtype") == "bf16";
+  auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
+  Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const float *qh = &q.data[b * D + h * Dh];
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float *kj = &k.data[(b * T + j) * D + h * Dh];
+        float dot = 0.0f;
+        for (int64_t d = 0; d < Dh; ++d)
+          dot += r(qh[d]) * r(kj[d]);
+        scores.data[j] = dot * scale;
+      }
+      Tensor probs = apply(evalSoftmax, {}, {&scores}, scores.type);
+      float *o = &out[0].data[b * D + h * Dh];
+      for (int64_t j = 0; j <= pos; ++j) {
+        float p = r(probs.data[j]);
+        const float *vj = &v.data[(b * T + j) * D + h * Dh];
+        for (int64_t d = 0; d < Dh; ++d)
+          o[d] += p * r(vj[d]);
+      }
+    }
+  return llvm::Error::success();
+}
+
+llvm::Error evalResidualNorm(const AttrMap &a, Operands in, Results out) {
+  out[0] = apply(evalAdd, {}, {in[0], in[1]}, in[0]->type);
+  out[1] = norm(a, out[0], *in[2], in.size() > 3 ? in[3] : nullptr);
+  return llvm::Error::success();
+}
+
+llvm::Error evalMaskedSoftmax(const AttrMap &a, Operands in, Results out) {
+  const TensorType &type = in[0]->type;
+  Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {in[0]}, type);
+  Tensor masked = apply(evalCausalMask, {}, {&scaled}, type);
+  return evalSoftmax({}, {&masked}, out);
+}
+
+llvm::Error evalMaskedSoftmaxBackward(const AttrMap &a, Operands in, Results out) {
+  const TensorType &type = in[1]->type;
+  Tensor dmasked = apply(evalSoftmaxBackward, {}, {in[0], in[1]}, type);
+  Tensor dscaled = apply(evalCausalMask, attrs({{"fill", 0.0}}), {&dmasked}, type);
+  return evalScale(attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, out);
+}
+
+llvm::Error evalMatMulBias(const AttrMap &a, Operands in, Results out) {
+  out[0] = linear(a, *in[0], *in[1], in[2]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
+  out[1] = linear(a, *in[0], *in[1], in[2]);
+  out[0] = apply(evalGelu, {}, {&out[1]}, out[1].type);
+  return llvm::Error::success();
+}
+
+llvm::Error evalCrossEntropy(const AttrMap &, Operands in, Results out) {
+  const Tensor &logits = *in[0], &targets = *in[1];
+  Tensor logp = apply(evalLogSoftmax, {}, {&logits}, logits.type);
+  return evalNLLLoss({}, {&logp, &targets}, out);
+}
+
+llvm::Error evalLayerNormLinearBackward(const AttrMap &a, Operands in, Results out) {
+  FusedLayout layout(OpKind::LayerNormLinearBackward, a);
+  const Tensor &x = *in[layout[FusedSlot::X]], &gamma = *in[layout[FusedSlot::Gamma]];
+  const Tensor &w = *in[layout[FusedSlot::W1]];
+  bool layerNorm = layout.has(FusedSlot::Beta);
+  Tensor n = norm(a, x, gamma, slot(in, layout, FusedSlot::Beta));
+  LinearGrads g = linearBackward(a, *in[layout[FusedSlot::Dy]], n, w, layout.has(FusedSlot::B1));
+  if (layout.has(FusedSlot::DNorm))
+    g.dx = apply(evalAdd, {}, {&g.dx, in[layout[FusedSlot::DNorm]]}, g.dx.type);
+  unsigned r = 0;
+  Tensor dx, dgamma, dbeta;
+  normBackward(a, g.dx, x, gamma, layerNorm, dx, dgamma, &dbeta);
+  out[r++] = std::move(dx);
+  out[r++] = std::move(dgamma);
+  if (layerNorm)
+    out[r++] = std::move(dbeta);
+  out[r++] = std::move(g.dw);
+  if (layout.has(FusedSlot::B1))
+    out[r++] = std::move(g.db);
+  return llvm::Error::success();
+}
+
+llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out) {
+  FusedLayout layout(OpKind::LayerNormMLPBackward, a);
+  bool swiglu = a.getString("activation") == "swiglu";
+  const Tensor &x = *in[layout[FusedSlot::X]], &gamma = *in[layout[FusedSlot::Gamma]];
+  const Tensor &w1 = *in[layout[FusedSlot::W1]], &w2 = *in[layout[FusedSlot::W2]];
+  bool layerNorm = layout.has(FusedSlot::Beta), bias = layout.has(FusedSlot::B1);
+  // Recompute the normalised input, and the activation from the h the forward kept.
+  Tensor n = norm(a, x, gamma, slot(in, layout, FusedSlot::Beta));
+  const Tensor &h = *in[layout[FusedSlot::Hidden]];
+  Tensor act = activate(h, swiglu);
+  LinearGrads g2 = linearBackward(a, *in[layout[FusedSlot::Dy]], act, w2, bias);
+  Tensor dh = activateBackward(g2.dx, h, swiglu);
+  LinearGrads g1 = linearBackward(a, dh, n, w1, bias);
+  Tensor dx, dgamma, dbeta;
+  normBackward(a, g1.dx, x, gamma, layerNorm, dx, dgamma, &dbeta);
+  unsigned r = 0;
+  out[r++] = std::move(dx);
+  out[r++] = std::move(dgamma);
+  if (layerNorm)
+    out[r++] = std::move(dbeta);
+  out[r++] = std::move(g1.dw);
+  if (bias)
+    out[r++] = std::move(g1.db);
+  out[r++] = std::move(g2.dw);
+  if (bias)
+    out[r++] = std::move(g2.db);
+  return llvm::Error::success();
+}
+
+llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
+  const Tensor &dout = *in[0], &qkv = *in[1];
+  AttentionParts p = attentionForward(a, qkv);
+  int64_t B = qkv.type.dim(0), T = qkv.type.dim(1), D = qkv.type.dim(2) / 3;
+  int64_t H = *a.getInt("heads"), Dh = D / H;
+  DType dt = qkv.type.dtype;
+  Tensor split = dout;
+  split.type = TensorType(dt, {B, T, H, Dh});
+  Tensor dcontext = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&split}, p.q.type);
+  Tensor dprobs = gemm(a, {"transpose_b"}, dcontext, p.v, p.probs.type);
+  Tensor dv = gemm(a, {"transpose_a"}, p.probs, dcontext, p.v.type);
+  Tensor dmasked = apply(evalSoftmaxBackward, {}, {&dprobs, &p.probs}, p.probs.type);
+  Tensor dscaled = apply(evalCausalMask, attrs({{"fill", 0.0}}), {&dmasked}, p.probs.type);
+  Tensor dscores = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, p.probs.type);
+  Tensor dq = gemm(a, {}, dscores, p.k, p.q.type);
+  Tensor dk = gemm(a, {"transpose_a"}, dscores, p.q, p.k.type);
+  // Back to [B, T, D] each, placed at q | k | v of the packed gradient.
+  Tensor dqkv = Tensor::zeros(qkv.type);
+  int64_t part = 0;
+  for (const Tensor *d : {&dq, &dk, &dv}) {
+    Tensor merged = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {d},
+                          TensorType(dt, {B, T, H, Dh}));
+    merged.type = TensorType(dt, {B, T, D});
+    Tensor placed = apply(evalPad, attrs({{"axis", int64_t(2)}, {"start", part * D}, {"size", 3 * D}}),
+                          {&merged}, qkv.type);
+    dqkv = apply(evalAdd, {}, {&dqkv, &placed}, qkv.type);
+    ++part;
+  }
+  out[0] = std::move(dqkv);
+  return llvm::Error::success();
+}
+
+llvm::Error evalCrossEntropyBackward(const AttrMap &, Operands in, Results out) {
+  // The log-probabilities recomputed, then nll_loss's and log_softmax's gradients: the unfused
+  // graph's arithmetic, so that a BF16 LM head rounds the same dlogits either way.
+  const Tensor &dloss = *in[0], &logits = *in[1], &targets = *in[2];
+  Tensor logp = apply(evalLogSoftmax, {}, {&logits}, logits.type);
+  Tensor dlogp = Tensor::zeros(logits.type);
+  if (llvm::Error err = evalNLLLossBackward({}, {&dloss, &logp, &targets}, Results(dlogp)))
+    return err;
+  return evalLogSoftmaxBackward({}, {&dlogp, &logp}, out);
+}
+
+} // namespace tgc::cpu

@@ -1,0 +1,627 @@
+// The CPU reference kernels: one eval function per op of ir/Ops.def, written plainly.
+#include "backends/cpu/CpuKernels.h"
+
+#include "backends/cpu/Fp8Scaling.h"
+#include "backends/cpu/Schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <limits>
+#include <thread>
+
+namespace tgc::cpu {
+
+
+
+template <typename... Args>
+llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 fmt::format(format, std::forward<Args>(args)...));
+}
+
+using Operands = llvm::ArrayRef<const Tensor *>;
+using Results = llvm::MutableArrayRef<Tensor>;
+
+/// Product of the dimensions before the last one: the number of rows of a row-wise op.
+int64_t rows(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1) : 1; }
+
+llvm::Error evalInput(const AttrMap &, Operands, Results) { return fail("leaves are bound, not run"); }
+llvm::Error evalParam(const AttrMap &, Operands, Results) { return fail("leaves are bound, not run"); }
+llvm::Error evalState(const AttrMap &, Operands, Results) { return fail("leaves are bound, not run"); }
+llvm::Error evalAssign(const AttrMap &, Operands, Results) { return fail("assigns are run by run()"); }
+
+llvm::Error evalConstant(const AttrMap &attrs, Operands, Results out) {
+  std::fill(out[0].data.begin(), out[0].data.end(), float(*attrs.getFloat("value")));
+  return llvm::Error::success();
+}
+
+llvm::Error evalEmbedding(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &table = *in[0], &ids = *in[1];
+  int64_t vocab = table.type.dim(0), dim = table.type.dim(1);
+  for (int64_t i = 0; i < ids.size(); ++i) {
+    int32_t id = ids.ints[i];
+    if (id < 0 || id >= vocab)
+      return fail("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
+    std::copy_n(&table.data[id * dim], dim, &out[0].data[i * dim]);
+  }
+  return llvm::Error::success();
+}
+
+/// Runs body(i) for i in [0, n), on several threads when `work` is large enough to pay for
+/// them. TGC_THREADS caps the thread count (default: the cores of the machine).
+template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
+  static const unsigned threads = [] {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    if (const char *env = std::getenv("TGC_THREADS"))
+      cores = unsigned(std::clamp(std::atoi(env), 1, 256));
+    return cores;
+  }();
+  unsigned count = work < (1 << 20) ? 1u : unsigned(std::min<int64_t>(threads, n));
+  if (count <= 1) {
+    for (int64_t i = 0; i < n; ++i)
+      body(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < count; ++t)
+    pool.emplace_back([&, t] {
+      for (int64_t i = n * t / count; i < n * (t + 1) / count; ++i)
+        body(i);
+    });
+  for (std::thread &thread : pool)
+    thread.join();
+}
+
+/// Row-major copy of the [rows, cols] matrix `src` (or of its transpose when `transpose`).
+void packMatrix(const float *src, int64_t r, int64_t c, bool transpose, std::vector<float> &dst) {
+  dst.resize(r * c);
+  if (!transpose) {
+    std::copy_n(src, r * c, dst.data());
+    return;
+  }
+  // src is stored [c, r]; dst[i][j] = src[j][i], in 32 x 32 blocks so that both sides stay
+  // in cache (a plain loop reads src a whole row apart at every step).
+  constexpr int64_t kBlock = 32;
+  parallelFor((r + kBlock - 1) / kBlock, r * c * 8, [&](int64_t block) {
+    int64_t i0 = block * kBlock;
+    for (int64_t j0 = 0; j0 < c; j0 += kBlock)
+      for (int64_t i = i0; i < std::min(r, i0 + kBlock); ++i)
+        for (int64_t j = j0; j < std::min(c, j0 + kBlock); ++j)
+          dst[i * c + j] = src[j * r + i];
+  });
+}
+
+/// Dot products of a with the rows b + r * stride, r < Rows, each with 32 partial sums (four
+/// vectors of eight, so that the adds of one vector do not wait on each other) combined in the
+/// same order: one output's bits do not depend on how many are computed together. The clones
+/// below are AVX2 and the SSE2 default, neither of which has FMA, so no multiply-add is
+/// contracted and both give identical bits; an AVX-512 clone would contract them (the GEMM
+/// test checks this).
+template <int Rows>
+inline __attribute__((always_inline)) void dotRows(const float *a, const float *b, int64_t stride,
+                                                   int64_t n, float *out) {
+  constexpr int kLanes = 32;
+  float acc[Rows][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int r = 0; r < Rows; ++r)
+      for (int j = 0; j < kLanes; ++j)
+        acc[r][j] += a[i + j] * b[r * stride + i + j];
+  for (; i < n; ++i)
+    for (int r = 0; r < Rows; ++r)
+      acc[r][i % kLanes] += a[i] * b[r * stride + i];
+  for (int r = 0; r < Rows; ++r) {
+    for (int width = kLanes / 2; width > 0; width /= 2)
+      for (int j = 0; j < width; ++j)
+        acc[r][j] += acc[r][j + width];
+    out[r] = acc[r][0];
+  }
+}
+
+__attribute__((target_clones("avx2", "default")))
+float dot(const float *a, const float *b, int64_t n) {
+  float out;
+  dotRows<1>(a, b, 0, n, &out);
+  return out;
+}
+
+/// Four outputs at once: a is read once for four rows of b.
+__attribute__((target_clones("avx2", "default")))
+void dot4(const float *a, const float *b, int64_t stride, int64_t n, float *out) {
+  dotRows<4>(a, b, stride, n, out);
+}
+
+llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &a = *in[0], &b = *in[1];
+  bool ta = attrs.getBool("transpose_a").value_or(false);
+  bool tb = attrs.getBool("transpose_b").value_or(false);
+  int64_t m = out[0].type.dim(-2), n = out[0].type.dim(-1);
+  int64_t k = ta ? a.type.dim(-2) : a.type.dim(-1);
+  int64_t batches = a.size() / (m * k);
+  bool sharedB = b.type.rank() == 2;
+  // gemm_dtype=bf16: the operands are rounded to BF16, the products accumulate in fp32.
+  bool bf16 = attrs.getString("gemm_dtype") == "bf16";
+  auto round = [bf16](std::vector<float> &v) {
+    if (bf16)
+      for (float &x : v)
+        x = roundToBf16(x);
+  };
+  // Pack A as [m, k] and B as [n, k] so every output is a contiguous dot product. Each output
+  // element is one dot product however the work is split, so tiles and threads change no bit.
+  std::vector<float> packedB;
+  if (sharedB) {
+    packMatrix(&b.data[0], n, k, !tb, packedB);
+    round(packedB);
+  }
+  // Tiles of 64 rows of B and 256 rows of A stay in cache while they are reused.
+  constexpr int64_t kTileB = 64, kTileA = 256;
+  auto multiply = [&](const float *pa, const float *pb, float *c, int64_t j0, int64_t j1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kTileA)
+      for (int64_t i = i0; i < std::min(m, i0 + kTileA); ++i)
+        for (int64_t j = j0; j < j1;) {
+          if (j + 4 <= j1) {
+            dot4(&pa[i * k], &pb[j * k], k, k, &c[i * n + j]);
+            j += 4;
+          } else {
+            c[i * n + j] = dot(&pa[i * k], &pb[j * k], k);
+            ++j;
+          }
+        }
+  };
+  if (batches > 1 && m * n * k < (int64_t(1) << 22)) {
+    // Many small products (attention's heads): the threads take whole batches.
+    parallelFor(batches, batches * m * n * k, [&](int64_t batch) {
+      thread_local std::vector<float> ownA, ownB;
+      packMatrix(&a.data[batch * m * k], m, k, ta, ownA);
+      round(ownA);
+      if (!sharedB) {
+        packMatrix(&b.data[batch * k * n], n, k, !tb, ownB);
+        round(ownB);
+      }
+      multiply(ownA.data(), sharedB ? packedB.data() : ownB.data(), &out[0].data[batch * m * n], 0, n);
+    });
+    return llvm::Error::success();
+  }
+  std::vector<float> packedA;
+  for (int64_t batch = 0; batch < batches; ++batch) {
+    packMatrix(&a.data[batch * m * k], m, k, ta, packedA);
+    round(packedA);
+    if (!sharedB) {
+      packMatrix(&b.data[batch * k * n], n, k, !tb, packedB);
+      round(packedB);
+    }
+    float *c = &out[0].data[batch * m * n];
+    int64_t tiles = (n + kTileB - 1) / kTileB;
+    parallelFor(tiles, m * n * k, [&](int64_t tile) {
+      int64_t j0 = tile * kTileB;
+      multiply(packedA.data(), packedB.data(), c, j0, std::min(n, j0 + kTileB));
+    });
+  }
+  return llvm::Error::success();
+}
+
+template <typename F> llvm::Error broadcastBinary(Operands in, Results out, F f) {
+  const Tensor &a = *in[0], &b = *in[1];
+  int64_t period = b.size();
+  for (int64_t i = 0; i < a.size(); ++i)
+    out[0].data[i] = f(a.data[i], b.data[i % period]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalAdd(const AttrMap &, Operands in, Results out) {
+  return broadcastBinary(in, out, [](float x, float y) { return x + y; });
+}
+llvm::Error evalMul(const AttrMap &, Operands in, Results out) {
+  return broadcastBinary(in, out, [](float x, float y) { return x * y; });
+}
+
+template <typename F> llvm::Error unary(Operands in, Results out, F f) {
+  std::transform(in[0]->data.begin(), in[0]->data.end(), out[0].data.begin(), f);
+  return llvm::Error::success();
+}
+
+llvm::Error evalScale(const AttrMap &attrs, Operands in, Results out) {
+  float factor = float(*attrs.getFloat("factor"));
+  return unary(in, out, [factor](float x) { return x * factor; });
+}
+
+llvm::Error evalGelu(const AttrMap &, Operands in, Results out) {
+  // GELU with the tanh approximation, as GPT-2 and TE use.
+  return unary(in, out, [](float x) {
+    const float c = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
+  });
+}
+
+llvm::Error evalSilu(const AttrMap &, Operands in, Results out) {
+  return unary(in, out, [](float x) { return x / (1.0f + std::exp(-x)); });
+}
+
+/// Mean (0 for RMSNorm) and 1 / sqrt(variance + eps) of one row, accumulated in double: the
+/// statistics both norms and their gradients start from.
+struct RowStats {
+  double mean, rstd;
+};
+RowStats rowStats(const float *row, int64_t d, bool centered, double eps) {
+  double mean = 0, var = 0;
+  if (centered) {
+    for (int64_t i = 0; i < d; ++i)
+      mean += row[i];
+    mean /= d;
+  }
+  for (int64_t i = 0; i < d; ++i)
+    var += (row[i] - mean) * (row[i] - mean);
+  var /= d;
+  return {mean, 1.0 / std::sqrt(var + eps)};
+}
+
+/// LayerNorm (centered, with beta) or RMSNorm over the last axis.
+llvm::Error normForward(const AttrMap &attrs, Operands in, Results out, bool centered) {
+  const Tensor &x = *in[0], &gamma = *in[1];
+  double eps = *attrs.getFloat("eps");
+  int64_t d = x.type.dim(-1);
+  for (int64_t r = 0; r < rows(x.type); ++r) {
+    const float *row = &x.data[r * d];
+    RowStats stats = rowStats(row, d, centered, eps);
+    float mean = float(stats.mean), rstd = float(stats.rstd);
+    for (int64_t i = 0; i < d; ++i) {
+      float y = (row[i] - mean) * rstd * gamma.data[i];
+      out[0].data[r * d + i] = centered ? y + in[2]->data[i] : y;
+    }
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalLayerNorm(const AttrMap &attrs, Operands in, Results out) {
+  return normForward(attrs, in, out, /*centered=*/true);
+}
+llvm::Error evalRMSNorm(const AttrMap &attrs, Operands in, Results out) {
+  return normForward(attrs, in, out, /*centered=*/false);
+}
+
+llvm::Error evalReshape(const AttrMap &, Operands in, Results out) {
+  out[0].data = in[0]->data;
+  out[0].ints = in[0]->ints;
+  return llvm::Error::success();
+}
+
+llvm::Error evalTranspose(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  std::vector<int64_t> perm = *attrs.getInts("perm");
+  unsigned rank = x.type.rank();
+  // Strides of the input, read in the output's dimension order.
+  std::vector<int64_t> inStrides(rank, 1), permStrides(rank);
+  for (int i = int(rank) - 2; i >= 0; --i)
+    inStrides[i] = inStrides[i + 1] * x.type.shape[i + 1];
+  for (unsigned i = 0; i < rank; ++i)
+    permStrides[i] = inStrides[perm[i]];
+  const Shape &outShape = out[0].type.shape;
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t o = 0; o < out[0].size(); ++o) {
+    int64_t offset = 0;
+    for (unsigned i = 0; i < rank; ++i)
+      offset += index[i] * permStrides[i];
+    out[0].data[o] = x.data[offset];
+    for (int i = int(rank) - 1; i >= 0 && ++index[i] == outShape[i]; --i)
+      index[i] = 0;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalSlice(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  int64_t axis = *attrs.getInt("axis"), start = *attrs.getInt("start");
+  int64_t size = *attrs.getInt("size");
+  int64_t inner = 1, outer = 1;
+  for (unsigned i = axis + 1; i < x.type.rank(); ++i)
+    inner *= x.type.shape[i];
+  for (int64_t i = 0; i < axis; ++i)
+    outer *= x.type.shape[i];
+  int64_t extent = x.type.shape[axis];
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(&x.data[(o * extent + start) * inner], size * inner,
+                &out[0].data[o * size * inner]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalCausalMask(const AttrMap &attrs, Operands in, Results out) {
+  int64_t t = in[0]->type.dim(-1);
+  float fill = float(attrs.getFloat("fill").value_or(-HUGE_VAL));
+  out[0].data = in[0]->data;
+  for (int64_t r = 0; r < rows(in[0]->type); ++r) {
+    int64_t query = r % t;
+    for (int64_t key = query + 1; key < t; ++key)
+      out[0].data[r * t + key] = fill;
+  }
+  return llvm::Error::success();
+}
+
+/// Row-wise softmax or log-softmax, with the row maximum subtracted first.
+llvm::Error softmaxRows(Operands in, Results out, bool log) {
+  const Tensor &x = *in[0];
+  int64_t d = x.type.dim(-1);
+  parallelFor(rows(x.type), x.size() * 16, [&](int64_t r) {
+    const float *row = &x.data[r * d];
+    float *dst = &out[0].data[r * d];
+    float max = *std::max_element(row, row + d);
+    double sum = 0;
+    for (int64_t i = 0; i < d; ++i)
+      sum += std::exp(double(row[i]) - max);
+    for (int64_t i = 0; i < d; ++i)
+      dst[i] = log ? float(double(row[i]) - max - std::log(sum))
+                   : float(std::exp(double(row[i]) - max) / sum);
+  });
+  return llvm::Error::success();
+}
+
+llvm::Error evalSoftmax(const AttrMap &, Operands in, Results out) { return softmaxRows(in, out, false); }
+llvm::Error evalLogSoftmax(const AttrMap &, Operands in, Results out) {
+  return softmaxRows(in, out, true);
+}
+
+llvm::Error evalNLLLoss(const AttrMap &, Operands in, Results out) {
+  const Tensor &logp = *in[0], &targets = *in[1];
+  int64_t vocab = logp.type.dim(-1);
+  double sum = 0;
+  for (int64_t i = 0; i < targets.size(); ++i) {
+    int32_t t = targets.ints[i];
+    if (t < 0 || t >= vocab)
+      return fail("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
+    sum -= logp.data[i * vocab + t];
+  }
+  out[0].data[0] = float(sum / double(targets.size()));
+  return llvm::Error::success();
+}
+
+// Gradients.
+
+llvm::Error evalReduceTo(const AttrMap &, Operands in, Results out) {
+  int64_t period = out[0].size(), repeats = in[0]->size() / period;
+  for (int64_t j = 0; j < period; ++j) {
+    double sum = 0;
+    for (int64_t i = 0; i < repeats; ++i)
+      sum += in[0]->data[i * period + j];
+    out[0].data[j] = float(sum);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalPad(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  int64_t axis = *attrs.getInt("axis"), start = *attrs.getInt("start");
+  int64_t size = *attrs.getInt("size"), extent = x.type.shape[axis];
+  int64_t inner = 1, outer = 1;
+  for (unsigned i = axis + 1; i < x.type.rank(); ++i)
+    inner *= x.type.shape[i];
+  for (int64_t i = 0; i < axis; ++i)
+    outer *= x.type.shape[i];
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(&x.data[o * extent * inner], extent * inner,
+                &out[0].data[(o * size + start) * inner]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalConcat(const AttrMap &attrs, Operands in, Results out) {
+  int64_t axis = *attrs.getInt("axis"), total = out[0].type.shape[axis], start = 0;
+  int64_t inner = 1, outer = 1;
+  for (unsigned i = axis + 1; i < out[0].type.rank(); ++i)
+    inner *= out[0].type.shape[i];
+  for (int64_t i = 0; i < axis; ++i)
+    outer *= out[0].type.shape[i];
+  for (const Tensor *x : in) {
+    int64_t extent = x->type.shape[axis];
+    for (int64_t o = 0; o < outer; ++o)
+      std::copy_n(&x->data[o * extent * inner], extent * inner, &out[0].data[(o * total + start) * inner]);
+    start += extent;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalEmbeddingBackward(const AttrMap &, Operands in, Results out) {
+  const Tensor &dy = *in[0], &ids = *in[1];
+  int64_t vocab = out[0].type.dim(0), dim = out[0].type.dim(1);
+  // Rows are accumulated in position order: the same sum every run.
+  for (int64_t i = 0; i < ids.size(); ++i) {
+    int32_t id = ids.ints[i];
+    if (id < 0 || id >= vocab)
+      return fail("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
+    for (int64_t j = 0; j < dim; ++j)
+      out[0].data[id * dim + j] += dy.data[i * dim + j];
+  }
+  return llvm::Error::success();
+}
+
+template <typename F> llvm::Error binaryMap(Operands in, Results out, F f) {
+  for (int64_t i = 0; i < out[0].size(); ++i)
+    out[0].data[i] = f(in[0]->data[i], in[1]->data[i]);
+  return llvm::Error::success();
+}
+
+llvm::Error evalGeluBackward(const AttrMap &, Operands in, Results out) {
+  return binaryMap(in, out, [](float dy, float x) {
+    const float c = 0.7978845608028654f;
+    float u = c * (x + 0.044715f * x * x * x);
+    float t = std::tanh(u);
+    float du = c * (1.0f + 3.0f * 0.044715f * x * x);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+  });
+}
+
+llvm::Error evalSiluBackward(const AttrMap &, Operands in, Results out) {
+  return binaryMap(in, out, [](float dy, float x) {
+    float s = 1.0f / (1.0f + std::exp(-x));
+    return dy * s * (1.0f + x * (1.0f - s));
+  });
+}
+
+/// Shared by layer_norm_backward and rms_norm_backward. With xhat the normalised row and
+/// g = dy * gamma: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) for LayerNorm, and
+/// dx = rstd * (g - xhat * mean(g * xhat)) for RMSNorm.
+llvm::Error normBackward(const AttrMap &attrs, Operands in, Results out, bool centered) {
+  const Tensor &dy = *in[0], &x = *in[1], &gamma = *in[2];
+  double eps = *attrs.getFloat("eps");
+  int64_t d = x.type.dim(-1);
+  std::vector<double> dgamma(d, 0.0), dbeta(d, 0.0), xhat(d);
+  for (int64_t r = 0; r < rows(x.type); ++r) {
+    const float *row = &x.data[r * d], *dyRow = &dy.data[r * d];
+    auto [mean, rstd] = rowStats(row, d, centered, eps);
+    double meanG = 0, meanGX = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      xhat[i] = (row[i] - mean) * rstd;
+      double g = double(dyRow[i]) * gamma.data[i];
+      meanG += g;
+      meanGX += g * xhat[i];
+      dgamma[i] += double(dyRow[i]) * xhat[i];
+      dbeta[i] += dyRow[i];
+    }
+    meanG = centered ? meanG / d : 0.0;
+    meanGX /= d;
+    for (int64_t i = 0; i < d; ++i) {
+      double g = double(dyRow[i]) * gamma.data[i];
+      out[0].data[r * d + i] = float(rstd * (g - meanG - xhat[i] * meanGX));
+    }
+  }
+  for (int64_t i = 0; i < d; ++i) {
+    out[1].data[i] = float(dgamma[i]);
+    if (centered)
+      out[2].data[i] = float(dbeta[i]);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalLayerNormBackward(const AttrMap &attrs, Operands in, Results out) {
+  return normBackward(attrs, in, out, /*centered=*/true);
+}
+llvm::Error evalRMSNormBackward(const AttrMap &attrs, Operands in, Results out) {
+  return normBackward(attrs, in, out, /*centered=*/false);
+}
+
+llvm::Error evalSoftmaxBackward(const AttrMap &, Operands in, Results out) {
+  const Tensor &dy = *in[0], &y = *in[1];
+  int64_t d = y.type.dim(-1);
+  for (int64_t r = 0; r < rows(y.type); ++r) {
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i)
+      dot += double(dy.data[r * d + i]) * y.data[r * d + i];
+    for (int64_t i = 0; i < d; ++i)
+      out[0].data[r * d + i] = float(y.data[r * d + i] * (dy.data[r * d + i] - dot));
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalLogSoftmaxBackward(const AttrMap &, Operands in, Results out) {
+  const Tensor &dy = *in[0], &y = *in[1];
+  int64_t d = y.type.dim(-1);
+  for (int64_t r = 0; r < rows(y.type); ++r) {
+    double sum = 0;
+    for (int64_t i = 0; i < d; ++i)
+      sum += dy.data[r * d + i];
+    for (int64_t i = 0; i < d; ++i)
+      out[0].data[r * d + i] = float(dy.data[r * d + i] - std::exp(double(y.data[r * d + i])) * sum);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error evalNLLLossBackward(const AttrMap &, Operands in, Results out) {
+  const Tensor &dloss = *in[0], &targets = *in[2];
+  int64_t vocab = out[0].type.dim(-1), n = targets.size();
+  float g = float(-double(dloss.data[0]) / double(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t t = targets.ints[i];
+    if (t < 0 || t >= vocab)
+      return fail("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
+    out[0].data[i * vocab + t] = g;
+  }
+  return llvm::Error::success();
+}
+
+// Precision.
+
+Fp8Format formatOf(const AttrMap &attrs) {
+  return attrs.getString("format") == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
+llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  float scale = in[1]->data[0], scaleInv = in[2]->data[0];
+  Fp8Format format = formatOf(attrs);
+  float max = fp8Max(format), amax = 0.0f;
+  int64_t saturated = 0;
+  for (int64_t i = 0; i < x.size(); ++i) {
+    float v = x.data[i], scaled = v * scale;
+    amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
+    saturated += std::fabs(scaled) > max;
+    // The tensor holds what a GEMM reads: the FP8 code times scale_inv.
+    out[0].data[i] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
+  }
+  out[1].data[0] = amax;
+  out[2].data[0] = float(saturated);
+  return llvm::Error::success();
+}
+
+llvm::Error evalFp8Update(const AttrMap &attrs, Operands in, Results out) {
+  ScalingState state;
+  state.scale = in[1]->data[0];
+  state.amaxHistory = in[0]->data;
+  state.amaxHistory[0] = in[2]->data[0]; // the producer's amax goes into the current slot
+  AmaxAlgo algo = attrs.getString("algo") == "most_recent" ? AmaxAlgo::MostRecent : AmaxAlgo::Max;
+  updateScaling(state, formatOf(attrs), int(*attrs.getInt("margin")), algo);
+  out[0].data = std::move(state.amaxHistory);
+  out[1].data[0] = state.scale;
+  out[2].data[0] = state.scaleInv;
+  out[3].data[0] = in[3]->data[0] + in[4]->data[0];
+  return llvm::Error::success();
+}
+
+// Optimizer.
+
+llvm::Error evalSumSquares(const AttrMap &, Operands in, Results out) {
+  double sum = 0;
+  for (float v : in[0]->data)
+    sum += double(v) * v;
+  out[0].data[0] = float(sum);
+  return llvm::Error::success();
+}
+
+llvm::Error evalClipScale(const AttrMap &attrs, Operands in, Results out) {
+  double maxNorm = *attrs.getFloat("max_norm");
+  double norm = std::sqrt(double(in[0]->data[0]));
+  out[0].data[0] = maxNorm > 0 ? float(std::min(1.0, maxNorm / (norm + 1e-6))) : 1.0f;
+  return llvm::Error::success();
+}
+
+llvm::Error evalLRSchedule(const AttrMap &attrs, Operands in, Results out) {
+  out[0].data[0] = float(learningRate(attrs, in[0]->ints[0]));
+  return llvm::Error::success();
+}
+
+llvm::Error evalAdamW(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &param = *in[0], &grad = *in[1], &m = *in[2], &v = *in[3];
+  float lr = in[4]->data[0], clip = in[5]->data[0];
+  int32_t step = in[6]->ints[0];
+  if (step < 1)
+    return fail("step must be >= 1, got {}", step);
+  double beta1 = *attrs.getFloat("beta1"), beta2 = *attrs.getFloat("beta2");
+  float eps = float(*attrs.getFloat("eps"));
+  float decay = float(1.0 - double(lr) * *attrs.getFloat("weight_decay"));
+  // torch.optim.AdamW (single-tensor path): bias corrections in double, elementwise in float.
+  double bc1 = 1.0 - std::pow(beta1, step), bc2 = 1.0 - std::pow(beta2, step);
+  float stepSize = float(lr / bc1), bc2Sqrt = float(std::sqrt(bc2));
+  float b1 = float(beta1), b2 = float(beta2);
+  for (int64_t i = 0; i < param.size(); ++i) {
+    float g = grad.data[i] * clip;
+    float p = param.data[i] * decay;
+    float mi = m.data[i] + (1.0f - b1) * (g - m.data[i]);
+    float vi = v.data[i] * b2 + (1.0f - b2) * g * g;
+    float denom = std::sqrt(vi) / bc2Sqrt + eps;
+    out[0].data[i] = p - stepSize * (mi / denom);
+    out[1].data[i] = mi;
+    out[2].data[i] = vi;
+  }
+  return llvm::Error::success();
+}
+
+
+} // namespace tgc::cpu

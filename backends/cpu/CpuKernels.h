@@ -1,0 +1,18 @@
+// The CPU reference kernels, one per op of ir/Ops.def: eval<Enum>(attributes, operands,
+// results). Results arrive zero-filled with their types set. Fused ops are composed from the
+// kernels of the ops they replace (CpuFusedKernels.cpp), so that both compute the same function.
+#pragma once
+
+#include "ir/Graph.h"
+#include "backends/Tensor.h"
+
+namespace tgc::cpu {
+
+using Operands = llvm::ArrayRef<const Tensor *>;
+using Results = llvm::MutableArrayRef<Tensor>;
+
+#define OP(Enum, Name, MinOperands, MaxOperands, MaxResults)                                       \
+  llvm::Error eval##Enum(const AttrMap &attrs, Operands in, Results out);
+#include "ir/Ops.def"
+
+} // namespace tgc::cpu

@@ -1,0 +1,61 @@
+#include "backends/cpu/Fp8Scaling.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+namespace tgc {
+
+void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo algo) {
+  std::vector<float> &h = state.amaxHistory;
+  if (h.empty())
+    return;
+  // Taken before the roll. A NaN anywhere makes the max NaN (and the old scale stays).
+  float amax = h[0];
+  if (algo == AmaxAlgo::Max)
+    for (float a : h)
+      amax = (std::isnan(a) || a > amax) ? a : amax;
+  std::rotate(h.begin(), h.begin() + 1, h.end());
+  h[0] = 0.0f;
+  if (std::isfinite(amax) && amax > 0.0f) {
+    float scale = (fp8Max(format) / amax) / std::exp2(float(margin));
+    state.scale = std::isinf(scale) ? FLT_MAX : scale;
+  }
+  state.scaleInv = 1.0f / state.scale;
+}
+
+std::vector<Fp8TensorSummary> summarizeFp8State(const std::map<std::string, Tensor> &tensors,
+                                                const PrecisionConfig &precision, size_t newest) {
+  std::vector<Fp8TensorSummary> out;
+  const std::string marker = ".fp8.", suffix = ".scale";
+  for (const auto &[name, scale] : tensors) {
+    size_t at = name.find(marker);
+    if (at == std::string::npos || name.size() < suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    std::string prefix = name.substr(0, name.size() - suffix.size());
+    auto history = tensors.find(prefix + ".amax_history");
+    auto scaleInv = tensors.find(prefix + ".scale_inv");
+    auto saturations = tensors.find(prefix + ".saturations");
+    if (history == tensors.end() || scaleInv == tensors.end() || saturations == tensors.end())
+      continue;
+    Fp8TensorSummary s;
+    s.site = name.substr(0, at);
+    s.role = prefix.substr(at + marker.size());
+    s.format = s.role == "grad_output" && precision.fp8Format == "hybrid" ? "e5m2" : "e4m3";
+    s.scale = scale.data[0];
+    s.scaleInv = scaleInv->second.data[0];
+    s.saturations = saturations->second.data[0];
+    const std::vector<float> &h = history->second.data;
+    s.historyLength = int64_t(h.size());
+    // After each update the step's amax sits at the end and slot 0 is the cleared current one.
+    for (size_t i = h.size(); i-- > 1 && s.newestAmax.size() < newest;)
+      s.newestAmax.push_back(h[i]);
+    if (h.size() == 1)
+      s.newestAmax.push_back(h[0]);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+} // namespace tgc

@@ -1,0 +1,47 @@
+// FP8 delayed scaling (Transformer Engine's DelayedScaling, fp8.md): quantization of one tensor
+// and the update of its scaling state after each step.
+#pragma once
+
+#include "support/Numerics.h"
+
+#include "models/ModelConfig.h"
+#include "backends/Tensor.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tgc {
+
+enum class AmaxAlgo { Max, MostRecent };
+
+struct ScalingState {
+  float scale = 1.0f;    // step 1 quantizes with scale 1
+  float scaleInv = 1.0f; // what the GEMM multiplies back
+  std::vector<float> amaxHistory; // [0] is the current step's slot
+};
+
+/// After a step whose amax was recorded into amaxHistory[0]: the amax to scale by (the
+/// history's max, or the current slot), the roll (new[i] = old[i+1], new[L-1] = old[0], then
+/// new[0] = 0) and the new scale: (fp8_max / amax) / 2^margin when amax is finite and > 0, else
+/// the old one; an infinite scale becomes FLT_MAX.
+void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo algo);
+
+/// One quantized tensor's scaling state, as `tgc inspect` shows it.
+struct Fp8TensorSummary {
+  std::string site;   // the GEMM: h0.attn.qkv, lm_head, ...
+  std::string role;   // input | weight | grad_output
+  std::string format; // e4m3 | e5m2
+  float scale = 0, scaleInv = 0;
+  std::vector<float> newestAmax; // newest first
+  double saturations = 0;        // elements clipped to the largest finite value, all steps
+  int64_t historyLength = 0;
+};
+
+/// The FP8 state among a program's state tensors (names `<site>.fp8.<role>.scale`, ...), in
+/// name order.
+std::vector<Fp8TensorSummary> summarizeFp8State(const std::map<std::string, Tensor> &tensors,
+                                                const PrecisionConfig &precision,
+                                                size_t newest = 4);
+
+} // namespace tgc

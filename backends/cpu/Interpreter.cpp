@@ -1,0 +1,214 @@
+#include "backends/cpu/Interpreter.h"
+
+#include "backends/cpu/CpuKernels.h"
+
+#include "llvm/ADT/SmallPtrSet.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <fmt/format.h>
+#include <limits>
+#include <thread>
+
+namespace tgc {
+namespace {
+
+template <typename... Args>
+llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 fmt::format(format, std::forward<Args>(args)...));
+}
+
+using EvalFn = llvm::Error (*)(const AttrMap &, cpu::Operands, cpu::Results);
+
+/// The index of the last op that reads each value (run() frees the value after it).
+llvm::DenseMap<const Value *, size_t> lastUses(llvm::ArrayRef<Op *> ops) {
+  llvm::DenseMap<const Value *, size_t> last;
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (const Value *v : ops[i]->operands())
+      last[v] = i;
+  return last;
+}
+const EvalFn kEvalFns[] = {
+#define OP(Enum, Name, MinOperands, MaxOperands, Results) &cpu::eval##Enum,
+#include "ir/Ops.def"
+};
+
+} // namespace
+
+llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
+  return kEvalFns[static_cast<unsigned>(op.kind())](op.attrs(), operands, results);
+}
+
+Interpreter::Interpreter(const Graph &graph) : graph_(graph) {
+  if (const char *env = std::getenv("TGC_CPU_PROFILE"))
+    profiling_ = reportProfile_ = std::string(env) == "1";
+}
+
+Interpreter::~Interpreter() {
+  if (!reportProfile_ || runs_ == 0)
+    return;
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto &[name, ms] : profile_) {
+    rows.emplace_back(ms / double(runs_), name);
+    total += ms / double(runs_);
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  llvm::errs() << fmt::format("CPU time per run of @{} by op ({} runs, {:.1f} ms in ops):\n",
+                              graph_.name(), runs_, total);
+  for (const auto &[ms, name] : rows)
+    llvm::errs() << fmt::format("  {:<30}{:>10.1f} ms {:>6.1f}%\n", name, ms, 100 * ms / total);
+}
+
+llvm::Error Interpreter::bind(llvm::StringRef name, Tensor tensor) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
+    return fail("graph @{} has no input, parameter or state named '{}'", graph_.name(),
+                name.str());
+  if (tensor.type != v->type())
+    return fail("'{}' is {}, but a {} was given", name.str(), v->type().str(), tensor.type.str());
+  size_t expected = size_t(tensor.size());
+  if ((isFloat(tensor.type.dtype) ? tensor.data.size() : tensor.ints.size()) != expected)
+    return fail("'{}' holds the wrong number of elements", name.str());
+  bound_[v] = std::move(tensor);
+  return llvm::Error::success();
+}
+
+llvm::Expected<Tensor> Interpreter::read(llvm::StringRef name) const {
+  if (const Tensor *t = lookup(name))
+    return *t;
+  return fail("graph @{} has no value '{}' to read", graph_.name(), name.str());
+}
+
+const Tensor *Interpreter::lookup(llvm::StringRef name) const {
+  const Value *v = graph_.lookup(name);
+  if (!v)
+    return nullptr;
+  auto it = bound_.find(v);
+  if (it != bound_.end())
+    return &it->second;
+  auto jt = values_.find(v);
+  return jt == values_.end() ? nullptr : &jt->second;
+}
+
+llvm::Expected<std::vector<Tensor>> Interpreter::run() {
+  values_.clear();
+  std::vector<Op *> ops = graph_.ops();
+  // The last op that reads each value: after it the value is freed.
+  llvm::DenseMap<const Value *, size_t> lastUse = lastUses(ops);
+  auto get = [&](const Value *v) -> const Tensor * {
+    auto it = bound_.find(v);
+    if (it != bound_.end())
+      return &it->second;
+    auto jt = values_.find(v);
+    return jt == values_.end() ? nullptr : &jt->second;
+  };
+  // Assigns take effect when the step ends, after every op has read the old values.
+  std::vector<std::pair<const Value *, Tensor>> pending;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op &op = *ops[i];
+    if (isLeaf(op.kind()) && op.kind() != OpKind::Constant) {
+      if (!bound_.count(op.result()))
+        return fail("{} %{} was not given a value", op.name().str(), op.result()->name());
+      continue;
+    }
+    llvm::SmallVector<const Tensor *, 4> operands;
+    for (const Value *v : op.operands())
+      operands.push_back(get(v));
+    if (op.kind() == OpKind::Assign) {
+      pending.emplace_back(op.operand(0), *operands[1]);
+    } else {
+      auto start = std::chrono::steady_clock::now();
+      llvm::SmallVector<Tensor, 3> results;
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        results.push_back(Tensor::zeros(op.result(r)->type()));
+      if (auto err = evalOp(op, operands, results))
+        return fail("%{} = {}: {}", op.result()->name(), op.name().str(),
+                    llvm::toString(std::move(err)));
+      if (profiling_)
+        profile_[op.name().str()] += std::chrono::duration<double, std::milli>(
+                                         std::chrono::steady_clock::now() - start)
+                                         .count();
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        values_[op.result(r)] = std::move(results[r]);
+    }
+    for (const Value *v : op.operands()) {
+      bool isOutput = llvm::is_contained(graph_.outputs(), v);
+      if (lastUse[v] == i && !isOutput && !bound_.count(v))
+        values_.erase(v);
+    }
+  }
+  ++runs_;
+  std::vector<Tensor> outputs;
+  for (const Value *v : graph_.outputs())
+    outputs.push_back(*get(v));
+  for (auto &[leaf, value] : pending)
+    bound_[leaf] = std::move(value);
+  return outputs;
+}
+
+int64_t interpreterPeakBytes(const Graph &graph) {
+  // run()'s schedule: bound leaves throughout, each intermediate from its op to its last
+  // reader (outputs to the end), assigned values from their assign to the end.
+  std::vector<Op *> ops = graph.ops();
+  llvm::DenseMap<const Value *, size_t> lastUse = lastUses(ops);
+  auto bytes = [](const Value *v) { return v->type().numElements() * int64_t(sizeof(float)); };
+  int64_t live = 0, peak = 0;
+  for (const Op *op : ops)
+    if (isLeaf(op->kind()) && op->kind() != OpKind::Constant)
+      live += bytes(op->result());
+  peak = live;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op &op = *ops[i];
+    if (isLeaf(op.kind()) && op.kind() != OpKind::Constant)
+      continue;
+    if (op.kind() == OpKind::Assign) {
+      live += bytes(op.operand(1));
+    } else {
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        live += bytes(op.result(r));
+    }
+    peak = std::max(peak, live);
+    llvm::SmallPtrSet<const Value *, 4> freed;
+    for (const Value *v : op.operands()) {
+      const Op *def = v->def();
+      bool leaf = isLeaf(def->kind()) && def->kind() != OpKind::Constant;
+      if (lastUse[v] == i && !leaf && !llvm::is_contained(graph.outputs(), v) &&
+          freed.insert(v).second)
+        live -= bytes(v);
+    }
+  }
+  return peak;
+}
+
+std::optional<int64_t> availableHostMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:")
+      return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return std::nullopt;
+}
+
+llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes) {
+  int64_t need = interpreterPeakBytes(graph);
+  if (need <= availableBytes)
+    return llvm::Error::success();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return fail("@{} needs at least {:.1f} GiB of memory on the CPU interpreter, and this machine has "
+              "{:.1f} GiB available: use a smaller --batch or model, or a GPU",
+              graph.name(), need / kGiB, availableBytes / kGiB);
+}
+
+llvm::Error checkHostMemory(const Graph &graph) {
+  std::optional<int64_t> available = availableHostMemory();
+  return available ? checkHostMemory(graph, *available) : llvm::Error::success();
+}
+
+} // namespace tgc

@@ -1,0 +1,64 @@
+// The CPU reference interpreter: runs any tgc graph in fp32, op by op, in program order.
+// It is the ground truth for every other backend, so each op is written plainly.
+#pragma once
+
+#include "ir/Graph.h"
+#include "backends/Executor.h"
+#include "backends/Tensor.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+#include <map>
+#include <optional>
+
+namespace tgc {
+
+class Interpreter : public Executor {
+public:
+  /// TGC_CPU_PROFILE=1 turns profiling on, and the destructor prints the time per op kind
+  /// over the runs to stderr (as TGC_GPU_PROFILE does for the CUDA executor).
+  explicit Interpreter(const Graph &graph);
+  ~Interpreter() override;
+
+  llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
+  llvm::Expected<std::vector<Tensor>> run() override;
+  llvm::Expected<Tensor> read(llvm::StringRef name) const override;
+  std::string describe() const override { return "cpu (reference interpreter)"; }
+  /// Accumulates the time spent in each op kind over the runs (see profile()).
+  void enableProfile(bool enable) { profiling_ = enable; }
+  /// Milliseconds per op name, summed over the runs since profiling was enabled.
+  const std::map<std::string, double> &profile() const { return profile_; }
+
+  /// A bound leaf, or a value of the last run that was still alive at its end (outputs).
+  const Tensor *lookup(llvm::StringRef name) const;
+
+private:
+  const Graph &graph_;
+  llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
+  llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
+  bool profiling_ = false, reportProfile_ = false;
+  int64_t runs_ = 0;
+  std::map<std::string, double> profile_;
+};
+
+/// The host memory the interpreter holds at the peak of one run of `graph`, in bytes: every
+/// leaf bound, the intermediates alive at once (each freed after its last reader), and the
+/// assigned values it keeps until the step ends. A lower bound: the kernels' own temporaries
+/// (packed GEMM operands, a fused op's recomputed activations) are not counted, and on the tiny
+/// model's training step they take the resident size to about 4x this.
+int64_t interpreterPeakBytes(const Graph &graph);
+
+/// The memory this machine has available now (MemAvailable), if it can say.
+std::optional<int64_t> availableHostMemory();
+
+/// An error when interpreterPeakBytes(graph) is more than `availableBytes`, naming both, so
+/// that a model too large for the CPU interpreter stops before it allocates anything.
+llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes);
+/// checkHostMemory against availableHostMemory(), when the machine says what it has.
+llvm::Error checkHostMemory(const Graph &graph);
+
+/// Evaluates one non-leaf op on host tensors.
+llvm::Error evalOp(const Op &op, llvm::ArrayRef<const Tensor *> operands,
+                   llvm::MutableArrayRef<Tensor> results);
+
+} // namespace tgc

@@ -1,0 +1,643 @@
+#include "backends/cuda/CudaExecutor.h"
+
+#include "backends/cuda/Lowering.h"
+#include "backends/cuda/MemoryPlan.h"
+#include "backends/cuda/Nvrtc.h"
+#include "backends/cuda/Target.h"
+#include "transforms/Pass.h"
+#include "support/Numerics.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fmt/format.h>
+#include <map>
+
+#ifdef TGC_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace tgc {
+
+#ifndef TGC_HAVE_CUDA
+
+bool cudaAvailable(std::string *why) {
+  if (why)
+    *why = "tgc was built without CUDA (-DTGC_CUDA=OFF)";
+  return false;
+}
+
+llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &, CudaOptions) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "error: tgc was built without CUDA (-DTGC_CUDA=OFF)");
+}
+
+#else
+
+namespace {
+
+llvm::Error cudaFailure(const char *call, const char *file, int line, const std::string &what) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: %s failed at %s:%d: %s",
+                                 call, file, line, what.c_str());
+}
+
+#define CUDA_CHECK(call)                                                                           \
+  do {                                                                                             \
+    cudaError_t status_ = (call);                                                                  \
+    if (status_ != cudaSuccess)                                                                    \
+      return cudaFailure(#call, __FILE__, __LINE__, cudaGetErrorString(status_));                  \
+  } while (0)
+
+#define CUBLAS_CHECK(call)                                                                         \
+  do {                                                                                             \
+    cublasStatus_t status_ = (call);                                                               \
+    if (status_ != CUBLAS_STATUS_SUCCESS)                                                          \
+      return cudaFailure(#call, __FILE__, __LINE__, "cuBLAS status " + std::to_string(int(status_))); \
+  } while (0)
+
+/// One cuBLASLt matmul, planned once: layouts, batching and the algorithm. A BF16 GEMM reads
+/// BF16 copies of its operands, which the op's conversion kernels write first. An FP8 GEMM
+/// reads the bytes its quantize ops wrote, scaled back by the scale_inv each quantized with.
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool bf16 = false;
+  void *bf16Operands[2] = {nullptr, nullptr};
+  bool fromWeightCopy[2] = {false, false}; // the operand is a parameter: its BF16 copy is ready
+  bool written[2] = {false, false};        // its producer wrote it in BF16 (stored, or a copy)
+};
+
+/// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
+const Op *quantizeOf(const Value *v) {
+  const Op *def = v->def();
+  while (def && (def->kind() == OpKind::Reshape || def->kind() == OpKind::Transpose))
+    def = def->operand(0)->def();
+  return def && def->kind() == OpKind::Quantize ? def : nullptr;
+}
+
+cudaDataType_t cudaTypeOf(DType dtype) {
+  switch (dtype) {
+  case DType::F8E4M3:
+    return CUDA_R_8F_E4M3;
+  case DType::F8E5M2:
+    return CUDA_R_8F_E5M2;
+  default:
+    return CUDA_R_32F;
+  }
+}
+
+class CudaExecutor : public Executor {
+public:
+  CudaExecutor(const Graph &graph, CudaOptions options) : graph_(graph), options_(options) {}
+  ~CudaExecutor() override;
+
+  llvm::Error initialize();
+  llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
+  llvm::Expected<std::vector<Tensor>> run() override;
+  llvm::Expected<Tensor> read(llvm::StringRef name) const override;
+  std::string describe() const override { return description_; }
+  int64_t deviceBytes() const override { return allocatedBytes_; }
+
+private:
+  llvm::Error planGemm(const Op &op, GemmPlan &plan);
+  llvm::Error runGemm(const Op &op, const GemmPlan &plan);
+  llvm::Error launchStep();
+  llvm::Error convertKernel(const void *source, void *target, int64_t count);
+  void *buffer(const Value *v) const { return buffers_.lookup(v); }
+  static size_t bytesOf(const TensorType &t) { return size_t(deviceBytesOf(t)); }
+  size_t storedBytes(const Value *v) const { return size_t(storedBytesOf(program_, v)); }
+
+  const Graph &graph_;
+  CudaOptions options_;
+  std::string description_;
+  std::vector<Op *> ops_;
+  CudaProgram program_;
+  cudaLibrary_t library_ = nullptr;
+  cudaKernel_t toBf16_ = nullptr; // the prelude's f32 -> BF16 conversion
+  cudaGraphExec_t graph_exec_ = nullptr;
+  // TGC_GPU_PROFILE=1: eager steps with an event pair per op; the time per op kind is printed
+  // to stderr when the executor ends.
+  bool profile_ = false;
+  std::map<std::string, double> profileMs_;
+  int64_t profiledSteps_ = 0;
+  std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
+  std::vector<std::vector<void *>> scratch_;       // per op
+  std::vector<std::vector<void *>> persistent_;    // per op
+  llvm::DenseMap<const Op *, float *> usedScaleInv_; // per quantize op: the scale_inv it used
+  std::vector<GemmPlan> gemms_;                    // per op (unused for non-GEMMs)
+  llvm::DenseMap<const Value *, void *> buffers_;
+  llvm::DenseMap<const Value *, void *> shadows_; // BF16 copies of bf16Shadowed values
+  llvm::DenseSet<const Value *> inPlace_; // results written into their assigned leaf's buffer
+  // Parameters in one buffer (ParameterLayout), and when BF16 GEMMs read them, a BF16 copy of
+  // that buffer written once at the start of each step instead of a conversion per GEMM.
+  char *params_ = nullptr;
+  int64_t paramBytes_ = 0;
+  char *weightsBf16_ = nullptr;
+  std::vector<void *> owned_;
+  int64_t allocatedBytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void *workspace_ = nullptr;
+  static constexpr size_t kWorkspaceBytes = 32 << 20; // 32 MiB, as fp8.md suggests for Hopper
+};
+
+CudaExecutor::~CudaExecutor() {
+  if (profile_ && profiledSteps_) {
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (auto &[name, ms] : profileMs_) {
+      rows.emplace_back(ms / profiledSteps_, name);
+      total += ms / profiledSteps_;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops):\n",
+                                profiledSteps_, total);
+    for (auto &[ms, name] : rows)
+      llvm::errs() << fmt::format("  {:<26}{:>9.3f} ms {:>6.1f}%\n", name, ms, 100 * ms / total);
+  }
+  if (graph_exec_)
+    cudaGraphExecDestroy(graph_exec_);
+  for (GemmPlan &p : gemms_) {
+    if (p.desc)
+      cublasLtMatmulDescDestroy(p.desc);
+    for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+      if (l)
+        cublasLtMatrixLayoutDestroy(l);
+  }
+  for (void *p : owned_)
+    cudaFree(p);
+  if (workspace_)
+    cudaFree(workspace_);
+  if (lt_)
+    cublasLtDestroy(lt_);
+  if (library_)
+    cudaLibraryUnload(library_);
+  if (stream_)
+    cudaStreamDestroy(stream_);
+}
+
+llvm::Error CudaExecutor::initialize() {
+  if (const char *env = std::getenv("TGC_GPU_PROFILE"))
+    profile_ = std::string(env) == "1";
+  CUDA_CHECK(cudaSetDevice(options_.device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
+  std::string arch = archName(prop.major, prop.minor);
+  description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
+  LoweringOptions lowering;
+  lowering.groupOptimizer = options_.groupOptimizer;
+  lowering.storeBf16 = options_.storeBf16;
+  auto program = lowerToCuda(graph_, lowering);
+  if (!program)
+    return program.takeError();
+  program_ = std::move(*program);
+  auto module = compileCuda(program_.source, arch);
+  if (!module)
+    return module.takeError();
+  int64_t kernels = 0;
+  for (const OpLowering &l : program_.lowering)
+    kernels += l.launches.size();
+  description_ += fmt::format(", {} kernels {}", kernels,
+                              module->fromCache ? "from the kernel cache (no NVRTC compilation)"
+                                                : "compiled by NVRTC");
+  CUDA_CHECK(cudaLibraryLoadData(&library_, module->cubin.data(), nullptr, nullptr, 0, nullptr,
+                                 nullptr, 0));
+  CUDA_CHECK(cudaStreamCreate(&stream_));
+  CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
+  if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
+    return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
+  CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  allocatedBytes_ += kWorkspaceBytes;
+  ops_ = graph_.ops();
+  kernels_.resize(ops_.size());
+  scratch_.resize(ops_.size());
+  persistent_.resize(ops_.size());
+  gemms_.resize(ops_.size());
+  // Intermediates live in one arena laid out by the memory plan; parameters, the gradients
+  // AdamW reads and state in three buffers of the parameter layout (zeroed: their padding stays
+  // zero); inputs keep buffers of their own.
+  MemoryPlan plan = planMemory(graph_, program_);
+  const ParameterLayout &layout = program_.layout;
+  char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
+  for (auto [base, bytes] : {std::pair{&arena, plan.arenaBytes}, std::pair{&params, layout.paramBytes},
+                             std::pair{&grads, layout.gradBytes}, std::pair{&state, layout.stateBytes}}) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(base), size_t(std::max<int64_t>(bytes, 256))));
+    CUDA_CHECK(cudaMemset(*base, 0, size_t(std::max<int64_t>(bytes, 256))));
+    owned_.push_back(*base);
+    allocatedBytes_ += bytes;
+  }
+  params_ = params;
+  paramBytes_ = layout.paramBytes;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op &op = *ops_[i];
+    const OpLowering &lowering = program_.lowering[i];
+    for (unsigned r = 0; r < op.numResults(); ++r) {
+      const Value *v = op.result(r);
+      if (layout.params.count(v)) {
+        buffers_[v] = params + layout.params.lookup(v);
+      } else if (layout.state.count(v)) {
+        buffers_[v] = state + layout.state.lookup(v);
+      } else if (lowering.kind == OpLowering::Leaf) { // an input
+        void *p = nullptr;
+        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
+        allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
+        CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
+        owned_.push_back(p);
+        buffers_[v] = p;
+      } else if (const Value *leaf = program_.inPlace.lookup(v)) {
+        buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
+        inPlace_.insert(v);
+      } else if (layout.grads.count(v)) {
+        buffers_[v] = grads + layout.grads.lookup(v);
+      } else if (plan.offsets.count(v)) {
+        buffers_[v] = arena + plan.offsets.lookup(v);
+      } else { // an alias of a leaf, of an in-place value or of a gradient
+        buffers_[v] = buffer(op.operand(0));
+      }
+      // The BF16 copy of a value that has one; a reshape shares its source's.
+      if (plan.shadowOffsets.count(v))
+        shadows_[v] = arena + plan.shadowOffsets.lookup(v);
+      else if (program_.bf16Shadowed.count(v))
+        shadows_[v] = shadows_.lookup(op.operand(0));
+    }
+    for (const KernelLaunch &launch : lowering.launches) {
+      cudaKernel_t kernel;
+      CUDA_CHECK(cudaLibraryGetKernel(&kernel, library_, launch.name.c_str()));
+      kernels_[i].push_back(kernel);
+    }
+    for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
+      scratch_[i].push_back(arena + plan.opLocalOffsets[i][k]);
+    for (int64_t floats : lowering.persistentFloats) {
+      void *p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
+      CUDA_CHECK(cudaMemset(p, 0, size_t(floats) * 4));
+      allocatedBytes_ += floats * 4;
+      owned_.push_back(p);
+      persistent_[i].push_back(p);
+    }
+    if (!lowering.constants.empty()) { // after the persistent buffers, as the kernels expect
+      size_t bytes = lowering.constants.size() * sizeof(double);
+      void *p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, bytes));
+      CUDA_CHECK(cudaMemcpy(p, lowering.constants.data(), bytes, cudaMemcpyHostToDevice));
+      allocatedBytes_ += int64_t(bytes);
+      owned_.push_back(p);
+      persistent_[i].push_back(p);
+    }
+    if (op.kind() == OpKind::Quantize)
+      usedScaleInv_[&op] = static_cast<float *>(persistent_[i].at(0));
+    if (lowering.kind == OpLowering::Gemm) {
+      if (auto err = planGemm(op, gemms_[i]))
+        return err;
+      if (gemms_[i].bf16) // the BF16 operand copies follow the op's scratch in the plan
+        for (int k = 0; k < 2; ++k)
+          gemms_[i].bf16Operands[k] = arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
+    }
+  }
+  // BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
+  // parameter buffer: the same bits as converting them at each GEMM, once a step. Operands
+  // stored in BF16 are read as they are.
+  for (size_t i = 0; i < ops_.size(); ++i)
+    for (int k = 0; k < 2 && gemms_[i].bf16; ++k) {
+      const Value *operand = ops_[i]->operand(k);
+      gemms_[i].fromWeightCopy[k] = isWeight(program_, operand);
+      if (program_.bf16Stored.count(operand))
+        gemms_[i].bf16Operands[k] = buffer(operand);
+      else if (program_.bf16Shadowed.count(operand))
+        gemms_[i].bf16Operands[k] = shadows_.lookup(operand);
+      gemms_[i].written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
+    }
+  if (llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
+    owned_.push_back(weightsBf16_);
+    allocatedBytes_ += paramBytes_ / 2;
+    for (size_t i = 0; i < ops_.size(); ++i)
+      for (int k = 0; k < 2; ++k)
+        if (gemms_[i].fromWeightCopy[k])
+          gemms_[i].bf16Operands[k] = weightsBf16_ + ((char *)buffer(ops_[i]->operand(k)) - params_) / 2;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::convertKernel(const void *source, void *target, int64_t count) {
+  void *args[] = {&source, &target, &count};
+  unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
+  CUDA_CHECK(cudaLaunchKernel((const void *)toBf16_, dim3(blocks), dim3(256), args, 0, stream_));
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
+  // Row-major C[M,N] = opA(A) opB(B) is column-major C^T = opB(B)^T opA(A)^T: cuBLASLt's first
+  // operand is B, its second A (see the README's note on layouts).
+  const TensorType &a = op.operand(0)->type(), &b = op.operand(1)->type(), &c = op.result()->type();
+  bool biasGelu = op.kind() == OpKind::MatMulBiasGelu; // x @ w^T + bias, then GELU
+  bool bias = biasGelu || op.kind() == OpKind::MatMulBias;  // x @ w^T + bias
+  bool ta = op.attrs().getBool("transpose_a").value_or(false);
+  bool tb = bias || op.attrs().getBool("transpose_b").value_or(false);
+  int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
+  int64_t batches = c.numElements() / (m * n);
+  bool sharedB = b.rank() == 2 && batches > 1;
+  if (sharedB && !ta) { // [..., M, K] rows against one [K, N] (or [N, K]): one GEMM of all rows
+    m *= batches;
+    batches = 1;
+    sharedB = false;
+  }
+  // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype). FP8: the operands' own
+  // types, fp32 accumulation and output, each operand scaled by its quantize's scale_inv.
+  plan.bf16 = op.attrs().getString("gemm_dtype") == "bf16";
+  bool fp8 = isFp8(a.dtype);
+  cudaDataType_t firstType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(b.dtype);
+  cudaDataType_t secondType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(a.dtype);
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (fp8) {
+    const Op *firstQuantize = quantizeOf(op.operand(1)), *secondQuantize = quantizeOf(op.operand(0));
+    if (!firstQuantize || !secondQuantize)
+      return cudaFailure("planGemm", __FILE__, __LINE__,
+                         fmt::format("the FP8 GEMM %{} reads a value no quantize op produced",
+                                     op.result()->name()));
+    const void *firstScale = usedScaleInv_.lookup(firstQuantize);
+    const void *secondScale = usedScaleInv_.lookup(secondQuantize);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
+  }
+  if (bias) {
+    // D = x w^T + bias, or GELU of it (the tanh form) with the pre-activation into the second
+    // result (the backward reads it): no separate bias-add and GELU kernels.
+    cublasLtEpilogue_t epilogue = biasGelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    const void *biasPointer = buffer(op.operand(2));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
+  }
+  if (biasGelu) {
+    void *aux = buffer(op.result(1));
+    int64_t auxLd = n;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof auxLd));
+  }
+  cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof opSecond));
+  // The first operand (B) as stored: [K,N] row-major is N x K column-major, [N,K] is K x N.
+  uint64_t firstRows = tb ? k : n, firstCols = tb ? n : k;
+  uint64_t secondRows = ta ? m : k, secondCols = ta ? k : m;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, firstType, firstRows, firstCols, firstRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, secondType, secondRows, secondCols, secondRows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
+  if (batches > 1) {
+    int32_t count = int32_t(batches);
+    int64_t strideFirst = sharedB ? 0 : k * n, strideSecond = m * k, strideC = m * n;
+    for (auto [layout, stride] : {std::pair{plan.a, strideFirst}, std::pair{plan.b, strideSecond},
+                                  std::pair{plan.c, strideC}}) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    }
+  }
+  // The algorithm is chosen once here and reused every step.
+  cublasLtMatmulPreference_t preference;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  size_t workspace = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                                         preference, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0)
+    return cudaFailure("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__,
+                       fmt::format("no algorithm for %{} ({}x{}x{}, batch {})", op.result()->name(), m, k, n, batches));
+  plan.algo = result.algo;
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
+  float alpha = 1.0f, beta = 0.0f;
+  void *c = buffer(op.result());
+  void *first = buffer(op.operand(1)), *second = buffer(op.operand(0));
+  if (plan.bf16) {
+    for (int i = 0; i < 2; ++i)
+      if (!plan.fromWeightCopy[i] && !plan.written[i])
+        if (auto err = convertKernel(buffer(op.operand(i)), plan.bf16Operands[i],
+                                     op.operand(i)->type().numElements()))
+          return err;
+    first = plan.bf16Operands[1];
+    second = plan.bf16Operands[0];
+  }
+  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c,
+                              plan.c, c, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s has no input, parameter or state named '%s'",
+                                   graph_.name().c_str(), name.str().c_str());
+  if (tensor.type != v->type())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is %s, but a %s was given",
+                                   name.str().c_str(), v->type().str().c_str(), tensor.type.str().c_str());
+  if (isFp8(v->type().dtype))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "'%s' is %s: FP8 tensors come from quantize ops, not from the host",
+                                   name.str().c_str(), v->type().str().c_str());
+  const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
+                                                : (const void *)tensor.ints.data();
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytesOf(v->type()), cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return llvm::Error::success();
+}
+
+/// Enqueues one step on the stream: every op in order, then the assigns.
+llvm::Error CudaExecutor::launchStep() {
+  std::vector<std::pair<const Value *, const Value *>> assigns;
+  if (weightsBf16_) // the parameters as the BF16 GEMMs read them (padding included: zeros)
+    if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
+      return err;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op &op = *ops_[i];
+    const OpLowering &lowering = program_.lowering[i];
+    if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
+      for (unsigned r = 0; r < op.numResults(); ++r)
+        if (!inPlace_.count(op.result(r))) { // poisoning it would poison the operand it updates
+          CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, storedBytes(op.result(r)), stream_));
+          if (void *copy = shadows_.lookup(op.result(r)))
+            CUDA_CHECK(cudaMemsetAsync(copy, 0xFF, size_t(op.result(r)->type().numElements()) * 2, stream_));
+        }
+    cudaEvent_t start = nullptr, stop = nullptr;
+    bool timed = profile_ && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm);
+    if (timed) {
+      CUDA_CHECK(cudaEventCreate(&start));
+      CUDA_CHECK(cudaEventCreate(&stop));
+      CUDA_CHECK(cudaEventRecord(start, stream_));
+    }
+    switch (lowering.kind) {
+    case OpLowering::Leaf:
+    case OpLowering::Alias:
+    case OpLowering::Grouped:
+      break;
+    case OpLowering::Assign:
+      assigns.emplace_back(op.operand(0), op.operand(1));
+      break;
+    case OpLowering::Gemm:
+      if (auto err = runGemm(op, gemms_[i]))
+        return err;
+      break;
+    case OpLowering::Kernels: {
+      // Each kernel parameter is a pointer, or for a result with a BF16 copy two (F32Bf16Out).
+      std::vector<void *> pointers;
+      std::vector<size_t> params; // where each parameter starts in `pointers`
+      auto add = [&](void *p) {
+        params.push_back(pointers.size());
+        pointers.push_back(p);
+      };
+      for (const Value *v : lowering.arguments)
+        add(buffer(v));
+      if (lowering.arguments.empty()) {
+        for (const Value *v : op.operands())
+          add(buffer(v));
+        for (unsigned r = 0; r < op.numResults(); ++r) {
+          add(buffer(op.result(r)));
+          if (void *copy = shadows_.lookup(op.result(r)))
+            pointers.push_back(copy);
+        }
+      }
+      for (void *s : scratch_[i])
+        add(s);
+      for (void *s : persistent_[i])
+        add(s);
+      std::vector<void *> args;
+      for (size_t p : params)
+        args.push_back(&pointers[p]);
+      for (size_t l = 0; l < lowering.launches.size(); ++l) {
+        const KernelLaunch &launch = lowering.launches[l];
+        CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),
+                                    dim3(unsigned(launch.threads)), args.data(), 0, stream_));
+      }
+      break;
+    }
+    }
+    if (timed) {
+      CUDA_CHECK(cudaEventRecord(stop, stream_));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
+      if (lowering.kind == OpLowering::Gemm)
+        label += op.attrs().has("gemm_dtype") ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
+      else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))
+        label += " (fp8)";
+      profileMs_[label] += ms;
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+  }
+  if (profile_)
+    ++profiledSteps_;
+  // Assigns take effect when the step ends, after every op has read the old values; a value
+  // written in place is already there.
+  for (auto [leaf, value] : assigns)
+    if (buffer(leaf) != buffer(value))
+      CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
+                                 cudaMemcpyDeviceToDevice, stream_));
+  return llvm::Error::success();
+}
+
+llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
+  // The whole step is captured once as a CUDA graph and replayed: one launch a step, no host
+  // synchronisation inside it. (Poisoning between runs is a debugging mode and stays eager.)
+  if (options_.poisonResults || profile_) {
+    if (auto err = launchStep())
+      return std::move(err);
+  } else {
+    if (!graph_exec_) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      llvm::Error err = launchStep();
+      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      if (err)
+        return std::move(err);
+      if (end != cudaSuccess)
+        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
+      cudaError_t instantiated = cudaGraphInstantiate(&graph_exec_, graph, 0);
+      cudaGraphDestroy(graph);
+      if (instantiated != cudaSuccess)
+        return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<Tensor> outputs;
+  for (const Value *v : graph_.outputs()) {
+    auto t = read(v->name());
+    if (!t)
+      return t.takeError();
+    outputs.push_back(std::move(*t));
+  }
+  return outputs;
+}
+
+llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
+  const Value *v = graph_.lookup(name);
+  if (!v || !buffer(v))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "graph @%s has no value '%s'",
+                                   graph_.name().c_str(), name.str().c_str());
+  Tensor t = Tensor::zeros(v->type());
+  if (isFp8(v->type().dtype)) {
+    // What the CPU interpreter holds for an FP8 value: each code times the scale_inv its
+    // quantize used.
+    const Op *quantize = quantizeOf(v);
+    if (!quantize)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "%%%s is FP8 but no quantize op produced it", name.str().c_str());
+    std::vector<uint8_t> codes(t.data.size());
+    float scaleInv = 0;
+    CUDA_CHECK(cudaMemcpy(codes.data(), buffer(v), codes.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&scaleInv, usedScaleInv_.lookup(quantize), 4, cudaMemcpyDeviceToHost));
+    Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    for (size_t i = 0; i < codes.size(); ++i)
+      t.data[i] = fp8ToFloat(codes[i], format) * scaleInv;
+    return t;
+  }
+  if (program_.bf16Stored.count(v)) { // the BF16 a GEMM reads, widened
+    std::vector<uint16_t> bits(t.data.size());
+    CUDA_CHECK(cudaMemcpy(bits.data(), buffer(v), bits.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) {
+      uint32_t wide = uint32_t(bits[i]) << 16;
+      std::memcpy(&t.data[i], &wide, 4);
+    }
+    return t;
+  }
+  void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();
+  CUDA_CHECK(cudaMemcpy(host, buffer(v), bytesOf(v->type()), cudaMemcpyDeviceToHost));
+  return t;
+}
+
+} // namespace
+
+bool cudaAvailable(std::string *why) {
+  TargetInfo target = detectTarget();
+  if (!target.gpus.empty())
+    return true;
+  if (why)
+    *why = target.noGpuReason;
+  return false;
+}
+
+llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph, CudaOptions options) {
+  std::string why;
+  if (!cudaAvailable(&why))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: no GPU: %s", why.c_str());
+  auto executor = std::make_unique<CudaExecutor>(graph, options);
+  if (auto err = executor->initialize())
+    return std::move(err);
+  return std::unique_ptr<Executor>(std::move(executor));
+}
+
+#endif
+
+} // namespace tgc

@@ -1,0 +1,33 @@
+// The GPU executor: runs a program's generated kernels (compiled by NVRTC for this GPU) and its
+// GEMMs (cuBLASLt) on one CUDA device. Every value has its own device buffer for now (the
+// memory plan comes later), so any value can be read back after a run.
+#pragma once
+
+#include "ir/Graph.h"
+#include "backends/Executor.h"
+
+#include <memory>
+
+namespace tgc {
+
+struct CudaOptions {
+  int device = 0;
+  /// Fill every result buffer with NaN before each run, so that elements a kernel fails to
+  /// write show up in comparisons (the GPU tests set it).
+  bool poisonResults = false;
+  /// AdamW and the gradient norm as flat launches over the contiguous parameter layout (the
+  /// same bits as one kernel per op; off only to test that).
+  bool groupOptimizer = true;
+  /// Values only BF16 GEMMs read stored in BF16 (the same bits; off only to test that).
+  bool storeBf16 = true;
+};
+
+/// Whether this build can use a GPU, and why not.
+bool cudaAvailable(std::string *why = nullptr);
+
+/// Compiles `graph` for the device and allocates its buffers. Fails with a clear message where
+/// there is no GPU, no CUDA in this build, or an op without a GPU lowering.
+llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph,
+                                                             CudaOptions options = {});
+
+} // namespace tgc

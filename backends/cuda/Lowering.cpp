@@ -1,0 +1,738 @@
+#include "backends/cuda/Lowering.h"
+
+#include "backends/cuda/KernelCalls.h"
+#include "backends/cuda/MemoryPlan.h"
+#include "ir/Fused.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <fmt/format.h>
+
+namespace tgc {
+
+namespace {
+
+constexpr int64_t kChunk = 64; // rows per partial sum of a column reduction
+
+/// A float constant as CUDA source: the literal of its float value.
+std::string lit(double v) {
+  float f = float(v);
+  if (std::isinf(f))
+    return f > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  return formatDouble(double(f)) + "f";
+}
+
+int64_t rowsOf(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1) : 1; }
+
+/// The C type a kernel reads and writes elements of `dtype` as: FP8 values are their bytes.
+const char *cType(DType dtype) {
+  if (isFp8(dtype))
+    return "unsigned char";
+  return dtype == DType::I32 ? "int" : "float";
+}
+
+const char *fp8Interpretation(const AttrMap &attrs) {
+  return attrs.getString("format") == "e5m2" ? "__NV_E5M2" : "__NV_E4M3";
+}
+double fp8Largest(const AttrMap &attrs) { return attrs.getString("format") == "e5m2" ? 57344.0 : 448.0; }
+
+const char *boolText(bool b) { return b ? "true" : "false"; }
+
+/// Writes one op's kernels: a wrapper per launch that instantiates a kernel template of
+/// backends/cuda/kernels with the op's shapes, and the launches the executor makes.
+class Emitter {
+public:
+  Emitter(const Op &op, unsigned index, const CudaProgram &program)
+      : op_(op), index_(index), program_(program) {}
+
+  /// The kernel name for launch `i` of this op: k<index>_<op>[_<i>].
+  std::string name(unsigned launch = 0) const {
+    std::string n = fmt::format("k{}_{}", index_, op_.name().str());
+    return launch ? n + "_" + std::to_string(launch) : n;
+  }
+  /// `params` with the results stored in BF16 (after the operands, in order) as Bf16Out, and
+  /// those with a BF16 copy as F32Bf16Out: the kernel templates take either as their output.
+  std::string bf16Params(const std::string &params) const {
+    llvm::SmallVector<llvm::StringRef, 16> list;
+    llvm::StringRef(params).split(list, ", ");
+    std::string typed;
+    for (size_t k = 0; k < list.size(); ++k) {
+      std::string param = list[k].str();
+      size_t r = k - op_.numOperands();
+      if (k >= op_.numOperands() && r < op_.numResults() && llvm::StringRef(param).starts_with("float *")) {
+        const Value *result = op_.result(unsigned(r));
+        if (program_.bf16Stored.count(result))
+          param = "Bf16Out " + param.substr(7);
+        else if (program_.bf16Shadowed.count(result))
+          param = "F32Bf16Out " + param.substr(7);
+      }
+      typed += (k ? ", " : "") + param;
+    }
+    return typed;
+  }
+  /// The header (backends/cuda/kernels) whose templates this op's kernels call.
+  void uses(const char *header) { headers.insert(header); }
+  /// A launch of `blocks` blocks running `call`.
+  void launch(unsigned index, const std::string &params, int64_t blocks, const std::string &call,
+              int threads = kThreads) {
+    std::string comment = "// " + (op_.numResults() ? "%" + op_.result()->name() + " = " : "") +
+                          op_.name().str();
+    kernels.push_back({comment, name(index), bf16Params(params), call + ";", threads});
+    lowering.launches.push_back({name(index), blocks, threads});
+  }
+  /// An elementwise launch over `count` elements.
+  void elementwise(const std::string &params, int64_t count, const std::string &call) {
+    launch(0, params, elementwiseBlocks(count), call);
+  }
+  /// Launch `index` with one block per row.
+  void rowwise(unsigned index, const std::string &params, int64_t rows, const std::string &call) {
+    launch(index, params, rows, call);
+  }
+  /// One block of one thread.
+  void single(const std::string &params, const std::string &call) {
+    launch(0, params, 1, call);
+    lowering.launches.back().threads = 1;
+  }
+
+  const Op &op_;
+  unsigned index_;
+  const CudaProgram &program_;
+  std::vector<KernelText> kernels; // one per launch
+  std::set<std::string> headers;
+  OpLowering lowering;
+};
+
+llvm::Error unsupported(const Op &op) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      "error: %%%s = %s has no GPU lowering yet (the GPU backend runs gpuPipeline's programs)",
+      op.numResults() ? op.result()->name().c_str() : "", op.name().str().c_str());
+}
+
+const TensorType &operandType(const Op &op, unsigned i) { return op.operand(i)->type(); }
+const TensorType &outputType(const Op &op) {
+  return op.numResults() ? op.result()->type() : op.operand(0)->type();
+}
+
+/// Elementwise ops (elementwise.cuh, embedding.cuh's lookup).
+llvm::Error emitElementwise(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  int64_t n = outputType(op).numElements();
+  e.uses("elementwise.cuh");
+  switch (op.kind()) {
+  case OpKind::Constant:
+    e.elementwise("float *out", n, fmt::format("fill<{}>(out, {})", n, lit(*a.getFloat("value"))));
+    break;
+  case OpKind::Add:
+  case OpKind::Mul:
+    e.elementwise("const float *x, const float *y, float *out", n,
+                  fmt::format("binary<{}, {}, {}>(x, y, out)", boolText(op.kind() == OpKind::Mul), n,
+                              operandType(op, 1).numElements()));
+    break;
+  case OpKind::Scale:
+    e.elementwise("const float *x, float *out", n,
+                  fmt::format("scale<{}>(x, out, {})", n, lit(*a.getFloat("factor"))));
+    break;
+  case OpKind::Gelu:
+    e.elementwise("const float *x, float *out", n, fmt::format("gelu<{}>(x, out)", n));
+    break;
+  case OpKind::Silu:
+    e.elementwise("const float *x, float *out", n, fmt::format("silu<{}>(x, out)", n));
+    break;
+  case OpKind::GeluBackward:
+    e.elementwise("const float *dy, const float *x, float *dx", n, fmt::format("geluBackward<{}>(dy, x, dx)", n));
+    break;
+  case OpKind::SiluBackward:
+    e.elementwise("const float *dy, const float *x, float *dx", n, fmt::format("siluBackward<{}>(dy, x, dx)", n));
+    break;
+  case OpKind::CausalMask:
+    e.elementwise("const float *scores, float *out", n,
+                  fmt::format("causalMask<{}, {}>(scores, out, {})", n, outputType(op).dim(-1),
+                              lit(a.getFloat("fill").value_or(-HUGE_VAL))));
+    break;
+  case OpKind::Embedding:
+    e.uses("embedding.cuh");
+    e.elementwise("const float *table, const int *ids, float *out", n,
+                  fmt::format("embedding<{}, {}, {}>(table, ids, out)", n, operandType(op, 0).dim(0),
+                              operandType(op, 0).dim(1)));
+    break;
+  default:
+    return unsupported(op);
+  }
+  return llvm::Error::success();
+}
+
+/// Transposes, concatenation, slices and padding (layout.cuh).
+llvm::Error emitLayout(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  const TensorType &out = outputType(op), &in = operandType(op, 0);
+  int64_t n = out.numElements();
+  e.uses("layout.cuh");
+  if (op.kind() == OpKind::Transpose) {
+    std::vector<int64_t> perm = *a.getInts("perm");
+    const char *t = cType(in.dtype);
+    std::string params = fmt::format("const {} *x, {} *out", t, t);
+    bool swapsLastTwo = in.rank() >= 2;
+    for (unsigned d = 0; d + 2 < in.rank(); ++d)
+      swapsLastTwo &= perm[d] == int64_t(d);
+    swapsLastTwo = swapsLastTwo && perm[in.rank() - 2] == int64_t(in.rank()) - 1;
+    if (swapsLastTwo) {
+      int64_t rows = in.dim(-2), cols = in.dim(-1), batch = in.numElements() / (rows * cols);
+      int64_t tilesR = (rows + 31) / 32, tilesC = (cols + 31) / 32;
+      e.launch(0, params, batch * tilesR * tilesC,
+               fmt::format("transposeLastTwo<{}, {}, {}, {}, {}>(x, out)", t, rows, cols, tilesR * tilesC, tilesC));
+      return llvm::Error::success();
+    }
+    // out[o] = x[offset(o)]: each output dimension's extent and the input stride it walks.
+    std::vector<int64_t> inStrides(in.rank(), 1);
+    for (int i = int(in.rank()) - 2; i >= 0; --i)
+      inStrides[i] = inStrides[i + 1] * in.shape[i + 1];
+    std::string dims;
+    for (unsigned d = 0; d < out.rank(); ++d)
+      dims += fmt::format(", {}, {}", out.shape[d], inStrides[perm[d]]);
+    e.elementwise(params, n, fmt::format("permute<{}, {}{}>(x, out)", t, n, dims));
+    return llvm::Error::success();
+  }
+  int64_t axis = *a.getInt("axis"), inner = 1;
+  for (unsigned i = axis + 1; i < out.rank(); ++i)
+    inner *= out.shape[i];
+  if (op.kind() == OpKind::Concat) {
+    std::string params, extents, parts;
+    for (unsigned k = 0; k < op.numOperands(); ++k) {
+      params += fmt::format("const float *x{}, ", k);
+      extents += fmt::format(", {}", operandType(op, k).shape[axis]);
+      parts += fmt::format(", x{}", k);
+    }
+    e.elementwise(params + "float *out", n,
+                  fmt::format("concat<{}, {}, {}{}>(out{})", n, inner, out.shape[axis], extents, parts));
+    return llvm::Error::success();
+  }
+  const char *kernel = op.kind() == OpKind::Slice ? "slice" : "pad";
+  e.elementwise("const float *x, float *out", n,
+                fmt::format("{}<{}, {}, {}, {}, {}>(x, out)", kernel, n, inner, out.shape[axis], in.shape[axis],
+                            *a.getInt("start")));
+  return llvm::Error::success();
+}
+
+/// LayerNorm and RMSNorm, with the residual add before them, and their gradients (norms.cuh).
+llvm::Error emitNorm(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  std::string eps = formatDouble(*a.getFloat("eps"));
+  e.uses("norms.cuh");
+  switch (op.kind()) {
+  case OpKind::LayerNorm:
+  case OpKind::RMSNorm: {
+    bool layer = op.kind() == OpKind::LayerNorm;
+    int64_t d = outputType(op).dim(-1);
+    e.rowwise(0, layer ? "const float *x, const float *gamma, const float *beta, float *out"
+                       : "const float *x, const float *gamma, float *out",
+              rowsOf(outputType(op)),
+              fmt::format("layerNorm<{}, {}>(x, gamma, {}, out, {})", boolText(layer), d, layer ? "beta" : "nullptr", eps));
+    return llvm::Error::success();
+  }
+  case OpKind::ResidualNorm: {
+    // One block per row: the residual sum (the stream goes on) and its normalisation.
+    bool layer = isLayerNorm(a);
+    int64_t d = outputType(op).dim(-1);
+    e.rowwise(0, layer ? "const float *x, const float *y, const float *gamma, const float *beta, float *sum, float *normed"
+                       : "const float *x, const float *y, const float *gamma, float *sum, float *normed",
+              rowsOf(outputType(op)),
+              fmt::format("residualNorm<{}, {}>(x, y, gamma, {}, sum, normed, {})", boolText(layer), d,
+                          layer ? "beta" : "nullptr", eps));
+    return llvm::Error::success();
+  }
+  case OpKind::LayerNormBackward:
+  case OpKind::RMSNormBackward: {
+    // Launch 0, one block per row: dx, and the row's mean and rstd into scratch. Launches 1
+    // and 2, a thread per feature: dgamma (and dbeta) over chunks of rows, then the chunks in
+    // order.
+    bool layer = op.kind() == OpKind::LayerNormBackward;
+    const TensorType &x = operandType(op, 1);
+    int64_t d = x.dim(-1), rows = rowsOf(x);
+    int64_t chunks = (rows + kChunk - 1) / kChunk, columnBlocks = (d + kThreads - 1) / kThreads;
+    std::string params = std::string("const float *dy, const float *x, const float *gamma, ") +
+                         (layer ? "float *dx, float *dgamma, float *dbeta" : "float *dx, float *dgamma") +
+                         ", float *stats";
+    e.rowwise(0, params, rows, fmt::format("normBackwardRows<{}, {}>(dy, x, gamma, dx, stats, {})", boolText(layer), d, eps));
+    e.launch(1, params, chunks * columnBlocks,
+             fmt::format("normBackwardPartials<{}, {}, {}, {}>(dy, x, stats)", d, rows, columnBlocks, kChunk));
+    e.launch(2, params, columnBlocks,
+             fmt::format("normBackwardColumns<{}, {}, {}, {}>(stats, dgamma, {})", boolText(layer), d, rows, chunks,
+                         layer ? "dbeta" : "(float *)nullptr"));
+    // Scratch: the rows' mean and rstd (floats; an even count keeps the partials aligned), then
+    // the partial sums (doubles).
+    e.lowering.scratchFloats.push_back(2 * rows + 4 * chunks * d);
+    return llvm::Error::success();
+  }
+  default:
+    return unsupported(op);
+  }
+}
+
+/// Softmax, log-softmax and the causal softmax of scaled scores, and their gradients
+/// (softmax.cuh).
+llvm::Error emitSoftmax(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  const TensorType &out = outputType(op);
+  int64_t d = out.dim(-1), rows = rowsOf(out);
+  e.uses("softmax.cuh");
+  switch (op.kind()) {
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+    e.rowwise(0, "const float *x, float *out", rows,
+              fmt::format("softmax<{}, {}>(x, out)", boolText(op.kind() == OpKind::LogSoftmax), d));
+    return llvm::Error::success();
+  case OpKind::MaskedSoftmax:
+    e.rowwise(0, "const float *x, float *out", rows,
+              fmt::format("maskedSoftmax<{}>(x, out, {})", d, lit(*a.getFloat("scale"))));
+    return llvm::Error::success();
+  case OpKind::SoftmaxBackward:
+  case OpKind::LogSoftmaxBackward:
+  case OpKind::MaskedSoftmaxBackward: {
+    bool masked = op.kind() == OpKind::MaskedSoftmaxBackward;
+    e.rowwise(0, "const float *dy, const float *y, float *dx", rows,
+              fmt::format("softmaxBackward<{}, {}, {}>(dy, y, dx, {})",
+                          boolText(op.kind() == OpKind::LogSoftmaxBackward), boolText(masked), d,
+                          masked ? lit(*a.getFloat("scale")) : "1.0f"));
+    return llvm::Error::success();
+  }
+  default:
+    return unsupported(op);
+  }
+}
+
+/// Cross-entropy and NLL loss, and their gradients (loss.cuh).
+llvm::Error emitLoss(const Op &op, Emitter &e) {
+  e.uses("loss.cuh");
+  switch (op.kind()) {
+  case OpKind::CrossEntropy: {
+    // Launch 0, one block per row: the row's loss, logsumexp - logit[target], into scratch.
+    // Launch 1, one block: the mean over rows in row order.
+    int64_t vocab = operandType(op, 0).dim(-1), rows = operandType(op, 1).numElements();
+    std::string params = "const float *logits, const int *targets, float *loss, float *scratch";
+    e.rowwise(0, params, rows, fmt::format("crossEntropyRows<{}>(logits, targets, scratch)", vocab));
+    e.launch(1, params, 1, fmt::format("crossEntropyMean<{}>(loss, scratch)", rows));
+    e.lowering.scratchFloats.push_back(2 * rows);
+    return llvm::Error::success();
+  }
+  case OpKind::CrossEntropyBackward: {
+    int64_t vocab = outputType(op).dim(-1), rows = operandType(op, 2).numElements();
+    e.rowwise(0, "const float *dloss, const float *logits, const int *targets, float *dlogits", rows,
+              fmt::format("crossEntropyBackward<{}, {}>(dloss, logits, targets, dlogits)", vocab, rows));
+    return llvm::Error::success();
+  }
+  case OpKind::NLLLoss:
+    e.rowwise(0, "const float *logp, const int *targets, float *loss", 1,
+              fmt::format("nllLoss<{}, {}>(logp, targets, loss)", operandType(op, 0).dim(-1),
+                          operandType(op, 1).numElements()));
+    return llvm::Error::success();
+  case OpKind::NLLLossBackward: {
+    int64_t n = outputType(op).numElements();
+    e.elementwise("const float *dloss, const float *logp, const int *targets, float *dlogp", n,
+                  fmt::format("nllLossBackward<{}, {}, {}>(dloss, logp, targets, dlogp)", outputType(op).dim(-1),
+                              operandType(op, 2).numElements(), n));
+    return llvm::Error::success();
+  }
+  default:
+    return unsupported(op);
+  }
+}
+
+/// Column sums, sums of squares and the embedding's gradient (reduce.cuh, embedding.cuh).
+llvm::Error emitReduction(const Op &op, Emitter &e) {
+  switch (op.kind()) {
+  case OpKind::ReduceTo: {
+    // Partial sums over chunks of kChunk rows, then the chunks in order.
+    int64_t period = outputType(op).numElements(), repeats = operandType(op, 0).numElements() / period;
+    int64_t chunks = (repeats + kChunk - 1) / kChunk, columnBlocks = (period + kThreads - 1) / kThreads;
+    e.uses("reduce.cuh");
+    const char *params = "const float *x, float *out, float *scratch";
+    e.launch(0, params, chunks * columnBlocks,
+             fmt::format("columnSumPartials<{}, {}, {}, {}>(x, scratch)", period, repeats, columnBlocks, kChunk));
+    e.launch(1, params, columnBlocks, fmt::format("columnSumTotals<{}, {}>(out, scratch)", period, chunks));
+    e.lowering.scratchFloats.push_back(2 * chunks * period);
+    return llvm::Error::success();
+  }
+  case OpKind::SumSquares: {
+    int64_t count = operandType(op, 0).numElements(), blocks = sumSquaresBlocks(count);
+    e.uses("reduce.cuh");
+    const char *params = "const float *x, float *out, float *scratch";
+    e.launch(0, params, blocks,
+             fmt::format("sumSquaresPartials<{}, {}>(x, scratch)", count, (count + blocks - 1) / blocks));
+    e.launch(1, params, 1, fmt::format("sumSquaresTotal<{}>(out, scratch)", blocks));
+    e.lowering.scratchFloats.push_back(2 * blocks);
+    return llvm::Error::success();
+  }
+  case OpKind::EmbeddingBackward: {
+    int64_t vocab = outputType(op).dim(0), dim = outputType(op).dim(1);
+    e.uses("embedding.cuh");
+    e.launch(0, "const float *dy, const int *ids, float *dtable", vocab,
+             fmt::format("embeddingBackward<{}, {}, {}>(dy, ids, dtable)", dim, operandType(op, 1).numElements(),
+                         (dim + kThreads - 1) / kThreads));
+    return llvm::Error::success();
+  }
+  default:
+    return unsupported(op);
+  }
+}
+
+/// Clipping, the LR schedule and AdamW (optimizer.cuh).
+llvm::Error emitOptimizer(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  e.uses("optimizer.cuh");
+  switch (op.kind()) {
+  case OpKind::ClipScale: {
+    double maxNorm = *a.getFloat("max_norm");
+    e.single("const float *sumSquares, float *clip",
+             fmt::format("clipScale<{}>(sumSquares, clip, {})", boolText(maxNorm > 0), formatDouble(maxNorm)));
+    return llvm::Error::success();
+  }
+  case OpKind::LRSchedule:
+    e.lowering.constants = {*a.getFloat("lr"), *a.getFloat("min_lr"), double(*a.getInt("warmup")),
+                            double(*a.getInt("steps"))};
+    e.single("const int *step, float *lr, const double *schedule", "lrSchedule(step, lr, schedule)");
+    return llvm::Error::success();
+  case OpKind::AdamW: {
+    int64_t n = outputType(op).numElements();
+    e.elementwise(kAdamWParams, n, adamwCall(a, n, n, *a.getFloat("weight_decay")));
+    return llvm::Error::success();
+  }
+  default:
+    return unsupported(op);
+  }
+}
+
+/// FP8 quantization and the delayed-scaling update (fp8.cuh).
+llvm::Error emitFp8(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  e.uses("fp8.cuh");
+  if (op.kind() == OpKind::Quantize) {
+    // Launch 0: each block converts a contiguous range and leaves its amax and saturation count
+    // in scratch. Launch 1, one block: the tensor's, and the scale_inv used, kept for the GEMMs
+    // that read the bytes.
+    int64_t count = operandType(op, 0).numElements();
+    int64_t blocks = std::min<int64_t>(1024, (count + 4095) / 4096);
+    std::string params = "const float *x, const float *scale, const float *scaleInv, unsigned char *q, "
+                         "float *amax, float *saturations, float *scratch, float *used";
+    e.launch(0, params, blocks,
+             fmt::format("quantizeBlocks<{}, {}, {}, {}>(x, scale, q, scratch, {})", count,
+                         (count + blocks - 1) / blocks, blocks, fp8Interpretation(a), lit(fp8Largest(a))));
+    e.launch(1, params, 1, fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
+    e.lowering.scratchFloats.push_back(3 * blocks);
+    e.lowering.persistentFloats.push_back(1);
+    return llvm::Error::success();
+  }
+  if (op.kind() == OpKind::Fp8Update) {
+    e.single("const float *history, const float *scale, const float *amax, const float *saturations, "
+             "const float *saturated, float *newHistory, float *newScale, float *newScaleInv, "
+             "float *newSaturations",
+             fmt::format("fp8Update<{}, {}>(history, scale, amax, saturations, saturated, newHistory, newScale, "
+                         "newScaleInv, newSaturations, {}, {})",
+                         operandType(op, 0).numElements(), boolText(a.getString("algo") != "most_recent"),
+                         lit(fp8Largest(a)), lit(std::ldexp(1.0, int(*a.getInt("margin"))))));
+    return llvm::Error::success();
+  }
+  return unsupported(op);
+}
+
+/// Fused attention and its gradient (attention.cuh): BF16 tensor cores under gemm_dtype at
+/// head dimensions that are multiples of 16 up to 256, else a thread per row.
+llvm::Error emitAttention(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  const TensorType &qkv = operandType(op, op.kind() == OpKind::Attention ? 0 : 1);
+  int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3, H = *a.getInt("heads"), Dh = D / H;
+  bool bf16 = a.getString("gemm_dtype") == "bf16";
+  bool tensorCores = bf16 && Dh % 16 == 0 && Dh <= 256;
+  std::string scale = lit(*a.getFloat("scale"));
+  // The tensor-core kernels are written for 128 threads (kAttentionThreads: four warps of 16
+  // rows); the others take a thread per row of a 64-row tile.
+  std::string kind = tensorCores ? "Bf16" : "Simt";
+  std::string shape = tensorCores ? fmt::format("{}, {}, {}", T, H, Dh)
+                                  : fmt::format("{}, {}, {}, {}", boolText(bf16), T, H, Dh);
+  int threads = tensorCores ? 128 : 64;
+  int64_t blocks = (T + 63) / 64 * B * H;
+  e.uses("attention.cuh");
+  if (op.kind() == OpKind::Attention) {
+    e.launch(0, "const float *qkv, float *out", blocks,
+             fmt::format("attentionForward{}<{}, false>(qkv, out, {}, nullptr, nullptr, nullptr)", kind, shape, scale),
+             threads);
+    return llvm::Error::success();
+  }
+  // The gradient: each query's log-sum-exp and sum(dout * out) (the forward again), then dk
+  // and dv by key tiles, then dq by query tiles.
+  e.lowering.scratchFloats = {B * H * T, B * H * T};
+  const char *params = "const float *dout, const float *qkv, float *dqkv, float *lse, float *delta";
+  e.launch(0, params, blocks,
+           fmt::format("attentionForward{}<{}, true>(qkv, (float *)nullptr, {}, dout, lse, delta)", kind, shape, scale),
+           threads);
+  e.launch(1, params, blocks,
+           fmt::format("attentionKeyValueGrad{}<{}>(dout, qkv, dqkv, {}, lse, delta)", kind, shape, scale), threads);
+  e.launch(2, params, blocks,
+           fmt::format("attentionQueryGrad{}<{}>(dout, qkv, dqkv, {}, lse, delta)", kind, shape, scale), threads);
+  return llvm::Error::success();
+}
+
+/// One generated token's KV-cache write and attention (decode.cuh).
+llvm::Error emitDecode(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  const TensorType &out = outputType(op);
+  e.uses("decode.cuh");
+  if (op.kind() == OpKind::KvWrite) {
+    int64_t n = out.numElements();
+    e.elementwise("const float *cache, const float *x, const int *pos, float *out", n,
+                  fmt::format("kvWrite<{}, {}, {}>(cache, x, pos, out)", n, out.dim(1), out.dim(2)));
+    return llvm::Error::success();
+  }
+  // A warp per (sequence, head), 8 a block.
+  int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
+  e.launch(0, "const float *query, const float *k, const float *v, const int *pos, float *out", (B * H + 7) / 8,
+           fmt::format("decodeAttention<{}, {}, {}, {}, {}, {}, {}>(query, k, v, pos, out, {})",
+                       boolText(a.getString("gemm_dtype") == "bf16"), H, Dh, (Dh + 31) / 32, D, T, B * H,
+                       lit(*a.getFloat("scale"))));
+  return llvm::Error::success();
+}
+
+llvm::Error emit(const Op &op, Emitter &e) {
+  switch (op.kind()) {
+  case OpKind::Constant:
+  case OpKind::Embedding:
+  case OpKind::Add:
+  case OpKind::Mul:
+  case OpKind::Scale:
+  case OpKind::Gelu:
+  case OpKind::Silu:
+  case OpKind::GeluBackward:
+  case OpKind::SiluBackward:
+  case OpKind::CausalMask:
+    return emitElementwise(op, e);
+  case OpKind::Transpose:
+  case OpKind::Concat:
+  case OpKind::Slice:
+  case OpKind::Pad:
+    return emitLayout(op, e);
+  case OpKind::LayerNorm:
+  case OpKind::RMSNorm:
+  case OpKind::ResidualNorm:
+  case OpKind::LayerNormBackward:
+  case OpKind::RMSNormBackward:
+    return emitNorm(op, e);
+  case OpKind::Softmax:
+  case OpKind::LogSoftmax:
+  case OpKind::MaskedSoftmax:
+  case OpKind::SoftmaxBackward:
+  case OpKind::LogSoftmaxBackward:
+  case OpKind::MaskedSoftmaxBackward:
+    return emitSoftmax(op, e);
+  case OpKind::CrossEntropy:
+  case OpKind::CrossEntropyBackward:
+  case OpKind::NLLLoss:
+  case OpKind::NLLLossBackward:
+    return emitLoss(op, e);
+  case OpKind::ReduceTo:
+  case OpKind::SumSquares:
+  case OpKind::EmbeddingBackward:
+    return emitReduction(op, e);
+  case OpKind::ClipScale:
+  case OpKind::LRSchedule:
+  case OpKind::AdamW:
+    return emitOptimizer(op, e);
+  case OpKind::Quantize:
+  case OpKind::Fp8Update:
+    return emitFp8(op, e);
+  case OpKind::Attention:
+  case OpKind::AttentionBackward:
+    return emitAttention(op, e);
+  case OpKind::KvWrite:
+  case OpKind::DecodeAttention:
+    return emitDecode(op, e);
+  default:
+    return unsupported(op);
+  }
+}
+
+/// Who reads `v`, directly or through reshapes: BF16 GEMMs as their A or B operand, and the
+/// rest (the bias of matmul_bias is added in fp32; graph outputs count as the rest).
+struct Readers {
+  int bf16Gemms = 0, others = 0;
+};
+void countReaders(const Graph &graph, const Value *v, Readers &readers) {
+  if (llvm::is_contained(graph.outputs(), v))
+    ++readers.others;
+  for (const Op *user : v->users()) {
+    if (user->kind() == OpKind::Reshape) {
+      countReaders(graph, user->result(), readers);
+      continue;
+    }
+    bool operand = isBf16Gemm(*user);
+    for (unsigned p = 2; p < user->numOperands(); ++p)
+      operand &= user->operand(p) != v;
+    ++(operand ? readers.bf16Gemms : readers.others);
+  }
+}
+
+/// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
+/// of the generated kernels below (whose templates store through `out[i] = ...` only, which
+/// Bf16Out and F32Bf16Out turn into the right stores), with their reshapes. Into
+/// program.bf16Stored when only BF16 GEMMs read them, into bf16Shadowed when others do too.
+void chooseBf16Values(const Graph &graph, CudaProgram &program) {
+  std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
+      [&](llvm::DenseSet<const Value *> &set, const Value *v) {
+        set.insert(v);
+        for (const Op *user : v->users())
+          if (user->kind() == OpKind::Reshape)
+            mark(set, user->result());
+      };
+  for (const Op *op : graph.ops()) {
+    switch (op->kind()) {
+    case OpKind::Transpose:
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm:
+    case OpKind::ResidualNorm:
+    case OpKind::SoftmaxBackward:
+    case OpKind::MaskedSoftmaxBackward:
+    case OpKind::CrossEntropyBackward:
+    case OpKind::Slice:
+    case OpKind::Concat:
+    case OpKind::Add:
+    case OpKind::Scale:
+    case OpKind::Gelu:
+    case OpKind::GeluBackward:
+    case OpKind::Softmax:
+    case OpKind::MaskedSoftmax:
+    case OpKind::LayerNormBackward:
+    case OpKind::Attention:
+    case OpKind::AttentionBackward:
+      break;
+    default:
+      continue;
+    }
+    for (unsigned r = 0; r < op->numResults(); ++r) {
+      const Value *v = op->result(r);
+      Readers readers;
+      countReaders(graph, v, readers);
+      if (v->type().dtype != DType::F32 || readers.bf16Gemms == 0 || program.inPlace.count(v) ||
+          program.layout.grads.count(v))
+        continue;
+      if (op->kind() == OpKind::ResidualNorm && r == 0) // its template reads the sum back
+        continue;
+      mark(readers.others == 0 ? program.bf16Stored : program.bf16Shadowed, v);
+    }
+  }
+}
+
+} // namespace
+
+std::string kernelSource(const KernelText &k) {
+  std::string bounds = k.threads == kThreads ? "" : fmt::format("__launch_bounds__({}) ", k.threads);
+  return fmt::format("{}\nextern \"C\" __global__ void {}{}({}) {{\n  {}\n}}\n\n", k.comment, bounds, k.name,
+                     k.params, k.call);
+}
+
+const char *const kAdamWParams =
+    "const float *param, const float *grad, const float *m, const float *v, const float *lr, "
+    "const float *clip, const int *step, float *newParam, float *newM, float *newV";
+
+std::string adamwCall(const AttrMap &a, int64_t count, int64_t decayed, double decay) {
+  return fmt::format("adamw<{}, {}>(param, grad, m, v, lr, clip, step, newParam, newM, newV, {}, {}, {}, {})", count,
+                     decayed, formatDouble(*a.getFloat("beta1")), formatDouble(*a.getFloat("beta2")),
+                     lit(*a.getFloat("eps")), formatDouble(decay));
+}
+
+int64_t elementwiseBlocks(int64_t count) { return std::min<int64_t>((count + 255) / 256, 8192); }
+
+int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count + 2047) / 2048); }
+
+namespace {
+
+/// How the executor runs `op`, before its kernels are written (Kernels), or why it cannot.
+llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
+  if (isLeaf(op.kind()) && op.kind() != OpKind::Constant)
+    return OpLowering::Leaf;
+  if (op.kind() == OpKind::Assign)
+    return OpLowering::Assign;
+  if (op.kind() == OpKind::Reshape)
+    return OpLowering::Alias;
+  if (op.kind() == OpKind::MatMul) {
+    bool fp8 = isFp8(op.operand(0)->type().dtype);
+    if (fp8 && (op.attrs().getBool("transpose_a").value_or(false) || !op.attrs().getBool("transpose_b").value_or(false)))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "error: the FP8 GEMM %%%s is not in cuBLASLt's TN layout (matmul(A, B) "
+                                     "{transpose_b=true}); run legalize-fp8-gemm first",
+                                     op.result()->name().c_str());
+    if (!fp8 && op.operand(0)->type().dtype != DType::F32)
+      return unsupported(op);
+    return OpLowering::Gemm;
+  }
+  if (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu)
+    return OpLowering::Gemm; // cuBLASLt's BIAS or GELU_AUX_BIAS epilogue
+  for (const Value *v : op.operands())
+    if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&
+        !(isFp8(v->type().dtype) && op.kind() == OpKind::Transpose))
+      return unsupported(op);
+  return OpLowering::Kernels;
+}
+
+/// The program's source: the kernel headers it uses, then each kernel once. Ops whose kernels
+/// would be the same text (a layer's ops and the next layer's, at the same shapes) launch the
+/// first op's, so NVRTC compiles each distinct kernel once.
+std::string assembleSource(const std::set<std::string> &headers, const std::vector<std::vector<KernelText>> &kernels,
+                           CudaProgram &program) {
+  std::string source = "// Generated by tgc: one kernel per distinct op instance, a template of "
+                       "backends/cuda/kernels instantiated with its shapes.\n";
+  for (const std::string &header : headers)
+    source += "#include \"" + header + "\"\n";
+  source += "\n";
+  std::map<std::string, std::string> first; // params, call and threads -> the kernel's name
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    for (const KernelText &k : kernels[i]) {
+      std::string key = fmt::format("{}|{}|{}", k.params, k.call, k.threads);
+      auto [it, added] = first.emplace(key, k.name);
+      if (added) {
+        source += kernelSource(k);
+        continue;
+      }
+      for (KernelLaunch &launch : program.lowering[i].launches)
+        if (launch.name == k.name)
+          launch.name = it->second;
+    }
+  }
+  return source;
+}
+
+} // namespace
+
+llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
+  CudaProgram program;
+  std::vector<Op *> ops = graph.ops();
+  for (const Op *op : ops) {
+    auto kind = loweringKind(*op);
+    if (!kind)
+      return kind.takeError();
+    program.lowering.push_back(OpLowering{});
+    program.lowering.back().kind = *kind; // Kernels: written below, once the BF16 values are chosen
+  }
+  program.inPlace = inPlaceValues(graph, program);
+  program.layout = layoutParameters(graph, program);
+  if (options.storeBf16)
+    chooseBf16Values(graph, program);
+  std::vector<std::vector<KernelText>> kernels(ops.size());
+  std::set<std::string> headers = {"common.cuh"};
+  for (unsigned i = 0; i < ops.size(); ++i) {
+    if (program.lowering[i].kind != OpLowering::Kernels)
+      continue;
+    Emitter e(*ops[i], i, program);
+    if (auto err = emit(*ops[i], e))
+      return std::move(err);
+    kernels[i] = std::move(e.kernels);
+    headers.insert(e.headers.begin(), e.headers.end());
+    program.lowering[i] = std::move(e.lowering);
+  }
+  if (options.groupOptimizer)
+    groupOptimizer(ops, program, kernels);
+  program.source = assembleSource(headers, kernels, program);
+  return program;
+}
+
+} // namespace tgc

@@ -1,0 +1,305 @@
+#include "backends/cuda/MemoryPlan.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+#include <algorithm>
+
+namespace tgc {
+
+namespace {
+constexpr int64_t kAlignment = 256;
+int64_t aligned(int64_t bytes, int64_t alignment = kAlignment) {
+  return (std::max<int64_t>(bytes, 4) + alignment - 1) / alignment * alignment;
+}
+// Parameters start at multiples of 512 bytes, so that in the executor's BF16 copy of the
+// parameter buffer (half the bytes) each starts at a multiple of 256, as cuBLASLt expects.
+constexpr int64_t kParamAlignment = 512;
+} // namespace
+
+int64_t deviceBytesOf(const TensorType &t) { return t.numElements() * dtypeBytes(t.dtype); }
+
+int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
+  return program.bf16Stored.count(v) ? v->type().numElements() * 2 : deviceBytesOf(v->type());
+}
+
+bool isBf16Gemm(const Op &op) {
+  return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
+          op.kind() == OpKind::MatMulBiasGelu) &&
+         op.attrs().getString("gemm_dtype") == "bf16";
+}
+
+const Value *reshapeRoot(const Value *v) {
+  while (v->def() && v->def()->kind() == OpKind::Reshape)
+    v = v->def()->operand(0);
+  return v;
+}
+
+bool isWeight(const CudaProgram &program, const Value *v) {
+  return program.layout.params.count(reshapeRoot(v));
+}
+
+bool bf16Ready(const CudaProgram &program, const Value *v) {
+  return program.bf16Stored.count(v) || program.bf16Shadowed.count(v) || isWeight(program, v);
+}
+
+std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size_t index) {
+  const OpLowering &lowering = program.lowering[index];
+  std::vector<int64_t> bytes;
+  for (int64_t floats : lowering.scratchFloats)
+    bytes.push_back(floats * 4);
+  if (lowering.kind == OpLowering::Gemm && isBf16Gemm(op))
+    for (unsigned i = 0; i < 2; ++i)
+      bytes.push_back(bf16Ready(program, op.operand(i)) ? 0 : op.operand(i)->type().numElements() * 2);
+  return bytes;
+}
+
+int inPlaceOperand(const Op &op, unsigned r) {
+  switch (op.kind()) {
+  case OpKind::AdamW: // (param, grad, m, v, ...) -> (param, m, v), elementwise
+    return r == 0 ? 0 : r == 1 ? 2 : r == 2 ? 3 : -1;
+  case OpKind::Fp8Update: // (history, scale, amax, saturations, ...) -> (history, scale,
+                          // scale_inv, saturations); the history is read whole before the roll
+    return r == 0 ? 0 : r == 1 ? 1 : r == 3 ? 3 : -1;
+  case OpKind::KvWrite: // (cache, x, pos) -> cache with one row replaced, elementwise
+    return r == 0 ? 0 : -1;
+  default:
+    return -1;
+  }
+}
+
+llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
+                                                           const CudaProgram &program) {
+  std::vector<Op *> ops = graph.ops();
+  // The leaf each value's memory is (a leaf itself, or a reshape of one), and the last op that
+  // reads each leaf's memory other than as an assign's target.
+  llvm::DenseMap<const Value *, const Value *> leafOf;
+  llvm::DenseMap<const Value *, int64_t> lastRead;
+  llvm::DenseMap<const Op *, int64_t> index;
+  for (int64_t i = 0; i < int64_t(ops.size()); ++i) {
+    const Op &op = *ops[i];
+    index[&op] = i;
+    const OpLowering &lowering = program.lowering[i];
+    if (lowering.kind == OpLowering::Leaf)
+      leafOf[op.result()] = op.result();
+    else if (lowering.kind == OpLowering::Alias)
+      if (const Value *leaf = leafOf.lookup(op.operand(0)))
+        leafOf[op.result()] = leaf;
+    for (unsigned p = 0; p < op.numOperands(); ++p)
+      if (const Value *leaf = leafOf.lookup(op.operand(p)))
+        if (!(op.kind() == OpKind::Assign && p == 0))
+          lastRead[leaf] = i;
+  }
+  llvm::DenseMap<const Value *, unsigned> assigned; // how many leaves each value is assigned to
+  for (const Op *op : ops)
+    if (op->kind() == OpKind::Assign)
+      ++assigned[op->operand(1)];
+  llvm::DenseMap<const Value *, const Value *> inPlace;
+  for (const Op *assign : ops) {
+    if (assign->kind() != OpKind::Assign)
+      continue;
+    const Value *leaf = assign->operand(0), *value = assign->operand(1);
+    const Op *def = value->def();
+    if (!def || assigned.lookup(value) != 1 ||
+        deviceBytesOf(leaf->type()) != deviceBytesOf(value->type()) ||
+        program.lowering[index.lookup(def)].kind == OpLowering::Alias)
+      continue;
+    unsigned r = 0;
+    while (def->result(r) != value)
+      ++r;
+    bool safe = lastRead.lookup(leaf) <= index.lookup(def);
+    for (unsigned p = 0; p < def->numOperands() && safe; ++p)
+      if (leafOf.lookup(def->operand(p)) == leaf)
+        safe = int(p) == inPlaceOperand(*def, r) && def->operand(p) == leaf;
+    if (safe)
+      inPlace[value] = leaf;
+  }
+  return inPlace;
+}
+
+ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program) {
+  ParameterLayout layout;
+  std::vector<Op *> ops = graph.ops();
+  llvm::DenseMap<const Op *, size_t> index;
+  llvm::DenseMap<const Value *, int> adamwReads; // how many AdamW ops read each gradient
+  for (size_t i = 0; i < ops.size(); ++i) {
+    index[ops[i]] = i;
+    if (ops[i]->kind() == OpKind::AdamW)
+      ++adamwReads[ops[i]->operand(1)];
+  }
+  auto leafOf = [](const Value *v, OpKind kind) { return v->def() && v->def()->kind() == kind; };
+  llvm::DenseMap<const Value *, const Op *> updateOf; // parameter -> the AdamW op laid out with it
+  for (const Op *op : ops) {
+    if (op->kind() != OpKind::AdamW)
+      continue;
+    const Value *p = op->operand(0), *g = op->operand(1), *m = op->operand(2), *v = op->operand(3);
+    OpLowering::Kind gradKind = g->def() ? program.lowering[index.lookup(g->def())].kind : OpLowering::Leaf;
+    bool usual = leafOf(p, OpKind::Param) && leafOf(m, OpKind::State) && leafOf(v, OpKind::State) &&
+                 !updateOf.count(p) && program.inPlace.lookup(op->result(0)) == p &&
+                 program.inPlace.lookup(op->result(1)) == m && program.inPlace.lookup(op->result(2)) == v &&
+                 (gradKind == OpLowering::Kernels || gradKind == OpLowering::Gemm) &&
+                 !program.inPlace.count(g) && adamwReads.lookup(g) == 1 &&
+                 p->type().dtype == DType::F32 && g->type() == p->type() && m->type() == p->type() &&
+                 v->type() == p->type();
+    if (usual)
+      updateOf[p] = op;
+  }
+  // Parameters: AdamW's with weight decay, AdamW's without, then the rest, each in program order.
+  for (int group = 0; group < 3; ++group) {
+    for (const Op *op : ops) {
+      if (op->kind() != OpKind::Param)
+        continue;
+      const Op *update = updateOf.lookup(op->result());
+      bool decayed = update && update->attrs().getFloat("weight_decay").value_or(0) != 0;
+      if (group != (!update ? 2 : decayed ? 0 : 1))
+        continue;
+      layout.params[op->result()] = layout.paramBytes;
+      layout.paramBytes += aligned(deviceBytesOf(op->result()->type()), kParamAlignment);
+    }
+    if (group == 0)
+      layout.decayedBytes = layout.paramBytes;
+    if (group == 1)
+      layout.updatedBytes = layout.paramBytes;
+  }
+  for (const Op *op : ops)
+    if (const Op *update = op->kind() == OpKind::Param ? updateOf.lookup(op->result()) : nullptr) {
+      int64_t offset = layout.params.lookup(op->result());
+      layout.updates.push_back(update);
+      layout.grads[update->operand(1)] = offset;
+      layout.state[update->operand(2)] = offset;
+      layout.state[update->operand(3)] = layout.updatedBytes + offset;
+    }
+  llvm::sort(layout.updates, [&](const Op *a, const Op *b) { return index.lookup(a) < index.lookup(b); });
+  layout.gradBytes = layout.updatedBytes;
+  layout.stateBytes = 2 * layout.updatedBytes;
+  for (const Op *op : ops)
+    if (op->kind() == OpKind::State && !layout.state.count(op->result())) {
+      layout.state[op->result()] = layout.stateBytes;
+      layout.stateBytes += aligned(deviceBytesOf(op->result()->type()));
+    }
+  return layout;
+}
+
+MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
+  MemoryPlan plan;
+  const ParameterLayout &layout = program.layout;
+  plan.persistentBytes = layout.paramBytes + layout.gradBytes + layout.stateBytes;
+  std::vector<Op *> ops = graph.ops();
+  int64_t end = int64_t(ops.size());
+  // The value whose memory each value uses (itself, or an alias's source).
+  llvm::DenseMap<const Value *, const Value *> owner;
+  llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> life; // [first, last] op index
+  std::vector<const Value *> planned;
+  for (int64_t i = 0; i < end; ++i) {
+    const Op &op = *ops[i];
+    const OpLowering &lowering = program.lowering[i];
+    for (int64_t floats : lowering.persistentFloats)
+      plan.persistentBytes += aligned(floats * 4);
+    if (!lowering.constants.empty())
+      plan.persistentBytes += aligned(int64_t(lowering.constants.size() * sizeof(double)));
+    for (unsigned r = 0; r < op.numResults(); ++r) {
+      const Value *v = op.result(r);
+      if (lowering.kind == OpLowering::Leaf) {
+        if (op.kind() == OpKind::Input) // parameters and state are in the layout's buffers
+          plan.persistentBytes += aligned(deviceBytesOf(v->type()));
+        continue;
+      }
+      if (program.inPlace.count(v)) { // in its leaf's buffer, as are its aliases
+        plan.inPlaceBytes += aligned(deviceBytesOf(v->type()));
+        continue;
+      }
+      if (layout.grads.count(v)) // in the gradient buffer, as are its aliases
+        continue;
+      owner[v] = lowering.kind == OpLowering::Alias ? owner.lookup(op.operand(0)) : v;
+      if (lowering.kind == OpLowering::Alias && !owner[v]) // an alias of a leaf
+        owner.erase(v);
+      if (lowering.kind != OpLowering::Alias) {
+        life[v] = {i, i};
+        planned.push_back(v);
+        plan.withoutReuseBytes += aligned(storedBytesOf(program, v));
+      }
+    }
+    for (const Value *v : op.operands())
+      if (const Value *o = owner.lookup(v))
+        life[o].second = std::max(life[o].second, i);
+    if (op.kind() == OpKind::Assign) // copied when the step ends
+      if (const Value *o = owner.lookup(op.operand(1)))
+        life[o].second = end;
+  }
+  for (const Value *out : graph.outputs())
+    if (const Value *o = owner.lookup(out))
+      life[o].second = end;
+  // Everything placed in the arena: values, and op-local buffers alive during their op only.
+  struct Item {
+    int64_t bytes, first, last;
+    const Value *value; // nullptr for an op-local buffer
+    size_t op, local;
+    bool shadow = false; // the BF16 copy of `value`
+  };
+  std::vector<Item> items;
+  for (const Value *v : planned)
+    items.push_back({aligned(storedBytesOf(program, v)), life[v].first, life[v].second, v, 0, 0});
+  // BF16 copies: from the producer to the last BF16 GEMM that reads the value.
+  llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> shadowLife;
+  for (int64_t i = 0; i < end; ++i)
+    for (unsigned k = 0; k < std::min(2u, ops[i]->numOperands()); ++k)
+      if (program.lowering[i].kind == OpLowering::Gemm && program.bf16Shadowed.count(ops[i]->operand(k))) {
+        const Value *root = reshapeRoot(ops[i]->operand(k));
+        auto &span = shadowLife[root];
+        span.second = std::max(span.second, i);
+      }
+  std::vector<const Value *> shadows;
+  for (int64_t i = 0; i < end; ++i)
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      if (shadowLife.count(ops[i]->result(r))) {
+        shadowLife[ops[i]->result(r)].first = i;
+        shadows.push_back(ops[i]->result(r));
+      }
+  std::vector<Item> shadowItems;
+  for (const Value *v : shadows) {
+    int64_t bytes = aligned(v->type().numElements() * 2);
+    plan.withoutReuseBytes += bytes;
+    shadowItems.push_back({bytes, shadowLife[v].first, shadowLife[v].second, v, 0, 0, true});
+  }
+  plan.opLocalOffsets.resize(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::vector<int64_t> local = opLocalBytes(*ops[i], program, i);
+    plan.opLocalOffsets[i].resize(local.size());
+    for (size_t k = 0; k < local.size(); ++k) {
+      items.push_back({aligned(local[k]), int64_t(i), int64_t(i), nullptr, i, k});
+      plan.withoutReuseBytes += aligned(local[k]);
+    }
+  }
+  items.insert(items.end(), shadowItems.begin(), shadowItems.end());
+  // Largest first, each at the lowest offset that overlaps no placed item alive at once.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item &a, const Item &b) { return a.bytes > b.bytes; });
+  std::vector<std::pair<const Item *, int64_t>> placed;
+  for (const Item &item : items) {
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (auto &[p, offset] : placed)
+      if (p->first <= item.last && item.first <= p->last)
+        busy.push_back({offset, offset + p->bytes});
+    std::sort(busy.begin(), busy.end());
+    int64_t offset = 0;
+    for (auto [b, e] : busy) {
+      if (offset + item.bytes <= b)
+        break;
+      offset = std::max(offset, e);
+    }
+    if (item.shadow)
+      plan.shadowOffsets[item.value] = offset;
+    else if (item.value)
+      plan.offsets[item.value] = offset;
+    else
+      plan.opLocalOffsets[item.op][item.local] = offset;
+    plan.arenaBytes = std::max(plan.arenaBytes, offset + item.bytes);
+    placed.push_back({&item, offset});
+  }
+  // Aliases point into their source's memory.
+  for (auto &[v, o] : owner)
+    if (v != o)
+      plan.offsets[v] = plan.offsets.lookup(o);
+  return plan;
+}
+
+} // namespace tgc

@@ -1,0 +1,163 @@
+// The optimizer's program-level lowering: the per-parameter AdamW ops and the gradient norm's
+// chain of sum_squares and adds, each as one group of launches over the contiguous parameter
+// layout (ParameterLayout), with the arithmetic of the per-op kernels (KernelCalls.h).
+#include "backends/cuda/KernelCalls.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+namespace tgc {
+namespace {
+
+/// One launch for every AdamW op of the layout, over the contiguous parameters, gradients and
+/// moments: the same elementwise arithmetic (the same bits), the weight decay chosen by offset.
+/// It runs where the first of them ran; the others become Grouped. Nothing happens unless every
+/// AdamW op is laid out, they share their settings and inputs, and only AdamW ops, assigns and
+/// leaves lie between the first and the last.
+void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<std::vector<KernelText>> &kernels) {
+  const ParameterLayout &layout = program.layout;
+  std::vector<size_t> members;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i]->kind() == OpKind::AdamW)
+      members.push_back(i);
+  if (members.size() < 2 || members.size() != layout.updates.size())
+    return;
+  const Op &first = *ops[members.front()];
+  double decay = 0;
+  for (size_t i : members) {
+    const Op &op = *ops[i];
+    for (const char *attr : {"beta1", "beta2", "eps"})
+      if (op.attrs().getFloat(attr) != first.attrs().getFloat(attr))
+        return;
+    for (unsigned k = 4; k < 7; ++k) // lr, clip, step
+      if (op.operand(k) != first.operand(k))
+        return;
+    double wd = op.attrs().getFloat("weight_decay").value_or(0);
+    bool decayed = layout.params.lookup(op.operand(0)) < layout.decayedBytes;
+    if (decayed ? (decay != 0 && wd != decay) || wd == 0 : wd != 0)
+      return;
+    if (decayed)
+      decay = wd;
+  }
+  for (size_t i = members.front(); i <= members.back(); ++i)
+    if (ops[i]->kind() != OpKind::AdamW && ops[i]->kind() != OpKind::Assign &&
+        program.lowering[i].kind != OpLowering::Leaf)
+      return;
+  // The first tensor of each buffer: the parameter at offset 0, its gradient and moments.
+  const Op *base = nullptr;
+  for (size_t i : members)
+    if (layout.params.lookup(ops[i]->operand(0)) == 0)
+      base = ops[i];
+  if (!base)
+    return;
+  int64_t count = layout.updatedBytes / 4, decayed = layout.decayedBytes / 4;
+  std::string name = fmt::format("k{}_adamw_flat", members.front());
+  OpLowering grouped;
+  grouped.launches.push_back({name, elementwiseBlocks(count), kThreads});
+  grouped.arguments = {base->operand(0), base->operand(1), base->operand(2), base->operand(3),
+                       first.operand(4), first.operand(5), first.operand(6),
+                       base->operand(0), base->operand(2), base->operand(3)};
+  grouped.label = "adamw (all parameters)";
+  for (size_t i : members) {
+    program.lowering[i] = OpLowering{};
+    program.lowering[i].kind = OpLowering::Grouped;
+    kernels[i].clear();
+  }
+  program.lowering[members.front()] = std::move(grouped);
+  std::string comment = fmt::format("// AdamW for all {} parameters at once, over the contiguous parameters, gradients "
+                                    "and moments\n// ({} floats, padding included, which stays zero); the first {} "
+                                    "have weight decay.",
+                                    members.size(), count, decayed);
+  kernels[members.front()] = {{comment, name, kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}};
+}
+
+/// The gradient norm, add(...add(sum_squares(g0), sum_squares(g1))..., sum_squares(gN)) over
+/// laid-out gradients, as two launches where the final add ran: every gradient's block partial
+/// sums in one, then in one block each gradient's sum and the float adds in order (the same
+/// bits as the per-op kernels). The other ops of the chain become Grouped.
+void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
+                       std::vector<std::vector<KernelText>> &kernels) {
+  llvm::DenseMap<const Value *, int> uses;
+  llvm::DenseMap<const Op *, size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    index[ops[i]] = i;
+    for (const Value *v : ops[i]->operands())
+      ++uses[v];
+  }
+  auto onlyUse = [&](const Value *v) { return uses.lookup(v) == 1; };
+  for (size_t last = 0; last < ops.size(); ++last) {
+    const Op *op = ops[last];
+    if (op->kind() != OpKind::ClipScale)
+      continue;
+    // Walk the chain back from the clip's operand.
+    std::vector<const Op *> sums, adds;
+    const Value *v = op->operand(0);
+    while (v->def() && v->def()->kind() == OpKind::Add && v->type().rank() == 0) {
+      const Op *add = v->def();
+      const Op *right = add->operand(1)->def();
+      if (!right || right->kind() != OpKind::SumSquares || !onlyUse(add->operand(1)) ||
+          (!adds.empty() && !onlyUse(add->result()))) // an inner add: the next one reads it only
+        break;
+      adds.push_back(add);
+      sums.push_back(right);
+      v = add->operand(0);
+    }
+    if (!v->def() || v->def()->kind() != OpKind::SumSquares || !onlyUse(v) || adds.empty())
+      continue;
+    sums.push_back(v->def());
+    std::reverse(sums.begin(), sums.end());
+    std::reverse(adds.begin(), adds.end());
+    bool inner = true; // every add but the last is read by the next add only
+    for (size_t k = 0; k + 1 < adds.size(); ++k)
+      inner &= onlyUse(adds[k]->result()) && adds[k + 1]->operand(0) == adds[k]->result();
+    bool laidOut = llvm::all_of(sums, [&](const Op *s) { return program.layout.grads.count(s->operand(0)); });
+    if (!inner || !laidOut)
+      continue;
+    const Value *base = sums.front()->operand(0);
+    for (const Op *s : sums)
+      if (program.layout.grads.lookup(s->operand(0)) < program.layout.grads.lookup(base))
+        base = s->operand(0);
+    // Each gradient's {offset, count, elements per block, first block}, in the order the adds
+    // take them: the kernels read it from the op's constants.
+    int64_t baseOffset = program.layout.grads.lookup(base) / 4, blocks = 0;
+    OpLowering grouped;
+    for (const Op *s : sums) {
+      int64_t count = s->operand(0)->type().numElements(), b = sumSquaresBlocks(count);
+      for (int64_t field : {program.layout.grads.lookup(s->operand(0)) / 4 - baseOffset, count, (count + b - 1) / b, blocks})
+        grouped.constants.push_back(double(field));
+      blocks += b;
+    }
+    size_t at = index.lookup(adds.back());
+    std::string name = fmt::format("k{}_grad_norm", at);
+    const char *params = "const float *grads, float *out, float *scratch, const double *tensors";
+    int64_t n = int64_t(sums.size());
+    grouped.launches = {{name, blocks, kThreads}, {name + "_1", 1, kThreads}};
+    grouped.scratchFloats = {2 * blocks};
+    grouped.arguments = {base, adds.back()->result()};
+    grouped.label = "grad norm (all gradients)";
+    for (const std::vector<const Op *> *list : {&sums, &adds})
+      for (const Op *member : *list) {
+        size_t i = index.lookup(member);
+        program.lowering[i] = OpLowering{};
+        program.lowering[i].kind = OpLowering::Grouped;
+        kernels[i].clear();
+      }
+    program.lowering[at] = std::move(grouped);
+    std::string comment = fmt::format("// The gradient norm: the sums of squares of {} gradients in the gradient buffer "
+                                      "and the adds of them", n);
+    kernels[at] = {{comment + ": each block a range of one gradient", name, params,
+                    fmt::format("gradNormPartials<{}>(grads, scratch, tensors);", n)},
+                   {comment + ": the gradients' partials, then the adds", name + "_1", params,
+                    fmt::format("gradNormTotal<{}, {}>(out, scratch, tensors);", n, blocks)}};
+  }
+}
+
+} // namespace
+
+void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
+                    std::vector<std::vector<KernelText>> &kernels) {
+  groupAdamW(ops, program, kernels);
+  groupGradientNorm(ops, program, kernels);
+}
+
+} // namespace tgc

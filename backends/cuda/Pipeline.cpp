@@ -1,0 +1,51 @@
+#include "backends/cuda/Pipeline.h"
+
+#include "transforms/Pass.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+
+std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe) {
+  // The fusions whose fused ops (and their gradients) the GPU backend lowers. Attention is
+  // fused where its GEMMs run in BF16 (the bf16 and fp8 recipes: tensor-core kernels); in fp32
+  // cuBLASLt's GEMMs and the softmax kernels are faster than the fused op's fp32 kernels (a
+  // thread per row), so fp32 leaves it unfused.
+  std::vector<std::string> lowered = {"fuse-softmax",       "fuse-layernorm-mlp",
+                                      "fuse-layernorm-linear", "fuse-residual-norm",
+                                      "fuse-bias-activation", "fuse-bias", "fuse-cross-entropy"};
+  if (recipe != "fp32")
+    lowered.push_back("fuse-attention");
+  std::vector<std::string> passes;
+  for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
+    if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))
+      passes.push_back(p);
+  // Before the final dce: LayerNorm+Linear/MLP become their norm and GEMM ops (the forward's
+  // and the backward's recomputation), and each norm then takes the residual add before it
+  // (the LayerNorm fusions ran first and left those adds alone); FP8 GEMMs go into cuBLASLt's
+  // TN layout.
+  passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "legalize-fp8-gemm"});
+  return passes;
+}
+
+int recipeCapability(llvm::StringRef recipe) { return recipe == "fp8" ? 89 : recipe == "bf16" ? 80 : 0; }
+
+std::string gpuRecipeFor(int computeCapability) {
+  for (const char *recipe : {"fp8", "bf16"})
+    if (computeCapability >= recipeCapability(recipe))
+      return recipe;
+  return "fp32";
+}
+
+llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability) {
+  int cc = computeCapability, needed = recipeCapability(recipe);
+  if (cc < needed)
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        fmt::format("error: the {} recipe needs a GPU of compute capability {}.{} or later; this "
+                    "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
+                    recipe, needed / 10, needed % 10, cc / 10, cc % 10));
+  return llvm::Error::success();
+}
+
+} // namespace tgc

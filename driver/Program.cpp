@@ -1,0 +1,63 @@
+#include "driver/Program.h"
+
+#include "backends/cpu/Interpreter.h"
+#include "backends/cpu/Pipeline.h"
+#include "backends/cuda/CudaExecutor.h"
+#include "backends/cuda/Pipeline.h"
+#include "backends/cuda/Target.h"
+#include "transforms/Pass.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+
+namespace {
+int computeCapability() {
+  TargetInfo target = detectTarget();
+  return target.gpus.empty() ? 0 : target.gpus[0].major * 10 + target.gpus[0].minor;
+}
+} // namespace
+
+PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
+  if (precision.recipe != "auto" || device == Device::Cpu)
+    return resolveRecipeForCpu(precision);
+  precision.recipe = gpuRecipeFor(computeCapability());
+  return precision;
+}
+
+llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
+                                                 const ModelConfig &config, Device device,
+                                                 bool training) {
+  CompiledProgram program;
+  PipelineOptions options;
+  options.passOptions.train = config.train;
+  options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
+  options.disabled = config.disabledPasses;
+  // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
+  if (device == Device::Cuda)
+    if (auto err = checkGpuRecipe(program.precision.recipe, computeCapability()))
+      return std::move(err);
+  std::vector<std::string> passes = device == Device::Cuda
+                                        ? gpuPipeline(training, program.precision.recipe)
+                                                              : cpuPipeline(training);
+  auto pipeline = PassPipeline::create(passes, options);
+  if (!pipeline)
+    return pipeline.takeError();
+  if (auto err = pipeline->run(*graph))
+    return std::move(err);
+  program.graph = std::move(graph);
+  if (device == Device::Cuda) {
+    auto executor = createCudaExecutor(*program.graph);
+    if (!executor)
+      return executor.takeError();
+    program.executor = std::move(*executor);
+  } else {
+    // A program too large for this machine stops here, before any tensor is allocated.
+    if (auto err = checkHostMemory(*program.graph))
+      return std::move(err);
+    program.executor = std::make_unique<Interpreter>(*program.graph);
+  }
+  return program;
+}
+
+} // namespace tgc

@@ -1,0 +1,28 @@
+// Constructors of the individual passes; the pipeline (Pass.h) names them.
+#pragma once
+
+#include "transforms/Pass.h"
+
+namespace tgc {
+
+std::unique_ptr<Pass> createCommonSubexpressionEliminationPass();
+std::unique_ptr<Pass> createDeadCodeEliminationPass();
+std::unique_ptr<Pass> createFuseAttentionPass();
+std::unique_ptr<Pass> createFuseLayerNormMLPPass();
+std::unique_ptr<Pass> createFuseLayerNormLinearPass();
+std::unique_ptr<Pass> createFuseResidualNormPass();
+std::unique_ptr<Pass> createFuseBiasActivationPass();
+std::unique_ptr<Pass> createFuseBiasPass();
+std::unique_ptr<Pass> createFuseCrossEntropyPass();
+std::unique_ptr<Pass> createFuseSoftmaxPass();
+std::unique_ptr<Pass> createAssignPrecisionPass(const PrecisionConfig &config);
+std::unique_ptr<Pass> createFp8UpdatePass(const PrecisionConfig &config);
+std::unique_ptr<Pass> createLegalizeFp8GemmPass();
+/// One line per linear layer: its shape and the precision the recipe gives it, and why.
+std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config);
+std::unique_ptr<Pass> createAutodiffPass();
+std::unique_ptr<Pass> createConcatPadsPass();
+std::unique_ptr<Pass> createExpandLayerNormFusedPass();
+std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
+
+} // namespace tgc

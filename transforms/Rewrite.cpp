@@ -1,0 +1,127 @@
+#include "transforms/Rewrite.h"
+
+#include "ir/Infer.h"
+
+namespace tgc {
+
+Op *definedBy(Value *v, OpKind kind) {
+  return v && v->def()->kind() == kind ? v->def() : nullptr;
+}
+
+bool isGraphOutput(const Graph &graph, const Value *v) {
+  return llvm::is_contained(graph.outputs(), v);
+}
+
+Op *soleUser(const Graph &graph, Value *v) {
+  if (v->users().size() != 1 || isGraphOutput(graph, v))
+    return nullptr;
+  return v->users()[0];
+}
+
+bool isLinear(const Op *op) {
+  auto fp8 = [](const Value *v) {
+    return v->type().dtype == DType::F8E4M3 || v->type().dtype == DType::F8E5M2;
+  };
+  return op && op->kind() == OpKind::MatMul && op->operand(1)->type().rank() == 2 &&
+         !fp8(op->operand(0)) && !fp8(op->operand(1)) &&
+         op->attrs().getBool("transpose_b").value_or(false) &&
+         !op->attrs().getBool("transpose_a").value_or(false);
+}
+
+Op *biasAddOf(const Graph &graph, Value *y) {
+  Op *add = soleUser(graph, y);
+  if (!add || add->kind() != OpKind::Add || add->operand(0) != y || add->operand(1) == y)
+    return nullptr;
+  const TensorType &bias = add->operand(1)->type();
+  return bias.rank() == 1 && bias.dim(0) == y->type().dim(-1) ? add : nullptr;
+}
+
+llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replacement r) {
+  auto types = inferResultTypes(r.kind, r.operands, r.attrs);
+  if (!types)
+    return types.takeError();
+  if (types->size() != r.replaces.size())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "fused %s has %zu results but replaces %zu values",
+                                   opInfo(r.kind).name.str().c_str(), types->size(),
+                                   r.replaces.size());
+  std::vector<std::string> temporary;
+  for (Value *old : r.replaces)
+    temporary.push_back(graph.uniqueName(old->name() + ".fused"));
+  Op *fused = graph.createOp(r.kind, r.operands, r.attrs, *types, temporary, pattern.back());
+  for (unsigned i = 0; i < r.replaces.size(); ++i)
+    graph.replaceAllUsesWith(r.replaces[i], fused->result(i));
+  // Erase from the last op of the pattern up, as each becomes unused.
+  for (auto it = pattern.rbegin(); it != pattern.rend(); ++it) {
+    bool unused = true;
+    for (unsigned i = 0; i < (*it)->numResults(); ++i)
+      unused &= !(*it)->result(i)->hasUses() && !isGraphOutput(graph, (*it)->result(i));
+    if (unused)
+      graph.eraseOp(*it);
+  }
+  for (unsigned i = 0; i < r.replaces.size(); ++i) {
+    std::string name = temporary[i].substr(0, temporary[i].rfind(".fused"));
+    if (!graph.lookup(name))
+      graph.rename(fused->result(i), name);
+  }
+  graph.sortTopologically();
+  return llvm::Error::success();
+}
+
+void copyGemmDType(const Op &gemm, AttrMap &fused) {
+  if (auto dtype = gemm.attrs().getString("gemm_dtype"))
+    fused.set("gemm_dtype", *dtype);
+}
+
+bool isNorm(const Op *op) {
+  return op && (op->kind() == OpKind::LayerNorm || op->kind() == OpKind::RMSNorm);
+}
+
+AttrMap normAttrs(const Op *norm) {
+  AttrMap attrs;
+  attrs.set("norm", std::string(norm->kind() == OpKind::LayerNorm ? "layer_norm" : "rms_norm"));
+  attrs.set("eps", *norm->attrs().getFloat("eps"));
+  return attrs;
+}
+
+llvm::Expected<bool> FusionPass::run(Graph &graph) {
+  return rewriteToFixedPoint(graph, name(), [&](Op *root) -> llvm::Expected<bool> {
+    std::optional<FusionMatch> m = match(graph, root);
+    if (!m)
+      return false;
+    if (auto err = applyReplacement(graph, m->pattern, std::move(m->replacement)))
+      return std::move(err);
+    return true;
+  });
+}
+
+llvm::Expected<bool> rewriteToFixedPoint(Graph &graph, llvm::StringRef passName,
+                                         llvm::function_ref<llvm::Expected<bool>(Op *)> tryRewrite,
+                                         size_t maxRewrites) {
+  if (maxRewrites == 0)
+    maxRewrites = 4 * graph.numOps() + 64;
+  size_t rewrites = 0;
+  bool changed = false, progress = true;
+  while (progress) {
+    progress = false;
+    // A rewrite erases ops, so the sweep restarts from a fresh list after each one.
+    for (Op *op : graph.ops()) {
+      auto rewrote = tryRewrite(op);
+      if (!rewrote)
+        return rewrote.takeError();
+      if (!*rewrote)
+        continue;
+      if (++rewrites > maxRewrites)
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(),
+            "%s did not reach a fixed point after %zu rewrites (a pattern that keeps matching "
+            "its own output?)",
+            passName.str().c_str(), maxRewrites);
+      changed = progress = true;
+      break;
+    }
+  }
+  return changed;
+}
+
+} // namespace tgc

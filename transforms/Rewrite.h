@@ -1,0 +1,67 @@
+// The rewrite driver of the fusion passes. A pattern first matches completely (reading the graph
+// only); then one call replaces the matched ops with a fused op. The driver applies a pattern
+// until nothing matches, with a cap that turns a rewrite loop into an error.
+#pragma once
+
+#include "ir/Graph.h"
+#include "transforms/Pass.h"
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+
+#include <optional>
+
+namespace tgc {
+
+/// The op whose result `v` is, if it is of `kind`.
+Op *definedBy(Value *v, OpKind kind);
+/// The only op that reads `v`, if exactly one op reads it (once) and it is not a graph output.
+Op *soleUser(const Graph &graph, Value *v);
+bool isGraphOutput(const Graph &graph, const Value *v);
+/// A matmul computing x @ w^T with a rank-2 w stored [out, in] (the builder's linear layer), not
+/// yet quantized: the fusions leave FP8 GEMMs alone.
+bool isLinear(const Op *matmul);
+/// The add that applies a bias [N] to `y` and is `y`'s only user, if there is one.
+Op *biasAddOf(const Graph &graph, Value *y);
+
+/// Replaces a matched pattern by one op.
+struct Replacement {
+  OpKind kind;
+  llvm::SmallVector<Value *, 8> operands;
+  AttrMap attrs;
+  /// Values of the pattern that the fused op's results take over, result by result.
+  llvm::SmallVector<Value *, 2> replaces;
+};
+
+/// Creates the fused op, redirects every use of the replaced values to its results (which take
+/// their names), erases the pattern's ops that are left unused and restores program order.
+llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replacement replacement);
+
+/// What a fusion pattern found: the ops it covers (in program order) and what replaces them.
+struct FusionMatch {
+  llvm::SmallVector<Op *, 16> pattern;
+  Replacement replacement;
+};
+
+/// A fusion pass: one pattern, one legality predicate inside `match`, applied to a fixed point.
+class FusionPass : public Pass {
+public:
+  llvm::Expected<bool> run(Graph &graph) override;
+  /// Reads the graph only; returns the complete match rooted at `root`, if any.
+  virtual std::optional<FusionMatch> match(const Graph &graph, Op *root) const = 0;
+};
+
+/// Carries a GEMM's gemm_dtype (set by assign-precision) over to the op that absorbs it.
+void copyGemmDType(const Op &gemm, AttrMap &fused);
+
+/// The norm ops a fused op can absorb, and the attributes that describe one.
+bool isNorm(const Op *op);
+AttrMap normAttrs(const Op *norm);
+
+/// Calls `tryRewrite` on the ops until a full sweep rewrites nothing. `tryRewrite` returns
+/// whether it rewrote. More than `maxRewrites` rewrites (default: a bound from the graph's size)
+/// is an error rather than a hang.
+llvm::Expected<bool> rewriteToFixedPoint(Graph &graph, llvm::StringRef passName,
+                                         llvm::function_ref<llvm::Expected<bool>(Op *)> tryRewrite,
+                                         size_t maxRewrites = 0);
+
+} // namespace tgc

@@ -1,0 +1,109 @@
+// assign-precision: makes the recipe explicit in the program. fp32 changes nothing. bf16 marks
+// every GEMM gemm_dtype="bf16" (BF16 operands, fp32 accumulation and output). fp8 quantizes both
+// operands of each linear layer that chooseGemmPrecision lets through (E4M3, with scaling state
+// per tensor) and tells autodiff how to quantize its output gradient (E5M2 under hybrid); the
+// other GEMMs, attention's included, run in BF16. Master weights, optimizer state and reductions
+// stay fp32.
+#include "transforms/Passes.h"
+#include "transforms/precision/Precision.h"
+#include "transforms/Rewrite.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+namespace {
+
+bool isGemm(OpKind kind) {
+  return kind == OpKind::MatMul || kind == OpKind::Attention || kind == OpKind::DecodeAttention ||
+         kind == OpKind::LayerNormLinear ||
+         kind == OpKind::LayerNormMLP || kind == OpKind::MatMulBias ||
+         kind == OpKind::MatMulBiasGelu;
+}
+
+class AssignPrecision : public Pass {
+public:
+  explicit AssignPrecision(PrecisionConfig config) : config_(std::move(config)) {}
+  llvm::StringRef name() const override { return "assign-precision"; }
+  llvm::StringRef description() const override {
+    return "BF16 GEMMs, or FP8 quantization with delayed-scaling state";
+  }
+
+  llvm::Expected<bool> run(Graph &graph) override {
+    const std::string &recipe = config_.recipe;
+    if (recipe != "fp32" && recipe != "bf16" && recipe != "fp8")
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "assign-precision needs the recipe fp32, bf16 or fp8, not '%s'",
+                                     recipe.c_str());
+    if (recipe == "fp32")
+      return false;
+    bool changed = false;
+    Builder b(graph);
+    for (Op *op : graph.ops()) {
+      if (!isGemm(op->kind()) || op->attrs().has("gemm_dtype") || op->attrs().has("fp8_site"))
+        continue;
+      changed = true;
+      if (recipe == "fp8" && isLinear(op) && choose(*op).fp8) {
+        quantizeOperands(b, op);
+        continue;
+      }
+      op->attrs().set("gemm_dtype", std::string("bf16"));
+    }
+    if (auto err = b.takeError())
+      return std::move(err);
+    if (changed)
+      graph.sortTopologically(); // the new state leaves and quantize ops come before their users
+    return changed;
+  }
+
+private:
+  GemmChoice choose(const Op &linear) const {
+    const TensorType &x = linear.operand(0)->type(), &w = linear.operand(1)->type();
+    int64_t k = x.dim(-1), n = w.dim(0), m = x.numElements() / k;
+    return chooseGemmPrecision(config_, gemmSite(linear), m, k, n);
+  }
+
+  void quantizeOperands(Builder &b, Op *linear) const {
+    std::string site = gemmSite(*linear);
+    int64_t history = config_.amaxHistoryLen;
+    Value *input = quantizeWithState(b, linear->operand(0), site + ".fp8.input", "e4m3", history);
+    Value *weight = quantizeWithState(b, linear->operand(1), site + ".fp8.weight", "e4m3", history);
+    if (!input || !weight)
+      return;
+    linear->setOperand(0, input);
+    linear->setOperand(1, weight);
+    AttrMap &attrs = linear->attrs();
+    attrs.set("fp8_site", site);
+    attrs.set("fp8_grad", std::string(config_.fp8Format == "hybrid" ? "e5m2" : "e4m3"));
+    attrs.set("fp8_history", history);
+  }
+
+  PrecisionConfig config_;
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createAssignPrecisionPass(const PrecisionConfig &config) {
+  return std::make_unique<AssignPrecision>(config);
+}
+
+std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config) {
+  std::vector<std::string> lines;
+  for (const Op *op : graph.ops()) {
+    if (!isLinear(op))
+      continue;
+    const TensorType &x = op->operand(0)->type(), &w = op->operand(1)->type();
+    int64_t k = x.dim(-1), n = w.dim(0), m = x.numElements() / k;
+    std::string site = gemmSite(*op);
+    if (config.recipe != "fp8") {
+      lines.push_back(fmt::format("{:<24} {:>6} x {:>5} x {:>6}  {}", site, m, k, n,
+                                  config.recipe == "bf16" ? "bf16" : "fp32"));
+      continue;
+    }
+    GemmChoice choice = chooseGemmPrecision(config, site, m, k, n);
+    lines.push_back(fmt::format("{:<24} {:>6} x {:>5} x {:>6}  {}  ({})", site, m, k, n,
+                                choice.fp8 ? "fp8 " : "bf16", choice.reason));
+  }
+  return lines;
+}
+
+} // namespace tgc

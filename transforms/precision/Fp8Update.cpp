@@ -1,0 +1,71 @@
+// fp8-update: after autodiff, one fp8_update per quantized tensor: its amax goes into the
+// history, the history rolls and the scale follows (fp8.md), all assigned to the tensor's
+// scaling state when the step ends. Only training programs run it: evaluation and generation
+// do not move the scales, as in TE.
+#include "transforms/Passes.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+namespace {
+
+class Fp8Update : public Pass {
+public:
+  explicit Fp8Update(PrecisionConfig config) : config_(std::move(config)) {}
+  llvm::StringRef name() const override { return "fp8-update"; }
+  llvm::StringRef description() const override {
+    return "update amax histories and scales after each step";
+  }
+
+  llvm::Expected<bool> run(Graph &graph) override {
+    auto fail = [](const std::string &message) {
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
+    };
+    std::vector<Op *> quantizes;
+    for (Op *op : graph.ops()) {
+      if (op->kind() == OpKind::Fp8Update)
+        return fail("fp8-update already ran on this graph");
+      if (op->kind() == OpKind::Quantize)
+        quantizes.push_back(op);
+    }
+    Builder b(graph);
+    for (Op *q : quantizes) {
+      Value *scale = q->operand(1), *scaleInv = q->operand(2);
+      llvm::StringRef prefix = scale->name();
+      if (!prefix.consume_back(".scale") || scale->def()->kind() != OpKind::State)
+        return fail(fmt::format("quantize %{} does not read a '<prefix>.scale' state",
+                                q->result()->name()));
+      Value *history = graph.lookup((prefix + ".amax_history").str());
+      Value *saturations = graph.lookup((prefix + ".saturations").str());
+      if (!history || !saturations)
+        return fail(fmt::format("no amax history or saturation count for {}", prefix.str()));
+      AttrMap attrs;
+      attrs.set("format", *q->attrs().getString("format"));
+      attrs.set("margin", config_.margin);
+      attrs.set("algo", config_.amaxComputeAlgo);
+      Op *update = b.createOp(OpKind::Fp8Update,
+                              {history, scale, q->result(1), saturations, q->result(2)}, attrs,
+                              (prefix + ".update").str());
+      if (!update)
+        break;
+      b.create(OpKind::Assign, {history, update->result(0)}, {}, "");
+      b.create(OpKind::Assign, {scale, update->result(1)}, {}, "");
+      b.create(OpKind::Assign, {scaleInv, update->result(2)}, {}, "");
+      b.create(OpKind::Assign, {saturations, update->result(3)}, {}, "");
+    }
+    if (auto err = b.takeError())
+      return std::move(err);
+    return !quantizes.empty();
+  }
+
+private:
+  PrecisionConfig config_;
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createFp8UpdatePass(const PrecisionConfig &config) {
+  return std::make_unique<Fp8Update>(config);
+}
+
+} // namespace tgc
