@@ -9,6 +9,7 @@
 #include "llvm/Support/YAMLParser.h"
 
 #include <charconv>
+#include <type_traits>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -24,6 +25,116 @@ int64_t ModelConfig::numParams() const {
   if (!tieEmbeddings)
     total += vocab * d;
   return total;
+}
+
+namespace {
+
+struct NumericSetting {
+  const char *key;
+  SettingRange range;
+};
+constexpr double kPow2(int n) { return double(int64_t(1) << n); }
+const NumericSetting kNumericSettings[] = {
+    {"vocab", {2, kPow2(20)}},        {"seq_len", {2, kPow2(16)}},
+    {"d_model", {1, kPow2(16)}},      {"heads", {1, kPow2(10)}},
+    {"layers", {1, kPow2(10)}},       {"ffn", {1, kPow2(20)}},
+    {"norm_eps", {1e-12, 0.1}},       {"batch", {1, kPow2(16)}},
+    {"lr", {1e-12, 10}},              {"steps", {0, kPow2(40)}},
+    {"warmup", {0, kPow2(40)}},       {"weight_decay", {0, 10}},
+    {"beta1", {0, 0.999999}},         {"beta2", {0, 0.999999999}},
+    {"eps", {1e-30, 1}},              {"grad_clip", {0, 1e9}},
+    {"min_lr_ratio", {0, 1}},         {"margin", {0, 64}},
+    {"amax_history_len", {1, kPow2(16)}}, {"fp8_min_dim", {0, double(kMaxDim)}},
+};
+
+struct ChoiceSetting {
+  const char *key;
+  std::vector<llvm::StringRef> choices;
+};
+const ChoiceSetting kChoiceSettings[] = {
+    {"norm", {"layernorm", "rmsnorm"}},
+    {"activation", {"gelu", "swiglu"}},
+    {"recipe", {"auto", "fp32", "bf16", "fp8"}},
+    {"fp8_format", {"hybrid", "e4m3"}},
+    {"amax_compute_algo", {"max", "most_recent"}},
+};
+
+} // namespace
+
+SettingRange settingRange(llvm::StringRef key) {
+  for (const NumericSetting &s : kNumericSettings)
+    if (key == s.key)
+      return s.range;
+  llvm_unreachable("a numeric setting without a range");
+}
+
+llvm::ArrayRef<llvm::StringRef> settingChoices(llvm::StringRef key) {
+  for (const ChoiceSetting &s : kChoiceSettings)
+    if (key == s.key)
+      return s.choices;
+  llvm_unreachable("a choice setting without choices");
+}
+
+namespace {
+
+llvm::Error flagError(const std::string &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: " + message);
+}
+
+/// `value` of the setting `key` set by --`flag`, checked against the table.
+template <typename T>
+llvm::Error overrideNumber(llvm::StringRef key, llvm::StringRef flag, const std::optional<T> &value, T &out) {
+  if (!value)
+    return llvm::Error::success();
+  SettingRange range = settingRange(key);
+  if (!(double(*value) >= range.min && double(*value) <= range.max)) {
+    if constexpr (std::is_integral_v<T>)
+      return flagError(fmt::format("--{} must be between {} and {}, got {}", flag.str(), int64_t(range.min),
+                                   int64_t(range.max), *value));
+    else
+      return flagError(fmt::format("--{} must be between {} and {}, got {}", flag.str(), range.min, range.max, *value));
+  }
+  out = *value;
+  return llvm::Error::success();
+}
+
+llvm::Error overrideChoice(llvm::StringRef key, llvm::StringRef flag, const std::optional<std::string> &value,
+                           std::string &out) {
+  if (!value)
+    return llvm::Error::success();
+  llvm::ArrayRef<llvm::StringRef> choices = settingChoices(key);
+  if (!llvm::is_contained(choices, *value))
+    return flagError(fmt::format("--{} must be {}, got '{}'", flag.str(), fmt::join(choices, " | "), *value));
+  out = *value;
+  return llvm::Error::success();
+}
+
+} // namespace
+
+llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
+  TrainConfig &t = config.train;
+  PrecisionConfig &p = config.precision;
+  if (auto err = overrideNumber("batch", "batch", o.batch, t.batch))
+    return err;
+  if (auto err = overrideNumber("steps", "steps", o.steps, t.steps))
+    return err;
+  if (auto err = overrideNumber("lr", "lr", o.lr, t.lr))
+    return err;
+  if (auto err = overrideChoice("recipe", "precision", o.recipe, p.recipe))
+    return err;
+  if (auto err = overrideChoice("fp8_format", "fp8-format", o.fp8Format, p.fp8Format))
+    return err;
+  if (auto err = overrideChoice("amax_compute_algo", "amax-compute-algo", o.amaxComputeAlgo, p.amaxComputeAlgo))
+    return err;
+  if (auto err = overrideNumber("margin", "margin", o.margin, p.margin))
+    return err;
+  if (auto err = overrideNumber("fp8_min_dim", "fp8-min-dim", o.fp8MinDim, p.fp8MinDim))
+    return err;
+  if (auto err = overrideNumber("amax_history_len", "amax-history-len", o.amaxHistoryLen, p.amaxHistoryLen))
+    return err;
+  if (o.seed)
+    t.seed = *o.seed;
+  return llvm::Error::success();
 }
 
 namespace {
@@ -94,13 +205,19 @@ private:
   bool readMapping(const YNode *node, llvm::StringRef section,
                    llvm::ArrayRef<llvm::StringRef> allowed, Fields &fields);
   std::optional<std::string> scalar(const YNode *node, llvm::StringRef key);
+  void readInt(const Fields &fields, llvm::StringRef key, int64_t &out, bool required) {
+    SettingRange range = settingRange(key);
+    readInt(fields, key, out, int64_t(range.min), int64_t(range.max), required);
+  }
   void readInt(const Fields &fields, llvm::StringRef key, int64_t &out, int64_t min, int64_t max,
                bool required);
   void readUInt(const Fields &fields, llvm::StringRef key, uint64_t &out);
+  void readDouble(const Fields &fields, llvm::StringRef key, double &out) {
+    readDouble(fields, key, out, settingRange(key).min, settingRange(key).max);
+  }
   void readDouble(const Fields &fields, llvm::StringRef key, double &out, double min, double max);
   void readBool(const Fields &fields, llvm::StringRef key, bool &out);
-  void readChoice(const Fields &fields, llvm::StringRef key, std::string &out,
-                  llvm::ArrayRef<llvm::StringRef> choices);
+  void readChoice(const Fields &fields, llvm::StringRef key, std::string &out);
   void readStrings(const Fields &fields, llvm::StringRef key, std::vector<std::string> &out);
 
   std::string file_;
@@ -230,8 +347,8 @@ void ConfigReader::readBool(const Fields &fields, llvm::StringRef key, bool &out
     fail(node, fmt::format("{} must be true or false, got '{}'", key.str(), *text));
 }
 
-void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::string &out,
-                              llvm::ArrayRef<llvm::StringRef> choices) {
+void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::string &out) {
+  llvm::ArrayRef<llvm::StringRef> choices = settingChoices(key);
   if (failed() || !fields.count(key))
     return;
   auto *node = fields.lookup(key);
@@ -311,20 +428,20 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
               {"vocab", "seq_len", "d_model", "heads", "layers", "ffn", "norm", "activation",
                "bias", "tie_embeddings", "norm_eps"},
               model);
-  readInt(model, "vocab", config.vocab, 2, 1 << 20, true);
-  readInt(model, "seq_len", config.seqLen, 2, 1 << 16, true);
-  readInt(model, "d_model", config.dModel, 1, 1 << 16, true);
-  readInt(model, "heads", config.heads, 1, 1 << 10, true);
-  readInt(model, "layers", config.layers, 1, 1 << 10, true);
-  readInt(model, "ffn", config.ffn, 1, 1 << 20, true);
+  readInt(model, "vocab", config.vocab, true);
+  readInt(model, "seq_len", config.seqLen, true);
+  readInt(model, "d_model", config.dModel, true);
+  readInt(model, "heads", config.heads, true);
+  readInt(model, "layers", config.layers, true);
+  readInt(model, "ffn", config.ffn, true);
   std::string norm = "layernorm", activation = "gelu";
-  readChoice(model, "norm", norm, {"layernorm", "rmsnorm"});
-  readChoice(model, "activation", activation, {"gelu", "swiglu"});
+  readChoice(model, "norm", norm);
+  readChoice(model, "activation", activation);
   config.norm = norm == "layernorm" ? NormKind::LayerNorm : NormKind::RMSNorm;
   config.activation = activation == "gelu" ? ActivationKind::Gelu : ActivationKind::SwiGLU;
   readBool(model, "bias", config.bias);
   readBool(model, "tie_embeddings", config.tieEmbeddings);
-  readDouble(model, "norm_eps", config.normEps, 1e-12, 0.1);
+  readDouble(model, "norm_eps", config.normEps);
   if (!failed() && config.dModel % config.heads != 0)
     fail(model["heads"], fmt::format("heads ({}) does not divide d_model ({})", config.heads,
                                      config.dModel));
@@ -335,16 +452,16 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
                   {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
                    "grad_clip", "min_lr_ratio", "decay_embeddings", "seed"},
                   train)) {
-    readInt(train, "batch", t.batch, 1, 1 << 16, false);
-    readDouble(train, "lr", t.lr, 1e-12, 10);
-    readInt(train, "steps", t.steps, 0, int64_t(1) << 40, false);
-    readInt(train, "warmup", t.warmup, 0, int64_t(1) << 40, false);
-    readDouble(train, "weight_decay", t.weightDecay, 0, 10);
-    readDouble(train, "beta1", t.beta1, 0, 0.999999);
-    readDouble(train, "beta2", t.beta2, 0, 0.999999999);
-    readDouble(train, "eps", t.eps, 1e-30, 1);
-    readDouble(train, "grad_clip", t.gradClip, 0, 1e9);
-    readDouble(train, "min_lr_ratio", t.minLrRatio, 0, 1);
+    readInt(train, "batch", t.batch, false);
+    readDouble(train, "lr", t.lr);
+    readInt(train, "steps", t.steps, false);
+    readInt(train, "warmup", t.warmup, false);
+    readDouble(train, "weight_decay", t.weightDecay);
+    readDouble(train, "beta1", t.beta1);
+    readDouble(train, "beta2", t.beta2);
+    readDouble(train, "eps", t.eps);
+    readDouble(train, "grad_clip", t.gradClip);
+    readDouble(train, "min_lr_ratio", t.minLrRatio);
     readBool(train, "decay_embeddings", t.decayEmbeddings);
     readUInt(train, "seed", t.seed);
   }
@@ -362,13 +479,13 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
                   {"recipe", "fp8_format", "margin", "amax_history_len", "amax_compute_algo",
                    "keep_bf16", "fp8_min_dim"},
                   precision)) {
-    readChoice(precision, "recipe", p.recipe, {"auto", "fp32", "bf16", "fp8"});
-    readChoice(precision, "fp8_format", p.fp8Format, {"hybrid", "e4m3"});
-    readInt(precision, "margin", p.margin, 0, 64, false);
-    readInt(precision, "amax_history_len", p.amaxHistoryLen, 1, 1 << 16, false);
-    readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo, {"max", "most_recent"});
+    readChoice(precision, "recipe", p.recipe);
+    readChoice(precision, "fp8_format", p.fp8Format);
+    readInt(precision, "margin", p.margin, false);
+    readInt(precision, "amax_history_len", p.amaxHistoryLen, false);
+    readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
     readStrings(precision, "keep_bf16", p.keepBf16);
-    readInt(precision, "fp8_min_dim", p.fp8MinDim, 0, 1 << 20, false);
+    readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
   }
   if (failed())
     return fromError();

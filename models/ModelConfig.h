@@ -2,9 +2,12 @@
 // errors that name file:line:col.
 #pragma once
 
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +72,27 @@ struct ModelConfig {
   /// Number of trainable parameters of the GPT this describes.
   int64_t numParams() const;
 };
+
+/// The range of a numeric setting, by its model-file key ("batch", "margin", "lr", ...): the
+/// model file reader and the command line's overrides check against this one table.
+struct SettingRange {
+  double min, max;
+};
+SettingRange settingRange(llvm::StringRef key);
+/// The values a choice setting takes ("recipe": auto | fp32 | bf16 | fp8, ...).
+llvm::ArrayRef<llvm::StringRef> settingChoices(llvm::StringRef key);
+
+/// What the command line may change in a model file's settings (tgc's --batch, --precision,
+/// ...); unset fields leave the file's value.
+struct ConfigOverrides {
+  std::optional<int64_t> batch, steps, margin, amaxHistoryLen, fp8MinDim;
+  std::optional<double> lr;
+  std::optional<uint64_t> seed;
+  std::optional<std::string> recipe, fp8Format, amaxComputeAlgo;
+};
+/// Applies `overrides`, each checked as the model file's key is; an error names the flag
+/// ("--batch must be between 1 and 65536, got 0").
+llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &overrides);
 
 /// Parses and checks a model description; `file` names it in errors.
 llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file);

@@ -113,7 +113,9 @@ INSTANTIATE_TEST_SUITE_P(
                  "norm must be one of layernorm | rmsnorm, got 'batchnorm'", "9:9"},
         BadModel{"bad recipe", MODEL(GOOD) "precision:\n  recipe: fp4\n",
                  "recipe must be one of auto | fp32 | bf16 | fp8, got 'fp4'", "10:11"},
-        BadModel{"bad lr", MODEL(GOOD) "train:\n  lr: -1\n", "lr (-1) must be between", "10:7"},
+        BadModel{"bad lr", MODEL(GOOD) "train:\n  lr: -1\n", "lr (-1) must be between 1e-12 and 10", "10:7"},
+        BadModel{"fp8_min_dim past the largest dimension", MODEL(GOOD) "precision:\n  fp8_min_dim: 2147483648\n",
+                 "fp8_min_dim (2147483648) must be between 0 and 2147483647", "10:16"},
         BadModel{"bad steps range", MODEL(GOOD) "data:\n  min_step: 5\n  max_step: 2\n",
                  "max_step (2) is below min_step (5)", "11:13"},
         BadModel{"no model", "name: m\n", "missing required section 'model'", "1:1"},
@@ -124,5 +126,30 @@ INSTANTIATE_TEST_SUITE_P(
                  MODEL("  vocab: 1048576\n  seq_len: 8\n  d_model: 65536\n  heads: 2\n  layers: 1024\n  ffn: 1048576\n"),
                  "parameters, more than the limit", ""},
         BadModel{"two documents", MODEL(GOOD) "---\nname: other\n", "only one YAML document", ""}));
+
+// The command line's overrides follow the model file's rules (one table, settingRange), and
+// their errors name the flag.
+TEST(ModelConfig, OverridesAreCheckedAsTheModelFileIs) {
+  ModelConfig config = unwrap(parseModelConfig(MODEL(GOOD), "m.yaml"));
+  ConfigOverrides ok;
+  ok.batch = 7;
+  ok.fp8MinDim = 2000000; // past 2^20: the model file takes it too
+  ok.recipe = "bf16";
+  EXPECT_FALSE(bool(applyOverrides(config, ok)));
+  EXPECT_EQ(config.train.batch, 7);
+  EXPECT_EQ(config.precision.fp8MinDim, 2000000);
+  EXPECT_EQ(config.precision.recipe, "bf16");
+  EXPECT_FALSE(bool(parseModelConfig(MODEL(GOOD) "precision:\n  fp8_min_dim: 2000000\n", "m.yaml").takeError()));
+  ConfigOverrides batch;
+  batch.batch = 0;
+  EXPECT_EQ(errorOf(applyOverrides(config, batch)), "error: --batch must be between 1 and 65536, got 0");
+  ConfigOverrides lr;
+  lr.lr = 11;
+  EXPECT_EQ(errorOf(applyOverrides(config, lr)), "error: --lr must be between 1e-12 and 10, got 11");
+  ConfigOverrides recipe;
+  recipe.recipe = "fp4";
+  EXPECT_EQ(errorOf(applyOverrides(config, recipe)), "error: --precision must be auto | fp32 | bf16 | fp8, got 'fp4'");
+  EXPECT_EQ(config.train.batch, 7); // a rejected override changes nothing
+}
 
 } // namespace

@@ -1,0 +1,260 @@
+// tgc compile, opt and run: a model file or IR text through the passes, printed; the generated
+// CUDA and its NVRTC compilation; one forward pass on the CPU interpreter.
+#include "tools/tgc/Options.h"
+
+#include "app/Data.h"
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
+#include "backends/cpu/Pipeline.h"
+#include "backends/cuda/KernelHeaders.h"
+#include "backends/cuda/Lowering.h"
+#include "backends/cuda/Nvrtc.h"
+#include "backends/cuda/Pipeline.h"
+#include "backends/cuda/Report.h"
+#include "ir/Parser.h"
+#include "ir/Printer.h"
+#include "models/GPTBuilder.h"
+#include "support/Files.h"
+#include "transforms/Pass.h"
+#include "transforms/Passes.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+#include <set>
+
+namespace tgc::cli {
+
+namespace {
+
+static cl::opt<bool> Train("train", cl::desc("Compile the training program (forward, loss, backward, AdamW)"),
+                           cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<bool> Decode("decode",
+                            cl::desc("Compile the generation step with a KV cache (one token per sequence)"),
+                            cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
+                                   cl::sub(optCommand()), cl::cat(category()));
+static cl::list<std::string> Passes("passes",
+                                    cl::desc("Comma-separated passes to run, in order, instead of "
+                                             "the default pipeline ('none': the builder's output)"),
+                                    cl::CommaSeparated, cl::sub(optCommand()), cl::sub(compileCommand()),
+                                    cl::cat(category()));
+static cl::list<std::string>
+    DumpAfter("dump-after", cl::desc("Print the IR to stderr after <pass>, or after every pass with 'all'"),
+              cl::CommaSeparated, cl::sub(compileCommand()), cl::sub(optCommand()), cl::cat(category()));
+static cl::opt<bool> Stats("stats", cl::desc("Print op counts by kind before and after the passes"),
+                           cl::sub(compileCommand()), cl::sub(optCommand()), cl::cat(category()));
+static cl::opt<bool> ExplainPrecision("explain-precision",
+                                      cl::desc("Print each linear layer's precision and why"),
+                                      cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<std::string> EmitCuda("emit-cuda", cl::desc("Write the generated CUDA source into this folder"),
+                                     cl::value_desc("dir"), cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<std::string> Arch("arch", cl::desc("Compile the generated kernels with NVRTC for sm_XY (no GPU needed)"),
+                                 cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<bool> Profile("profile", cl::desc("Print the time spent in each op kind"),
+                             cl::sub(runCommand()), cl::cat(category()));
+
+/// --passes as given, with "none" for no pass at all.
+std::vector<std::string> explicitPasses() {
+  std::vector<std::string> passes;
+  for (const std::string &p : Passes)
+    if (p != "none")
+      passes.push_back(p);
+  return passes;
+}
+
+/// The compute capability --arch names (sm_90 -> 90), or 0 without --arch.
+llvm::Expected<int> archCapability() {
+  if (Arch.empty())
+    return 0;
+  llvm::StringRef digits = llvm::StringRef(Arch).drop_front(3).take_while(llvm::isDigit);
+  int cc = 0;
+  if (!llvm::StringRef(Arch).starts_with("sm_") || digits.size() < 2 || digits.getAsInteger(10, cc))
+    return flagError(fmt::format("--arch must look like sm_90, got '{}'", Arch.getValue()));
+  return cc;
+}
+
+/// The precision a compiled program gets: with --arch, what a GPU of that architecture runs
+/// (auto takes its device policy, as tgc train does there; an explicit recipe it cannot run is
+/// an error), else the CPU's (auto is fp32).
+llvm::Expected<PrecisionConfig> compileRecipe(PrecisionConfig precision) {
+  auto cc = archCapability();
+  if (!cc)
+    return cc.takeError();
+  if (*cc == 0)
+    return resolveRecipeForCpu(precision);
+  std::string best = gpuRecipeFor(*cc);
+  if (precision.recipe == "auto")
+    precision.recipe = best;
+  if (int needed = recipeCapability(precision.recipe); *cc < needed)
+    return flagError(fmt::format("--arch {}: the {} recipe needs compute capability {}.{} or later "
+                                 "(--precision {} or lower)",
+                                 Arch.getValue(), precision.recipe, needed / 10, needed % 10, best));
+  return precision;
+}
+
+/// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
+llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
+                                                    bool stats, std::vector<std::string> dumpAfter) {
+  if (training && Decode)
+    return flagError("--train and --decode name different programs: give one");
+  auto graph = buildGPT(config, config.train.batch, Decode ? GPTOutput::Decode : GPTOutput::Loss);
+  if (!graph)
+    return graph.takeError();
+  PipelineOptions options;
+  options.dumpAfter = std::move(dumpAfter);
+  options.disabled = config.disabledPasses;
+  options.passOptions.train = config.train;
+  auto precision = compileRecipe(config.precision);
+  if (!precision)
+    return precision.takeError();
+  options.passOptions.precision = *precision;
+  bool gpu = !EmitCuda.empty() || !Arch.empty();
+  std::vector<std::string> passes = gpu        ? gpuPipeline(training, precision->recipe)
+                                    : training ? trainingPipeline()
+                                               : forwardPipeline();
+  if (Passes.getNumOccurrences())
+    passes = explicitPasses();
+  auto pipeline = PassPipeline::create(passes, options);
+  if (!pipeline)
+    return pipeline.takeError();
+  OpCounts before = countOps(**graph);
+  if (auto err = pipeline->run(**graph))
+    return std::move(err);
+  if (stats) {
+    llvm::errs() << fmt::format("// op counts of @{} (passes: {})\n", (*graph)->name(),
+                                fmt::join(pipeline->passNames(), ","));
+    printOpCountTable(before, countOps(**graph), llvm::errs());
+    printGpuMemoryReport(**graph, llvm::errs());
+  }
+  return graph;
+}
+
+} // namespace
+
+int runCompile() {
+  auto config = loadConfig(ModelPath);
+  if (!config)
+    return report(config.takeError());
+  auto graph = compileModel(*config, Train, Stats, DumpAfter);
+  if (!graph)
+    return report(graph.takeError());
+  if (!EmitCuda.empty() || !Arch.empty()) {
+    auto cuda = lowerToCuda(**graph);
+    if (!cuda)
+      return report(cuda.takeError());
+    int64_t launches = 0;
+    std::set<std::string> distinct;
+    for (const OpLowering &l : cuda->lowering)
+      for (const KernelLaunch &launch : l.launches) {
+        ++launches;
+        distinct.insert(launch.name);
+      }
+    std::string kernels = fmt::format("{} launches of {} kernels", launches, distinct.size());
+    if (!EmitCuda.empty()) {
+      if (auto ec = llvm::sys::fs::create_directories(EmitCuda))
+        return report(flagError(fmt::format("{}: error: cannot create: {}", EmitCuda.getValue(), ec.message())));
+      llvm::SmallString<256> path(EmitCuda.getValue());
+      llvm::sys::path::append(path, (*graph)->name() + ".cu");
+      if (auto err = writeFileAtomically(path, cuda->source))
+        return report(std::move(err));
+      // The kernel headers beside it: nvcc -I FOLDER compiles the program as NVRTC does.
+      for (const KernelHeader &header : kernelHeaders()) {
+        llvm::SmallString<256> headerPath(EmitCuda.getValue());
+        llvm::sys::path::append(headerPath, header.name);
+        if (auto err = writeFileAtomically(headerPath, header.text))
+          return report(std::move(err));
+      }
+      llvm::errs() << fmt::format("// wrote {} ({})\n", path.str().str(), kernels);
+    }
+    if (!Arch.empty()) {
+      auto module = compileCuda(cuda->source, Arch);
+      if (!module)
+        return report(module.takeError());
+      llvm::errs() << fmt::format("// {} for {}: {}, {} bytes of CUBIN{}\n", kernels,
+                                  Arch.getValue(), module->fromCache ? "from the cache" : "compiled by NVRTC",
+                                  module->cubin.size(),
+                                  module->log.empty() ? ", NVRTC log clean" : "; NVRTC says:\n" + module->log);
+    }
+  }
+  if (ExplainPrecision) {
+    auto plain = buildGPT(*config, config->train.batch);
+    if (!plain)
+      return report(plain.takeError());
+    auto precision = compileRecipe(config->precision);
+    if (!precision)
+      return report(precision.takeError());
+    llvm::errs() << fmt::format("// precision of @{}'s linear layers (recipe {}):\n",
+                                config->name, precision->recipe);
+    for (const std::string &line : explainPrecision(**plain, *precision))
+      llvm::errs() << "//   " << line << "\n";
+  }
+  printGraph(**graph, llvm::outs());
+  return 0;
+}
+
+int runOpt() {
+  auto graph = parseGraphFile(IRPath);
+  if (!graph)
+    return report(graph.takeError());
+  PipelineOptions options;
+  options.dumpAfter = DumpAfter;
+  auto pipeline = PassPipeline::create(explicitPasses(), options);
+  if (!pipeline)
+    return report(pipeline.takeError());
+  OpCounts before = countOps(**graph);
+  if (auto err = pipeline->run(**graph))
+    return report(std::move(err));
+  if (Stats)
+    printOpCountTable(before, countOps(**graph), llvm::errs());
+  printGraph(**graph, llvm::outs());
+  return 0;
+}
+
+int runForward() {
+  auto config = loadConfig(ModelPath);
+  if (!config)
+    return report(config.takeError());
+  auto graph = compileModel(*config, false, false, {});
+  if (!graph)
+    return report(graph.takeError());
+  uint64_t seed = config->train.seed;
+  if (auto err = checkHostMemory(**graph))
+    return report(std::move(err));
+  Interpreter interpreter(**graph);
+  interpreter.enableProfile(Profile);
+  if (auto err = interpreter.bindAll(initParams(**graph, seed)))
+    return report(std::move(err));
+  ArithmeticData data(config->vocab, config->seqLen, config->data, seed);
+  int64_t batch = (*graph)->lookup("tokens")->type().dim(0);
+  tgc::Batch b = data.trainBatch(0, batch);
+  TensorType ids(DType::I32, {batch, config->seqLen});
+  if (auto err = interpreter.bind("tokens", Tensor{ids, {}, b.tokens}))
+    return report(std::move(err));
+  if (auto err = interpreter.bind("targets", Tensor{ids, {}, b.targets}))
+    return report(std::move(err));
+  auto start = std::chrono::steady_clock::now();
+  auto outputs = interpreter.run();
+  if (!outputs)
+    return report(outputs.takeError());
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
+  llvm::outs() << fmt::format(
+      "model {}: {} parameters, batch {} x {} tokens, seed {}\n", config->name,
+      config->numParams(), batch, config->seqLen, seed);
+  llvm::outs() << fmt::format("loss {:.6f}   ln(vocab) {:.6f}   forward {:.1f} ms on the CPU "
+                              "interpreter (fp32)\n",
+                              (*outputs)[0].data[0], std::log(double(config->vocab)), ms);
+  if (Profile) {
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto &[name, opMs] : interpreter.profile())
+      rows.emplace_back(opMs, name);
+    std::sort(rows.rbegin(), rows.rend());
+    for (const auto &[opMs, name] : rows)
+      llvm::outs() << fmt::format("  {:<24}{:>10.1f} ms {:>6.1f}%\n", name, opMs, 100 * opMs / ms);
+  }
+  return 0;
+}
+
+} // namespace tgc::cli

@@ -1,0 +1,108 @@
+// tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
+#include "tools/tgc/Options.h"
+
+#include "backends/cpu/Pipeline.h"
+#include "backends/cuda/Target.h"
+#include "llvm/Support/JSON.h"
+#include <fmt/format.h>
+
+namespace tgc::cli {
+
+namespace {
+
+static cl::opt<bool> Json("json", cl::desc("Print JSON for scripts"), cl::sub(inspectCommand()),
+                          cl::cat(category()));
+
+} // namespace
+
+int runInspect() {
+  auto trained = loadTrained(CheckpointPath);
+  if (!trained)
+    return report(trained.takeError());
+  auto &[config, checkpoint] = *trained;
+  PrecisionConfig precision = resolveRecipeForCpu(config.precision);
+  auto summary = summarizeFp8State(checkpoint.tensors, precision, /*newest=*/8);
+  int64_t step = checkpoint.meta.getInteger("step").value_or(0);
+  if (Json) {
+    llvm::json::Array tensors;
+    for (const Fp8TensorSummary &s : summary) {
+      llvm::json::Array amax;
+      for (float a : s.newestAmax)
+        amax.push_back(double(a));
+      tensors.push_back(llvm::json::Object{{"gemm", s.site},
+                                           {"operand", s.role},
+                                           {"format", s.format},
+                                           {"scale", double(s.scale)},
+                                           {"scale_inv", double(s.scaleInv)},
+                                           {"amax_newest_first", std::move(amax)},
+                                           {"amax_history_len", s.historyLength},
+                                           {"saturated", s.saturations}});
+    }
+    llvm::outs() << llvm::json::Value(llvm::json::Object{{"model", config.name},
+                                                          {"step", step},
+                                                          {"recipe", precision.recipe},
+                                                          {"fp8_format", precision.fp8Format},
+                                                          {"margin", precision.margin},
+                                                          {"amax_compute_algo", precision.amaxComputeAlgo},
+                                                          {"tensors", std::move(tensors)}})
+                 << "\n";
+    return 0;
+  }
+  llvm::outs() << fmt::format("{}: model {}, step {}, recipe {}", CheckpointPath.getValue(),
+                              config.name, step, precision.recipe);
+  if (precision.recipe == "fp8")
+    llvm::outs() << fmt::format(" ({}, margin {}, amax history {}, {})", precision.fp8Format,
+                                precision.margin, precision.amaxHistoryLen,
+                                precision.amaxComputeAlgo);
+  llvm::outs() << "\n";
+  if (summary.empty()) {
+    llvm::outs() << "no FP8 scaling state: nothing in this model was quantized\n";
+    return 0;
+  }
+  llvm::outs() << fmt::format("{} quantized tensors:\n", summary.size());
+  printFp8Summary(summary, llvm::outs());
+  return 0;
+}
+
+int runInfo() {
+  TargetInfo info = detectTarget();
+  llvm::outs() << fmt::format("tgc built with CUDA: {}\n", info.builtWithCuda ? "yes" : "no");
+  if (info.builtWithCuda) {
+    llvm::outs() << fmt::format("  cudart {}.{}, NVRTC {}.{}, cuBLASLt {}\n",
+                                info.runtimeVersion / 1000, info.runtimeVersion % 1000 / 10,
+                                info.nvrtcMajor, info.nvrtcMinor, info.cublasLtVersion);
+    if (info.driverVersion)
+      llvm::outs() << fmt::format("  CUDA driver {}.{}\n", info.driverVersion / 1000,
+                                  info.driverVersion % 1000 / 10);
+  }
+  for (size_t i = 0; i < info.gpus.size(); ++i) {
+    const GpuInfo &g = info.gpus[i];
+    llvm::outs() << fmt::format("GPU {}: {}, compute capability {}.{}, {} SMs, {:.1f} GiB\n", i,
+                                g.name, g.major, g.minor, g.smCount,
+                                double(g.memoryBytes) / double(1ull << 30));
+  }
+  if (info.gpus.empty())
+    llvm::outs() << "GPU: none (" << info.noGpuReason << ")\n";
+  llvm::outs() << "backends: cpu (reference interpreter)"
+               << (info.gpus.empty() ? "" : ", cuda (generated kernels + cuBLASLt)") << "\n";
+  llvm::outs() << "recipes:\n"
+                  "  fp32  cpu: yes\n"
+                  "  bf16  cpu: yes, emulated (operands rounded to BF16 as CUDA rounds them, "
+                  "fp32 accumulation)\n"
+                  "  fp8   cpu: yes, emulated (E4M3/E5M2 bit for bit with cuda_fp8.h, delayed "
+                  "scaling as Transformer Engine)\n";
+  for (const GpuInfo &g : info.gpus) {
+    int cc = g.major * 10 + g.minor;
+    llvm::outs() << fmt::format("  on {} (compute capability {}.{}): FP8 tensor cores {}, BF16 {}\n",
+                                g.name, g.major, g.minor,
+                                cc >= 89 ? "yes" : "no (needs 8.9)",
+                                cc >= 80 ? "yes" : "no (needs 8.0)");
+  }
+  llvm::outs() << "  GPU backend (NVRTC kernels, cuBLASLt): fp32, bf16 (from 8.0) and fp8 (from 8.9)\n"
+                  "  --precision auto: fp32 on the CPU interpreter; on a GPU fp8 from compute "
+                  "capability 8.9, bf16 from 8.0, fp32 below\n"
+                  "  under fp8, a GEMM smaller than fp8_min_dim stays BF16 (compile --explain-precision)\n";
+  return 0;
+}
+
+} // namespace tgc::cli

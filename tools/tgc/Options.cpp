@@ -1,0 +1,183 @@
+#include "tools/tgc/Options.h"
+
+#include "app/Trainer.h"
+#include "backends/cuda/CudaExecutor.h"
+#include "transforms/Pass.h"
+
+#include <fmt/format.h>
+
+namespace tgc::cli {
+
+cl::OptionCategory &category() {
+  static cl::OptionCategory c("tgc options");
+  return c;
+}
+// Function-local statics: the flags of every file name their subcommands during static
+// initialisation, whatever the files' order.
+cl::SubCommand &compileCommand() {
+  static cl::SubCommand c("compile", "Build a model's IR, run the passes and print it");
+  return c;
+}
+cl::SubCommand &optCommand() {
+  static cl::SubCommand c("opt", "Parse IR text, run the given passes and print it");
+  return c;
+}
+cl::SubCommand &runCommand() {
+  static cl::SubCommand c("run", "Run one forward pass on a deterministic batch, print the loss");
+  return c;
+}
+cl::SubCommand &infoCommand() {
+  static cl::SubCommand c("info", "Show the GPU, the libraries and what this machine can run");
+  return c;
+}
+cl::SubCommand &trainCommand() {
+  static cl::SubCommand c("train", "Train a model; print the loss per step; save a checkpoint");
+  return c;
+}
+cl::SubCommand &generateCommand() {
+  static cl::SubCommand c("generate", "Continue a prompt with a trained checkpoint");
+  return c;
+}
+cl::SubCommand &evalCommand() {
+  static cl::SubCommand c("eval", "Score greedy continuations of held-out arithmetic prompts");
+  return c;
+}
+cl::SubCommand &inspectCommand() {
+  static cl::SubCommand c("inspect", "Show a checkpoint's FP8 scaling state");
+  return c;
+}
+cl::SubCommand &benchCommand() {
+  static cl::SubCommand c("bench", "Train each precision for a few steps and compare step time and memory");
+  return c;
+}
+
+cl::opt<std::string> ModelPath(cl::Positional, cl::desc("<model.yaml>"), cl::Required,
+                                      cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
+                                      cl::cat(category()));
+cl::opt<std::string> CheckpointPath(cl::Positional, cl::desc("<checkpoint.safetensors>"),
+                                           cl::Required, cl::sub(generateCommand()), cl::sub(evalCommand()),
+                                           cl::sub(inspectCommand()), cl::cat(category()));
+cl::list<std::string> DisablePass("disable-pass", cl::desc("Skip the named pass"),
+                                         cl::CommaSeparated, cl::sub(compileCommand()), cl::sub(runCommand()),
+                                         cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model file's)"),
+                              cl::init(0), cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
+                              cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
+                              cl::sub(runCommand()), cl::sub(trainCommand()), cl::sub(generateCommand()),
+                              cl::cat(category()));
+cl::opt<std::string> Precision("precision", cl::desc("auto | fp32 | bf16 | fp8 (default: the model file's)"),
+                                      cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
+                                      cl::cat(category()));
+cl::opt<std::string> Fp8FormatFlag("fp8-format", cl::desc("hybrid | e4m3"), cl::sub(compileCommand()),
+                                      cl::sub(trainCommand()), cl::cat(category()));
+cl::opt<int64_t> Margin("margin", cl::desc("FP8 scale margin (scale / 2^margin)"),
+                               cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
+cl::opt<int64_t> AmaxHistoryLen("amax-history-len", cl::desc("Length of the amax window"),
+                                       cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
+cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_recent"),
+                                     cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
+cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
+                                  cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
+                                  cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
+                              cl::sub(trainCommand()), cl::sub(compileCommand()), cl::cat(category()));
+cl::opt<double> LearningRate("lr", cl::desc("Peak learning rate (default: the model file's)"),
+                                    cl::sub(trainCommand()), cl::sub(compileCommand()), cl::cat(category()));
+cl::opt<std::string> DeviceFlag("device", cl::desc("auto | cpu | cuda"), cl::init("auto"),
+                                   cl::sub(trainCommand()), cl::sub(generateCommand()), cl::sub(evalCommand()), cl::sub(benchCommand()),
+                                   cl::cat(category()));
+
+/// Prints one line for the error and returns the exit code.
+int report(llvm::Error err) {
+  std::string message = llvm::toString(std::move(err));
+  if (message.find("error: ") == std::string::npos)
+    message = "error: " + message;
+  llvm::errs() << "tgc: " << message << "\n";
+  return 1;
+}
+
+llvm::Error flagError(const std::string &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
+}
+
+llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
+  auto config = loadModelConfig(path);
+  if (!config)
+    return config.takeError();
+  ConfigOverrides o;
+  auto given = [](auto &flag) { return flag.getNumOccurrences() > 0; };
+  if (given(BatchSize))
+    o.batch = BatchSize;
+  if (given(Steps))
+    o.steps = Steps;
+  if (given(LearningRate))
+    o.lr = LearningRate;
+  if (given(Seed))
+    o.seed = Seed;
+  if (given(Precision))
+    o.recipe = Precision;
+  if (given(Fp8FormatFlag))
+    o.fp8Format = Fp8FormatFlag;
+  if (given(AmaxAlgoFlag))
+    o.amaxComputeAlgo = AmaxAlgoFlag;
+  if (given(Margin))
+    o.margin = Margin;
+  if (given(Fp8MinDim))
+    o.fp8MinDim = Fp8MinDim;
+  if (given(AmaxHistoryLen))
+    o.amaxHistoryLen = AmaxHistoryLen;
+  if (auto err = applyOverrides(*config, o))
+    return std::move(err);
+  for (const std::string &name : DisablePass)
+    if (!createPass(name))
+      return flagError(fmt::format("--disable-pass: unknown pass '{}' (passes: {})", name,
+                                   fmt::join(allPassNames(), ", ")));
+  config->disabledPasses.assign(DisablePass.begin(), DisablePass.end());
+  return config;
+}
+
+/// --device: auto takes the GPU when there is one (and this build can use it); an explicit
+/// request the machine cannot serve is an error, not a downgrade.
+llvm::Expected<Device> resolveDevice() {
+  std::string why;
+  if (DeviceFlag == "cpu")
+    return tgc::Device::Cpu;
+  if (DeviceFlag == "auto") {
+    if (!cudaAvailable(&why))
+      return tgc::Device::Cpu;
+    return tgc::Device::Cuda;
+  }
+  if (DeviceFlag == "cuda") {
+    if (!cudaAvailable(&why))
+      return flagError("--device cuda: " + why);
+    return tgc::Device::Cuda;
+  }
+  return flagError("--device must be auto, cpu or cuda, got '" + DeviceFlag + "'");
+}
+
+/// A checkpoint and the model it was trained for.
+llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path) {
+  auto checkpoint = readCheckpoint(path);
+  if (!checkpoint)
+    return checkpoint.takeError();
+  auto config = checkpointModel(*checkpoint, path);
+  if (!config)
+    return config.takeError();
+  return std::make_pair(std::move(*config), std::move(*checkpoint));
+}
+
+/// The FP8 scaling summary: one line per quantized tensor.
+void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ostream &os) {
+  os << fmt::format("  {:<30}{:<8}{:>12}{:>12}  {:<40}{:>10}\n", "tensor", "format", "scale",
+                    "scale_inv", "amax history (newest first)", "saturated");
+  for (const Fp8TensorSummary &s : summary) {
+    std::string amax;
+    for (float a : s.newestAmax)
+      amax += fmt::format("{}{:.4g}", amax.empty() ? "" : " ", a);
+    os << fmt::format("  {:<30}{:<8}{:>12.5g}{:>12.5g}  {:<40}{:>10.0f}\n",
+                      s.site + " " + s.role, s.format, s.scale, s.scaleInv, amax, s.saturations);
+  }
+}
+
+} // namespace tgc::cli

@@ -1,0 +1,74 @@
+// What the subcommands of tgc share: the subcommands themselves, the flags several of them
+// take, and the helpers that read a model file with its overrides, pick the device and load a
+// trained checkpoint. Each subcommand lives in a file of its own (Compile.cpp, Train.cpp, ...).
+#pragma once
+
+#include "app/Checkpoint.h"
+#include "backends/cpu/Fp8Scaling.h"
+#include "driver/Program.h"
+#include "models/ModelConfig.h"
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tgc::cli {
+
+namespace cl = llvm::cl;
+
+cl::OptionCategory &category();
+cl::SubCommand &compileCommand();
+cl::SubCommand &optCommand();
+cl::SubCommand &runCommand();
+cl::SubCommand &infoCommand();
+cl::SubCommand &trainCommand();
+cl::SubCommand &generateCommand();
+cl::SubCommand &evalCommand();
+cl::SubCommand &inspectCommand();
+cl::SubCommand &benchCommand();
+
+// Flags of several subcommands (Options.cpp).
+extern cl::opt<std::string> ModelPath;
+extern cl::opt<std::string> CheckpointPath;
+extern cl::list<std::string> DisablePass;
+extern cl::opt<int64_t> BatchSize;
+extern cl::opt<uint64_t> Seed;
+extern cl::opt<std::string> Precision;
+extern cl::opt<std::string> Fp8FormatFlag;
+extern cl::opt<int64_t> Margin;
+extern cl::opt<int64_t> AmaxHistoryLen;
+extern cl::opt<std::string> AmaxAlgoFlag;
+extern cl::opt<int64_t> Fp8MinDim;
+extern cl::opt<int64_t> Steps;
+extern cl::opt<double> LearningRate;
+extern cl::opt<std::string> DeviceFlag;
+
+/// Prints one line for the error ("tgc: error: ...") and returns the exit code.
+int report(llvm::Error err);
+llvm::Error flagError(const std::string &message);
+/// The model file with the command line's overrides applied (checked by the model layer's
+/// rules) and --disable-pass checked.
+llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path);
+/// --device: auto takes the GPU when there is one (and this build can use it); an explicit
+/// request the machine cannot serve is an error, not a downgrade. Detected once per call.
+llvm::Expected<Device> resolveDevice();
+/// A checkpoint and the model it was trained for.
+llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path);
+/// The FP8 scaling summary: one line per quantized tensor.
+void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ostream &os);
+
+// The subcommands.
+int runCompile();
+int runOpt();
+int runForward();
+int runTrain();
+int runGenerate();
+int runEval();
+int runBench();
+int runInspect();
+int runInfo();
+
+} // namespace tgc::cli
