@@ -1,4 +1,5 @@
 #include "app/Generate.h"
+#include "models/ProgramInterface.h"
 
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -52,7 +53,7 @@ llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
       continue;
     llvm::StringRef name = op->result()->name();
     auto it = weights.find(name.str());
-    if (it == weights.end() && (name.ends_with(".k_cache") || name.ends_with(".v_cache"))) {
+    if (it == weights.end() && program::isKvCache(name)) {
       if (auto err = program->executor->bind(name, Tensor::zeros(op->result()->type())))
         return std::move(err);
       continue;
@@ -109,6 +110,15 @@ llvm::Error Generator::ensureWindowed() {
   return llvm::Error::success();
 }
 
+namespace {
+/// Where a generation program's logits are among its outputs.
+llvm::Expected<size_t> logitsIndex(const Graph &graph) {
+  if (auto at = program::outputIndex(graph, program::kLogits))
+    return *at;
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: the generation program has no output %logits");
+}
+} // namespace
+
 llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
                     const SamplingOptions &options) {
@@ -127,7 +137,7 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   std::vector<std::vector<int32_t>> generated(prompts.size());
   for (int64_t pos = 0; pos < promptLength + count - 1; ++pos) {
     TensorType column(DType::I32, {batch_, 1});
-    if (auto err = executor.bind("tokens", Tensor{column, {}, feed}))
+    if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
       return std::move(err);
     if (auto err = executor.bind("positions", Tensor{column, {}, std::vector<int32_t>(batch_, int32_t(pos))}))
       return std::move(err);
@@ -136,7 +146,10 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
     auto outputs = executor.run();
     if (!outputs)
       return outputs.takeError();
-    const std::vector<float> &logits = (*outputs)[0].data; // [batch, 1, V]
+    auto logitsAt = logitsIndex(*decode_.graph);
+    if (!logitsAt)
+      return logitsAt.takeError();
+    const std::vector<float> &logits = (*outputs)[*logitsAt].data; // [batch, 1, V]
     for (size_t b = 0; b < prompts.size(); ++b) {
       if (pos + 1 < promptLength) {
         feed[b] = prompts[b][pos + 1];
@@ -166,12 +179,15 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
     std::vector<int32_t> tokens(batch_ * T, 0);
     for (size_t b = 0; b < sequences.size(); ++b)
       std::copy(sequences[b].begin() + start, sequences[b].end(), tokens.begin() + b * T);
-    if (auto err = executor.bind("tokens", Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
+    if (auto err = executor.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
       return std::move(err);
     auto outputs = executor.run();
     if (!outputs)
       return outputs.takeError();
-    const std::vector<float> &logits = (*outputs)[0].data;
+    auto logitsAt = logitsIndex(*windowed_.graph);
+    if (!logitsAt)
+      return logitsAt.takeError();
+    const std::vector<float> &logits = (*outputs)[*logitsAt].data;
     for (size_t b = 0; b < sequences.size(); ++b) {
       int32_t next = pick(&logits[(b * T + window - 1) * V], V, options, rng);
       sequences[b].push_back(next);

@@ -1,4 +1,5 @@
 #include "app/Trainer.h"
+#include "models/ProgramInterface.h"
 
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -29,6 +30,15 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
     return program.takeError();
   trainer->config_.precision = program->precision;
   trainer->program_ = std::move(program->graph);
+  // The outputs the trainer reads, found by name (models/ProgramInterface.h).
+  for (auto [name, index] : {std::pair{program::kLoss, &trainer->outputs_.loss},
+                             std::pair{program::kLearningRate, &trainer->outputs_.learningRate},
+                             std::pair{program::kGradNormSquared, &trainer->outputs_.gradNormSquared}}) {
+    auto at = program::outputIndex(*trainer->program_, name);
+    if (!at)
+      return fail(fmt::format("error: the training program has no output %{}", name.str()));
+    *index = *at;
+  }
   trainer->executor_ = std::move(program->executor);
   if (auto err = trainer->executor_->bindAll(initParams(*trainer->program_, config.train.seed)))
     return std::move(err);
@@ -50,11 +60,11 @@ llvm::Expected<StepRecord> Trainer::step() {
   TensorType ids(DType::I32, {batch, seqLen});
   StepRecord record;
   record.step = stepsDone_ + 1;
-  if (auto err = executor_->bind("tokens", Tensor{ids, {}, std::move(b.tokens)}))
+  if (auto err = executor_->bind(program::kTokens, Tensor{ids, {}, std::move(b.tokens)}))
     return std::move(err);
-  if (auto err = executor_->bind("targets", Tensor{ids, {}, std::move(b.targets)}))
+  if (auto err = executor_->bind(program::kTargets, Tensor{ids, {}, std::move(b.targets)}))
     return std::move(err);
-  if (auto err = executor_->bind("step", Tensor{TensorType(DType::I32, {}), {}, {int32_t(record.step)}}))
+  if (auto err = executor_->bind(program::kStep, Tensor{TensorType(DType::I32, {}), {}, {int32_t(record.step)}}))
     return std::move(err);
   auto start = std::chrono::steady_clock::now();
   auto outputs = executor_->run();
@@ -62,10 +72,9 @@ llvm::Expected<StepRecord> Trainer::step() {
     return outputs.takeError();
   record.stepMs =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  // Outputs of the training program: loss, lr, sum of squared gradients (see the adamw pass).
-  record.loss = (*outputs)[0].data[0];
-  record.lr = (*outputs)[1].data[0];
-  record.gradNorm = std::sqrt(double((*outputs)[2].data[0]));
+  record.loss = (*outputs)[outputs_.loss].data[0];
+  record.lr = (*outputs)[outputs_.learningRate].data[0];
+  record.gradNorm = std::sqrt(double((*outputs)[outputs_.gradNormSquared].data[0]));
   if (!std::isfinite(record.loss))
     return fail(fmt::format("step {}: the loss is {} (diverged; try a lower --lr)", record.step,
                             record.loss));

@@ -49,6 +49,9 @@ private:
   ModelConfig config_;
   std::unique_ptr<Graph> program_;
   std::unique_ptr<Executor> executor_;
+  struct OutputIndices {
+    size_t loss = 0, learningRate = 0, gradNormSquared = 0;
+  } outputs_; // where the run's results hold what the trainer reads
   std::unique_ptr<DataSource> data_;
   std::string dataPath_;
   int64_t stepsDone_ = 0;

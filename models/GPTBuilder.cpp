@@ -1,4 +1,5 @@
 #include "models/GPTBuilder.h"
+#include "models/ProgramInterface.h"
 
 #include <cmath>
 
@@ -70,7 +71,7 @@ Value *GPTBuilder::decodeAttention(Value *x, const std::string &p) {
     b_.create(OpKind::Assign, {cache, written}, {}, "");
     return written;
   };
-  Value *keys = cached(k, "k_cache"), *values = cached(v, "v_cache");
+  Value *keys = cached(k, program::kKeyCache.data()), *values = cached(v, program::kValueCache.data());
   Value *context = op(OpKind::DecodeAttention, {q, keys, values, pos_}, p + ".context.flat",
                       attrs({{"heads", H}, {"scale", 1.0 / std::sqrt(double(Dh))}}));
   return linear(context, p + ".proj", D, D, std_ / std::sqrt(2.0 * c_.layers));
@@ -126,8 +127,8 @@ llvm::Error GPTBuilder::build() {
   int64_t B = batch_, T = c_.seqLen, D = c_.dModel, V = c_.vocab;
   bool decode = output_ == GPTOutput::Decode;
   int64_t steps = decode ? 1 : T; // positions per sequence in this program
-  Value *tokens = b_.input("tokens", TensorType(DType::I32, {B, steps}));
-  Value *targets = output_ == GPTOutput::Loss ? b_.input("targets", TensorType(DType::I32, {B, T}))
+  Value *tokens = b_.input(program::kTokens.str(), TensorType(DType::I32, {B, steps}));
+  Value *targets = output_ == GPTOutput::Loss ? b_.input(program::kTargets.str(), TensorType(DType::I32, {B, T}))
                                                : nullptr;
   Value *positions = decode ? b_.input("positions", TensorType(DType::I32, {B, 1})) : nullptr;
   if (decode)
@@ -149,7 +150,7 @@ llvm::Error GPTBuilder::build() {
   }
   Value *final = norm(x, "lnf");
   Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_, /*decay=*/true);
-  Value *logits = op(OpKind::MatMul, {final, head}, "logits", attrs({{"transpose_b", true}}));
+  Value *logits = op(OpKind::MatMul, {final, head}, program::kLogits.str(), attrs({{"transpose_b", true}}));
   if (output_ != GPTOutput::Loss) {
     if (auto err = b_.takeError())
       return err;
@@ -157,7 +158,7 @@ llvm::Error GPTBuilder::build() {
     return llvm::Error::success();
   }
   Value *logp = op(OpKind::LogSoftmax, {logits}, "logp");
-  Value *loss = op(OpKind::NLLLoss, {logp, targets}, "loss");
+  Value *loss = op(OpKind::NLLLoss, {logp, targets}, program::kLoss.str());
   if (auto err = b_.takeError())
     return err;
   b_.graph().addOutput(loss);

@@ -1,4 +1,5 @@
 #include "backends/cpu/Fp8Scaling.h"
+#include "models/ProgramInterface.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -27,7 +28,7 @@ void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo a
 std::vector<Fp8TensorSummary> summarizeFp8State(const std::map<std::string, Tensor> &tensors,
                                                 const PrecisionConfig &precision, size_t newest) {
   std::vector<Fp8TensorSummary> out;
-  const std::string marker = ".fp8.", suffix = ".scale";
+  const std::string marker = program::kFp8Marker.str(), suffix = ".scale";
   for (const auto &[name, scale] : tensors) {
     size_t at = name.find(marker);
     if (at == std::string::npos || name.size() < suffix.size() ||
@@ -42,7 +43,7 @@ std::vector<Fp8TensorSummary> summarizeFp8State(const std::map<std::string, Tens
     Fp8TensorSummary s;
     s.site = name.substr(0, at);
     s.role = prefix.substr(at + marker.size());
-    s.format = s.role == "grad_output" && precision.fp8Format == "hybrid" ? "e5m2" : "e4m3";
+    s.format = s.role == program::fp8RoleName(program::Fp8Role::GradOutput) && precision.fp8Format == "hybrid" ? "e5m2" : "e4m3";
     s.scale = scale.data[0];
     s.scaleInv = scaleInv->second.data[0];
     s.saturations = saturations->second.data[0];

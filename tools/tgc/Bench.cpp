@@ -1,6 +1,7 @@
 // tgc bench: trains each precision for a few steps and compares step time, throughput and
 // memory on one device.
 #include "tools/tgc/Options.h"
+#include "models/ProgramInterface.h"
 
 #include "app/Trainer.h"
 #include <algorithm>
@@ -88,7 +89,7 @@ int runBench() {
         if (op->kind() != OpKind::Param || op->result()->type().rank() != 2 || !site.consume_back(".weight"))
           continue;
         ++linearLayers;
-        fp8Layers += (*trainer)->program().lookup((site + ".fp8.weight.scale").str()) != nullptr;
+        fp8Layers += (*trainer)->program().lookup(program::fp8StatePrefix(site, program::Fp8Role::Weight) + ".scale") != nullptr;
       }
       linearLayers += config.tieEmbeddings; // the head reads wte, which the loop does not count
       llvm::outs() << fmt::format("       {} of {} linear layers in FP8 (fp8_min_dim {}; compile "

@@ -5,6 +5,7 @@
 // other GEMMs, attention's included, run in BF16. Master weights, optimizer state and reductions
 // stay fp32.
 #include "transforms/Passes.h"
+#include "models/ProgramInterface.h"
 #include "transforms/precision/Precision.h"
 #include "transforms/Rewrite.h"
 
@@ -65,8 +66,10 @@ private:
   void quantizeOperands(Builder &b, Op *linear) const {
     std::string site = gemmSite(*linear);
     int64_t history = config_.amaxHistoryLen;
-    Value *input = quantizeWithState(b, linear->operand(0), site + ".fp8.input", "e4m3", history);
-    Value *weight = quantizeWithState(b, linear->operand(1), site + ".fp8.weight", "e4m3", history);
+    Value *input = quantizeWithState(b, linear->operand(0), program::fp8StatePrefix(site, program::Fp8Role::Input),
+                                     "e4m3", history);
+    Value *weight = quantizeWithState(b, linear->operand(1), program::fp8StatePrefix(site, program::Fp8Role::Weight),
+                                      "e4m3", history);
     if (!input || !weight)
       return;
     linear->setOperand(0, input);

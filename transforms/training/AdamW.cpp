@@ -2,6 +2,7 @@
 // gradient-norm clipping, the learning-rate schedule and one adamw op per parameter, whose new
 // values are assigned back to the parameter and its two moments (state, fp32).
 #include "transforms/Passes.h"
+#include "models/ProgramInterface.h"
 
 namespace tgc {
 namespace {
@@ -18,13 +19,13 @@ public:
     auto fail = [](const std::string &message) {
       return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
     };
-    if (graph.lookup("step"))
+    if (graph.lookup(program::kStep))
       return fail("graph already has a %step: is the optimizer already there?");
     // Parameters with a gradient, in program order.
     std::vector<std::pair<Value *, Value *>> trained;
     for (Op *op : graph.ops())
       if (op->kind() == OpKind::Param)
-        if (Value *g = graph.lookup(op->result()->name() + ".grad"))
+        if (Value *g = graph.lookup(program::gradientOf(op->result()->name())))
           trained.emplace_back(op->result(), g);
     if (trained.empty())
       return fail("no parameter has a gradient: run autodiff before adamw");
@@ -37,12 +38,18 @@ public:
         }
 
     Builder b(graph);
-    Value *step = b.input("step", TensorType(DType::I32, {}));
-    // Global norm over all gradients, summed in program order (deterministic).
+    Value *step = b.input(program::kStep.str(), TensorType(DType::I32, {}));
+    // Global norm over all gradients, summed in program order (deterministic); the last sum is
+    // the program's output kGradNormSquared.
     Value *sumSquares = nullptr;
-    for (auto &[param, grad] : trained) {
-      Value *s = b.create(OpKind::SumSquares, {grad}, {}, grad->name() + ".sumsq");
-      sumSquares = sumSquares ? b.create(OpKind::Add, {sumSquares, s}, {}, "grad_norm.sumsq") : s;
+    for (size_t i = 0; i < trained.size(); ++i) {
+      Value *grad = trained[i].second;
+      bool last = i + 1 == trained.size();
+      std::string name = last && i == 0 ? program::kGradNormSquared.str() : grad->name() + ".sumsq";
+      Value *s = b.create(OpKind::SumSquares, {grad}, {}, name);
+      if (sumSquares)
+        s = b.create(OpKind::Add, {sumSquares, s}, {}, last ? program::kGradNormSquared.str() : "grad_norm.partial");
+      sumSquares = s;
     }
     Value *clip = b.create(OpKind::ClipScale, {sumSquares}, attrs({{"max_norm", config_.gradClip}}),
                            "grad_clip");
@@ -51,7 +58,7 @@ public:
                                 {"min_lr", config_.lr * config_.minLrRatio},
                                 {"warmup", config_.warmup},
                                 {"steps", config_.steps}}),
-                         "lr");
+                         program::kLearningRate.str());
     for (auto &[param, grad] : trained) {
       const std::string &p = param->name();
       Value *moment1 = stateLike(b, p + ".adam_m", param->type());

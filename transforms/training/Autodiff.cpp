@@ -2,6 +2,7 @@
 // from one gradient rule per op. The gradient of parameter p is the value %p.grad, and each one
 // is added to the graph's outputs (the adamw pass consumes them).
 #include "transforms/Passes.h"
+#include "models/ProgramInterface.h"
 
 #include "ir/Fused.h"
 #include "transforms/precision/Precision.h"
@@ -25,7 +26,7 @@ struct GradContext {
 
   Value *x(unsigned i) const { return op.operand(i); }
   Value *dy() const { return dys[0]; }
-  std::string name(unsigned i) const { return x(i)->name() + ".grad"; }
+  std::string name(unsigned i) const { return program::gradientOf(x(i)->name()); }
   Value *create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs, unsigned i) {
     return b.create(kind, operands, std::move(attrs), name(i));
   }
@@ -69,8 +70,8 @@ llvm::Expected<Grads> gradMatMul(GradContext &c) {
   // hybrid) with scaling state of its own, then meets the saved FP8 operands (TE's dgrad and
   // wgrad). BF16 GEMMs keep BF16 operands in the backward.
   if (auto format = c.op.attrs().getString("fp8_grad")) {
-    std::string prefix = c.op.attrs().getString("fp8_site").value_or(c.op.result()->name()) +
-                         ".fp8.grad_output";
+    std::string prefix = program::fp8StatePrefix(c.op.attrs().getString("fp8_site").value_or(c.op.result()->name()),
+                                                 program::Fp8Role::GradOutput);
     Value *q = quantizeWithState(c.b, dc, prefix, *format,
                                  c.op.attrs().getInt("fp8_history").value_or(1));
     if (!q)
@@ -376,7 +377,7 @@ public:
       bool any = op->kind() == OpKind::Param;
       for (Value *v : op->operands())
         any |= requiresGrad.count(v) != 0;
-      if (op->kind() == OpKind::Param && graph.lookup(op->result()->name() + ".grad"))
+      if (op->kind() == OpKind::Param && graph.lookup(program::gradientOf(op->result()->name())))
         return fail("graph is already differentiated (%" + op->result()->name() + ".grad exists)");
       for (unsigned i = 0; i < op->numResults() && any; ++i)
         if (isFloat(op->result(i)->type().dtype))
@@ -384,7 +385,7 @@ public:
     }
     Builder b(graph);
     llvm::DenseMap<const Value *, Value *> grads;
-    grads[loss] = b.constant(loss->name() + ".grad", loss->type(), 1.0);
+    grads[loss] = b.constant(program::gradientOf(loss->name()), loss->type(), 1.0);
     for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
       Op *op = *it;
       if (isLeaf(op->kind()))
@@ -417,7 +418,7 @@ public:
           continue;
         Value *v = op->operand(i);
         Value *&acc = grads[v];
-        acc = acc ? b.create(OpKind::Add, {acc, g}, {}, v->name() + ".grad") : g;
+        acc = acc ? b.create(OpKind::Add, {acc, g}, {}, program::gradientOf(v->name())) : g;
       }
       if (auto err = b.takeError())
         return std::move(err);
@@ -431,9 +432,9 @@ public:
       // A value that is already another parameter's gradient (add(%p1, %p2)) or a leaf gets
       // a copy of its own, so that every %p.grad is a distinct value.
       if (claimed.count(g) || isLeaf(g->def()->kind()))
-        g = b.create(OpKind::Scale, {g}, attrs({{"factor", 1.0}}), op->result()->name() + ".grad");
+        g = b.create(OpKind::Scale, {g}, attrs({{"factor", 1.0}}), program::gradientOf(op->result()->name()));
       claimed.insert(g);
-      std::string wanted = op->result()->name() + ".grad";
+      std::string wanted = program::gradientOf(op->result()->name());
       if (g->name() != wanted) {
         if (Value *other = graph.lookup(wanted))
           graph.rename(other, graph.uniqueName(wanted + ".part"));

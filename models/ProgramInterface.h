@@ -1,0 +1,58 @@
+// The program interface: the names by which a compiled program and the application exchange
+// values. The GPT builder and the training passes give these names, the trainer, the
+// generator, checkpoints and tgc inspect read them; this header is the one place they are
+// written. Names are IR value names, so they show in every dump.
+#pragma once
+
+#include "ir/Graph.h"
+
+#include "llvm/ADT/StringRef.h"
+
+#include <optional>
+#include <string>
+
+namespace tgc::program {
+
+// Outputs (the IR's `return` list), read by name, never by position.
+inline constexpr llvm::StringLiteral kLoss = "loss";                 // the training loss, f32[]
+inline constexpr llvm::StringLiteral kLogits = "logits";             // the forward program's logits
+inline constexpr llvm::StringLiteral kLearningRate = "lr";           // this step's learning rate
+inline constexpr llvm::StringLiteral kGradNormSquared = "grad_norm.sumsq"; // before clipping
+
+// Inputs the application binds each step.
+inline constexpr llvm::StringLiteral kTokens = "tokens";
+inline constexpr llvm::StringLiteral kTargets = "targets";
+inline constexpr llvm::StringLiteral kStep = "step"; // the optimizer's step counter, from 1
+
+/// The gradient of the value named `value` ("h0.attn.qkv.weight.grad").
+inline std::string gradientOf(llvm::StringRef value) { return (value + ".grad").str(); }
+
+/// The operands of an FP8 GEMM whose scaling state a program keeps.
+enum class Fp8Role { Input, Weight, GradOutput };
+inline llvm::StringRef fp8RoleName(Fp8Role role) {
+  return role == Fp8Role::Input ? "input" : role == Fp8Role::Weight ? "weight" : "grad_output";
+}
+/// The prefix of the scaling state of `site`'s `role` operand: "<site>.fp8.<role>", followed by
+/// ".scale", ".scale_inv", ".amax_history" and ".saturations".
+inline std::string fp8StatePrefix(llvm::StringRef site, Fp8Role role) {
+  return (site + ".fp8." + fp8RoleName(role)).str();
+}
+/// The marker that state names of FP8 scaling carry between site and role.
+inline constexpr llvm::StringLiteral kFp8Marker = ".fp8.";
+
+/// The KV cache of a layer's keys or values in the decode program ("h0.attn.k_cache").
+inline constexpr llvm::StringLiteral kKeyCache = "k_cache", kValueCache = "v_cache";
+inline bool isKvCache(llvm::StringRef name) {
+  return name.ends_with((llvm::Twine(".") + kKeyCache).str()) ||
+         name.ends_with((llvm::Twine(".") + kValueCache).str());
+}
+
+/// Where the output named `name` is among the program's outputs (and so in a run's results).
+inline std::optional<size_t> outputIndex(const Graph &graph, llvm::StringRef name) {
+  for (size_t i = 0; i < graph.outputs().size(); ++i)
+    if (graph.outputs()[i]->name() == name)
+      return i;
+  return std::nullopt;
+}
+
+} // namespace tgc::program
