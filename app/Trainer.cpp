@@ -99,7 +99,7 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
   checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
                                                {"path", dataPath_},
                                                {"position", stepsDone_}};
-  checkpoint.meta["precision"] = config_.precision.recipe;
+  checkpoint.meta["precision"] = recipeName(config_.precision.recipe).str();
   return checkpoint;
 }
 

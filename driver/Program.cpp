@@ -19,7 +19,7 @@ int computeCapability() {
 } // namespace
 
 PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
-  if (precision.recipe != "auto" || device == Device::Cpu)
+  if (precision.recipe != Recipe::Auto || device == Device::Cpu)
     return resolveRecipeForCpu(precision);
   precision.recipe = gpuRecipeFor(computeCapability());
   return precision;

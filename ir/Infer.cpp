@@ -1,4 +1,5 @@
 #include "ir/Infer.h"
+#include "ir/Attributes.h"
 
 #include "ir/Fused.h"
 
@@ -24,7 +25,7 @@ llvm::Error requireFloat(const TensorType &t, llvm::StringRef what) {
 }
 
 llvm::Error checkGemmDType(const AttrMap &attrs) {
-  if (attrs.has("gemm_dtype") && attrs.getString("gemm_dtype") != "bf16")
+  if (attrs.has(kGemmDtype) && !hasBf16Gemms(attrs))
     return fail("attribute 'gemm_dtype' must be \"bf16\" (or absent for the operands' own type)");
   return llvm::Error::success();
 }
@@ -515,7 +516,7 @@ llvm::Expected<TypeList> inferAdamW(Operands ops, const AttrMap &attrs, llvm::Ar
 // Precision.
 
 llvm::Expected<DType> fp8FormatAttr(const AttrMap &attrs) {
-  auto format = attrs.getString("format");
+  auto format = attrs.getString(kFp8Format);
   if (format == "e4m3")
     return DType::F8E4M3;
   if (format == "e5m2")

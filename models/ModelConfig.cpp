@@ -61,6 +61,29 @@ const ChoiceSetting kChoiceSettings[] = {
 
 } // namespace
 
+llvm::StringRef recipeName(Recipe recipe) {
+  switch (recipe) {
+  case Recipe::Auto:
+    return "auto";
+  case Recipe::Fp32:
+    return "fp32";
+  case Recipe::Bf16:
+    return "bf16";
+  case Recipe::Fp8:
+    return "fp8";
+  }
+  llvm_unreachable("a recipe without a name");
+}
+
+std::optional<Recipe> parseRecipe(llvm::StringRef name) {
+  for (Recipe r : {Recipe::Auto, Recipe::Fp32, Recipe::Bf16, Recipe::Fp8})
+    if (name == recipeName(r))
+      return r;
+  return std::nullopt;
+}
+
+llvm::StringRef fp8FormatName(Fp8Formats formats) { return formats == Fp8Formats::Hybrid ? "hybrid" : "e4m3"; }
+
 SettingRange settingRange(llvm::StringRef key) {
   for (const NumericSetting &s : kNumericSettings)
     if (key == s.key)
@@ -120,10 +143,13 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     return err;
   if (auto err = overrideNumber("lr", "lr", o.lr, t.lr))
     return err;
-  if (auto err = overrideChoice("recipe", "precision", o.recipe, p.recipe))
+  std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
+  if (auto err = overrideChoice("recipe", "precision", o.recipe, recipe))
     return err;
-  if (auto err = overrideChoice("fp8_format", "fp8-format", o.fp8Format, p.fp8Format))
+  if (auto err = overrideChoice("fp8_format", "fp8-format", o.fp8Format, format))
     return err;
+  p.recipe = *parseRecipe(recipe);
+  p.fp8Format = format == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
   if (auto err = overrideChoice("amax_compute_algo", "amax-compute-algo", o.amaxComputeAlgo, p.amaxComputeAlgo))
     return err;
   if (auto err = overrideNumber("margin", "margin", o.margin, p.margin))
@@ -479,8 +505,11 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
                   {"recipe", "fp8_format", "margin", "amax_history_len", "amax_compute_algo",
                    "keep_bf16", "fp8_min_dim"},
                   precision)) {
-    readChoice(precision, "recipe", p.recipe);
-    readChoice(precision, "fp8_format", p.fp8Format);
+    std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
+    readChoice(precision, "recipe", recipe);
+    readChoice(precision, "fp8_format", format);
+    p.recipe = parseRecipe(recipe).value_or(p.recipe);
+    p.fp8Format = format == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
     readInt(precision, "margin", p.margin, false);
     readInt(precision, "amax_history_len", p.amaxHistoryLen, false);
     readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
@@ -536,7 +565,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.seed,
-      c.data.minStep, c.data.maxStep, p.recipe, p.fp8Format, p.margin, p.amaxHistoryLen,
+      c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim);
 }
 

@@ -37,9 +37,20 @@ struct DataConfig {
   int64_t maxStep = 8;
 };
 
+/// The precision recipe of a program (a model file's precision.recipe, tgc's --precision): auto
+/// is resolved by the device's policy (backends/*/Pipeline.h) before any pass runs.
+enum class Recipe { Auto, Fp32, Bf16, Fp8 };
+llvm::StringRef recipeName(Recipe recipe); // "auto", "fp32", "bf16", "fp8"
+std::optional<Recipe> parseRecipe(llvm::StringRef name);
+
+/// The FP8 formats of the fp8 recipe: hybrid (E4M3 forward, E5M2 gradients, as Transformer
+/// Engine's Format.HYBRID) or E4M3 everywhere.
+enum class Fp8Formats { Hybrid, E4M3 };
+llvm::StringRef fp8FormatName(Fp8Formats formats); // "hybrid", "e4m3"
+
 struct PrecisionConfig {
-  std::string recipe = "auto";       // auto | fp32 | bf16 | fp8
-  std::string fp8Format = "hybrid";  // hybrid | e4m3
+  Recipe recipe = Recipe::Auto;
+  Fp8Formats fp8Format = Fp8Formats::Hybrid;
   int64_t margin = 0;
   int64_t amaxHistoryLen = 1024;
   std::string amaxComputeAlgo = "max"; // max | most_recent

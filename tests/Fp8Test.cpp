@@ -119,25 +119,25 @@ TEST(Quantize, RoundsScaledValuesRecordsAmaxAndCountsSaturation) {
 }
 
 TEST(GpuPolicy, AutoPicksByComputeCapabilityAndRefusesWhatTheGpuCannotRun) {
-  EXPECT_EQ(gpuRecipeFor(90), "fp8"); // H100, H200
-  EXPECT_EQ(gpuRecipeFor(89), "fp8"); // Ada
-  EXPECT_EQ(gpuRecipeFor(86), "bf16");
-  EXPECT_EQ(gpuRecipeFor(80), "bf16"); // A100
-  EXPECT_EQ(gpuRecipeFor(75), "fp32");
-  EXPECT_FALSE(bool(checkGpuRecipe("fp8", 90)));
-  EXPECT_FALSE(bool(checkGpuRecipe("bf16", 80)));
-  EXPECT_FALSE(bool(checkGpuRecipe("fp32", 70)));
-  EXPECT_EQ(errorOf(checkGpuRecipe("fp8", 80)),
+  EXPECT_EQ(gpuRecipeFor(90), Recipe::Fp8); // H100, H200
+  EXPECT_EQ(gpuRecipeFor(89), Recipe::Fp8); // Ada
+  EXPECT_EQ(gpuRecipeFor(86), Recipe::Bf16);
+  EXPECT_EQ(gpuRecipeFor(80), Recipe::Bf16); // A100
+  EXPECT_EQ(gpuRecipeFor(75), Recipe::Fp32);
+  EXPECT_FALSE(bool(checkGpuRecipe(Recipe::Fp8, 90)));
+  EXPECT_FALSE(bool(checkGpuRecipe(Recipe::Bf16, 80)));
+  EXPECT_FALSE(bool(checkGpuRecipe(Recipe::Fp32, 70)));
+  EXPECT_EQ(errorOf(checkGpuRecipe(Recipe::Fp8, 80)),
             "error: the fp8 recipe needs a GPU of compute capability 8.9 or later; this one is 8.0 "
             "(--precision fp32, or --device cpu to emulate it)");
-  EXPECT_NE(errorOf(checkGpuRecipe("bf16", 75)).find("compute capability 8.0 or later; this one is 7.5"),
+  EXPECT_NE(errorOf(checkGpuRecipe(Recipe::Bf16, 75)).find("compute capability 8.0 or later; this one is 7.5"),
             std::string::npos);
 }
 
 /// The tiny fp8 training program, with legalize-fp8-gemm before the final dce or without it.
 std::unique_ptr<Graph> tinyFp8Program(bool legalize) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
-  c.precision.recipe = "fp8";
+  c.precision.recipe = Recipe::Fp8;
   auto graph = unwrap(buildGPT(c, 4));
   if (!graph)
     return nullptr;
@@ -205,7 +205,7 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
 /// Mean of the last ten losses of a full tiny run under `recipe`, and the trained checkpoint.
 std::pair<double, Checkpoint> trainTiny(const std::string &recipe) {
   ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
-  config.precision.recipe = recipe;
+  config.precision.recipe = *parseRecipe(recipe);
   auto trainer = unwrap(Trainer::create(config));
   if (!trainer)
     return {NAN, {}};

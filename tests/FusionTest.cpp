@@ -134,7 +134,7 @@ TEST(Fusion, SeedAllFusionsMatchUnfused) {
 TEST(Fusion, Bf16FusedMatchesBf16Unfused) {
   // Fused kernels round their GEMM operands to BF16 exactly where the unfused graph does.
   ModelConfig c = loadModel("models/tiny.yaml");
-  c.precision.recipe = "bf16";
+  c.precision.recipe = Recipe::Bf16;
   compareFusedWithPlain(c, 2, fusionPasses());
 }
 
@@ -152,7 +152,7 @@ TEST(Fusion, GpuExpansionOfLayerNormFusionsMatchesUnfused) {
 
 TEST(Fusion, GpuExpansionInBf16MatchesUnfused) {
   ModelConfig c = loadModel("models/tiny.yaml");
-  c.precision.recipe = "bf16";
+  c.precision.recipe = Recipe::Bf16;
   compareFusedWithPlain(c, 2, fusionPasses(), kGpuLowering);
 }
 

@@ -49,7 +49,7 @@ class KvCache : public testing::TestWithParam<Case> {};
 TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
   Case param = GetParam();
   ModelConfig c = unwrap(loadModelConfig(sourcePath(param.model)));
-  c.precision.recipe = param.recipe;
+  c.precision.recipe = *parseRecipe(param.recipe);
   const int64_t B = 2, T = c.seqLen, V = c.vocab;
   auto full = inferenceProgram(c, B, GPTOutput::Logits);
   auto decode = inferenceProgram(c, B, GPTOutput::Decode);

@@ -39,9 +39,9 @@ std::unique_ptr<Graph> tinyGpuProgram(const std::string &recipe, GPTOutput outpu
   PipelineOptions options;
   options.passOptions.train = c.train;
   options.passOptions.precision = c.precision; // fp8_min_dim 16: every linear layer but the head FP8
-  options.passOptions.precision.recipe = recipe;
+  options.passOptions.precision.recipe = *parseRecipe(recipe);
   bool training = output == GPTOutput::Loss;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training, recipe), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training, *parseRecipe(recipe)), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   return graph;
 }
@@ -233,7 +233,7 @@ TEST(GpuKernels, LayerNormLinearAndMLPAndTheirGradientsMatchTheCpu) {
       auto graph = unwrap(buildGPT(c, 3));
       ASSERT_TRUE(graph);
       PipelineOptions options;
-      options.passOptions.precision.recipe = recipe;
+      options.passOptions.precision.recipe = *parseRecipe(recipe);
       auto pipeline = unwrap(PassPipeline::create(trainingPipeline(), options));
       ASSERT_FALSE(bool(pipeline.run(*graph)));
       int checked = 0;
@@ -338,7 +338,7 @@ TEST(GpuGeneration, DecodeStepsFollowTheCpuThroughTheWholeCache) {
 
 std::vector<double> losses(Device device, int steps, const char *recipe = "fp32") {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
-  c.precision.recipe = recipe;
+  c.precision.recipe = *parseRecipe(recipe);
   auto trainer = unwrap(Trainer::create(c, "", device));
   std::vector<double> out;
   if (!trainer)
@@ -434,7 +434,7 @@ TEST(GpuTraining, Bf16LossesFollowTheCpuEmulationFor20Steps) {
 
 ModelConfig tinyFp8() {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
-  c.precision.recipe = "fp8"; // fp8_min_dim 16: every linear layer but the head in FP8
+  c.precision.recipe = Recipe::Fp8; // fp8_min_dim 16: every linear layer but the head in FP8
   return c;
 }
 
@@ -528,7 +528,7 @@ void expectSeedLearns(PrecisionConfig precision) {
 TEST(GpuTraining, SeedModelLearnsInBf16) {
   SKIP_WITHOUT_GPU();
   PrecisionConfig p;
-  p.recipe = "bf16";
+  p.recipe = Recipe::Bf16;
   expectSeedLearns(p);
 }
 
@@ -536,7 +536,7 @@ TEST(GpuTraining, SeedModelLearnsInFp8WithEveryLinearLayerInFp8) {
   SKIP_WITHOUT_GPU();
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
   PrecisionConfig p = c.precision;
-  p.recipe = "fp8";
+  p.recipe = Recipe::Fp8;
   p.fp8MinDim = 0; // the policy would keep the seed's small GEMMs in BF16
   expectSeedLearns(p);
 }

@@ -20,8 +20,8 @@ void checkPlan(const char *model, const char *recipe) {
   ASSERT_TRUE(graph);
   PipelineOptions options;
   options.passOptions.train = c.train;
-  options.passOptions.precision.recipe = recipe;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, recipe), options));
+  options.passOptions.precision.recipe = *parseRecipe(recipe);
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, *parseRecipe(recipe)), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
   MemoryPlan plan = planMemory(*graph, program);
@@ -123,8 +123,8 @@ std::pair<std::unique_ptr<Graph>, CudaProgram> gpuTrainingProgram(const char *mo
   options.disabled = std::move(disabled);
   options.passOptions.train = c.train;
   options.passOptions.precision = c.precision;
-  options.passOptions.precision.recipe = recipe;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, recipe), options));
+  options.passOptions.precision.recipe = *parseRecipe(recipe);
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, *parseRecipe(recipe)), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
   return {std::move(graph), std::move(program)};
@@ -358,7 +358,7 @@ TEST(MemoryPlan, KvCacheWrittenInPlace) {
   auto graph = unwrap(buildGPT(c, 2, GPTOutput::Decode));
   ASSERT_TRUE(graph);
   PipelineOptions options;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false, "fp32"), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false, Recipe::Fp32), options));
   ASSERT_FALSE(bool(pipeline.run(*graph)));
   CudaProgram program = unwrap(lowerToCuda(*graph));
   auto inPlace = inPlaceValues(*graph, program);

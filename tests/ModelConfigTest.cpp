@@ -62,8 +62,8 @@ precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
   EXPECT_EQ(c.train.seed, 18446744073709551615ULL);
   EXPECT_EQ(c.data.minStep, 2);
   EXPECT_EQ(c.data.maxStep, 5);
-  EXPECT_EQ(c.precision.recipe, "fp8");
-  EXPECT_EQ(c.precision.fp8Format, "e4m3");
+  EXPECT_EQ(c.precision.recipe, Recipe::Fp8);
+  EXPECT_EQ(c.precision.fp8Format, Fp8Formats::E4M3);
   EXPECT_EQ(c.precision.margin, 1);
   EXPECT_EQ(c.precision.amaxHistoryLen, 32);
   EXPECT_EQ(c.precision.amaxComputeAlgo, "most_recent");
@@ -138,7 +138,7 @@ TEST(ModelConfig, OverridesAreCheckedAsTheModelFileIs) {
   EXPECT_FALSE(bool(applyOverrides(config, ok)));
   EXPECT_EQ(config.train.batch, 7);
   EXPECT_EQ(config.precision.fp8MinDim, 2000000);
-  EXPECT_EQ(config.precision.recipe, "bf16");
+  EXPECT_EQ(config.precision.recipe, Recipe::Bf16);
   EXPECT_FALSE(bool(parseModelConfig(MODEL(GOOD) "precision:\n  fp8_min_dim: 2000000\n", "m.yaml").takeError()));
   ConfigOverrides batch;
   batch.batch = 0;

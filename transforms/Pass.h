@@ -24,7 +24,7 @@ public:
 
 /// What passes that need settings read (the optimizer's hyperparameters).
 struct PassOptions {
-  PassOptions() { precision.recipe = "fp32"; }
+  PassOptions() { precision.recipe = Recipe::Fp32; }
   TrainConfig train;
   PrecisionConfig precision; // the recipe resolved: fp32, bf16 or fp8 (see resolveRecipe)
 };

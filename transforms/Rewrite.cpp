@@ -1,4 +1,5 @@
 #include "transforms/Rewrite.h"
+#include "ir/Attributes.h"
 
 #include "ir/Infer.h"
 
@@ -69,8 +70,7 @@ llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replace
 }
 
 void copyGemmDType(const Op &gemm, AttrMap &fused) {
-  if (auto dtype = gemm.attrs().getString("gemm_dtype"))
-    fused.set("gemm_dtype", *dtype);
+  copyGemmPrecision(gemm.attrs(), fused);
 }
 
 bool isNorm(const Op *op) {

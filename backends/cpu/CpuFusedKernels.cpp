@@ -3,6 +3,7 @@
 // gradients recompute what their forward op did not keep (the normalised input, activations,
 // attention probabilities), as the GPU does.
 #include "ir/Fused.h"
+#include "ir/Attributes.h"
 #include "backends/cpu/CpuKernels.h"
 #include "support/Numerics.h"
 
@@ -36,8 +37,7 @@ Tensor gemm(const AttrMap &fused, std::initializer_list<const char *> transposes
   AttrMap flags;
   for (const char *t : transposes)
     flags.set(t, true);
-  if (auto dtype = fused.getString("gemm_dtype"))
-    flags.set("gemm_dtype", *dtype);
+  copyGemmPrecision(fused, flags);
   return apply(evalMatMul, flags, {&a, &b}, type);
 }
 
@@ -218,7 +218,7 @@ llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
   if (pos < 0 || pos >= T)
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    fmt::format("position {} is outside the cache [0, {})", pos, T));
-  bool bf16 = a.getString("gemm_dtype") == "bf16";
+  bool bf16 = hasBf16Gemms(a);
   auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
   Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
   for (int64_t b = 0; b < B; ++b)

@@ -1,5 +1,6 @@
 // The CPU reference kernels: one eval function per op of ir/Ops.def, written plainly.
 #include "backends/cpu/CpuKernels.h"
+#include "ir/Attributes.h"
 
 #include "backends/cpu/Fp8Scaling.h"
 #include "backends/cpu/Schedule.h"
@@ -142,7 +143,7 @@ llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {
   int64_t batches = a.size() / (m * k);
   bool sharedB = b.type.rank() == 2;
   // gemm_dtype=bf16: the operands are rounded to BF16, the products accumulate in fp32.
-  bool bf16 = attrs.getString("gemm_dtype") == "bf16";
+  bool bf16 = hasBf16Gemms(attrs);
   auto round = [bf16](std::vector<float> &v) {
     if (bf16)
       for (float &x : v)
@@ -540,7 +541,7 @@ llvm::Error evalNLLLossBackward(const AttrMap &, Operands in, Results out) {
 // Precision.
 
 Fp8Format formatOf(const AttrMap &attrs) {
-  return attrs.getString("format") == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  return fp8FormatOf(attrs);
 }
 
 llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {

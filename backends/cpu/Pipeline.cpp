@@ -9,8 +9,8 @@ std::vector<std::string> cpuPipeline(bool training) {
 }
 
 PrecisionConfig resolveRecipeForCpu(PrecisionConfig precision) {
-  if (precision.recipe == "auto")
-    precision.recipe = "fp32";
+  if (precision.recipe == Recipe::Auto)
+    precision.recipe = Recipe::Fp32;
   return precision;
 }
 

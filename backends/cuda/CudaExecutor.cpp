@@ -1,4 +1,5 @@
 #include "backends/cuda/CudaExecutor.h"
+#include "ir/Attributes.h"
 
 #include "backends/cuda/Lowering.h"
 #include "backends/cuda/MemoryPlan.h"
@@ -349,7 +350,7 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   }
   // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype). FP8: the operands' own
   // types, fp32 accumulation and output, each operand scaled by its quantize's scale_inv.
-  plan.bf16 = op.attrs().getString("gemm_dtype") == "bf16";
+  plan.bf16 = hasBf16Gemms(op.attrs());
   bool fp8 = isFp8(a.dtype);
   cudaDataType_t firstType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(b.dtype);
   cudaDataType_t secondType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(a.dtype);
@@ -528,7 +529,7 @@ llvm::Error CudaExecutor::launchStep() {
       CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
       if (lowering.kind == OpLowering::Gemm)
-        label += op.attrs().has("gemm_dtype") ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
+        label += hasBf16Gemms(op.attrs()) ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
       else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))
         label += " (fp8)";
       profileMs_[label] += ms;

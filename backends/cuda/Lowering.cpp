@@ -1,4 +1,5 @@
 #include "backends/cuda/Lowering.h"
+#include "ir/Attributes.h"
 
 #include "backends/cuda/KernelCalls.h"
 #include "backends/cuda/MemoryPlan.h"
@@ -34,9 +35,9 @@ const char *cType(DType dtype) {
 }
 
 const char *fp8Interpretation(const AttrMap &attrs) {
-  return attrs.getString("format") == "e5m2" ? "__NV_E5M2" : "__NV_E4M3";
+  return fp8FormatOf(attrs) == Fp8Format::E5M2 ? "__NV_E5M2" : "__NV_E4M3";
 }
-double fp8Largest(const AttrMap &attrs) { return attrs.getString("format") == "e5m2" ? 57344.0 : 448.0; }
+double fp8Largest(const AttrMap &attrs) { return fp8Max(fp8FormatOf(attrs)); }
 
 const char *boolText(bool b) { return b ? "true" : "false"; }
 
@@ -443,7 +444,7 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   const TensorType &qkv = operandType(op, op.kind() == OpKind::Attention ? 0 : 1);
   int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3, H = *a.getInt("heads"), Dh = D / H;
-  bool bf16 = a.getString("gemm_dtype") == "bf16";
+  bool bf16 = hasBf16Gemms(a);
   bool tensorCores = bf16 && Dh % 16 == 0 && Dh <= 256;
   std::string scale = lit(*a.getFloat("scale"));
   // The tensor-core kernels are written for 128 threads (kAttentionThreads: four warps of 16
@@ -489,7 +490,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
   e.launch(0, "const float *query, const float *k, const float *v, const int *pos, float *out", (B * H + 7) / 8,
            fmt::format("decodeAttention<{}, {}, {}, {}, {}, {}, {}>(query, k, v, pos, out, {})",
-                       boolText(a.getString("gemm_dtype") == "bf16"), H, Dh, (Dh + 31) / 32, D, T, B * H,
+                       boolText(hasBf16Gemms(a)), H, Dh, (Dh + 31) / 32, D, T, B * H,
                        lit(*a.getFloat("scale"))));
   return llvm::Error::success();
 }

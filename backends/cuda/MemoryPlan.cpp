@@ -1,4 +1,5 @@
 #include "backends/cuda/MemoryPlan.h"
+#include "ir/Attributes.h"
 
 #include "llvm/ADT/STLExtras.h"
 
@@ -25,7 +26,7 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
 bool isBf16Gemm(const Op &op) {
   return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
           op.kind() == OpKind::MatMulBiasGelu) &&
-         op.attrs().getString("gemm_dtype") == "bf16";
+         hasBf16Gemms(op.attrs());
 }
 
 const Value *reshapeRoot(const Value *v) {

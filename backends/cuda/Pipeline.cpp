@@ -6,7 +6,7 @@
 
 namespace tgc {
 
-std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe) {
+std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // The fusions whose fused ops (and their gradients) the GPU backend lowers. Attention is
   // fused where its GEMMs run in BF16 (the bf16 and fp8 recipes: tensor-core kernels); in fp32
   // cuBLASLt's GEMMs and the softmax kernels are faster than the fused op's fp32 kernels (a
@@ -14,7 +14,7 @@ std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe) {
   std::vector<std::string> lowered = {"fuse-softmax",       "fuse-layernorm-mlp",
                                       "fuse-layernorm-linear", "fuse-residual-norm",
                                       "fuse-bias-activation", "fuse-bias", "fuse-cross-entropy"};
-  if (recipe != "fp32")
+  if (recipe != Recipe::Fp32)
     lowered.push_back("fuse-attention");
   std::vector<std::string> passes;
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
@@ -28,23 +28,23 @@ std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe) {
   return passes;
 }
 
-int recipeCapability(llvm::StringRef recipe) { return recipe == "fp8" ? 89 : recipe == "bf16" ? 80 : 0; }
+int recipeCapability(Recipe recipe) { return recipe == Recipe::Fp8 ? 89 : recipe == Recipe::Bf16 ? 80 : 0; }
 
-std::string gpuRecipeFor(int computeCapability) {
-  for (const char *recipe : {"fp8", "bf16"})
+Recipe gpuRecipeFor(int computeCapability) {
+  for (Recipe recipe : {Recipe::Fp8, Recipe::Bf16})
     if (computeCapability >= recipeCapability(recipe))
       return recipe;
-  return "fp32";
+  return Recipe::Fp32;
 }
 
-llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability) {
+llvm::Error checkGpuRecipe(Recipe recipe, int computeCapability) {
   int cc = computeCapability, needed = recipeCapability(recipe);
   if (cc < needed)
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),
         fmt::format("error: the {} recipe needs a GPU of compute capability {}.{} or later; this "
                     "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
-                    recipe, needed / 10, needed % 10, cc / 10, cc % 10));
+                    recipeName(recipe).str(), needed / 10, needed % 10, cc / 10, cc % 10));
   return llvm::Error::success();
 }
 

@@ -2,6 +2,8 @@
 // compute capability 8.9 (FP8 tensor cores), BF16 from 8.0, fp32 below.
 #pragma once
 
+#include "models/ModelConfig.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -14,15 +16,15 @@ namespace tgc {
 /// pipelines with the fusions the GPU lowers (attention under bf16 and fp8 only), then
 /// expand-layernorm-fused (LayerNorm+Linear/MLP as the norm kernels and cuBLASLt GEMMs the GPU
 /// runs them as), fuse-residual-norm again for the norms that exposes, and legalize-fp8-gemm.
-std::vector<std::string> gpuPipeline(bool training, llvm::StringRef recipe);
+std::vector<std::string> gpuPipeline(bool training, Recipe recipe);
 
 /// The compute capability (major*10+minor) a recipe needs on the GPU: 89 for fp8, 80 for bf16,
 /// 0 for fp32.
-int recipeCapability(llvm::StringRef recipe);
+int recipeCapability(Recipe recipe);
 /// What --precision auto picks on a GPU of compute capability major*10+minor: the most compact
 /// recipe it runs.
-std::string gpuRecipeFor(int computeCapability);
+Recipe gpuRecipeFor(int computeCapability);
 /// An error naming what the recipe needs when a GPU of that compute capability cannot run it.
-llvm::Error checkGpuRecipe(const std::string &recipe, int computeCapability);
+llvm::Error checkGpuRecipe(Recipe recipe, int computeCapability);
 
 } // namespace tgc

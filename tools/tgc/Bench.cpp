@@ -46,10 +46,11 @@ int runBench() {
                               "final loss");
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
   for (const std::string &recipe : recipes) {
-    if (recipe != "fp32" && recipe != "bf16" && recipe != "fp8")
+    std::optional<Recipe> parsed = parseRecipe(recipe);
+    if (!parsed || *parsed == Recipe::Auto)
       return report(flagError("--precisions takes fp32, bf16 and fp8, got '" + recipe + "'"));
     ModelConfig config = *base;
-    config.precision.recipe = recipe;
+    config.precision.recipe = *parsed;
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps);
     auto device = resolveDevice();
     if (!device)

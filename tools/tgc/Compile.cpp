@@ -84,13 +84,14 @@ llvm::Expected<PrecisionConfig> compileRecipe(PrecisionConfig precision) {
     return cc.takeError();
   if (*cc == 0)
     return resolveRecipeForCpu(precision);
-  std::string best = gpuRecipeFor(*cc);
-  if (precision.recipe == "auto")
+  Recipe best = gpuRecipeFor(*cc);
+  if (precision.recipe == Recipe::Auto)
     precision.recipe = best;
   if (int needed = recipeCapability(precision.recipe); *cc < needed)
     return flagError(fmt::format("--arch {}: the {} recipe needs compute capability {}.{} or later "
                                  "(--precision {} or lower)",
-                                 Arch.getValue(), precision.recipe, needed / 10, needed % 10, best));
+                                 Arch.getValue(), recipeName(precision.recipe).str(), needed / 10, needed % 10,
+                                 recipeName(best).str()));
   return precision;
 }
 
@@ -186,7 +187,7 @@ int runCompile() {
     if (!precision)
       return report(precision.takeError());
     llvm::errs() << fmt::format("// precision of @{}'s linear layers (recipe {}):\n",
-                                config->name, precision->recipe);
+                                config->name, recipeName(precision->recipe).str());
     for (const std::string &line : explainPrecision(**plain, *precision))
       llvm::errs() << "//   " << line << "\n";
   }

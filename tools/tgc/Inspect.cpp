@@ -40,8 +40,8 @@ int runInspect() {
     }
     llvm::outs() << llvm::json::Value(llvm::json::Object{{"model", config.name},
                                                           {"step", step},
-                                                          {"recipe", precision.recipe},
-                                                          {"fp8_format", precision.fp8Format},
+                                                          {"recipe", recipeName(precision.recipe)},
+                                                          {"fp8_format", fp8FormatName(precision.fp8Format)},
                                                           {"margin", precision.margin},
                                                           {"amax_compute_algo", precision.amaxComputeAlgo},
                                                           {"tensors", std::move(tensors)}})
@@ -49,9 +49,9 @@ int runInspect() {
     return 0;
   }
   llvm::outs() << fmt::format("{}: model {}, step {}, recipe {}", CheckpointPath.getValue(),
-                              config.name, step, precision.recipe);
-  if (precision.recipe == "fp8")
-    llvm::outs() << fmt::format(" ({}, margin {}, amax history {}, {})", precision.fp8Format,
+                              config.name, step, recipeName(precision.recipe).str());
+  if (precision.recipe == Recipe::Fp8)
+    llvm::outs() << fmt::format(" ({}, margin {}, amax history {}, {})", fp8FormatName(precision.fp8Format).str(),
                                 precision.margin, precision.amaxHistoryLen,
                                 precision.amaxComputeAlgo);
   llvm::outs() << "\n";

@@ -79,10 +79,10 @@ int runTrain() {
                               "seed {}\n",
                               c.name, c.numParams(), c.train.batch, c.seqLen, total,
                               formatDouble(c.train.lr), c.train.seed);
-  std::string recipe = c.precision.recipe; // resolved by the trainer for its device
-  bool emulated = recipe != "fp32" && llvm::StringRef(t.executor().describe()).starts_with("cpu");
+  Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
+  bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
   llvm::outs() << fmt::format("device: {}, precision {}{}\ndata: {}\n", t.executor().describe(),
-                              recipe, emulated ? " (emulated)" : "", t.data().describe());
+                              recipeName(recipe).str(), emulated ? " (emulated)" : "", t.data().describe());
   if (t.stepsDone())
     llvm::outs() << fmt::format("resumed from {} at step {}\n", ResumePath.getValue(), t.stepsDone());
 

@@ -2,6 +2,7 @@
 // and transposed, scaled scores, causal mask, softmax, weighted sum, heads merged) becomes one
 // attention op. Every intermediate must be read only inside the pattern.
 #include "transforms/Passes.h"
+#include "ir/Attributes.h"
 #include "transforms/Rewrite.h"
 
 namespace tgc {
@@ -76,7 +77,7 @@ public:
     m.replacement.operands = {qkv};
     m.replacement.attrs.set("heads", heads);
     m.replacement.attrs.set("scale", *scale->attrs().getFloat("factor"));
-    if (scores->attrs().getString("gemm_dtype") != context->attrs().getString("gemm_dtype"))
+    if (!sameGemmPrecision(scores->attrs(), context->attrs()))
       return std::nullopt;
     copyGemmDType(*scores, m.replacement.attrs);
     m.replacement.replaces = {merge->result()};

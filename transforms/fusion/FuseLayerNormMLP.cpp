@@ -1,6 +1,7 @@
 // fuse-layernorm-mlp: norm -> fc1 (+ bias) -> gelu | swiglu -> fc2 (+ bias) becomes
 // layer_norm_mlp (TE's LayerNormMLP). Every intermediate must be read only inside the pattern.
 #include "transforms/Passes.h"
+#include "ir/Attributes.h"
 #include "transforms/Rewrite.h"
 
 namespace tgc {
@@ -74,7 +75,7 @@ public:
     if ((bias1 != nullptr) != (bias2 != nullptr))
       return std::nullopt;
     // One gemm_dtype for both GEMMs.
-    if (fc1->attrs().getString("gemm_dtype") != fc2->attrs().getString("gemm_dtype"))
+    if (!sameGemmPrecision(fc1->attrs(), fc2->attrs()))
       return std::nullopt;
 
     m.pattern.assign(ops.rbegin(), ops.rend());

@@ -12,6 +12,7 @@
 // op's CPU reference (CpuFusedKernels.cpp) written as ops, in the same order, so the result is
 // the same function.
 #include "transforms/Passes.h"
+#include "ir/Attributes.h"
 
 #include "ir/Fused.h"
 #include "transforms/Rewrite.h"
@@ -83,7 +84,7 @@ public:
     // BF16, fc1 with the BIAS epilogue and then the GELU kernel, which writes the activation in
     // BF16 for fc2 (CudaProgram::bf16Stored), is faster: gpt-1.3b's step took 113.1 ms with the
     // epilogue, against 109.6 ms for the same GEMMs unfused that way.
-    bool bf16 = fused_.attrs().getString("gemm_dtype") == "bf16";
+    bool bf16 = hasBf16Gemms(fused_.attrs());
     if (!swiglu() && b1 && !bf16) {
       Op *gemm = createOp(OpKind::MatMulBiasGelu, {n, w1, b1}, gemmAttrs({}), forward("act"));
       Activation r;

@@ -5,6 +5,7 @@
 // other GEMMs, attention's included, run in BF16. Master weights, optimizer state and reductions
 // stay fp32.
 #include "transforms/Passes.h"
+#include "ir/Attributes.h"
 #include "models/ProgramInterface.h"
 #include "transforms/precision/Precision.h"
 #include "transforms/Rewrite.h"
@@ -30,24 +31,23 @@ public:
   }
 
   llvm::Expected<bool> run(Graph &graph) override {
-    const std::string &recipe = config_.recipe;
-    if (recipe != "fp32" && recipe != "bf16" && recipe != "fp8")
+    Recipe recipe = config_.recipe;
+    if (recipe == Recipe::Auto)
       return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "assign-precision needs the recipe fp32, bf16 or fp8, not '%s'",
-                                     recipe.c_str());
-    if (recipe == "fp32")
+                                     "assign-precision needs the recipe fp32, bf16 or fp8, not 'auto'");
+    if (recipe == Recipe::Fp32)
       return false;
     bool changed = false;
     Builder b(graph);
     for (Op *op : graph.ops()) {
-      if (!isGemm(op->kind()) || op->attrs().has("gemm_dtype") || op->attrs().has("fp8_site"))
+      if (!isGemm(op->kind()) || op->attrs().has(kGemmDtype) || op->attrs().has("fp8_site"))
         continue;
       changed = true;
-      if (recipe == "fp8" && isLinear(op) && choose(*op).fp8) {
+      if (recipe == Recipe::Fp8 && isLinear(op) && choose(*op).fp8) {
         quantizeOperands(b, op);
         continue;
       }
-      op->attrs().set("gemm_dtype", std::string("bf16"));
+      setBf16Gemms(op->attrs());
     }
     if (auto err = b.takeError())
       return std::move(err);
@@ -76,7 +76,7 @@ private:
     linear->setOperand(1, weight);
     AttrMap &attrs = linear->attrs();
     attrs.set("fp8_site", site);
-    attrs.set("fp8_grad", std::string(config_.fp8Format == "hybrid" ? "e5m2" : "e4m3"));
+    attrs.set("fp8_grad", std::string(config_.fp8Format == Fp8Formats::Hybrid ? "e5m2" : "e4m3"));
     attrs.set("fp8_history", history);
   }
 
@@ -97,9 +97,9 @@ std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionCon
     const TensorType &x = op->operand(0)->type(), &w = op->operand(1)->type();
     int64_t k = x.dim(-1), n = w.dim(0), m = x.numElements() / k;
     std::string site = gemmSite(*op);
-    if (config.recipe != "fp8") {
+    if (config.recipe != Recipe::Fp8) {
       lines.push_back(fmt::format("{:<24} {:>6} x {:>5} x {:>6}  {}", site, m, k, n,
-                                  config.recipe == "bf16" ? "bf16" : "fp32"));
+                                  config.recipe == Recipe::Bf16 ? "bf16" : "fp32"));
       continue;
     }
     GemmChoice choice = chooseGemmPrecision(config, site, m, k, n);

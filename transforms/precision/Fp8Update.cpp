@@ -2,6 +2,7 @@
 // history, the history rolls and the scale follows (fp8.md), all assigned to the tensor's
 // scaling state when the step ends. Only training programs run it: evaluation and generation
 // do not move the scales, as in TE.
+#include "ir/Attributes.h"
 #include "transforms/Passes.h"
 
 #include <fmt/format.h>
@@ -40,7 +41,7 @@ public:
       if (!history || !saturations)
         return fail(fmt::format("no amax history or saturation count for {}", prefix.str()));
       AttrMap attrs;
-      attrs.set("format", *q->attrs().getString("format"));
+      attrs.set(kFp8Format, *q->attrs().getString(kFp8Format));
       attrs.set("margin", config_.margin);
       attrs.set("algo", config_.amaxComputeAlgo);
       Op *update = b.createOp(OpKind::Fp8Update,

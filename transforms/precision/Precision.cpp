@@ -1,5 +1,7 @@
 #include "transforms/precision/Precision.h"
 
+#include "ir/Attributes.h"
+
 #include "llvm/Support/GlobPattern.h"
 
 #include <fmt/format.h>
@@ -19,7 +21,7 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix,
   state(".amax_history", TensorType(DType::F32, {historyLength}), "zeros");
   state(".saturations", scalar, "zeros");
   AttrMap attrs;
-  attrs.set("format", format);
+  attrs.set(kFp8Format, format);
   return b.create(OpKind::Quantize, {x, scale, scaleInv}, std::move(attrs), prefix + ".q");
 }
 

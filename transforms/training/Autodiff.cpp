@@ -2,6 +2,7 @@
 // from one gradient rule per op. The gradient of parameter p is the value %p.grad, and each one
 // is added to the graph's outputs (the adamw pass consumes them).
 #include "transforms/Passes.h"
+#include "ir/Attributes.h"
 #include "models/ProgramInterface.h"
 
 #include "ir/Fused.h"
@@ -84,8 +85,7 @@ llvm::Expected<Grads> gradMatMul(GradContext &c) {
       flags.set("transpose_a", true);
     if (tr)
       flags.set("transpose_b", true);
-    if (auto dtype = c.op.attrs().getString("gemm_dtype"))
-      flags.set("gemm_dtype", *dtype);
+    copyGemmPrecision(c.op.attrs(), flags);
     return c.create(OpKind::MatMul, {l, r}, std::move(flags), i);
   };
   Grads grads{nullptr, nullptr};
@@ -280,9 +280,9 @@ Grads linearWithBiasGrads(GradContext &c, Value *dsum) {
   Value *dRows = c.b.create(OpKind::Reshape, {dsum}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
                             dsum->name() + ".rows");
   AttrMap dgrad, wgrad = attrs({{"transpose_a", true}});
-  if (auto dtype = c.op.attrs().getString("gemm_dtype")) {
-    dgrad.set("gemm_dtype", *dtype);
-    wgrad.set("gemm_dtype", *dtype);
+  {
+    copyGemmPrecision(c.op.attrs(), dgrad);
+    copyGemmPrecision(c.op.attrs(), wgrad);
   }
   return Grads{c.needs[0] ? c.create(OpKind::MatMul, {dsum, w}, dgrad, 0) : nullptr,
                c.create(OpKind::MatMul, {dRows, xRows}, wgrad, 1),
