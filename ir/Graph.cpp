@@ -11,15 +11,19 @@
 namespace tgc {
 
 static const OpInfo kOpInfos[] = {
-#define OP(Enum, Name, MinOperands, MaxOperands, Results)                                          \
-  {Name, MinOperands, MaxOperands, Results},
+#define OP_TRAIT_yes true
+#define OP_TRAIT_no false
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace)                 \
+  {Name, MinOperands, MaxOperands, Results, OP_TRAIT_##Gradient, OP_TRAIT_##Bf16Out, InPlace},
 #include "ir/Ops.def"
 };
+#undef OP_TRAIT_yes
+#undef OP_TRAIT_no
 
 const OpInfo &opInfo(OpKind kind) { return kOpInfos[static_cast<unsigned>(kind)]; }
 
 std::optional<OpKind> parseOpKind(llvm::StringRef name) {
-#define OP(Enum, Name, MinOperands, MaxOperands, Results)                                          \
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace)                 \
   if (name == Name)                                                                                \
     return OpKind::Enum;
 #include "ir/Ops.def"
@@ -32,6 +36,11 @@ bool isLeaf(OpKind kind) {
 }
 
 bool hasSideEffects(OpKind kind) { return kind == OpKind::Assign; }
+
+int inPlaceOperand(OpKind kind, unsigned r) {
+  llvm::StringRef column = opInfo(kind).inPlace;
+  return r < column.size() && column[r] != '-' ? column[r] - '0' : -1;
+}
 
 void Value::removeUse(Op *user) {
   auto &users = users_;

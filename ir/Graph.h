@@ -14,15 +14,19 @@
 namespace tgc {
 
 enum class OpKind : uint8_t {
-#define OP(Enum, Name, MinOperands, MaxOperands, Results) Enum,
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) Enum,
 #include "ir/Ops.def"
 };
 
+/// An op's row of the op table (ir/Ops.def).
 struct OpInfo {
   llvm::StringRef name;
   unsigned minOperands;
   unsigned maxOperands;
   unsigned maxResults;
+  bool hasGradient;     // autodiff has a rule for it
+  bool bf16Outputs;     // its GPU kernels can store their fp32 results in BF16
+  llvm::StringRef inPlace; // per result, the operand it may be written into ('-': none)
 };
 
 const OpInfo &opInfo(OpKind kind);
@@ -31,8 +35,10 @@ std::optional<OpKind> parseOpKind(llvm::StringRef name);
 bool isLeaf(OpKind kind);
 /// Ops that must stay even when nothing reads them (assign).
 bool hasSideEffects(OpKind kind);
+/// The operand result `r` of `kind` may be written into (the InPlace column), or -1.
+int inPlaceOperand(OpKind kind, unsigned r);
 constexpr unsigned kNumOpKinds = 0
-#define OP(Enum, Name, MinOperands, MaxOperands, Results) +1
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) +1
 #include "ir/Ops.def"
     ;
 

@@ -775,7 +775,7 @@ llvm::Expected<TypeList> inferCrossEntropyBackward(Operands ops, const AttrMap &
 
 using InferFn = llvm::Expected<TypeList> (*)(Operands, const AttrMap &, llvm::ArrayRef<TensorType>);
 const InferFn kInferFns[] = {
-#define OP(Enum, Name, MinOperands, MaxOperands, Results) &infer##Enum,
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) &infer##Enum,
 #include "ir/Ops.def"
 };
 

@@ -11,7 +11,7 @@ namespace tgc::cpu {
 using Operands = llvm::ArrayRef<const Tensor *>;
 using Results = llvm::MutableArrayRef<Tensor>;
 
-#define OP(Enum, Name, MinOperands, MaxOperands, MaxResults)                                       \
+#define OP(Enum, Name, MinOperands, MaxOperands, MaxResults, Gradient, Bf16Out, InPlace)                                       \
   llvm::Error eval##Enum(const AttrMap &attrs, Operands in, Results out);
 #include "ir/Ops.def"
 

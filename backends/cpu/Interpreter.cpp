@@ -32,7 +32,7 @@ llvm::DenseMap<const Value *, size_t> lastUses(llvm::ArrayRef<Op *> ops) {
   return last;
 }
 const EvalFn kEvalFns[] = {
-#define OP(Enum, Name, MinOperands, MaxOperands, Results) &cpu::eval##Enum,
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) &cpu::eval##Enum,
 #include "ir/Ops.def"
 };
 

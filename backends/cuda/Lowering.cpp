@@ -574,8 +574,9 @@ void countReaders(const Graph &graph, const Value *v, Readers &readers) {
 }
 
 /// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
-/// of the generated kernels below (whose templates store through `out[i] = ...` only, which
-/// Bf16Out and F32Bf16Out turn into the right stores), with their reshapes. Into
+/// of the ops whose kernels store through an output type (the op table's Bf16Out column: their
+/// templates write `out[i] = ...` only, which Bf16Out and F32Bf16Out turn into the right
+/// stores), with their reshapes. Into
 /// program.bf16Stored when only BF16 GEMMs read them, into bf16Shadowed when others do too.
 void chooseBf16Values(const Graph &graph, CudaProgram &program) {
   std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
@@ -586,29 +587,8 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
             mark(set, user->result());
       };
   for (const Op *op : graph.ops()) {
-    switch (op->kind()) {
-    case OpKind::Transpose:
-    case OpKind::LayerNorm:
-    case OpKind::RMSNorm:
-    case OpKind::ResidualNorm:
-    case OpKind::SoftmaxBackward:
-    case OpKind::MaskedSoftmaxBackward:
-    case OpKind::CrossEntropyBackward:
-    case OpKind::Slice:
-    case OpKind::Concat:
-    case OpKind::Add:
-    case OpKind::Scale:
-    case OpKind::Gelu:
-    case OpKind::GeluBackward:
-    case OpKind::Softmax:
-    case OpKind::MaskedSoftmax:
-    case OpKind::LayerNormBackward:
-    case OpKind::Attention:
-    case OpKind::AttentionBackward:
-      break;
-    default:
+    if (!opInfo(op->kind()).bf16Outputs) // the op table's Bf16Out column
       continue;
-    }
     for (unsigned r = 0; r < op->numResults(); ++r) {
       const Value *v = op->result(r);
       Readers readers;

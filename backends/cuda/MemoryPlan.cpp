@@ -54,20 +54,6 @@ std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size
   return bytes;
 }
 
-int inPlaceOperand(const Op &op, unsigned r) {
-  switch (op.kind()) {
-  case OpKind::AdamW: // (param, grad, m, v, ...) -> (param, m, v), elementwise
-    return r == 0 ? 0 : r == 1 ? 2 : r == 2 ? 3 : -1;
-  case OpKind::Fp8Update: // (history, scale, amax, saturations, ...) -> (history, scale,
-                          // scale_inv, saturations); the history is read whole before the roll
-    return r == 0 ? 0 : r == 1 ? 1 : r == 3 ? 3 : -1;
-  case OpKind::KvWrite: // (cache, x, pos) -> cache with one row replaced, elementwise
-    return r == 0 ? 0 : -1;
-  default:
-    return -1;
-  }
-}
-
 llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
                                                            const CudaProgram &program) {
   std::vector<Op *> ops = graph.ops();
@@ -110,7 +96,7 @@ llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
     bool safe = lastRead.lookup(leaf) <= index.lookup(def);
     for (unsigned p = 0; p < def->numOperands() && safe; ++p)
       if (leafOf.lookup(def->operand(p)) == leaf)
-        safe = int(p) == inPlaceOperand(*def, r) && def->operand(p) == leaf;
+        safe = int(p) == inPlaceOperand(def->kind(), r) && def->operand(p) == leaf;
     if (safe)
       inPlace[value] = leaf;
   }

@@ -50,15 +50,11 @@ const Value *reshapeRoot(const Value *v);
 /// MemoryPlan::opLocalOffsets; a BF16-ready operand's copy takes none).
 std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size_t index);
 
-/// The operand whose buffer result `r` of `op` may take: its kernel reads each element of that
-/// operand before it writes the same element of the result, and no other element after (AdamW's
-/// parameter and moments, fp8_update's history, scale and saturation count, kv_write's cache).
-/// -1 when there is none.
-int inPlaceOperand(const Op &op, unsigned r);
-
 /// The values of `graph` that can be written into the leaf they are assigned to: Assign(L, V),
 /// V a result of op D, where no op after D reads L (nor a reshape of it) and D reads L only as
-/// inPlaceOperand(D, r). The map goes from V to L.
+/// inPlaceOperand(D, r) (the op table's InPlace column: its kernel reads each element of that
+/// operand before it writes the same element of the result, and no other element after). The
+/// map goes from V to L.
 llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
                                                            const CudaProgram &program);
 
