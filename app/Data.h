@@ -7,10 +7,9 @@
 
 #include "llvm/Support/Error.h"
 
+#include <cstdint>
 #include <memory>
 #include <string>
-
-#include <cstdint>
 #include <vector>
 
 namespace tgc {

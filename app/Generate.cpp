@@ -1,9 +1,10 @@
 #include "app/Generate.h"
-#include "models/ProgramInterface.h"
 
 #include "models/GPTBuilder.h"
-#include "transforms/Pass.h"
+#include "models/ProgramInterface.h"
+#include "support/Error.h"
 #include "support/Random.h"
+#include "transforms/Pass.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,9 +14,6 @@
 namespace tgc {
 
 namespace {
-llvm::Error fail(const std::string &message) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-}
 
 /// The next token from one row of logits.
 int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options, Rng &rng) {
@@ -59,7 +57,7 @@ llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
       continue;
     }
     if (it == weights.end())
-      return fail(fmt::format("error: the checkpoint has no tensor '{}'", name.str()));
+      return stringError(fmt::format("error: the checkpoint has no tensor '{}'", name.str()));
     if (auto err = program->executor->bind(it->first, it->second))
       return std::move(err);
   }
@@ -68,13 +66,13 @@ llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
 
 llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64_t batch, int64_t vocab) {
   if (prompts.empty() || int64_t(prompts.size()) > batch)
-    return fail(fmt::format("error: {} prompts for a batch of {}", prompts.size(), batch));
+    return stringError(fmt::format("error: {} prompts for a batch of {}", prompts.size(), batch));
   for (const auto &p : prompts) {
     if (p.empty() || p.size() != prompts[0].size())
-      return fail("error: prompts must be non-empty and of one length");
+      return stringError("error: prompts must be non-empty and of one length");
     for (int32_t id : p)
       if (id < 0 || id >= vocab)
-        return fail(fmt::format("error: prompt token {} is outside the vocabulary [0, {})", id, vocab));
+        return stringError(fmt::format("error: prompt token {} is outside the vocabulary [0, {})", id, vocab));
   }
   return llvm::Error::success();
 }

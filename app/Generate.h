@@ -2,11 +2,11 @@
 // task built on it.
 #pragma once
 
+#include "app/Data.h"
+#include "app/Trainer.h"
+#include "backends/Executor.h"
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
-#include "app/Data.h"
-#include "backends/Executor.h"
-#include "app/Trainer.h"
 
 #include <map>
 #include <memory>

@@ -1,8 +1,8 @@
 // Parameter initialisation from the init attributes the builder puts on each param op.
 #pragma once
 
-#include "ir/Graph.h"
 #include "backends/Tensor.h"
+#include "ir/Graph.h"
 
 #include <map>
 #include <string>

@@ -1,21 +1,16 @@
 #include "app/Trainer.h"
-#include "models/ProgramInterface.h"
 
-#include "models/GPTBuilder.h"
-#include "transforms/Pass.h"
 #include "app/Init.h"
+#include "models/GPTBuilder.h"
+#include "models/ProgramInterface.h"
+#include "support/Error.h"
+#include "transforms/Pass.h"
 
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
 
 namespace tgc {
-
-namespace {
-llvm::Error fail(const std::string &message) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-}
-} // namespace
 
 llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
                                                          llvm::StringRef dataPath, Device device) {
@@ -36,7 +31,7 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
                              std::pair{program::kGradNormSquared, &trainer->outputs_.gradNormSquared}}) {
     auto at = program::outputIndex(*trainer->program_, name);
     if (!at)
-      return fail(fmt::format("error: the training program has no output %{}", name.str()));
+      return stringError(fmt::format("error: the training program has no output %{}", name.str()));
     *index = *at;
   }
   trainer->executor_ = std::move(program->executor);
@@ -76,7 +71,7 @@ llvm::Expected<StepRecord> Trainer::step() {
   record.lr = (*outputs)[outputs_.learningRate].data[0];
   record.gradNorm = std::sqrt(double((*outputs)[outputs_.gradNormSquared].data[0]));
   if (!std::isfinite(record.loss))
-    return fail(fmt::format("step {}: the loss is {} (diverged; try a lower --lr)", record.step,
+    return stringError(fmt::format("step {}: the loss is {} (diverged; try a lower --lr)", record.step,
                             record.loss));
   ++stepsDone_;
   return record;
@@ -106,7 +101,7 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
 llvm::Expected<ModelConfig> checkpointModel(const Checkpoint &checkpoint, llvm::StringRef path) {
   auto text = checkpoint.meta.getString("model");
   if (!text)
-    return fail(path.str() + ": error: the checkpoint metadata has no model description");
+    return stringError(path.str() + ": error: the checkpoint metadata has no model description");
   return parseModelConfig(*text, (path + ":model").str());
 }
 
@@ -132,26 +127,26 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
     return saved.takeError();
   std::string difference = architectureDifference(*saved, config_);
   if (!difference.empty())
-    return fail(fmt::format("{}: error: checkpoint of model '{}' does not fit model '{}' ({})",
+    return stringError(fmt::format("{}: error: checkpoint of model '{}' does not fit model '{}' ({})",
                             path.str(), saved->name, config_.name, difference));
   auto step = checkpoint.meta.getInteger("step");
   if (!step || *step < 0)
-    return fail(path.str() + ": error: the checkpoint metadata has no step");
+    return stringError(path.str() + ": error: the checkpoint metadata has no step");
   for (const Op *op : program_->ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;
     const std::string &name = op->result()->name();
     auto it = checkpoint.tensors.find(name);
     if (it == checkpoint.tensors.end())
-      return fail(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
+      return stringError(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
     if (auto err = executor_->bind(name, it->second))
-      return fail(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
+      return stringError(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
   }
   // The data stream continues where it stopped: same seed, same position.
   auto seedText = checkpoint.meta.getString("seed");
   uint64_t seed = 0;
   if (!seedText || seedText->getAsInteger(10, seed))
-    return fail(path.str() + ": error: the checkpoint metadata has no seed");
+    return stringError(path.str() + ": error: the checkpoint metadata has no seed");
   if (seed != config_.train.seed) {
     config_.train.seed = seed;
     if (dataPath_.empty()) {

@@ -2,12 +2,12 @@
 // stream, runs steps, and saves and restores checkpoints.
 #pragma once
 
-#include "ir/Graph.h"
-#include "models/ModelConfig.h"
 #include "app/Checkpoint.h"
 #include "app/Data.h"
 #include "backends/Executor.h"
 #include "driver/Program.h"
+#include "ir/Graph.h"
+#include "models/ModelConfig.h"
 
 #include <memory>
 

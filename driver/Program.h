@@ -2,9 +2,9 @@
 // device, and the executor that runs it. The trainer and the generator both start here.
 #pragma once
 
+#include "backends/Executor.h"
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
-#include "backends/Executor.h"
 
 #include <memory>
 

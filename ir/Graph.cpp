@@ -2,11 +2,11 @@
 
 #include "ir/Infer.h"
 
-#include <algorithm>
-#include <functional>
-
 #include "llvm/ADT/DenseMap.h"
+
+#include <algorithm>
 #include <cassert>
+#include <functional>
 
 namespace tgc {
 

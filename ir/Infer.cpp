@@ -1,7 +1,8 @@
 #include "ir/Infer.h"
-#include "ir/Attributes.h"
 
+#include "ir/Attributes.h"
 #include "ir/Fused.h"
+#include "support/Error.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,57 +10,52 @@
 namespace tgc {
 namespace {
 
-template <typename... Args>
-llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 fmt::format(format, std::forward<Args>(args)...));
-}
 
 using Operands = llvm::ArrayRef<TensorType>;
 
 /// Arithmetic ops take f32, bf16 or f16; FP8 tensors feed only GEMMs and layout ops.
 llvm::Error requireFloat(const TensorType &t, llvm::StringRef what) {
   if (!isFloat(t.dtype) || isFp8(t.dtype))
-    return fail("{} must be an f32, bf16 or f16 tensor, got {}", what, t.str());
+    return makeError("{} must be an f32, bf16 or f16 tensor, got {}", what, t.str());
   return llvm::Error::success();
 }
 
 llvm::Error checkGemmDType(const AttrMap &attrs) {
   if (attrs.has(kGemmDtype) && !hasBf16Gemms(attrs))
-    return fail("attribute 'gemm_dtype' must be \"bf16\" (or absent for the operands' own type)");
+    return makeError("attribute 'gemm_dtype' must be \"bf16\" (or absent for the operands' own type)");
   return llvm::Error::success();
 }
 
 llvm::Error requireSameDType(const TensorType &a, const TensorType &b) {
   if (a.dtype != b.dtype)
-    return fail("operand dtypes differ: {} and {}", a.str(), b.str());
+    return makeError("operand dtypes differ: {} and {}", a.str(), b.str());
   return llvm::Error::success();
 }
 
 llvm::Expected<double> requireFloatAttr(const AttrMap &attrs, llvm::StringRef key) {
   auto v = attrs.getFloat(key);
   if (!v)
-    return fail("missing float attribute '{}'", key.str());
+    return makeError("missing float attribute '{}'", key.str());
   return *v;
 }
 
 llvm::Expected<std::vector<int64_t>> requireIntsAttr(const AttrMap &attrs, llvm::StringRef key) {
   auto v = attrs.getInts(key);
   if (!v)
-    return fail("missing integer-list attribute '{}'", key.str());
+    return makeError("missing integer-list attribute '{}'", key.str());
   return *v;
 }
 
 llvm::Expected<int64_t> requireIntAttr(const AttrMap &attrs, llvm::StringRef key) {
   auto v = attrs.getInt(key);
   if (!v)
-    return fail("missing integer attribute '{}'", key.str());
+    return makeError("missing integer attribute '{}'", key.str());
   return *v;
 }
 
 llvm::Expected<TypeList> inferLeaf(Operands, const AttrMap &, llvm::ArrayRef<TensorType> declared) {
   if (declared.size() != 1)
-    return fail("needs exactly one declared result type");
+    return makeError("needs exactly one declared result type");
   if (auto err = checkTypeLimits(declared[0]))
     return std::move(err);
   return TypeList{declared[0]};
@@ -76,18 +72,18 @@ llvm::Expected<TypeList> inferParam(Operands ops, const AttrMap &attrs, llvm::Ar
   if (auto err = requireFloat((*types)[0], "a parameter"))
     return std::move(err);
   if (attrs.has("decay") && !attrs.getBool("decay"))
-    return fail("attribute 'decay' must be true or false");
+    return makeError("attribute 'decay' must be true or false");
   auto init = attrs.getString("init");
   if (!init)
-    return fail("missing string attribute 'init' (normal | zeros | ones)");
+    return makeError("missing string attribute 'init' (normal | zeros | ones)");
   if (*init == "normal") {
     auto std = requireFloatAttr(attrs, "std");
     if (!std)
       return std.takeError();
     if (!(*std > 0 && *std < 1e3))
-      return fail("'std' must be positive and finite, got {}", *std);
+      return makeError("'std' must be positive and finite, got {}", *std);
   } else if (*init != "zeros" && *init != "ones") {
-    return fail("unknown init '{}' (expected normal, zeros or ones)", *init);
+    return makeError("unknown init '{}' (expected normal, zeros or ones)", *init);
   }
   return types;
 }
@@ -110,18 +106,18 @@ llvm::Expected<TypeList> inferConstant(Operands ops, const AttrMap &attrs, llvm:
 
 llvm::Expected<TypeList> inferAssign(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   if (ops[0] != ops[1])
-    return fail("assigns {} to a {}", ops[1].str(), ops[0].str());
+    return makeError("assigns {} to a {}", ops[1].str(), ops[0].str());
   return TypeList{};
 }
 
 llvm::Expected<TypeList> inferEmbedding(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   const TensorType &table = ops[0], &ids = ops[1];
   if (table.rank() != 2)
-    return fail("table must be rank 2 [vocab, dim], got {}", table.str());
+    return makeError("table must be rank 2 [vocab, dim], got {}", table.str());
   if (auto err = requireFloat(table, "table"))
     return std::move(err);
   if (ids.dtype != DType::I32 || ids.rank() < 1)
-    return fail("ids must be an i32 tensor of rank >= 1, got {}", ids.str());
+    return makeError("ids must be an i32 tensor of rank >= 1, got {}", ids.str());
   Shape shape = ids.shape;
   shape.push_back(table.dim(1));
   return TypeList{TensorType(table.dtype, shape)};
@@ -134,9 +130,9 @@ llvm::Expected<TypeList> inferMatMul(Operands ops, const AttrMap &attrs, llvm::A
   // FP8 GEMMs (cuBLASLt on Hopper): E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3; fp32 result.
   bool fp8 = isFp8(a.dtype) || isFp8(b.dtype);
   if (fp8 && (!isFp8(a.dtype) || !isFp8(b.dtype)))
-    return fail("an FP8 GEMM needs both operands in FP8, got {} and {}", a.str(), b.str());
+    return makeError("an FP8 GEMM needs both operands in FP8, got {} and {}", a.str(), b.str());
   if (fp8 && a.dtype == DType::F8E5M2 && b.dtype == DType::F8E5M2)
-    return fail("E5M2 x E5M2 GEMMs are not supported (cuBLASLt), got {} and {}", a.str(), b.str());
+    return makeError("E5M2 x E5M2 GEMMs are not supported (cuBLASLt), got {} and {}", a.str(), b.str());
   if (!fp8) {
     if (auto err = requireFloat(a, "lhs"))
       return std::move(err);
@@ -144,18 +140,18 @@ llvm::Expected<TypeList> inferMatMul(Operands ops, const AttrMap &attrs, llvm::A
       return std::move(err);
   }
   if (a.rank() < 2)
-    return fail("lhs must have rank >= 2, got {}", a.str());
+    return makeError("lhs must have rank >= 2, got {}", a.str());
   if (b.rank() != 2 && b.rank() != a.rank())
-    return fail("rhs must be rank 2 or have the lhs's rank {}, got {}", a.rank(), b.str());
+    return makeError("rhs must be rank 2 or have the lhs's rank {}, got {}", a.rank(), b.str());
   for (unsigned i = 0; i + 2 < b.rank(); ++i)
     if (a.shape[i] != b.shape[i])
-      return fail("batch dimensions differ: {} and {}", a.str(), b.str());
+      return makeError("batch dimensions differ: {} and {}", a.str(), b.str());
   bool ta = attrs.getBool("transpose_a").value_or(false);
   bool tb = attrs.getBool("transpose_b").value_or(false);
   int64_t m = ta ? a.dim(-1) : a.dim(-2), ka = ta ? a.dim(-2) : a.dim(-1);
   int64_t kb = tb ? b.dim(-1) : b.dim(-2), n = tb ? b.dim(-2) : b.dim(-1);
   if (ka != kb)
-    return fail("contraction dimensions differ: {} vs {} ({} x {}{}{})", ka, kb, a.str(), b.str(),
+    return makeError("contraction dimensions differ: {} vs {} ({} x {}{}{})", ka, kb, a.str(), b.str(),
                 ta ? ", transpose_a" : "", tb ? ", transpose_b" : "");
   Shape shape(a.shape.begin(), a.shape.end() - 2);
   shape.push_back(m);
@@ -172,7 +168,7 @@ llvm::Expected<TypeList> inferBroadcastBinary(Operands ops) {
   bool suffix = b.rank() <= a.rank() &&
                 std::equal(b.shape.begin(), b.shape.end(), a.shape.end() - b.rank());
   if (!suffix)
-    return fail("shape mismatch: rhs {} must equal lhs {} or a suffix of it", b.str(), a.str());
+    return makeError("shape mismatch: rhs {} must equal lhs {} or a suffix of it", b.str(), a.str());
   return TypeList{a};
 }
 
@@ -210,14 +206,14 @@ llvm::Error checkNorm(Operands ops, const AttrMap &attrs) {
   if (!eps)
     return eps.takeError();
   if (!(*eps > 0 && *eps < 1))
-    return fail("'eps' must be in (0, 1), got {}", *eps);
+    return makeError("'eps' must be in (0, 1), got {}", *eps);
   if (x.rank() < 1)
-    return fail("input must have rank >= 1");
+    return makeError("input must have rank >= 1");
   for (size_t i = 1; i < ops.size(); ++i) {
     if (auto err = requireSameDType(x, ops[i]))
       return err;
     if (ops[i].rank() != 1 || ops[i].dim(0) != x.dim(-1))
-      return fail("norm weight must be [{}], got {}", x.dim(-1), ops[i].str());
+      return makeError("norm weight must be [{}], got {}", x.dim(-1), ops[i].str());
   }
   return llvm::Error::success();
 }
@@ -239,7 +235,7 @@ llvm::Expected<TypeList> inferReshape(Operands ops, const AttrMap &attrs, llvm::
   if (auto err = checkTypeLimits(result))
     return std::move(err);
   if (result.numElements() != ops[0].numElements())
-    return fail("cannot reshape {} ({} elements) to {} ({} elements)", ops[0].str(),
+    return makeError("cannot reshape {} ({} elements) to {} ({} elements)", ops[0].str(),
                 ops[0].numElements(), result.str(), result.numElements());
   return TypeList{result};
 }
@@ -250,12 +246,12 @@ llvm::Expected<TypeList> inferTranspose(Operands ops, const AttrMap &attrs, llvm
     return perm.takeError();
   const TensorType &x = ops[0];
   if (perm->size() != x.rank())
-    return fail("perm has {} entries for a rank-{} operand", perm->size(), x.rank());
+    return makeError("perm has {} entries for a rank-{} operand", perm->size(), x.rank());
   std::vector<bool> seen(x.rank(), false);
   Shape shape;
   for (int64_t p : *perm) {
     if (p < 0 || p >= int64_t(x.rank()) || seen[p])
-      return fail("perm [{}] is not a permutation of 0..{}", fmt::join(*perm, ","), x.rank() - 1);
+      return makeError("perm [{}] is not a permutation of 0..{}", fmt::join(*perm, ","), x.rank() - 1);
     seen[p] = true;
     shape.push_back(x.shape[p]);
   }
@@ -275,7 +271,7 @@ llvm::Expected<AxisRange> axisRange(const AttrMap &attrs, const TensorType &x) {
     *out = *v;
   }
   if (r.axis < 0 || r.axis >= int64_t(x.rank()))
-    return fail("axis {} out of range for {}", r.axis, x.str());
+    return makeError("axis {} out of range for {}", r.axis, x.str());
   return r;
 }
 
@@ -285,7 +281,7 @@ llvm::Expected<TypeList> inferSlice(Operands ops, const AttrMap &attrs, llvm::Ar
   if (!r)
     return r.takeError();
   if (r->start < 0 || r->size <= 0 || r->start > x.shape[r->axis] - r->size)
-    return fail("slice [{}, {}) out of range for dimension {} of size {}", r->start,
+    return makeError("slice [{}, {}) out of range for dimension {} of size {}", r->start,
                 r->start + r->size, r->axis, x.shape[r->axis]);
   TensorType result = x;
   result.shape[r->axis] = r->size;
@@ -300,14 +296,14 @@ llvm::Expected<TypeList> inferConcat(Operands ops, const AttrMap &attrs, llvm::A
   if (auto err = requireFloat(result, "operand 0"))
     return std::move(err);
   if (*axis < 0 || *axis >= int64_t(result.rank()))
-    return fail("axis {} out of range for {}", *axis, result.str());
+    return makeError("axis {} out of range for {}", *axis, result.str());
   for (size_t i = 1; i < ops.size(); ++i) {
     const TensorType &t = ops[i];
     bool joins = t.dtype == result.dtype && t.rank() == result.rank();
     for (unsigned d = 0; joins && d < t.rank(); ++d)
       joins = int64_t(d) == *axis || t.shape[d] == result.shape[d];
     if (!joins)
-      return fail("operand {} is {}, which does not join {} along axis {}", i, t.str(), ops[0].str(), *axis);
+      return makeError("operand {} is {}, which does not join {} along axis {}", i, t.str(), ops[0].str(), *axis);
     result.shape[*axis] += t.shape[*axis];
   }
   return TypeList{result};
@@ -316,11 +312,11 @@ llvm::Expected<TypeList> inferConcat(Operands ops, const AttrMap &attrs, llvm::A
 llvm::Expected<TypeList> inferCausalMask(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &x = ops[0];
   if (attrs.has("fill") && !attrs.getFloat("fill"))
-    return fail("attribute 'fill' must be a float");
+    return makeError("attribute 'fill' must be a float");
   if (auto err = requireFloat(x, "scores"))
     return std::move(err);
   if (x.rank() < 2 || x.dim(-1) != x.dim(-2))
-    return fail("scores must be [..., T, T], got {}", x.str());
+    return makeError("scores must be [..., T, T], got {}", x.str());
   return TypeList{x};
 }
 
@@ -328,7 +324,7 @@ llvm::Expected<TypeList> inferRowwise(const TensorType &x) {
   if (auto err = requireFloat(x, "operand"))
     return std::move(err);
   if (x.rank() < 1)
-    return fail("operand must have rank >= 1");
+    return makeError("operand must have rank >= 1");
   return TypeList{x};
 }
 llvm::Expected<TypeList> inferSoftmax(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
@@ -346,7 +342,7 @@ llvm::Error checkMaskedSoftmax(const TensorType &scores, const AttrMap &attrs) {
   if (auto err = requireFloat(scores, "scores"))
     return err;
   if (scores.rank() < 2 || scores.dim(-1) != scores.dim(-2))
-    return fail("scores must be [..., T, T], got {}", scores.str());
+    return makeError("scores must be [..., T, T], got {}", scores.str());
   return llvm::Error::success();
 }
 llvm::Expected<TypeList> inferMaskedSoftmax(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
@@ -360,10 +356,10 @@ llvm::Expected<TypeList> inferNLLLoss(Operands ops, const AttrMap &, llvm::Array
   if (auto err = requireFloat(logp, "log-probabilities"))
     return std::move(err);
   if (logp.rank() < 2)
-    return fail("log-probabilities must be [..., vocab], got {}", logp.str());
+    return makeError("log-probabilities must be [..., vocab], got {}", logp.str());
   Shape expected(logp.shape.begin(), logp.shape.end() - 1);
   if (targets.dtype != DType::I32 || targets.shape != expected)
-    return fail("targets must be i32{}, got {}",
+    return makeError("targets must be i32{}, got {}",
                 TensorType(DType::I32, expected).str().substr(3), targets.str());
   return TypeList{TensorType(DType::F32, {})};
 }
@@ -381,7 +377,7 @@ llvm::Expected<TypeList> inferReduceTo(Operands ops, const AttrMap &attrs, llvm:
   bool suffix = result.rank() <= x.rank() &&
                 std::equal(result.shape.begin(), result.shape.end(), x.shape.end() - result.rank());
   if (!suffix)
-    return fail("shape {} is not a suffix of {}", result.str(), x.str());
+    return makeError("shape {} is not a suffix of {}", result.str(), x.str());
   return TypeList{result};
 }
 
@@ -391,7 +387,7 @@ llvm::Expected<TypeList> inferPad(Operands ops, const AttrMap &attrs, llvm::Arra
   if (!r)
     return r.takeError();
   if (r->start < 0 || r->size <= 0 || x.shape[r->axis] > r->size - r->start)
-    return fail("cannot place {} elements at {} of a dimension of size {}", x.shape[r->axis],
+    return makeError("cannot place {} elements at {} of a dimension of size {}", x.shape[r->axis],
                 r->start, r->size);
   TensorType result = x;
   result.shape[r->axis] = r->size;
@@ -407,7 +403,7 @@ llvm::Expected<TypeList> inferEmbeddingBackward(Operands ops, const AttrMap &att
     return std::move(err);
   Shape expected(dy.shape.begin(), dy.shape.end() - (dy.rank() ? 1 : 0));
   if (dy.rank() < 2 || ids.dtype != DType::I32 || ids.shape != expected)
-    return fail("dy {} and ids {} do not match", dy.str(), ids.str());
+    return makeError("dy {} and ids {} do not match", dy.str(), ids.str());
   return TypeList{TensorType(dy.dtype, {*vocab, dy.dim(-1)})};
 }
 
@@ -416,7 +412,7 @@ llvm::Expected<TypeList> inferSameAsOperands(Operands ops) {
     return std::move(err);
   for (const TensorType &t : ops.drop_front())
     if (t != ops[0])
-      return fail("operand types differ: {} and {}", ops[0].str(), t.str());
+      return makeError("operand types differ: {} and {}", ops[0].str(), t.str());
   return TypeList{ops[0]};
 }
 
@@ -440,7 +436,7 @@ llvm::Expected<TypeList> inferMaskedSoftmaxBackward(Operands ops, const AttrMap 
 
 llvm::Expected<TypeList> inferLayerNormBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (ops[0] != ops[1])
-    return fail("dy {} and x {} differ", ops[0].str(), ops[1].str());
+    return makeError("dy {} and x {} differ", ops[0].str(), ops[1].str());
   if (auto err = checkNorm(ops.drop_front(), attrs))
     return std::move(err);
   return TypeList{ops[1], ops[2], ops[2]};
@@ -448,7 +444,7 @@ llvm::Expected<TypeList> inferLayerNormBackward(Operands ops, const AttrMap &att
 
 llvm::Expected<TypeList> inferRMSNormBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (ops[0] != ops[1])
-    return fail("dy {} and x {} differ", ops[0].str(), ops[1].str());
+    return makeError("dy {} and x {} differ", ops[0].str(), ops[1].str());
   if (auto err = checkNorm(ops.drop_front(), attrs))
     return std::move(err);
   return TypeList{ops[1], ops[2]};
@@ -458,7 +454,7 @@ const TensorType kScalar(DType::F32, {});
 
 llvm::Expected<TypeList> inferNLLLossBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (ops[0] != kScalar)
-    return fail("dloss must be f32[], got {}", ops[0].str());
+    return makeError("dloss must be f32[], got {}", ops[0].str());
   auto loss = inferNLLLoss(ops.drop_front(), attrs, {});
   if (!loss)
     return loss.takeError();
@@ -478,9 +474,9 @@ llvm::Expected<TypeList> inferClipScale(Operands ops, const AttrMap &attrs, llvm
   if (!maxNorm)
     return maxNorm.takeError();
   if (!(*maxNorm >= 0))
-    return fail("'max_norm' must be >= 0, got {}", *maxNorm);
+    return makeError("'max_norm' must be >= 0, got {}", *maxNorm);
   if (ops[0] != kScalar)
-    return fail("operand must be f32[], got {}", ops[0].str());
+    return makeError("operand must be f32[], got {}", ops[0].str());
   return TypeList{kScalar};
 }
 
@@ -492,7 +488,7 @@ llvm::Expected<TypeList> inferLRSchedule(Operands ops, const AttrMap &attrs, llv
     if (auto v = requireIntAttr(attrs, key); !v)
       return v.takeError();
   if (ops[0] != TensorType(DType::I32, {}))
-    return fail("step must be i32[], got {}", ops[0].str());
+    return makeError("step must be i32[], got {}", ops[0].str());
   return TypeList{kScalar};
 }
 
@@ -505,11 +501,11 @@ llvm::Expected<TypeList> inferAdamW(Operands ops, const AttrMap &attrs, llvm::Ar
     return std::move(err);
   for (int i = 1; i < 4; ++i)
     if (ops[i] != p)
-      return fail("param, grad, m and v must have one type: {} vs {}", p.str(), ops[i].str());
+      return makeError("param, grad, m and v must have one type: {} vs {}", p.str(), ops[i].str());
   if (ops[4] != kScalar || ops[5] != kScalar)
-    return fail("lr and clip must be f32[]");
+    return makeError("lr and clip must be f32[]");
   if (ops[6] != TensorType(DType::I32, {}))
-    return fail("step must be i32[], got {}", ops[6].str());
+    return makeError("step must be i32[], got {}", ops[6].str());
   return TypeList{p, p, p};
 }
 
@@ -521,7 +517,7 @@ llvm::Expected<DType> fp8FormatAttr(const AttrMap &attrs) {
     return DType::F8E4M3;
   if (format == "e5m2")
     return DType::F8E5M2;
-  return fail("attribute 'format' must be \"e4m3\" or \"e5m2\"");
+  return makeError("attribute 'format' must be \"e4m3\" or \"e5m2\"");
 }
 
 llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
@@ -531,7 +527,7 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
   if (auto err = requireFloat(ops[0], "input"))
     return std::move(err);
   if (ops[1] != kScalar || ops[2] != kScalar)
-    return fail("scale and scale_inv must be f32[], got {} and {}", ops[1].str(), ops[2].str());
+    return makeError("scale and scale_inv must be f32[], got {} and {}", ops[1].str(), ops[2].str());
   return TypeList{TensorType(*format, ops[0].shape), kScalar, kScalar};
 }
 
@@ -542,16 +538,16 @@ llvm::Expected<TypeList> inferFp8Update(Operands ops, const AttrMap &attrs, llvm
   if (!margin)
     return margin.takeError();
   if (*margin < 0 || *margin > 64)
-    return fail("'margin' must be between 0 and 64, got {}", *margin);
+    return makeError("'margin' must be between 0 and 64, got {}", *margin);
   auto algo = attrs.getString("algo");
   if (algo != "max" && algo != "most_recent")
-    return fail("attribute 'algo' must be \"max\" or \"most_recent\"");
+    return makeError("attribute 'algo' must be \"max\" or \"most_recent\"");
   const TensorType &history = ops[0];
   if (history.dtype != DType::F32 || history.rank() != 1)
-    return fail("amax_history must be f32[L], got {}", history.str());
+    return makeError("amax_history must be f32[L], got {}", history.str());
   for (int i = 1; i < 5; ++i)
     if (ops[i] != kScalar)
-      return fail("scale, amax, saturations and saturated must be f32[], got {}", ops[i].str());
+      return makeError("scale, amax, saturations and saturated must be f32[], got {}", ops[i].str());
   return TypeList{history, kScalar, kScalar, kScalar};
 }
 
@@ -561,11 +557,11 @@ llvm::Expected<std::string> requireChoice(const AttrMap &attrs, llvm::StringRef 
                                           std::initializer_list<const char *> choices) {
   auto v = attrs.getString(key);
   if (!v)
-    return fail("missing string attribute '{}'", key.str());
+    return makeError("missing string attribute '{}'", key.str());
   for (const char *c : choices)
     if (*v == c)
       return *v;
-  return fail("attribute '{}' has the unknown value '{}'", key.str(), *v);
+  return makeError("attribute '{}' has the unknown value '{}'", key.str(), *v);
 }
 
 /// Checks the norm part (x, gamma, [beta]) of a fused norm op laid out by `layout`.
@@ -575,9 +571,9 @@ llvm::Error checkFusedNorm(Operands ops, const AttrMap &attrs, const FusedLayout
   if (auto err = checkGemmDType(attrs))
     return err;
   if (attrs.has("bias") && !attrs.getBool("bias"))
-    return fail("attribute 'bias' must be true or false");
+    return makeError("attribute 'bias' must be true or false");
   if (ops.size() != layout.numOperands())
-    return fail("expects {} operands for its attributes, got {}", layout.numOperands(), ops.size());
+    return makeError("expects {} operands for its attributes, got {}", layout.numOperands(), ops.size());
   llvm::SmallVector<TensorType, 3> norm{ops[layout[FusedSlot::X]], ops[layout[FusedSlot::Gamma]]};
   if (layout.has(FusedSlot::Beta))
     norm.push_back(ops[layout[FusedSlot::Beta]]);
@@ -589,9 +585,9 @@ llvm::Expected<int64_t> checkLinear(Operands ops, const FusedLayout &layout, Fus
                                     FusedSlot b, const TensorType &x, int64_t in) {
   const TensorType &weight = ops[layout[w]];
   if (weight.dtype != x.dtype || weight.rank() != 2 || weight.dim(1) != in)
-    return fail("weight must be {}[out, {}], got {}", dtypeName(x.dtype).str(), in, weight.str());
+    return makeError("weight must be {}[out, {}], got {}", dtypeName(x.dtype).str(), in, weight.str());
   if (layout.has(b) && ops[layout[b]] != TensorType(x.dtype, {weight.dim(0)}))
-    return fail("bias must be [{}], got {}", weight.dim(0), ops[layout[b]].str());
+    return makeError("bias must be [{}], got {}", weight.dim(0), ops[layout[b]].str());
   return weight.dim(0);
 }
 
@@ -624,14 +620,14 @@ llvm::Expected<TypeList> inferLayerNormMLP(Operands ops, const AttrMap &attrs, l
   int64_t ffn = *hidden;
   if (*activation == "swiglu") {
     if (ffn % 2)
-      return fail("swiglu needs an even fc1 width ([gate | up]), got {}", ffn);
+      return makeError("swiglu needs an even fc1 width ([gate | up]), got {}", ffn);
     ffn /= 2;
   }
   auto out = checkLinear(ops, layout, FusedSlot::W2, FusedSlot::B2, x, ffn);
   if (!out)
     return out.takeError();
   if (*out != x.dim(-1))
-    return fail("fc2 must map back to {} features, got {}", x.dim(-1), *out);
+    return makeError("fc2 must map back to {} features, got {}", x.dim(-1), *out);
   TensorType h = x;
   h.shape.back() = *hidden;
   return TypeList{x, h};
@@ -647,7 +643,7 @@ llvm::Error checkAttentionAttrs(const AttrMap &attrs, int64_t dModel) {
   if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
     return scale.takeError();
   if (*heads < 1 || dModel % *heads)
-    return fail("heads ({}) must divide d_model ({})", *heads, dModel);
+    return makeError("heads ({}) must divide d_model ({})", *heads, dModel);
   return llvm::Error::success();
 }
 
@@ -656,7 +652,7 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
   if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
   if (qkv.rank() != 3 || qkv.dim(-1) % 3)
-    return fail("qkv must be [batch, seq, 3 * d_model], got {}", qkv.str());
+    return makeError("qkv must be [batch, seq, 3 * d_model], got {}", qkv.str());
   int64_t d = qkv.dim(-1) / 3;
   if (auto err = checkAttentionAttrs(attrs, d))
     return std::move(err);
@@ -668,9 +664,9 @@ llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::Array
   if (auto err = requireFloat(cache, "cache"))
     return std::move(err);
   if (cache.rank() != 3 || x != TensorType(cache.dtype, {cache.dim(0), 1, cache.dim(2)}))
-    return fail("cache [B, T, D] and x [B, 1, D] do not match: {} and {}", cache.str(), x.str());
+    return makeError("cache [B, T, D] and x [B, 1, D] do not match: {} and {}", cache.str(), x.str());
   if (pos != TensorType(DType::I32, {}))
-    return fail("pos must be i32[], got {}", pos.str());
+    return makeError("pos must be i32[], got {}", pos.str());
   return TypeList{cache};
 }
 
@@ -679,12 +675,12 @@ llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs
   if (auto err = requireFloat(q, "q"))
     return std::move(err);
   if (k.rank() != 3 || k != v || q != TensorType(k.dtype, {k.dim(0), 1, k.dim(2)}))
-    return fail("q [B, 1, D] and the caches [B, T, D] do not match: {}, {} and {}", q.str(), k.str(),
+    return makeError("q [B, 1, D] and the caches [B, T, D] do not match: {}, {} and {}", q.str(), k.str(),
                 v.str());
   if (auto err = checkAttentionAttrs(attrs, q.dim(2)))
     return std::move(err);
   if (pos != TensorType(DType::I32, {}))
-    return fail("pos must be i32[], got {}", pos.str());
+    return makeError("pos must be i32[], got {}", pos.str());
   return TypeList{q};
 }
 
@@ -693,9 +689,9 @@ llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, l
     return norm.takeError();
   size_t expected = isLayerNorm(attrs) ? 4 : 3;
   if (ops.size() != expected)
-    return fail("expects {} operands for its norm, got {}", expected, ops.size());
+    return makeError("expects {} operands for its norm, got {}", expected, ops.size());
   if (ops[0] != ops[1])
-    return fail("residual operands differ: {} and {}", ops[0].str(), ops[1].str());
+    return makeError("residual operands differ: {} and {}", ops[0].str(), ops[1].str());
   if (auto err = checkNorm(ops.drop_front(), attrs))
     return std::move(err);
   return TypeList{ops[0], ops[0]};
@@ -709,9 +705,9 @@ llvm::Expected<TensorType> inferLinearWithBias(Operands ops, const AttrMap &attr
   if (auto err = requireFloat(x, "input"))
     return std::move(err);
   if (x.rank() < 2 || w.rank() != 2 || w.dtype != x.dtype || w.dim(1) != x.dim(-1))
-    return fail("x [..., K] and weight [N, K] do not match: {} and {}", x.str(), w.str());
+    return makeError("x [..., K] and weight [N, K] do not match: {} and {}", x.str(), w.str());
   if (bias != TensorType(x.dtype, {w.dim(0)}))
-    return fail("bias must be [{}], got {}", w.dim(0), bias.str());
+    return makeError("bias must be [{}], got {}", w.dim(0), bias.str());
   TensorType y = x;
   y.shape.back() = w.dim(0);
   return y;
@@ -738,18 +734,18 @@ llvm::Expected<TypeList> inferFusedBackward(OpKind forwardKind, OpKind kind, Ope
                                             const AttrMap &attrs) {
   FusedLayout layout(kind, attrs);
   if (ops.size() != layout.numOperands())
-    return fail("expects {} operands for its attributes, got {}", layout.numOperands(), ops.size());
+    return makeError("expects {} operands for its attributes, got {}", layout.numOperands(), ops.size());
   Operands forward = ops.drop_front(layout.forwardBegin());
   auto results = forwardKind == OpKind::LayerNormLinear ? inferLayerNormLinear(forward, attrs, {})
                                                         : inferLayerNormMLP(forward, attrs, {});
   if (!results)
     return results.takeError();
   if (ops[layout[FusedSlot::Dy]] != (*results)[0])
-    return fail("dy must be {}, got {}", (*results)[0].str(), ops[layout[FusedSlot::Dy]].str());
+    return makeError("dy must be {}, got {}", (*results)[0].str(), ops[layout[FusedSlot::Dy]].str());
   if (layout.has(FusedSlot::DNorm) && ops[layout[FusedSlot::DNorm]] != forward[0])
-    return fail("dnorm must be {}, got {}", forward[0].str(), ops[layout[FusedSlot::DNorm]].str());
+    return makeError("dnorm must be {}, got {}", forward[0].str(), ops[layout[FusedSlot::DNorm]].str());
   if (layout.has(FusedSlot::Hidden) && ops[layout[FusedSlot::Hidden]] != (*results)[1])
-    return fail("h must be {}, got {}", (*results)[1].str(), ops[layout[FusedSlot::Hidden]].str());
+    return makeError("h must be {}, got {}", (*results)[1].str(), ops[layout[FusedSlot::Hidden]].str());
   return TypeList(forward.begin(), forward.end());
 }
 
@@ -765,7 +761,7 @@ llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &att
   if (!out)
     return out.takeError();
   if (ops[0] != (*out)[0])
-    return fail("dout must be {}, got {}", (*out)[0].str(), ops[0].str());
+    return makeError("dout must be {}, got {}", (*out)[0].str(), ops[0].str());
   return TypeList{ops[1]};
 }
 
@@ -783,15 +779,15 @@ const InferFn kInferFns[] = {
 
 llvm::Error checkTypeLimits(const TensorType &type) {
   if (type.rank() > kMaxRank)
-    return fail("rank {} exceeds the limit of {}", type.rank(), kMaxRank);
+    return makeError("rank {} exceeds the limit of {}", type.rank(), kMaxRank);
   int64_t elements = 1;
   for (int64_t d : type.shape) {
     if (d <= 0)
-      return fail("dimension {} in {} must be positive", d, type.str());
+      return makeError("dimension {} in {} must be positive", d, type.str());
     if (d > kMaxDim)
-      return fail("dimension {} in {} exceeds the limit of {}", d, type.str(), kMaxDim);
+      return makeError("dimension {} in {} exceeds the limit of {}", d, type.str(), kMaxDim);
     if (elements > kMaxElements / d)
-      return fail("{} has more than {} elements", type.str(), kMaxElements);
+      return makeError("{} has more than {} elements", type.str(), kMaxElements);
     elements *= d;
   }
   return llvm::Error::success();
@@ -803,9 +799,9 @@ llvm::Expected<TypeList> inferResultTypes(OpKind kind, llvm::ArrayRef<TensorType
   const OpInfo &info = opInfo(kind);
   if (operands.size() < info.minOperands || operands.size() > info.maxOperands) {
     if (info.minOperands == info.maxOperands)
-      return fail("expects {} operand{}, got {}", info.minOperands,
+      return makeError("expects {} operand{}, got {}", info.minOperands,
                   info.minOperands == 1 ? "" : "s", operands.size());
-    return fail("expects {} to {} operands, got {}", info.minOperands, info.maxOperands,
+    return makeError("expects {} to {} operands, got {}", info.minOperands, info.maxOperands,
                 operands.size());
   }
   auto types = kInferFns[static_cast<unsigned>(kind)](operands, attrs, declared);

@@ -1,4 +1,5 @@
 #include "models/GPTBuilder.h"
+
 #include "models/ProgramInterface.h"
 
 #include <cmath>

@@ -1,6 +1,7 @@
 #include "models/ModelConfig.h"
 
 #include "ir/Types.h"
+#include "support/Error.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -9,9 +10,9 @@
 #include "llvm/Support/YAMLParser.h"
 
 #include <charconv>
-#include <type_traits>
 #include <cmath>
 #include <fmt/format.h>
+#include <type_traits>
 
 namespace tgc {
 
@@ -100,9 +101,7 @@ llvm::ArrayRef<llvm::StringRef> settingChoices(llvm::StringRef key) {
 
 namespace {
 
-llvm::Error flagError(const std::string &message) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: " + message);
-}
+llvm::Error flagError(const std::string &message) { return stringError("error: " + message); }
 
 /// `value` of the setting `key` set by --`flag`, checked against the table.
 template <typename T>

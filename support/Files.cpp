@@ -1,5 +1,7 @@
 #include "support/Files.h"
 
+#include "support/Error.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
@@ -7,14 +9,6 @@
 #include <fmt/format.h>
 
 namespace tgc {
-
-namespace {
-template <typename... Args>
-llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...));
-}
-} // namespace
 
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) {
   llvm::SmallString<256> dir(path);
@@ -25,7 +19,7 @@ llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) 
   llvm::sys::path::append(model, llvm::sys::path::filename(path) + ".tmp-%%%%%%");
   auto temp = llvm::sys::fs::TempFile::create(model);
   if (!temp)
-    return fail(path, "cannot create a temporary file next to it: {}",
+    return fileError(path, "cannot create a temporary file next to it: {}",
                 llvm::toString(temp.takeError()));
   {
     llvm::raw_fd_ostream os(temp->FD, /*shouldClose=*/false);
@@ -35,11 +29,11 @@ llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) 
       std::string message = os.error().message();
       os.clear_error();
       llvm::consumeError(temp->discard());
-      return fail(path, "write failed: {}", message);
+      return fileError(path, "write failed: {}", message);
     }
   }
   if (auto err = temp->keep(path))
-    return fail(path, "cannot move the finished file into place: {}", llvm::toString(std::move(err)));
+    return fileError(path, "cannot move the finished file into place: {}", llvm::toString(std::move(err)));
   return llvm::Error::success();
 }
 

@@ -1,7 +1,6 @@
-#include "transforms/Pass.h"
-
 #include "ir/Printer.h"
 #include "ir/Verifier.h"
+#include "transforms/Pass.h"
 #include "transforms/Passes.h"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 #include "transforms/Rewrite.h"
-#include "ir/Attributes.h"
 
+#include "ir/Attributes.h"
 #include "ir/Infer.h"
 
 namespace tgc {

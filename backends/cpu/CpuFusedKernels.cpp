@@ -2,9 +2,9 @@
 // the same order, so that a fused and an unfused program compute the same function. The fused
 // gradients recompute what their forward op did not keep (the normalised input, activations,
 // attention probabilities), as the GPU does.
-#include "ir/Fused.h"
-#include "ir/Attributes.h"
 #include "backends/cpu/CpuKernels.h"
+#include "ir/Attributes.h"
+#include "ir/Fused.h"
 #include "support/Numerics.h"
 
 #include <algorithm>

@@ -1,9 +1,10 @@
 // The CPU reference kernels: one eval function per op of ir/Ops.def, written plainly.
 #include "backends/cpu/CpuKernels.h"
-#include "ir/Attributes.h"
 
 #include "backends/cpu/Fp8Scaling.h"
 #include "backends/cpu/Schedule.h"
+#include "ir/Attributes.h"
+#include "support/Error.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,11 +17,6 @@ namespace tgc::cpu {
 
 
 
-template <typename... Args>
-llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 fmt::format(format, std::forward<Args>(args)...));
-}
 
 using Operands = llvm::ArrayRef<const Tensor *>;
 using Results = llvm::MutableArrayRef<Tensor>;
@@ -28,10 +24,10 @@ using Results = llvm::MutableArrayRef<Tensor>;
 /// Product of the dimensions before the last one: the number of rows of a row-wise op.
 int64_t rows(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1) : 1; }
 
-llvm::Error evalInput(const AttrMap &, Operands, Results) { return fail("leaves are bound, not run"); }
-llvm::Error evalParam(const AttrMap &, Operands, Results) { return fail("leaves are bound, not run"); }
-llvm::Error evalState(const AttrMap &, Operands, Results) { return fail("leaves are bound, not run"); }
-llvm::Error evalAssign(const AttrMap &, Operands, Results) { return fail("assigns are run by run()"); }
+llvm::Error evalInput(const AttrMap &, Operands, Results) { return makeError("leaves are bound, not run"); }
+llvm::Error evalParam(const AttrMap &, Operands, Results) { return makeError("leaves are bound, not run"); }
+llvm::Error evalState(const AttrMap &, Operands, Results) { return makeError("leaves are bound, not run"); }
+llvm::Error evalAssign(const AttrMap &, Operands, Results) { return makeError("assigns are run by run()"); }
 
 llvm::Error evalConstant(const AttrMap &attrs, Operands, Results out) {
   std::fill(out[0].data.begin(), out[0].data.end(), float(*attrs.getFloat("value")));
@@ -44,7 +40,7 @@ llvm::Error evalEmbedding(const AttrMap &attrs, Operands in, Results out) {
   for (int64_t i = 0; i < ids.size(); ++i) {
     int32_t id = ids.ints[i];
     if (id < 0 || id >= vocab)
-      return fail("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
+      return makeError("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
     std::copy_n(&table.data[id * dim], dim, &out[0].data[i * dim]);
   }
   return llvm::Error::success();
@@ -369,7 +365,7 @@ llvm::Error evalNLLLoss(const AttrMap &, Operands in, Results out) {
   for (int64_t i = 0; i < targets.size(); ++i) {
     int32_t t = targets.ints[i];
     if (t < 0 || t >= vocab)
-      return fail("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
+      return makeError("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
     sum -= logp.data[i * vocab + t];
   }
   out[0].data[0] = float(sum / double(targets.size()));
@@ -427,7 +423,7 @@ llvm::Error evalEmbeddingBackward(const AttrMap &, Operands in, Results out) {
   for (int64_t i = 0; i < ids.size(); ++i) {
     int32_t id = ids.ints[i];
     if (id < 0 || id >= vocab)
-      return fail("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
+      return makeError("token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab);
     for (int64_t j = 0; j < dim; ++j)
       out[0].data[id * dim + j] += dy.data[i * dim + j];
   }
@@ -532,7 +528,7 @@ llvm::Error evalNLLLossBackward(const AttrMap &, Operands in, Results out) {
   for (int64_t i = 0; i < n; ++i) {
     int32_t t = targets.ints[i];
     if (t < 0 || t >= vocab)
-      return fail("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
+      return makeError("target {} at position {} is outside the vocabulary [0, {})", t, i, vocab);
     out[0].data[i * vocab + t] = g;
   }
   return llvm::Error::success();
@@ -603,7 +599,7 @@ llvm::Error evalAdamW(const AttrMap &attrs, Operands in, Results out) {
   float lr = in[4]->data[0], clip = in[5]->data[0];
   int32_t step = in[6]->ints[0];
   if (step < 1)
-    return fail("step must be >= 1, got {}", step);
+    return makeError("step must be >= 1, got {}", step);
   double beta1 = *attrs.getFloat("beta1"), beta2 = *attrs.getFloat("beta2");
   float eps = float(*attrs.getFloat("eps"));
   float decay = float(1.0 - double(lr) * *attrs.getFloat("weight_decay"));

@@ -3,8 +3,8 @@
 // kernels of the ops they replace (CpuFusedKernels.cpp), so that both compute the same function.
 #pragma once
 
-#include "ir/Graph.h"
 #include "backends/Tensor.h"
+#include "ir/Graph.h"
 
 namespace tgc::cpu {
 

@@ -1,4 +1,5 @@
 #include "backends/cpu/Fp8Scaling.h"
+
 #include "models/ProgramInterface.h"
 
 #include <algorithm>

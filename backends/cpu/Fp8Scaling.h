@@ -2,10 +2,9 @@
 // and the update of its scaling state after each step.
 #pragma once
 
-#include "support/Numerics.h"
-
-#include "models/ModelConfig.h"
 #include "backends/Tensor.h"
+#include "models/ModelConfig.h"
+#include "support/Numerics.h"
 
 #include <map>
 #include <string>

@@ -1,25 +1,21 @@
 #include "backends/cpu/Interpreter.h"
 
 #include "backends/cpu/CpuKernels.h"
+#include "support/Error.h"
 
 #include "llvm/ADT/SmallPtrSet.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <fmt/format.h>
+#include <fstream>
 #include <limits>
 #include <thread>
 
 namespace tgc {
 namespace {
 
-template <typename... Args>
-llvm::Error fail(fmt::format_string<Args...> format, Args &&...args) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 fmt::format(format, std::forward<Args>(args)...));
-}
 
 using EvalFn = llvm::Error (*)(const AttrMap &, cpu::Operands, cpu::Results);
 
@@ -66,13 +62,13 @@ Interpreter::~Interpreter() {
 llvm::Error Interpreter::bind(llvm::StringRef name, Tensor tensor) {
   const Value *v = graph_.lookup(name);
   if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
-    return fail("graph @{} has no input, parameter or state named '{}'", graph_.name(),
+    return makeError("graph @{} has no input, parameter or state named '{}'", graph_.name(),
                 name.str());
   if (tensor.type != v->type())
-    return fail("'{}' is {}, but a {} was given", name.str(), v->type().str(), tensor.type.str());
+    return makeError("'{}' is {}, but a {} was given", name.str(), v->type().str(), tensor.type.str());
   size_t expected = size_t(tensor.size());
   if ((isFloat(tensor.type.dtype) ? tensor.data.size() : tensor.ints.size()) != expected)
-    return fail("'{}' holds the wrong number of elements", name.str());
+    return makeError("'{}' holds the wrong number of elements", name.str());
   bound_[v] = std::move(tensor);
   return llvm::Error::success();
 }
@@ -80,7 +76,7 @@ llvm::Error Interpreter::bind(llvm::StringRef name, Tensor tensor) {
 llvm::Expected<Tensor> Interpreter::read(llvm::StringRef name) const {
   if (const Tensor *t = lookup(name))
     return *t;
-  return fail("graph @{} has no value '{}' to read", graph_.name(), name.str());
+  return makeError("graph @{} has no value '{}' to read", graph_.name(), name.str());
 }
 
 const Tensor *Interpreter::lookup(llvm::StringRef name) const {
@@ -112,7 +108,7 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
     const Op &op = *ops[i];
     if (isLeaf(op.kind()) && op.kind() != OpKind::Constant) {
       if (!bound_.count(op.result()))
-        return fail("{} %{} was not given a value", op.name().str(), op.result()->name());
+        return makeError("{} %{} was not given a value", op.name().str(), op.result()->name());
       continue;
     }
     llvm::SmallVector<const Tensor *, 4> operands;
@@ -126,7 +122,7 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
       for (unsigned r = 0; r < op.numResults(); ++r)
         results.push_back(Tensor::zeros(op.result(r)->type()));
       if (auto err = evalOp(op, operands, results))
-        return fail("%{} = {}: {}", op.result()->name(), op.name().str(),
+        return makeError("%{} = {}: {}", op.result()->name(), op.name().str(),
                     llvm::toString(std::move(err)));
       if (profiling_)
         profile_[op.name().str()] += std::chrono::duration<double, std::milli>(
@@ -201,7 +197,7 @@ llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes) {
   if (need <= availableBytes)
     return llvm::Error::success();
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  return fail("@{} needs at least {:.1f} GiB of memory on the CPU interpreter, and this machine has "
+  return makeError("@{} needs at least {:.1f} GiB of memory on the CPU interpreter, and this machine has "
               "{:.1f} GiB available: use a smaller --batch or model, or a GPU",
               graph.name(), need / kGiB, availableBytes / kGiB);
 }

@@ -2,9 +2,9 @@
 // It is the ground truth for every other backend, so each op is written plainly.
 #pragma once
 
-#include "ir/Graph.h"
 #include "backends/Executor.h"
 #include "backends/Tensor.h"
+#include "ir/Graph.h"
 
 #include "llvm/ADT/DenseMap.h"
 

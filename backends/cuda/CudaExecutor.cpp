@@ -1,12 +1,12 @@
 #include "backends/cuda/CudaExecutor.h"
-#include "ir/Attributes.h"
 
 #include "backends/cuda/Lowering.h"
 #include "backends/cuda/MemoryPlan.h"
 #include "backends/cuda/Nvrtc.h"
 #include "backends/cuda/Target.h"
-#include "transforms/Pass.h"
+#include "ir/Attributes.h"
 #include "support/Numerics.h"
+#include "transforms/Pass.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"

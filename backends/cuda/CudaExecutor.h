@@ -3,8 +3,8 @@
 // memory plan comes later), so any value can be read back after a run.
 #pragma once
 
-#include "ir/Graph.h"
 #include "backends/Executor.h"
+#include "ir/Graph.h"
 
 #include <memory>
 

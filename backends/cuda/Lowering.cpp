@@ -1,15 +1,15 @@
 #include "backends/cuda/Lowering.h"
-#include "ir/Attributes.h"
 
 #include "backends/cuda/KernelCalls.h"
 #include "backends/cuda/MemoryPlan.h"
+#include "ir/Attributes.h"
 #include "ir/Fused.h"
 
 #include <cmath>
+#include <fmt/format.h>
 #include <functional>
 #include <map>
 #include <set>
-#include <fmt/format.h>
 
 namespace tgc {
 

@@ -1,4 +1,5 @@
 #include "backends/cuda/MemoryPlan.h"
+
 #include "ir/Attributes.h"
 
 #include "llvm/ADT/STLExtras.h"

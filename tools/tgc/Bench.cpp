@@ -1,9 +1,9 @@
 // tgc bench: trains each precision for a few steps and compares step time, throughput and
 // memory on one device.
-#include "tools/tgc/Options.h"
-#include "models/ProgramInterface.h"
-
 #include "app/Trainer.h"
+#include "models/ProgramInterface.h"
+#include "tools/tgc/Options.h"
+
 #include <algorithm>
 #include <fmt/format.h>
 

@@ -1,7 +1,5 @@
 // tgc compile, opt and run: a model file or IR text through the passes, printed; the generated
 // CUDA and its NVRTC compilation; one forward pass on the CPU interpreter.
-#include "tools/tgc/Options.h"
-
 #include "app/Data.h"
 #include "app/Init.h"
 #include "backends/cpu/Interpreter.h"
@@ -15,10 +13,13 @@
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
 #include "support/Files.h"
+#include "tools/tgc/Options.h"
 #include "transforms/Pass.h"
 #include "transforms/Passes.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
+
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>

@@ -1,9 +1,9 @@
 // tgc generate and eval: continue a prompt with a trained checkpoint; score greedy
 // continuations of held-out arithmetic progressions.
-#include "tools/tgc/Options.h"
-
 #include "app/Generate.h"
 #include "support/Files.h"
+#include "tools/tgc/Options.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -1,9 +1,10 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
-#include "tools/tgc/Options.h"
-
 #include "backends/cpu/Pipeline.h"
 #include "backends/cuda/Target.h"
+#include "tools/tgc/Options.h"
+
 #include "llvm/Support/JSON.h"
+
 #include <fmt/format.h>
 
 namespace tgc::cli {

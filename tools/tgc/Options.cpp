@@ -2,6 +2,7 @@
 
 #include "app/Trainer.h"
 #include "backends/cuda/CudaExecutor.h"
+#include "support/Error.h"
 #include "transforms/Pass.h"
 
 #include <fmt/format.h>
@@ -97,9 +98,7 @@ int report(llvm::Error err) {
   return 1;
 }
 
-llvm::Error flagError(const std::string &message) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-}
+llvm::Error flagError(const std::string &message) { return stringError(message); }
 
 llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
   auto config = loadModelConfig(path);

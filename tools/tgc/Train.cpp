@@ -1,12 +1,13 @@
 // tgc train: trains a model, printing the loss per step, and saves a checkpoint.
-#include "tools/tgc/Options.h"
-
 #include "app/Trainer.h"
 #include "support/Files.h"
+#include "tools/tgc/Options.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+
 #include <cmath>
 #include <fmt/format.h>
 #include <optional>

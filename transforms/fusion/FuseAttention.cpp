@@ -1,8 +1,8 @@
 // fuse-attention: the builder's causal attention over a packed qkv (three slices, heads split
 // and transposed, scaled scores, causal mask, softmax, weighted sum, heads merged) becomes one
 // attention op. Every intermediate must be read only inside the pattern.
-#include "transforms/Passes.h"
 #include "ir/Attributes.h"
+#include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
 namespace tgc {

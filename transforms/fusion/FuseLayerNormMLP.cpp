@@ -1,7 +1,7 @@
 // fuse-layernorm-mlp: norm -> fc1 (+ bias) -> gelu | swiglu -> fc2 (+ bias) becomes
 // layer_norm_mlp (TE's LayerNormMLP). Every intermediate must be read only inside the pattern.
-#include "transforms/Passes.h"
 #include "ir/Attributes.h"
+#include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
 namespace tgc {

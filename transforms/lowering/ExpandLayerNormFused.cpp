@@ -11,10 +11,9 @@
 // forward and the backward, which is the memory the fusion saves. Each expansion is the fused
 // op's CPU reference (CpuFusedKernels.cpp) written as ops, in the same order, so the result is
 // the same function.
-#include "transforms/Passes.h"
 #include "ir/Attributes.h"
-
 #include "ir/Fused.h"
+#include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
 namespace tgc {

@@ -4,11 +4,11 @@
 // per tensor) and tells autodiff how to quantize its output gradient (E5M2 under hybrid); the
 // other GEMMs, attention's included, run in BF16. Master weights, optimizer state and reductions
 // stay fp32.
-#include "transforms/Passes.h"
 #include "ir/Attributes.h"
 #include "models/ProgramInterface.h"
-#include "transforms/precision/Precision.h"
+#include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
+#include "transforms/precision/Precision.h"
 
 #include <fmt/format.h>
 

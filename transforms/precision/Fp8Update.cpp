@@ -3,6 +3,7 @@
 // scaling state when the step ends. Only training programs run it: evaluation and generation
 // do not move the scales, as in TE.
 #include "ir/Attributes.h"
+#include "support/Error.h"
 #include "transforms/Passes.h"
 
 #include <fmt/format.h>
@@ -19,13 +20,10 @@ public:
   }
 
   llvm::Expected<bool> run(Graph &graph) override {
-    auto fail = [](const std::string &message) {
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-    };
     std::vector<Op *> quantizes;
     for (Op *op : graph.ops()) {
       if (op->kind() == OpKind::Fp8Update)
-        return fail("fp8-update already ran on this graph");
+        return stringError("fp8-update already ran on this graph");
       if (op->kind() == OpKind::Quantize)
         quantizes.push_back(op);
     }
@@ -34,12 +32,12 @@ public:
       Value *scale = q->operand(1), *scaleInv = q->operand(2);
       llvm::StringRef prefix = scale->name();
       if (!prefix.consume_back(".scale") || scale->def()->kind() != OpKind::State)
-        return fail(fmt::format("quantize %{} does not read a '<prefix>.scale' state",
+        return stringError(fmt::format("quantize %{} does not read a '<prefix>.scale' state",
                                 q->result()->name()));
       Value *history = graph.lookup((prefix + ".amax_history").str());
       Value *saturations = graph.lookup((prefix + ".saturations").str());
       if (!history || !saturations)
-        return fail(fmt::format("no amax history or saturation count for {}", prefix.str()));
+        return stringError(fmt::format("no amax history or saturation count for {}", prefix.str()));
       AttrMap attrs;
       attrs.set(kFp8Format, *q->attrs().getString(kFp8Format));
       attrs.set("margin", config_.margin);

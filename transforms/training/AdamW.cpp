@@ -1,8 +1,9 @@
 // adamw: the optimizer step as IR. Consumes the %p.grad outputs of autodiff and appends global
 // gradient-norm clipping, the learning-rate schedule and one adamw op per parameter, whose new
 // values are assigned back to the parameter and its two moments (state, fp32).
-#include "transforms/Passes.h"
 #include "models/ProgramInterface.h"
+#include "support/Error.h"
+#include "transforms/Passes.h"
 
 namespace tgc {
 namespace {
@@ -16,11 +17,8 @@ public:
   }
 
   llvm::Expected<bool> run(Graph &graph) override {
-    auto fail = [](const std::string &message) {
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-    };
     if (graph.lookup(program::kStep))
-      return fail("graph already has a %step: is the optimizer already there?");
+      return stringError("graph already has a %step: is the optimizer already there?");
     // Parameters with a gradient, in program order.
     std::vector<std::pair<Value *, Value *>> trained;
     for (Op *op : graph.ops())
@@ -28,7 +26,7 @@ public:
         if (Value *g = graph.lookup(program::gradientOf(op->result()->name())))
           trained.emplace_back(op->result(), g);
     if (trained.empty())
-      return fail("no parameter has a gradient: run autodiff before adamw");
+      return stringError("no parameter has a gradient: run autodiff before adamw");
     // The gradients leave the outputs: the update consumes them.
     for (unsigned i = graph.outputs().size(); i-- > 0;)
       for (auto &[param, grad] : trained)

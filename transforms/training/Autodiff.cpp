@@ -1,11 +1,11 @@
 // autodiff: appends the backward program of the graph's first output (a scalar loss), built
 // from one gradient rule per op. The gradient of parameter p is the value %p.grad, and each one
 // is added to the graph's outputs (the adamw pass consumes them).
-#include "transforms/Passes.h"
 #include "ir/Attributes.h"
-#include "models/ProgramInterface.h"
-
 #include "ir/Fused.h"
+#include "models/ProgramInterface.h"
+#include "support/Error.h"
+#include "transforms/Passes.h"
 #include "transforms/precision/Precision.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -343,11 +343,8 @@ public:
   }
 
   llvm::Expected<bool> run(Graph &graph) override {
-    auto fail = [](const std::string &message) {
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-    };
     if (graph.outputs().empty() || graph.outputs()[0]->type() != TensorType(DType::F32, {}))
-      return fail("autodiff needs a scalar f32 loss as the graph's first output");
+      return stringError("autodiff needs a scalar f32 loss as the graph's first output");
     Value *loss = graph.outputs()[0];
     std::vector<Op *> forward = graph.ops();
     // Values that depend on a parameter need gradients; the rest (data, constants) do not.
@@ -357,7 +354,7 @@ public:
       for (Value *v : op->operands())
         any |= requiresGrad.count(v) != 0;
       if (op->kind() == OpKind::Param && graph.lookup(program::gradientOf(op->result()->name())))
-        return fail("graph is already differentiated (%" + op->result()->name() + ".grad exists)");
+        return stringError("graph is already differentiated (%" + op->result()->name() + ".grad exists)");
       for (unsigned i = 0; i < op->numResults() && any; ++i)
         if (isFloat(op->result(i)->type().dtype))
           requiresGrad.insert(op->result(i));
