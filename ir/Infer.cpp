@@ -2,16 +2,13 @@
 
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
+#include "ir/InferRules.h"
 #include "support/Error.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-namespace tgc {
-namespace {
-
-
-using Operands = llvm::ArrayRef<TensorType>;
+namespace tgc::infer {
 
 /// Arithmetic ops take f32, bf16 or f16; FP8 tensors feed only GEMMs and layout ops.
 llvm::Error requireFloat(const TensorType &t, llvm::StringRef what) {
@@ -553,229 +550,17 @@ llvm::Expected<TypeList> inferFp8Update(Operands ops, const AttrMap &attrs, llvm
 
 // Fused ops.
 
-llvm::Expected<std::string> requireChoice(const AttrMap &attrs, llvm::StringRef key,
-                                          std::initializer_list<const char *> choices) {
-  auto v = attrs.getString(key);
-  if (!v)
-    return makeError("missing string attribute '{}'", key.str());
-  for (const char *c : choices)
-    if (*v == c)
-      return *v;
-  return makeError("attribute '{}' has the unknown value '{}'", key.str(), *v);
-}
-
-/// Checks the norm part (x, gamma, [beta]) of a fused norm op laid out by `layout`.
-llvm::Error checkFusedNorm(Operands ops, const AttrMap &attrs, const FusedLayout &layout) {
-  if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
-    return norm.takeError();
-  if (auto err = checkGemmDType(attrs))
-    return err;
-  if (attrs.has("bias") && !attrs.getBool("bias"))
-    return makeError("attribute 'bias' must be true or false");
-  if (ops.size() != layout.numOperands())
-    return makeError("expects {} operands for its attributes, got {}", layout.numOperands(), ops.size());
-  llvm::SmallVector<TensorType, 3> norm{ops[layout[FusedSlot::X]], ops[layout[FusedSlot::Gamma]]};
-  if (layout.has(FusedSlot::Beta))
-    norm.push_back(ops[layout[FusedSlot::Beta]]);
-  return checkNorm(norm, attrs);
-}
-
-/// A linear weight [out, in] applied to `in` features, and its optional bias [out].
-llvm::Expected<int64_t> checkLinear(Operands ops, const FusedLayout &layout, FusedSlot w,
-                                    FusedSlot b, const TensorType &x, int64_t in) {
-  const TensorType &weight = ops[layout[w]];
-  if (weight.dtype != x.dtype || weight.rank() != 2 || weight.dim(1) != in)
-    return makeError("weight must be {}[out, {}], got {}", dtypeName(x.dtype).str(), in, weight.str());
-  if (layout.has(b) && ops[layout[b]] != TensorType(x.dtype, {weight.dim(0)}))
-    return makeError("bias must be [{}], got {}", weight.dim(0), ops[layout[b]].str());
-  return weight.dim(0);
-}
-
-llvm::Expected<TypeList> inferLayerNormLinear(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  FusedLayout layout(OpKind::LayerNormLinear, attrs);
-  if (auto err = checkFusedNorm(ops, attrs, layout))
-    return std::move(err);
-  const TensorType &x = ops[layout[FusedSlot::X]];
-  auto out = checkLinear(ops, layout, FusedSlot::W1, FusedSlot::B1, x, x.dim(-1));
-  if (!out)
-    return out.takeError();
-  TensorType y = x;
-  y.shape.back() = *out;
-  if (attrs.getBool("return_norm").value_or(false))
-    return TypeList{y, x};
-  return TypeList{y};
-}
-
-llvm::Expected<TypeList> inferLayerNormMLP(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  FusedLayout layout(OpKind::LayerNormMLP, attrs);
-  if (auto err = checkFusedNorm(ops, attrs, layout))
-    return std::move(err);
-  auto activation = requireChoice(attrs, "activation", {"gelu", "swiglu"});
-  if (!activation)
-    return activation.takeError();
-  const TensorType &x = ops[layout[FusedSlot::X]];
-  auto hidden = checkLinear(ops, layout, FusedSlot::W1, FusedSlot::B1, x, x.dim(-1));
-  if (!hidden)
-    return hidden.takeError();
-  int64_t ffn = *hidden;
-  if (*activation == "swiglu") {
-    if (ffn % 2)
-      return makeError("swiglu needs an even fc1 width ([gate | up]), got {}", ffn);
-    ffn /= 2;
-  }
-  auto out = checkLinear(ops, layout, FusedSlot::W2, FusedSlot::B2, x, ffn);
-  if (!out)
-    return out.takeError();
-  if (*out != x.dim(-1))
-    return makeError("fc2 must map back to {} features, got {}", x.dim(-1), *out);
-  TensorType h = x;
-  h.shape.back() = *hidden;
-  return TypeList{x, h};
-}
-
-/// The attributes of the attention ops: gemm_dtype, scale, and heads dividing d_model.
-llvm::Error checkAttentionAttrs(const AttrMap &attrs, int64_t dModel) {
-  if (auto err = checkGemmDType(attrs))
-    return err;
-  auto heads = requireIntAttr(attrs, "heads");
-  if (!heads)
-    return heads.takeError();
-  if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
-    return scale.takeError();
-  if (*heads < 1 || dModel % *heads)
-    return makeError("heads ({}) must divide d_model ({})", *heads, dModel);
-  return llvm::Error::success();
-}
-
-llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  const TensorType &qkv = ops[0];
-  if (auto err = requireFloat(qkv, "qkv"))
-    return std::move(err);
-  if (qkv.rank() != 3 || qkv.dim(-1) % 3)
-    return makeError("qkv must be [batch, seq, 3 * d_model], got {}", qkv.str());
-  int64_t d = qkv.dim(-1) / 3;
-  if (auto err = checkAttentionAttrs(attrs, d))
-    return std::move(err);
-  return TypeList{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d})};
-}
-
-llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
-  const TensorType &cache = ops[0], &x = ops[1], &pos = ops[2];
-  if (auto err = requireFloat(cache, "cache"))
-    return std::move(err);
-  if (cache.rank() != 3 || x != TensorType(cache.dtype, {cache.dim(0), 1, cache.dim(2)}))
-    return makeError("cache [B, T, D] and x [B, 1, D] do not match: {} and {}", cache.str(), x.str());
-  if (pos != TensorType(DType::I32, {}))
-    return makeError("pos must be i32[], got {}", pos.str());
-  return TypeList{cache};
-}
-
-llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  const TensorType &q = ops[0], &k = ops[1], &v = ops[2], &pos = ops[3];
-  if (auto err = requireFloat(q, "q"))
-    return std::move(err);
-  if (k.rank() != 3 || k != v || q != TensorType(k.dtype, {k.dim(0), 1, k.dim(2)}))
-    return makeError("q [B, 1, D] and the caches [B, T, D] do not match: {}, {} and {}", q.str(), k.str(),
-                v.str());
-  if (auto err = checkAttentionAttrs(attrs, q.dim(2)))
-    return std::move(err);
-  if (pos != TensorType(DType::I32, {}))
-    return makeError("pos must be i32[], got {}", pos.str());
-  return TypeList{q};
-}
-
-llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
-    return norm.takeError();
-  size_t expected = isLayerNorm(attrs) ? 4 : 3;
-  if (ops.size() != expected)
-    return makeError("expects {} operands for its norm, got {}", expected, ops.size());
-  if (ops[0] != ops[1])
-    return makeError("residual operands differ: {} and {}", ops[0].str(), ops[1].str());
-  if (auto err = checkNorm(ops.drop_front(), attrs))
-    return std::move(err);
-  return TypeList{ops[0], ops[0]};
-}
-
-/// x [..., K] @ weight [N, K]^T + bias [N]: the result type of the bias epilogues.
-llvm::Expected<TensorType> inferLinearWithBias(Operands ops, const AttrMap &attrs) {
-  const TensorType &x = ops[0], &w = ops[1], &bias = ops[2];
-  if (auto err = checkGemmDType(attrs))
-    return std::move(err);
-  if (auto err = requireFloat(x, "input"))
-    return std::move(err);
-  if (x.rank() < 2 || w.rank() != 2 || w.dtype != x.dtype || w.dim(1) != x.dim(-1))
-    return makeError("x [..., K] and weight [N, K] do not match: {} and {}", x.str(), w.str());
-  if (bias != TensorType(x.dtype, {w.dim(0)}))
-    return makeError("bias must be [{}], got {}", w.dim(0), bias.str());
-  TensorType y = x;
-  y.shape.back() = w.dim(0);
-  return y;
-}
-llvm::Expected<TypeList> inferMatMulBias(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto y = inferLinearWithBias(ops, attrs);
-  if (!y)
-    return y.takeError();
-  return TypeList{*y};
-}
-llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto y = inferLinearWithBias(ops, attrs);
-  if (!y)
-    return y.takeError();
-  return TypeList{*y, *y};
-}
-
-llvm::Expected<TypeList> inferCrossEntropy(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  return inferNLLLoss(ops, attrs, {});
-}
-
-/// Backward ops: (dy, [dnorm] or [h], forward operands) -> gradients of the forward operands.
-llvm::Expected<TypeList> inferFusedBackward(OpKind forwardKind, OpKind kind, Operands ops,
-                                            const AttrMap &attrs) {
-  FusedLayout layout(kind, attrs);
-  if (ops.size() != layout.numOperands())
-    return makeError("expects {} operands for its attributes, got {}", layout.numOperands(), ops.size());
-  Operands forward = ops.drop_front(layout.forwardBegin());
-  auto results = forwardKind == OpKind::LayerNormLinear ? inferLayerNormLinear(forward, attrs, {})
-                                                        : inferLayerNormMLP(forward, attrs, {});
-  if (!results)
-    return results.takeError();
-  if (ops[layout[FusedSlot::Dy]] != (*results)[0])
-    return makeError("dy must be {}, got {}", (*results)[0].str(), ops[layout[FusedSlot::Dy]].str());
-  if (layout.has(FusedSlot::DNorm) && ops[layout[FusedSlot::DNorm]] != forward[0])
-    return makeError("dnorm must be {}, got {}", forward[0].str(), ops[layout[FusedSlot::DNorm]].str());
-  if (layout.has(FusedSlot::Hidden) && ops[layout[FusedSlot::Hidden]] != (*results)[1])
-    return makeError("h must be {}, got {}", (*results)[1].str(), ops[layout[FusedSlot::Hidden]].str());
-  return TypeList(forward.begin(), forward.end());
-}
-
-llvm::Expected<TypeList> inferLayerNormLinearBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  return inferFusedBackward(OpKind::LayerNormLinear, OpKind::LayerNormLinearBackward, ops, attrs);
-}
-llvm::Expected<TypeList> inferLayerNormMLPBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  return inferFusedBackward(OpKind::LayerNormMLP, OpKind::LayerNormMLPBackward, ops, attrs);
-}
-
-llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto out = inferAttention(ops.drop_front(), attrs, {});
-  if (!out)
-    return out.takeError();
-  if (ops[0] != (*out)[0])
-    return makeError("dout must be {}, got {}", (*out)[0].str(), ops[0].str());
-  return TypeList{ops[1]};
-}
-
-llvm::Expected<TypeList> inferCrossEntropyBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  return inferNLLLossBackward(ops, attrs, {});
-}
-
 using InferFn = llvm::Expected<TypeList> (*)(Operands, const AttrMap &, llvm::ArrayRef<TensorType>);
 const InferFn kInferFns[] = {
 #define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) &infer##Enum,
 #include "ir/Ops.def"
 };
 
-} // namespace
+} // namespace tgc::infer
+
+namespace tgc {
+
+using infer::kInferFns;
 
 llvm::Error checkTypeLimits(const TensorType &type) {
   if (type.rank() > kMaxRank)
