@@ -25,7 +25,7 @@ public:
   /// cache; GPTOutput::Decode) for `batch` sequences on the device.
   static llvm::Expected<std::unique_ptr<Generator>>
   create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch,
-         Device device = Device::Cpu);
+         Device device = Device::cpu());
   std::string describe() const { return decode_.executor->describe(); }
 
   /// Continues each prompt (all of one length, at most `batch` of them) by `count` tokens.
@@ -48,7 +48,7 @@ private:
 
   ModelConfig config_;
   int64_t batch_ = 0;
-  Device device_ = Device::Cpu;
+  Device device_ = Device::cpu();
   std::map<std::string, Tensor> weights_; // for windowed_: the decode program's bound tensors
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
 };

@@ -29,7 +29,7 @@ public:
   /// compileForDevice).
   static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
                                                          llvm::StringRef dataPath = "",
-                                                         Device device = Device::Cpu);
+                                                         Device device = Device::cpu());
 
   /// Runs the next step.
   llvm::Expected<StepRecord> step();

@@ -5,28 +5,29 @@
 #include "backends/cuda/CudaExecutor.h"
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/Target.h"
+#include "support/Error.h"
 #include "transforms/Pass.h"
 
 #include <fmt/format.h>
 
 namespace tgc {
 
-namespace {
-int computeCapability() {
+llvm::Expected<Device> detectCudaDevice() {
   TargetInfo target = detectTarget();
-  return target.gpus.empty() ? 0 : target.gpus[0].major * 10 + target.gpus[0].minor;
+  if (target.gpus.empty())
+    return stringError("error: no GPU: " + target.noGpuReason);
+  return Device{Device::Cuda, target.gpus[0].major * 10 + target.gpus[0].minor};
 }
-} // namespace
 
-PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device) {
+PrecisionConfig resolveRecipe(PrecisionConfig precision, const Device &device) {
   if (precision.recipe != Recipe::Auto || device == Device::Cpu)
     return resolveRecipeForCpu(precision);
-  precision.recipe = gpuRecipeFor(computeCapability());
+  precision.recipe = gpuRecipeFor(device.computeCapability);
   return precision;
 }
 
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
-                                                 const ModelConfig &config, Device device,
+                                                 const ModelConfig &config, const Device &device,
                                                  bool training) {
   CompiledProgram program;
   PipelineOptions options;
@@ -35,7 +36,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   options.disabled = config.disabledPasses;
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
   if (device == Device::Cuda)
-    if (auto err = checkGpuRecipe(program.precision.recipe, computeCapability()))
+    if (auto err = checkGpuRecipe(program.precision.recipe, device.computeCapability))
       return std::move(err);
   std::vector<std::string> passes = device == Device::Cuda
                                         ? gpuPipeline(training, program.precision.recipe)

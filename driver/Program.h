@@ -10,11 +10,25 @@
 
 namespace tgc {
 
-enum class Device { Cpu, Cuda };
+/// Where a program runs, decided once per run and passed as a value: the CPU interpreter, or the
+/// first GPU with its compute capability (detectCudaDevice).
+struct Device {
+  enum Kind { Cpu, Cuda };
+  Kind kind = Cpu;
+  int computeCapability = 0; // major * 10 + minor, on a GPU
+
+  static Device cpu() { return Device{}; }
+  bool operator==(Kind k) const { return kind == k; }
+  bool operator!=(Kind k) const { return kind != k; }
+};
+
+/// The GPU this run uses (the first), or why there is none (no driver, no device, a build
+/// without CUDA).
+llvm::Expected<Device> detectCudaDevice();
 
 /// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
 /// gpuRecipeFor its compute capability. Explicit recipes stay as they are.
-PrecisionConfig resolveRecipe(PrecisionConfig precision, Device device);
+PrecisionConfig resolveRecipe(PrecisionConfig precision, const Device &device);
 struct CompiledProgram {
   std::unique_ptr<Graph> graph;
   std::unique_ptr<Executor> executor;
@@ -26,7 +40,7 @@ struct CompiledProgram {
 /// lowers); a recipe the GPU cannot serve (fp8 below compute capability 8.9, bf16 below 8.0)
 /// is an error there, not a downgrade.
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
-                                                 const ModelConfig &config, Device device,
+                                                 const ModelConfig &config, const Device &device,
                                                  bool training);
 
 } // namespace tgc

@@ -1,9 +1,8 @@
 // Type rules of the fused ops (LayerNorm+Linear/MLP, attention, the residual norm, the bias
 // epilogues, cross-entropy and their gradients), FP8 scaling and the generation step.
-#include "ir/InferRules.h"
-
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
+#include "ir/InferRules.h"
 #include "support/Error.h"
 
 #include <fmt/format.h>

@@ -22,6 +22,9 @@ using namespace tgc::test;
 
 namespace {
 
+/// The GPU these tests run on (they skip where there is none).
+Device theGpu() { return unwrap(detectCudaDevice()); }
+
 #define SKIP_WITHOUT_GPU()                                                                         \
   do {                                                                                             \
     std::string why;                                                                               \
@@ -352,7 +355,7 @@ std::vector<double> losses(Device device, int steps, const char *recipe = "fp32"
 
 TEST(GpuTraining, Fp32LossesFollowTheCpuFor20Steps) {
   SKIP_WITHOUT_GPU();
-  std::vector<double> cpu = losses(Device::Cpu, 20), gpu = losses(Device::Cuda, 20);
+  std::vector<double> cpu = losses(Device::cpu(), 20), gpu = losses(theGpu(), 20);
   ASSERT_EQ(cpu.size(), 20u);
   ASSERT_EQ(gpu.size(), 20u);
   for (size_t i = 0; i < 20; ++i)
@@ -425,7 +428,7 @@ TEST(GpuTraining, Bf16LossesFollowTheCpuEmulationFor20Steps) {
   // parameter buffer, written at the start of each step); only the order of the fp32 sums
   // differs, which can move a later BF16 rounding by one step.
   SKIP_WITHOUT_GPU();
-  std::vector<double> cpu = losses(Device::Cpu, 20, "bf16"), gpu = losses(Device::Cuda, 20, "bf16");
+  std::vector<double> cpu = losses(Device::cpu(), 20, "bf16"), gpu = losses(theGpu(), 20, "bf16");
   ASSERT_EQ(cpu.size(), 20u);
   ASSERT_EQ(gpu.size(), 20u);
   for (size_t i = 0; i < 20; ++i)
@@ -440,8 +443,8 @@ ModelConfig tinyFp8() {
 
 TEST(GpuTraining, Fp8LossesFollowTheCpuEmulationFor20Steps) {
   SKIP_WITHOUT_GPU();
-  auto cpu = unwrap(Trainer::create(tinyFp8(), "", Device::Cpu));
-  auto gpu = unwrap(Trainer::create(tinyFp8(), "", Device::Cuda));
+  auto cpu = unwrap(Trainer::create(tinyFp8(), "", Device::cpu()));
+  auto gpu = unwrap(Trainer::create(tinyFp8(), "", theGpu()));
   ASSERT_TRUE(cpu && gpu);
   // The GPU sums in another order, so a value near an FP8 rounding boundary can round the other
   // way, and AdamW turns such differences into different steps: close, not equal.
@@ -454,8 +457,8 @@ TEST(GpuTraining, Fp8LossesFollowTheCpuEmulationFor20Steps) {
 TEST(GpuTraining, Fp8ScalesAndAmaxHistoriesFollowTheCpuEmulationStepByStep) {
   SKIP_WITHOUT_GPU();
   ModelConfig c = tinyFp8();
-  auto cpu = unwrap(Trainer::create(c, "", Device::Cpu));
-  auto gpu = unwrap(Trainer::create(c, "", Device::Cuda));
+  auto cpu = unwrap(Trainer::create(c, "", Device::cpu()));
+  auto gpu = unwrap(Trainer::create(c, "", theGpu()));
   ASSERT_TRUE(cpu && gpu);
   double cpuSaturations = 0, gpuSaturations = 0, downstreamSum = 0, downstreamWorst = 0;
   int64_t downstreamCount = 0;
@@ -514,12 +517,12 @@ TEST(GpuTraining, Fp8ScalesAndAmaxHistoriesFollowTheCpuEmulationStepByStep) {
 void expectSeedLearns(PrecisionConfig precision) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
   c.precision = precision;
-  auto trainer = unwrap(Trainer::create(c, "", Device::Cuda));
+  auto trainer = unwrap(Trainer::create(c, "", theGpu()));
   ASSERT_TRUE(trainer);
   for (int64_t i = 0; i < c.train.steps; ++i)
     ASSERT_TRUE(bool(unwrap(trainer->step()).step));
   Checkpoint checkpoint = unwrap(trainer->checkpoint());
-  auto generator = unwrap(Generator::create(c, checkpoint.tensors, 64, Device::Cuda));
+  auto generator = unwrap(Generator::create(c, checkpoint.tensors, 64, theGpu()));
   ASSERT_TRUE(generator);
   EvalResult result = unwrap(evaluateArithmetic(*generator, c, 64, 8, 64));
   EXPECT_GE(result.tokenAccuracy(), 0.99) << result.correctTokens << " of " << result.tokens;
@@ -543,7 +546,7 @@ TEST(GpuTraining, SeedModelLearnsInFp8WithEveryLinearLayerInFp8) {
 
 TEST(GpuTraining, SameSeedSameLossesBitForBit) {
   SKIP_WITHOUT_GPU();
-  EXPECT_EQ(losses(Device::Cuda, 5), losses(Device::Cuda, 5));
+  EXPECT_EQ(losses(theGpu(), 5), losses(theGpu(), 5));
 }
 
 } // namespace

@@ -218,7 +218,7 @@ TEST(Interpreter, TinyTrainingStepFitsAndAMuchLargerBatchNeedsMore) {
   // with AdamW's two moments, and the batch's logits.
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   auto trainingStep = [&](int64_t batch) {
-    auto program = unwrap(compileForDevice(unwrap(buildGPT(c, batch)), c, Device::Cpu, true));
+    auto program = unwrap(compileForDevice(unwrap(buildGPT(c, batch)), c, Device::cpu(), true));
     return program.graph ? interpreterPeakBytes(*program.graph) : 0;
   };
   int64_t small = trainingStep(2), large = trainingStep(64);

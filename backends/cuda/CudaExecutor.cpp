@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <map>
+#include <set>
 
 #ifdef TGC_HAVE_CUDA
 #include <cublasLt.h>
@@ -105,6 +106,16 @@ public:
   int64_t deviceBytes() const override { return allocatedBytes_; }
 
 private:
+  // The steps of initialize().
+  struct Regions {
+    char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
+  };
+  llvm::Error compileKernels(const std::string &arch);
+  llvm::Error allocateRegions(const MemoryPlan &plan, Regions &regions);
+  llvm::Error placeOp(size_t i, const MemoryPlan &plan, const Regions &regions);
+  /// BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
+  /// parameter region; operands stored in BF16 or with a BF16 copy are read as they are.
+  llvm::Error useBf16OperandCopies();
   llvm::Error planGemm(const Op &op, GemmPlan &plan);
   llvm::Error runGemm(const Op &op, const GemmPlan &plan);
   llvm::Error launchStep();
@@ -190,24 +201,8 @@ llvm::Error CudaExecutor::initialize() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
   std::string arch = archName(prop.major, prop.minor);
   description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
-  LoweringOptions lowering;
-  lowering.groupOptimizer = options_.groupOptimizer;
-  lowering.storeBf16 = options_.storeBf16;
-  auto program = lowerToCuda(graph_, lowering);
-  if (!program)
-    return program.takeError();
-  program_ = std::move(*program);
-  auto module = compileCuda(program_.source, arch);
-  if (!module)
-    return module.takeError();
-  int64_t kernels = 0;
-  for (const OpLowering &l : program_.lowering)
-    kernels += l.launches.size();
-  description_ += fmt::format(", {} kernels {}", kernels,
-                              module->fromCache ? "from the kernel cache (no NVRTC compilation)"
-                                                : "compiled by NVRTC");
-  CUDA_CHECK(cudaLibraryLoadData(&library_, module->cubin.data(), nullptr, nullptr, 0, nullptr,
-                                 nullptr, 0));
+  if (auto err = compileKernels(arch))
+    return err;
   CUDA_CHECK(cudaStreamCreate(&stream_));
   CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
@@ -219,90 +214,134 @@ llvm::Error CudaExecutor::initialize() {
   scratch_.resize(ops_.size());
   persistent_.resize(ops_.size());
   gemms_.resize(ops_.size());
-  // Intermediates live in one arena laid out by the memory plan; parameters, the gradients
-  // AdamW reads and state in three buffers of the parameter layout (zeroed: their padding stays
-  // zero); inputs keep buffers of their own.
   MemoryPlan plan = planMemory(graph_, program_);
+  Regions regions;
+  if (auto err = allocateRegions(plan, regions))
+    return err;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (auto err = placeOp(i, plan, regions))
+      return err;
+  return useBf16OperandCopies();
+}
+
+/// The program's kernels: lowered, then compiled by NVRTC for `arch` (or taken from the kernel
+/// cache) and loaded.
+llvm::Error CudaExecutor::compileKernels(const std::string &arch) {
+  LoweringOptions lowering;
+  lowering.groupOptimizer = options_.groupOptimizer;
+  lowering.storeBf16 = options_.storeBf16;
+  auto program = lowerToCuda(graph_, lowering);
+  if (!program)
+    return program.takeError();
+  program_ = std::move(*program);
+  auto module = compileCuda(program_.source, arch);
+  if (!module)
+    return module.takeError();
+  int64_t launches = 0;
+  std::set<std::string> kernels;
+  for (const OpLowering &l : program_.lowering)
+    for (const KernelLaunch &launch : l.launches) {
+      ++launches;
+      kernels.insert(launch.name);
+    }
+  description_ += fmt::format(", {} launches of {} kernels {}", launches, kernels.size(),
+                              module->fromCache ? "from the kernel cache (no NVRTC compilation)"
+                                                : "compiled by NVRTC");
+  CUDA_CHECK(cudaLibraryLoadData(&library_, module->cubin.data(), nullptr, nullptr, 0, nullptr,
+                                 nullptr, 0));
+  return llvm::Error::success();
+}
+
+/// Intermediates live in one arena laid out by the memory plan; parameters, the gradients
+/// AdamW reads and state in three regions of the parameter layout (zeroed: their padding stays
+/// zero); inputs keep buffers of their own.
+llvm::Error CudaExecutor::allocateRegions(const MemoryPlan &plan, Regions &regions) {
   const ParameterLayout &layout = program_.layout;
-  char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
-  for (auto [base, bytes] : {std::pair{&arena, plan.arenaBytes}, std::pair{&params, layout.paramBytes},
-                             std::pair{&grads, layout.gradBytes}, std::pair{&state, layout.stateBytes}}) {
+  for (auto [base, bytes] : {std::pair{&regions.arena, plan.arenaBytes}, std::pair{&regions.params, layout.paramBytes},
+                             std::pair{&regions.grads, layout.gradBytes}, std::pair{&regions.state, layout.stateBytes}}) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(base), size_t(std::max<int64_t>(bytes, 256))));
     CUDA_CHECK(cudaMemset(*base, 0, size_t(std::max<int64_t>(bytes, 256))));
     owned_.push_back(*base);
     allocatedBytes_ += bytes;
   }
-  params_ = params;
+  params_ = regions.params;
   paramBytes_ = layout.paramBytes;
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    const Op &op = *ops_[i];
-    const OpLowering &lowering = program_.lowering[i];
-    for (unsigned r = 0; r < op.numResults(); ++r) {
-      const Value *v = op.result(r);
-      if (layout.params.count(v)) {
-        buffers_[v] = params + layout.params.lookup(v);
-      } else if (layout.state.count(v)) {
-        buffers_[v] = state + layout.state.lookup(v);
-      } else if (lowering.kind == OpLowering::Leaf) { // an input
-        void *p = nullptr;
-        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
-        allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
-        CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
-        owned_.push_back(p);
-        buffers_[v] = p;
-      } else if (const Value *leaf = program_.inPlace.lookup(v)) {
-        buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
-        inPlace_.insert(v);
-      } else if (layout.grads.count(v)) {
-        buffers_[v] = grads + layout.grads.lookup(v);
-      } else if (plan.offsets.count(v)) {
-        buffers_[v] = arena + plan.offsets.lookup(v);
-      } else { // an alias of a leaf, of an in-place value or of a gradient
-        buffers_[v] = buffer(op.operand(0));
-      }
-      // The BF16 copy of a value that has one; a reshape shares its source's.
-      if (plan.shadowOffsets.count(v))
-        shadows_[v] = arena + plan.shadowOffsets.lookup(v);
-      else if (program_.bf16Shadowed.count(v))
-        shadows_[v] = shadows_.lookup(op.operand(0));
-    }
-    for (const KernelLaunch &launch : lowering.launches) {
-      cudaKernel_t kernel;
-      CUDA_CHECK(cudaLibraryGetKernel(&kernel, library_, launch.name.c_str()));
-      kernels_[i].push_back(kernel);
-    }
-    for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
-      scratch_[i].push_back(arena + plan.opLocalOffsets[i][k]);
-    for (int64_t floats : lowering.persistentFloats) {
+  return llvm::Error::success();
+}
+
+/// Op `i`'s results in their buffers, its kernels, scratch, persistent buffers and constants,
+/// and its GEMM plan.
+llvm::Error CudaExecutor::placeOp(size_t i, const MemoryPlan &plan, const Regions &regions) {
+  const ParameterLayout &layout = program_.layout;
+  const Op &op = *ops_[i];
+  const OpLowering &lowering = program_.lowering[i];
+  for (unsigned r = 0; r < op.numResults(); ++r) {
+    const Value *v = op.result(r);
+    if (layout.params.count(v)) {
+      buffers_[v] = regions.params + layout.params.lookup(v);
+    } else if (layout.state.count(v)) {
+      buffers_[v] = regions.state + layout.state.lookup(v);
+    } else if (lowering.kind == OpLowering::Leaf) { // an input
       void *p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
-      CUDA_CHECK(cudaMemset(p, 0, size_t(floats) * 4));
-      allocatedBytes_ += floats * 4;
+      CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytesOf(v->type()), 4)));
+      allocatedBytes_ += int64_t(std::max<size_t>(bytesOf(v->type()), 4));
+      CUDA_CHECK(cudaMemset(p, 0, bytesOf(v->type())));
       owned_.push_back(p);
-      persistent_[i].push_back(p);
+      buffers_[v] = p;
+    } else if (const Value *leaf = program_.inPlace.lookup(v)) {
+      buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
+      inPlace_.insert(v);
+    } else if (layout.grads.count(v)) {
+      buffers_[v] = regions.grads + layout.grads.lookup(v);
+    } else if (plan.offsets.count(v)) {
+      buffers_[v] = regions.arena + plan.offsets.lookup(v);
+    } else { // an alias of a leaf, of an in-place value or of a gradient
+      buffers_[v] = buffer(op.operand(0));
     }
-    if (!lowering.constants.empty()) { // after the persistent buffers, as the kernels expect
-      size_t bytes = lowering.constants.size() * sizeof(double);
-      void *p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, bytes));
-      CUDA_CHECK(cudaMemcpy(p, lowering.constants.data(), bytes, cudaMemcpyHostToDevice));
-      allocatedBytes_ += int64_t(bytes);
-      owned_.push_back(p);
-      persistent_[i].push_back(p);
-    }
-    if (op.kind() == OpKind::Quantize)
-      usedScaleInv_[&op] = static_cast<float *>(persistent_[i].at(0));
-    if (lowering.kind == OpLowering::Gemm) {
-      if (auto err = planGemm(op, gemms_[i]))
-        return err;
-      if (gemms_[i].bf16) // the BF16 operand copies follow the op's scratch in the plan
-        for (int k = 0; k < 2; ++k)
-          gemms_[i].bf16Operands[k] = arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
-    }
+    // The BF16 copy of a value that has one; a reshape shares its source's.
+    if (plan.shadowOffsets.count(v))
+      shadows_[v] = regions.arena + plan.shadowOffsets.lookup(v);
+    else if (program_.bf16Shadowed.count(v))
+      shadows_[v] = shadows_.lookup(op.operand(0));
   }
-  // BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
-  // parameter buffer: the same bits as converting them at each GEMM, once a step. Operands
-  // stored in BF16 are read as they are.
+  for (const KernelLaunch &launch : lowering.launches) {
+    cudaKernel_t kernel;
+    CUDA_CHECK(cudaLibraryGetKernel(&kernel, library_, launch.name.c_str()));
+    kernels_[i].push_back(kernel);
+  }
+  for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
+    scratch_[i].push_back(regions.arena + plan.opLocalOffsets[i][k]);
+  for (int64_t floats : lowering.persistentFloats) {
+    void *p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, size_t(floats) * 4));
+    CUDA_CHECK(cudaMemset(p, 0, size_t(floats) * 4));
+    allocatedBytes_ += floats * 4;
+    owned_.push_back(p);
+    persistent_[i].push_back(p);
+  }
+  if (!lowering.constants.empty()) { // after the persistent buffers, as the kernels expect
+    size_t bytes = lowering.constants.size() * sizeof(double);
+    void *p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    CUDA_CHECK(cudaMemcpy(p, lowering.constants.data(), bytes, cudaMemcpyHostToDevice));
+    allocatedBytes_ += int64_t(bytes);
+    owned_.push_back(p);
+    persistent_[i].push_back(p);
+  }
+  if (op.kind() == OpKind::Quantize)
+    usedScaleInv_[&op] = static_cast<float *>(persistent_[i].at(0));
+  if (lowering.kind == OpLowering::Gemm) {
+    if (auto err = planGemm(op, gemms_[i]))
+      return err;
+    if (gemms_[i].bf16) // the BF16 operand copies follow the op's scratch in the plan
+      for (int k = 0; k < 2; ++k)
+        gemms_[i].bf16Operands[k] = regions.arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
+  }
+  return llvm::Error::success();
+}
+
+// The same bits as converting them at each GEMM, once a step.
+llvm::Error CudaExecutor::useBf16OperandCopies() {
   for (size_t i = 0; i < ops_.size(); ++i)
     for (int k = 0; k < 2 && gemms_[i].bf16; ++k) {
       const Value *operand = ops_[i]->operand(k);
@@ -630,9 +669,6 @@ bool cudaAvailable(std::string *why) {
 }
 
 llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph, CudaOptions options) {
-  std::string why;
-  if (!cudaAvailable(&why))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: no GPU: %s", why.c_str());
   auto executor = std::make_unique<CudaExecutor>(graph, options);
   if (auto err = executor->initialize())
     return std::move(err);

@@ -44,6 +44,9 @@ int runBench() {
   llvm::outs() << fmt::format("{:<6} {:<34} {:>10} {:>10} {:>12} {:>9} {:>11} {:>10}\n", "recipe",
                               "device", "median ms", "mean ms", "tokens/s", "TFLOP/s", "memory MiB",
                               "final loss");
+  auto device = resolveDevice(); // detected once for every precision
+  if (!device)
+    return report(device.takeError());
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
   for (const std::string &recipe : recipes) {
     std::optional<Recipe> parsed = parseRecipe(recipe);
@@ -52,9 +55,6 @@ int runBench() {
     ModelConfig config = *base;
     config.precision.recipe = *parsed;
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps);
-    auto device = resolveDevice();
-    if (!device)
-      return report(device.takeError());
     auto trainer = Trainer::create(config, "", *device);
     if (!trainer) {
       llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(trainer.takeError()));

@@ -139,18 +139,21 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
 /// --device: auto takes the GPU when there is one (and this build can use it); an explicit
 /// request the machine cannot serve is an error, not a downgrade.
 llvm::Expected<Device> resolveDevice() {
-  std::string why;
   if (DeviceFlag == "cpu")
-    return tgc::Device::Cpu;
+    return Device::cpu();
   if (DeviceFlag == "auto") {
-    if (!cudaAvailable(&why))
-      return tgc::Device::Cpu;
-    return tgc::Device::Cuda;
+    auto gpu = detectCudaDevice();
+    if (!gpu) {
+      llvm::consumeError(gpu.takeError());
+      return Device::cpu();
+    }
+    return gpu;
   }
   if (DeviceFlag == "cuda") {
-    if (!cudaAvailable(&why))
-      return flagError("--device cuda: " + why);
-    return tgc::Device::Cuda;
+    auto gpu = detectCudaDevice();
+    if (!gpu)
+      return flagError("--device cuda: " + llvm::toString(gpu.takeError()).substr(std::string("error: no GPU: ").size()));
+    return gpu;
   }
   return flagError("--device must be auto, cpu or cuda, got '" + DeviceFlag + "'");
 }
