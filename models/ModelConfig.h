@@ -56,7 +56,7 @@ struct PrecisionConfig {
   std::string amaxComputeAlgo = "max"; // max | most_recent
   /// GEMM sites (glob patterns: lm_head, h0.*) that stay in BF16 under the fp8 recipe.
   std::vector<std::string> keepBf16 = {"lm_head"};
-  /// FP8 only for GEMMs whose K and N are at least this (see passes/Precision.h).
+  /// FP8 only for GEMMs whose K and N are at least this (see transforms/precision/Precision.h).
   int64_t fp8MinDim = 2048;
 };
 

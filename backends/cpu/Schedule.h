@@ -1,5 +1,6 @@
-// The learning-rate schedule: linear warmup, then cosine decay to min_lr. One definition, used
-// by the lr_schedule op on every backend and by `tgc train`'s log.
+// The learning-rate schedule: linear warmup, then cosine decay to min_lr, as the interpreter's
+// lr_schedule computes it. The GPU's lrSchedule kernel (backends/cuda/kernels/optimizer.cuh)
+// computes the same in double; the training tests compare the two.
 #pragma once
 
 #include "ir/Types.h"

@@ -1,6 +1,7 @@
 // The GPU executor: runs a program's generated kernels (compiled by NVRTC for this GPU) and its
-// GEMMs (cuBLASLt) on one CUDA device. Every value has its own device buffer for now (the
-// memory plan comes later), so any value can be read back after a run.
+// GEMMs (cuBLASLt) on one CUDA device, one step as one CUDA graph replay. Intermediates share
+// one arena laid out by the memory plan (MemoryPlan.h); parameters, gradients and state live in
+// contiguous regions (ParameterLayout).
 #pragma once
 
 #include "backends/Executor.h"

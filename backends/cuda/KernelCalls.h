@@ -1,4 +1,4 @@
-// What the per-op lowering (CudaSource.cpp) and the optimizer's program-level grouping
+// What the per-op lowering (Lowering.cpp) and the optimizer's program-level grouping
 // (OptimizerGroups.cpp) share: the wrapper every generated kernel is, the AdamW call, and
 // launch shapes that must agree for the grouped kernels to give the per-op kernels' bits.
 #pragma once

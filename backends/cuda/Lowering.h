@@ -1,6 +1,8 @@
-// Lowering to CUDA: every op of a program that is not a GEMM becomes a kernel generated from a
-// template with its shapes and constants baked in. The kernels of one program form one
-// translation unit, compiled once by NVRTC (Nvrtc.h).
+// Lowering to CUDA: every op of a program that is not a GEMM (cuBLASLt), a reshape or a leaf
+// becomes one or more launches of a kernel template of backends/cuda/kernels/*.cuh,
+// instantiated with the op's shapes by a one-line wrapper; ops whose wrappers would be the same
+// text share one kernel. The kernels of one program form one translation unit, compiled once by
+// NVRTC (Nvrtc.h) against the embedded headers (KernelHeaders.h).
 #pragma once
 
 #include "ir/Graph.h"

@@ -33,7 +33,7 @@ def mix64(x):
 
 
 class Rng:
-    """tgc's runtime/Random.h."""
+    """tgc's support/Random.h."""
 
     def __init__(self, seed):
         self.state = seed & MASK
@@ -70,7 +70,7 @@ def train_batch(cfg, index):
 
 
 def learning_rate(cfg, step):
-    """tgc's runtime/Schedule.h."""
+    """tgc's backends/cpu/Schedule.h."""
     lr, warmup, steps = cfg["lr"], cfg["warmup"], cfg["steps"]
     min_lr = lr * cfg["min_lr_ratio"]
     if warmup > 0 and step <= warmup:
@@ -153,7 +153,7 @@ class Fp8Linear(torch.autograd.Function):
 
 
 def fp8_layers(cfg, min_dim, device):
-    """tgc's rule (passes/Precision.h): FP8 for a linear layer but the head when M, K and N are
+    """tgc's rule (transforms/precision/Precision.h): FP8 for a linear layer but the head when M, K and N are
     multiples of 16 and K and N reach fp8_min_dim. Scaling state for each."""
     d, ffn, m = cfg["d_model"], cfg["ffn"], cfg["batch"] * cfg["seq_len"]
     up = 2 * ffn if cfg["activation"] == "swiglu" else ffn
