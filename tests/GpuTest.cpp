@@ -2,6 +2,8 @@
 // model's training program on fresh random inputs (results poisoned with NaN first, so that an
 // unwritten element fails), and fp32 training parity. Skipped where there is no GPU.
 #include "backends/cuda/Pipeline.h"
+#include "backends/cuda/Lowering.h"
+#include "backends/cuda/KernelHeaders.h"
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -15,6 +17,8 @@
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <functional>
+#include <map>
 #include <fmt/format.h>
 
 using namespace tgc;
@@ -100,11 +104,12 @@ bool isLayerNormFused(OpKind kind) {
 /// Every op of `program` alone on the GPU against the CPU, on fresh random operands; `checked`
 /// counts them. A LayerNorm+Linear/MLP op (or gradient) runs on the GPU as expand-layernorm-fused
 /// lowers it; `onlyLayerNormFused` restricts the ops to those.
-void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLayerNormFused = false) {
+void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLayerNormFused = false,
+                                const std::function<bool(const Op &)> &selected = nullptr) {
   Rng rng(freshSeed());
   for (const Op *op : program->ops()) {
     if (isLeaf(op->kind()) || hasSideEffects(op->kind()) ||
-        (onlyLayerNormFused && !isLayerNormFused(op->kind())))
+        (onlyLayerNormFused && !isLayerNormFused(op->kind())) || (selected && !selected(*op)))
       continue;
     // The op alone, its operands as inputs.
     Graph single("op");
@@ -217,6 +222,91 @@ TEST_P(GpuKernels, EveryOpOfTheTinyDecodeStepMatchesTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuKernels, testing::Values("fp32", "bf16", "fp8"));
+
+// ---- Each kernel header (backends/cuda/kernels/*.cuh) against the CPU at odd shapes ----
+
+/// The programs whose ops the kernel-family tests take: the odd model (tests/models/odd.yaml)
+/// and its RMSNorm/SwiGLU/no-bias variant, as the GPU compiles them under every recipe
+/// (training and the decode step), with attention fused in fp32 (the thread-per-row kernels),
+/// and unfused (softmax, log-softmax, NLL, the permutes and pads of plain attention).
+std::vector<std::unique_ptr<Graph>> oddPrograms() {
+  std::vector<std::unique_ptr<Graph>> programs;
+  ModelConfig odd = unwrap(loadModelConfig(sourcePath("tests/models/odd.yaml")));
+  ModelConfig variant = odd;
+  variant.norm = NormKind::RMSNorm;
+  variant.activation = ActivationKind::SwiGLU;
+  variant.bias = false;
+  variant.tieEmbeddings = false;
+  auto compile = [&](const ModelConfig &c, GPTOutput output, Recipe recipe, std::vector<std::string> passes) {
+    auto graph = unwrap(buildGPT(c, c.train.batch, output));
+    PipelineOptions options;
+    options.passOptions.train = c.train;
+    options.passOptions.precision = c.precision;
+    options.passOptions.precision.recipe = recipe;
+    auto pipeline = unwrap(PassPipeline::create(passes, options));
+    EXPECT_FALSE(bool(pipeline.run(*graph)));
+    programs.push_back(std::move(graph));
+  };
+  for (const ModelConfig *c : {&odd, &variant}) {
+    for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16, Recipe::Fp8})
+      compile(*c, GPTOutput::Loss, recipe, gpuPipeline(true, recipe));
+    for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16})
+      compile(*c, GPTOutput::Decode, recipe, gpuPipeline(false, recipe));
+    compile(*c, GPTOutput::Loss, Recipe::Fp32, {"fuse-attention", "autodiff", "dce"});
+    compile(*c, GPTOutput::Loss, Recipe::Fp32, {"autodiff", "concat-pads", "adamw", "dce"});
+  }
+  return programs;
+}
+
+/// For each op of `programs` lowered to kernels, the kernel header its launches instantiate.
+std::map<const Op *, std::string> kernelHeadersOfOps(const std::vector<std::unique_ptr<Graph>> &programs) {
+  std::map<const Op *, std::string> headers;
+  for (const auto &program : programs) {
+    CudaProgram lowered = unwrap(lowerToCuda(*program));
+    std::vector<Op *> ops = program->ops();
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!lowered.lowering[i].header.empty())
+        headers[ops[i]] = lowered.lowering[i].header;
+  }
+  return headers;
+}
+
+// Without a GPU too: every kernel header but common.cuh has ops among the odd programs, so a
+// new header cannot go untested by the GPU test below.
+TEST(KernelFamilies, EveryHeaderHasOpsAtOddShapes) {
+  auto programs = oddPrograms();
+  std::map<std::string, int> ops;
+  for (const auto &[op, header] : kernelHeadersOfOps(programs))
+    ++ops[header];
+  for (const KernelHeader &header : kernelHeaders()) {
+    if (llvm::StringRef(header.name) == "common.cuh")
+      continue;
+    EXPECT_GT(ops[header.name], 0) << header.name << " has no op in the odd programs";
+  }
+}
+
+class KernelFamilies : public testing::TestWithParam<std::string> {};
+
+TEST_P(KernelFamilies, MatchTheCpuAtOddShapes) {
+  SKIP_WITHOUT_GPU();
+  auto programs = oddPrograms();
+  std::map<const Op *, std::string> headers = kernelHeadersOfOps(programs);
+  int checked = 0;
+  for (const auto &program : programs)
+    expectEveryOpMatchesTheCpu(program.get(), checked, false, [&](const Op &op) {
+      auto it = headers.find(&op);
+      return it != headers.end() && it->second == GetParam();
+    });
+  EXPECT_GT(checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Headers, KernelFamilies,
+                         testing::Values("attention.cuh", "decode.cuh", "elementwise.cuh", "embedding.cuh",
+                                         "fp8.cuh", "layout.cuh", "loss.cuh", "norms.cuh", "optimizer.cuh",
+                                         "reduce.cuh", "softmax.cuh"),
+                         [](const testing::TestParamInfo<std::string> &info) {
+                           return info.param.substr(0, info.param.find('.'));
+                         });
 
 /// layer_norm_linear, layer_norm_mlp and their gradients as the GPU runs them (their norm and
 /// GEMM ops) against the fused ops on the CPU: LayerNorm and RMSNorm, GELU and SwiGLU, with and

@@ -74,7 +74,10 @@ public:
     return typed;
   }
   /// The header (backends/cuda/kernels) whose templates this op's kernels call.
-  void uses(const char *header) { headers.insert(header); }
+  void uses(const char *header) {
+    headers.insert(header);
+    lowering.header = header;
+  }
   /// A launch of `blocks` blocks running `call`.
   void launch(unsigned index, const std::string &params, int64_t blocks, const std::string &call,
               int threads = kThreads) {

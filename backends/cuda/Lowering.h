@@ -39,6 +39,7 @@ struct OpLowering {
   // results (a grouped launch: the first tensor of each contiguous buffer it covers).
   std::vector<const Value *> arguments;
   std::string label; // what a profile calls a grouped launch; empty: the op's name
+  std::string header; // the kernel header (backends/cuda/kernels) its launches instantiate
   std::vector<int64_t> scratchFloats; // per scratch buffer, alive during the op
   // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
   // the scale_inv it quantized with here (what its FP8 GEMMs and read-back multiply by).
