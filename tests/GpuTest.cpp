@@ -76,8 +76,14 @@ Tensor randomOperand(const Op &op, unsigned i, Rng &rng) {
   for (float &v : t.data)
     v = float(rng.normal());
   bool scalarStep = t.type.rank() == 0 && !isFloat(t.type.dtype);
+  // The decode step's position is a row of the cache [B, T, D].
+  bool position = (op.kind() == OpKind::KvWrite && i == 2) || (op.kind() == OpKind::DecodeAttention && i == 3);
+  int64_t rows = op.kind() == OpKind::KvWrite ? op.operand(0)->type().dim(1)
+                 : op.kind() == OpKind::DecodeAttention ? op.operand(1)->type().dim(1) : 0;
   for (int32_t &v : t.ints)
-    v = scalarStep ? int32_t(1 + rng.below(20)) : int32_t(rng.below(intBound(op, i)));
+    v = position     ? int32_t(rng.below(rows))
+        : scalarStep ? int32_t(1 + rng.below(20))
+                     : int32_t(rng.below(intBound(op, i)));
   // AdamW reads a second moment (>= 0), a learning rate and a clip factor in (0, 1].
   if (op.kind() == OpKind::AdamW && i == 3)
     for (float &v : t.data)
