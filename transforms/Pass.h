@@ -12,14 +12,22 @@
 
 namespace tgc {
 
-/// A pass rewrites a graph in place. Passes keep no state across runs.
+struct PassOptions;
+
+/// A pass rewrites a graph in place. Passes keep no state across runs. Each is a row of
+/// Passes.def, which gives its name and summary; createPass makes it.
 class Pass {
 public:
   virtual ~Pass() = default;
-  virtual llvm::StringRef name() const = 0;
-  virtual llvm::StringRef description() const = 0;
+  /// Its name in Passes.def (a pass made outside the table, in a test, names itself).
+  virtual llvm::StringRef name() const { return name_; }
+  virtual llvm::StringRef description() const { return summary_; }
   /// Returns whether the graph changed.
   virtual llvm::Expected<bool> run(Graph &graph) = 0;
+
+private:
+  friend std::unique_ptr<Pass> createPass(llvm::StringRef name, const PassOptions &options);
+  std::string name_, summary_;
 };
 
 /// What passes that need settings read (the optimizer's hyperparameters).

@@ -10,33 +10,26 @@ namespace tgc {
 namespace {
 struct PassEntry {
   const char *name;
+  const char *summary;
   std::unique_ptr<Pass> (*create)(const PassOptions &);
 };
+
 const PassEntry kPasses[] = {
-    {"cse", [](const PassOptions &) { return createCommonSubexpressionEliminationPass(); }},
-    {"dce", [](const PassOptions &) { return createDeadCodeEliminationPass(); }},
-    {"fuse-attention", [](const PassOptions &) { return createFuseAttentionPass(); }},
-    {"fuse-softmax", [](const PassOptions &) { return createFuseSoftmaxPass(); }},
-    {"fuse-layernorm-mlp", [](const PassOptions &) { return createFuseLayerNormMLPPass(); }},
-    {"fuse-layernorm-linear", [](const PassOptions &) { return createFuseLayerNormLinearPass(); }},
-    {"fuse-residual-norm", [](const PassOptions &) { return createFuseResidualNormPass(); }},
-    {"fuse-bias-activation", [](const PassOptions &) { return createFuseBiasActivationPass(); }},
-    {"fuse-bias", [](const PassOptions &) { return createFuseBiasPass(); }},
-    {"fuse-cross-entropy", [](const PassOptions &) { return createFuseCrossEntropyPass(); }},
-    {"assign-precision", [](const PassOptions &o) { return createAssignPrecisionPass(o.precision); }},
-    {"autodiff", [](const PassOptions &) { return createAutodiffPass(); }},
-    {"concat-pads", [](const PassOptions &) { return createConcatPadsPass(); }},
-    {"fp8-update", [](const PassOptions &o) { return createFp8UpdatePass(o.precision); }},
-    {"adamw", [](const PassOptions &o) { return createAdamWPass(o.train); }},
-    {"legalize-fp8-gemm", [](const PassOptions &) { return createLegalizeFp8GemmPass(); }},
-    {"expand-layernorm-fused", [](const PassOptions &) { return createExpandLayerNormFusedPass(); }},
+#define PASS(Name, Summary, Constructor)                                                           \
+  {Name, Summary, [](const PassOptions &o) -> std::unique_ptr<Pass> { (void)o; return Constructor; }},
+#include "transforms/Passes.def"
 };
+
 } // namespace
 
 std::unique_ptr<Pass> createPass(llvm::StringRef name, const PassOptions &options) {
   for (const PassEntry &entry : kPasses)
-    if (name == entry.name)
-      return entry.create(options);
+    if (name == entry.name) {
+      std::unique_ptr<Pass> pass = entry.create(options);
+      pass->name_ = entry.name;
+      pass->summary_ = entry.summary;
+      return pass;
+    }
   return nullptr;
 }
 

@@ -11,11 +11,6 @@ namespace {
 
 class CommonSubexpressionElimination : public Pass {
 public:
-  llvm::StringRef name() const override { return "cse"; }
-  llvm::StringRef description() const override {
-    return "merge ops that compute the same value";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     // Keyed by operand *names* (unique, stable), never by pointers, so the choice is
     // deterministic.

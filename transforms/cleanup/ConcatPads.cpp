@@ -13,11 +13,6 @@ namespace {
 
 class ConcatPads : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "concat-pads"; }
-  llvm::StringRef description() const override {
-    return "a sum of pads that tile an axis -> concat";
-  }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *root) const override {
     if (root->kind() != OpKind::Add || root->operand(0)->type() != root->operand(1)->type())
       return std::nullopt;

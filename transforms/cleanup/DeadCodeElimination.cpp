@@ -8,9 +8,6 @@ namespace {
 
 class DeadCodeElimination : public Pass {
 public:
-  llvm::StringRef name() const override { return "dce"; }
-  llvm::StringRef description() const override { return "remove ops whose results are unused"; }
-
   llvm::Expected<bool> run(Graph &graph) override {
     bool changed = false;
     std::vector<Op *> ops = graph.ops();

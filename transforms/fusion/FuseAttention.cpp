@@ -12,9 +12,6 @@ const std::vector<int64_t> kSwapHeads{0, 2, 1, 3};
 
 class FuseAttention : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-attention"; }
-  llvm::StringRef description() const override { return "causal multi-head attention -> attention"; }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *merge) const override {
     // merge = reshape(transpose(matmul(probs, v), 0213)) : [B, T, D]
     if (merge->kind() != OpKind::Reshape || merge->result()->type().rank() != 3)

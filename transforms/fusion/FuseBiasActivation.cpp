@@ -20,9 +20,6 @@ Replacement biasEpilogue(OpKind kind, const Op &linear, const Op &add) {
 
 class FuseBiasActivation : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-bias-activation"; }
-  llvm::StringRef description() const override { return "linear + bias + gelu -> matmul_bias_gelu"; }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *gelu) const override {
     if (gelu->kind() != OpKind::Gelu)
       return std::nullopt;
@@ -42,9 +39,6 @@ public:
 
 class FuseBias : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-bias"; }
-  llvm::StringRef description() const override { return "linear + bias -> matmul_bias"; }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *add) const override {
     if (add->kind() != OpKind::Add)
       return std::nullopt;

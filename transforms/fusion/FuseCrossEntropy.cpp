@@ -8,9 +8,6 @@ namespace {
 
 class FuseCrossEntropy : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-cross-entropy"; }
-  llvm::StringRef description() const override { return "log_softmax + nll_loss -> cross_entropy"; }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *loss) const override {
     if (loss->kind() != OpKind::NLLLoss)
       return std::nullopt;

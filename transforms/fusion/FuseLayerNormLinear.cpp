@@ -9,9 +9,6 @@ namespace {
 
 class FuseLayerNormLinear : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-layernorm-linear"; }
-  llvm::StringRef description() const override { return "norm + linear -> layer_norm_linear"; }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *linear) const override {
     if (!isLinear(linear))
       return std::nullopt;

@@ -9,11 +9,6 @@ namespace {
 
 class FuseLayerNormMLP : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-layernorm-mlp"; }
-  llvm::StringRef description() const override {
-    return "norm + fc1 + activation + fc2 -> layer_norm_mlp";
-  }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *fc2) const override {
     if (!isLinear(fc2))
       return std::nullopt;

@@ -8,9 +8,6 @@ namespace {
 
 class FuseResidualNorm : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-residual-norm"; }
-  llvm::StringRef description() const override { return "residual add + norm -> residual_norm"; }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *norm) const override {
     if (!isNorm(norm))
       return std::nullopt;

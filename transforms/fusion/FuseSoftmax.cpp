@@ -12,11 +12,6 @@ namespace {
 
 class FuseSoftmax : public FusionPass {
 public:
-  llvm::StringRef name() const override { return "fuse-softmax"; }
-  llvm::StringRef description() const override {
-    return "scale + causal_mask + softmax -> masked_softmax";
-  }
-
   std::optional<FusionMatch> match(const Graph &graph, Op *softmax) const override {
     if (softmax->kind() != OpKind::Softmax)
       return std::nullopt;

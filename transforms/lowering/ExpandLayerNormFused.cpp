@@ -251,12 +251,6 @@ llvm::Error expandLayerNormMLPBackward(Graph &graph, Op &op) {
 
 class ExpandLayerNormFused : public Pass {
 public:
-  llvm::StringRef name() const override { return "expand-layernorm-fused"; }
-  llvm::StringRef description() const override {
-    return "layer_norm_linear, layer_norm_mlp and their gradients -> the norm and GEMM ops the "
-           "GPU runs them as";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     bool changed = false;
     for (Op *op : graph.ops()) {

@@ -15,11 +15,6 @@ namespace {
 
 class LegalizeFp8Gemm : public Pass {
 public:
-  llvm::StringRef name() const override { return "legalize-fp8-gemm"; }
-  llvm::StringRef description() const override {
-    return "materialise the transposes that put FP8 GEMMs in cuBLASLt's TN layout";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     Builder b(graph);
     llvm::DenseMap<Value *, Value *> transposed; // one transpose per FP8 value

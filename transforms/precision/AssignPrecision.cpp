@@ -25,11 +25,6 @@ bool isGemm(OpKind kind) {
 class AssignPrecision : public Pass {
 public:
   explicit AssignPrecision(PrecisionConfig config) : config_(std::move(config)) {}
-  llvm::StringRef name() const override { return "assign-precision"; }
-  llvm::StringRef description() const override {
-    return "BF16 GEMMs, or FP8 quantization with delayed-scaling state";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     Recipe recipe = config_.recipe;
     if (recipe == Recipe::Auto)

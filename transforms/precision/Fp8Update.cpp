@@ -14,11 +14,6 @@ namespace {
 class Fp8Update : public Pass {
 public:
   explicit Fp8Update(PrecisionConfig config) : config_(std::move(config)) {}
-  llvm::StringRef name() const override { return "fp8-update"; }
-  llvm::StringRef description() const override {
-    return "update amax histories and scales after each step";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     std::vector<Op *> quantizes;
     for (Op *op : graph.ops()) {

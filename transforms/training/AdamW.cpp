@@ -11,11 +11,6 @@ namespace {
 class AdamWPass : public Pass {
 public:
   explicit AdamWPass(TrainConfig config) : config_(config) {}
-  llvm::StringRef name() const override { return "adamw"; }
-  llvm::StringRef description() const override {
-    return "append gradient clipping, the lr schedule and the AdamW update";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     if (graph.lookup(program::kStep))
       return stringError("graph already has a %step: is the optimizer already there?");

@@ -337,11 +337,6 @@ const GradFn kGradFns[] = {
 
 class Autodiff : public Pass {
 public:
-  llvm::StringRef name() const override { return "autodiff"; }
-  llvm::StringRef description() const override {
-    return "append the backward program of the loss";
-  }
-
   llvm::Expected<bool> run(Graph &graph) override {
     if (graph.outputs().empty() || graph.outputs()[0]->type() != TensorType(DType::F32, {}))
       return stringError("autodiff needs a scalar f32 loss as the graph's first output");
