@@ -2,26 +2,51 @@
 
 #include "support/Random.h"
 
+#include "llvm/Support/Parallel.h"
+
+#include <algorithm>
+
 namespace tgc {
 
-std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed) {
+namespace {
+/// Elements a task of the parallel fill takes.
+constexpr int64_t kInitChunk = int64_t(1) << 20;
+} // namespace
+
+std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, ZeroLeaves zeros) {
   std::map<std::string, Tensor> params;
+  struct NormalFill {
+    std::vector<float> *data;
+    uint64_t stream;
+    double std;
+  };
+  std::vector<NormalFill> normals;
   for (const Op *op : graph.ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;
     const Value *v = op->result();
-    Tensor t = Tensor::zeros(v->type());
     std::string init = op->attrs().getString("init").value_or("zeros");
-    if (init == "ones") {
+    if (init != "ones" && init != "normal" && zeros == ZeroLeaves::Omit)
+      continue;
+    Tensor &t = params.emplace(v->name(), Tensor::zeros(v->type())).first->second;
+    if (init == "ones")
       std::fill(t.data.begin(), t.data.end(), 1.0f);
-    } else if (init == "normal") {
-      double std = op->attrs().getFloat("std").value_or(0.02);
-      Rng rng(mix64(seed) ^ hashName(v->name()));
-      for (float &x : t.data)
-        x = float(rng.normal() * std);
-    }
-    params.emplace(v->name(), std::move(t));
+    else if (init == "normal")
+      normals.push_back({&t.data, mix64(seed) ^ hashName(v->name()), op->attrs().getFloat("std").value_or(0.02)});
   }
+  // The normal draws, in chunks of every tensor on every core: element i of a tensor is the
+  // normal of its stream's draws 2i and 2i+1, whichever task computes it.
+  std::vector<std::pair<size_t, int64_t>> tasks; // (tensor, first element)
+  for (size_t t = 0; t < normals.size(); ++t)
+    for (int64_t begin = 0; begin < int64_t(normals[t].data->size()); begin += kInitChunk)
+      tasks.emplace_back(t, begin);
+  llvm::parallelFor(0, tasks.size(), [&](size_t k) {
+    const NormalFill &fill = normals[tasks[k].first];
+    int64_t begin = tasks[k].second, end = std::min<int64_t>(begin + kInitChunk, fill.data->size());
+    Rng rng(fill.stream + uint64_t(2 * begin));
+    for (int64_t i = begin; i < end; ++i)
+      (*fill.data)[i] = float(rng.normal() * fill.std);
+  });
   return params;
 }
 

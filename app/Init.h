@@ -9,8 +9,17 @@
 
 namespace tgc {
 
-/// One tensor per param and state op, keyed by name. Each parameter draws from its own stream seeded by
-/// (seed, name), so a parameter's values do not depend on the order of the graph.
-std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed);
+/// Which leaves initParams makes.
+enum class ZeroLeaves {
+  Include, // every param and state op (the CPU interpreter needs each leaf bound)
+  Omit,    // not those whose init is zeros: an executor whose buffers start at zero (the GPU's)
+};
+
+/// One tensor per param and state op, keyed by name. Each parameter draws from its own stream
+/// seeded by (seed, name), so a parameter's values do not depend on the order of the graph;
+/// element i takes the stream's draws 2i and 2i+1, so the tensors are filled on all cores with
+/// the same bits as on one.
+std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed,
+                                         ZeroLeaves zeros = ZeroLeaves::Include);
 
 } // namespace tgc

@@ -2,6 +2,8 @@
 // save and resume, checkpoint errors, PyTorch parity, and the tiny model learning its task.
 #include "ir/Parser.h"
 #include "app/Checkpoint.h"
+#include "app/Init.h"
+#include "support/Random.h"
 #include "app/Generate.h"
 #include "backends/cpu/Interpreter.h"
 #include "backends/cpu/Schedule.h"
@@ -86,6 +88,31 @@ TEST(Optimizer, AdamWClipAndScheduleOpsFollowTorch) {
     EXPECT_NEAR(m.data[i], 0.1f * gi, 1e-7);
     EXPECT_NEAR(v.data[i], 0.05f * gi * gi, 1e-7);
   }
+}
+
+// Parameters are drawn on all cores in chunks: the bits are those of one stream per tensor,
+// drawn in order, whatever the chunking; zero leaves can be left out (the GPU's buffers start at
+// zero).
+TEST(Init, ParallelDrawsGiveTheSequentialStreamsBits) {
+  Graph g("init");
+  Builder b(g);
+  int64_t n = (int64_t(1) << 21) + 12345; // a few chunks and a partial one
+  b.param("w", TensorType(DType::F32, {n}), attrs({{"init", std::string("normal")}, {"std", 0.02}}));
+  b.param("g", TensorType(DType::F32, {7}), attrs({{"init", std::string("ones")}}));
+  b.state("m", TensorType(DType::F32, {5}), attrs({{"init", std::string("zeros")}}));
+  ASSERT_FALSE(bool(b.takeError()));
+  uint64_t seed = 99;
+  auto all = initParams(g, seed);
+  ASSERT_EQ(all.size(), 3u);
+  Rng rng(mix64(seed) ^ hashName("w"));
+  const std::vector<float> &w = all.at("w").data;
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(w[i], float(rng.normal() * 0.02)) << "element " << i;
+  EXPECT_EQ(all.at("g").data, std::vector<float>(7, 1.0f));
+  EXPECT_EQ(all.at("m").data, std::vector<float>(5, 0.0f));
+  auto withoutZeros = initParams(g, seed, ZeroLeaves::Omit);
+  EXPECT_EQ(withoutZeros.count("m"), 0u);
+  EXPECT_EQ(withoutZeros.at("w").data, w);
 }
 
 TEST(Training, SameSeedSameLossesBitForBit) {
