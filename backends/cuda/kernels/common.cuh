@@ -6,31 +6,28 @@
 
 typedef long long int64;
 
-// The sum of one value per thread of the block, added in a fixed tree.
-__device__ double blockSum(double value, double *shared) {
+// One value per thread of the block combined in a fixed tree (the same bits on every run), the
+// result given to every thread. `shared` holds a value per thread.
+template <typename T, typename Combine>
+__device__ T blockReduce(T value, T *shared, Combine combine) {
   shared[threadIdx.x] = value;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
     if (threadIdx.x < stride)
-      shared[threadIdx.x] += shared[threadIdx.x + stride];
+      shared[threadIdx.x] = combine(shared[threadIdx.x], shared[threadIdx.x + stride]);
     __syncthreads();
   }
-  double total = shared[0];
+  T result = shared[0];
   __syncthreads();
-  return total;
+  return result;
+}
+
+__device__ double blockSum(double value, double *shared) {
+  return blockReduce(value, shared, [](double a, double b) { return a + b; });
 }
 
 __device__ float blockMax(float value, float *shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride)
-      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  float result = shared[0];
-  __syncthreads();
-  return result;
+  return blockReduce(value, shared, [](float a, float b) { return fmaxf(a, b); });
 }
 
 // The sum of one value per lane over a warp; every lane gets it.

@@ -13,16 +13,7 @@ __device__ float amaxMerge(float a, float b) {
 }
 
 __device__ float blockAmax(float value, float *shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride)
-      shared[threadIdx.x] = amaxMerge(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  float result = shared[0];
-  __syncthreads();
-  return result;
+  return blockReduce(value, shared, [](float a, float b) { return amaxMerge(a, b); });
 }
 
 // Launch 0: each of Blocks blocks converts a contiguous range of PerBlock elements to FP8
