@@ -14,17 +14,17 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
     const ParameterLayout &layout = lowered->layout;
     auto mib = [](int64_t bytes) { return double(bytes) / double(1 << 20); };
     os << fmt::format("// GPU memory plan: intermediates {:.1f} MiB in one arena ({:.1f} MiB "
-                                "without reuse), parameters, gradients, state and inputs {:.1f} MiB\n",
-                                mib(plan.arenaBytes), mib(plan.withoutReuseBytes),
-                                mib(plan.persistentBytes));
+                      "without reuse), parameters, gradients, state and inputs {:.1f} MiB\n",
+                      mib(plan.arenaBytes), mib(plan.withoutReuseBytes),
+                      mib(plan.persistentBytes));
     os << fmt::format("// contiguous buffers: parameters {:.1f} MiB ({} tensors), gradients "
-                                "{:.1f} MiB, state {:.1f} MiB (AdamW's moments {:.1f} MiB)\n",
-                                mib(layout.paramBytes), layout.params.size(), mib(layout.gradBytes),
-                                mib(layout.stateBytes), mib(2 * layout.updatedBytes));
+                      "{:.1f} MiB, state {:.1f} MiB (AdamW's moments {:.1f} MiB)\n",
+                      mib(layout.paramBytes), layout.params.size(), mib(layout.gradBytes),
+                      mib(layout.stateBytes), mib(2 * layout.updatedBytes));
     for (const OpLowering &l : lowered->lowering)
       if (!l.label.empty())
         os << fmt::format("// grouped: {}, {} launch{}\n", l.label, l.launches.size(),
-                                    l.launches.size() == 1 ? "" : "es");
+                          l.launches.size() == 1 ? "" : "es");
     int64_t bf16Values = 0, bf16Bytes = 0;
     for (const Value *v : lowered->bf16Stored)
       if (v->def()->kind() != OpKind::Reshape) {
@@ -33,8 +33,8 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
       }
     if (bf16Values)
       os << fmt::format("// {} values stored in BF16, as only BF16 GEMMs read them "
-                                  "({:.1f} MiB, half their fp32 size)\n",
-                                  bf16Values, mib(bf16Bytes));
+                        "({:.1f} MiB, half their fp32 size)\n",
+                        bf16Values, mib(bf16Bytes));
     std::vector<std::string> converted; // BF16 GEMM operands a conversion kernel rounds
     std::vector<Op *> loweredOps = graph.ops();
     for (size_t i = 0; i < loweredOps.size(); ++i)
@@ -44,19 +44,19 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
             converted.push_back("%" + loweredOps[i]->operand(k)->name());
     if (!converted.empty())
       os << fmt::format("// {} BF16 GEMM operands converted at the GEMM: {}\n",
-                                  converted.size(), fmt::join(converted, ", "));
+                        converted.size(), fmt::join(converted, ", "));
     if (!plan.shadowOffsets.empty())
       os << fmt::format("// {} values with a BF16 copy their producer writes for the "
-                                  "BF16 GEMMs that read them\n",
-                                  plan.shadowOffsets.size());
+                        "BF16 GEMMs that read them\n",
+                        plan.shadowOffsets.size());
     if (!lowered->inPlace.empty())
       os << fmt::format("// {} values written into the state they are assigned to "
-                                  "({:.1f} MiB neither in the arena nor copied)\n",
-                                  lowered->inPlace.size(), mib(plan.inPlaceBytes));
+                        "({:.1f} MiB neither in the arena nor copied)\n",
+                        lowered->inPlace.size(), mib(plan.inPlaceBytes));
   } else {
     llvm::consumeError(lowered.takeError());
     os << "// GPU memory plan: this program has ops the GPU backend does not lower "
-                    "(compile with --arch or --emit-cuda for the GPU's program)\n";
+          "(compile with --arch or --emit-cuda for the GPU's program)\n";
   }
 }
 
