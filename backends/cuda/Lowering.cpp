@@ -370,11 +370,13 @@ llvm::Error emitReduction(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   case OpKind::EmbeddingBackward: {
+    // Rows table rows a block: each block reads every id once for all of them.
+    constexpr int64_t kRows = 8;
     int64_t vocab = outputType(op).dim(0), dim = outputType(op).dim(1);
     e.uses("embedding.cuh");
-    e.launch(0, "const float *dy, const int *ids, float *dtable", vocab,
-             fmt::format("embeddingBackward<{}, {}, {}>(dy, ids, dtable)", dim, operandType(op, 1).numElements(),
-                         (dim + kThreads - 1) / kThreads));
+    e.launch(0, "const float *dy, const int *ids, float *dtable", (vocab + kRows - 1) / kRows,
+             fmt::format("embeddingBackward<{}, {}, {}, {}, {}>(dy, ids, dtable)", dim,
+                         operandType(op, 1).numElements(), (dim + kThreads - 1) / kThreads, vocab, kRows));
     return llvm::Error::success();
   }
   default:
