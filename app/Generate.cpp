@@ -78,6 +78,15 @@ llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64
 }
 } // namespace
 
+namespace {
+/// Where a generation program's logits are among its outputs.
+llvm::Expected<size_t> logitsIndex(const Graph &graph) {
+  if (auto at = program::outputIndex(graph, program::kLogits))
+    return *at;
+  return stringError("error: the generation program has no output %logits");
+}
+} // namespace
+
 llvm::Expected<std::unique_ptr<Generator>>
 Generator::create(const ModelConfig &config, const std::map<std::string, Tensor> &weights,
                   int64_t batch, Device device) {
@@ -89,6 +98,10 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   if (!decode)
     return decode.takeError();
   generator->decode_ = std::move(*decode);
+  auto logits = logitsIndex(*generator->decode_.graph);
+  if (!logits)
+    return logits.takeError();
+  generator->decodeLogits_ = *logits;
   // What the full program would bind, should a sequence outgrow the cache: the decode program's
   // weights and scaling state (not a checkpoint's optimizer moments).
   for (const Op *op : generator->decode_.graph->ops())
@@ -104,18 +117,13 @@ llvm::Error Generator::ensureWindowed() {
   auto windowed = compileInference(config_, weights_, batch_, device_, GPTOutput::Logits);
   if (!windowed)
     return windowed.takeError();
+  auto logits = logitsIndex(*windowed->graph);
+  if (!logits)
+    return logits.takeError();
   windowed_ = std::move(*windowed);
+  windowedLogits_ = *logits;
   return llvm::Error::success();
 }
-
-namespace {
-/// Where a generation program's logits are among its outputs.
-llvm::Expected<size_t> logitsIndex(const Graph &graph) {
-  if (auto at = program::outputIndex(graph, program::kLogits))
-    return *at;
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: the generation program has no output %logits");
-}
-} // namespace
 
 llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
@@ -144,10 +152,7 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
     auto outputs = executor.run();
     if (!outputs)
       return outputs.takeError();
-    auto logitsAt = logitsIndex(*decode_.graph);
-    if (!logitsAt)
-      return logitsAt.takeError();
-    const std::vector<float> &logits = (*outputs)[*logitsAt].data; // [batch, 1, V]
+    const std::vector<float> &logits = (*outputs)[decodeLogits_].data; // [batch, 1, V]
     for (size_t b = 0; b < prompts.size(); ++b) {
       if (pos + 1 < promptLength) {
         feed[b] = prompts[b][pos + 1];
@@ -182,10 +187,7 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
     auto outputs = executor.run();
     if (!outputs)
       return outputs.takeError();
-    auto logitsAt = logitsIndex(*windowed_.graph);
-    if (!logitsAt)
-      return logitsAt.takeError();
-    const std::vector<float> &logits = (*outputs)[*logitsAt].data;
+    const std::vector<float> &logits = (*outputs)[windowedLogits_].data;
     for (size_t b = 0; b < sequences.size(); ++b) {
       int32_t next = pick(&logits[(b * T + window - 1) * V], V, options, rng);
       sequences[b].push_back(next);

@@ -51,6 +51,7 @@ private:
   Device device_ = Device::cpu();
   std::map<std::string, Tensor> weights_; // for windowed_: the decode program's bound tensors
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
+  size_t decodeLogits_ = 0, windowedLogits_ = 0; // where their outputs hold the logits
 };
 
 struct EvalResult {
