@@ -145,9 +145,9 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
     TensorType column(DType::I32, {batch_, 1});
     if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
       return std::move(err);
-    if (auto err = executor.bind("positions", Tensor{column, {}, std::vector<int32_t>(batch_, int32_t(pos))}))
+    if (auto err = executor.bind(program::kPositions, Tensor{column, {}, std::vector<int32_t>(batch_, int32_t(pos))}))
       return std::move(err);
-    if (auto err = executor.bind("pos", Tensor{TensorType(DType::I32, {}), {}, {int32_t(pos)}}))
+    if (auto err = executor.bind(program::kPosition, Tensor{TensorType(DType::I32, {}), {}, {int32_t(pos)}}))
       return std::move(err);
     auto outputs = executor.run();
     if (!outputs)

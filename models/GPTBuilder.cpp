@@ -131,9 +131,9 @@ llvm::Error GPTBuilder::build() {
   Value *tokens = b_.input(program::kTokens.str(), TensorType(DType::I32, {B, steps}));
   Value *targets = output_ == GPTOutput::Loss ? b_.input(program::kTargets.str(), TensorType(DType::I32, {B, T}))
                                                : nullptr;
-  Value *positions = decode ? b_.input("positions", TensorType(DType::I32, {B, 1})) : nullptr;
+  Value *positions = decode ? b_.input(program::kPositions.str(), TensorType(DType::I32, {B, 1})) : nullptr;
   if (decode)
-    pos_ = b_.input("pos", TensorType(DType::I32, {}));
+    pos_ = b_.input(program::kPosition.str(), TensorType(DType::I32, {}));
   bool decayEmbeddings = c_.train.decayEmbeddings;
   Value *wte = weight("wte", {V, D}, std_, decayEmbeddings);
   Value *wpe = weight("wpe", {T, D}, std_ / 2, decayEmbeddings);

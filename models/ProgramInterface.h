@@ -23,6 +23,9 @@ inline constexpr llvm::StringLiteral kGradNormSquared = "grad_norm.sumsq"; // be
 inline constexpr llvm::StringLiteral kTokens = "tokens";
 inline constexpr llvm::StringLiteral kTargets = "targets";
 inline constexpr llvm::StringLiteral kStep = "step"; // the optimizer's step counter, from 1
+// The decode step's: each sequence's position [B, 1], and the position all share (the KV cache row).
+inline constexpr llvm::StringLiteral kPositions = "positions";
+inline constexpr llvm::StringLiteral kPosition = "pos";
 
 /// The gradient of the value named `value` ("h0.attn.qkv.weight.grad").
 inline std::string gradientOf(llvm::StringRef value) { return (value + ".grad").str(); }

@@ -27,12 +27,6 @@ namespace tgc {
 
 #ifndef TGC_HAVE_CUDA
 
-bool cudaAvailable(std::string *why) {
-  if (why)
-    *why = "tgc was built without CUDA (-DTGC_CUDA=OFF)";
-  return false;
-}
-
 llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &, CudaOptions) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                  "error: tgc was built without CUDA (-DTGC_CUDA=OFF)");
@@ -658,15 +652,6 @@ llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
 }
 
 } // namespace
-
-bool cudaAvailable(std::string *why) {
-  TargetInfo target = detectTarget();
-  if (!target.gpus.empty())
-    return true;
-  if (why)
-    *why = target.noGpuReason;
-  return false;
-}
 
 llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph, CudaOptions options) {
   auto executor = std::make_unique<CudaExecutor>(graph, options);

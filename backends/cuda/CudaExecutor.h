@@ -23,9 +23,6 @@ struct CudaOptions {
   bool storeBf16 = true;
 };
 
-/// Whether this build can use a GPU, and why not.
-bool cudaAvailable(std::string *why = nullptr);
-
 /// Compiles `graph` for the device and allocates its buffers. Fails with a clear message where
 /// there is no GPU, no CUDA in this build, or an op without a GPU lowering.
 llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph,

@@ -124,7 +124,7 @@ const TensorType &outputType(const Op &op) {
 llvm::Error emitElementwise(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   int64_t n = outputType(op).numElements();
-  e.uses("elementwise.cuh");
+  e.uses(op.kind() == OpKind::Embedding ? "embedding.cuh" : "elementwise.cuh");
   switch (op.kind()) {
   case OpKind::Constant:
     e.elementwise("float *out", n, fmt::format("fill<{}>(out, {})", n, lit(*a.getFloat("value"))));
@@ -157,7 +157,6 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
                               lit(a.getFloat("fill").value_or(-HUGE_VAL))));
     break;
   case OpKind::Embedding:
-    e.uses("embedding.cuh");
     e.elementwise("const float *table, const int *ids, float *out", n,
                   fmt::format("embedding<{}, {}, {}>(table, ids, out)", n, operandType(op, 0).dim(0),
                               operandType(op, 0).dim(1)));

@@ -31,9 +31,8 @@ Device theGpu() { return unwrap(detectCudaDevice()); }
 
 #define SKIP_WITHOUT_GPU()                                                                         \
   do {                                                                                             \
-    std::string why;                                                                               \
-    if (!cudaAvailable(&why))                                                                      \
-      GTEST_SKIP() << "no GPU: " << why;                                                           \
+    if (auto gpu = detectCudaDevice(); !gpu)                                                       \
+      GTEST_SKIP() << llvm::toString(gpu.takeError());                                             \
   } while (0)
 
 /// The tiny model's training program (or its generation step with a KV cache) as the GPU
