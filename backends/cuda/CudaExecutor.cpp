@@ -1,5 +1,6 @@
 #include "backends/cuda/CudaExecutor.h"
 
+#include "backends/cuda/GemmTuning.h"
 #include "backends/cuda/Lowering.h"
 #include "backends/cuda/MemoryPlan.h"
 #include "backends/cuda/Nvrtc.h"
@@ -62,6 +63,8 @@ struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates; // the heuristic's, best first (GemmTuner picks)
+  std::string key;                              // what the choice depends on (GemmTuner)
   bool bf16 = false;
   void *bf16Operands[2] = {nullptr, nullptr};
   bool fromWeightCopy[2] = {false, false}; // the operand is a parameter: its BF16 copy is ready
@@ -110,6 +113,10 @@ private:
   /// BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
   /// parameter region; operands stored in BF16 or with a BF16 copy are read as they are.
   llvm::Error useBf16OperandCopies();
+  /// Each GEMM's algorithm among its candidates (GemmTuning.h).
+  llvm::Error tuneGemms();
+  /// The operands and output a GEMM reads and writes (its BF16 operand copies under bf16).
+  void gemmPointers(const Op &op, const GemmPlan &plan, void *&first, void *&second, void *&c);
   llvm::Error planGemm(const Op &op, GemmPlan &plan);
   llvm::Error runGemm(const Op &op, const GemmPlan &plan);
   llvm::Error launchStep();
@@ -120,15 +127,16 @@ private:
 
   const Graph &graph_;
   CudaOptions options_;
-  std::string description_;
+  std::string description_, deviceName_;
   std::vector<Op *> ops_;
   CudaProgram program_;
   cudaLibrary_t library_ = nullptr;
   cudaKernel_t toBf16_ = nullptr; // the prelude's f32 -> BF16 conversion
   cudaGraphExec_t graph_exec_ = nullptr;
   // TGC_GPU_PROFILE=1: eager steps with an event pair per op; the time per op kind is printed
-  // to stderr when the executor ends.
-  bool profile_ = false;
+  // to stderr when the executor ends. TGC_GPU_PROFILE=launches: an event pair per kernel launch,
+  // the time per op kind and launch ("attention_backward #3").
+  bool profile_ = false, profileLaunches_ = false;
   std::map<std::string, double> profileMs_;
   int64_t profiledSteps_ = 0;
   std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
@@ -188,13 +196,16 @@ CudaExecutor::~CudaExecutor() {
 }
 
 llvm::Error CudaExecutor::initialize() {
-  if (const char *env = std::getenv("TGC_GPU_PROFILE"))
-    profile_ = std::string(env) == "1";
+  if (const char *env = std::getenv("TGC_GPU_PROFILE")) {
+    profileLaunches_ = std::string(env) == "launches";
+    profile_ = std::string(env) == "1" || profileLaunches_;
+  }
   CUDA_CHECK(cudaSetDevice(options_.device));
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
   std::string arch = archName(prop.major, prop.minor);
   description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
+  deviceName_ = fmt::format("{} ({})", prop.name, arch);
   if (auto err = compileKernels(arch))
     return err;
   CUDA_CHECK(cudaStreamCreate(&stream_));
@@ -215,7 +226,9 @@ llvm::Error CudaExecutor::initialize() {
   for (size_t i = 0; i < ops_.size(); ++i)
     if (auto err = placeOp(i, plan, regions))
       return err;
-  return useBf16OperandCopies();
+  if (auto err = useBf16OperandCopies())
+    return err;
+  return tuneGemms();
 }
 
 /// The program's kernels: lowered, then compiled by NVRTC for `arch` (or taken from the kernel
@@ -436,31 +449,84 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   size_t workspace = kWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[8];
   int found = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c,
-                                                         preference, 1, &result, &found);
+                                                         preference, 8, results, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0)
     return cudaFailure("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__,
                        fmt::format("no algorithm for %{} ({}x{}x{}, batch {})", op.result()->name(), m, k, n, batches));
-  plan.algo = result.algo;
+  for (int r = 0; r < found; ++r)
+    plan.candidates.push_back(results[r].algo);
+  plan.algo = plan.candidates[0];
+  // The device's name and architecture (not its index) and the library's version.
+  plan.key = fmt::format("{} cublasLt {}: {}x{}x{} batch {}{}, {} {}, {}{}{}", deviceName_, cublasLtGetVersion(), m,
+                         k, n, batches, sharedB ? " (shared B)" : "", ta ? "T" : "N", tb ? "T" : "N",
+                         plan.bf16 ? "bf16" : fp8 ? "fp8" : "f32", bias ? " bias" : "", biasGelu ? " gelu" : "");
+  return llvm::Error::success();
+}
+
+void CudaExecutor::gemmPointers(const Op &op, const GemmPlan &plan, void *&first, void *&second, void *&c) {
+  c = buffer(op.result());
+  first = plan.bf16 ? plan.bf16Operands[1] : buffer(op.operand(1));
+  second = plan.bf16 ? plan.bf16Operands[0] : buffer(op.operand(0));
+}
+
+llvm::Error CudaExecutor::tuneGemms() {
+  GemmTuner tuner(kernelCacheDir() + "/gemm-algorithms.txt");
+  if (!tuner.enabled())
+    return llvm::Error::success();
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  float alpha = 1.0f, beta = 0.0f;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    GemmPlan &plan = gemms_[i];
+    // A result written into the state it updates is never written by a trial.
+    if (plan.candidates.size() < 2 || inPlace_.count(ops_[i]->result()))
+      continue;
+    void *first, *second, *c;
+    gemmPointers(*ops_[i], plan, first, second, c);
+    auto time = [&](int candidate) -> llvm::Expected<float> {
+      const cublasLtMatmulAlgo_t *algo = &plan.candidates[size_t(candidate)];
+      auto once = [&] {
+        return cublasLtMatmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c, plan.c, c, plan.c,
+                              algo, workspace_, kWorkspaceBytes, stream_);
+      };
+      for (int warm = 0; warm < 2; ++warm)
+        if (once() != CUBLAS_STATUS_SUCCESS)
+          return 1e30f; // a candidate that does not run is never chosen
+      CUDA_CHECK(cudaEventRecord(start, stream_));
+      for (int run = 0; run < 5; ++run)
+        once();
+      CUDA_CHECK(cudaEventRecord(stop, stream_));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      return ms;
+    };
+    auto choice = tuner.choose(plan.key, int(plan.candidates.size()), time);
+    if (!choice)
+      return choice.takeError();
+    plan.algo = plan.candidates[size_t(*choice)];
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  tuner.save();
   return llvm::Error::success();
 }
 
 llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
   float alpha = 1.0f, beta = 0.0f;
-  void *c = buffer(op.result());
-  void *first = buffer(op.operand(1)), *second = buffer(op.operand(0));
-  if (plan.bf16) {
+  if (plan.bf16)
     for (int i = 0; i < 2; ++i)
       if (!plan.fromWeightCopy[i] && !plan.written[i])
         if (auto err = convertKernel(buffer(op.operand(i)), plan.bf16Operands[i],
                                      op.operand(i)->type().numElements()))
           return err;
-    first = plan.bf16Operands[1];
-    second = plan.bf16Operands[0];
-  }
+  void *first, *second, *c;
+  gemmPointers(op, plan, first, second, c);
   CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c,
                               plan.c, c, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
   return llvm::Error::success();
@@ -503,7 +569,8 @@ llvm::Error CudaExecutor::launchStep() {
             CUDA_CHECK(cudaMemsetAsync(copy, 0xFF, size_t(op.result(r)->type().numElements()) * 2, stream_));
         }
     cudaEvent_t start = nullptr, stop = nullptr;
-    bool timed = profile_ && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm);
+    bool timed = profile_ && (lowering.kind == OpLowering::Gemm ||
+                              (lowering.kind == OpLowering::Kernels && !profileLaunches_));
     if (timed) {
       CUDA_CHECK(cudaEventCreate(&start));
       CUDA_CHECK(cudaEventCreate(&stop));
@@ -549,8 +616,24 @@ llvm::Error CudaExecutor::launchStep() {
         args.push_back(&pointers[p]);
       for (size_t l = 0; l < lowering.launches.size(); ++l) {
         const KernelLaunch &launch = lowering.launches[l];
+        cudaEvent_t events[2] = {nullptr, nullptr};
+        if (profileLaunches_)
+          for (cudaEvent_t &event : events)
+            CUDA_CHECK(cudaEventCreate(&event));
+        if (profileLaunches_)
+          CUDA_CHECK(cudaEventRecord(events[0], stream_));
         CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),
                                     dim3(unsigned(launch.threads)), args.data(), 0, stream_));
+        if (profileLaunches_) {
+          CUDA_CHECK(cudaEventRecord(events[1], stream_));
+          CUDA_CHECK(cudaEventSynchronize(events[1]));
+          float ms = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+          std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
+          profileMs_[lowering.launches.size() > 1 ? fmt::format("{} #{}", label, l) : label] += ms;
+          for (cudaEvent_t event : events)
+            cudaEventDestroy(event);
+        }
       }
       break;
     }
