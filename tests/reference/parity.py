@@ -175,10 +175,11 @@ def fp8_layers(cfg, min_dim, device):
 class GPT(torch.nn.Module):
     """tgc's GPT: pre-LayerNorm blocks, tanh GELU, weights [out, in]."""
 
-    def __init__(self, cfg, weights, fp8=None):
+    def __init__(self, cfg, weights, fp8=None, sdpa=False):
         super().__init__()
         self.cfg = cfg
         self.fp8 = fp8 or {}
+        self.sdpa = sdpa  # PyTorch's fused attention (FlashAttention or cuDNN), as a user would write it
         self.p = torch.nn.ParameterDict(
             {name.replace(".", "__"): torch.nn.Parameter(t.clone()) for name, t in weights.items()})
 
@@ -210,9 +211,12 @@ class GPT(torch.nn.Module):
             h = f"h{l}"
             qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
             q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in qkv.split(D, dim=2))
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
-            probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
-            ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)
+            if self.sdpa:
+                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+            else:
+                scores = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
+                probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+                ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)
             x = x + self.linear(ctx, h + ".attn.proj")
             u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
             if c["activation"] == "swiglu":
@@ -309,8 +313,13 @@ def bench(args):
     torch.backends.cudnn.allow_tf32 = False
     min_dim = args.fp8_min_dim if args.fp8_min_dim is not None else cfg.get("fp8_min_dim", 2048)
     fp8 = fp8_layers(cfg, min_dim, device) if args.precision == "fp8" else {}
-    model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}, fp8).to(device)
+    model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}, fp8, sdpa=True).to(device)
     opt = make_optimizer(model, list(weights.keys()), cfg, fused=True)
+    # torch.compile (Inductor's Triton kernels) of the forward and the loss, what a user picks;
+    # the warmup steps include its compilation.
+    forward = model
+    if args.compile:
+        forward = torch.compile(model)
     total = args.warmup + args.steps
     batches = [tuple(t.to(device) for t in train_batch(cfg, i)) for i in range(total)]
     torch.cuda.reset_peak_memory_stats()
@@ -320,7 +329,7 @@ def bench(args):
         torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision != "fp32"):
-            logits = model(tokens)
+            logits = forward(tokens)
             loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), targets.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -337,7 +346,8 @@ def bench(args):
     tokens_per_step = cfg["batch"] * cfg["seq_len"]
     median = statistics.median(times)
     what = f" ({len(fp8)} FP8 linear layers, delayed scaling)" if args.precision == "fp8" else ""
-    print(f"pytorch {args.precision:<5} eager{what}, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
+    mode = "torch.compile" if args.compile else "eager"
+    print(f"pytorch {args.precision:<5} {mode}{what}, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
           f"mean {statistics.mean(times):.2f} ms, {tokens_per_step / median * 1000:.0f} tokens/s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, final loss {loss.item():.4f}")
 
@@ -351,6 +361,7 @@ def main():
     parser.add_argument("--generate", help="prompt token ids: print greedy continuations instead")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--bench", action="store_true", help="time training on the GPU instead")
+    parser.add_argument("--compile", action="store_true", help="with --bench: torch.compile the model")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp8"], default="fp32")
     parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
