@@ -113,7 +113,9 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
   int64_t d = qkv.dim(-1) / 3;
   if (auto err = checkAttentionAttrs(attrs, d))
     return std::move(err);
-  return TypeList{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d})};
+  int64_t heads = *attrs.getInt("heads");
+  return TypeList{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d}),
+                  TensorType(qkv.dtype, {qkv.dim(0), heads, qkv.dim(1)})};
 }
 
 llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
@@ -214,11 +216,15 @@ llvm::Expected<TypeList> inferLayerNormMLPBackward(Operands ops, const AttrMap &
 }
 
 llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto out = inferAttention(ops.drop_front(), attrs, {});
-  if (!out)
-    return out.takeError();
-  if (ops[0] != (*out)[0])
-    return makeError("dout must be {}, got {}", (*out)[0].str(), ops[0].str());
+  auto forward = inferAttention(ops.slice(1, 1), attrs, {});
+  if (!forward)
+    return forward.takeError();
+  if (ops[0] != (*forward)[0])
+    return makeError("dout must be {}, got {}", (*forward)[0].str(), ops[0].str());
+  if (ops[2] != (*forward)[0])
+    return makeError("out must be {}, got {}", (*forward)[0].str(), ops[2].str());
+  if (ops[3] != (*forward)[1])
+    return makeError("lse must be {}, got {}", (*forward)[1].str(), ops[3].str());
   return TypeList{ops[1]};
 }
 

@@ -41,14 +41,16 @@ llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replace
   auto types = inferResultTypes(r.kind, r.operands, r.attrs);
   if (!types)
     return types.takeError();
-  if (types->size() != r.replaces.size())
+  if (types->size() != r.replaces.size() + r.newResults.size())
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "fused %s has %zu results but replaces %zu values",
-                                   opInfo(r.kind).name.str().c_str(), types->size(),
-                                   r.replaces.size());
+                                   "fused %s has %zu results but replaces %zu values and adds %zu",
+                                   opInfo(r.kind).name.str().c_str(), types->size(), r.replaces.size(),
+                                   r.newResults.size());
   std::vector<std::string> temporary;
   for (Value *old : r.replaces)
     temporary.push_back(graph.uniqueName(old->name() + ".fused"));
+  for (const std::string &name : r.newResults)
+    temporary.push_back(graph.uniqueName(name));
   Op *fused = graph.createOp(r.kind, r.operands, r.attrs, *types, temporary, pattern.back());
   for (unsigned i = 0; i < r.replaces.size(); ++i)
     graph.replaceAllUsesWith(r.replaces[i], fused->result(i));

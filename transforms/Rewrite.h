@@ -30,6 +30,9 @@ struct Replacement {
   AttrMap attrs;
   /// Values of the pattern that the fused op's results take over, result by result.
   llvm::SmallVector<Value *, 2> replaces;
+  /// The names of the results after those, which replace nothing (what the fused op keeps
+  /// for its gradient).
+  llvm::SmallVector<std::string, 1> newResults;
 };
 
 /// Creates the fused op, redirects every use of the replaced values to its results (which take

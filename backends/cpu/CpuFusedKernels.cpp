@@ -137,6 +137,7 @@ Tensor activateBackward(const Tensor &da, const Tensor &h, bool swiglu) {
 struct AttentionParts {
   Tensor q, k, v; // [B, H, T, Dh]
   Tensor probs;   // [B, H, T, T]
+  Tensor lse;     // [B, H, T]: each query's log-sum-exp of its masked, scaled scores
 };
 
 const std::vector<int64_t> kSwapHeads{0, 2, 1, 3};
@@ -151,12 +152,20 @@ AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
     return apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part},
                  TensorType(qkv.type.dtype, {B, H, T, Dh}));
   };
-  AttentionParts p{head(0), head(1), head(2), {}};
+  AttentionParts p{head(0), head(1), head(2), {}, {}};
   TensorType scoresType(qkv.type.dtype, {B, H, T, T});
   Tensor scores = gemm(a, {"transpose_b"}, p.q, p.k, scoresType);
   Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&scores}, scoresType);
   Tensor masked = apply(evalCausalMask, {}, {&scaled}, scoresType);
   p.probs = apply(evalSoftmax, {}, {&masked}, scoresType);
+  p.lse = Tensor::zeros(TensorType(qkv.type.dtype, {B, H, T}));
+  for (int64_t row = 0; row < B * H * T; ++row) {
+    const float *x = &masked.data[row * T];
+    double max = *std::max_element(x, x + T), sum = 0;
+    for (int64_t j = 0; j < T; ++j)
+      sum += std::exp(double(x[j]) - max);
+    p.lse.data[row] = float(max + std::log(sum));
+  }
   return p;
 }
 
@@ -192,6 +201,7 @@ llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
   out[0] = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&context},
                  TensorType(type.dtype, {B, T, H, Dh}));
   out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
+  out[1] = std::move(p.lse);
   return llvm::Error::success();
 }
 
@@ -331,6 +341,8 @@ llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out)
   return llvm::Error::success();
 }
 
+// The reference recomputes the probabilities from qkv as the unfused graph has them; the
+// forward's out and lse (operands 2 and 3) are what the GPU's kernels read instead.
 llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
   const Tensor &dout = *in[0], &qkv = *in[1];
   AttentionParts p = attentionForward(a, qkv);

@@ -18,6 +18,7 @@ constexpr int kThreads = 256; // threads per block of a generated kernel unless 
 struct KernelText {
   std::string comment, name, params, call;
   int threads = kThreads; // blocks of other than kThreads threads say so in launch bounds
+  int minBlocks = 0;       // blocks an SM should hold at once (launch bounds; 0: no bound)
 };
 /// The source of `kernel`.
 std::string kernelSource(const KernelText &kernel);
@@ -32,6 +33,8 @@ int64_t elementwiseBlocks(int64_t count);
 /// How many blocks sum_squares' first launch splits `count` elements into (a contiguous range
 /// each); the grouped gradient norm splits each gradient the same way.
 int64_t sumSquaresBlocks(int64_t count);
+/// Blocks of the norm kernels: a warp per row, kNormRowsPerBlock (8) rows a block.
+int64_t normBlocks(int64_t rows);
 
 /// Rewrites the optimizer's lowering over the contiguous parameter layout: every AdamW op as
 /// one launch, and the gradient norm's sum_squares and adds as one pair of launches, where

@@ -80,10 +80,10 @@ public:
   }
   /// A launch of `blocks` blocks running `call`.
   void launch(unsigned index, const std::string &params, int64_t blocks, const std::string &call,
-              int threads = kThreads) {
+              int threads = kThreads, int minBlocks = 0) {
     std::string comment = "// " + (op_.numResults() ? "%" + op_.result()->name() + " = " : "") +
                           op_.name().str();
-    kernels.push_back({comment, name(index), bf16Params(params), call + ";", threads});
+    kernels.push_back({comment, name(index), bf16Params(params), call + ";", threads, minBlocks});
     lowering.launches.push_back({name(index), blocks, threads});
   }
   /// An elementwise launch over `count` elements.
@@ -229,26 +229,28 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
   case OpKind::RMSNorm: {
     bool layer = op.kind() == OpKind::LayerNorm;
     int64_t d = outputType(op).dim(-1);
-    e.rowwise(0, layer ? "const float *x, const float *gamma, const float *beta, float *out"
-                       : "const float *x, const float *gamma, float *out",
-              rowsOf(outputType(op)),
-              fmt::format("layerNorm<{}, {}>(x, gamma, {}, out, {})", boolText(layer), d, layer ? "beta" : "nullptr", eps));
+    int64_t rows = rowsOf(outputType(op));
+    e.launch(0, layer ? "const float *x, const float *gamma, const float *beta, float *out"
+                      : "const float *x, const float *gamma, float *out",
+             normBlocks(rows),
+             fmt::format("layerNorm<{}, {}, {}>(x, gamma, {}, out, {})", boolText(layer), d, rows,
+                         layer ? "beta" : "nullptr", eps));
     return llvm::Error::success();
   }
   case OpKind::ResidualNorm: {
-    // One block per row: the residual sum (the stream goes on) and its normalisation.
+    // A warp per row: the residual sum (the stream goes on) and its normalisation.
     bool layer = isLayerNorm(a);
-    int64_t d = outputType(op).dim(-1);
-    e.rowwise(0, layer ? "const float *x, const float *y, const float *gamma, const float *beta, float *sum, float *normed"
-                       : "const float *x, const float *y, const float *gamma, float *sum, float *normed",
-              rowsOf(outputType(op)),
-              fmt::format("residualNorm<{}, {}>(x, y, gamma, {}, sum, normed, {})", boolText(layer), d,
-                          layer ? "beta" : "nullptr", eps));
+    int64_t d = outputType(op).dim(-1), rows = rowsOf(outputType(op));
+    e.launch(0, layer ? "const float *x, const float *y, const float *gamma, const float *beta, float *sum, float *normed"
+                      : "const float *x, const float *y, const float *gamma, float *sum, float *normed",
+             normBlocks(rows),
+             fmt::format("residualNorm<{}, {}, {}>(x, y, gamma, {}, sum, normed, {})", boolText(layer), d, rows,
+                         layer ? "beta" : "nullptr", eps));
     return llvm::Error::success();
   }
   case OpKind::LayerNormBackward:
   case OpKind::RMSNormBackward: {
-    // Launch 0, one block per row: dx, and the row's mean and rstd into scratch. Launches 1
+    // Launch 0, a warp per row: dx, and the row's mean and rstd into scratch. Launches 1
     // and 2, a thread per feature: dgamma (and dbeta) over chunks of rows, then the chunks in
     // order.
     bool layer = op.kind() == OpKind::LayerNormBackward;
@@ -258,7 +260,8 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     std::string params = std::string("const float *dy, const float *x, const float *gamma, ") +
                          (layer ? "float *dx, float *dgamma, float *dbeta" : "float *dx, float *dgamma") +
                          ", float *stats";
-    e.rowwise(0, params, rows, fmt::format("normBackwardRows<{}, {}>(dy, x, gamma, dx, stats, {})", boolText(layer), d, eps));
+    e.launch(0, params, normBlocks(rows),
+             fmt::format("normBackwardRows<{}, {}, {}>(dy, x, gamma, dx, stats, {})", boolText(layer), d, rows, eps));
     e.launch(1, params, chunks * columnBlocks,
              fmt::format("normBackwardPartials<{}, {}, {}, {}>(dy, x, stats)", d, rows, columnBlocks, kChunk));
     e.launch(2, params, columnBlocks,
@@ -442,6 +445,48 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
   return unsupported(op);
 }
 
+/// The gradient's first launch: sum(dout * out) per query (attentionDelta), eight threads a row.
+void emitAttentionDelta(Emitter &e, unsigned launch, const std::string &params, bool round, int64_t B, int64_t T,
+                        int64_t H, int64_t Dh) {
+  e.launch(launch, params, (B * T * H * 8 + kThreads - 1) / kThreads,
+           fmt::format("attentionDelta<{}, {}, {}, {}, {}>(dout, out, delta)", boolText(round), B, T, H, Dh));
+}
+
+/// The tensor-core attention: the operands first rounded to BF16 in head-major order
+/// (toHeadsBf16, into scratch), then the forward; or the gradient's kernels (sum(dout * out) per
+/// query, dk and dv by key tiles, dq by query tiles). Blocks of 64 rows, four warps of 16.
+llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, int64_t H, int64_t Dh,
+                              const std::string &scale) {
+  int64_t D = H * Dh, blocks = (T + 63) / 64 * B * H;
+  std::string shape = fmt::format("{}, {}, {}, {}", B, T, H, Dh);
+  auto toHeads = [&](unsigned launch, const std::string &params, const char *from, const char *to, int parts) {
+    e.launch(launch, params, elementwiseBlocks(B * T * parts * D / 4),
+             fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
+  };
+  if (op.kind() == OpKind::Attention) {
+    e.lowering.scratchFloats = {3 * B * T * D / 2};
+    const char *params = "const float *qkv, float *out, float *lse, float *heads";
+    toHeads(0, params, "qkv", "heads", 3);
+    e.launch(1, params, blocks,
+             fmt::format("attentionForwardBf16<{}>((const unsigned short *)heads, out, lse, {})", shape, scale), 128);
+    return llvm::Error::success();
+  }
+  e.lowering.scratchFloats = {3 * B * T * D / 2, B * T * D / 2, B * H * T};
+  const char *params = "const float *dout, const float *qkv, const float *out, const float *lse, float *dqkv, "
+                       "float *heads, float *doutHeads, float *delta";
+  std::string operands = "(const unsigned short *)doutHeads, (const unsigned short *)heads";
+  toHeads(0, params, "qkv", "heads", 3);
+  toHeads(1, params, "dout", "doutHeads", 1);
+  emitAttentionDelta(e, 2, params, true, B, T, H, Dh);
+  // Three blocks an SM at head dimension 64 (168 registers, from 173, with no spills).
+  e.launch(3, params, blocks,
+           fmt::format("attentionKeyValueGradBf16<{}>({}, dqkv, {}, lse, delta)", shape, operands, scale), 128,
+           Dh <= 64 ? 3 : 0);
+  e.launch(4, params, blocks,
+           fmt::format("attentionQueryGradBf16<{}>({}, dqkv, {}, lse, delta)", shape, operands, scale), 128);
+  return llvm::Error::success();
+}
+
 /// Fused attention and its gradient (attention.cuh): BF16 tensor cores under gemm_dtype at
 /// head dimensions that are multiples of 16 up to 256, else a thread per row.
 llvm::Error emitAttention(const Op &op, Emitter &e) {
@@ -451,31 +496,25 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   bool bf16 = hasBf16Gemms(a);
   bool tensorCores = bf16 && Dh % 16 == 0 && Dh <= 256;
   std::string scale = lit(*a.getFloat("scale"));
-  // The tensor-core kernels are written for 128 threads (kAttentionThreads: four warps of 16
-  // rows); the others take a thread per row of a 64-row tile.
-  std::string kind = tensorCores ? "Bf16" : "Simt";
-  std::string shape = tensorCores ? fmt::format("{}, {}, {}", T, H, Dh)
-                                  : fmt::format("{}, {}, {}, {}", boolText(bf16), T, H, Dh);
-  int threads = tensorCores ? 128 : 64;
   int64_t blocks = (T + 63) / 64 * B * H;
   e.uses("attention.cuh");
+  if (tensorCores)
+    return emitAttentionBf16(op, e, B, T, H, Dh, scale);
+  // A thread per row of a 64-row tile.
+  std::string shape = fmt::format("{}, {}, {}, {}", boolText(bf16), T, H, Dh);
   if (op.kind() == OpKind::Attention) {
-    e.launch(0, "const float *qkv, float *out", blocks,
-             fmt::format("attentionForward{}<{}, false>(qkv, out, {}, nullptr, nullptr, nullptr)", kind, shape, scale),
-             threads);
+    e.launch(0, "const float *qkv, float *out, float *lse", blocks,
+             fmt::format("attentionForwardSimt<{}>(qkv, out, lse, {})", shape, scale), 64);
     return llvm::Error::success();
   }
-  // The gradient: each query's log-sum-exp and sum(dout * out) (the forward again), then dk
-  // and dv by key tiles, then dq by query tiles.
-  e.lowering.scratchFloats = {B * H * T, B * H * T};
-  const char *params = "const float *dout, const float *qkv, float *dqkv, float *lse, float *delta";
-  e.launch(0, params, blocks,
-           fmt::format("attentionForward{}<{}, true>(qkv, (float *)nullptr, {}, dout, lse, delta)", kind, shape, scale),
-           threads);
-  e.launch(1, params, blocks,
-           fmt::format("attentionKeyValueGrad{}<{}>(dout, qkv, dqkv, {}, lse, delta)", kind, shape, scale), threads);
-  e.launch(2, params, blocks,
-           fmt::format("attentionQueryGrad{}<{}>(dout, qkv, dqkv, {}, lse, delta)", kind, shape, scale), threads);
+  e.lowering.scratchFloats = {B * H * T};
+  const char *params =
+      "const float *dout, const float *qkv, const float *out, const float *lse, float *dqkv, float *delta";
+  emitAttentionDelta(e, 0, params, bf16, B, T, H, Dh);
+  e.launch(1, params, blocks, fmt::format("attentionKeyValueGradSimt<{}>(dout, qkv, dqkv, {}, lse, delta)", shape, scale),
+           64);
+  e.launch(2, params, blocks, fmt::format("attentionQueryGradSimt<{}>(dout, qkv, dqkv, {}, lse, delta)", shape, scale),
+           64);
   return llvm::Error::success();
 }
 
@@ -610,7 +649,9 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
 } // namespace
 
 std::string kernelSource(const KernelText &k) {
-  std::string bounds = k.threads == kThreads ? "" : fmt::format("__launch_bounds__({}) ", k.threads);
+  std::string bounds = k.minBlocks ? fmt::format("__launch_bounds__({}, {}) ", k.threads, k.minBlocks)
+                       : k.threads == kThreads ? ""
+                                               : fmt::format("__launch_bounds__({}) ", k.threads);
   return fmt::format("{}\nextern \"C\" __global__ void {}{}({}) {{\n  {}\n}}\n\n", k.comment, bounds, k.name,
                      k.params, k.call);
 }
@@ -626,6 +667,8 @@ std::string adamwCall(const AttrMap &a, int64_t count, int64_t decayed, double d
 }
 
 int64_t elementwiseBlocks(int64_t count) { return std::min<int64_t>((count + 255) / 256, 8192); }
+
+int64_t normBlocks(int64_t rows) { return (rows + 7) / 8; }
 
 int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count + 2047) / 2048); }
 

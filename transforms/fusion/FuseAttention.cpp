@@ -78,6 +78,7 @@ public:
       return std::nullopt;
     copyGemmDType(*scores, m.replacement.attrs);
     m.replacement.replaces = {merge->result()};
+    m.replacement.newResults = {merge->result()->name() + ".lse"};
     return m;
   }
 };

@@ -240,7 +240,13 @@ llvm::Expected<Grads> gradLayerNormMLP(GradContext &c) {
 }
 
 llvm::Expected<Grads> gradAttention(GradContext &c) {
-  return Grads{c.create(OpKind::AttentionBackward, {c.dy(), c.x(0)}, c.op.attrs(), 0)};
+  // lse is kept for this rule; the fusion leaves nothing else reading it.
+  if (c.dys[1])
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "no gradient rule for attention when another op reads its lse %%%s",
+                                   c.op.result(1)->name().c_str());
+  return Grads{c.create(OpKind::AttentionBackward, {dyOrZeros(c, 0), c.x(0), c.op.result(0), c.op.result(1)},
+                        c.op.attrs(), 0)};
 }
 
 llvm::Expected<Grads> gradResidualNorm(GradContext &c) {

@@ -1,18 +1,18 @@
-// Causal attention without a [T, T] tensor, FlashAttention-2's scheme: the forward and a
-// three-launch gradient (each query's statistics, then dk and dv by key tiles, then dq by
-// query tiles; no atomics). BF16 on tensor cores (inline mma.sync) where the head dimension is
-// a multiple of 16 up to 256, else a thread per row (fp32, or BF16 rounding where the BF16
-// GEMMs round). The shapes are template arguments; each op's kernel is a one-line wrapper.
+// Causal attention without a [T, T] tensor, FlashAttention-2's scheme: the forward writes the
+// output and each query's log-sum-exp; the gradient takes sum(dout * out) per query, then dk and
+// dv by key tiles and dq by query tiles (no atomics: the same bits every run). BF16 on tensor
+// cores (inline mma.sync) where the head dimension is a multiple of 16 up to 256, else a thread
+// per row (fp32, or BF16 rounding where the BF16 GEMMs round). The shapes are template
+// arguments; each op's kernel is a one-line wrapper.
 #pragma once
 
 #include "common.cuh"
-// ---- Causal attention without a [T, T] tensor (FlashAttention-2's scheme) ----
 // qkv is [B, T, 3 * H * DH] (q | k | v, heads side by side), the output and dout [B, T, H * DH].
 // A block takes 64 rows (queries, or keys in the key/value gradient) of one (sequence, head)
-// and walks the other side 64 at a time; the softmax is taken online, so scores and
+// and walks the other side a tile at a time; the softmax is taken online, so scores and
 // probabilities never leave the block. lse and delta ([B * H, T]) carry, per query, the
-// log-sum-exp of its scaled scores and sum_d dout * out from the statistics kernel to the two
-// gradient kernels. Tiles of 64 rows: (T + 63) / 64 per (sequence, head).
+// log-sum-exp of its scaled scores (from the forward) and sum_d dout * out (attentionDelta) to
+// the two gradient kernels. Tiles of 64 rows: (T + 63) / 64 per (sequence, head).
 enum { kAttentionRows = 64 }; // (an enumerator: no unused-variable warning)
 
 __device__ __forceinline__ float quadMax(float x) {
@@ -24,14 +24,42 @@ __device__ __forceinline__ float quadSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// delta[b, h, t] = sum_d dout * out over one head of one row (ROUND: dout rounded to BF16, as
+// the dp products read it): the softmax gradient's term of each query, from the forward's
+// output. Eight lanes a row, their sums added in a fixed order.
+template <bool ROUND, int B, int T, int H, int DH>
+__device__ void attentionDelta(const float *dout, const float *out, float *delta) {
+  const int64 row = (blockIdx.x * (int64)blockDim.x + threadIdx.x) / 8; // (b * T + t) * H + h
+  const int lane = threadIdx.x % 8;
+  const bool inside = row < (int64)B * T * H;
+  float sum = 0.0f;
+  if (inside)
+    for (int d = lane; d < DH; d += 8)
+      sum += gemmOperand<ROUND>(dout[row * DH + d]) * out[row * DH + d];
+  for (int offset = 4; offset > 0; offset >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (inside && lane == 0) {
+    int64 bt = row / H, b = bt / T, t = bt % T;
+    delta[(b * H + row % H) * T + t] = sum;
+  }
+}
+
 // ---- BF16 on tensor cores (gemm_dtype = "bf16": operands rounded to BF16, fp32 sums) ----
+// Each op first writes its operands rounded to BF16 in head-major order ([part][B][H][T][DH],
+// toHeadsBf16), so that a tile of rows of one head is contiguous: the tiles then travel to
+// shared memory by cp.async, two stages deep (the next tile loads while this one is used), and
+// into mma.sync fragments by ldmatrix.
 // mma.sync m16n8k16 fragments, per lane (g = lane / 4, c = 2 * (lane % 4)):
 //   A (16 x 16, row-major): {(g, c..c+1), (g+8, c..c+1), (g, c+8..c+9), (g+8, c+8..c+9)}
 //   B (16 x 8, k x n):      {(k = c..c+1, n = g), (k = c+8..c+9, n = g)}
 //   C (16 x 8 fp32):        (g, c), (g, c+1), (g+8, c), (g+8, c+1)
 // so the C fragments of two neighbouring 8-column tiles are the A fragment of their 16 columns:
 // probabilities go from one product to the next without leaving registers. Rows of the shared
-// tiles are padded by 8 elements, which spreads a fragment's reads over all 32 banks.
+// tiles are padded by 8 elements, which spreads ldmatrix's eight row reads over all 32 banks.
+// The softmax runs in base 2 (scores times scale * log2(e), exp2); lse is stored in the natural
+// log, as the op defines it.
+
+enum { kAttentionThreads = 128 }; // (an enumerator: no warning where only the other kernels are used)
 
 // (cvt.rn rounds to nearest even as roundBf16 does, NaN to 0x7FFF too, in one instruction.)
 __device__ __forceinline__ unsigned packBf16(float lo, float hi) {
@@ -44,6 +72,10 @@ __device__ __forceinline__ unsigned packBf16(float lo, float hi) {
 #endif
 }
 
+// Tensor-core and asynchronous-copy instructions of compute capability 8.0 on (the device
+// policy never asks for BF16 GEMMs below it).
+__device__ __forceinline__ unsigned sharedAddress(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
 // d += a * b: a the A fragment, (b0, b1) the B fragment.
 __device__ __forceinline__ void mmaBf16(float *d, const unsigned *a, unsigned b0, unsigned b1) {
 #if __CUDA_ARCH__ >= 800
@@ -52,143 +84,207 @@ __device__ __forceinline__ void mmaBf16(float *d, const unsigned *a, unsigned b0
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-  __trap(); // BF16 GEMMs need compute capability 8.0 (the device policy never asks below it)
+  __trap();
 #endif
 }
 
-// Rows [first, first + 64) of one head's q, k, v or dout (src points at the head's first
-// element of row 0; rows are `stride` floats apart) into a shared tile as BF16; rows at or past
-// T are 0. The 128 threads issue BATCH float4 loads each before converting and storing any, so
-// that a tile costs a few memory latencies rather than one per element group.
-enum { kAttentionThreads = 128 }; // (an enumerator: no warning where only the other kernels are used)
-template <int T, int DH, int BATCH>
-__device__ void loadBf16Tile(unsigned short (*tile)[DH + 8], const float *src, int64 stride, int first) {
-  constexpr int PER = kAttentionRows * DH / 4 / kAttentionThreads; // float4 per thread
-  static_assert(PER % BATCH == 0, "the batches split a thread's loads evenly");
-#pragma unroll 1
-  for (int k0 = 0; k0 < PER; k0 += BATCH) {
-    float4 x[BATCH];
-#pragma unroll
-    for (int k = 0; k < BATCH; ++k) {
-      int i = threadIdx.x + (k0 + k) * kAttentionThreads, r = i / (DH / 4), d = 4 * (i % (DH / 4));
-      x[k] = first + r < T ? *(const float4 *)(src + (first + r) * stride + d) : make_float4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < BATCH; ++k) {
-      int i = threadIdx.x + (k0 + k) * kAttentionThreads, r = i / (DH / 4), d = 4 * (i % (DH / 4));
-      *(uint2 *)&tile[r][d] = make_uint2(packBf16(x[k].x, x[k].y), packBf16(x[k].z, x[k].w));
-    }
+// Four 8 x 8 BF16 matrices from shared memory: lane l gives the address of row l % 8 of matrix
+// l / 8 and gets (row l / 4, columns 2 (l % 4) and + 1) of each; TRANSPOSED, (rows 2 (l % 4) and
+// + 1, column l / 4).
+template <bool TRANSPOSED>
+__device__ __forceinline__ void loadMatrices(unsigned *r, const unsigned short *p) {
+#if __CUDA_ARCH__ >= 800
+  if (TRANSPOSED)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sharedAddress(p)));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sharedAddress(p)));
+#else
+  __trap();
+#endif
+}
+
+// 16 bytes (or 4) from global to shared memory without passing through registers; zeros
+// where !valid.
+__device__ __forceinline__ void copyAsync16(unsigned short *dst, const unsigned short *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void copyAsync4(float *dst, const float *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sharedAddress(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void commitCopies() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until every committed group but the latest one has landed.
+__device__ __forceinline__ void waitForAllButLatestCopies() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::);
+#endif
+}
+
+// src ([B, T, PARTS * H * DH] floats) rounded to BF16 into dst as [PARTS][B][H][T][DH]: qkv's
+// three parts, or dout's one. Four elements a thread.
+template <int B, int T, int PARTS, int H, int DH>
+__device__ void toHeadsBf16(const float *src, unsigned short *dst) {
+  FOR_EACH_ELEMENT(i, (int64)B * T * PARTS * H * DH / 4) {
+    int64 r = i / (DH / 4);
+    int d = 4 * (int)(i % (DH / 4)), h = (int)(r % H), part = (int)(r / H % PARTS);
+    int64 bt = r / H / PARTS, b = bt / T, t = bt % T;
+    float4 x = *(const float4 *)(src + 4 * i);
+    *(uint2 *)(dst + ((((int64)part * B + b) * H + h) * T + t) * DH + d) =
+        make_uint2(packBf16(x.x, x.y), packBf16(x.z, x.w));
   }
 }
-// The loads in flight per thread: the largest divisor of the DH / 8 a thread loads that is at
-// most MOST (8 in the key/value gradient, whose accumulators take more registers; else 16).
-template <int DH, int MOST>
-__host__ __device__ constexpr int tileBatch() {
-  int batch = DH / 8 < MOST ? DH / 8 : MOST;
-  while ((DH / 8) % batch != 0)
-    --batch;
-  return batch;
+
+// The rows of the other side (keys, or queries in the key/value gradient) a shared tile holds:
+// two stages of two tiles stay within 48 KB of static shared memory.
+template <int DH>
+__host__ __device__ constexpr int attentionTileRows() {
+  return DH <= 64 ? 64 : DH <= 128 ? 32 : 16;
 }
 
-// The pair (row, col), (row, col + 1) of a shared tile, as a fragment register.
-template <int DH>
-__device__ __forceinline__ unsigned rowPair(const unsigned short (*tile)[DH + 8], int row, int col) {
-  return *(const unsigned *)&tile[row][col];
-}
-// The pair (row, col), (row + 1, col): a B fragment register of a k x n operand stored [k][n].
-template <int DH>
-__device__ __forceinline__ unsigned columnPair(const unsigned short (*tile)[DH + 8], int row, int col) {
-  return (unsigned)tile[row][col] | ((unsigned)tile[row + 1][col] << 16);
+template <int R, int DH>
+struct TilePair {
+  unsigned short first[R][DH + 8], second[R][DH + 8];
+};
+
+// Rows [row0, row0 + R) of two head-major BF16 tensors into a stage (rows at or past T zero),
+// by asynchronous copies; the caller commits them as a group.
+template <int T, int DH, int R, int THREADS>
+__device__ void copyTilesAsync(TilePair<R, DH> &stage, const unsigned short *first, const unsigned short *second,
+                               int row0) {
+  constexpr int CHUNKS = R * DH / 8; // 16 bytes each
+#pragma unroll
+  for (int i = threadIdx.x; i < CHUNKS; i += THREADS) {
+    int r = i / (DH / 8), d = 8 * (i % (DH / 8)), row = row0 + r;
+    bool valid = row < T;
+    int64 at = (int64)(valid ? row : 0) * DH + d;
+    copyAsync16(&stage.first[r][d], first + at, valid);
+    copyAsync16(&stage.second[r][d], second + at, valid);
+  }
 }
 
-// The A fragments of 16 rows of a head (this lane's two: row0 and row0 + 8), straight from global
-// memory; rows at or past T are 0.
+// The A fragments of 16 rows of a head-major BF16 tensor (this lane's two: row0 and row0 + 8),
+// straight from global memory; rows at or past T are 0.
 template <int T, int DH>
-__device__ void loadBf16Rows(unsigned (*a)[4], const float *src, int64 stride, int row0) {
+__device__ void loadRowFragments(unsigned (*a)[4], const unsigned short *src, int row0) {
   int c = 2 * (threadIdx.x % 4);
 #pragma unroll
   for (int kk = 0; kk < DH / 16; ++kk)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      int row = row0 + 8 * half, d = kk * 16 + c;
-      float2 lo = row < T ? *(const float2 *)(src + row * stride + d) : make_float2(0, 0);
-      float2 hi = row < T ? *(const float2 *)(src + row * stride + d + 8) : make_float2(0, 0);
-      a[kk][half] = packBf16(lo.x, lo.y);
-      a[kk][2 + half] = packBf16(hi.x, hi.y);
+      int row = row0 + 8 * half;
+      const unsigned short *p = src + (int64)row * DH + kk * 16 + c;
+      a[kk][half] = row < T ? *(const unsigned *)p : 0u;
+      a[kk][2 + half] = row < T ? *(const unsigned *)(p + 8) : 0u;
     }
 }
 
-// s = (16 rows of a) x (8 * NJ rows of tile)^T: NJ C fragments over the tile's rows.
-template <int DH, int NJ = 8>
+// s = (16 rows of a) x (rows [0, 8 NJ) of tile)^T: NJ C fragments over the tile's rows.
+template <int DH, int NJ>
 __device__ __forceinline__ void scoresBf16(float (*s)[4], const unsigned (*a)[4], const unsigned short (*tile)[DH + 8]) {
-  int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
+  static_assert(NJ % 2 == 0, "ldmatrix takes two 8-row tiles at once");
+  int lane = threadIdx.x % 32, m = lane / 8;
 #pragma unroll
-  for (int j = 0; j < NJ; ++j) {
+  for (int j = 0; j < NJ; ++j)
     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk)
-      mmaBf16(s[j], a[kk], rowPair<DH>(tile, j * 8 + g, kk * 16 + c), rowPair<DH>(tile, j * 8 + g, kk * 16 + 8 + c));
-  }
+  for (int kk = 0; kk < DH / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      unsigned b[4]; // rows 8j.. and 8(j+1).., columns 16kk.. and 16kk + 8..
+      loadMatrices<false>(b, &tile[(j + m / 2) * 8 + lane % 8][kk * 16 + (m % 2) * 8]);
+      mmaBf16(s[j], a[kk], b[0], b[1]);
+      mmaBf16(s[j + 1], a[kk], b[2], b[3]);
+    }
 }
 
-// acc += p x tile: p 16 x (8 * NJ) (NJ C fragments, rounded to BF16 here), tile (8 * NJ) x DH.
-template <int DH, int NJ = 8>
+// acc += p x tile: p 16 x (8 NJ) (NJ C fragments, rounded to BF16 here), tile (8 NJ) x DH.
+template <int DH, int NJ>
 __device__ __forceinline__ void accumulateBf16(float (*acc)[4], const float (*p)[4], const unsigned short (*tile)[DH + 8]) {
-  int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
+  int lane = threadIdx.x % 32, m = lane / 8;
 #pragma unroll
   for (int kk = 0; kk < NJ / 2; ++kk) {
     unsigned a[4] = {packBf16(p[2 * kk][0], p[2 * kk][1]), packBf16(p[2 * kk][2], p[2 * kk][3]),
                      packBf16(p[2 * kk + 1][0], p[2 * kk + 1][1]), packBf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
-    for (int n = 0; n < DH / 8; ++n)
-      mmaBf16(acc[n], a, columnPair<DH>(tile, kk * 16 + c, n * 8 + g), columnPair<DH>(tile, kk * 16 + 8 + c, n * 8 + g));
+    for (int n = 0; n < DH / 8; n += 2) {
+      unsigned b[4]; // rows 16kk.. and 16kk + 8.., columns 8n.. and 8(n+1).., transposed
+      loadMatrices<true>(b, &tile[kk * 16 + (m % 2) * 8 + lane % 8][(n + m / 2) * 8]);
+      mmaBf16(acc[n], a, b[0], b[1]);
+      mmaBf16(acc[n + 1], a, b[2], b[3]);
+    }
   }
 }
 
-// The forward for 64 queries: out = softmax(mask(scale * q k^T)) v. With STATS (the gradient's
-// first kernel) it writes lse and delta instead of the output.
-template <int T, int H, int DH, bool STATS, typename Out>
-__device__ void attentionForwardBf16(const float *qkv, Out out, float scale, const float *dout, float *lse, float *delta) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
-  __shared__ __align__(16) unsigned short ks[kAttentionRows][DH + 8], vs[kAttentionRows][DH + 8];
+// The forward for 64 queries (a block: four warps of 16): out = softmax(mask(scale q k^T)) v,
+// over key tiles of R rows, and each query's log-sum-exp for the gradient. heads is
+// toHeadsBf16's q | k | v.
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionForwardBf16(const unsigned short *heads, Out out, float *lse, float scale) {
+  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
+  constexpr int64 PART = (int64)B * H * T * DH;
+  __shared__ __align__(16) TilePair<R, DH> stages[2]; // keys, values
   const int tile = TILES - 1 - blockIdx.x % TILES; // the longest rows of tiles first
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
-  const float *q = qkv + (int64)b * T * 3 * D + h * DH;
-  const int row0 = tile * kAttentionRows + warp * 16 + g, row1 = row0 + 8;
+  const int warp = threadIdx.x / 32, c = 2 * (threadIdx.x % 4);
+  const unsigned short *q = heads + (int64)bh * T * DH, *k = q + PART, *v = q + 2 * PART;
+  const int row0 = tile * kAttentionRows + warp * 16 + threadIdx.x % 32 / 4, row1 = row0 + 8;
+  const int last = (min(T, (tile + 1) * kAttentionRows) - 1) / R; // the last key tile
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  copyTilesAsync<T, DH, R, kAttentionThreads>(stages[0], k, v, 0);
+  commitCopies();
   unsigned qa[DH / 16][4];
-  loadBf16Rows<T, DH>(qa, q, 3 * D, row0);
+  loadRowFragments<T, DH>(qa, q, row0);
   float o[DH / 8][4] = {};
   float m0 = __int_as_float(0xff800000), m1 = m0, l0 = 0.0f, l1 = 0.0f;
-  for (int kt = 0; kt <= tile; ++kt) {
-    __syncthreads(); // every warp is done with the previous keys
-    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(ks, q + D, 3 * D, kt * kAttentionRows);
-    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(vs, q + 2 * D, 3 * D, kt * kAttentionRows);
+  for (int kt = 0; kt <= last; ++kt) {
+    TilePair<R, DH> &stage = stages[kt & 1];
+    if (kt < last)
+      copyTilesAsync<T, DH, R, kAttentionThreads>(stages[(kt + 1) & 1], k, v, (kt + 1) * R);
+    commitCopies(); // (an empty group after the last tile: the wait below counts the same way)
+    waitForAllButLatestCopies();
     __syncthreads();
-    float s[8][4];
-    scoresBf16<DH>(s, qa, ks);
+    float s[R / 8][4];
+    scoresBf16<DH, R / 8>(s, qa, stage.first);
     float max0 = m0, max1 = m1;
+    const bool diagonal = kt * R + R - 1 > tile * kAttentionRows; // keys past some rows
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < R / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        int key = kt * kAttentionRows + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
-        float x = key <= row && key < T ? s[j][e] * scale : __int_as_float(0xff800000);
+        int key = kt * R + j * 8 + c + (e & 1);
+        float x = s[j][e] * scaleLog2;
+        if (diagonal && key > (e < 2 ? row0 : row1))
+          x = __int_as_float(0xff800000);
         s[j][e] = x;
         if (e < 2) max0 = fmaxf(max0, x); else max1 = fmaxf(max1, x);
       }
     max0 = quadMax(max0);
     max1 = quadMax(max1);
     // Key 0 is in every row's first tile: the maxima are finite from there on.
-    float alpha0 = expf(m0 - max0), alpha1 = expf(m1 - max1);
+    float alpha0 = exp2f(m0 - max0), alpha1 = exp2f(m1 - max1);
     m0 = max0;
     m1 = max1;
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < R / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = expf(s[j][e] - (e < 2 ? m0 : m1));
+        float p = exp2f(s[j][e] - (e < 2 ? m0 : m1));
         s[j][e] = p;
         if (e < 2) sum0 += p; else sum1 += p;
       }
@@ -199,81 +295,94 @@ __device__ void attentionForwardBf16(const float *qkv, Out out, float scale, con
       o[n][0] *= alpha0; o[n][1] *= alpha0;
       o[n][2] *= alpha1; o[n][3] *= alpha1;
     }
-    accumulateBf16<DH>(o, s, vs);
+    accumulateBf16<DH, R / 8>(o, s, stage.second);
+    __syncthreads(); // every warp is done with this stage before it is loaded again
   }
   l0 = quadSum(l0);
   l1 = quadSum(l1);
-  float dot0 = 0.0f, dot1 = 0.0f;
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
-      float value = o[n][e] / (e < 2 ? l0 : l1);
-      if (row >= T)
-        continue;
-      int64 at = ((int64)b * T + row) * D + h * DH + d;
-      if (STATS) { // dout rounded as the dp products read it (one key: dp - delta is 0)
-        float d = roundBf16(dout[at]);
-        if (e < 2) dot0 += d * value; else dot1 += d * value;
-      } else {
-        out[at] = value;
-      }
+      if (row < T)
+        out[((int64)b * T + row) * D + h * DH + d] = o[n][e] / (e < 2 ? l0 : l1);
     }
-  if (STATS) {
-    dot0 = quadSum(dot0);
-    dot1 = quadSum(dot1);
-    if (threadIdx.x % 4 == 0) {
-      if (row0 < T) { lse[(int64)bh * T + row0] = m0 + logf(l0); delta[(int64)bh * T + row0] = dot0; }
-      if (row1 < T) { lse[(int64)bh * T + row1] = m1 + logf(l1); delta[(int64)bh * T + row1] = dot1; }
-    }
+  if (threadIdx.x % 4 == 0) { // back from base 2 to the natural log
+    if (row0 < T) lse[(int64)bh * T + row0] = (m0 + log2f(l0)) * 0.6931471805599453f;
+    if (row1 < T) lse[(int64)bh * T + row1] = (m1 + log2f(l1)) * 0.6931471805599453f;
   }
 }
 
-// dk and dv for 64 keys: each query tile from the keys' own on, p^T and dp^T = v dout^T
-// recomputed from lse and delta.
-template <int T, int H, int DH, typename Out>
-__device__ void attentionKeyValueGradBf16(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
-  __shared__ __align__(16) unsigned short qs[kAttentionRows][DH + 8], dos[kAttentionRows][DH + 8];
-  __shared__ float lses[kAttentionRows], deltas[kAttentionRows];
+// dk and dv for 64 keys (four warps of 16): each query tile of R rows from the keys' own on,
+// p^T and dp^T = v dout^T recomputed from the forward's lse and delta (attentionDelta).
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionKeyValueGradBf16(const unsigned short *dout, const unsigned short *heads, Out dqkv,
+                                          float scale, const float *lse, const float *delta) {
+  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
+  constexpr int64 PART = (int64)B * H * T * DH;
+  constexpr int SUB = DH <= 64 ? 32 : 16; // queries a step: fewer registers live next to dk and dv
+  __shared__ __align__(16) TilePair<R, DH> stages[2]; // queries, dout
   const int tile = blockIdx.x % TILES; // the earliest keys have the most queries: first
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
-  const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
-  const int key0 = tile * kAttentionRows + warp * 16 + g, key1 = key0 + 8;
+  const int warp = threadIdx.x / 32, c = 2 * (threadIdx.x % 4);
+  const unsigned short *q = heads + (int64)bh * T * DH, *dy = dout + (int64)bh * T * DH;
+  const float *rowLse = lse + (int64)bh * T, *rowDelta = delta + (int64)bh * T;
+  const int key0 = tile * kAttentionRows + warp * 16 + threadIdx.x % 32 / 4, key1 = key0 + 8;
+  const int first = tile * kAttentionRows / R, last = (T - 1) / R; // query tiles
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  // Each stage's queries' lse and delta arrive with its tiles.
+  __shared__ float lses[2][R], deltas[2][R];
+  auto copyStage = [&](int stage, int qt) {
+    copyTilesAsync<T, DH, R, kAttentionThreads>(stages[stage], q, dy, qt * R);
+    for (int i = threadIdx.x; i < R; i += kAttentionThreads) {
+      int query = qt * R + i;
+      copyAsync4(&lses[stage][i], rowLse + (query < T ? query : 0), query < T);
+      copyAsync4(&deltas[stage][i], rowDelta + (query < T ? query : 0), query < T);
+    }
+    commitCopies();
+  };
+  copyStage(0, first);
   unsigned ka[DH / 16][4], va[DH / 16][4];
-  loadBf16Rows<T, DH>(ka, q + D, 3 * D, key0);
-  loadBf16Rows<T, DH>(va, q + 2 * D, 3 * D, key0);
+  loadRowFragments<T, DH>(ka, q + PART, key0);
+  loadRowFragments<T, DH>(va, q + 2 * PART, key0);
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
-  for (int qt = tile; qt < TILES; ++qt) {
+  for (int qt = first; qt <= last; ++qt) {
+    const int current = (qt - first) & 1;
+    TilePair<R, DH> &stage = stages[current];
+    if (qt < last)
+      copyStage(current ^ 1, qt + 1);
+    else
+      commitCopies();
+    waitForAllButLatestCopies();
     __syncthreads();
-    loadBf16Tile<T, DH, tileBatch<DH, 4>()>(qs, q, 3 * D, qt * kAttentionRows);
-    loadBf16Tile<T, DH, tileBatch<DH, 4>()>(dos, dy, D, qt * kAttentionRows);
-    for (int i = threadIdx.x; i < kAttentionRows; i += blockDim.x) {
-      int row = qt * kAttentionRows + i;
-      lses[i] = row < T ? lse[(int64)bh * T + row] : 0.0f;
-      deltas[i] = row < T ? delta[(int64)bh * T + row] : 0.0f;
-    }
-    __syncthreads();
-    // 32 queries at a time: fewer registers live next to dk and dv.
+    const bool edge = qt * R < tile * kAttentionRows + kAttentionRows || qt * R + R > T; // diagonal or last
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float p[4][4], dp[4][4];
-      scoresBf16<DH, 4>(p, ka, qs + 32 * half);   // s^T: keys x queries
-      scoresBf16<DH, 4>(dp, va, dos + 32 * half); // dp^T = v dout^T
+    for (int part = 0; part < R / SUB; ++part) {
+      float p[SUB / 8][4], dp[SUB / 8][4];
+      scoresBf16<DH, SUB / 8>(p, ka, stage.first + SUB * part);   // s^T: keys x queries
+      scoresBf16<DH, SUB / 8>(dp, va, stage.second + SUB * part); // dp^T = v dout^T
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < SUB / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int i = 32 * half + j * 8 + c + (e & 1), query = qt * kAttentionRows + i, key = e < 2 ? key0 : key1;
-          float prob = key <= query && query < T ? expf(p[j][e] * scale - lses[i]) : 0.0f;
-          p[j][e] = prob;
-          dp[j][e] = prob * (dp[j][e] - deltas[i]) * scale; // ds^T
+        for (int e = 0; e < 2; ++e) {
+          int i = SUB * part + j * 8 + c + e, query = qt * R + i;
+          bool inside = query < T;
+          float l = lses[current][i] * 1.4426950408889634f, dl = deltas[current][i];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            int at = 2 * half + e, key = half ? key1 : key0;
+            float prob = exp2f(p[j][at] * scaleLog2 - l);
+            if (edge && (key > query || !inside))
+              prob = 0.0f;
+            p[j][at] = prob;
+            dp[j][at] = prob * (dp[j][at] - dl) * scale; // ds^T
+          }
         }
-      accumulateBf16<DH, 4>(dv, p, dos + 32 * half);
-      accumulateBf16<DH, 4>(dk, dp, qs + 32 * half);
+      accumulateBf16<DH, SUB / 8>(dv, p, stage.second + SUB * part);
+      accumulateBf16<DH, SUB / 8>(dk, dp, stage.first + SUB * part);
     }
+    __syncthreads();
   }
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n)
@@ -289,38 +398,51 @@ __device__ void attentionKeyValueGradBf16(const float *dout, const float *qkv, O
 }
 
 // dq for 64 queries: ds = p (dp - delta) scale against every key tile up to theirs, times k.
-template <int T, int H, int DH, typename Out>
-__device__ void attentionQueryGradBf16(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
-  __shared__ __align__(16) unsigned short ks[kAttentionRows][DH + 8], vs[kAttentionRows][DH + 8];
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionQueryGradBf16(const unsigned short *dout, const unsigned short *heads, Out dqkv, float scale,
+                                       const float *lse, const float *delta) {
+  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
+  constexpr int64 PART = (int64)B * H * T * DH;
+  __shared__ __align__(16) TilePair<R, DH> stages[2]; // keys, values
   const int tile = TILES - 1 - blockIdx.x % TILES;
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
-  const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
-  const int row0 = tile * kAttentionRows + warp * 16 + g, row1 = row0 + 8;
+  const int warp = threadIdx.x / 32, c = 2 * (threadIdx.x % 4);
+  const unsigned short *q = heads + (int64)bh * T * DH, *k = q + PART, *v = q + 2 * PART;
+  const int row0 = tile * kAttentionRows + warp * 16 + threadIdx.x % 32 / 4, row1 = row0 + 8;
+  const int last = (min(T, (tile + 1) * kAttentionRows) - 1) / R;
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  copyTilesAsync<T, DH, R, kAttentionThreads>(stages[0], k, v, 0);
+  commitCopies();
   unsigned qa[DH / 16][4], da[DH / 16][4];
-  loadBf16Rows<T, DH>(qa, q, 3 * D, row0);
-  loadBf16Rows<T, DH>(da, dy, D, row0);
-  float lse0 = row0 < T ? lse[(int64)bh * T + row0] : 0.0f, lse1 = row1 < T ? lse[(int64)bh * T + row1] : 0.0f;
+  loadRowFragments<T, DH>(qa, q, row0);
+  loadRowFragments<T, DH>(da, dout + (int64)bh * T * DH, row0);
+  const float log2e = 1.4426950408889634f; // lse in base 2, as the scores here
+  float lse0 = row0 < T ? lse[(int64)bh * T + row0] * log2e : 0.0f, lse1 = row1 < T ? lse[(int64)bh * T + row1] * log2e : 0.0f;
   float delta0 = row0 < T ? delta[(int64)bh * T + row0] : 0.0f, delta1 = row1 < T ? delta[(int64)bh * T + row1] : 0.0f;
   float dq[DH / 8][4] = {};
-  for (int kt = 0; kt <= tile; ++kt) {
+  for (int kt = 0; kt <= last; ++kt) {
+    TilePair<R, DH> &stage = stages[kt & 1];
+    if (kt < last)
+      copyTilesAsync<T, DH, R, kAttentionThreads>(stages[(kt + 1) & 1], k, v, (kt + 1) * R);
+    commitCopies();
+    waitForAllButLatestCopies();
     __syncthreads();
-    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(ks, q + D, 3 * D, kt * kAttentionRows);
-    loadBf16Tile<T, DH, tileBatch<DH, 8>()>(vs, q + 2 * D, 3 * D, kt * kAttentionRows);
-    __syncthreads();
-    float ds[8][4], dp[8][4];
-    scoresBf16<DH>(ds, qa, ks);
-    scoresBf16<DH>(dp, da, vs);
+    float ds[R / 8][4], dp[R / 8][4];
+    scoresBf16<DH, R / 8>(ds, qa, stage.first);
+    scoresBf16<DH, R / 8>(dp, da, stage.second);
+    const bool diagonal = kt * R + R - 1 > tile * kAttentionRows;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < R / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        int key = kt * kAttentionRows + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
-        float prob = key <= row && key < T ? expf(ds[j][e] * scale - (e < 2 ? lse0 : lse1)) : 0.0f;
+        int key = kt * R + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
+        float prob = exp2f(ds[j][e] * scaleLog2 - (e < 2 ? lse0 : lse1));
+        if (diagonal && key > row)
+          prob = 0.0f;
         ds[j][e] = prob * (dp[j][e] - (e < 2 ? delta0 : delta1)) * scale;
       }
-    accumulateBf16<DH>(dq, ds, ks);
+    accumulateBf16<DH, R / 8>(dq, ds, stage.first);
+    __syncthreads();
   }
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n)
@@ -362,8 +484,8 @@ __device__ __forceinline__ float dotSimt(const float *a, const float *b) {
   return s;
 }
 
-template <bool ROUND, int T, int H, int DH, bool STATS, typename Out>
-__device__ void attentionForwardSimt(const float *qkv, Out out, float scale, const float *dout, float *lse, float *delta) {
+template <bool ROUND, int T, int H, int DH, typename Out>
+__device__ void attentionForwardSimt(const float *qkv, Out out, float *lse, float scale) {
   constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float ks[32][DH], vs[32][DH];
   const int tile = TILES - 1 - blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
@@ -396,16 +518,9 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float scale, con
   if (row >= T)
     return;
   int64 at = ((int64)b * T + row) * D + h * DH;
-  if (STATS) {
-    float dot = 0.0f;
-    for (int d = 0; d < DH; ++d)
-      dot += gemmOperand<ROUND>(dout[at + d]) * (o[d] / l);
-    lse[(int64)bh * T + row] = m + logf(l);
-    delta[(int64)bh * T + row] = dot;
-  } else {
-    for (int d = 0; d < DH; ++d)
-      out[at + d] = o[d] / l;
-  }
+  for (int d = 0; d < DH; ++d)
+    out[at + d] = o[d] / l;
+  lse[(int64)bh * T + row] = m + logf(l);
 }
 
 template <bool ROUND, int T, int H, int DH, typename Out>

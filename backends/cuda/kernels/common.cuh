@@ -6,19 +6,30 @@
 
 typedef long long int64;
 
+// A value from the lane `offset` away (xor) in the warp; types with several members add
+// their own overload next to them.
+__device__ __forceinline__ float shuffleXor(float value, int offset) {
+  return __shfl_xor_sync(0xffffffffu, value, offset);
+}
+__device__ __forceinline__ double shuffleXor(double value, int offset) {
+  return __shfl_xor_sync(0xffffffffu, value, offset);
+}
+
 // One value per thread of the block combined in a fixed tree (the same bits on every run), the
-// result given to every thread. `shared` holds a value per thread.
+// result given to every thread: a butterfly over each warp's lanes (combine is commutative, so
+// every lane ends with the same bits), then the warps' totals in warp order. `shared` holds a
+// value per warp; blockDim.x is a multiple of 32.
 template <typename T, typename Combine>
 __device__ T blockReduce(T value, T *shared, Combine combine) {
-  shared[threadIdx.x] = value;
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value = combine(value, shuffleXor(value, offset));
+  if (threadIdx.x % 32 == 0)
+    shared[threadIdx.x / 32] = value;
   __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride)
-      shared[threadIdx.x] = combine(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    __syncthreads();
-  }
   T result = shared[0];
-  __syncthreads();
+  for (int w = 1; w < (int)blockDim.x / 32; ++w)
+    result = combine(result, shared[w]);
+  __syncthreads(); // every thread has read shared before it is written again
   return result;
 }
 
@@ -84,6 +95,21 @@ struct F32Bf16Out {
   __device__ Element operator[](int64 i) const { return Element{f + i, h + i}; }
   __device__ F32Bf16Out operator+(int64 i) const { return F32Bf16Out{f + i, h + i}; }
 };
+
+// Four consecutive values at out + i (i a multiple of 4: 16-byte aligned) in one store each:
+// float4, four BF16 values, or both.
+__device__ __forceinline__ unsigned bf16Pair(float lo, float hi) {
+  return (__float_as_uint(roundBf16(lo)) >> 16) | (__float_as_uint(roundBf16(hi)) & 0xffff0000u);
+}
+__device__ __forceinline__ void store4(float *out, int64 i, float4 v) { *(float4 *)(out + i) = v; }
+__device__ __forceinline__ void store4(Bf16Out out, int64 i, float4 v) {
+  *(uint2 *)(out.p + i) = make_uint2(bf16Pair(v.x, v.y), bf16Pair(v.z, v.w));
+}
+__device__ __forceinline__ void store4(F32Bf16Out out, int64 i, float4 v) {
+  *(float4 *)(out.f + i) = v;
+  *(uint2 *)(out.h + i) = make_uint2(bf16Pair(v.x, v.y), bf16Pair(v.z, v.w));
+}
+__device__ __forceinline__ float4 load4(const float *x, int64 i) { return *(const float4 *)(x + i); }
 
 // A grid-stride loop over `count` elements (launches cap their grid at 8192 blocks).
 #define FOR_EACH_ELEMENT(i, count) \

@@ -15,14 +15,20 @@ __device__ void fill(Out out, float value) {
   FOR_EACH_ELEMENT(i, Count) out[i] = value;
 }
 
+// Where Count (and a broadcast's Period) is a multiple of 4, the kernels below take four
+// elements a thread, in 16-byte loads and stores: the same values, fewer memory transactions.
+
 // out = x + y or x * y, y repeating every Period elements (a bias, a scale per feature).
 template <bool Multiply, int64 Count, int64 Period, typename Out>
 __device__ void binary(const float *x, const float *y, Out out) {
-  FOR_EACH_ELEMENT(i, Count) {
-    if (Multiply)
-      out[i] = x[i] * y[i % Period];
-    else
-      out[i] = x[i] + y[i % Period];
+  auto apply = [](float a, float b) { return Multiply ? a * b : a + b; };
+  if (Count % 4 == 0 && Period % 4 == 0) {
+    FOR_EACH_ELEMENT(v, Count / 4) {
+      float4 a = load4(x, 4 * v), b = load4(y, 4 * v % Period);
+      store4(out, 4 * v, make_float4(apply(a.x, b.x), apply(a.y, b.y), apply(a.z, b.z), apply(a.w, b.w)));
+    }
+  } else {
+    FOR_EACH_ELEMENT(i, Count) out[i] = apply(x[i], y[i % Period]);
   }
 }
 
@@ -33,7 +39,14 @@ __device__ void scale(const float *x, Out out, float factor) {
 
 template <int64 Count, typename Out>
 __device__ void gelu(const float *x, Out out) {
-  FOR_EACH_ELEMENT(i, Count) out[i] = geluTanh(x[i]);
+  if (Count % 4 == 0) {
+    FOR_EACH_ELEMENT(v, Count / 4) {
+      float4 a = load4(x, 4 * v);
+      store4(out, 4 * v, make_float4(geluTanh(a.x), geluTanh(a.y), geluTanh(a.z), geluTanh(a.w)));
+    }
+  } else {
+    FOR_EACH_ELEMENT(i, Count) out[i] = geluTanh(x[i]);
+  }
 }
 
 template <int64 Count, typename Out>
@@ -42,13 +55,23 @@ __device__ void silu(const float *x, Out out) {
 }
 
 // d/dx of geluTanh, times dy.
+__device__ __forceinline__ float geluTanhGradient(float dy, float v) {
+  const float c = 0.7978845608028654f;
+  float t = tanhf(c * (v + 0.044715f * v * v * v));
+  float du = c * (1.0f + 3.0f * 0.044715f * v * v);
+  return dy * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+}
 template <int64 Count, typename Out>
 __device__ void geluBackward(const float *dy, const float *x, Out dx) {
-  FOR_EACH_ELEMENT(i, Count) {
-    const float c = 0.7978845608028654f;
-    float v = x[i], t = tanhf(c * (v + 0.044715f * v * v * v));
-    float du = c * (1.0f + 3.0f * 0.044715f * v * v);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  if (Count % 4 == 0) {
+    FOR_EACH_ELEMENT(v, Count / 4) {
+      float4 d = load4(dy, 4 * v), a = load4(x, 4 * v);
+      store4(dx, 4 * v,
+             make_float4(geluTanhGradient(d.x, a.x), geluTanhGradient(d.y, a.y), geluTanhGradient(d.z, a.z),
+                         geluTanhGradient(d.w, a.w)));
+    }
+  } else {
+    FOR_EACH_ELEMENT(i, Count) dx[i] = geluTanhGradient(dy[i], x[i]);
   }
 }
 

@@ -1,18 +1,52 @@
 // Cross-entropy (fused log-softmax and NLL) and NLL loss over rows of logits, and their
-// gradients: the mean over rows taken in row order, in double.
+// gradients: the mean over rows taken in row order, in double; a row's log-sum-exp in float.
 #pragma once
 
-#include "softmax.cuh"
+#include "common.cuh"
+
+// A row's max and its sum of exp(x - max), taken online in one read of the row (each thread
+// rescales its sum when its max grows; four elements a load where rows are 16-byte aligned),
+// then combined over the block in a fixed tree: the same bits on every run.
+struct MaxExpSum {
+  float max, sum;
+};
+__device__ MaxExpSum combineMaxExpSum(MaxExpSum a, MaxExpSum b) {
+  float max = fmaxf(a.max, b.max);
+  if (max == __int_as_float(0xff800000))
+    return a;
+  return {max, a.sum * expf(a.max - max) + b.sum * expf(b.max - max)};
+}
+__device__ __forceinline__ MaxExpSum shuffleXor(MaxExpSum value, int offset) {
+  return {shuffleXor(value.max, offset), shuffleXor(value.sum, offset)};
+}
+__device__ __forceinline__ void addToMaxExpSum(MaxExpSum &acc, float4 x) {
+  float max = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+  if (max > acc.max) {
+    acc.sum *= expf(acc.max - max);
+    acc.max = max;
+  }
+  acc.sum += (expf(x.x - acc.max) + expf(x.y - acc.max)) + (expf(x.z - acc.max) + expf(x.w - acc.max));
+}
+template <int64 Vocab>
+__device__ MaxExpSum rowMaxExpSum(const float *row) {
+  __shared__ MaxExpSum shared[256];
+  MaxExpSum acc = {__int_as_float(0xff800000), 0.0f};
+  const float inf = __int_as_float(0xff800000);
+  if (Vocab % 4 == 0) {
+    for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) addToMaxExpSum(acc, ((const float4 *)row)[j]);
+  } else {
+    for (int j = threadIdx.x; j < Vocab; j += blockDim.x) addToMaxExpSum(acc, make_float4(row[j], inf, inf, inf));
+  }
+  return blockReduce(acc, shared, combineMaxExpSum);
+}
 
 // Launch 0, one block per row: logsumexp(row) - row[target] into scratch (doubles).
 template <int64 Vocab>
 __device__ void crossEntropyRows(const float *logits, const int *targets, float *scratch) {
   const float *row = logits + (int64)blockIdx.x * Vocab;
-  float max;
-  double sum;
-  rowMaxAndExpSum(Vocab, [&](int j) { return row[j]; }, max, sum);
+  MaxExpSum total = rowMaxExpSum<Vocab>(row);
   if (threadIdx.x == 0)
-    ((double *)scratch)[blockIdx.x] = (double)max + log(sum) - row[targets[blockIdx.x]];
+    ((double *)scratch)[blockIdx.x] = (double)total.max + log((double)total.sum) - row[targets[blockIdx.x]];
 }
 
 // Launch 1, one block: the mean of the rows' losses.
@@ -25,19 +59,30 @@ __device__ void crossEntropyMean(float *loss, const float *scratch) {
   if (threadIdx.x == 0) loss[0] = (float)(sum / Rows);
 }
 
-// dlogits = (softmax(row) - onehot(target)) * dloss / Rows, one block per row.
+// dlogits = (softmax(row) - onehot(target)) * dloss / Rows, one block per row: the row read
+// twice (its log-sum-exp, then the gradient), written once.
 template <int64 Vocab, int64 Rows, typename Out>
 __device__ void crossEntropyBackward(const float *dloss, const float *logits, const int *targets, Out dlogits) {
   int64 base = (int64)blockIdx.x * Vocab;
   const float *row = logits + base;
-  float max;
-  double sum;
-  rowMaxAndExpSum(Vocab, [&](int j) { return row[j]; }, max, sum);
-  double logSum = (double)max + log(sum);
-  double g = (double)dloss[0] / Rows;
+  MaxExpSum total = rowMaxExpSum<Vocab>(row);
+  float logSum = (float)((double)total.max + log((double)total.sum));
+  float g = (float)((double)dloss[0] / Rows);
   int target = targets[blockIdx.x];
-  for (int j = threadIdx.x; j < Vocab; j += blockDim.x)
-    dlogits[base + j] = (float)((exp((double)row[j] - logSum) - (j == target ? 1.0 : 0.0)) * g);
+  auto out = dlogits + base;
+  if (Vocab % 4 == 0) {
+    for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) {
+      float4 x = ((const float4 *)row)[j];
+      int k = 4 * j;
+      out[k] = (expf(x.x - logSum) - (k == target ? 1.0f : 0.0f)) * g;
+      out[k + 1] = (expf(x.y - logSum) - (k + 1 == target ? 1.0f : 0.0f)) * g;
+      out[k + 2] = (expf(x.z - logSum) - (k + 2 == target ? 1.0f : 0.0f)) * g;
+      out[k + 3] = (expf(x.w - logSum) - (k + 3 == target ? 1.0f : 0.0f)) * g;
+    }
+  } else {
+    for (int j = threadIdx.x; j < Vocab; j += blockDim.x)
+      out[j] = (expf(row[j] - logSum) - (j == target ? 1.0f : 0.0f)) * g;
+  }
 }
 
 // -mean(logp[r, target[r]]), one block.

@@ -5,17 +5,34 @@
 
 #include "common.cuh"
 
-// out = (x - mean) * rstd * gamma (+ beta) over rows of D; x is read from `row`.
+// A warp takes a row (eight rows a 256-thread block): its lanes read the row 32 elements at a
+// time and meet in shuffles, with no block-wide barrier between the passes.
+enum { kNormRowsPerBlock = 8 };
+
+// This warp's row, or -1 past the last.
+template <int64 Rows>
+__device__ __forceinline__ int64 normRow() {
+  int64 row = blockIdx.x * (int64)kNormRowsPerBlock + threadIdx.x / 32;
+  return row < Rows ? row : -1;
+}
+
+__device__ __forceinline__ double warpSumDouble(double value) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// out = (x - mean) * rstd * gamma (+ beta) over one row of D, by its warp; x is read from `row`.
 template <bool Layer, int64 D, typename Out>
 __device__ void normalizeRow(const float *row, const float *gamma, const float *beta, Out dst, double eps) {
-  __shared__ double shared[256];
+  const int lane = threadIdx.x % 32;
   double sum = 0;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) sum += row[j];
-  double mean = Layer ? blockSum(sum, shared) / D : 0.0;
+  for (int j = lane; j < D; j += 32) sum += row[j];
+  double mean = Layer ? warpSumDouble(sum) / D : 0.0;
   double squares = 0;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) squares += (row[j] - mean) * (row[j] - mean);
-  float rstd = (float)(1.0 / sqrt(blockSum(squares, shared) / D + eps));
-  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+  for (int j = lane; j < D; j += 32) squares += (row[j] - mean) * (row[j] - mean);
+  float rstd = (float)(1.0 / sqrt(warpSumDouble(squares) / D + eps));
+  for (int j = lane; j < D; j += 32) {
     if (Layer)
       dst[j] = (row[j] - (float)mean) * rstd * gamma[j] + beta[j];
     else
@@ -23,45 +40,53 @@ __device__ void normalizeRow(const float *row, const float *gamma, const float *
   }
 }
 
-template <bool Layer, int64 D, typename Out>
+template <bool Layer, int64 D, int64 Rows, typename Out>
 __device__ void layerNorm(const float *x, const float *gamma, const float *beta, Out out, double eps) {
-  normalizeRow<Layer, D>(x + (int64)blockIdx.x * D, gamma, beta, out + (int64)blockIdx.x * D, eps);
+  int64 row = normRow<Rows>();
+  if (row >= 0)
+    normalizeRow<Layer, D>(x + row * D, gamma, beta, out + row * D, eps);
 }
 
 // sum = x + y (the residual stream goes on), normed = the norm of sum.
-template <bool Layer, int64 D, typename Out>
+template <bool Layer, int64 D, int64 Rows, typename Out>
 __device__ void residualNorm(const float *x, const float *y, const float *gamma, const float *beta,
                              float *sum, Out normed, double eps) {
-  int64 base = (int64)blockIdx.x * D;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) sum[base + j] = x[base + j] + y[base + j];
-  normalizeRow<Layer, D>(sum + base, gamma, beta, normed + base, eps);
+  int64 row = normRow<Rows>();
+  if (row < 0)
+    return;
+  int64 base = row * D;
+  for (int j = threadIdx.x % 32; j < D; j += 32) sum[base + j] = x[base + j] + y[base + j];
+  normalizeRow<Layer, D>(sum + base, gamma, beta, normed + base, eps); // each lane reads its own sums
 }
 
-// The gradient, launch 0 (one block per row): dx, and the row's mean and rstd into stats.
-template <bool Layer, int64 D, typename Out>
+// The gradient, launch 0 (a warp per row): dx, and the row's mean and rstd into stats.
+template <bool Layer, int64 D, int64 Rows, typename Out>
 __device__ void normBackwardRows(const float *dy, const float *x, const float *gamma, Out dx, float *stats,
                                  double eps) {
-  __shared__ double shared[256];
-  int64 base = (int64)blockIdx.x * D;
+  int64 row = normRow<Rows>();
+  if (row < 0)
+    return;
+  const int lane = threadIdx.x % 32;
+  int64 base = row * D;
   double sum = 0;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) sum += x[base + j];
-  double mean = Layer ? blockSum(sum, shared) / D : 0.0;
+  for (int j = lane; j < D; j += 32) sum += x[base + j];
+  double mean = Layer ? warpSumDouble(sum) / D : 0.0;
   double squares = 0;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) squares += (x[base + j] - mean) * (x[base + j] - mean);
-  double rstd = 1.0 / sqrt(blockSum(squares, shared) / D + eps);
-  double g = 0, gx = 0;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+  for (int j = lane; j < D; j += 32) squares += (x[base + j] - mean) * (x[base + j] - mean);
+  double rstd = 1.0 / sqrt(warpSumDouble(squares) / D + eps);
+  double g = 0, gx = 0; // sum dy * gamma, sum dy * gamma * xhat
+  for (int j = lane; j < D; j += 32) {
     double gj = (double)dy[base + j] * gamma[j];
     g += gj;
     gx += gj * (x[base + j] - mean) * rstd;
   }
-  double meanG = Layer ? blockSum(g, shared) / D : 0.0;
-  double meanGX = blockSum(gx, shared) / D;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+  double meanG = Layer ? warpSumDouble(g) / D : 0.0;
+  double meanGX = warpSumDouble(gx) / D;
+  for (int j = lane; j < D; j += 32) {
     double xhat = (x[base + j] - mean) * rstd;
     dx[base + j] = (float)(rstd * ((double)dy[base + j] * gamma[j] - meanG - xhat * meanGX));
   }
-  if (threadIdx.x == 0) { stats[2 * blockIdx.x] = (float)mean; stats[2 * blockIdx.x + 1] = (float)rstd; }
+  if (lane == 0) { stats[2 * row] = (float)mean; stats[2 * row + 1] = (float)rstd; }
 }
 
 // Launch 1: dgamma and dbeta summed over chunks of Chunk rows, a thread per feature

@@ -121,7 +121,9 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLay
     Builder b(single);
     std::map<std::string, Tensor> inputs;
     llvm::SmallVector<Value *, 8> operands;
-    for (unsigned i = 0; i < op->numOperands(); ++i) {
+    // attention_backward's out and lse are what the forward made of its qkv (below).
+    bool attentionGradient = op->kind() == OpKind::AttentionBackward;
+    for (unsigned i = 0; i < (attentionGradient ? 2u : op->numOperands()); ++i) {
       std::string name = "in" + std::to_string(i);
       TensorType type = op->operand(i)->type();
       if (!isFp8(type.dtype)) {
@@ -146,6 +148,11 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLay
     }
     if (op->kind() == OpKind::Quantize)
       inputs["in2"].data[0] = 1.0f / inputs["in1"].data[0];
+    if (attentionGradient) {
+      Op *forward = b.createOp(OpKind::Attention, {operands[1]}, op->attrs(), "forward");
+      ASSERT_TRUE(forward);
+      operands.append({forward->result(0), forward->result(1)});
+    }
     Op *copy = b.createOp(op->kind(), operands, op->attrs(), "out");
     ASSERT_FALSE(bool(b.takeError()));
     for (unsigned r = 0; r < copy->numResults(); ++r)
@@ -363,8 +370,12 @@ TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
       attrs.set("scale", 1.0 / std::sqrt(double(s.Dh)));
       if (std::string(dtype) == "bf16")
         attrs.set("gemm_dtype", std::string("bf16"));
-      graph.addOutput(b.create(OpKind::Attention, {qkv}, attrs, "out"));
-      graph.addOutput(b.create(OpKind::AttentionBackward, {dout, qkv}, attrs, "dqkv"));
+      Op *forward = b.createOp(OpKind::Attention, {qkv}, attrs, "out");
+      ASSERT_TRUE(forward);
+      graph.addOutput(forward->result(0));
+      graph.addOutput(forward->result(1));
+      graph.addOutput(b.create(OpKind::AttentionBackward, {dout, qkv, forward->result(0), forward->result(1)}, attrs,
+                               "dqkv"));
       ASSERT_FALSE(bool(b.takeError()));
       std::map<std::string, Tensor> inputs;
       for (const char *name : {"qkv", "dout"}) {
@@ -382,8 +393,8 @@ TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
       ASSERT_TRUE(gpu);
       ASSERT_FALSE(bool(gpu->bindAll(inputs)));
       auto got = unwrap(gpu->run());
-      ASSERT_EQ(got.size(), 2u);
-      for (size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(got.size(), 3u); // out, lse, dqkv
+      for (size_t r = 0; r < 3; ++r) {
         double scale = 0, worst = 0;
         for (size_t i = 0; i < want[r].data.size(); ++i) {
           ASSERT_FALSE(std::isnan(got[r].data[i])) << "result " << r << " element " << i << " unwritten or NaN";

@@ -290,20 +290,23 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
   auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
   EXPECT_TRUE(plainProgram.bf16Stored.empty());
   EXPECT_TRUE(plainProgram.bf16Shadowed.empty());
-  // With attention fused, its output (the context the projection reads) is stored in BF16 by
-  // the attention kernel, and the packed q | k | v gradient gets a BF16 copy (its bias sum
-  // reads it in fp32).
+  // With attention fused, its output (the context the projection reads) gets a BF16 copy from
+  // the attention kernel (the gradient reads the fp32 value for sum(dout * out)), and so does
+  // the packed q | k | v gradient (its bias sum reads it in fp32).
   auto [fused, fusedProgram] = gpuTrainingProgram("models/seed.yaml", "bf16");
   for (int layer = 0; layer < 4; ++layer) {
     const Value *context = fused->lookup(fmt::format("h{}.attn.context.flat", layer));
     ASSERT_TRUE(context);
     EXPECT_EQ(context->def()->kind(), OpKind::Attention);
-    EXPECT_TRUE(fusedProgram.bf16Stored.count(context)) << context->name();
+    EXPECT_TRUE(fusedProgram.bf16Shadowed.count(context)) << context->name();
   }
-  int shadowedGradients = 0;
-  for (const Value *v : fusedProgram.bf16Shadowed)
+  int shadowedGradients = 0, shadowedContexts = 0;
+  for (const Value *v : fusedProgram.bf16Shadowed) {
     shadowedGradients += v->def()->kind() == OpKind::AttentionBackward;
+    shadowedContexts += v->def()->kind() == OpKind::Attention;
+  }
   EXPECT_EQ(shadowedGradients, 4);
+  EXPECT_EQ(shadowedContexts, 4);
 }
 
 TEST(MemoryPlan, AdamWUngroupedWhenOneUpdateIsNotInPlace) {
