@@ -1,11 +1,28 @@
 // Writing files so that a crash or an error never leaves a half-written file under the name.
 #pragma once
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
+
+#include <string>
+#include <utility>
 
 namespace tgc {
 
 /// Writes `contents` to `path` through a temporary file in the same folder and a rename.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents);
+
+/// A file a command reads or writes, by the flag that names it.
+struct NamedFile {
+  std::string flag; // "the model file", "--data", "--save", ...
+  std::string path; // empty: not given
+};
+
+/// An error naming the first two of `files` that are the same file: by device and inode where
+/// both exist (so that a symbolic or hard link, or another spelling, is caught), by the
+/// resolved folder and name where they do not exist yet. `allowed` lists pairs of flags that
+/// may name one file (a checkpoint read whole before it is replaced atomically).
+llvm::Error checkDistinctFiles(llvm::ArrayRef<NamedFile> files,
+                               llvm::ArrayRef<std::pair<llvm::StringRef, llvm::StringRef>> allowed = {});
 
 } // namespace tgc

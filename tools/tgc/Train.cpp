@@ -56,6 +56,12 @@ int runTrain() {
   auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
+  // Before anything is opened for writing. --save may replace the checkpoint --resume names:
+  // it is read whole first, and the new one moved into place atomically at the end.
+  if (auto err = checkDistinctFiles({{"the model file", ModelPath}, {"--data", DataPath}, {"--resume", ResumePath},
+                                     {"--save", SavePath}, {"--log", LogPath}},
+                                    {{"--resume", "--save"}}))
+    return report(std::move(err));
   for (const std::string *path : {&SavePath.getValue(), &LogPath.getValue()})
     if (!path->empty())
       if (auto err = checkWritable(*path))
