@@ -2,13 +2,19 @@
 
 #include "ir/Infer.h"
 #include "support/Files.h"
+#include "support/Limits.h"
 
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -61,6 +67,34 @@ llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) 
   return writeFileAtomically(path, file);
 }
 
+namespace {
+
+/// The first key that appears twice at the top level of a JSON object's text (LLVM's parser
+/// keeps the last silently; the format wants each tensor once), if any.
+std::optional<std::string> duplicateTopLevelKey(llvm::StringRef json) {
+  llvm::StringSet<> seen;
+  int depth = 0;
+  for (size_t i = 0; i < json.size(); ++i) {
+    char c = json[i];
+    if (c == '"') {
+      size_t start = ++i;
+      while (i < json.size() && json[i] != '"')
+        i += json[i] == '\\' ? 2 : 1;
+      llvm::StringRef key = json.slice(start, std::min(i, json.size()));
+      size_t next = json.find_first_not_of(" \t\r\n", i + 1);
+      if (depth == 1 && next != llvm::StringRef::npos && json[next] == ':' && !seen.insert(key).second)
+        return key.str();
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
 llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
@@ -75,7 +109,13 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
   if (headerSize > kMaxHeaderBytes || headerSize > bytes.size() - 8)
     return fail(path, "not a safetensors checkpoint or truncated: header of {} bytes in a file of {}",
                 headerSize, bytes.size());
-  auto parsed = llvm::json::parse(bytes.substr(8, headerSize));
+  llvm::StringRef headerText = bytes.substr(8, headerSize);
+  if (auto deep = findDeepNesting(headerText, kMaxJsonDepth))
+    return fail(path, "malformed safetensors header: nested deeper than {} levels at byte {}", kMaxJsonDepth,
+                8 + *deep);
+  if (auto key = duplicateTopLevelKey(headerText))
+    return fail(path, "tensor '{}' appears twice in the header", *key);
+  auto parsed = llvm::json::parse(headerText);
   if (!parsed)
     return fail(path, "malformed safetensors header: {}", llvm::toString(parsed.takeError()));
   llvm::json::Object *header = parsed->getAsObject();
@@ -84,6 +124,7 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
   uint64_t dataSize = bytes.size() - 8 - headerSize;
   const char *data = bytes.data() + 8 + headerSize;
   Checkpoint checkpoint;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> extents; // [begin, end) of each tensor
   for (auto &[key, value] : *header) {
     std::string name = key.str();
     if (name == "__metadata__") {
@@ -91,6 +132,8 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
       auto text = meta ? meta->getString("tgc") : std::nullopt;
       if (!text)
         return fail(path, "the safetensors metadata has no 'tgc' entry: not written by tgc");
+      if (findDeepNesting(*text, kMaxJsonDepth))
+        return fail(path, "the 'tgc' metadata is nested deeper than {} levels", kMaxJsonDepth);
       auto metaJson = llvm::json::parse(*text);
       if (!metaJson || !metaJson->getAsObject()) {
         if (!metaJson)
@@ -125,12 +168,27 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
         *end - *begin != uint64_t(type.numElements()) * 4)
       return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data "
                   "(truncated file?)", name, type.str(), dataSize);
+    extents.emplace_back(*begin, *end, name);
     Tensor tensor = Tensor::zeros(type);
     std::memcpy(tensor.data.data(), data + *begin, *end - *begin);
     checkpoint.tensors.emplace(name, std::move(tensor));
   }
   if (checkpoint.meta.empty())
     return fail(path, "no tgc metadata: not a tgc checkpoint");
+  // The format's layout: the tensors' bytes one after another, from the first byte after the
+  // header to the last of the file, with no gap, overlap or trailing bytes (a header length a
+  // byte off shifts every tensor, and is caught here).
+  std::sort(extents.begin(), extents.end());
+  uint64_t next = 0;
+  for (const auto &[begin, end, name] : extents) {
+    if (begin != next)
+      return fail(path, "tensor '{}': its data starts at byte {} of the data, where {} was expected ({})", name,
+                  begin, next, begin < next ? "it overlaps the tensor before it" : "a gap before it");
+    next = end;
+  }
+  if (next != dataSize)
+    return fail(path, "{} bytes after the last tensor's data: not the safetensors layout (a wrong header length?)",
+                dataSize - next);
   return checkpoint;
 }
 

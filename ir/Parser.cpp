@@ -2,6 +2,7 @@
 
 #include "ir/Infer.h"
 #include "ir/Verifier.h"
+#include "support/Limits.h"
 
 #include "llvm/Support/MemoryBuffer.h"
 
@@ -307,6 +308,8 @@ llvm::Error Parser::parseAttrValue(Attr &value) {
           return err;
       Attr element;
       Token elementTok = tok_;
+      if (tok_.kind == Tok::LBracket) // refused before recursing: no depth to exhaust the stack
+        return error(elementTok, "lists hold integers only");
       if (auto err = parseAttrValue(element))
         return err;
       auto *i = std::get_if<int64_t>(&element);
@@ -488,10 +491,9 @@ llvm::Expected<std::unique_ptr<Graph>> parseGraph(llvm::StringRef text, llvm::St
 }
 
 llvm::Expected<std::unique_ptr<Graph>> parseGraphFile(llvm::StringRef path) {
-  auto buffer = llvm::MemoryBuffer::getFileOrSTDIN(path, /*IsText=*/true);
+  auto buffer = readFileAtMost(path, kMaxIrFileBytes, "an IR file");
   if (!buffer)
-    return llvm::createStringError(buffer.getError(), "%s: error: cannot read: %s",
-                                   path.str().c_str(), buffer.getError().message().c_str());
+    return buffer.takeError();
   return parseGraph((*buffer)->getBuffer(), path == "-" ? "<stdin>" : path);
 }
 

@@ -2,6 +2,7 @@
 
 #include "ir/Types.h"
 #include "support/Error.h"
+#include "support/Limits.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -414,6 +415,19 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), escapeForMessage(error_).c_str());
   };
   ModelConfig config;
+  // Bounded before LLVM's parser (recursive in the nesting) runs.
+  llvm::StringRef text = buffer_->getBuffer();
+  if (text.size() > kMaxModelFileBytes) {
+    error_ = fmt::format("{}: error: {} bytes: larger than the {} MiB a model description may be", file_,
+                         text.size(), kMaxModelFileBytes >> 20);
+    return fromError();
+  }
+  if (auto deep = findDeepNesting(text, kMaxYamlDepth, /*yaml=*/true)) {
+    auto [line, column] = lineAndColumn(text, *deep);
+    error_ = fmt::format("{}:{}:{}: error: nested deeper than {} levels (a model description nests two)", file_,
+                         line, column, kMaxYamlDepth);
+    return fromError();
+  }
   llvm::yaml::Stream stream(buffer_->getMemBufferRef(), sm_, /*ShowColors=*/false);
   auto doc = stream.begin();
   if (failed())
@@ -573,10 +587,9 @@ llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringR
 }
 
 llvm::Expected<ModelConfig> loadModelConfig(llvm::StringRef path) {
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  auto buffer = readFileAtMost(path, kMaxModelFileBytes, "a model file");
   if (!buffer)
-    return llvm::createStringError(buffer.getError(), "%s: error: cannot read: %s",
-                                   path.str().c_str(), buffer.getError().message().c_str());
+    return buffer.takeError();
   return parseModelConfig((*buffer)->getBuffer(), path);
 }
 

@@ -14,6 +14,7 @@
 #include "llvm/Support/JSON.h"
 
 #include <cmath>
+#include <fmt/format.h>
 #include <fstream>
 
 using namespace tgc;
@@ -205,6 +206,52 @@ TEST(Checkpoint, BadFilesAreClearErrors) {
             std::string::npos) << m;
   llvm::sys::fs::remove(good);
   llvm::sys::fs::remove(bad);
+}
+
+/// A safetensors file of `header` (JSON, padded to 8 bytes unless `headerSize` says another
+/// length) and `data` bytes.
+std::string safetensors(std::string header, size_t dataBytes, int64_t headerSizeDelta = 0) {
+  while ((8 + header.size()) % 8)
+    header += ' ';
+  uint64_t size = uint64_t(int64_t(header.size()) + headerSizeDelta);
+  std::string file;
+  for (int i = 0; i < 8; ++i)
+    file += char((size >> (8 * i)) & 0xff);
+  return file + header + std::string(dataBytes, '\0');
+}
+
+TEST(Checkpoint, TheSafetensorsLayoutIsCheckedStrictly) {
+  const std::string meta = R"("__metadata__": {"format": "pt", "tgc": "{\"step\": 1}"})";
+  auto tensor = [](const char *name, int n, int begin) {
+    return fmt::format(R"("{}": {{"dtype": "F32", "shape": [{}], "data_offsets": [{}, {}]}})", name, n, begin,
+                       begin + 4 * n);
+  };
+  std::string path = tempPath("layout.safetensors");
+  auto check = [&](const std::string &contents, const char *message) {
+    std::ofstream(path, std::ios::binary) << contents;
+    std::string m = errorOf(readCheckpoint(path));
+    EXPECT_NE(m.find(path + ": error: "), std::string::npos) << m;
+    EXPECT_NE(m.find(message), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  };
+  // Well formed: two tensors back to back.
+  std::ofstream(path, std::ios::binary) << safetensors("{" + meta + ", " + tensor("a", 2, 0) + ", " +
+                                                       tensor("b", 3, 8) + "}", 20);
+  EXPECT_EQ(unwrap(readCheckpoint(path)).tensors.size(), 2u);
+  check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + ", " + tensor("b", 3, 4) + "}", 20),
+        "tensor 'b': its data starts at byte 4 of the data, where 8 was expected (it overlaps");
+  check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + ", " + tensor("b", 3, 12) + "}", 24),
+        "where 8 was expected (a gap before it)");
+  check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + "}", 12), "4 bytes after the last tensor's data");
+  check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + ", " + tensor("a", 2, 8) + "}", 16),
+        "tensor 'a' appears twice in the header");
+  // A header length a byte short still parses (its padding is spaces) but shifts the data.
+  check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + "}", 8, -1), "1 bytes after the last tensor's data");
+  // Nesting a recursive parser would not survive: refused before parsing.
+  check(safetensors("{\"x\": " + std::string(50000, '[') + "}", 0), "nested deeper than 64 levels");
+  check(safetensors("{\"x\": \"" + std::string(50000, '[') + "\", " + meta + "}", 0),
+        "tensor 'x': entry is not an object"); // brackets inside a string are text, not nesting
+  llvm::sys::fs::remove(path);
 }
 
 TEST(Training, MatchesPyTorchLosses) {
