@@ -136,7 +136,12 @@ AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list) {
 }
 
 std::string escapeForMessage(llvm::StringRef text) {
+  // A message that would echo a whole input is cut: its start says where and what.
+  constexpr size_t kMostShown = 2000;
   std::string out;
+  if (text.size() > kMostShown)
+    return escapeForMessage(text.take_front(kMostShown)) +
+           fmt::format(" ... ({} more bytes not shown)", text.size() - kMostShown);
   for (unsigned char c : text) {
     if (c == '\n')
       out += "\\n";

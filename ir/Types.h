@@ -81,7 +81,8 @@ private:
 AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list);
 
 /// `text` with control characters and non-ASCII bytes escaped (\n, \x7f), so that error
-/// messages quoting user input stay on one line.
+/// messages quoting user input stay on one line (and a terminal shows escape sequences rather
+/// than obeying them); past 2000 bytes, the start and how much was left out.
 std::string escapeForMessage(llvm::StringRef text);
 
 /// Where an op came from in IR text (line 0 means built in memory).

@@ -185,3 +185,11 @@ TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {
 }
 
 } // namespace
+
+TEST(IRText, MessagesQuotingInputStayOneShortLine) {
+  EXPECT_EQ(escapeForMessage("a\x1b[31mb\nc"), "a\\x1b[31mb\\nc");
+  std::string huge(10 << 20, 'x');
+  std::string shown = escapeForMessage(huge);
+  EXPECT_LT(shown.size(), 2100u);
+  EXPECT_NE(shown.find("(10483760 more bytes not shown)"), std::string::npos) << shown.substr(1990);
+}

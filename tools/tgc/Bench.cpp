@@ -36,8 +36,10 @@ int runBench() {
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
   if (recipes.empty())
     recipes = {"fp32", "bf16", "fp8"};
-  if (BenchSteps < 1 || BenchWarmup < 0)
-    return report(flagError("--bench-steps must be >= 1 and --warmup >= 0"));
+  constexpr int64_t kMostSteps = 1000000; // (and no overflow in the step counts below)
+  if (BenchSteps < 1 || BenchSteps > kMostSteps || BenchWarmup < 0 || BenchWarmup > kMostSteps)
+    return report(flagError(fmt::format("--bench-steps must be 1 to {} and --warmup 0 to {}, got {} and {}",
+                                        kMostSteps, kMostSteps, int64_t(BenchSteps), int64_t(BenchWarmup))));
   llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens, {} warm-up + {} timed steps per precision\n",
                               base->name, base->train.batch, base->seqLen, int64_t(BenchWarmup),
                               int64_t(BenchSteps));

@@ -49,8 +49,9 @@ int runInspect() {
                  << "\n";
     return 0;
   }
-  llvm::outs() << fmt::format("{}: model {}, step {}, recipe {}", CheckpointPath.getValue(),
-                              config.name, step, recipeName(precision.recipe).str());
+  // Names come from the file: terminal escape sequences in them are shown, not obeyed.
+  llvm::outs() << fmt::format("{}: model {}, step {}, recipe {}", escapeForMessage(CheckpointPath.getValue()),
+                              escapeForMessage(config.name), step, recipeName(precision.recipe).str());
   if (precision.recipe == Recipe::Fp8)
     llvm::outs() << fmt::format(" ({}, margin {}, amax history {}, {})", fp8FormatName(precision.fp8Format).str(),
                                 precision.margin, precision.amaxHistoryLen,

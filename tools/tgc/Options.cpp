@@ -178,7 +178,7 @@ void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ost
     for (float a : s.newestAmax)
       amax += fmt::format("{}{:.4g}", amax.empty() ? "" : " ", a);
     os << fmt::format("  {:<30}{:<8}{:>12.5g}{:>12.5g}  {:<40}{:>10.0f}\n",
-                      s.site + " " + s.role, s.format, s.scale, s.scaleInv, amax, s.saturations);
+                      escapeForMessage(s.site + " " + s.role), s.format, s.scale, s.scaleInv, amax, s.saturations);
   }
 }
 
