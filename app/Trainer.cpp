@@ -116,8 +116,10 @@ std::string architectureDifference(const ModelConfig &a, const ModelConfig &b) {
        {differ("vocab", a.vocab, b.vocab), differ("seq_len", a.seqLen, b.seqLen),
         differ("d_model", a.dModel, b.dModel), differ("heads", a.heads, b.heads),
         differ("layers", a.layers, b.layers), differ("ffn", a.ffn, b.ffn),
-        differ("norm", int(a.norm), int(b.norm)),
-        differ("activation", int(a.activation), int(b.activation)),
+        differ("norm", a.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
+               b.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm"),
+        differ("activation", a.activation == ActivationKind::Gelu ? "gelu" : "swiglu",
+               b.activation == ActivationKind::Gelu ? "gelu" : "swiglu"),
         differ("bias", a.bias, b.bias), differ("tie_embeddings", a.tieEmbeddings, b.tieEmbeddings)})
     if (!d.empty())
       return d;
@@ -135,6 +137,25 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
   auto step = checkpoint.meta.getInteger("step");
   if (!step || *step < 0)
     return stringError(path.str() + ": error: the checkpoint metadata has no step");
+  // What a resumed run would otherwise change without a word: refused, naming the checkpoint's.
+  if (auto saved = checkpoint.meta.getString("precision"); saved && *saved != recipeName(config_.precision.recipe))
+    return stringError(fmt::format("{}: error: the checkpoint was trained in {}, this run is {}: resume it with "
+                                   "--precision {}",
+                                   path.str(), saved->str(), recipeName(config_.precision.recipe).str(), saved->str()));
+  if (const llvm::json::Object *data = checkpoint.meta.getObject("data")) {
+    auto savedPath = data->getString("path");
+    auto savedSource = data->getString("source");
+    bool savedFromFile = savedPath && !savedPath->empty();
+    // A file's description is "PATH (N tokens, KIND)": the same file may be spelled otherwise.
+    auto sizeAndKind = [](llvm::StringRef description) { return description.substr(description.rfind(" (")); };
+    bool differs = savedFromFile != !dataPath_.empty() ||
+                   (savedFromFile && savedSource && sizeAndKind(*savedSource) != sizeAndKind(data_->describe()));
+    if (differs)
+      return stringError(fmt::format("{}: error: the checkpoint was trained on {}, this run reads {}: resume it "
+                                     "with the same data ({})",
+                                     path.str(), savedSource ? savedSource->str() : "other data",
+                                     data_->describe(), savedFromFile ? "--data " + savedPath->str() : "no --data"));
+  }
   for (const Op *op : program_->ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;

@@ -73,13 +73,29 @@ int runTrain() {
       return report(checkpoint.takeError());
     resumeFrom = std::move(*checkpoint);
   }
+  uint64_t fileSeed = config->train.seed;
+  if (resumeFrom) {
+    // The data stream continues from the checkpoint's seed: a different --seed would be ignored.
+    uint64_t saved = 0;
+    auto savedText = resumeFrom->meta.getString("seed");
+    if (savedText && !savedText->getAsInteger(10, saved) && Seed.getNumOccurrences() && saved != Seed)
+      return report(flagError(fmt::format("{}: error: --seed {} conflicts with the checkpoint's seed {} (its data "
+                                          "stream continues from there): drop --seed",
+                                          ResumePath.getValue(), uint64_t(Seed), saved)));
+  }
   auto trainer = Trainer::create(*config, DataPath, *device);
   if (!trainer)
     return report(trainer.takeError());
   Trainer &t = **trainer;
-  if (resumeFrom)
+  if (resumeFrom) {
     if (auto err = t.resume(*resumeFrom, ResumePath))
       return report(std::move(err));
+    if (t.stepsDone() >= t.config().train.steps)
+      return report(flagError(fmt::format("{}: error: the checkpoint is at step {} and the run ends at step {}: "
+                                          "nothing to train (give --steps above {}); nothing was written",
+                                          ResumePath.getValue(), t.stepsDone(), t.config().train.steps,
+                                          t.stepsDone())));
+  }
   const ModelConfig &c = t.config();
   int64_t total = c.train.steps, tokensPerStep = c.train.batch * c.seqLen;
   llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, "
@@ -91,7 +107,11 @@ int runTrain() {
   llvm::outs() << fmt::format("device: {}, precision {}{}\ndata: {}\n", t.executor().describe(),
                               recipeName(recipe).str(), emulated ? " (emulated)" : "", t.data().describe());
   if (t.stepsDone())
-    llvm::outs() << fmt::format("resumed from {} at step {}\n", ResumePath.getValue(), t.stepsDone());
+    llvm::outs() << fmt::format("resumed from {} at step {}{}\n", ResumePath.getValue(), t.stepsDone(),
+                                c.train.seed != fileSeed
+                                    ? fmt::format(" (seed {} from the checkpoint; the model file says {})",
+                                                  c.train.seed, fileSeed)
+                                    : "");
 
   std::unique_ptr<llvm::raw_fd_ostream> log;
   if (!LogPath.empty()) {
