@@ -8,16 +8,47 @@
 
 #include "llvm/ADT/STLExtras.h"
 
+#include <cerrno>
+#include <chrono>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 #include <vector>
 
 namespace tgc {
+
+namespace {
+
+/// Temporaries of earlier saves to `path` that were killed before their rename (NAME.tmp-XXXXXX,
+/// untouched for ten minutes: not a save running now): removed, so that they do not pile up.
+void removeStaleTemporaries(llvm::StringRef dir, llvm::StringRef name) {
+  std::string prefix = (name + ".tmp-").str();
+  auto now = std::chrono::system_clock::now();
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+    llvm::StringRef file = llvm::sys::path::filename(it->path());
+    if (!file.starts_with(prefix) || file.size() != prefix.size() + 6)
+      continue;
+    llvm::sys::fs::file_status status;
+    if (!llvm::sys::fs::status(it->path(), status) && status.type() == llvm::sys::fs::file_type::regular_file &&
+        now - status.getLastModificationTime() > std::chrono::minutes(10))
+      llvm::sys::fs::remove(it->path());
+  }
+}
+
+/// Makes what was written to `fd` (or renamed in the folder `fd` is) durable.
+std::error_code syncToDisk(int fd) {
+  return ::fsync(fd) ? std::error_code(errno, std::generic_category()) : std::error_code();
+}
+
+} // namespace
 
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) {
   llvm::SmallString<256> dir(path);
   llvm::sys::path::remove_filename(dir);
   if (dir.empty())
     dir = ".";
+  removeStaleTemporaries(dir, llvm::sys::path::filename(path));
   llvm::SmallString<256> model(dir);
   llvm::sys::path::append(model, llvm::sys::path::filename(path) + ".tmp-%%%%%%");
   auto temp = llvm::sys::fs::TempFile::create(model);
@@ -35,8 +66,19 @@ llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) 
       return fileError(path, "write failed: {}", message);
     }
   }
+  // On the disk before the rename makes it the file (a crash then leaves the old or the new
+  // one, never a renamed file whose data was not written), and the rename on the disk after.
+  if (std::error_code ec = syncToDisk(temp->FD)) {
+    llvm::consumeError(temp->discard());
+    return fileError(path, "write failed: {}", ec.message());
+  }
   if (auto err = temp->keep(path))
     return fileError(path, "cannot move the finished file into place: {}", llvm::toString(std::move(err)));
+  int dirFd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dirFd >= 0) {
+    syncToDisk(dirFd); // (some file systems cannot sync a folder; the file itself is there)
+    ::close(dirFd);
+  }
   return llvm::Error::success();
 }
 

@@ -146,6 +146,23 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
   return outputs;
 }
 
+namespace {
+
+/// What an op's CPU kernel allocates beyond its results while it runs: the fused attention and
+/// its gradient materialise the unfused graph's [B, H, T, T] tensors (scores, scaled, masked and
+/// the probabilities; the gradient also dprobs, dmasked, dscaled and dscores), and q, k, v and
+/// their gradients head-major.
+int64_t opScratchBytes(const Op &op) {
+  if (op.kind() != OpKind::Attention && op.kind() != OpKind::AttentionBackward)
+    return 0;
+  const TensorType &qkv = op.operand(op.kind() == OpKind::Attention ? 0 : 1)->type();
+  int64_t B = qkv.dim(0), T = qkv.dim(1), H = *op.attrs().getInt("heads");
+  int64_t scores = B * H * T * T * int64_t(sizeof(float)), heads = qkv.numElements() * int64_t(sizeof(float));
+  return op.kind() == OpKind::Attention ? 4 * scores + heads : 8 * scores + 3 * heads;
+}
+
+} // namespace
+
 int64_t interpreterPeakBytes(const Graph &graph) {
   // run()'s schedule: bound leaves throughout, each intermediate from its op to its last
   // reader (outputs to the end), assigned values from their assign to the end.
@@ -167,7 +184,7 @@ int64_t interpreterPeakBytes(const Graph &graph) {
       for (unsigned r = 0; r < op.numResults(); ++r)
         live += bytes(op.result(r));
     }
-    peak = std::max(peak, live);
+    peak = std::max(peak, live + opScratchBytes(op));
     llvm::SmallPtrSet<const Value *, 4> freed;
     for (const Value *v : op.operands()) {
       const Op *def = v->def();
@@ -180,16 +197,54 @@ int64_t interpreterPeakBytes(const Graph &graph) {
   return peak;
 }
 
+namespace {
+
+/// A number read from a one-line file (a cgroup's memory.max, ...), if it holds one ("max" does
+/// not).
+std::optional<int64_t> readNumber(const std::string &path) {
+  std::ifstream file(path);
+  int64_t value = 0;
+  if (file >> value && value >= 0)
+    return value;
+  return std::nullopt;
+}
+
+} // namespace
+
+std::optional<int64_t> cgroupAvailableMemory(const std::string &root, const std::string &selfCgroup) {
+  std::vector<std::string> folders;
+  std::ifstream self(selfCgroup);
+  for (std::string line; std::getline(self, line);)
+    if (llvm::StringRef(line).starts_with("0::"))
+      folders.push_back(root + line.substr(3));
+  folders.push_back(root);
+  for (const std::string &folder : folders) {
+    auto limit = readNumber(folder + "/memory.max"), used = readNumber(folder + "/memory.current");
+    if (limit && used)
+      return std::max<int64_t>(0, *limit - *used);
+  }
+  auto limit = readNumber(root + "/memory/memory.limit_in_bytes");
+  auto used = readNumber(root + "/memory/memory.usage_in_bytes");
+  if (limit && used && *limit < (int64_t(1) << 60)) // v1 says "no limit" with a huge number
+    return std::max<int64_t>(0, *limit - *used);
+  return std::nullopt;
+}
+
 std::optional<int64_t> availableHostMemory() {
+  std::optional<int64_t> available;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   int64_t kib;
   while (meminfo >> key >> kib) {
-    if (key == "MemAvailable:")
-      return kib * 1024;
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
     meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  return std::nullopt;
+  if (std::optional<int64_t> container = cgroupAvailableMemory("/sys/fs/cgroup", "/proc/self/cgroup"))
+    available = available ? std::min(*available, *container) : *container;
+  return available;
 }
 
 llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes) {

@@ -43,13 +43,20 @@ private:
 
 /// The host memory the interpreter holds at the peak of one run of `graph`, in bytes: every
 /// leaf bound, the intermediates alive at once (each freed after its last reader), and the
-/// assigned values it keeps until the step ends. A lower bound: the kernels' own temporaries
-/// (packed GEMM operands, a fused op's recomputed activations) are not counted, and on the tiny
-/// model's training step they take the resident size to about 4x this.
+/// assigned values it keeps until the step ends, and the fused attention's [B, H, T, T]
+/// temporaries while it runs. A lower bound: the other kernels' temporaries (packed GEMM
+/// operands, a fused op's recomputed activations) are not counted, and on the tiny model's
+/// training step they take the resident size to about 4x this.
 int64_t interpreterPeakBytes(const Graph &graph);
 
-/// The memory this machine has available now (MemAvailable), if it can say.
+/// The memory this process may still take (MemAvailable, and the container's cgroup limit less
+/// its usage where one is set), if the machine can say.
 std::optional<int64_t> availableHostMemory();
+
+/// What a container's memory limit leaves, if one is set: cgroup v2 (memory.max less
+/// memory.current, in the process's own cgroup as `selfCgroup` names it under `root`, or at
+/// `root`), else cgroup v1 (memory/memory.limit_in_bytes less memory/memory.usage_in_bytes).
+std::optional<int64_t> cgroupAvailableMemory(const std::string &root, const std::string &selfCgroup);
 
 /// An error when interpreterPeakBytes(graph) is more than `availableBytes`, naming both, so
 /// that a model too large for the CPU interpreter stops before it allocates anything.

@@ -47,6 +47,25 @@ llvm::Error checkWritable(llvm::StringRef path) {
   return llvm::Error::success();
 }
 
+/// Fails before training when the folder of `path` has no room for the checkpoint (the
+/// parameters and the state, in fp32, and a header), rather than after the run.
+llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program) {
+  int64_t bytes = 1 << 20; // the header, generously
+  for (const Op *op : program.ops())
+    if (op->kind() == OpKind::Param || op->kind() == OpKind::State)
+      bytes += op->result()->type().numElements() * 4;
+  llvm::SmallString<256> dir(path);
+  llvm::sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+  auto space = llvm::sys::fs::disk_space(dir);
+  if (!space || int64_t(space->available) >= bytes)
+    return llvm::Error::success();
+  return flagError(fmt::format("{}: error: the checkpoint needs {:.1f} MiB and its folder has {:.1f} MiB free: "
+                               "nothing was trained",
+                               path.str(), bytes / 1048576.0, space->available / 1048576.0));
+}
+
 } // namespace
 
 int runTrain() {
@@ -96,6 +115,9 @@ int runTrain() {
                                           ResumePath.getValue(), t.stepsDone(), t.config().train.steps,
                                           t.stepsDone())));
   }
+  if (!SavePath.empty())
+    if (auto err = checkFreeSpace(SavePath, t.program()))
+      return report(std::move(err));
   const ModelConfig &c = t.config();
   int64_t total = c.train.steps, tokensPerStep = c.train.batch * c.seqLen;
   llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, "
@@ -161,6 +183,16 @@ int runTrain() {
                                                    {"step_ms", record->stepMs},
                                                    {"tokens_per_s", tokensPerSecond}})
            << "\n";
+    // A full disk or a closed pipe is found at the step it happens, not at exit.
+    if (log) {
+      log->flush();
+      if (log->has_error()) {
+        std::string message = log->error().message();
+        log->clear_error();
+        return report(flagError(fmt::format("{}: error: writing the log failed at step {}: {}", LogPath.getValue(),
+                                            record->step, message)));
+      }
+    }
   }
   if (!losses.empty()) {
     size_t tail = std::min<size_t>(10, losses.size());

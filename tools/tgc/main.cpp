@@ -59,7 +59,17 @@ int main(int argc, char **argv) {
   // out-of-memory handler is replaced so that operator new throws.
   std::set_new_handler(nullptr);
   try {
-    return runSubcommand();
+    int status = runSubcommand();
+    // A closed pipe or a full disk under standard output: one line and exit 1, not LLVM's
+    // abort when the stream is destroyed with its error unread.
+    llvm::outs().flush();
+    if (llvm::outs().has_error()) {
+      std::string message = llvm::outs().error().message();
+      llvm::outs().clear_error();
+      llvm::errs() << "tgc: error: writing to standard output failed: " << message << "\n";
+      return 1;
+    }
+    return status;
   } catch (const std::bad_alloc &) {
     llvm::errs() << "tgc: error: out of host memory; use a smaller --batch or model\n";
     return 1;

@@ -7,7 +7,10 @@
 #include "support/Random.h"
 #include "tests/TestUtil.h"
 
+#include "llvm/Support/FileSystem.h"
+
 #include <cmath>
+#include <fstream>
 #include <cstring>
 #include <set>
 
@@ -191,6 +194,41 @@ TEST(Interpreter, BindChecksNamesAndTypes) {
                 .find("'x' is f32[2], but a f32[3] was given"),
             std::string::npos);
   EXPECT_NE(errorOf(interp.run()).find("input %x was not given a value"), std::string::npos);
+}
+
+TEST(Interpreter, PeakBytesCountTheAttentionsScoresWhileItRuns) {
+  // qkv f32[2,64,96] (49152 bytes), out [2,64,32] and lse [2,4,64]: while attention runs, its
+  // CPU kernel also holds four [2,4,64,64] score tensors and the heads (4 * 131072 + 49152).
+  auto graph = unwrap(parseGraph("graph @g\n%qkv = input() : f32[2,64,96]\n"
+                                 "%out, %lse = attention(%qkv) {heads=4, scale=0.125} : f32[2,64,32], f32[2,4,64]\n"
+                                 "return %out\n",
+                                 "t"));
+  ASSERT_TRUE(graph);
+  EXPECT_EQ(interpreterPeakBytes(*graph), 49152 + 16384 + 2048 + 4 * 131072 + 49152);
+}
+
+TEST(Interpreter, ContainerMemoryLimitsAreRead) {
+  llvm::SmallString<128> root;
+  ASSERT_FALSE(llvm::sys::fs::createUniqueDirectory("tgc-cgroup", root));
+  std::string dir = root.str().str(), self = dir + "/self";
+  auto write = [](const std::string &path, const std::string &text) { std::ofstream(path) << text; };
+  // No limit files: nothing to say.
+  write(self, "0::/\n");
+  EXPECT_FALSE(cgroupAvailableMemory(dir, self).has_value());
+  // cgroup v2, in the process's own cgroup.
+  ASSERT_FALSE(llvm::sys::fs::create_directories(dir + "/job"));
+  write(self, "0::/job\n");
+  write(dir + "/job/memory.max", "6442450944\n");
+  write(dir + "/job/memory.current", "1073741824\n");
+  EXPECT_EQ(cgroupAvailableMemory(dir, self), int64_t(5) << 30);
+  // "max" is no limit; then cgroup v1, whose "no limit" is a huge number.
+  write(dir + "/job/memory.max", "max\n");
+  ASSERT_FALSE(llvm::sys::fs::create_directories(dir + "/memory"));
+  write(dir + "/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  write(dir + "/memory/memory.usage_in_bytes", "100\n");
+  EXPECT_FALSE(cgroupAvailableMemory(dir, self).has_value());
+  write(dir + "/memory/memory.limit_in_bytes", "1000\n");
+  EXPECT_EQ(cgroupAvailableMemory(dir, self), 900);
 }
 
 TEST(Interpreter, PeakBytesFollowTheRunsSchedule) {

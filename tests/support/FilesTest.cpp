@@ -1,0 +1,72 @@
+// Writing files without losing any (support/Files.h).
+#include "support/Files.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <chrono>
+#include <fstream>
+#include <gtest/gtest.h>
+
+using namespace tgc;
+
+namespace {
+
+std::string freshFolder() {
+  llvm::SmallString<128> path;
+  EXPECT_FALSE(llvm::sys::fs::createUniqueDirectory("tgc-files", path));
+  return path.str().str();
+}
+
+std::string inFolder(const std::string &dir, const char *name) { return dir + "/" + name; }
+
+std::string contentsOf(const std::string &path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  return buffer ? (*buffer)->getBuffer().str() : "<unreadable>";
+}
+
+} // namespace
+
+TEST(Files, AtomicWritesReplaceAndRemoveOnlyOldTemporaries) {
+  std::string dir = freshFolder(), path = inFolder(dir, "ck.st");
+  ASSERT_FALSE(bool(writeFileAtomically(path, "one")));
+  // A temporary a killed save left an hour ago goes; one of a save running now stays.
+  std::string stale = inFolder(dir, "ck.st.tmp-abcdef"), running = inFolder(dir, "ck.st.tmp-ghijkl");
+  std::ofstream(stale) << "half";
+  std::ofstream(running) << "half";
+  std::ofstream(inFolder(dir, "other.st.tmp-abcdef")) << "not ours";
+  int fd;
+  ASSERT_FALSE(llvm::sys::fs::openFileForWrite(stale, fd, llvm::sys::fs::CD_OpenExisting));
+  auto anHourAgo = llvm::sys::toTimePoint(std::time(nullptr) - 3600);
+  ASSERT_FALSE(llvm::sys::fs::setLastAccessAndModificationTime(fd, anHourAgo));
+  llvm::sys::fs::closeFile(fd);
+  ASSERT_FALSE(bool(writeFileAtomically(path, "two")));
+  EXPECT_EQ(contentsOf(path), "two");
+  EXPECT_FALSE(llvm::sys::fs::exists(stale));
+  EXPECT_TRUE(llvm::sys::fs::exists(running));
+  EXPECT_TRUE(llvm::sys::fs::exists(inFolder(dir, "other.st.tmp-abcdef")));
+  // A folder that is not there: an error naming the file, nothing written.
+  auto err = writeFileAtomically(inFolder(dir, "missing/x.st"), "three");
+  ASSERT_TRUE(bool(err));
+  EXPECT_NE(llvm::toString(std::move(err)).find("missing/x.st: error:"), std::string::npos);
+}
+
+TEST(Files, TheSameFileUnderTwoFlagsIsFoundByInodeOrResolvedPath) {
+  std::string dir = freshFolder(), model = inFolder(dir, "m.yaml"), link = inFolder(dir, "link.yaml");
+  std::ofstream(model) << "name: m\n";
+  ASSERT_FALSE(llvm::sys::fs::create_link("m.yaml", link));
+  auto errorOf = [](llvm::Error err) { return err ? llvm::toString(std::move(err)) : std::string(); };
+  std::string m = errorOf(checkDistinctFiles({{"the model file", model}, {"--log", link}}));
+  EXPECT_NE(m.find("the model file and --log name the same file"), std::string::npos) << m;
+  // Outputs not there yet: by folder and name, whatever the spelling.
+  m = errorOf(checkDistinctFiles({{"--save", inFolder(dir, "a.st")}, {"--log", dir + "/./x/../a.st"}}));
+  EXPECT_TRUE(m.empty()) << m; // x does not exist: another folder as far as anyone can say
+  m = errorOf(checkDistinctFiles({{"--save", inFolder(dir, "a.st")}, {"--log", dir + "/../" +
+                                                                                llvm::sys::path::filename(dir).str() +
+                                                                                "/a.st"}}));
+  EXPECT_NE(m.find("--save and --log name the same file"), std::string::npos) << m;
+  // Different files, absent flags and allowed pairs pass.
+  EXPECT_TRUE(errorOf(checkDistinctFiles({{"the model file", model}, {"--data", ""}, {"--log", ""}})).empty());
+  EXPECT_TRUE(errorOf(checkDistinctFiles({{"--resume", model}, {"--save", link}}, {{"--resume", "--save"}})).empty());
+}
