@@ -11,11 +11,13 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tgc {
 
@@ -94,6 +96,25 @@ std::optional<std::string> duplicateTopLevelKey(llvm::StringRef json) {
 }
 
 } // namespace
+
+llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path) {
+  std::vector<std::string> bad;
+  int64_t tensors = 0;
+  for (const auto &[name, tensor] : checkpoint.tensors) {
+    int64_t count = 0;
+    for (float v : tensor.data)
+      count += !std::isfinite(v);
+    if (count) {
+      ++tensors;
+      if (bad.size() < 3)
+        bad.push_back(fmt::format("'{}': {} of {}", name, count, tensor.data.size()));
+    }
+  }
+  if (bad.empty())
+    return llvm::Error::success();
+  return fail(path, "{} {} NaN or Inf ({}{}): the run that wrote it diverged; --allow-nonfinite reads it anyway",
+              tensors, tensors == 1 ? "tensor holds" : "tensors hold", fmt::join(bad, ", "), tensors > 3 ? ", ..." : "");
+}
 
 llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);

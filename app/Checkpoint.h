@@ -21,5 +21,8 @@ struct Checkpoint {
 llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint);
 /// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file.
 llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path);
+/// An error naming the tensors of `checkpoint` that hold NaN or Inf (a run that diverged wrote
+/// it), or success.
+llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path);
 
 } // namespace tgc

@@ -254,6 +254,17 @@ TEST(Checkpoint, TheSafetensorsLayoutIsCheckedStrictly) {
   llvm::sys::fs::remove(path);
 }
 
+TEST(Checkpoint, NonFiniteWeightsAreNamed) {
+  Checkpoint c;
+  c.tensors["w"] = Tensor{TensorType(DType::F32, {4}), {1, NAN, INFINITY, 2}, {}};
+  c.tensors["b"] = Tensor{TensorType(DType::F32, {1}), {0.5f}, {}};
+  EXPECT_EQ(errorOf(checkFinite(c, "x.st")),
+            "x.st: error: 1 tensor holds NaN or Inf ('w': 2 of 4): the run that wrote it diverged; "
+            "--allow-nonfinite reads it anyway");
+  c.tensors["w"].data = {1, 2, 3, 4};
+  EXPECT_FALSE(bool(checkFinite(c, "x.st")));
+}
+
 TEST(Training, MatchesPyTorchLosses) {
   // tests/reference/parity.py trained the same model from the same initial weights on the same
   // batches with torch.optim.AdamW; these are its per-step losses.

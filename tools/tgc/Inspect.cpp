@@ -17,10 +17,12 @@ static cl::opt<bool> Json("json", cl::desc("Print JSON for scripts"), cl::sub(in
 } // namespace
 
 int runInspect() {
-  auto trained = loadTrained(CheckpointPath);
+  auto trained = loadTrained(CheckpointPath, /*requireFinite=*/false); // shown, with a warning below
   if (!trained)
     return report(trained.takeError());
   auto &[config, checkpoint] = *trained;
+  if (auto err = checkFinite(checkpoint, CheckpointPath)) // on stderr: --json stays JSON
+    llvm::errs() << "tgc: warning: " << llvm::toString(std::move(err)).substr(CheckpointPath.size() + 9) << "\n";
   PrecisionConfig precision = resolveRecipeForCpu(config.precision);
   auto summary = summarizeFp8State(checkpoint.tensors, precision, /*newest=*/8);
   int64_t step = checkpoint.meta.getInteger("step").value_or(0);

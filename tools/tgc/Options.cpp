@@ -158,11 +158,18 @@ llvm::Expected<Device> resolveDevice() {
   return flagError("--device must be auto, cpu or cuda, got '" + DeviceFlag + "'");
 }
 
+cl::opt<bool> AllowNonFinite("allow-nonfinite", cl::desc("Read a checkpoint whose tensors hold NaN or Inf"),
+                             cl::sub(generateCommand()), cl::sub(evalCommand()), cl::sub(trainCommand()),
+                             cl::cat(category()));
+
 /// A checkpoint and the model it was trained for.
-llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path) {
+llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path, bool requireFinite) {
   auto checkpoint = readCheckpoint(path);
   if (!checkpoint)
     return checkpoint.takeError();
+  if (requireFinite && !AllowNonFinite)
+    if (auto err = checkFinite(*checkpoint, path))
+      return std::move(err);
   auto config = checkpointModel(*checkpoint, path);
   if (!config)
     return config.takeError();

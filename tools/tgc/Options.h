@@ -56,7 +56,9 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path);
 /// request the machine cannot serve is an error, not a downgrade. Detected once per call.
 llvm::Expected<Device> resolveDevice();
 /// A checkpoint and the model it was trained for.
-llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path);
+/// requireFinite: NaN or Inf in a tensor is an error unless --allow-nonfinite.
+llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path, bool requireFinite = true);
+extern cl::opt<bool> AllowNonFinite;
 /// The FP8 scaling summary: one line per quantized tensor.
 void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ostream &os);
 

@@ -90,6 +90,9 @@ int runTrain() {
     auto checkpoint = readCheckpoint(ResumePath);
     if (!checkpoint)
       return report(checkpoint.takeError());
+    if (!AllowNonFinite)
+      if (auto err = checkFinite(*checkpoint, ResumePath))
+        return report(std::move(err));
     resumeFrom = std::move(*checkpoint);
   }
   uint64_t fileSeed = config->train.seed;
