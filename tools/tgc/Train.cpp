@@ -8,7 +8,9 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <fmt/format.h>
 #include <optional>
 
@@ -29,6 +31,8 @@ static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per s
                                     cl::value_desc("file.jsonl"), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, or uint16 tokens (.bin, .u16, .tokens)"),
                                      cl::sub(trainCommand()), cl::cat(category()));
+static cl::opt<int64_t> SaveEvery("save-every", cl::desc("With --save, also save every N steps (the last one kept)"),
+                                  cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (default: about 20 lines)"),
                                  cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
 
@@ -68,6 +72,163 @@ llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program) {
 
 } // namespace
 
+namespace {
+
+/// A run's trainer, after the checks that need nothing written yet, resumed if asked.
+llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, const Device &device,
+                                                    uint64_t &fileSeed) {
+  // Before anything is opened for writing. --save may replace the checkpoint --resume names:
+  // it is read whole first, and the new one moved into place atomically at the end.
+  if (auto err = checkDistinctFiles({{"the model file", ModelPath}, {"--data", DataPath}, {"--resume", ResumePath},
+                                     {"--save", SavePath}, {"--log", LogPath}},
+                                    {{"--resume", "--save"}}))
+    return std::move(err);
+  for (const std::string *path : {&SavePath.getValue(), &LogPath.getValue()})
+    if (!path->empty())
+      if (auto err = checkWritable(*path))
+        return std::move(err);
+  if (SaveEvery < 0 || (SaveEvery > 0 && SavePath.empty()))
+    return flagError(fmt::format("--save-every takes a step count >= 0 and needs --save, got {}", int64_t(SaveEvery)));
+  std::optional<Checkpoint> resumeFrom;
+  if (!ResumePath.empty()) {
+    auto checkpoint = readCheckpoint(ResumePath);
+    if (!checkpoint)
+      return checkpoint.takeError();
+    if (!AllowNonFinite)
+      if (auto err = checkFinite(*checkpoint, ResumePath))
+        return std::move(err);
+    // The data stream continues from the checkpoint's seed: a different --seed would be ignored.
+    uint64_t saved = 0;
+    auto savedText = checkpoint->meta.getString("seed");
+    if (savedText && !savedText->getAsInteger(10, saved) && Seed.getNumOccurrences() && saved != Seed)
+      return flagError(fmt::format("{}: error: --seed {} conflicts with the checkpoint's seed {} (its data stream "
+                                   "continues from there): drop --seed",
+                                   ResumePath.getValue(), uint64_t(Seed), saved));
+    resumeFrom = std::move(*checkpoint);
+  }
+  fileSeed = config.train.seed;
+  auto trainer = Trainer::create(config, DataPath, device);
+  if (!trainer)
+    return trainer.takeError();
+  Trainer &t = **trainer;
+  if (resumeFrom) {
+    if (auto err = t.resume(*resumeFrom, ResumePath))
+      return std::move(err);
+    if (t.stepsDone() >= t.config().train.steps)
+      return flagError(fmt::format("{}: error: the checkpoint is at step {} and the run ends at step {}: nothing to "
+                                   "train (give --steps above {}); nothing was written",
+                                   ResumePath.getValue(), t.stepsDone(), t.config().train.steps, t.stepsDone()));
+  }
+  if (!SavePath.empty())
+    if (auto err = checkFreeSpace(SavePath, t.program()))
+      return std::move(err);
+  return std::move(*trainer);
+}
+
+/// The checkpoint of `t` at --save, with a line saying so.
+llvm::Error save(Trainer &t, llvm::StringRef why = "") {
+  auto checkpoint = t.checkpoint();
+  if (!checkpoint)
+    return checkpoint.takeError();
+  if (auto err = writeCheckpoint(SavePath, *checkpoint))
+    return err;
+  llvm::outs() << fmt::format("saved {} (step {}){}\n", SavePath.getValue(), t.stepsDone(), why.str());
+  return llvm::Error::success();
+}
+
+/// SIGINT or SIGTERM during training: the step under way finishes, then the run saves (with
+/// --save) and ends. A second signal ends the process at once (the default action is back).
+std::atomic<int> stopSignal{0};
+extern "C" void onStopSignal(int signal) {
+  stopSignal = signal;
+  std::signal(signal, SIG_DFL);
+}
+
+/// The per-step line and the JSONL record.
+struct StepOutput {
+  bool terminal = llvm::sys::Process::StandardOutIsDisplayed();
+  int64_t every = 1, total = 0, tokensPerStep = 0;
+  std::unique_ptr<llvm::raw_fd_ostream> log;
+
+  llvm::Error write(const StepRecord &record) {
+    double tokensPerSecond = tokensPerStep / (record.stepMs / 1000.0);
+    std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.1f} ms  {:.0f} tok/s",
+                                   record.step, total, record.loss, record.lr, record.gradNorm, record.stepMs,
+                                   tokensPerSecond);
+    bool print = record.step % every == 0 || record.step == 1 || record.step == total;
+    if (terminal) {
+      int width = 30, filled = int(width * record.step / std::max<int64_t>(total, 1));
+      llvm::outs() << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << line
+                   << (print ? "\n" : "");
+      llvm::outs().flush();
+    } else if (print) {
+      llvm::outs() << line << "\n";
+    }
+    if (!log)
+      return llvm::Error::success();
+    *log << llvm::json::Value(llvm::json::Object{{"step", record.step},
+                                                 {"loss", record.loss},
+                                                 {"lr", record.lr},
+                                                 {"grad_norm", record.gradNorm},
+                                                 {"step_ms", record.stepMs},
+                                                 {"tokens_per_s", tokensPerSecond}})
+         << "\n";
+    // A full disk or a closed pipe is found at the step it happens, not at exit.
+    log->flush();
+    if (!log->has_error())
+      return llvm::Error::success();
+    std::string message = log->error().message();
+    log->clear_error();
+    return flagError(fmt::format("{}: error: writing the log failed at step {}: {}", LogPath.getValue(), record.step,
+                                 message));
+  }
+};
+
+/// Trains `t` to its last step; 0, or the exit status of an error or a stop by signal.
+int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &totalMs) {
+  const ModelConfig &c = t.config();
+  int64_t lastSaved = -1;
+  while (t.stepsDone() < out.total) {
+    auto record = t.step();
+    if (!record)
+      return report(record.takeError());
+    losses.push_back(record->loss);
+    totalMs += record->stepMs;
+    if (auto err = out.write(*record))
+      return report(std::move(err));
+    // Diverged: the weights after this step are not worth keeping, and are never written.
+    if (!std::isfinite(record->loss) || !std::isfinite(record->gradNorm))
+      return report(flagError(fmt::format(
+          "error: training diverged at step {} (loss {}, grad norm {}): stopped, and nothing after it is saved{}",
+          record->step, record->loss, record->gradNorm,
+          lastSaved >= 0 ? fmt::format(" ({} holds step {})", SavePath.getValue(), lastSaved) : "")));
+    if (Fp8SummaryEvery > 0 && record->step % Fp8SummaryEvery == 0) {
+      auto checkpoint = t.checkpoint();
+      if (!checkpoint)
+        return report(checkpoint.takeError());
+      auto summary = summarizeFp8State(checkpoint->tensors, c.precision);
+      llvm::outs() << fmt::format("FP8 scaling state after step {} ({} quantized tensors):\n", record->step,
+                                  summary.size());
+      printFp8Summary(summary, llvm::outs());
+    }
+    bool stopping = stopSignal != 0;
+    if (!SavePath.empty() && ((SaveEvery > 0 && record->step % SaveEvery == 0 && record->step < out.total) ||
+                              (stopping && record->step < out.total))) {
+      if (auto err = save(t, stopping ? " before stopping" : ""))
+        return report(std::move(err));
+      lastSaved = record->step;
+    }
+    if (stopping) {
+      llvm::outs() << fmt::format("stopped by {} after step {}{}\n", stopSignal == SIGINT ? "SIGINT" : "SIGTERM",
+                                  record->step, SavePath.empty() ? " (no --save: nothing written)" : "");
+      return 128 + stopSignal;
+    }
+  }
+  return 0;
+}
+
+} // namespace
+
 int runTrain() {
   auto config = loadConfig(ModelPath);
   if (!config)
@@ -75,58 +236,19 @@ int runTrain() {
   auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
-  // Before anything is opened for writing. --save may replace the checkpoint --resume names:
-  // it is read whole first, and the new one moved into place atomically at the end.
-  if (auto err = checkDistinctFiles({{"the model file", ModelPath}, {"--data", DataPath}, {"--resume", ResumePath},
-                                     {"--save", SavePath}, {"--log", LogPath}},
-                                    {{"--resume", "--save"}}))
-    return report(std::move(err));
-  for (const std::string *path : {&SavePath.getValue(), &LogPath.getValue()})
-    if (!path->empty())
-      if (auto err = checkWritable(*path))
-        return report(std::move(err));
-  std::optional<Checkpoint> resumeFrom;
-  if (!ResumePath.empty()) {
-    auto checkpoint = readCheckpoint(ResumePath);
-    if (!checkpoint)
-      return report(checkpoint.takeError());
-    if (!AllowNonFinite)
-      if (auto err = checkFinite(*checkpoint, ResumePath))
-        return report(std::move(err));
-    resumeFrom = std::move(*checkpoint);
-  }
-  uint64_t fileSeed = config->train.seed;
-  if (resumeFrom) {
-    // The data stream continues from the checkpoint's seed: a different --seed would be ignored.
-    uint64_t saved = 0;
-    auto savedText = resumeFrom->meta.getString("seed");
-    if (savedText && !savedText->getAsInteger(10, saved) && Seed.getNumOccurrences() && saved != Seed)
-      return report(flagError(fmt::format("{}: error: --seed {} conflicts with the checkpoint's seed {} (its data "
-                                          "stream continues from there): drop --seed",
-                                          ResumePath.getValue(), uint64_t(Seed), saved)));
-  }
-  auto trainer = Trainer::create(*config, DataPath, *device);
+  uint64_t fileSeed = 0;
+  auto trainer = prepareRun(*config, *device, fileSeed);
   if (!trainer)
     return report(trainer.takeError());
   Trainer &t = **trainer;
-  if (resumeFrom) {
-    if (auto err = t.resume(*resumeFrom, ResumePath))
-      return report(std::move(err));
-    if (t.stepsDone() >= t.config().train.steps)
-      return report(flagError(fmt::format("{}: error: the checkpoint is at step {} and the run ends at step {}: "
-                                          "nothing to train (give --steps above {}); nothing was written",
-                                          ResumePath.getValue(), t.stepsDone(), t.config().train.steps,
-                                          t.stepsDone())));
-  }
-  if (!SavePath.empty())
-    if (auto err = checkFreeSpace(SavePath, t.program()))
-      return report(std::move(err));
   const ModelConfig &c = t.config();
-  int64_t total = c.train.steps, tokensPerStep = c.train.batch * c.seqLen;
-  llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, "
-                              "seed {}\n",
-                              c.name, c.numParams(), c.train.batch, c.seqLen, total,
-                              formatDouble(c.train.lr), c.train.seed);
+  StepOutput out;
+  out.total = c.train.steps;
+  out.tokensPerStep = c.train.batch * c.seqLen;
+  out.every = LogEvery > 0 ? int64_t(LogEvery) : std::max<int64_t>(1, out.total / 20);
+  llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, seed {}\n", c.name,
+                              c.numParams(), c.train.batch, c.seqLen, out.total, formatDouble(c.train.lr),
+                              c.train.seed);
   Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
   bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
   llvm::outs() << fmt::format("device: {}, precision {}{}\ndata: {}\n", t.executor().describe(),
@@ -137,87 +259,36 @@ int runTrain() {
                                     ? fmt::format(" (seed {} from the checkpoint; the model file says {})",
                                                   c.train.seed, fileSeed)
                                     : "");
-
-  std::unique_ptr<llvm::raw_fd_ostream> log;
   if (!LogPath.empty()) {
     std::error_code ec;
-    log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
+    out.log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
     if (ec)
       return report(flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message())));
   }
-  bool terminal = llvm::sys::Process::StandardOutIsDisplayed();
-  int64_t every = LogEvery > 0 ? int64_t(LogEvery) : std::max<int64_t>(1, total / 20);
   std::vector<double> losses;
   double totalMs = 0;
-  while (t.stepsDone() < total) {
-    auto record = t.step();
-    if (!record)
-      return report(record.takeError());
-    losses.push_back(record->loss);
-    totalMs += record->stepMs;
-    double tokensPerSecond = tokensPerStep / (record->stepMs / 1000.0);
-    std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  "
-                                   "{:.1f} ms  {:.0f} tok/s",
-                                   record->step, total, record->loss, record->lr,
-                                   record->gradNorm, record->stepMs, tokensPerSecond);
-    bool print = record->step % every == 0 || record->step == 1 || record->step == total;
-    if (terminal) {
-      int width = 30, filled = int(width * record->step / std::max<int64_t>(total, 1));
-      llvm::outs() << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
-                   << line << (print ? "\n" : "");
-      llvm::outs().flush();
-    } else if (print) {
-      llvm::outs() << line << "\n";
-    }
-    if (Fp8SummaryEvery > 0 && record->step % Fp8SummaryEvery == 0) {
-      auto checkpoint = t.checkpoint();
-      if (!checkpoint)
-        return report(checkpoint.takeError());
-      auto summary = summarizeFp8State(checkpoint->tensors, c.precision);
-      llvm::outs() << fmt::format("FP8 scaling state after step {} ({} quantized tensors):\n",
-                                  record->step, summary.size());
-      printFp8Summary(summary, llvm::outs());
-    }
-    if (log)
-      *log << llvm::json::Value(llvm::json::Object{{"step", record->step},
-                                                   {"loss", record->loss},
-                                                   {"lr", record->lr},
-                                                   {"grad_norm", record->gradNorm},
-                                                   {"step_ms", record->stepMs},
-                                                   {"tokens_per_s", tokensPerSecond}})
-           << "\n";
-    // A full disk or a closed pipe is found at the step it happens, not at exit.
-    if (log) {
-      log->flush();
-      if (log->has_error()) {
-        std::string message = log->error().message();
-        log->clear_error();
-        return report(flagError(fmt::format("{}: error: writing the log failed at step {}: {}", LogPath.getValue(),
-                                            record->step, message)));
-      }
-    }
-  }
+  stopSignal = 0;
+  auto previousInt = std::signal(SIGINT, onStopSignal), previousTerm = std::signal(SIGTERM, onStopSignal);
+  int status = trainLoop(t, out, losses, totalMs);
+  std::signal(SIGINT, previousInt);
+  std::signal(SIGTERM, previousTerm);
+  if (status)
+    return status;
   if (!losses.empty()) {
     size_t tail = std::min<size_t>(10, losses.size());
     double mean = 0;
     for (size_t i = losses.size() - tail; i < losses.size(); ++i)
       mean += losses[i] / tail;
-    llvm::outs() << fmt::format("final loss {:.4f} (mean of the last {}: {:.4f})   random guess "
-                                "ln(V) {:.4f}",
+    llvm::outs() << fmt::format("final loss {:.4f} (mean of the last {}: {:.4f})   random guess ln(V) {:.4f}",
                                 losses.back(), tail, mean, std::log(double(c.vocab)));
     if (double floor = t.data().lossFloor(); floor > 0)
       llvm::outs() << fmt::format("   task floor {:.4f}", floor);
-    llvm::outs() << fmt::format("\n{} steps in {:.1f} s, {:.0f} tokens/s\n", losses.size(),
-                                totalMs / 1000, tokensPerStep * losses.size() / (totalMs / 1000));
+    llvm::outs() << fmt::format("\n{} steps in {:.1f} s, {:.0f} tokens/s\n", losses.size(), totalMs / 1000,
+                                out.tokensPerStep * losses.size() / (totalMs / 1000));
   }
-  if (!SavePath.empty()) {
-    auto checkpoint = t.checkpoint();
-    if (!checkpoint)
-      return report(checkpoint.takeError());
-    if (auto err = writeCheckpoint(SavePath, *checkpoint))
+  if (!SavePath.empty())
+    if (auto err = save(t))
       return report(std::move(err));
-    llvm::outs() << fmt::format("saved {} (step {})\n", SavePath.getValue(), t.stepsDone());
-  }
   return 0;
 }
 
