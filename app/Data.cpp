@@ -2,6 +2,7 @@
 
 #include "support/Random.h"
 
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
@@ -72,37 +73,41 @@ TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: error: %s",
                                    path.str().c_str(), message.c_str());
   };
+  // Windows are drawn anywhere in the file: its size must be known, so a device or a pipe
+  // (which could also never end) is refused rather than read.
+  llvm::sys::fs::file_status status;
+  if (std::error_code ec = llvm::sys::fs::status(path, status))
+    return fail("cannot read: " + ec.message());
+  if (status.type() != llvm::sys::fs::file_type::regular_file)
+    return fail("not a regular file (a device, a pipe or a folder): training data must be a file of known size");
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
     return fail("cannot read: " + buffer.getError().message());
-  llvm::StringRef bytes = (*buffer)->getBuffer();
   auto data = std::make_unique<TokenFileData>();
+  data->buffer_ = std::move(*buffer);
   data->seqLen_ = seqLen;
   data->seed_ = seed;
+  llvm::StringRef bytes = data->buffer_->getBuffer();
   llvm::StringRef ext = llvm::sys::path::extension(path);
-  bool u16 = ext == ".bin" || ext == ".u16" || ext == ".tokens";
-  if (u16) {
+  data->u16_ = ext == ".bin" || ext == ".u16" || ext == ".tokens";
+  if (data->u16_) {
     if (bytes.size() % 2)
       return fail(fmt::format("a uint16 token file must have an even size, got {} bytes", bytes.size()));
-    for (size_t i = 0; i < bytes.size(); i += 2) {
-      int32_t id = uint8_t(bytes[i]) | (int32_t(uint8_t(bytes[i + 1])) << 8);
-      if (id >= vocab)
-        return fail(fmt::format("token {} at index {} is outside the model's vocabulary of {}", id,
-                                i / 2, vocab));
-      data->tokens_.push_back(id);
-    }
+    data->tokens_ = bytes.size() / 2;
+    for (uint64_t i = 0; i < data->tokens_; ++i) // one pass over the mapping, nothing kept
+      if (int32_t id = data->token(i); id >= vocab)
+        return fail(fmt::format("token {} at index {} is outside the model's vocabulary of {}", id, i, vocab));
   } else {
     if (vocab < 256)
       return fail(fmt::format("byte-level text needs a vocabulary of at least 256, the model has {} "
                               "(token files end in .bin, .u16 or .tokens)", vocab));
-    for (char c : bytes)
-      data->tokens_.push_back(uint8_t(c));
+    data->tokens_ = bytes.size();
   }
-  if (int64_t(data->tokens_.size()) < seqLen + 1)
-    return fail(fmt::format("{} tokens, fewer than one training window of seq_len + 1 = {}",
-                            data->tokens_.size(), seqLen + 1));
-  data->description_ = fmt::format("{} ({} tokens, {})", path.str(), data->tokens_.size(),
-                                   u16 ? "uint16 ids" : "bytes");
+  if (int64_t(data->tokens_) < seqLen + 1)
+    return fail(fmt::format("{} tokens, fewer than one training window of seq_len + 1 = {}", data->tokens_,
+                            seqLen + 1));
+  data->description_ = fmt::format("{} ({} tokens, {})", path.str(), data->tokens_,
+                                   data->u16_ ? "uint16 ids" : "bytes");
   return std::move(data);
 }
 
@@ -111,13 +116,13 @@ Batch TokenFileData::trainBatch(int64_t index, int64_t batchSize) const {
   batch.batch = batchSize;
   batch.seqLen = seqLen_;
   Rng rng(mix64(seed_ ^ 0x7e47f11eULL) + uint64_t(index) * 0x9e3779b97f4a7c15ULL);
-  uint64_t windows = tokens_.size() - uint64_t(seqLen_);
+  uint64_t windows = tokens_ - uint64_t(seqLen_);
   for (int64_t b = 0; b < batchSize; ++b) {
     uint64_t start = rng.below(windows);
-    batch.tokens.insert(batch.tokens.end(), tokens_.begin() + start,
-                        tokens_.begin() + start + seqLen_);
-    batch.targets.insert(batch.targets.end(), tokens_.begin() + start + 1,
-                         tokens_.begin() + start + seqLen_ + 1);
+    for (int64_t i = 0; i < seqLen_; ++i) {
+      batch.tokens.push_back(token(start + uint64_t(i)));
+      batch.targets.push_back(token(start + uint64_t(i) + 1));
+    }
   }
   return batch;
 }

@@ -6,6 +6,7 @@
 #include "models/ModelConfig.h"
 
 #include "llvm/Support/Error.h"
+#include "llvm/Support/MemoryBuffer.h"
 
 #include <cstdint>
 #include <memory>
@@ -56,7 +57,8 @@ private:
   uint64_t seed_;
 };
 
-/// Random windows of seq_len + 1 tokens from a token sequence read from a file.
+/// Random windows of seq_len + 1 tokens from a token sequence in a file, mapped into memory
+/// and decoded a window at a time (a file larger than the memory trains as well as a small one).
 class TokenFileData : public DataSource {
 public:
   /// `.bin`, `.u16` and `.tokens` files hold little-endian uint16 token ids; anything else is
@@ -67,7 +69,14 @@ public:
   std::string describe() const override { return description_; }
 
 private:
-  std::vector<int32_t> tokens_;
+  int32_t token(uint64_t i) const {
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(buffer_->getBufferStart());
+    return u16_ ? int32_t(bytes[2 * i]) | (int32_t(bytes[2 * i + 1]) << 8) : int32_t(bytes[i]);
+  }
+
+  std::unique_ptr<llvm::MemoryBuffer> buffer_; // the file, mapped
+  bool u16_ = false;
+  uint64_t tokens_ = 0;
   int64_t seqLen_ = 0;
   uint64_t seed_ = 0;
   std::string description_;
