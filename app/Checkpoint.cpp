@@ -1,5 +1,6 @@
 #include "app/Checkpoint.h"
 
+#include "backends/cpu/Interpreter.h"
 #include "ir/Infer.h"
 #include "support/Files.h"
 #include "support/Limits.h"
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -146,6 +148,7 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
   const char *data = bytes.data() + 8 + headerSize;
   Checkpoint checkpoint;
   std::vector<std::tuple<uint64_t, uint64_t, std::string>> extents; // [begin, end) of each tensor
+  std::map<std::string, TensorType> types;
   for (auto &[key, value] : *header) {
     std::string name = key.str();
     if (name == "__metadata__") {
@@ -190,9 +193,7 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
       return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data "
                   "(truncated file?)", name, type.str(), dataSize);
     extents.emplace_back(*begin, *end, name);
-    Tensor tensor = Tensor::zeros(type);
-    std::memcpy(tensor.data.data(), data + *begin, *end - *begin);
-    checkpoint.tensors.emplace(name, std::move(tensor));
+    types.emplace(name, type);
   }
   if (checkpoint.meta.empty())
     return fail(path, "no tgc metadata: not a tgc checkpoint");
@@ -210,6 +211,17 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
   if (next != dataSize)
     return fail(path, "{} bytes after the last tensor's data: not the safetensors layout (a wrong header length?)",
                 dataSize - next);
+  // The tensors are copied out of the mapped file: a file that declares more than the memory
+  // holds (a sparse file costs the disk nothing) is an error, not an out-of-memory kill.
+  std::optional<int64_t> available = availableHostMemory();
+  if (available && int64_t(dataSize) > *available)
+    return fail(path, "its tensors take {:.1f} GiB and this machine has {:.1f} GiB available", dataSize / 1073741824.0,
+                *available / 1073741824.0);
+  for (const auto &[begin, end, name] : extents) {
+    Tensor tensor = Tensor::zeros(types.at(name));
+    std::memcpy(tensor.data.data(), data + begin, end - begin);
+    checkpoint.tensors.emplace(name, std::move(tensor));
+  }
   return checkpoint;
 }
 

@@ -3,10 +3,12 @@
 // run. Each subcommand is a file of this folder; Options.h has what they share.
 #include "tools/tgc/Options.h"
 
+#include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/InitLLVM.h"
 
 #include <new>
 #include <system_error>
+#include <unistd.h>
 
 using namespace tgc::cli;
 
@@ -58,6 +60,14 @@ int main(int argc, char **argv) {
   // A failed allocation (or thread) is an error message and exit 1, not an abort: InitLLVM's
   // out-of-memory handler is replaced so that operator new throws.
   std::set_new_handler(nullptr);
+  // LLVM's own allocations (its containers' growth) end in report_bad_alloc_error, which aborts
+  // by default: one line and exit 1 instead.
+  llvm::install_bad_alloc_error_handler([](void *, const char *, bool) {
+    static const char message[] = "tgc: error: out of host memory; use a smaller --batch or model\n";
+    ssize_t written = ::write(2, message, sizeof message - 1); // no allocation from here on
+    (void)written;
+    ::_exit(1);
+  });
   try {
     int status = runSubcommand();
     // A closed pipe or a full disk under standard output: one line and exit 1, not LLVM's
