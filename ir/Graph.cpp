@@ -75,10 +75,15 @@ void Graph::rename(Value *value, llvm::StringRef name) {
 std::string Graph::uniqueName(llvm::StringRef base) const {
   if (!names_.count(base))
     return base.str();
-  for (unsigned i = 1;; ++i) {
+  // The search for a free suffix starts where the last one for this base ended: a base asked
+  // for thousands of times (a gradient name in a deep model) stays linear, not quadratic.
+  unsigned &next = nextSuffix_[base];
+  for (unsigned i = std::max(next, 1u);; ++i) {
     std::string candidate = base.str() + "." + std::to_string(i);
-    if (!names_.count(candidate))
+    if (!names_.count(candidate)) {
+      next = i + 1;
       return candidate;
+    }
   }
 }
 

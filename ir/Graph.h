@@ -135,6 +135,7 @@ private:
   std::vector<std::unique_ptr<Op>> ops_;
   std::vector<Value *> outputs_;
   llvm::StringMap<Value *> names_;
+  mutable llvm::StringMap<unsigned> nextSuffix_; // uniqueName: where the next search starts
 };
 
 /// Builds ops with inferred result types. The first type error is kept and every later call

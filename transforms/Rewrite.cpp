@@ -37,7 +37,8 @@ Op *biasAddOf(const Graph &graph, Value *y) {
   return bias.rank() == 1 && bias.dim(0) == y->type().dim(-1) ? add : nullptr;
 }
 
-llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replacement r) {
+llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replacement r,
+                             llvm::DenseSet<const Op *> *erased, bool sort) {
   auto types = inferResultTypes(r.kind, r.operands, r.attrs);
   if (!types)
     return types.takeError();
@@ -59,15 +60,19 @@ llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replace
     bool unused = true;
     for (unsigned i = 0; i < (*it)->numResults(); ++i)
       unused &= !(*it)->result(i)->hasUses() && !isGraphOutput(graph, (*it)->result(i));
-    if (unused)
+    if (unused) {
+      if (erased)
+        erased->insert(*it);
       graph.eraseOp(*it);
+    }
   }
   for (unsigned i = 0; i < r.replaces.size(); ++i) {
     std::string name = temporary[i].substr(0, temporary[i].rfind(".fused"));
     if (!graph.lookup(name))
       graph.rename(fused->result(i), name);
   }
-  graph.sortTopologically();
+  if (sort)
+    graph.sortTopologically();
   return llvm::Error::success();
 }
 
@@ -87,41 +92,31 @@ AttrMap normAttrs(const Op *norm) {
 }
 
 llvm::Expected<bool> FusionPass::run(Graph &graph) {
-  return rewriteToFixedPoint(graph, name(), [&](Op *root) -> llvm::Expected<bool> {
-    std::optional<FusionMatch> m = match(graph, root);
-    if (!m)
-      return false;
-    if (auto err = applyReplacement(graph, m->pattern, std::move(m->replacement)))
-      return std::move(err);
-    return true;
-  });
-}
-
-llvm::Expected<bool> rewriteToFixedPoint(Graph &graph, llvm::StringRef passName,
-                                         llvm::function_ref<llvm::Expected<bool>(Op *)> tryRewrite,
-                                         size_t maxRewrites) {
-  if (maxRewrites == 0)
-    maxRewrites = 4 * graph.numOps() + 64;
-  size_t rewrites = 0;
+  // Sweeps over the ops until one rewrites nothing. A sweep goes on past each rewrite (skipping
+  // the ops it erased) and the graph is put back in order once a sweep: restarting and sorting
+  // after every rewrite made deep models quadratic (a 512-layer GPT took seconds a pass).
+  size_t maxRewrites = 4 * graph.numOps() + 64, rewrites = 0;
   bool changed = false, progress = true;
   while (progress) {
     progress = false;
-    // A rewrite erases ops, so the sweep restarts from a fresh list after each one.
+    llvm::DenseSet<const Op *> erased; // (their addresses may be reused by later ops: per sweep)
     for (Op *op : graph.ops()) {
-      auto rewrote = tryRewrite(op);
-      if (!rewrote)
-        return rewrote.takeError();
-      if (!*rewrote)
+      if (erased.count(op))
         continue;
+      std::optional<FusionMatch> m = match(graph, op);
+      if (!m)
+        continue;
+      if (auto err = applyReplacement(graph, m->pattern, std::move(m->replacement), &erased, /*sort=*/false))
+        return std::move(err);
       if (++rewrites > maxRewrites)
-        return llvm::createStringError(
-            llvm::inconvertibleErrorCode(),
-            "%s did not reach a fixed point after %zu rewrites (a pattern that keeps matching "
-            "its own output?)",
-            passName.str().c_str(), maxRewrites);
+        return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                       "%s did not reach a fixed point after %zu rewrites (a pattern that keeps "
+                                       "matching its own output?)",
+                                       name().str().c_str(), maxRewrites);
       changed = progress = true;
-      break;
     }
+    if (progress)
+      graph.sortTopologically();
   }
   return changed;
 }

@@ -6,6 +6,7 @@
 #include "ir/Graph.h"
 #include "transforms/Pass.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
 #include <optional>
@@ -36,8 +37,11 @@ struct Replacement {
 };
 
 /// Creates the fused op, redirects every use of the replaced values to its results (which take
-/// their names), erases the pattern's ops that are left unused and restores program order.
-llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replacement replacement);
+/// their names) and erases the pattern's ops that are left unused (adding them to `erased`
+/// where given). With `sort`, it then restores program order; without, the caller sorts once
+/// after many replacements (matching follows def-use chains, not the order).
+llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replacement replacement,
+                             llvm::DenseSet<const Op *> *erased = nullptr, bool sort = true);
 
 /// What a fusion pattern found: the ops it covers (in program order) and what replaces them.
 struct FusionMatch {
@@ -60,11 +64,5 @@ void copyGemmDType(const Op &gemm, AttrMap &fused);
 bool isNorm(const Op *op);
 AttrMap normAttrs(const Op *norm);
 
-/// Calls `tryRewrite` on the ops until a full sweep rewrites nothing. `tryRewrite` returns
-/// whether it rewrote. More than `maxRewrites` rewrites (default: a bound from the graph's size)
-/// is an error rather than a hang.
-llvm::Expected<bool> rewriteToFixedPoint(Graph &graph, llvm::StringRef passName,
-                                         llvm::function_ref<llvm::Expected<bool>(Op *)> tryRewrite,
-                                         size_t maxRewrites = 0);
 
 } // namespace tgc
