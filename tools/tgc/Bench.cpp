@@ -2,7 +2,10 @@
 // memory on one device.
 #include "app/Trainer.h"
 #include "models/ProgramInterface.h"
+#include "support/Files.h"
 #include "tools/tgc/Options.h"
+
+#include "llvm/Support/JSON.h"
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -19,6 +22,8 @@ static cl::opt<int64_t> BenchSteps("bench-steps", cl::desc("Timed steps per prec
                                    cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<int64_t> BenchWarmup("warmup", cl::desc("Untimed steps first"), cl::init(10),
                                     cl::sub(benchCommand()), cl::cat(category()));
+static cl::opt<std::string> BenchJson("json", cl::desc("Also write the results as JSON here, for scripts"),
+                                      cl::value_desc("file.json"), cl::sub(benchCommand()), cl::cat(category()));
 
 /// Model FLOPs of one training step: 6 per parameter per token, plus attention's
 /// 12 * layers * seq_len * d_model per token (the PaLM appendix's count).
@@ -49,6 +54,10 @@ int runBench() {
   auto device = resolveDevice(); // detected once for every precision
   if (!device)
     return report(device.takeError());
+  if (!BenchJson.empty())
+    if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
+      return report(std::move(err));
+  llvm::json::Array results; // --json: one object per recipe
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
   for (const std::string &recipe : recipes) {
     std::optional<Recipe> parsed = parseRecipe(recipe);
@@ -81,10 +90,18 @@ int runBench() {
     // The device without the kernel-cache note that follows its first comma.
     std::string where = (*trainer)->executor().describe();
     where = where.substr(0, where.find(", "));
+    double memoryMiB = double((*trainer)->executor().deviceBytes()) / (1 << 20);
+    double tflops = trainingFlops(config) / (median / 1000) / 1e12;
     llvm::outs() << fmt::format("{:<6} {:<34} {:>10.2f} {:>10.2f} {:>12.0f} {:>9.3f} {:>11.0f} {:>10.4f}\n",
-                                recipe, where, median, mean,
-                                tokens / (median / 1000), trainingFlops(config) / (median / 1000) / 1e12,
-                                double((*trainer)->executor().deviceBytes()) / (1 << 20), loss);
+                                recipe, where, median, mean, tokens / (median / 1000), tflops, memoryMiB, loss);
+    llvm::json::Object result = runDescription(**trainer);
+    result["median_ms"] = median;
+    result["mean_ms"] = mean;
+    result["tokens_per_s"] = tokens / (median / 1000);
+    result["model_tflops"] = tflops;
+    result["memory_mib"] = memoryMiB;
+    result["final_loss"] = loss;
+    results.push_back(std::move(result));
     if (recipe == "fp8") {
       int64_t fp8Layers = 0, linearLayers = 0;
       for (const Op *op : (*trainer)->program().ops()) { // linear weights: [out, in] "*.weight"
@@ -107,6 +124,15 @@ int runBench() {
   for (auto &[recipe, summary] : fp8States) {
     llvm::outs() << fmt::format("FP8 scaling state after the fp8 run ({} quantized tensors):\n", summary.size());
     printFp8Summary(summary, llvm::outs());
+  }
+  if (!BenchJson.empty()) {
+    std::string text;
+    llvm::raw_string_ostream(text) << llvm::json::Value(llvm::json::Object{{"bench_steps", int64_t(BenchSteps)},
+                                                                           {"warmup", int64_t(BenchWarmup)},
+                                                                           {"results", std::move(results)}})
+                                   << "\n";
+    if (auto err = writeFileAtomically(BenchJson, text))
+      return report(std::move(err));
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
 #include "backends/cpu/Pipeline.h"
 #include "backends/cuda/Target.h"
+#include "support/BuildInfo.h"
 #include "tools/tgc/Options.h"
 
 #include "llvm/Support/JSON.h"
@@ -70,7 +71,7 @@ int runInspect() {
 
 int runInfo() {
   TargetInfo info = detectTarget();
-  llvm::outs() << fmt::format("tgc built with CUDA: {}\n", info.builtWithCuda ? "yes" : "no");
+  llvm::outs() << fmt::format("tgc {}, built with CUDA: {}\n", buildCommit(), info.builtWithCuda ? "yes" : "no");
   if (info.builtWithCuda) {
     llvm::outs() << fmt::format("  cudart {}.{}, NVRTC {}.{}, cuBLASLt {}\n",
                                 info.runtimeVersion / 1000, info.runtimeVersion % 1000 / 10,

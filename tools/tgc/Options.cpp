@@ -2,10 +2,12 @@
 
 #include "app/Trainer.h"
 #include "backends/cuda/CudaExecutor.h"
+#include "support/BuildInfo.h"
 #include "support/Error.h"
 #include "transforms/Pass.h"
 
 #include <fmt/format.h>
+#include <map>
 
 namespace tgc::cli {
 
@@ -187,6 +189,25 @@ void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ost
     os << fmt::format("  {:<30}{:<8}{:>12.5g}{:>12.5g}  {:<40}{:>10.0f}\n",
                       escapeForMessage(s.site + " " + s.role), s.format, s.scale, s.scaleInv, amax, s.saturations);
   }
+}
+
+llvm::json::Object runDescription(const Trainer &trainer) {
+  const ModelConfig &c = trainer.config();
+  std::map<std::string, int64_t> counts; // sorted: the same text every run
+  for (const Op *op : trainer.program().ops())
+    ++counts[opInfo(op->kind()).name.str()];
+  llvm::json::Object ops;
+  for (const auto &[kind, count] : counts)
+    ops[kind] = count;
+  std::string device = trainer.executor().describe();
+  return llvm::json::Object{{"commit", buildCommit()},
+                            {"model", c.name},
+                            {"parameters", c.numParams()},
+                            {"batch", c.train.batch},
+                            {"seq_len", c.seqLen},
+                            {"device", device.substr(0, device.find(", "))}, // without the kernel-cache note
+                            {"recipe", recipeName(c.precision.recipe)},
+                            {"ops", std::move(ops)}};
 }
 
 } // namespace tgc::cli

@@ -4,11 +4,13 @@
 #pragma once
 
 #include "app/Checkpoint.h"
+#include "app/Trainer.h"
 #include "backends/cpu/Fp8Scaling.h"
 #include "driver/Program.h"
 #include "models/ModelConfig.h"
 
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <string>
@@ -72,5 +74,9 @@ int runEval();
 int runBench();
 int runInspect();
 int runInfo();
+
+/// What a script needs to compare runs: the build's commit, the model and its size, the batch,
+/// the device, the recipe and the training program's op counts by kind.
+llvm::json::Object runDescription(const Trainer &trainer);
 
 } // namespace tgc::cli

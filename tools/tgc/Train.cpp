@@ -264,6 +264,15 @@ int runTrain() {
     out.log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
     if (ec)
       return report(flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message())));
+    // The first record describes the run (commit, model, device, recipe, op counts); each
+    // later one is a step.
+    llvm::json::Object run = runDescription(t);
+    run["steps"] = out.total;
+    run["seed"] = std::to_string(c.train.seed); // u64 does not fit JSON's int64
+    run["data"] = t.data().describe();
+    if (!ResumePath.empty())
+      run["resumed_at"] = t.stepsDone();
+    *out.log << llvm::json::Value(llvm::json::Object{{"run", std::move(run)}}) << "\n";
   }
   std::vector<double> losses;
   double totalMs = 0;
