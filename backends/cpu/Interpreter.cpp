@@ -2,6 +2,7 @@
 
 #include "backends/cpu/CpuKernels.h"
 #include "support/Error.h"
+#include "support/Trace.h"
 
 #include "llvm/ADT/SmallPtrSet.h"
 
@@ -41,9 +42,13 @@ llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
 Interpreter::Interpreter(const Graph &graph) : graph_(graph) {
   if (const char *env = std::getenv("TGC_CPU_PROFILE"))
     profiling_ = reportProfile_ = std::string(env) == "1";
+  if (TraceLog::instance().enabled())
+    traceProcess_ = TraceLog::instance().beginProcess("@" + graph.name() + " on the CPU interpreter");
 }
 
 Interpreter::~Interpreter() {
+  if (traceProcess_ >= 0)
+    TraceLog::instance().write();
   if (!reportProfile_ || runs_ == 0)
     return;
   std::vector<std::pair<double, std::string>> rows;
@@ -117,6 +122,8 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
     if (op.kind() == OpKind::Assign) {
       pending.emplace_back(op.operand(0), *operands[1]);
     } else {
+      bool traced = traceProcess_ >= 0 && runs_ < TraceLog::instance().runsTraced();
+      double startUs = traced ? TraceLog::instance().nowUs() : 0;
       auto start = std::chrono::steady_clock::now();
       llvm::SmallVector<Tensor, 3> results;
       for (unsigned r = 0; r < op.numResults(); ++r)
@@ -128,6 +135,9 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
         profile_[op.name().str()] += std::chrono::duration<double, std::milli>(
                                          std::chrono::steady_clock::now() - start)
                                          .count();
+      if (traced)
+        TraceLog::instance().add(traceProcess_, {op.name().str(), "op", "%" + op.result()->name(), startUs,
+                                                 TraceLog::instance().nowUs() - startUs, runs_});
       for (unsigned r = 0; r < op.numResults(); ++r)
         values_[op.result(r)] = std::move(results[r]);
     }

@@ -16,7 +16,8 @@ namespace tgc {
 class Interpreter : public Executor {
 public:
   /// TGC_CPU_PROFILE=1 turns profiling on, and the destructor prints the time per op kind
-  /// over the runs to stderr (as TGC_GPU_PROFILE does for the CUDA executor).
+  /// over the runs to stderr (as TGC_GPU_PROFILE does for the CUDA executor). TGC_TRACE=FILE
+  /// records the ops of the first runs into a Chrome trace (support/Trace.h).
   explicit Interpreter(const Graph &graph);
   ~Interpreter() override;
 
@@ -37,6 +38,7 @@ private:
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
   bool profiling_ = false, reportProfile_ = false;
+  int traceProcess_ = -1; // TGC_TRACE: this program's process in the trace (support/Trace.h)
   int64_t runs_ = 0;
   std::map<std::string, double> profile_;
 };

@@ -7,6 +7,7 @@
 #include "backends/cuda/Target.h"
 #include "ir/Attributes.h"
 #include "support/Numerics.h"
+#include "support/Trace.h"
 #include "transforms/Pass.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -136,7 +137,9 @@ private:
   // TGC_GPU_PROFILE=1: eager steps with an event pair per op; the time per op kind is printed
   // to stderr when the executor ends. TGC_GPU_PROFILE=launches: an event pair per kernel launch,
   // the time per op kind and launch ("attention_backward #3").
-  bool profile_ = false, profileLaunches_ = false;
+  bool profile_ = false, profileLaunches_ = false, printProfile_ = false;
+  // TGC_TRACE=FILE: eager steps too (support/Trace.h), each op of the first runs an event.
+  int traceProcess_ = -1;
   std::map<std::string, double> profileMs_;
   int64_t profiledSteps_ = 0;
   std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
@@ -161,7 +164,9 @@ private:
 };
 
 CudaExecutor::~CudaExecutor() {
-  if (profile_ && profiledSteps_) {
+  if (traceProcess_ >= 0)
+    TraceLog::instance().write();
+  if (printProfile_ && profiledSteps_) {
     std::vector<std::pair<double, std::string>> rows;
     double total = 0;
     for (auto &[name, ms] : profileMs_) {
@@ -198,13 +203,17 @@ CudaExecutor::~CudaExecutor() {
 llvm::Error CudaExecutor::initialize() {
   if (const char *env = std::getenv("TGC_GPU_PROFILE")) {
     profileLaunches_ = std::string(env) == "launches";
-    profile_ = std::string(env) == "1" || profileLaunches_;
+    profile_ = printProfile_ = std::string(env) == "1" || profileLaunches_;
   }
   CUDA_CHECK(cudaSetDevice(options_.device));
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
   std::string arch = archName(prop.major, prop.minor);
   description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
+  if (TraceLog::instance().enabled() && !profileLaunches_) {
+    traceProcess_ = TraceLog::instance().beginProcess(fmt::format("@{} on {}", graph_.name(), description_));
+    profile_ = true; // eager, an event pair around each op
+  }
   deviceName_ = fmt::format("{} ({})", prop.name, arch);
   if (auto err = compileKernels(arch))
     return err;
@@ -649,6 +658,12 @@ llvm::Error CudaExecutor::launchStep() {
       else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))
         label += " (fp8)";
       profileMs_[label] += ms;
+      if (traceProcess_ >= 0 && profiledSteps_ < TraceLog::instance().runsTraced()) {
+        double endUs = TraceLog::instance().nowUs(); // the op just ended: the stream was synchronised
+        TraceLog::instance().add(traceProcess_, {label, lowering.kind == OpLowering::Gemm ? "gemm" : "kernel",
+                                                 op.numResults() ? "%" + op.result()->name() : "",
+                                                 endUs - 1000.0 * ms, 1000.0 * ms, profiledSteps_});
+      }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     }
