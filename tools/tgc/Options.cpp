@@ -49,6 +49,10 @@ cl::SubCommand &inspectCommand() {
   static cl::SubCommand c("inspect", "Show a checkpoint's FP8 scaling state");
   return c;
 }
+cl::SubCommand &reportCommand() {
+  static cl::SubCommand c("report", "Draw a training log (and a bench) as one self-contained HTML page");
+  return c;
+}
 cl::SubCommand &benchCommand() {
   static cl::SubCommand c("bench", "Train each precision for a few steps and compare step time and memory");
   return c;

@@ -31,6 +31,7 @@ cl::SubCommand &generateCommand();
 cl::SubCommand &evalCommand();
 cl::SubCommand &inspectCommand();
 cl::SubCommand &benchCommand();
+cl::SubCommand &reportCommand();
 
 // Flags of several subcommands (Options.cpp).
 extern cl::opt<std::string> ModelPath;
@@ -74,6 +75,7 @@ int runEval();
 int runBench();
 int runInspect();
 int runInfo();
+int runReport();
 
 /// What a script needs to compare runs: the build's commit, the model and its size, the batch,
 /// the device, the recipe and the training program's op counts by kind.

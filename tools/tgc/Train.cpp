@@ -33,6 +33,10 @@ static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of
                                      cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> SaveEvery("save-every", cl::desc("With --save, also save every N steps (the last one kept)"),
                                   cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
+static cl::opt<int64_t> LogFp8Every("log-fp8-every",
+                                    cl::desc("With --log under fp8, log the FP8 scaling state every N steps "
+                                             "(default: as often as a step is printed)"),
+                                    cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (default: about 20 lines)"),
                                  cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
 
@@ -150,6 +154,25 @@ struct StepOutput {
   int64_t every = 1, total = 0, tokensPerStep = 0;
   std::unique_ptr<llvm::raw_fd_ostream> log;
 
+  /// {"fp8": {"step": s, "tensors": [{"tensor", "format", "scale", "amax", "saturated"}]}}: each
+  /// quantized tensor's scale and newest amax, for tgc report.
+  llvm::Error writeFp8State(const Trainer &t, int64_t step) {
+    auto checkpoint = t.checkpoint();
+    if (!checkpoint)
+      return checkpoint.takeError();
+    llvm::json::Array tensors;
+    for (const Fp8TensorSummary &s : summarizeFp8State(checkpoint->tensors, t.config().precision, /*newest=*/1))
+      tensors.push_back(llvm::json::Object{{"tensor", s.site + " " + s.role},
+                                           {"format", s.format},
+                                           {"scale", s.scale},
+                                           {"amax", s.newestAmax.empty() ? 0.0f : s.newestAmax[0]},
+                                           {"saturated", s.saturations}});
+    *log << llvm::json::Value(llvm::json::Object{
+                {"fp8", llvm::json::Object{{"step", step}, {"tensors", std::move(tensors)}}}})
+         << "\n";
+    return llvm::Error::success();
+  }
+
   llvm::Error write(const StepRecord &record) {
     double tokensPerSecond = tokensPerStep / (record.stepMs / 1000.0);
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.1f} ms  {:.0f} tok/s",
@@ -202,6 +225,10 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
           "error: training diverged at step {} (loss {}, grad norm {}): stopped, and nothing after it is saved{}",
           record->step, record->loss, record->gradNorm,
           lastSaved >= 0 ? fmt::format(" ({} holds step {})", SavePath.getValue(), lastSaved) : "")));
+    int64_t fp8Every = LogFp8Every > 0 ? int64_t(LogFp8Every) : out.every;
+    if (out.log && c.precision.recipe == Recipe::Fp8 && (record->step % fp8Every == 0 || record->step == 1))
+      if (auto err = out.writeFp8State(t, record->step))
+        return report(std::move(err));
     if (Fp8SummaryEvery > 0 && record->step % Fp8SummaryEvery == 0) {
       auto checkpoint = t.checkpoint();
       if (!checkpoint)
@@ -270,6 +297,8 @@ int runTrain() {
     run["steps"] = out.total;
     run["seed"] = std::to_string(c.train.seed); // u64 does not fit JSON's int64
     run["data"] = t.data().describe();
+    run["vocab"] = c.vocab;
+    run["loss_floor"] = t.data().lossFloor(); // the task's: 0 where it has none
     if (!ResumePath.empty())
       run["resumed_at"] = t.stepsDone();
     *out.log << llvm::json::Value(llvm::json::Object{{"run", std::move(run)}}) << "\n";

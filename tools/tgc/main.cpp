@@ -23,6 +23,7 @@ const Subcommand kSubcommands[] = {
     {&compileCommand(), runCompile}, {&optCommand(), runOpt},         {&runCommand(), runForward},
     {&infoCommand(), runInfo},       {&trainCommand(), runTrain},     {&generateCommand(), runGenerate},
     {&evalCommand(), runEval},       {&inspectCommand(), runInspect}, {&benchCommand(), runBench},
+    {&reportCommand(), runReport},
 };
 
 /// The chosen subcommand's exit status.
@@ -31,7 +32,7 @@ int runSubcommand() {
     if (*s.command)
       return s.run();
   llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
-                  "bench, info); see tgc --help\n";
+                  "bench, report, info); see tgc --help\n";
   return 1;
 }
 
@@ -52,7 +53,8 @@ int main(int argc, char **argv) {
           "  tgc generate CKPT --prompt \"5 12 19\" [--tokens N]\n"
           "  tgc eval CKPT\n"
           "  tgc inspect CKPT [--json]\n"
-          "  tgc bench MODEL.yaml [--precisions fp32,bf16,fp8] [--bench-steps N]\n"
+          "  tgc bench MODEL.yaml [--precisions fp32,bf16,fp8] [--bench-steps N] [--json FILE]\n"
+          "  tgc report RUN.jsonl [--bench BENCH.json] -o report.html\n"
           "  tgc info\n\n"
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
