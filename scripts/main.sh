@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+TGC_BUILD_TARGETS=tgc scripts/build.sh
 tgc=build/tools/tgc
 $tgc info
 model=${TGC_MODEL:-}
