@@ -16,6 +16,7 @@ TraceLog &TraceLog::instance() {
 }
 
 TraceLog::TraceLog() {
+  nowUs(); // time 0: before any executor exists, so that no event starts before it
   if (const char *path = std::getenv("TGC_TRACE"))
     path_ = path;
   if (const char *runs = std::getenv("TGC_TRACE_STEPS"))

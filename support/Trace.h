@@ -31,7 +31,7 @@ public:
 
   /// A process id for one executor's events, named `what` in the viewer.
   int beginProcess(const std::string &what);
-  /// Microseconds since the trace began (the first call).
+  /// Microseconds since the trace began (when the log was first asked for).
   double nowUs();
   void add(int process, TraceEvent event);
   /// Writes every event so far to path() (an error goes to stderr: tracing never stops a run).
