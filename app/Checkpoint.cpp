@@ -118,7 +118,7 @@ llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path) {
               tensors, tensors == 1 ? "tensor holds" : "tensors hold", fmt::join(bad, ", "), tensors > 3 ? ", ..." : "");
 }
 
-llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
+llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path, const std::function<bool(llvm::StringRef)> &wanted) {
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
     return fail(path, "cannot read: {}", buffer.getError().message());
@@ -213,11 +213,16 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path) {
                 dataSize - next);
   // The tensors are copied out of the mapped file: a file that declares more than the memory
   // holds (a sparse file costs the disk nothing) is an error, not an out-of-memory kill.
+  uint64_t copied = 0;
+  for (const auto &[begin, end, name] : extents)
+    copied += !wanted || wanted(name) ? end - begin : 0;
   std::optional<int64_t> available = availableHostMemory();
-  if (available && int64_t(dataSize) > *available)
-    return fail(path, "its tensors take {:.1f} GiB and this machine has {:.1f} GiB available", dataSize / 1073741824.0,
+  if (available && int64_t(copied) > *available)
+    return fail(path, "its tensors take {:.1f} GiB and this machine has {:.1f} GiB available", copied / 1073741824.0,
                 *available / 1073741824.0);
   for (const auto &[begin, end, name] : extents) {
+    if (wanted && !wanted(name))
+      continue;
     Tensor tensor = Tensor::zeros(types.at(name));
     std::memcpy(tensor.data.data(), data + begin, end - begin);
     checkpoint.tensors.emplace(name, std::move(tensor));

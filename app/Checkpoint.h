@@ -8,6 +8,7 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -19,8 +20,10 @@ struct Checkpoint {
 };
 
 llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint);
-/// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file.
-llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path);
+/// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file. Only the
+/// tensors `wanted` accepts are copied out (all by default; the layout is checked whole).
+llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path,
+                                          const std::function<bool(llvm::StringRef)> &wanted = nullptr);
 /// An error naming the tensors of `checkpoint` that hold NaN or Inf (a run that diverged wrote
 /// it), or success.
 llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path);

@@ -6,11 +6,25 @@
 #include "support/Error.h"
 #include "transforms/Pass.h"
 
+#include "llvm/Support/SHA256.h"
+
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
 
 namespace tgc {
+
+namespace {
+
+/// The SHA-256 of `text`, in hex.
+std::string sha256Hex(llvm::StringRef text) {
+  std::string hex;
+  for (uint8_t byte : llvm::SHA256::hash(llvm::arrayRefFromStringRef(text)))
+    hex += fmt::format("{:02x}", byte);
+  return hex;
+}
+
+} // namespace
 
 llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
                                                          llvm::StringRef dataPath, Device device) {
@@ -92,6 +106,7 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
   }
   checkpoint.meta["format"] = 1;
   checkpoint.meta["model"] = formatModelConfig(config_);
+  checkpoint.meta["model_sha256"] = sha256Hex(formatModelConfig(config_));
   checkpoint.meta["step"] = stepsDone_;
   checkpoint.meta["seed"] = std::to_string(config_.train.seed); // u64 does not fit JSON's int64
   checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
@@ -105,6 +120,12 @@ llvm::Expected<ModelConfig> checkpointModel(const Checkpoint &checkpoint, llvm::
   auto text = checkpoint.meta.getString("model");
   if (!text)
     return stringError(path.str() + ": error: the checkpoint metadata has no model description");
+  // An edited description (another head count over tensors of the same shapes would run another
+  // model without a word) no longer matches the digest written with it. (Older checkpoints
+  // have none.)
+  if (auto digest = checkpoint.meta.getString("model_sha256"); digest && *digest != sha256Hex(*text))
+    return stringError(path.str() + ": error: the model description in the metadata was changed after the "
+                                    "checkpoint was written (its SHA-256 differs)");
   return parseModelConfig(*text, (path + ":model").str());
 }
 

@@ -30,6 +30,15 @@ inline constexpr llvm::StringLiteral kPosition = "pos";
 /// The gradient of the value named `value` ("h0.attn.qkv.weight.grad").
 inline std::string gradientOf(llvm::StringRef value) { return (value + ".grad").str(); }
 
+/// AdamW's two moments of parameter `param` (state), and whether a name is one: what
+/// generation and evaluation never read of a checkpoint.
+inline std::string adamMomentOf(llvm::StringRef param, int which) {
+  return (param + (which == 1 ? ".adam_m" : ".adam_v")).str();
+}
+inline bool isOptimizerMoment(llvm::StringRef name) {
+  return name.ends_with(".adam_m") || name.ends_with(".adam_v");
+}
+
 /// The operands of an FP8 GEMM whose scaling state a program keeps.
 enum class Fp8Role { Input, Weight, GradOutput };
 inline llvm::StringRef fp8RoleName(Fp8Role role) {

@@ -166,6 +166,10 @@ TEST(Checkpoint, RoundTripsTensorsAndMetadata) {
   EXPECT_EQ(back.tensors.at("w").type, c.tensors.at("w").type);
   EXPECT_EQ(back.tensors.at("b").data, c.tensors.at("b").data);
   EXPECT_EQ(back.meta.getInteger("step"), 7);
+  // Only what the reader wants is copied out.
+  Checkpoint some = unwrap(readCheckpoint(path, [](llvm::StringRef name) { return name == "b"; }));
+  EXPECT_EQ(some.tensors.size(), 1u);
+  EXPECT_EQ(some.tensors.at("b").data, c.tensors.at("b").data);
   llvm::sys::fs::remove(path);
 }
 
@@ -263,6 +267,24 @@ TEST(Checkpoint, NonFiniteWeightsAreNamed) {
             "--allow-nonfinite reads it anyway");
   c.tensors["w"].data = {1, 2, 3, 4};
   EXPECT_FALSE(bool(checkFinite(c, "x.st")));
+}
+
+TEST(Checkpoint, AnEditedModelDescriptionIsRefused) {
+  auto trainer = unwrap(Trainer::create(parityConfig()));
+  ASSERT_TRUE(trainer);
+  Checkpoint c = unwrap(trainer->checkpoint());
+  EXPECT_EQ(unwrap(checkpointModel(c, "x.st")).heads, 4);
+  // Two heads instead of four: the same tensor shapes, another model.
+  std::string text = c.meta.getString("model")->str();
+  size_t at = text.find("heads: 4");
+  ASSERT_NE(at, std::string::npos);
+  c.meta["model"] = text.replace(at, 8, "heads: 2");
+  EXPECT_EQ(errorOf(checkpointModel(c, "x.st")),
+            "x.st: error: the model description in the metadata was changed after the checkpoint was written (its "
+            "SHA-256 differs)");
+  // A checkpoint written before the digest existed is read as it is.
+  c.meta.erase("model_sha256");
+  EXPECT_EQ(unwrap(checkpointModel(c, "x.st")).heads, 2);
 }
 
 TEST(Training, MatchesPyTorchLosses) {

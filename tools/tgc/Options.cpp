@@ -2,6 +2,7 @@
 
 #include "app/Trainer.h"
 #include "backends/cuda/CudaExecutor.h"
+#include "models/ProgramInterface.h"
 #include "support/BuildInfo.h"
 #include "support/Error.h"
 #include "transforms/Pass.h"
@@ -170,7 +171,9 @@ cl::opt<bool> AllowNonFinite("allow-nonfinite", cl::desc("Read a checkpoint whos
 
 /// A checkpoint and the model it was trained for.
 llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path, bool requireFinite) {
-  auto checkpoint = readCheckpoint(path);
+  // Generation, evaluation and inspection never read the optimizer's moments (two thirds of a
+  // checkpoint): they are not copied out of the file.
+  auto checkpoint = readCheckpoint(path, [](llvm::StringRef name) { return !program::isOptimizerMoment(name); });
   if (!checkpoint)
     return checkpoint.takeError();
   if (requireFinite && !AllowNonFinite)

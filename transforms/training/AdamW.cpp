@@ -54,8 +54,8 @@ public:
                          program::kLearningRate.str());
     for (auto &[param, grad] : trained) {
       const std::string &p = param->name();
-      Value *moment1 = stateLike(b, p + ".adam_m", param->type());
-      Value *moment2 = stateLike(b, p + ".adam_v", param->type());
+      Value *moment1 = stateLike(b, program::adamMomentOf(p, 1), param->type());
+      Value *moment2 = stateLike(b, program::adamMomentOf(p, 2), param->type());
       // Weight decay only where the builder asked for it (linear weights, not norms, biases or
       // embeddings, unless the model file says so).
       bool decay = param->def()->attrs().getBool("decay").value_or(false);
