@@ -504,6 +504,10 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     readBool(train, "decay_embeddings", t.decayEmbeddings);
     readUInt(train, "seed", t.seed);
   }
+  // The default progression steps fit the vocabulary (a step is at most vocab - 1), so that a
+  // small vocabulary without a data section describes a model that also reads back.
+  config.data.maxStep = std::min<int64_t>(config.data.maxStep, std::max<int64_t>(1, config.vocab - 1));
+  config.data.minStep = std::min(config.data.minStep, config.data.maxStep);
   if (top.count("data") &&
       readMapping(top["data"], "data", {"min_step", "max_step"}, data)) {
     readInt(data, "min_step", config.data.minStep, 1, config.vocab - 1, false);

@@ -153,3 +153,15 @@ TEST(ModelConfig, OverridesAreCheckedAsTheModelFileIs) {
 }
 
 } // namespace
+
+TEST(ModelConfig, ASmallVocabularyWithoutDataReadsBack) {
+  // Found by scripts/fuzz.sh: vocab 5 and no data section took the default max_step 8, which
+  // the description written into checkpoints then refused (max_step must be below vocab).
+  ModelConfig config = unwrap(parseModelConfig("name: v\nmodel:\n  vocab: 5\n  seq_len: 8\n  d_model: 16\n"
+                                               "  heads: 2\n  layers: 1\n  ffn: 32\n",
+                                               "v.yaml"));
+  EXPECT_EQ(config.data.maxStep, 4);
+  std::string text = formatModelConfig(config);
+  ModelConfig back = unwrap(parseModelConfig(text, "again.yaml"));
+  EXPECT_EQ(formatModelConfig(back), text);
+}
