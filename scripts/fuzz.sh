@@ -2,11 +2,17 @@
 # Fuzzes the readers of untrusted text with libFuzzer (clang, from Debian): the model file
 # reader and the IR parser, each for SECONDS (default 60), starting from the seed corpora in
 # tests/fuzz/corpus and keeping what they find in build-fuzz/corpus-*. Built with
-# AddressSanitizer and UndefinedBehaviorSanitizer; a finding stops with its input saved.
-#   scripts/fuzz.sh [SECONDS]
+# AddressSanitizer and UndefinedBehaviorSanitizer; a finding stops with its input saved and a
+# non-zero exit. --ci: a fixed seed and a fixed number of inputs from the seed corpora alone
+# (the same inputs every run: about 40 s of fuzzing), as scripts/test.sh runs it.
+#   scripts/fuzz.sh [SECONDS | --ci]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
+limit=(-max_total_time="$seconds")
+if [ "$seconds" = "--ci" ]; then
+  limit=(-seed=1 -runs=200000)
+fi
 scripts/setup.sh --fuzz
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 # (clang for C too: GCC's C runtime libraries would bring GCC's ASan next to clang's.)
@@ -15,9 +21,16 @@ cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang+
 cmake --build build-fuzz -j"$(nproc)" --target tgc_fuzz_model tgc_fuzz_ir
 for reader in model ir; do
   corpus=build-fuzz/corpus-$reader
-  mkdir -p "$corpus"
-  cp -n tests/fuzz/corpus/$reader/* "$corpus"/
-  echo "fuzz: the $reader reader for $seconds s"
-  build-fuzz/tgc_fuzz_$reader -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix=build-fuzz/finding-$reader- "$corpus" 2>&1 | tail -3
+  rm -rf "$corpus" && mkdir -p "$corpus" # --ci: what earlier runs found would change the inputs
+  [ "$seconds" = "--ci" ] || cp -n build-fuzz/kept-$reader/* "$corpus"/ 2>/dev/null || true
+  cp tests/fuzz/corpus/$reader/* "$corpus"/
+  echo "fuzz: the $reader reader (${limit[*]})"
+  if ! build-fuzz/tgc_fuzz_$reader "${limit[@]}" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix=build-fuzz/finding-$reader- "$corpus" > build-fuzz/fuzz-$reader.log 2>&1; then
+    tail -40 build-fuzz/fuzz-$reader.log
+    echo "fuzz: a finding in the $reader reader, its input in build-fuzz/finding-$reader-*"
+    exit 1
+  fi
+  tail -1 build-fuzz/fuzz-$reader.log
+  mkdir -p build-fuzz/kept-$reader && cp -n "$corpus"/* build-fuzz/kept-$reader/ 2>/dev/null || true
 done
