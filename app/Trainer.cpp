@@ -104,9 +104,10 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
       return tensor.takeError();
     checkpoint.tensors.emplace(op->result()->name(), std::move(*tensor));
   }
+  std::string model = formatModelConfig(config_);
   checkpoint.meta["format"] = 1;
-  checkpoint.meta["model"] = formatModelConfig(config_);
-  checkpoint.meta["model_sha256"] = sha256Hex(formatModelConfig(config_));
+  checkpoint.meta["model"] = model;
+  checkpoint.meta["model_sha256"] = sha256Hex(model);
   checkpoint.meta["step"] = stepsDone_;
   checkpoint.meta["seed"] = std::to_string(config_.train.seed); // u64 does not fit JSON's int64
   checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
@@ -114,6 +115,20 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
                                                {"position", stepsDone_}};
   checkpoint.meta["precision"] = recipeName(config_.precision.recipe).str();
   return checkpoint;
+}
+
+llvm::Expected<std::map<std::string, Tensor>> Trainer::fp8State() const {
+  std::map<std::string, Tensor> state;
+  for (const Op *op : program_->ops()) {
+    const std::string &name = op->kind() == OpKind::State ? op->result()->name() : "";
+    if (name.find(program::kFp8Marker.str()) == std::string::npos)
+      continue;
+    auto tensor = executor_->read(name);
+    if (!tensor)
+      return tensor.takeError();
+    state.emplace(name, std::move(*tensor));
+  }
+  return state;
 }
 
 llvm::Expected<ModelConfig> checkpointModel(const Checkpoint &checkpoint, llvm::StringRef path) {

@@ -41,6 +41,9 @@ public:
 
   /// Every parameter and state tensor plus the metadata to resume.
   llvm::Expected<Checkpoint> checkpoint() const;
+  /// The FP8 scaling state alone (what summarizeFp8State reads): a few small tensors, where
+  /// checkpoint() copies every parameter and moment to the host.
+  llvm::Expected<std::map<std::string, Tensor>> fp8State() const;
   /// Continues from a checkpoint of the same model: weights, optimizer state, step, data
   /// position. A checkpoint of another model is an error naming the difference.
   llvm::Error resume(const Checkpoint &checkpoint, llvm::StringRef path);

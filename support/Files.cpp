@@ -17,6 +17,12 @@
 
 namespace tgc {
 
+std::string folderOf(llvm::StringRef path) {
+  llvm::SmallString<256> dir(path);
+  llvm::sys::path::remove_filename(dir);
+  return dir.empty() ? "." : dir.str().str();
+}
+
 namespace {
 
 /// Temporaries of earlier saves to `path` that were killed before their rename (NAME.tmp-XXXXXX,
@@ -44,10 +50,7 @@ std::error_code syncToDisk(int fd) {
 } // namespace
 
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) {
-  llvm::SmallString<256> dir(path);
-  llvm::sys::path::remove_filename(dir);
-  if (dir.empty())
-    dir = ".";
+  std::string dir = folderOf(path);
   removeStaleTemporaries(dir, llvm::sys::path::filename(path));
   llvm::SmallString<256> model(dir);
   llvm::sys::path::append(model, llvm::sys::path::filename(path) + ".tmp-%%%%%%");
@@ -90,10 +93,8 @@ std::string fileIdentity(llvm::StringRef path) {
   llvm::sys::fs::UniqueID id;
   if (!llvm::sys::fs::getUniqueID(path, id))
     return fmt::format("inode {}:{}", id.getDevice(), id.getFile());
-  llvm::SmallString<256> dir(path), real;
-  llvm::sys::path::remove_filename(dir);
-  if (dir.empty())
-    dir = ".";
+  std::string dir = folderOf(path);
+  llvm::SmallString<256> real;
   if (llvm::sys::fs::real_path(dir, real))
     real = dir; // the folder does not exist either: the spelling is all there is
   llvm::sys::path::append(real, llvm::sys::path::filename(path));

@@ -9,6 +9,9 @@
 
 namespace tgc {
 
+/// The folder `path` names a file in ("." for a bare name).
+std::string folderOf(llvm::StringRef path);
+
 /// Writes `contents` to `path` through a temporary file in the same folder and a rename.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents);
 

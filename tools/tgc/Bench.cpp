@@ -87,9 +87,7 @@ int runBench() {
     for (double t : times)
       mean += t / times.size();
     double tokens = double(config.train.batch) * config.seqLen;
-    // The device without the kernel-cache note that follows its first comma.
-    std::string where = (*trainer)->executor().describe();
-    where = where.substr(0, where.find(", "));
+    std::string where = deviceName(**trainer);
     double memoryMiB = double((*trainer)->executor().deviceBytes()) / (1 << 20);
     double tflops = trainingFlops(config) / (median / 1000) / 1e12;
     llvm::outs() << fmt::format("{:<6} {:<34} {:>10.2f} {:>10.2f} {:>12.0f} {:>9.3f} {:>11.0f} {:>10.4f}\n",
@@ -115,10 +113,10 @@ int runBench() {
       llvm::outs() << fmt::format("       {} of {} linear layers in FP8 (fp8_min_dim {}; compile "
                                   "--explain-precision says why)\n",
                                   fp8Layers, linearLayers, config.precision.fp8MinDim);
-      auto checkpoint = (*trainer)->checkpoint();
-      if (!checkpoint)
-        return report(checkpoint.takeError());
-      fp8States.emplace_back(recipe, summarizeFp8State(checkpoint->tensors, config.precision));
+      auto state = (*trainer)->fp8State();
+      if (!state)
+        return report(state.takeError());
+      fp8States.emplace_back(recipe, summarizeFp8State(*state, config.precision));
     }
   }
   for (auto &[recipe, summary] : fp8States) {

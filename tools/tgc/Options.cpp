@@ -198,6 +198,11 @@ void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ost
   }
 }
 
+std::string deviceName(const Trainer &trainer) {
+  std::string device = trainer.executor().describe();
+  return device.substr(0, device.find(", ")); // without the kernel-cache note after its first comma
+}
+
 llvm::json::Object runDescription(const Trainer &trainer) {
   const ModelConfig &c = trainer.config();
   std::map<std::string, int64_t> counts; // sorted: the same text every run
@@ -206,13 +211,12 @@ llvm::json::Object runDescription(const Trainer &trainer) {
   llvm::json::Object ops;
   for (const auto &[kind, count] : counts)
     ops[kind] = count;
-  std::string device = trainer.executor().describe();
   return llvm::json::Object{{"commit", buildCommit()},
                             {"model", c.name},
                             {"parameters", c.numParams()},
                             {"batch", c.train.batch},
                             {"seq_len", c.seqLen},
-                            {"device", device.substr(0, device.find(", "))}, // without the kernel-cache note
+                            {"device", deviceName(trainer)},
                             {"recipe", recipeName(c.precision.recipe)},
                             {"ops", std::move(ops)}};
 }

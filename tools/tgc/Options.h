@@ -77,6 +77,8 @@ int runInspect();
 int runInfo();
 int runReport();
 
+/// The trainer's device, as its executor describes it, without the kernel-cache note.
+std::string deviceName(const Trainer &trainer);
 /// What a script needs to compare runs: the build's commit, the model and its size, the batch,
 /// the device, the recipe and the training program's op counts by kind.
 llvm::json::Object runDescription(const Trainer &trainer);

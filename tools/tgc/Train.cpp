@@ -42,16 +42,13 @@ static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (def
 
 /// Fails early, before any training, when the checkpoint could not be written there.
 llvm::Error checkWritable(llvm::StringRef path) {
-  llvm::SmallString<256> dir(path);
-  llvm::sys::path::remove_filename(dir);
-  if (dir.empty())
-    dir = ".";
+  std::string dir = folderOf(path);
   if (!llvm::sys::fs::is_directory(dir))
-    return flagError(fmt::format("{}: error: folder '{}' does not exist", path.str(), dir.str().str()));
+    return flagError(fmt::format("{}: error: folder '{}' does not exist", path.str(), dir));
   if (llvm::sys::fs::is_directory(path))
     return flagError(fmt::format("{}: error: is a folder, not a file", path.str()));
   if (llvm::sys::fs::access(dir, llvm::sys::fs::AccessMode::Write))
-    return flagError(fmt::format("{}: error: folder '{}' is not writable", path.str(), dir.str().str()));
+    return flagError(fmt::format("{}: error: folder '{}' is not writable", path.str(), dir));
   return llvm::Error::success();
 }
 
@@ -62,11 +59,7 @@ llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program) {
   for (const Op *op : program.ops())
     if (op->kind() == OpKind::Param || op->kind() == OpKind::State)
       bytes += op->result()->type().numElements() * 4;
-  llvm::SmallString<256> dir(path);
-  llvm::sys::path::remove_filename(dir);
-  if (dir.empty())
-    dir = ".";
-  auto space = llvm::sys::fs::disk_space(dir);
+  auto space = llvm::sys::fs::disk_space(folderOf(path));
   if (!space || int64_t(space->available) >= bytes)
     return llvm::Error::success();
   return flagError(fmt::format("{}: error: the checkpoint needs {:.1f} MiB and its folder has {:.1f} MiB free: "
@@ -157,11 +150,11 @@ struct StepOutput {
   /// {"fp8": {"step": s, "tensors": [{"tensor", "format", "scale", "amax", "saturated"}]}}: each
   /// quantized tensor's scale and newest amax, for tgc report.
   llvm::Error writeFp8State(const Trainer &t, int64_t step) {
-    auto checkpoint = t.checkpoint();
-    if (!checkpoint)
-      return checkpoint.takeError();
+    auto state = t.fp8State();
+    if (!state)
+      return state.takeError();
     llvm::json::Array tensors;
-    for (const Fp8TensorSummary &s : summarizeFp8State(checkpoint->tensors, t.config().precision, /*newest=*/1))
+    for (const Fp8TensorSummary &s : summarizeFp8State(*state, t.config().precision, /*newest=*/1))
       tensors.push_back(llvm::json::Object{{"tensor", s.site + " " + s.role},
                                            {"format", s.format},
                                            {"scale", s.scale},
@@ -230,10 +223,10 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
       if (auto err = out.writeFp8State(t, record->step))
         return report(std::move(err));
     if (Fp8SummaryEvery > 0 && record->step % Fp8SummaryEvery == 0) {
-      auto checkpoint = t.checkpoint();
-      if (!checkpoint)
-        return report(checkpoint.takeError());
-      auto summary = summarizeFp8State(checkpoint->tensors, c.precision);
+      auto state = t.fp8State();
+      if (!state)
+        return report(state.takeError());
+      auto summary = summarizeFp8State(*state, c.precision);
       llvm::outs() << fmt::format("FP8 scaling state after step {} ({} quantized tensors):\n", record->step,
                                   summary.size());
       printFp8Summary(summary, llvm::outs());
