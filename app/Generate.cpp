@@ -7,6 +7,7 @@
 #include "transforms/Pass.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fmt/format.h>
 #include <numeric>
@@ -15,19 +16,33 @@ namespace tgc {
 
 namespace {
 
-/// The next token from one row of logits.
+/// The next token from one row of logits: the highest (lowest id on ties), or sampled at the
+/// temperature among the topK most likely tokens, cut to the fewest that hold topP of their
+/// probability.
 int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options, Rng &rng) {
   if (options.temperature <= 0)
     return int32_t(std::max_element(logits, logits + vocab) - logits);
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   int64_t keep = options.topK > 0 ? std::min(options.topK, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  auto higher = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (options.topP < 1)
+    std::sort(order.begin(), order.end(), higher);
+  else
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), higher);
   double max = logits[order[0]], total = 0;
   std::vector<double> weights(keep);
   for (int64_t i = 0; i < keep; ++i)
     total += weights[i] = std::exp((logits[order[i]] - max) / options.temperature);
+  if (options.topP < 1) { // the fewest most likely tokens whose probability reaches topP
+    double mass = 0;
+    for (int64_t i = 0; i < keep; ++i)
+      if ((mass += weights[i]) >= options.topP * total) {
+        keep = i + 1;
+        total = mass;
+        break;
+      }
+  }
   double u = rng.uniform() * total;
   for (int64_t i = 0; i < keep; ++i)
     if ((u -= weights[i]) < 0)
@@ -35,12 +50,14 @@ int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options,
   return order[keep - 1];
 }
 
-/// Compiles `output`'s program of `config` for `batch` sequences and binds the weights (and
-/// FP8 scaling state) from `weights`; KV caches start at zero.
+/// Compiles `output`'s program of `config` for `batch` sequences (`length` positions for a
+/// prefill) and binds the weights (and FP8 scaling state) from `weights`; KV caches start at
+/// zero.
 llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
                                                  const std::map<std::string, Tensor> &weights,
-                                                 int64_t batch, Device device, GPTOutput output) {
-  auto graph = buildGPT(config, batch, output);
+                                                 int64_t batch, Device device, GPTOutput output,
+                                                 int64_t length = 0) {
+  auto graph = buildGPT(config, batch, output, length);
   if (!graph)
     return graph.takeError();
   auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
@@ -61,29 +78,47 @@ llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
     if (auto err = program->executor->bind(it->first, it->second))
       return std::move(err);
   }
+  if (!program::outputIndex(*program->graph, program::kLogits))
+    return stringError("error: the generation program has no output %logits");
   return program;
 }
 
 llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64_t batch, int64_t vocab) {
   if (prompts.empty() || int64_t(prompts.size()) > batch)
     return stringError(fmt::format("error: {} prompts for a batch of {}", prompts.size(), batch));
-  for (const auto &p : prompts) {
-    if (p.empty() || p.size() != prompts[0].size())
-      return stringError("error: prompts must be non-empty and of one length");
-    for (int32_t id : p)
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty())
+      return stringError(fmt::format("error: prompt {} is empty", i + 1));
+    for (int32_t id : prompts[i])
       if (id < 0 || id >= vocab)
-        return stringError(fmt::format("error: prompt token {} is outside the vocabulary [0, {})", id, vocab));
+        return stringError(fmt::format("error: prompt {} has token {}, outside the vocabulary [0, {})", i + 1,
+                                       id, vocab));
   }
   return llvm::Error::success();
 }
-} // namespace
 
-namespace {
-/// Where a generation program's logits are among its outputs.
-llvm::Expected<size_t> logitsIndex(const Graph &graph) {
-  if (auto at = program::outputIndex(graph, program::kLogits))
-    return *at;
-  return stringError("error: the generation program has no output %logits");
+/// Each sequence's next token after a step of `executor` (a prefill or decode program): its
+/// greedy %next, chosen on the device, or sampled here from its %logits [batch, 1, vocab].
+llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t sequences, int64_t vocab,
+                                                const SamplingOptions &options, Rng &rng) {
+  std::vector<int32_t> tokens(sequences);
+  if (options.temperature <= 0) {
+    auto next = executor.read(program::kNext);
+    if (!next)
+      return next.takeError();
+    std::copy_n(next->ints.begin(), sequences, tokens.begin());
+    return tokens;
+  }
+  auto logits = executor.read(program::kLogits);
+  if (!logits)
+    return logits.takeError();
+  for (size_t b = 0; b < sequences; ++b)
+    tokens[b] = pick(&logits->data[b * vocab], vocab, options, rng);
+  return tokens;
+}
+
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 } // namespace
 
@@ -98,17 +133,35 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   if (!decode)
     return decode.takeError();
   generator->decode_ = std::move(*decode);
-  auto logits = logitsIndex(*generator->decode_.graph);
-  if (!logits)
-    return logits.takeError();
-  generator->decodeLogits_ = *logits;
-  // What the full program would bind, should a sequence outgrow the cache: the decode program's
-  // weights and scaling state (not a checkpoint's optimizer moments).
-  for (const Op *op : generator->decode_.graph->ops())
-    if (op->kind() == OpKind::Param || op->kind() == OpKind::State)
-      if (auto it = weights.find(op->result()->name()); it != weights.end())
-        generator->weights_.insert(*it);
+  // What the other programs bind: the decode program's weights and scaling state (not a
+  // checkpoint's optimizer moments).
+  for (const Op *op : generator->decode_.graph->ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    if (program::isKvCache(op->result()->name()))
+      generator->caches_.push_back(op->result()->name());
+    else if (auto it = weights.find(op->result()->name()); it != weights.end())
+      generator->weights_.insert(*it);
+  }
   return generator;
+}
+
+int64_t Generator::prefillLength(int64_t length) const {
+  int64_t positions = 16;
+  while (positions < length)
+    positions *= 2;
+  return std::min(positions, config_.seqLen);
+}
+
+llvm::Expected<CompiledProgram *> Generator::prefillProgram(int64_t length) {
+  int64_t positions = prefillLength(length);
+  auto it = prefill_.find(positions);
+  if (it != prefill_.end())
+    return &it->second;
+  auto program = compileInference(config_, weights_, batch_, device_, GPTOutput::Prefill, positions);
+  if (!program)
+    return program.takeError();
+  return &prefill_.emplace(positions, std::move(*program)).first->second;
 }
 
 llvm::Error Generator::ensureWindowed() {
@@ -117,83 +170,133 @@ llvm::Error Generator::ensureWindowed() {
   auto windowed = compileInference(config_, weights_, batch_, device_, GPTOutput::Logits);
   if (!windowed)
     return windowed.takeError();
-  auto logits = logitsIndex(*windowed->graph);
-  if (!logits)
-    return logits.takeError();
   windowed_ = std::move(*windowed);
-  windowedLogits_ = *logits;
   return llvm::Error::success();
 }
 
 llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
-                    const SamplingOptions &options) {
+                    const SamplingOptions &options, const TokenCallback &onTokens) {
   const int64_t T = config_.seqLen, V = config_.vocab;
   if (auto err = checkPrompts(prompts, batch_, V))
     return std::move(err);
-  int64_t promptLength = int64_t(prompts[0].size());
-  // Positions fed: the prompt's, then every generated token but the last.
-  if (count < 1 || promptLength + count - 1 > T)
-    return generateWithoutCache(prompts, count, options);
+  size_t longest = 0;
+  for (const auto &p : prompts)
+    longest = std::max(longest, p.size());
+  // Positions fed: each prompt's, then every generated token but the last.
+  if (count < 1 || int64_t(longest) + count - 1 > T)
+    return generateWithoutCache(prompts, count, options, onTokens);
+  auto start = std::chrono::steady_clock::now();
+  stats_ = GenerationStats{};
+  stats_.sequences = int64_t(prompts.size());
   Rng rng(mix64(options.seed));
-  Executor &executor = *decode_.executor;
-  std::vector<int32_t> feed(batch_, 0);
-  for (size_t b = 0; b < prompts.size(); ++b)
-    feed[b] = prompts[b][0];
-  std::vector<std::vector<int32_t>> generated(prompts.size());
-  for (int64_t pos = 0; pos < promptLength + count - 1; ++pos) {
-    TensorType column(DType::I32, {batch_, 1});
-    if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
-      return std::move(err);
-    if (auto err = executor.bind(program::kPositions, Tensor{column, {}, std::vector<int32_t>(batch_, int32_t(pos))}))
-      return std::move(err);
-    if (auto err = executor.bind(program::kPosition, Tensor{TensorType(DType::I32, {}), {}, {int32_t(pos)}}))
-      return std::move(err);
-    auto outputs = executor.run();
-    if (!outputs)
-      return outputs.takeError();
-    const std::vector<float> &logits = (*outputs)[decodeLogits_].data; // [batch, 1, V]
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      if (pos + 1 < promptLength) {
-        feed[b] = prompts[b][pos + 1];
-        continue;
-      }
-      feed[b] = pick(&logits[b * V], V, options, rng);
-      generated[b].push_back(feed[b]);
+  // Prefill: the prompts, padded to the program's positions, in one forward pass.
+  auto prefill = prefillProgram(int64_t(longest));
+  if (!prefill)
+    return prefill.takeError();
+  Executor &first = *(*prefill)->executor;
+  const int64_t P = prefillLength(int64_t(longest));
+  stats_.prefillLength = P;
+  std::vector<int32_t> tokens(batch_ * P, 0), lastRows(batch_);
+  for (int64_t b = 0; b < batch_; ++b) {
+    lastRows[b] = int32_t(b * P);
+    if (b < int64_t(prompts.size())) {
+      std::copy(prompts[b].begin(), prompts[b].end(), tokens.begin() + b * P);
+      lastRows[b] += int32_t(prompts[b].size() - 1);
+      stats_.promptTokens += int64_t(prompts[b].size());
     }
   }
+  TensorType column(DType::I32, {batch_, 1});
+  if (auto err = first.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, P}), {}, tokens}))
+    return std::move(err);
+  if (auto err = first.bind(program::kLastRows, Tensor{column, {}, lastRows}))
+    return std::move(err);
+  if (auto err = first.step())
+    return std::move(err);
+  auto next = nextTokens(first, prompts.size(), V, options, rng);
+  if (!next)
+    return next.takeError();
+  Executor &executor = *decode_.executor;
+  for (const std::string &cache : caches_)
+    if (auto err = executor.copyLeafFrom(cache, first))
+      return std::move(err);
+  std::vector<std::vector<int32_t>> generated(prompts.size());
+  auto take = [&](int64_t step, const std::vector<int32_t> &picked) {
+    for (size_t b = 0; b < prompts.size(); ++b)
+      generated[b].push_back(picked[b]);
+    stats_.generatedTokens += int64_t(prompts.size());
+    if (onTokens)
+      onTokens(step, picked);
+  };
+  take(0, *next);
+  stats_.prefillSeconds = secondsSince(start);
+  start = std::chrono::steady_clock::now();
+  // Decode: each step feeds the last new token of each sequence at its own position.
+  std::vector<int32_t> feed(batch_, 0), positions(batch_, 0);
+  for (int64_t step = 1; step < count; ++step) {
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      feed[b] = generated[b].back();
+      positions[b] = int32_t(prompts[b].size()) + int32_t(step) - 1;
+    }
+    if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
+      return std::move(err);
+    if (auto err = executor.bind(program::kPositions, Tensor{column, {}, positions}))
+      return std::move(err);
+    if (auto err = executor.step())
+      return std::move(err);
+    auto picked = nextTokens(executor, prompts.size(), V, options, rng);
+    if (!picked)
+      return picked.takeError();
+    take(step, *picked);
+    ++stats_.decodeSteps;
+  }
+  stats_.decodeSeconds = secondsSince(start);
   return generated;
 }
 
 llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
-                                const SamplingOptions &options) {
+                                const SamplingOptions &options, const TokenCallback &onTokens) {
   const int64_t T = config_.seqLen, V = config_.vocab;
   if (auto err = checkPrompts(prompts, batch_, V))
     return std::move(err);
   if (auto err = ensureWindowed())
     return std::move(err);
+  auto start = std::chrono::steady_clock::now();
+  stats_ = GenerationStats{};
+  stats_.sequences = int64_t(prompts.size());
+  stats_.cached = false;
+  for (const auto &p : prompts)
+    stats_.promptTokens += int64_t(p.size());
   Executor &executor = *windowed_.executor;
   Rng rng(mix64(options.seed));
   std::vector<std::vector<int32_t>> sequences = prompts, generated(prompts.size());
   for (int64_t n = 0; n < count; ++n) {
-    int64_t length = int64_t(sequences[0].size());
-    int64_t window = std::min(length, T), start = length - window;
-    std::vector<int32_t> tokens(batch_ * T, 0);
-    for (size_t b = 0; b < sequences.size(); ++b)
-      std::copy(sequences[b].begin() + start, sequences[b].end(), tokens.begin() + b * T);
+    std::vector<int32_t> tokens(batch_ * T, 0), windows(prompts.size());
+    for (size_t b = 0; b < sequences.size(); ++b) { // each sequence's last T tokens
+      int64_t length = int64_t(sequences[b].size());
+      windows[b] = int32_t(std::min(length, T));
+      std::copy(sequences[b].end() - windows[b], sequences[b].end(), tokens.begin() + b * T);
+    }
     if (auto err = executor.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
       return std::move(err);
-    auto outputs = executor.run();
-    if (!outputs)
-      return outputs.takeError();
-    const std::vector<float> &logits = (*outputs)[windowedLogits_].data;
+    if (auto err = executor.step())
+      return std::move(err);
+    auto logits = executor.read(program::kLogits);
+    if (!logits)
+      return logits.takeError();
+    std::vector<int32_t> picked(sequences.size());
     for (size_t b = 0; b < sequences.size(); ++b) {
-      int32_t next = pick(&logits[(b * T + window - 1) * V], V, options, rng);
-      sequences[b].push_back(next);
-      generated[b].push_back(next);
+      picked[b] = pick(&logits->data[(b * T + windows[b] - 1) * V], V, options, rng);
+      sequences[b].push_back(picked[b]);
+      generated[b].push_back(picked[b]);
     }
+    stats_.generatedTokens += int64_t(sequences.size());
+    if (onTokens)
+      onTokens(n, picked);
   }
+  stats_.decodeSteps = count;
+  stats_.decodeSeconds = secondsSince(start);
   return generated;
 }
 

@@ -8,6 +8,7 @@
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -16,42 +17,68 @@ namespace tgc {
 struct SamplingOptions {
   double temperature = 0; // 0: greedy (argmax, lowest id on ties)
   int64_t topK = 0;       // 0: the whole vocabulary
+  double topP = 1;        // nucleus: the most likely tokens that hold this much probability
   uint64_t seed = 0;
 };
+
+/// What the last generate() did and how long it took: the prompts' forward pass (prefill,
+/// which also gives the first new token) and the decode steps after it.
+struct GenerationStats {
+  int64_t sequences = 0, promptTokens = 0, generatedTokens = 0, decodeSteps = 0;
+  int64_t prefillLength = 0; // the positions the prefill program ran (the longest prompt, rounded up)
+  double prefillSeconds = 0, decodeSeconds = 0;
+  bool cached = true; // false: past seq_len, the full program recomputed each window
+};
+
+/// Called after each step with the step (0 for the first new token) and each sequence's token.
+using TokenCallback = std::function<void(int64_t step, const std::vector<int32_t> &tokens)>;
 
 class Generator {
 public:
   /// Compiles the decode program (one token per sequence a step, keys and values kept in a KV
-  /// cache; GPTOutput::Decode) for `batch` sequences on the device.
+  /// cache; GPTOutput::Decode) for `batch` sequences on the device. Prefill programs are
+  /// compiled when a prompt length first needs one.
   static llvm::Expected<std::unique_ptr<Generator>>
   create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch,
          Device device = Device::cpu());
   std::string describe() const { return decode_.executor->describe(); }
+  int64_t batch() const { return batch_; }
 
-  /// Continues each prompt (all of one length, at most `batch` of them) by `count` tokens.
-  /// While every position fits in seq_len, each step runs the decode program on one token per
-  /// sequence. Past seq_len the context is the last seq_len tokens, recomputed each step by
-  /// the full inference program (compiled then), whose positions after the context are
-  /// padding that causal attention never reads.
+  /// Continues each prompt (at most `batch` of them, of any lengths from 1 to seq_len) by
+  /// `count` tokens. While every position fits in seq_len, the prompts run as one forward
+  /// program over their positions (prefill: it fills the KV caches and gives the first token),
+  /// then each step runs the decode program on one token per sequence at its own position.
+  /// Past seq_len the context is the last seq_len tokens, recomputed each step by the full
+  /// inference program (compiled then), whose positions after the context are padding that
+  /// causal attention never reads. Greedy tokens are chosen on the device; sampling reads the
+  /// logits.
   llvm::Expected<std::vector<std::vector<int32_t>>>
-  generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
-           const SamplingOptions &options);
+  generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count, const SamplingOptions &options,
+           const TokenCallback &onTokens = {});
 
   /// Greedy/sampled continuation without the KV cache (the full program every step), for
   /// comparison.
   llvm::Expected<std::vector<std::vector<int32_t>>>
   generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
-                       const SamplingOptions &options);
+                       const SamplingOptions &options, const TokenCallback &onTokens = {});
+
+  const GenerationStats &stats() const { return stats_; }
+  /// The positions of the prefill program that runs prompts of up to `length` tokens: a power
+  /// of two, at least 16, at most seq_len (so that few programs serve every length).
+  int64_t prefillLength(int64_t length) const;
 
 private:
   llvm::Error ensureWindowed();
+  llvm::Expected<CompiledProgram *> prefillProgram(int64_t length);
 
   ModelConfig config_;
   int64_t batch_ = 0;
   Device device_ = Device::cpu();
-  std::map<std::string, Tensor> weights_; // for windowed_: the decode program's bound tensors
+  std::map<std::string, Tensor> weights_; // the decode program's bound tensors, for the others
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
-  size_t decodeLogits_ = 0, windowedLogits_ = 0; // where their outputs hold the logits
+  std::map<int64_t, CompiledProgram> prefill_; // by prompt positions
+  std::vector<std::string> caches_;            // the KV caches' names
+  GenerationStats stats_;
 };
 
 struct EvalResult {

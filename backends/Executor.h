@@ -20,6 +20,20 @@ public:
   virtual llvm::Error bind(llvm::StringRef name, Tensor tensor) = 0;
   /// Runs the program once; returns its outputs in order.
   virtual llvm::Expected<std::vector<Tensor>> run() = 0;
+  /// Runs the program once without copying its outputs out: read() takes the ones wanted (a
+  /// decode step reads its greedy tokens, not the logits).
+  virtual llvm::Error step() {
+    auto outputs = run();
+    return outputs ? llvm::Error::success() : outputs.takeError();
+  }
+  /// Leaf `name` takes the current value of `from`'s leaf of that name and type (the KV caches
+  /// a prefill program wrote, handed to the decode step): on the device when both are there.
+  virtual llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) {
+    auto value = from.read(name);
+    if (!value)
+      return value.takeError();
+    return bind(name, std::move(*value));
+  }
   /// The current value of a leaf (after the last run's assigns).
   virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
   virtual std::string describe() const = 0;

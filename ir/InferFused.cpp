@@ -118,29 +118,49 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
                   TensorType(qkv.dtype, {qkv.dim(0), heads, qkv.dim(1)})};
 }
 
+/// The positions operand of the generation ops: one per sequence, i32[B, 1].
+static llvm::Error checkPositions(const TensorType &positions, int64_t batch) {
+  if (positions != TensorType(DType::I32, {batch, 1}))
+    return makeError("positions must be i32[{}, 1], one per sequence, got {}", batch, positions.str());
+  return llvm::Error::success();
+}
+
 llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
-  const TensorType &cache = ops[0], &x = ops[1], &pos = ops[2];
-  if (auto err = requireFloat(cache, "cache"))
+  const TensorType &k = ops[0], &v = ops[1], &qkv = ops[2];
+  if (auto err = requireFloat(k, "k_cache"))
     return std::move(err);
-  if (cache.rank() != 3 || x != TensorType(cache.dtype, {cache.dim(0), 1, cache.dim(2)}))
-    return makeError("cache [B, T, D] and x [B, 1, D] do not match: {} and {}", cache.str(), x.str());
-  if (pos != TensorType(DType::I32, {}))
-    return makeError("pos must be i32[], got {}", pos.str());
-  return TypeList{cache};
+  if (k.rank() != 3 || k != v)
+    return makeError("the caches must be one [B, T, D] type, got {} and {}", k.str(), v.str());
+  if (qkv.rank() != 3 || qkv.dtype != k.dtype || qkv.dim(0) != k.dim(0) || qkv.dim(2) != 3 * k.dim(2) ||
+      qkv.dim(1) > k.dim(1))
+    return makeError("qkv [B, S, 3D] with S <= T does not match the caches {}: {}", k.str(), qkv.str());
+  if (ops.size() > 3)
+    if (auto err = checkPositions(ops[3], k.dim(0)))
+      return std::move(err);
+  return TypeList{k, v};
 }
 
 llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  const TensorType &q = ops[0], &k = ops[1], &v = ops[2], &pos = ops[3];
-  if (auto err = requireFloat(q, "q"))
+  const TensorType &qkv = ops[0], &k = ops[1], &v = ops[2];
+  if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
-  if (k.rank() != 3 || k != v || q != TensorType(k.dtype, {k.dim(0), 1, k.dim(2)}))
-    return makeError("q [B, 1, D] and the caches [B, T, D] do not match: {}, {} and {}", q.str(), k.str(),
-                v.str());
-  if (auto err = checkAttentionAttrs(attrs, q.dim(2)))
+  if (k.rank() != 3 || k != v || qkv != TensorType(k.dtype, {k.dim(0), 1, 3 * k.dim(2)}))
+    return makeError("qkv [B, 1, 3D] and the caches [B, T, D] do not match: {}, {} and {}", qkv.str(),
+                     k.str(), v.str());
+  if (auto err = checkAttentionAttrs(attrs, k.dim(2)))
     return std::move(err);
-  if (pos != TensorType(DType::I32, {}))
-    return makeError("pos must be i32[], got {}", pos.str());
-  return TypeList{q};
+  if (auto err = checkPositions(ops[3], k.dim(0)))
+    return std::move(err);
+  return TypeList{TensorType(k.dtype, {k.dim(0), 1, k.dim(2)})};
+}
+
+llvm::Expected<TypeList> inferArgmax(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  const TensorType &x = ops[0];
+  if (auto err = requireFloat(x, "x"))
+    return std::move(err);
+  if (x.rank() < 1 || x.dim(-1) < 1)
+    return makeError("x must have a non-empty last axis, got {}", x.str());
+  return TypeList{TensorType(DType::I32, Shape(x.shape.begin(), x.shape.end() - 1))};
 }
 
 llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

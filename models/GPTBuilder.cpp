@@ -2,15 +2,18 @@
 
 #include "models/ProgramInterface.h"
 
+#include "support/Error.h"
+
 #include <cmath>
+#include <fmt/format.h>
 
 namespace tgc {
 namespace {
 
 class GPTBuilder {
 public:
-  GPTBuilder(const ModelConfig &config, int64_t batch, GPTOutput output, Graph &graph)
-      : c_(config), batch_(batch), output_(output), b_(graph) {}
+  GPTBuilder(const ModelConfig &config, int64_t batch, GPTOutput output, int64_t length, Graph &graph)
+      : c_(config), batch_(batch), output_(output), length_(length), b_(graph) {}
 
   llvm::Error build();
 
@@ -47,40 +50,52 @@ private:
   }
   Value *attention(Value *x, const std::string &p);
   Value *decodeAttention(Value *x, const std::string &p);
+  std::pair<Value *, Value *> writeCaches(Value *qkv, const std::string &p);
   Value *mlp(Value *x, const std::string &p);
 
   const ModelConfig &c_;
   int64_t batch_;
   GPTOutput output_;
+  int64_t length_; // positions per sequence in this program
   Builder b_;
   double std_ = 0.02;
-  Value *pos_ = nullptr; // Decode: the position written this step
+  Value *positions_ = nullptr; // Decode: each sequence's position, the cache row it writes
 };
 
-Value *GPTBuilder::decodeAttention(Value *x, const std::string &p) {
-  int64_t B = batch_, T = c_.seqLen, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
-  Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
-  auto part = [&](int64_t index, const char *name) {
-    return op(OpKind::Slice, {qkv}, p + "." + name,
-              attrs({{"axis", int64_t(2)}, {"start", index * D}, {"size", D}}));
-  };
-  Value *q = part(0, "q"), *k = part(1, "k"), *v = part(2, "v");
+/// The layer's KV caches with qkv's keys and values written (at positions_ when decoding,
+/// from row 0 for a prompt), assigned back when the step ends.
+std::pair<Value *, Value *> GPTBuilder::writeCaches(Value *qkv, const std::string &p) {
+  TensorType cacheType(DType::F32, {batch_, c_.seqLen, c_.dModel});
   AttrMap zeros = attrs({{"init", std::string("zeros")}});
-  auto cached = [&](Value *row, const char *name) {
-    Value *cache = b_.state(p + "." + name, TensorType(DType::F32, {B, T, D}), zeros);
-    Value *written = op(OpKind::KvWrite, {cache, row, pos_}, p + "." + name + ".new");
-    b_.create(OpKind::Assign, {cache, written}, {}, "");
-    return written;
-  };
-  Value *keys = cached(k, program::kKeyCache.data()), *values = cached(v, program::kValueCache.data());
-  Value *context = op(OpKind::DecodeAttention, {q, keys, values, pos_}, p + ".context.flat",
+  Value *k = b_.state(p + "." + program::kKeyCache.str(), cacheType, zeros);
+  Value *v = b_.state(p + "." + program::kValueCache.str(), cacheType, zeros);
+  llvm::SmallVector<Value *, 4> operands{k, v, qkv};
+  if (positions_)
+    operands.push_back(positions_);
+  Value *keys = op(OpKind::KvWrite, operands, k->name() + ".new");
+  if (!keys)
+    return {nullptr, nullptr};
+  Value *values = keys->def()->result(1);
+  b_.graph().rename(values, v->name() + ".new");
+  b_.create(OpKind::Assign, {k, keys}, {}, "");
+  b_.create(OpKind::Assign, {v, values}, {}, "");
+  return {keys, values};
+}
+
+Value *GPTBuilder::decodeAttention(Value *x, const std::string &p) {
+  int64_t D = c_.dModel, H = c_.heads, Dh = c_.headDim();
+  Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
+  auto [keys, values] = writeCaches(qkv, p);
+  Value *context = op(OpKind::DecodeAttention, {qkv, keys, values, positions_}, p + ".context.flat",
                       attrs({{"heads", H}, {"scale", 1.0 / std::sqrt(double(Dh))}}));
   return linear(context, p + ".proj", D, D, std_ / std::sqrt(2.0 * c_.layers));
 }
 
 Value *GPTBuilder::attention(Value *x, const std::string &p) {
-  int64_t B = batch_, T = c_.seqLen, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
+  int64_t B = batch_, T = length_, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
   Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
+  if (output_ == GPTOutput::Prefill)
+    writeCaches(qkv, p);
   // [B, T, 3D] -> q, k, v as [B, H, T, Dh].
   auto head = [&](int64_t index, const char *name) {
     Value *part = op(OpKind::Slice, {qkv}, p + "." + name,
@@ -125,20 +140,23 @@ Value *GPTBuilder::mlp(Value *x, const std::string &p) {
 }
 
 llvm::Error GPTBuilder::build() {
-  int64_t B = batch_, T = c_.seqLen, D = c_.dModel, V = c_.vocab;
-  bool decode = output_ == GPTOutput::Decode;
-  int64_t steps = decode ? 1 : T; // positions per sequence in this program
-  Value *tokens = b_.input(program::kTokens.str(), TensorType(DType::I32, {B, steps}));
+  int64_t B = batch_, T = length_, D = c_.dModel, V = c_.vocab;
+  bool decode = output_ == GPTOutput::Decode, prefill = output_ == GPTOutput::Prefill;
+  Value *tokens = b_.input(program::kTokens.str(), TensorType(DType::I32, {B, T}));
   Value *targets = output_ == GPTOutput::Loss ? b_.input(program::kTargets.str(), TensorType(DType::I32, {B, T}))
                                                : nullptr;
-  Value *positions = decode ? b_.input(program::kPositions.str(), TensorType(DType::I32, {B, 1})) : nullptr;
   if (decode)
-    pos_ = b_.input(program::kPosition.str(), TensorType(DType::I32, {}));
+    positions_ = b_.input(program::kPositions.str(), TensorType(DType::I32, {B, 1}));
+  Value *lastRows = prefill ? b_.input(program::kLastRows.str(), TensorType(DType::I32, {B, 1})) : nullptr;
   bool decayEmbeddings = c_.train.decayEmbeddings;
   Value *wte = weight("wte", {V, D}, std_, decayEmbeddings);
-  Value *wpe = weight("wpe", {T, D}, std_ / 2, decayEmbeddings);
+  Value *wpe = weight("wpe", {c_.seqLen, D}, std_ / 2, decayEmbeddings);
   Value *tok = op(OpKind::Embedding, {wte, tokens}, "tok_emb");
-  Value *posEmb = decode ? op(OpKind::Embedding, {wpe, positions}, "pos_emb") : wpe;
+  Value *posEmb = wpe;
+  if (decode)
+    posEmb = op(OpKind::Embedding, {wpe, positions_}, "pos_emb");
+  else if (T < c_.seqLen) // a prompt shorter than the window: its positions' rows
+    posEmb = op(OpKind::Slice, {wpe}, "pos_emb", attrs({{"axis", int64_t(0)}, {"start", int64_t(0)}, {"size", T}}));
   Value *x = op(OpKind::Add, {tok, posEmb}, "x0");
   for (int64_t l = 0; l < c_.layers; ++l) {
     std::string p = "h" + std::to_string(l);
@@ -149,13 +167,20 @@ llvm::Error GPTBuilder::build() {
     Value *ffn = mlp(ln2, p + ".mlp");
     x = op(OpKind::Add, {x, ffn}, p + ".res2");
   }
+  if (prefill) { // only each sequence's last prompt position goes on to the logits
+    Value *rows = op(OpKind::Reshape, {x}, "rows", attrs({{"shape", std::vector<int64_t>{B * T, D}}}));
+    x = op(OpKind::Embedding, {rows, lastRows}, "last");
+  }
   Value *final = norm(x, "lnf");
   Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_, /*decay=*/true);
   Value *logits = op(OpKind::MatMul, {final, head}, program::kLogits.str(), attrs({{"transpose_b", true}}));
   if (output_ != GPTOutput::Loss) {
+    Value *next = decode || prefill ? op(OpKind::Argmax, {logits}, program::kNext.str()) : nullptr;
     if (auto err = b_.takeError())
       return err;
     b_.graph().addOutput(logits);
+    if (next)
+      b_.graph().addOutput(next);
     return llvm::Error::success();
   }
   Value *logp = op(OpKind::LogSoftmax, {logits}, "logp");
@@ -169,9 +194,15 @@ llvm::Error GPTBuilder::build() {
 } // namespace
 
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
-                                                GPTOutput output) {
+                                                GPTOutput output, int64_t length) {
+  if (output == GPTOutput::Decode)
+    length = 1;
+  else if (output != GPTOutput::Prefill || length == 0)
+    length = config.seqLen;
+  if (length < 1 || length > config.seqLen)
+    return stringError(fmt::format("error: a prompt of {} positions does not fit seq_len {}", length, config.seqLen));
   auto graph = std::make_unique<Graph>(config.name);
-  if (auto err = GPTBuilder(config, batch, output, *graph).build())
+  if (auto err = GPTBuilder(config, batch, output, length, *graph).build())
     return std::move(err);
   return std::move(graph);
 }

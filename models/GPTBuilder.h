@@ -10,14 +10,19 @@ namespace tgc {
 enum class GPTOutput {
   Loss,   // inputs %tokens, %targets (i32[batch, seq_len]); returns %loss (training)
   Logits, // input %tokens; returns %logits [batch, seq_len, vocab] (generation)
-  // One token per sequence with a KV cache: inputs %tokens and %positions (i32[batch, 1]) and
-  // %pos (i32[], the position written); state %h<l>.attn.k_cache and .v_cache
-  // (f32[batch, seq_len, d_model], written at pos); returns %logits [batch, 1, vocab].
+  // A prompt into the KV cache: input %tokens (i32[batch, length]) and %last_rows (i32[batch, 1]:
+  // b * length + the index of sequence b's last prompt token); state %h<l>.attn.k_cache and
+  // .v_cache (f32[batch, seq_len, d_model], rows 0..length-1 written); returns %logits
+  // [batch, 1, vocab] at each sequence's last row and %next (i32[batch, 1], their argmax).
+  Prefill,
+  // One token per sequence with a KV cache: inputs %tokens and %positions (i32[batch, 1]); the
+  // same state, written at each sequence's position; returns %logits [batch, 1, vocab] and %next.
   Decode,
 };
 
 /// Parameter names follow PyTorch conventions (h0.attn.qkv.weight, lm_head.weight, ...).
+/// `length` is the prefill program's prompt length (1..seq_len; 0: seq_len).
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
-                                                GPTOutput output = GPTOutput::Loss);
+                                                GPTOutput output = GPTOutput::Loss, int64_t length = 0);
 
 } // namespace tgc

@@ -16,6 +16,7 @@ namespace tgc::program {
 // Outputs (the IR's `return` list), read by name, never by position.
 inline constexpr llvm::StringLiteral kLoss = "loss";                 // the training loss, f32[]
 inline constexpr llvm::StringLiteral kLogits = "logits";             // the forward program's logits
+inline constexpr llvm::StringLiteral kNext = "next"; // generation: each sequence's greedy token
 inline constexpr llvm::StringLiteral kLearningRate = "lr";           // this step's learning rate
 inline constexpr llvm::StringLiteral kGradNormSquared = "grad_norm.sumsq"; // before clipping
 
@@ -23,9 +24,10 @@ inline constexpr llvm::StringLiteral kGradNormSquared = "grad_norm.sumsq"; // be
 inline constexpr llvm::StringLiteral kTokens = "tokens";
 inline constexpr llvm::StringLiteral kTargets = "targets";
 inline constexpr llvm::StringLiteral kStep = "step"; // the optimizer's step counter, from 1
-// The decode step's: each sequence's position [B, 1], and the position all share (the KV cache row).
+// The decode step's: each sequence's position [B, 1] (the KV cache row it writes).
 inline constexpr llvm::StringLiteral kPositions = "positions";
-inline constexpr llvm::StringLiteral kPosition = "pos";
+// The prefill's: where each sequence's last prompt token is among the batch's rows [B, 1].
+inline constexpr llvm::StringLiteral kLastRows = "last_rows";
 
 /// The gradient of the value named `value` ("h0.attn.qkv.weight.grad").
 inline std::string gradientOf(llvm::StringRef value) { return (value + ".grad").str(); }

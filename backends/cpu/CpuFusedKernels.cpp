@@ -5,6 +5,7 @@
 #include "backends/cpu/CpuKernels.h"
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
+#include "support/Error.h"
 #include "support/Numerics.h"
 
 #include <algorithm>
@@ -205,35 +206,56 @@ llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+namespace {
+/// Sequence b's position from a positions operand, checked against the cache length T (rows
+/// needed: that position and the `rows - 1` after it).
+llvm::Expected<int64_t> positionOf(const Tensor &positions, int64_t b, int64_t rows, int64_t T) {
+  int64_t pos = positions.ints[b];
+  if (pos < 0 || pos + rows > T)
+    return makeError("position {} of sequence {} is outside the cache [0, {})", pos + rows - 1 < T ? pos : pos + rows - 1,
+                     b, T);
+  return pos;
+}
+} // namespace
+
 llvm::Error evalKvWrite(const AttrMap &, Operands in, Results out) {
-  const Tensor &cache = *in[0], &x = *in[1];
-  int64_t B = cache.type.dim(0), T = cache.type.dim(1), D = cache.type.dim(2), pos = in[2]->ints[0];
-  if (pos < 0 || pos >= T)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   fmt::format("position {} is outside the cache [0, {})", pos, T));
-  out[0].data = cache.data;
-  for (int64_t b = 0; b < B; ++b)
-    std::copy(&x.data[b * D], &x.data[(b + 1) * D], &out[0].data[(b * T + pos) * D]);
+  const Tensor &qkv = *in[2];
+  int64_t B = in[0]->type.dim(0), T = in[0]->type.dim(1), D = in[0]->type.dim(2), S = qkv.type.dim(1);
+  for (int r = 0; r < 2; ++r)
+    out[r].data = in[r]->data;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t first = 0;
+    if (in.size() > 3) {
+      auto pos = positionOf(*in[3], b, S, T);
+      if (!pos)
+        return pos.takeError();
+      first = *pos;
+    }
+    for (int64_t s = 0; s < S; ++s)
+      for (int r = 0; r < 2; ++r) // keys are qkv's columns [D, 2D), values [2D, 3D)
+        std::copy_n(&qkv.data[((b * S + s) * 3 + 1 + r) * D], D, &out[r].data[(b * T + first + s) * D]);
+  }
   return llvm::Error::success();
 }
 
 llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
-  // What attention computes for the row of position pos, in the same steps: scores (a GEMM:
-  // BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in double),
-  // probabilities times values (a GEMM again).
-  const Tensor &q = *in[0], &k = *in[1], &v = *in[2];
-  int64_t B = k.type.dim(0), T = k.type.dim(1), D = k.type.dim(2), pos = in[3]->ints[0];
+  // What attention computes for the row of each sequence's position, in the same steps: scores
+  // (a GEMM: BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in
+  // double), probabilities times values (a GEMM again).
+  const Tensor &qkv = *in[0], &k = *in[1], &v = *in[2];
+  int64_t B = k.type.dim(0), T = k.type.dim(1), D = k.type.dim(2);
   int64_t H = *a.getInt("heads"), Dh = D / H;
   float scale = float(*a.getFloat("scale"));
-  if (pos < 0 || pos >= T)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   fmt::format("position {} is outside the cache [0, {})", pos, T));
   bool bf16 = hasBf16Gemms(a);
   auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
-  Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
+    auto position = positionOf(*in[3], b, 1, T);
+    if (!position)
+      return position.takeError();
+    int64_t pos = *position;
+    Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
     for (int64_t h = 0; h < H; ++h) {
-      const float *qh = &q.data[b * D + h * Dh];
+      const float *qh = &qkv.data[b * 3 * D + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
         const float *kj = &k.data[(b * T + j) * D + h * Dh];
         float dot = 0.0f;
@@ -250,6 +272,7 @@ llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
           o[d] += p * r(vj[d]);
       }
     }
+  }
   return llvm::Error::success();
 }
 

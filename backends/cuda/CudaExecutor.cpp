@@ -99,6 +99,8 @@ public:
   llvm::Error initialize();
   llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
   llvm::Expected<std::vector<Tensor>> run() override;
+  llvm::Error step() override;
+  llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return description_; }
   int64_t deviceBytes() const override { return allocatedBytes_; }
@@ -155,6 +157,9 @@ private:
   char *params_ = nullptr;
   int64_t paramBytes_ = 0;
   char *weightsBf16_ = nullptr;
+  // Whether the program assigns parameters (training): then the BF16 copy is written inside
+  // each step; otherwise (generation) once after the parameters are bound, outside the steps.
+  bool assignsParams_ = false, paramsBound_ = false;
   std::vector<void *> owned_;
   int64_t allocatedBytes_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -224,6 +229,9 @@ llvm::Error CudaExecutor::initialize() {
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   allocatedBytes_ += kWorkspaceBytes;
   ops_ = graph_.ops();
+  for (const Op *op : ops_)
+    if (op->kind() == OpKind::Assign && op->operand(0)->def()->kind() == OpKind::Param)
+      assignsParams_ = true;
   kernels_.resize(ops_.size());
   scratch_.resize(ops_.size());
   persistent_.resize(ops_.size());
@@ -556,15 +564,30 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
                                    name.str().c_str(), v->type().str().c_str());
   const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
                                                 : (const void *)tensor.ints.data();
+  // From pageable memory: the call returns once `host` is staged, so the tensor may go.
   CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytesOf(v->type()), cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (v->def()->kind() == OpKind::Param)
+    paramsBound_ = true;
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::copyLeafFrom(llvm::StringRef name, const Executor &from) {
+  const auto *other = dynamic_cast<const CudaExecutor *>(&from);
+  const Value *v = graph_.lookup(name);
+  const Value *source = other ? other->graph_.lookup(name) : nullptr;
+  if (!other || other->options_.device != options_.device || !v || !source || !isLeaf(v->def()->kind()) ||
+      v->type() != source->type() || !other->buffer(source) || program_.bf16Stored.count(v) ||
+      other->program_.bf16Stored.count(source))
+    return Executor::copyLeafFrom(name, from); // through the host, with bind's checks
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), other->buffer(source), bytesOf(v->type()), cudaMemcpyDeviceToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_)); // `from` may run again (and write its leaf) after this
   return llvm::Error::success();
 }
 
 /// Enqueues one step on the stream: every op in order, then the assigns.
 llvm::Error CudaExecutor::launchStep() {
   std::vector<std::pair<const Value *, const Value *>> assigns;
-  if (weightsBf16_) // the parameters as the BF16 GEMMs read them (padding included: zeros)
+  if (weightsBf16_ && assignsParams_) // the parameters as the BF16 GEMMs read them (padding: zeros)
     if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
       return err;
   for (size_t i = 0; i < ops_.size(); ++i) {
@@ -679,12 +702,18 @@ llvm::Error CudaExecutor::launchStep() {
   return llvm::Error::success();
 }
 
-llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
+llvm::Error CudaExecutor::step() {
+  // Parameters no step assigns are converted to BF16 once after they are bound, not per step.
+  if (weightsBf16_ && !assignsParams_ && paramsBound_) {
+    if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
+      return err;
+    paramsBound_ = false;
+  }
   // The whole step is captured once as a CUDA graph and replayed: one launch a step, no host
   // synchronisation inside it. (Poisoning between runs is a debugging mode and stays eager.)
   if (options_.poisonResults || profile_) {
     if (auto err = launchStep())
-      return std::move(err);
+      return err;
   } else {
     if (!graph_exec_) {
       cudaGraph_t graph;
@@ -692,7 +721,7 @@ llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
       llvm::Error err = launchStep();
       cudaError_t end = cudaStreamEndCapture(stream_, &graph);
       if (err)
-        return std::move(err);
+        return err;
       if (end != cudaSuccess)
         return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
       cudaError_t instantiated = cudaGraphInstantiate(&graph_exec_, graph, 0);
@@ -703,6 +732,12 @@ llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return llvm::Error::success();
+}
+
+llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
+  if (auto err = step())
+    return std::move(err);
   std::vector<Tensor> outputs;
   for (const Value *v : graph_.outputs()) {
     auto t = read(v->name());

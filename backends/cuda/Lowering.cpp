@@ -518,23 +518,48 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   return llvm::Error::success();
 }
 
-/// One generated token's KV-cache write and attention (decode.cuh).
+/// Generation's ops (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
 llvm::Error emitDecode(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
-  const TensorType &out = outputType(op);
   e.uses("decode.cuh");
-  if (op.kind() == OpKind::KvWrite) {
-    int64_t n = out.numElements();
-    e.elementwise("const float *cache, const float *x, const int *pos, float *out", n,
-                  fmt::format("kvWrite<{}, {}, {}>(cache, x, pos, out)", n, out.dim(1), out.dim(2)));
+  if (op.kind() == OpKind::Argmax) {
+    int64_t n = operandType(op, 0).dim(-1), rows = operandType(op, 0).numElements() / n;
+    e.rowwise(0, "const float *x, int *out", rows, fmt::format("argmaxRows<{}>(x, out)", n));
     return llvm::Error::success();
   }
-  // A warp per (sequence, head), 8 a block.
+  if (op.kind() == OpKind::KvWrite) {
+    const TensorType &cache = outputType(op), &qkv = operandType(op, 2);
+    int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1);
+    bool positioned = op.numOperands() > 3;
+    std::string params = positioned ? "const float *k, const float *v, const float *qkv, const int *positions, "
+                                      "float *kOut, float *vOut"
+                                    : "const float *k, const float *v, const float *qkv, float *kOut, float *vOut";
+    // Written in place (the decode step), only the new rows move; otherwise the caches are
+    // copied first.
+    bool inPlace = e.program_.inPlace.count(op.result(0)) && e.program_.inPlace.count(op.result(1));
+    unsigned launch = 0;
+    if (!inPlace)
+      e.launch(launch++, params, elementwiseBlocks(cache.numElements()),
+               fmt::format("kvCopy<{}>(k, v, kOut, vOut)", cache.numElements()));
+    e.launch(launch, params, elementwiseBlocks(B * S * D),
+             fmt::format("kvWriteRows<{}, {}, {}, {}, {}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
+                         positioned ? "positions" : "nullptr"));
+    return llvm::Error::success();
+  }
+  // Flash-decoding: each (sequence, head) split into parts of Keys keys, enough parts for about
+  // 512 blocks, each part a block; then a block per (sequence, head) combines its parts.
+  const TensorType &out = outputType(op);
   int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
-  e.launch(0, "const float *query, const float *k, const float *v, const int *pos, float *out", (B * H + 7) / 8,
-           fmt::format("decodeAttention<{}, {}, {}, {}, {}, {}, {}>(query, k, v, pos, out, {})",
-                       boolText(hasBf16Gemms(a)), H, Dh, (Dh + 31) / 32, D, T, B * H,
-                       lit(*a.getFloat("scale"))));
+  int64_t keys = std::clamp<int64_t>((T * B * H + 511) / 512, 32, 1024);
+  keys = std::min(T, (keys + 31) / 32 * 32);
+  int64_t splits = (T + keys - 1) / keys;
+  e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
+  const char *params = "const float *qkv, const float *k, const float *v, const int *positions, float *out, float *partial";
+  e.launch(0, params, B * H * splits,
+           fmt::format("decodeAttentionPartial<{}, {}, {}, {}, {}, {}>(qkv, k, v, positions, partial, {})",
+                       boolText(hasBf16Gemms(a)), H, Dh, T, keys, splits, lit(*a.getFloat("scale"))),
+           128);
+  e.launch(1, params, B * H, fmt::format("decodeAttentionCombine<{}, {}, {}>(partial, out)", H, Dh, splits), 128);
   return llvm::Error::success();
 }
 
@@ -590,6 +615,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return emitAttention(op, e);
   case OpKind::KvWrite:
   case OpKind::DecodeAttention:
+  case OpKind::Argmax:
     return emitDecode(op, e);
   default:
     return unsupported(op);

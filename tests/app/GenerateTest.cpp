@@ -12,14 +12,15 @@
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <fmt/format.h>
 
 using namespace tgc;
 using namespace tgc::test;
 
 namespace {
 
-std::unique_ptr<Graph> inferenceProgram(const ModelConfig &c, int64_t batch, GPTOutput output) {
-  auto graph = unwrap(buildGPT(c, batch, output));
+std::unique_ptr<Graph> inferenceProgram(const ModelConfig &c, int64_t batch, GPTOutput output, int64_t length = 0) {
+  auto graph = unwrap(buildGPT(c, batch, output, length));
   if (!graph)
     return nullptr;
   PipelineOptions options;
@@ -84,13 +85,95 @@ TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
     }
     ASSERT_FALSE(bool(step.bind("tokens", fed)));
     ASSERT_FALSE(bool(step.bind("positions", positions)));
-    ASSERT_FALSE(bool(step.bind("pos", Tensor{TensorType(DType::I32, {}), {}, {int32_t(pos)}})));
     std::vector<float> got = unwrap(step.run()).at(0).data; // [B, 1, V]
     double worst = 0;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t v = 0; v < V; ++v)
         worst = std::max(worst, double(std::fabs(got[b * V + v] - want[(b * T + pos) * V + v])));
     ASSERT_LE(worst, param.bound * scale) << "position " << pos << ", largest logit " << scale;
+  }
+}
+
+TEST_P(KvCache, PrefillThenDecodeGiveTheFullProgramsLogits) {
+  // Two prompts of different lengths through one prefill program (its positions past a
+  // prompt are padding), the caches handed to the decode program, then each sequence decoded
+  // from its own position to the end of the window: every row of logits is the full
+  // program's at that position, and %next is its argmax.
+  Case param = GetParam();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath(param.model)));
+  c.precision.recipe = *parseRecipe(param.recipe);
+  const int64_t B = 2, T = c.seqLen, V = c.vocab;
+  auto full = inferenceProgram(c, B, GPTOutput::Logits);
+  auto decode = inferenceProgram(c, B, GPTOutput::Decode);
+  ASSERT_TRUE(full && decode);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> weights = randomWeights(*full, rng);
+  Tensor tokens = Tensor::zeros(TensorType(DType::I32, {B, T}));
+  for (int32_t &t : tokens.ints)
+    t = int32_t(rng.below(V));
+  Interpreter fullRun(*full);
+  ASSERT_FALSE(bool(fullRun.bindAll(weights)));
+  ASSERT_FALSE(bool(fullRun.bind("tokens", tokens)));
+  std::vector<float> want = unwrap(fullRun.run()).at(0).data; // [B, T, V]
+  double scale = 0;
+  for (float v : want)
+    scale = std::max(scale, double(std::fabs(v)));
+  auto expectRows = [&](const std::vector<float> &got, const std::vector<int32_t> &next,
+                        const std::vector<int64_t> &rows) {
+    for (int64_t b = 0; b < B; ++b) {
+      double worst = 0;
+      const float *row = &want[(b * T + rows[b]) * V];
+      for (int64_t v = 0; v < V; ++v)
+        worst = std::max(worst, double(std::fabs(got[b * V + v] - row[v])));
+      EXPECT_LE(worst, param.bound * scale) << "sequence " << b << ", position " << rows[b];
+      EXPECT_EQ(next[b], int32_t(std::max_element(&got[b * V], &got[(b + 1) * V]) - &got[b * V]));
+    }
+  };
+  for (auto [P, lengths] : {std::pair<int64_t, std::vector<int64_t>>{16, {3, 16}}, {T, {T / 2 + 1, T}}, {T, {1, T - 3}}}) {
+    SCOPED_TRACE(fmt::format("prefill of {} positions, prompts of {} and {}", P, lengths[0], lengths[1]));
+    auto prefill = inferenceProgram(c, B, GPTOutput::Prefill, P);
+    ASSERT_TRUE(prefill);
+    Interpreter first(*prefill), step(*decode);
+    for (Interpreter *interp : {&first, &step})
+      for (const Op *op : interp == &first ? prefill->ops() : decode->ops()) {
+        if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
+          const std::string &name = op->result()->name();
+          ASSERT_FALSE(bool(interp->bind(name, op->kind() == OpKind::Param ? weights.at(name)
+                                                                           : Tensor::zeros(op->result()->type()))));
+        }
+      }
+    Tensor prompt = Tensor::zeros(TensorType(DType::I32, {B, P})), lastRows = Tensor::zeros(TensorType(DType::I32, {B, 1}));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < lengths[b]; ++t)
+        prompt.ints[b * P + t] = tokens.ints[b * T + t];
+      for (int64_t t = lengths[b]; t < P; ++t) // padding: whatever it is, no prompt position reads it
+        prompt.ints[b * P + t] = int32_t(rng.below(V));
+      lastRows.ints[b] = int32_t(b * P + lengths[b] - 1);
+    }
+    ASSERT_FALSE(bool(first.bind("tokens", prompt)));
+    ASSERT_FALSE(bool(first.bind("last_rows", lastRows)));
+    auto out = unwrap(first.run()); // logits [B, 1, V], next [B, 1]
+    ASSERT_EQ(out.size(), 2u);
+    expectRows(out[0].data, out[1].ints, {lengths[0] - 1, lengths[1] - 1});
+    for (const Op *op : decode->ops()) {
+      if (op->kind() == OpKind::State) {
+        ASSERT_FALSE(bool(step.copyLeafFrom(op->result()->name(), first)));
+      }
+    }
+    for (int64_t n = 0; lengths[0] + n < T || lengths[1] + n < T; ++n) {
+      Tensor fed = Tensor::zeros(TensorType(DType::I32, {B, 1})), positions = fed;
+      std::vector<int64_t> rows(B);
+      for (int64_t b = 0; b < B; ++b) {
+        rows[b] = std::min(lengths[b] + n, T - 1); // a sequence at the window's end repeats it
+        fed.ints[b] = tokens.ints[b * T + rows[b]];
+        positions.ints[b] = int32_t(rows[b]);
+      }
+      ASSERT_FALSE(bool(step.bind("tokens", fed)));
+      ASSERT_FALSE(bool(step.bind("positions", positions)));
+      auto next = unwrap(step.run());
+      ASSERT_EQ(next.size(), 2u);
+      expectRows(next[0].data, next[1].ints, rows);
+    }
   }
 }
 
@@ -108,33 +191,65 @@ INSTANTIATE_TEST_SUITE_P(
                  : std::string("tiny_") + info.param.recipe;
     });
 
-TEST(KvCacheOps, APositionOutsideTheCacheIsAnError) {
-  auto g = unwrap(parseGraph("graph @g\n%cache = input() : f32[2,4,8]\n%x = input() : f32[2,1,8]\n"
-                             "%pos = input() : i32[]\n%new = kv_write(%cache, %x, %pos) : f32[2,4,8]\n"
-                             "%out = decode_attention(%x, %new, %new, %pos) {heads=2, scale=0.5} : f32[2,1,8]\n"
-                             "return %new, %out\n",
+TEST(KvCacheOps, RowsWrittenAttendedAndPositionsChecked) {
+  auto g = unwrap(parseGraph("graph @g\n%k = input() : f32[2,4,2]\n%v = input() : f32[2,4,2]\n"
+                             "%qkv = input() : f32[2,1,6]\n%prompt = input() : f32[2,3,6]\n"
+                             "%positions = input() : i32[2,1]\n"
+                             "%k.new, %v.new = kv_write(%k, %v, %qkv, %positions) : f32[2,4,2], f32[2,4,2]\n"
+                             "%out = decode_attention(%qkv, %k.new, %v.new, %positions) {heads=1, scale=0.5} : f32[2,1,2]\n"
+                             "%k.first, %v.first = kv_write(%k, %v, %prompt) : f32[2,4,2], f32[2,4,2]\n"
+                             "%best = argmax(%prompt) : i32[2,3]\n"
+                             "return %k.new, %v.new, %out, %k.first, %best\n",
                              "kv.ir"));
   ASSERT_TRUE(g);
   Interpreter interp(*g);
-  ASSERT_FALSE(bool(interp.bind("cache", Tensor::zeros(TensorType(DType::F32, {2, 4, 8})))));
-  Tensor x = Tensor::zeros(TensorType(DType::F32, {2, 1, 8}));
-  for (size_t i = 0; i < x.data.size(); ++i)
-    x.data[i] = float(i);
-  ASSERT_FALSE(bool(interp.bind("x", x)));
-  ASSERT_FALSE(bool(interp.bind("pos", Tensor{TensorType(DType::I32, {}), {}, {2}})));
+  for (const char *cache : {"k", "v"})
+    ASSERT_FALSE(bool(interp.bind(cache, Tensor::zeros(TensorType(DType::F32, {2, 4, 2})))));
+  Tensor qkv = Tensor::zeros(TensorType(DType::F32, {2, 1, 6})), prompt = Tensor::zeros(TensorType(DType::F32, {2, 3, 6}));
+  for (size_t i = 0; i < qkv.data.size(); ++i)
+    qkv.data[i] = float(i);
+  for (size_t i = 0; i < prompt.data.size(); ++i)
+    prompt.data[i] = float(i % 7);
+  ASSERT_FALSE(bool(interp.bind("qkv", qkv)));
+  ASSERT_FALSE(bool(interp.bind("prompt", prompt)));
+  ASSERT_FALSE(bool(interp.bind("positions", Tensor{TensorType(DType::I32, {2, 1}), {}, {2, 0}})));
   auto out = unwrap(interp.run());
-  ASSERT_EQ(out.size(), 2u);
-  // Row 2 of each sequence holds x; the others stay zero. Keys 0..2: zeros and x; the softmax
-  // over three scores weights x's value by its probability.
-  EXPECT_EQ(out[0].data[(0 * 4 + 2) * 8 + 3], 3.0f);
-  EXPECT_EQ(out[0].data[(1 * 4 + 2) * 8 + 5], 13.0f);
-  EXPECT_EQ(out[0].data[(0 * 4 + 1) * 8 + 3], 0.0f);
-  EXPECT_GT(out[1].data[0 * 8 + 3], 0.0f);
-  EXPECT_LT(out[1].data[0 * 8 + 3], 3.0f);
-  ASSERT_FALSE(bool(interp.bind("pos", Tensor{TensorType(DType::I32, {}), {}, {4}})));
-  EXPECT_NE(errorOf(interp.run()).find("position 4 is outside the cache [0, 4)"), std::string::npos);
-  ASSERT_FALSE(bool(interp.bind("pos", Tensor{TensorType(DType::I32, {}), {}, {-1}})));
-  EXPECT_NE(errorOf(interp.run()).find("position -1 is outside the cache [0, 4)"), std::string::npos);
+  ASSERT_EQ(out.size(), 5u);
+  // Sequence 0 writes row 2, sequence 1 row 0: keys are qkv's columns 2..3, values 4..5.
+  EXPECT_EQ(out[0].data[(0 * 4 + 2) * 2 + 1], 3.0f);
+  EXPECT_EQ(out[1].data[(0 * 4 + 2) * 2 + 0], 4.0f);
+  EXPECT_EQ(out[0].data[(1 * 4 + 0) * 2 + 0], 8.0f);
+  EXPECT_EQ(out[1].data[(1 * 4 + 0) * 2 + 1], 11.0f);
+  EXPECT_EQ(out[0].data[(0 * 4 + 1) * 2 + 1], 0.0f);
+  // Sequence 0 attends over rows 0..2 (two of zeros): its value weighted by its probability;
+  // sequence 1 over row 0 alone: exactly its value.
+  EXPECT_GT(out[2].data[0], 0.0f);
+  EXPECT_LT(out[2].data[0], 4.0f);
+  EXPECT_EQ(out[2].data[2], 10.0f);
+  EXPECT_EQ(out[2].data[3], 11.0f);
+  // Without positions, the prompt's three rows from row 0.
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t s = 0; s < 3; ++s)
+      EXPECT_EQ(out[3].data[(b * 4 + s) * 2 + 1], prompt.data[((b * 3 + s) * 3 + 1) * 2 + 1]);
+  EXPECT_EQ(out[3].data[(0 * 4 + 3) * 2], 0.0f);
+  // argmax: the first largest of each row of six.
+  for (int64_t row = 0; row < 6; ++row) {
+    const float *x = &prompt.data[row * 6];
+    EXPECT_EQ(out[4].ints[row], int32_t(std::max_element(x, x + 6) - x)) << "row " << row;
+  }
+  ASSERT_FALSE(bool(interp.bind("positions", Tensor{TensorType(DType::I32, {2, 1}), {}, {1, 4}})));
+  EXPECT_NE(errorOf(interp.run()).find("position 4 of sequence 1 is outside the cache [0, 4)"), std::string::npos);
+  ASSERT_FALSE(bool(interp.bind("positions", Tensor{TensorType(DType::I32, {2, 1}), {}, {-1, 0}})));
+  EXPECT_NE(errorOf(interp.run()).find("position -1 of sequence 0 is outside the cache [0, 4)"), std::string::npos);
+}
+
+TEST(KvCacheOps, ArgmaxTakesTheFirstOfTiesAndNeverNaN) {
+  auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[3,4]\n%i = argmax(%x) : i32[3]\nreturn %i\n", "a.ir"));
+  ASSERT_TRUE(g);
+  Interpreter interp(*g);
+  float nan = std::nanf("");
+  ASSERT_FALSE(bool(interp.bind("x", Tensor{TensorType(DType::F32, {3, 4}), {1, 5, 5, 2, nan, -1, 3, nan, nan, nan, nan, nan}, {}})));
+  EXPECT_EQ(unwrap(interp.run()).at(0).ints, (std::vector<int32_t>{1, 2, 0}));
 }
 
 TEST(Generator, TokensWithAndWithoutTheCacheAgree) {
@@ -145,17 +260,28 @@ TEST(Generator, TokensWithAndWithoutTheCacheAgree) {
   std::map<std::string, Tensor> weights = randomWeights(*graph, rng);
   auto generator = unwrap(Generator::create(c, weights, 4));
   ASSERT_TRUE(generator);
-  std::vector<std::vector<int32_t>> prompts(3, std::vector<int32_t>(5));
+  // Three prompts of different lengths; the longest, 5 + 28 - 1 = 32 positions, fills the
+  // whole cache; greedy, then sampled with a seed (top-k, then top-p too).
+  std::vector<std::vector<int32_t>> prompts{std::vector<int32_t>(5), std::vector<int32_t>(1), std::vector<int32_t>(3)};
   for (auto &p : prompts)
     for (int32_t &t : p)
       t = int32_t(rng.below(c.vocab));
-  // 5 + 28 - 1 = 32 positions: the whole cache; greedy, then sampled with a seed.
-  for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 7}}) {
-    auto cached = unwrap(generator->generate(prompts, 28, options));
+  for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 1, 7}, SamplingOptions{1.2, 0, 0.7, 9}}) {
+    std::vector<int64_t> streamed;
+    auto cached = unwrap(generator->generate(prompts, 28, options, [&](int64_t step, const std::vector<int32_t> &tokens) {
+      EXPECT_EQ(step, int64_t(streamed.size()));
+      streamed.push_back(tokens[2]);
+    }));
+    EXPECT_TRUE(generator->stats().cached);
+    EXPECT_EQ(generator->stats().prefillLength, 16);
+    EXPECT_EQ(generator->stats().promptTokens, 9);
+    EXPECT_EQ(generator->stats().generatedTokens, 3 * 28);
+    EXPECT_EQ(generator->stats().decodeSteps, 27);
     auto uncached = unwrap(generator->generateWithoutCache(prompts, 28, options));
     EXPECT_EQ(cached, uncached) << "temperature " << options.temperature;
     ASSERT_EQ(cached.size(), 3u);
     EXPECT_EQ(cached[0].size(), 28u);
+    EXPECT_EQ(std::vector<int64_t>(cached[2].begin(), cached[2].end()), streamed);
   }
   // Past seq_len the generator slides the window with the full program.
   auto longer = unwrap(generator->generate(prompts, 40, {}));

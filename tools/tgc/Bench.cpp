@@ -1,6 +1,11 @@
 // tgc bench: trains each precision for a few steps and compares step time, throughput and
 // memory on one device.
+#include "app/Generate.h"
+#include "app/Init.h"
 #include "app/Trainer.h"
+#include "models/GPTBuilder.h"
+#include "support/BuildInfo.h"
+#include "support/Random.h"
 #include "models/ProgramInterface.h"
 #include "support/Files.h"
 #include "tools/tgc/Options.h"
@@ -25,11 +30,109 @@ static cl::opt<int64_t> BenchWarmup("warmup", cl::desc("Untimed steps first"), c
 static cl::opt<std::string> BenchJson("json", cl::desc("Also write the results as JSON here, for scripts"),
                                       cl::value_desc("file.json"), cl::sub(benchCommand()), cl::cat(category()));
 
+static cl::opt<bool> BenchGenerate("generate",
+                                   cl::desc("Benchmark generation (prefill + greedy decode) instead of training"),
+                                   cl::sub(benchCommand()), cl::cat(category()));
+static cl::opt<int64_t> BenchPromptLength("prompt-length", cl::desc("--generate: tokens in each prompt"), cl::init(16),
+                                          cl::sub(benchCommand()), cl::cat(category()));
+static cl::opt<int64_t> BenchTokens("tokens", cl::desc("--generate: new tokens for each prompt (default: to seq_len, at most 240)"),
+                                    cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
+
 /// Model FLOPs of one training step: 6 per parameter per token, plus attention's
 /// 12 * layers * seq_len * d_model per token (the PaLM appendix's count).
 double trainingFlops(const ModelConfig &c) {
   double tokens = double(c.train.batch) * double(c.seqLen);
   return tokens * (6.0 * double(c.numParams()) + 12.0 * c.layers * double(c.seqLen) * c.dModel);
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// tgc bench --generate: for each recipe, `batch` random prompts of --prompt-length tokens
+/// continued greedily by --tokens tokens, from the model's initial weights; one untimed run
+/// (it compiles the prefill program and captures the steps), then --bench-steps timed runs,
+/// of which the medians are reported.
+int benchGeneration(const ModelConfig &base, const std::vector<std::string> &recipes, Device device) {
+  const int64_t batch = BatchSize.getNumOccurrences() ? int64_t(BatchSize) : 1, P = BenchPromptLength;
+  const int64_t count = BenchTokens ? int64_t(BenchTokens) : std::min<int64_t>(240, base.seqLen - P + 1);
+  const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
+  if (P < 1 || P > base.seqLen || count < 1 || P + count - 1 > base.seqLen)
+    return report(flagError(fmt::format("--prompt-length {} and --tokens {} must fit seq_len {} (prompt + tokens - 1 "
+                                        "positions)", P, count, base.seqLen)));
+  if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
+    return report(flagError("--batch must be 1 to 4096 and --bench-steps 1 to 1000 with --generate"));
+  llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens, {} new tokens each (greedy), "
+                              "1 warm-up + {} timed runs per precision (medians)\n",
+                              base.name, batch, P, count, runs);
+  llvm::outs() << fmt::format("{:<6} {:<34} {:>11} {:>12} {:>11} {:>13} {:>13}\n", "recipe", "device", "prefill ms",
+                              "prompt tok/s", "ms a step", "decode tok/s", "overall tok/s");
+  Rng rng(mix64(base.train.seed));
+  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(P));
+  for (auto &prompt : prompts)
+    for (int32_t &t : prompt)
+      t = int32_t(rng.below(base.vocab));
+  llvm::json::Array results;
+  for (const std::string &recipe : recipes) {
+    std::optional<Recipe> parsed = parseRecipe(recipe);
+    if (!parsed || *parsed == Recipe::Auto)
+      return report(flagError("--precisions takes fp32, bf16 and fp8, got '" + recipe + "'"));
+    ModelConfig config = base;
+    config.precision.recipe = *parsed;
+    auto graph = buildGPT(config, 1, GPTOutput::Logits);
+    if (!graph)
+      return report(graph.takeError());
+    auto generator = Generator::create(config, initParams(**graph, config.train.seed), batch, device);
+    if (!generator) {
+      llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(generator.takeError()));
+      continue;
+    }
+    std::vector<double> prefill, step, decodeRate, overall;
+    for (int64_t run = 0; run <= runs; ++run) {
+      auto out = (*generator)->generate(prompts, count, {});
+      if (!out)
+        return report(out.takeError());
+      const GenerationStats &s = (*generator)->stats();
+      if (run == 0)
+        continue;
+      prefill.push_back(1e3 * s.prefillSeconds);
+      if (s.decodeSteps) {
+        step.push_back(1e3 * s.decodeSeconds / s.decodeSteps);
+        decodeRate.push_back(double(batch * s.decodeSteps) / s.decodeSeconds);
+      }
+      overall.push_back(double(s.generatedTokens) / (s.prefillSeconds + s.decodeSeconds));
+    }
+    std::string where = (*generator)->describe();
+    where = where.substr(0, where.find(", "));
+    double prefillMs = median(prefill), stepMs = step.empty() ? 0 : median(step);
+    double rate = decodeRate.empty() ? 0 : median(decodeRate), promptRate = batch * P / (prefillMs / 1e3);
+    llvm::outs() << fmt::format("{:<6} {:<34} {:>11.2f} {:>12.0f} {:>11.3f} {:>13.0f} {:>13.0f}\n", recipe, where,
+                                prefillMs, promptRate, stepMs, rate, median(overall));
+    results.push_back(llvm::json::Object{{"commit", buildCommit()},
+                                         {"model", config.name},
+                                         {"parameters", config.numParams()},
+                                         {"device", where},
+                                         {"recipe", recipe},
+                                         {"batch", batch},
+                                         {"prompt_length", P},
+                                         {"new_tokens", count},
+                                         {"prefill_ms", prefillMs},
+                                         {"prompt_tokens_per_s", promptRate},
+                                         {"decode_ms_per_step", stepMs},
+                                         {"decode_tokens_per_s", rate},
+                                         {"overall_tokens_per_s", median(overall)}});
+  }
+  if (!BenchJson.empty()) {
+    std::string text;
+    llvm::raw_string_ostream(text) << llvm::json::Value(llvm::json::Object{{"generate", true},
+                                                                           {"runs", runs},
+                                                                           {"results", std::move(results)}})
+                                   << "\n";
+    if (auto err = writeFileAtomically(BenchJson, text))
+      return report(std::move(err));
+  }
+  return 0;
 }
 
 } // namespace
@@ -38,6 +141,18 @@ int runBench() {
   auto base = loadConfig(BenchModel); // with --batch and --fp8-min-dim applied
   if (!base)
     return report(base.takeError());
+  if (BenchGenerate) {
+    std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
+    auto device = resolveDevice();
+    if (!device)
+      return report(device.takeError());
+    if (recipes.empty())
+      recipes = {*device == Device::Cuda ? "bf16" : "fp32"};
+    if (!BenchJson.empty())
+      if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
+        return report(std::move(err));
+    return benchGeneration(*base, recipes, *device);
+  }
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
   if (recipes.empty())
     recipes = {"fp32", "bf16", "fp8"};

@@ -34,6 +34,10 @@ static cl::opt<bool> Train("train", cl::desc("Compile the training program (forw
 static cl::opt<bool> Decode("decode",
                             cl::desc("Compile the generation step with a KV cache (one token per sequence)"),
                             cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<int64_t> Prefill("prefill",
+                                cl::desc("Compile the prompt's program for N positions: it fills the KV cache and "
+                                         "gives each sequence's first new token"),
+                                cl::init(0), cl::sub(compileCommand()), cl::cat(category()));
 static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
                                    cl::sub(optCommand()), cl::cat(category()));
 static cl::list<std::string> Passes("passes",
@@ -99,9 +103,12 @@ llvm::Expected<PrecisionConfig> compileRecipe(PrecisionConfig precision) {
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
-  if (training && Decode)
-    return flagError("--train and --decode name different programs: give one");
-  auto graph = buildGPT(config, config.train.batch, Decode ? GPTOutput::Decode : GPTOutput::Loss);
+  if (int(training) + int(Decode) + int(Prefill.getNumOccurrences() > 0) > 1)
+    return flagError("--train, --decode and --prefill name different programs: give one");
+  if (Prefill.getNumOccurrences() && (Prefill < 1 || Prefill > config.seqLen))
+    return flagError(fmt::format("--prefill must be between 1 and seq_len = {}, got {}", config.seqLen, int64_t(Prefill)));
+  GPTOutput output = Decode ? GPTOutput::Decode : Prefill.getNumOccurrences() ? GPTOutput::Prefill : GPTOutput::Loss;
+  auto graph = buildGPT(config, config.train.batch, output, Prefill);
   if (!graph)
     return graph.takeError();
   PipelineOptions options;

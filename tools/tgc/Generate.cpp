@@ -2,6 +2,7 @@
 // continuations of held-out arithmetic progressions.
 #include "app/Generate.h"
 #include "support/Files.h"
+#include "support/Limits.h"
 #include "tools/tgc/Options.h"
 
 #include <fmt/format.h>
@@ -13,36 +14,74 @@ namespace {
 
 static cl::opt<std::string> Prompt("prompt", cl::desc("Token ids, separated by spaces or commas"),
                                    cl::sub(generateCommand()), cl::cat(category()));
+static cl::opt<std::string> PromptsFile("prompts", cl::desc("A file of prompts, one a line (token ids), generated in batches"),
+                                        cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<int64_t> Tokens("tokens", cl::desc("How many tokens to generate"), cl::init(16),
                                cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<double> Temperature("temperature", cl::desc("0 is greedy"), cl::init(0.0),
                                    cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<int64_t> TopK("top-k", cl::desc("Sample among the k most likely tokens (0: all)"),
                              cl::init(0), cl::sub(generateCommand()), cl::cat(category()));
+static cl::opt<double> TopP("top-p", cl::desc("Sample among the most likely tokens that hold this probability (1: all)"),
+                            cl::init(1.0), cl::sub(generateCommand()), cl::cat(category()));
+static cl::opt<bool> Stream("stream", cl::desc("Print each token as it is generated (one prompt)"),
+                            cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<int64_t> Sequences("sequences", cl::desc("Held-out prompts to score"), cl::init(64),
                                   cl::sub(evalCommand()), cl::cat(category()));
 static cl::opt<int64_t> PromptLength("prompt-length", cl::desc("Tokens given of each held-out progression"),
                                      cl::init(8), cl::sub(evalCommand()), cl::cat(category()));
 
-llvm::Expected<std::vector<int32_t>> parsePrompt(llvm::StringRef text, int64_t vocab) {
+/// Token ids separated by spaces or commas; `where` names the text in errors ("--prompt",
+/// "prompts.txt:3").
+llvm::Expected<std::vector<int32_t>> parsePrompt(llvm::StringRef text, int64_t vocab, const std::string &where) {
   llvm::SmallVector<llvm::StringRef, 16> parts;
   text.split(parts, ' ', -1, /*KeepEmpty=*/false);
   std::vector<int32_t> tokens;
   for (llvm::StringRef part : parts) {
-    for (llvm::StringRef piece : llvm::split(part, ',')) {
+    for (llvm::StringRef piece : llvm::split(part.trim(), ',')) {
+      piece = piece.trim();
       if (piece.empty())
         continue;
       int64_t id = 0;
       if (piece.getAsInteger(10, id))
-        return flagError(fmt::format("--prompt: '{}' is not a token id", escapeForMessage(piece)));
+        return flagError(fmt::format("{}: '{}' is not a token id", where, escapeForMessage(piece)));
       if (id < 0 || id >= vocab)
-        return flagError(fmt::format("--prompt: token {} is outside the vocabulary [0, {})", id, vocab));
+        return flagError(fmt::format("{}: token {} is outside the vocabulary [0, {})", where, id, vocab));
       tokens.push_back(int32_t(id));
     }
   }
   if (tokens.empty())
-    return flagError("--prompt: give at least one token id, e.g. --prompt \"5 12 19\"");
+    return flagError(fmt::format("{}: give at least one token id, e.g. \"5 12 19\"", where));
   return tokens;
+}
+
+/// The prompts of --prompt, or of each non-empty line of --prompts.
+llvm::Expected<std::vector<std::vector<int32_t>>> readPrompts(int64_t vocab) {
+  if (Prompt.getNumOccurrences() == PromptsFile.getNumOccurrences())
+    return flagError("give the prompt as --prompt \"5 12 19\" or a file of prompts as --prompts FILE (one of them)");
+  if (Prompt.getNumOccurrences()) {
+    auto tokens = parsePrompt(Prompt, vocab, "--prompt");
+    if (!tokens)
+      return tokens.takeError();
+    return std::vector<std::vector<int32_t>>{*tokens};
+  }
+  auto text = readFileAtMost(PromptsFile, 64 << 20, "a prompts file");
+  if (!text)
+    return text.takeError();
+  std::vector<std::vector<int32_t>> prompts;
+  llvm::SmallVector<llvm::StringRef, 64> lines;
+  (*text)->getBuffer().split(lines, '\n');
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].trim().empty())
+      continue;
+    auto tokens = parsePrompt(lines[i], vocab, fmt::format("{}:{}", PromptsFile.getValue(), i + 1));
+    if (!tokens)
+      return tokens.takeError();
+    prompts.push_back(std::move(*tokens));
+  }
+  if (prompts.empty())
+    return flagError(fmt::format("{}: no prompts (one a line, token ids separated by spaces)", PromptsFile.getValue()));
+  return prompts;
 }
 
 } // namespace
@@ -54,6 +93,10 @@ int runGenerate() {
     return report(flagError("--temperature must be between 0 and 100"));
   if (TopK < 0)
     return report(flagError("--top-k must be >= 0"));
+  if (!(TopP > 0 && TopP <= 1))
+    return report(flagError("--top-p must be in (0, 1]"));
+  if (BatchSize.getNumOccurrences() && (BatchSize < 1 || BatchSize > 4096))
+    return report(flagError("--batch must be between 1 and 4096"));
   auto trained = loadTrained(CheckpointPath);
   if (!trained)
     return report(trained.takeError());
@@ -61,17 +104,60 @@ int runGenerate() {
   auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
-  auto prompt = parsePrompt(Prompt, config.vocab);
-  if (!prompt)
-    return report(prompt.takeError());
-  auto generator = Generator::create(config, checkpoint.tensors, 1, *device);
+  auto prompts = readPrompts(config.vocab);
+  if (!prompts)
+    return report(prompts.takeError());
+  if (Stream && prompts->size() > 1)
+    return report(flagError("--stream prints one sequence's tokens as they come: give one prompt (--prompt)"));
+  for (size_t i = 0; i < prompts->size(); ++i)
+    if (int64_t((*prompts)[i].size()) > config.seqLen)
+      return report(flagError(fmt::format("prompt {} has {} tokens; the model's window (seq_len) is {}", i + 1,
+                                          (*prompts)[i].size(), config.seqLen)));
+  int64_t batch = BatchSize.getNumOccurrences() ? int64_t(BatchSize)
+                                                : std::min<int64_t>(int64_t(prompts->size()), 32);
+  auto generator = Generator::create(config, checkpoint.tensors, batch, *device);
   if (!generator)
     return report(generator.takeError());
-  SamplingOptions options{Temperature, TopK, Seed.getNumOccurrences() ? uint64_t(Seed) : 0};
-  auto out = (*generator)->generate({*prompt}, Tokens, options);
-  if (!out)
-    return report(out.takeError());
-  llvm::outs() << fmt::format("{}\n", fmt::join((*out)[0], " "));
+  SamplingOptions options{Temperature, TopK, TopP, Seed.getNumOccurrences() ? uint64_t(Seed) : 0};
+  TokenCallback stream;
+  if (Stream)
+    stream = [](int64_t step, const std::vector<int32_t> &tokens) {
+      llvm::outs() << (step ? " " : "") << tokens[0];
+      llvm::outs().flush();
+    };
+  GenerationStats total;
+  for (size_t first = 0; first < prompts->size(); first += size_t(batch)) {
+    std::vector<std::vector<int32_t>> group(prompts->begin() + first,
+                                            prompts->begin() + std::min(prompts->size(), first + size_t(batch)));
+    auto out = (*generator)->generate(group, Tokens, options, stream);
+    if (!out)
+      return report(out.takeError());
+    for (const auto &tokens : *out)
+      llvm::outs() << (Stream ? "" : fmt::format("{}", fmt::join(tokens, " "))) << "\n";
+    const GenerationStats &s = (*generator)->stats();
+    total.sequences += s.sequences;
+    total.promptTokens += s.promptTokens;
+    total.generatedTokens += s.generatedTokens;
+    total.decodeSteps += s.decodeSteps;
+    total.prefillSeconds += s.prefillSeconds;
+    total.decodeSeconds += s.decodeSeconds;
+    total.cached = total.cached && s.cached;
+  }
+  // Speed on stderr, so that stdout stays the tokens.
+  int64_t decoded = total.generatedTokens - (total.cached ? total.sequences : 0);
+  llvm::errs() << fmt::format(
+      "generated {} tokens for {} prompts on {}\n", total.generatedTokens, total.sequences,
+      (*generator)->describe());
+  if (total.cached)
+    llvm::errs() << fmt::format("  prompt:   {} tokens in {:.2f} ms ({:.0f} tokens/s), the first new token with them\n",
+                                total.promptTokens, 1e3 * total.prefillSeconds,
+                                total.promptTokens / std::max(total.prefillSeconds, 1e-9));
+  else
+    llvm::errs() << "  past seq_len: the full program recomputed each window (no KV cache)\n";
+  if (total.decodeSteps)
+    llvm::errs() << fmt::format("  decode:   {} tokens in {:.2f} ms ({:.0f} tokens/s, {:.3f} ms a step of {} sequences)\n",
+                                decoded, 1e3 * total.decodeSeconds, decoded / std::max(total.decodeSeconds, 1e-9),
+                                1e3 * total.decodeSeconds / total.decodeSteps, batch);
   return 0;
 }
 

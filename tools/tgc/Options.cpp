@@ -68,9 +68,9 @@ cl::opt<std::string> CheckpointPath(cl::Positional, cl::desc("<checkpoint.safete
 cl::list<std::string> DisablePass("disable-pass", cl::desc("Skip the named pass"),
                                          cl::CommaSeparated, cl::sub(compileCommand()), cl::sub(runCommand()),
                                          cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
-cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model file's)"),
+cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model file's; generate: the prompts, up to 32)"),
                               cl::init(0), cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
-                              cl::sub(benchCommand()), cl::cat(category()));
+                              cl::sub(benchCommand()), cl::sub(generateCommand()), cl::cat(category()));
 cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
                               cl::sub(runCommand()), cl::sub(trainCommand()), cl::sub(generateCommand()),
                               cl::cat(category()));

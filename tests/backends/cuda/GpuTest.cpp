@@ -75,9 +75,10 @@ Tensor randomOperand(const Op &op, unsigned i, Rng &rng) {
   for (float &v : t.data)
     v = float(rng.normal());
   bool scalarStep = t.type.rank() == 0 && !isFloat(t.type.dtype);
-  // The decode step's position is a row of the cache [B, T, D].
-  bool position = (op.kind() == OpKind::KvWrite && i == 2) || (op.kind() == OpKind::DecodeAttention && i == 3);
-  int64_t rows = op.kind() == OpKind::KvWrite ? op.operand(0)->type().dim(1)
+  // The generation ops' positions: rows of the cache [B, T, D], leaving kv_write room for
+  // its S rows.
+  bool position = (op.kind() == OpKind::KvWrite || op.kind() == OpKind::DecodeAttention) && i == 3;
+  int64_t rows = op.kind() == OpKind::KvWrite ? op.operand(0)->type().dim(1) - op.operand(2)->type().dim(1) + 1
                  : op.kind() == OpKind::DecodeAttention ? op.operand(1)->type().dim(1) : 0;
   for (int32_t &v : t.ints)
     v = position     ? int32_t(rng.below(rows))
@@ -174,6 +175,7 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLay
     auto got = unwrap(gpu->run());
     ASSERT_EQ(got.size(), want.size());
     for (size_t r = 0; r < want.size(); ++r) {
+      EXPECT_EQ(got[r].ints, want[r].ints) << "result " << r; // argmax: the same indices
       double scale = 0, worst = 0;
       for (size_t i = 0; i < want[r].data.size(); ++i) {
         float w = want[r].data[i], g = got[r].data[i];
@@ -250,7 +252,8 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   variant.bias = false;
   variant.tieEmbeddings = false;
   auto compile = [&](const ModelConfig &c, GPTOutput output, Recipe recipe, std::vector<std::string> passes) {
-    auto graph = unwrap(buildGPT(c, c.train.batch, output));
+    // A prefill of an odd prompt length: 5 positions.
+    auto graph = unwrap(buildGPT(c, c.train.batch, output, output == GPTOutput::Prefill ? 5 : 0));
     PipelineOptions options;
     options.passOptions.train = c.train;
     options.passOptions.precision = c.precision;
@@ -262,8 +265,10 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   for (const ModelConfig *c : {&odd, &variant}) {
     for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16, Recipe::Fp8})
       compile(*c, GPTOutput::Loss, recipe, gpuPipeline(true, recipe));
-    for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16})
+    for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16}) {
       compile(*c, GPTOutput::Decode, recipe, gpuPipeline(false, recipe));
+      compile(*c, GPTOutput::Prefill, recipe, gpuPipeline(false, recipe));
+    }
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"fuse-attention", "autodiff", "dce"});
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"autodiff", "concat-pads", "adamw", "dce"});
   }
@@ -427,11 +432,9 @@ TEST(GpuGeneration, DecodeStepsFollowTheCpuThroughTheWholeCache) {
     Tensor tokens = Tensor::zeros(column), positions = Tensor::zeros(column);
     for (int32_t &t : tokens.ints)
       t = int32_t(rng.below(vocab));
-    for (int32_t &p : positions.ints)
-      p = int32_t(pos);
-    std::map<std::string, Tensor> step{{"tokens", tokens},
-                                       {"positions", positions},
-                                       {"pos", Tensor{TensorType(DType::I32, {}), {}, {int32_t(pos)}}}};
+    for (size_t b = 0; b < positions.ints.size(); ++b) // each sequence at a position of its own
+      positions.ints[b] = int32_t(pos * (b + 1) % T);
+    std::map<std::string, Tensor> step{{"tokens", tokens}, {"positions", positions}};
     ASSERT_FALSE(bool(cpu.bindAll(step)));
     ASSERT_FALSE(bool(gpu->bindAll(step)));
     std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
@@ -442,6 +445,37 @@ TEST(GpuGeneration, DecodeStepsFollowTheCpuThroughTheWholeCache) {
       worst = std::max(worst, double(std::fabs(got[i] - want[i])));
     }
     ASSERT_LE(worst, 1e-5 * scale) << "position " << pos;
+  }
+}
+
+TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
+  // Prompts of four lengths in one batch (the longest needs the 32-position prefill), greedy
+  // and sampled: the GPU's tokens are the CPU interpreter's.
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Fp32;
+  auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
+  ASSERT_TRUE(graph);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> weights = initParams(*graph, rng.next());
+  for (auto &[name, t] : weights)
+    for (float &v : t.data)
+      v += float(rng.normal() * 0.1);
+  auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
+  auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
+  ASSERT_TRUE(cpu && gpu);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t length : {1, 7, 16, 20}) {
+    prompts.emplace_back(length);
+    for (int32_t &t : prompts.back())
+      t = int32_t(rng.below(c.vocab));
+  }
+  for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 0.9, 7}}) {
+    auto want = unwrap(cpu->generate(prompts, c.seqLen - 20 + 1, options));
+    auto got = unwrap(gpu->generate(prompts, c.seqLen - 20 + 1, options));
+    EXPECT_EQ(got, want) << "temperature " << options.temperature;
+    EXPECT_EQ(gpu->stats().prefillLength, 32);
+    EXPECT_TRUE(gpu->stats().cached);
   }
 }
 
