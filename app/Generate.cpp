@@ -161,6 +161,16 @@ llvm::Expected<CompiledProgram *> Generator::prefillProgram(int64_t length) {
   auto program = compileInference(config_, weights_, batch_, device_, GPTOutput::Prefill, positions);
   if (!program)
     return program.takeError();
+  // On one GPU the prefill writes straight into the decode program's caches; elsewhere they
+  // are copied after each prefill.
+  bool shared = true;
+  for (const std::string &cache : caches_) {
+    auto sharing = program->executor->shareLeaf(cache, *decode_.executor);
+    if (!sharing)
+      return sharing.takeError();
+    shared = shared && *sharing;
+  }
+  prefillShares_[positions] = shared;
   return &prefill_.emplace(positions, std::move(*program)).first->second;
 }
 
@@ -217,9 +227,10 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   if (!next)
     return next.takeError();
   Executor &executor = *decode_.executor;
-  for (const std::string &cache : caches_)
-    if (auto err = executor.copyLeafFrom(cache, first))
-      return std::move(err);
+  if (!prefillShares_[P])
+    for (const std::string &cache : caches_)
+      if (auto err = executor.copyLeafFrom(cache, first))
+        return std::move(err);
   std::vector<std::vector<int32_t>> generated(prompts.size());
   auto take = [&](int64_t step, const std::vector<int32_t> &picked) {
     for (size_t b = 0; b < prompts.size(); ++b)

@@ -77,6 +77,7 @@ private:
   std::map<std::string, Tensor> weights_; // the decode program's bound tensors, for the others
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
   std::map<int64_t, CompiledProgram> prefill_; // by prompt positions
+  std::map<int64_t, bool> prefillShares_;      // whether its KV caches are the decode program's
   std::vector<std::string> caches_;            // the KV caches' names
   GenerationStats stats_;
 };

@@ -34,6 +34,14 @@ public:
       return value.takeError();
     return bind(name, std::move(*value));
   }
+  /// Leaf `name` becomes the memory of `owner`'s leaf of that name and type, where both
+  /// executors can share it (two programs on one GPU: the prefill then writes the KV caches the
+  /// decode step reads, with no copy). Returns false where they cannot, and nothing changes:
+  /// the caller copies with copyLeafFrom instead.
+  virtual llvm::Expected<bool> shareLeaf(llvm::StringRef name, Executor &owner) {
+    (void)name, (void)owner;
+    return false;
+  }
   /// The current value of a leaf (after the last run's assigns).
   virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
   virtual std::string describe() const = 0;

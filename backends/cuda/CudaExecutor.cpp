@@ -11,6 +11,7 @@
 #include "transforms/Pass.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
@@ -101,6 +102,7 @@ public:
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Error step() override;
   llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) override;
+  llvm::Expected<bool> shareLeaf(llvm::StringRef name, Executor &owner) override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return description_; }
   int64_t deviceBytes() const override { return allocatedBytes_; }
@@ -123,6 +125,9 @@ private:
   llvm::Error planGemm(const Op &op, GemmPlan &plan);
   llvm::Error runGemm(const Op &op, const GemmPlan &plan);
   llvm::Error launchStep();
+  llvm::Error launchOp(size_t i);
+  llvm::Error profileOpGraphs();
+  std::string profileLabel(size_t i) const;
   llvm::Error convertKernel(const void *source, void *target, int64_t count);
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
   static size_t bytesOf(const TensorType &t) { return size_t(deviceBytesOf(t)); }
@@ -139,7 +144,11 @@ private:
   // TGC_GPU_PROFILE=1: eager steps with an event pair per op; the time per op kind is printed
   // to stderr when the executor ends. TGC_GPU_PROFILE=launches: an event pair per kernel launch,
   // the time per op kind and launch ("attention_backward #3").
-  bool profile_ = false, profileLaunches_ = false, printProfile_ = false;
+  // TGC_GPU_PROFILE=graph: the steps run as graphs, and after each, every op is replayed alone
+  // from a graph of its own and timed (profileOpGraphs).
+  bool profile_ = false, profileLaunches_ = false, profileGraphs_ = false, printProfile_ = false;
+  std::vector<cudaGraphExec_t> opGraphs_;
+  llvm::StringMap<int64_t> profileCalls_; // graph: each label's ops in a step
   // TGC_TRACE=FILE: eager steps too (support/Trace.h), each op of the first runs an event.
   int traceProcess_ = -1;
   std::map<std::string, double> profileMs_;
@@ -179,13 +188,20 @@ CudaExecutor::~CudaExecutor() {
       total += ms / profiledSteps_;
     }
     std::sort(rows.rbegin(), rows.rend());
-    llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops):\n",
-                                profiledSteps_, total);
-    for (auto &[ms, name] : rows)
-      llvm::errs() << fmt::format("  {:<26}{:>9.3f} ms {:>6.1f}%\n", name, ms, 100 * ms / total);
+    llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops{}):\n", profiledSteps_, total,
+                                profileGraphs_ ? ", each op replayed alone from a CUDA graph" : "");
+    for (auto &[ms, name] : rows) {
+      llvm::errs() << fmt::format("  {:<26}{:>9.3f} ms {:>6.1f}%", name, ms, 100 * ms / total);
+      if (int64_t calls = profileCalls_.lookup(name))
+        llvm::errs() << fmt::format("  {:>4} a step, {:8.2f} us each", calls, 1000 * ms / calls);
+      llvm::errs() << "\n";
+    }
   }
   if (graph_exec_)
     cudaGraphExecDestroy(graph_exec_);
+  for (cudaGraphExec_t exec : opGraphs_)
+    if (exec)
+      cudaGraphExecDestroy(exec);
   for (GemmPlan &p : gemms_) {
     if (p.desc)
       cublasLtMatmulDescDestroy(p.desc);
@@ -208,7 +224,9 @@ CudaExecutor::~CudaExecutor() {
 llvm::Error CudaExecutor::initialize() {
   if (const char *env = std::getenv("TGC_GPU_PROFILE")) {
     profileLaunches_ = std::string(env) == "launches";
-    profile_ = printProfile_ = std::string(env) == "1" || profileLaunches_;
+    profileGraphs_ = std::string(env) == "graph";
+    profile_ = std::string(env) == "1" || profileLaunches_;
+    printProfile_ = profile_ || profileGraphs_;
   }
   CUDA_CHECK(cudaSetDevice(options_.device));
   cudaDeviceProp prop{};
@@ -232,6 +250,12 @@ llvm::Error CudaExecutor::initialize() {
   for (const Op *op : ops_)
     if (op->kind() == OpKind::Assign && op->operand(0)->def()->kind() == OpKind::Param)
       assignsParams_ = true;
+  if (profileGraphs_ && assignsParams_) {
+    llvm::errs() << "tgc: TGC_GPU_PROFILE=graph replays each op after the step, which would update this "
+                    "program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n";
+    profileGraphs_ = false;
+    profile_ = true;
+  }
   kernels_.resize(ops_.size());
   scratch_.resize(ops_.size());
   persistent_.resize(ops_.size());
@@ -571,6 +595,31 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
   return llvm::Error::success();
 }
 
+llvm::Expected<bool> CudaExecutor::shareLeaf(llvm::StringRef name, Executor &owner) {
+  const auto *other = dynamic_cast<const CudaExecutor *>(&owner);
+  const Value *v = graph_.lookup(name);
+  const Value *source = other ? other->graph_.lookup(name) : nullptr;
+  if (!other || other->options_.device != options_.device || !v || !source || v->def()->kind() != OpKind::State ||
+      source->def()->kind() != OpKind::State || v->type() != source->type() || !other->buffer(source) ||
+      program_.bf16Stored.count(v) || other->program_.bf16Stored.count(source) || shadows_.count(v))
+    return false;
+  // The leaf, the values written in place into it and their aliases all start at its buffer.
+  void *old = buffer(v), *shared = other->buffer(source);
+  for (auto &[value, pointer] : buffers_)
+    if (pointer == old)
+      pointer = shared;
+  if (graph_exec_) { // captured with the old pointer: captured again at the next step
+    cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+  }
+  for (cudaGraphExec_t &exec : opGraphs_)
+    if (exec) {
+      cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+  return true;
+}
+
 llvm::Error CudaExecutor::copyLeafFrom(llvm::StringRef name, const Executor &from) {
   const auto *other = dynamic_cast<const CudaExecutor *>(&from);
   const Value *v = graph_.lookup(name);
@@ -582,6 +631,75 @@ llvm::Error CudaExecutor::copyLeafFrom(llvm::StringRef name, const Executor &fro
   CUDA_CHECK(cudaMemcpyAsync(buffer(v), other->buffer(source), bytesOf(v->type()), cudaMemcpyDeviceToDevice, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_)); // `from` may run again (and write its leaf) after this
   return llvm::Error::success();
+}
+
+/// Enqueues op `i`'s kernels or GEMM on the stream (nothing for leaves, aliases, grouped ops
+/// and assigns). With profileLaunches_, each launch is timed alone.
+llvm::Error CudaExecutor::launchOp(size_t i) {
+  const Op &op = *ops_[i];
+  const OpLowering &lowering = program_.lowering[i];
+  if (lowering.kind == OpLowering::Gemm)
+    return runGemm(op, gemms_[i]);
+  if (lowering.kind != OpLowering::Kernels)
+    return llvm::Error::success();
+  // Each kernel parameter is a pointer, or for a result with a BF16 copy two (F32Bf16Out).
+  std::vector<void *> pointers;
+  std::vector<size_t> params; // where each parameter starts in `pointers`
+  auto add = [&](void *p) {
+    params.push_back(pointers.size());
+    pointers.push_back(p);
+  };
+  for (const Value *v : lowering.arguments)
+    add(buffer(v));
+  if (lowering.arguments.empty()) {
+    for (const Value *v : op.operands())
+      add(buffer(v));
+    for (unsigned r = 0; r < op.numResults(); ++r) {
+      add(buffer(op.result(r)));
+      if (void *copy = shadows_.lookup(op.result(r)))
+        pointers.push_back(copy);
+    }
+  }
+  for (void *s : scratch_[i])
+    add(s);
+  for (void *s : persistent_[i])
+    add(s);
+  std::vector<void *> args;
+  for (size_t p : params)
+    args.push_back(&pointers[p]);
+  for (size_t l = 0; l < lowering.launches.size(); ++l) {
+    const KernelLaunch &launch = lowering.launches[l];
+    cudaEvent_t events[2] = {nullptr, nullptr};
+    if (profileLaunches_)
+      for (cudaEvent_t &event : events)
+        CUDA_CHECK(cudaEventCreate(&event));
+    if (profileLaunches_)
+      CUDA_CHECK(cudaEventRecord(events[0], stream_));
+    CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),
+                                dim3(unsigned(launch.threads)), args.data(), 0, stream_));
+    if (profileLaunches_) {
+      CUDA_CHECK(cudaEventRecord(events[1], stream_));
+      CUDA_CHECK(cudaEventSynchronize(events[1]));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+      std::string label = profileLabel(i);
+      profileMs_[lowering.launches.size() > 1 ? fmt::format("{} #{}", label, l) : label] += ms;
+      for (cudaEvent_t event : events)
+        cudaEventDestroy(event);
+    }
+  }
+  return llvm::Error::success();
+}
+
+std::string CudaExecutor::profileLabel(size_t i) const {
+  const Op &op = *ops_[i];
+  const OpLowering &lowering = program_.lowering[i];
+  std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
+  if (lowering.kind == OpLowering::Gemm)
+    label += hasBf16Gemms(op.attrs()) ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
+  else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))
+    label += " (fp8)";
+  return label;
 }
 
 /// Enqueues one step on the stream: every op in order, then the assigns.
@@ -600,6 +718,8 @@ llvm::Error CudaExecutor::launchStep() {
           if (void *copy = shadows_.lookup(op.result(r)))
             CUDA_CHECK(cudaMemsetAsync(copy, 0xFF, size_t(op.result(r)->type().numElements()) * 2, stream_));
         }
+    if (lowering.kind == OpLowering::Assign)
+      assigns.emplace_back(op.operand(0), op.operand(1));
     cudaEvent_t start = nullptr, stop = nullptr;
     bool timed = profile_ && (lowering.kind == OpLowering::Gemm ||
                               (lowering.kind == OpLowering::Kernels && !profileLaunches_));
@@ -608,78 +728,14 @@ llvm::Error CudaExecutor::launchStep() {
       CUDA_CHECK(cudaEventCreate(&stop));
       CUDA_CHECK(cudaEventRecord(start, stream_));
     }
-    switch (lowering.kind) {
-    case OpLowering::Leaf:
-    case OpLowering::Alias:
-    case OpLowering::Grouped:
-      break;
-    case OpLowering::Assign:
-      assigns.emplace_back(op.operand(0), op.operand(1));
-      break;
-    case OpLowering::Gemm:
-      if (auto err = runGemm(op, gemms_[i]))
-        return err;
-      break;
-    case OpLowering::Kernels: {
-      // Each kernel parameter is a pointer, or for a result with a BF16 copy two (F32Bf16Out).
-      std::vector<void *> pointers;
-      std::vector<size_t> params; // where each parameter starts in `pointers`
-      auto add = [&](void *p) {
-        params.push_back(pointers.size());
-        pointers.push_back(p);
-      };
-      for (const Value *v : lowering.arguments)
-        add(buffer(v));
-      if (lowering.arguments.empty()) {
-        for (const Value *v : op.operands())
-          add(buffer(v));
-        for (unsigned r = 0; r < op.numResults(); ++r) {
-          add(buffer(op.result(r)));
-          if (void *copy = shadows_.lookup(op.result(r)))
-            pointers.push_back(copy);
-        }
-      }
-      for (void *s : scratch_[i])
-        add(s);
-      for (void *s : persistent_[i])
-        add(s);
-      std::vector<void *> args;
-      for (size_t p : params)
-        args.push_back(&pointers[p]);
-      for (size_t l = 0; l < lowering.launches.size(); ++l) {
-        const KernelLaunch &launch = lowering.launches[l];
-        cudaEvent_t events[2] = {nullptr, nullptr};
-        if (profileLaunches_)
-          for (cudaEvent_t &event : events)
-            CUDA_CHECK(cudaEventCreate(&event));
-        if (profileLaunches_)
-          CUDA_CHECK(cudaEventRecord(events[0], stream_));
-        CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),
-                                    dim3(unsigned(launch.threads)), args.data(), 0, stream_));
-        if (profileLaunches_) {
-          CUDA_CHECK(cudaEventRecord(events[1], stream_));
-          CUDA_CHECK(cudaEventSynchronize(events[1]));
-          float ms = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
-          std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
-          profileMs_[lowering.launches.size() > 1 ? fmt::format("{} #{}", label, l) : label] += ms;
-          for (cudaEvent_t event : events)
-            cudaEventDestroy(event);
-        }
-      }
-      break;
-    }
-    }
+    if (auto err = launchOp(i))
+      return err;
     if (timed) {
       CUDA_CHECK(cudaEventRecord(stop, stream_));
       CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      std::string label = lowering.label.empty() ? op.name().str() : lowering.label;
-      if (lowering.kind == OpLowering::Gemm)
-        label += hasBf16Gemms(op.attrs()) ? " (bf16)" : isFp8(op.operand(0)->type().dtype) ? " (fp8)" : "";
-      else if (op.kind() == OpKind::Transpose && isFp8(op.operand(0)->type().dtype))
-        label += " (fp8)";
+      std::string label = profileLabel(i);
       profileMs_[label] += ms;
       if (traceProcess_ >= 0 && profiledSteps_ < TraceLog::instance().runsTraced()) {
         double endUs = TraceLog::instance().nowUs(); // the op just ended: the stream was synchronised
@@ -699,6 +755,52 @@ llvm::Error CudaExecutor::launchStep() {
     if (buffer(leaf) != buffer(value))
       CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), bytesOf(leaf->type()),
                                  cudaMemcpyDeviceToDevice, stream_));
+  return llvm::Error::success();
+}
+
+/// TGC_GPU_PROFILE=graph, after a step: each op's launches captured once as a graph of
+/// kGraphProfileRepeats copies of them, each replay timed: what the op costs inside the step's
+/// CUDA graph, launch gaps included. Inference programs only: repeating an op must not change
+/// what the step computed.
+llvm::Error CudaExecutor::profileOpGraphs() {
+  constexpr int kRepeats = 10;
+  if (opGraphs_.empty())
+    opGraphs_.resize(ops_.size(), nullptr);
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const OpLowering &lowering = program_.lowering[i];
+    if (lowering.kind != OpLowering::Kernels && lowering.kind != OpLowering::Gemm)
+      continue;
+    if (!opGraphs_[i]) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      llvm::Error err = llvm::Error::success();
+      for (int r = 0; r < kRepeats && !err; ++r)
+        err = launchOp(i);
+      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      if (err)
+        return err;
+      if (end != cudaSuccess)
+        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
+      CUDA_CHECK(cudaGraphInstantiate(&opGraphs_[i], graph, 0));
+      cudaGraphDestroy(graph);
+      CUDA_CHECK(cudaGraphLaunch(opGraphs_[i], stream_)); // untimed: the first replay uploads it
+    }
+    CUDA_CHECK(cudaEventRecord(start, stream_));
+    CUDA_CHECK(cudaGraphLaunch(opGraphs_[i], stream_));
+    CUDA_CHECK(cudaEventRecord(stop, stream_));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    profileMs_[profileLabel(i)] += ms / kRepeats;
+    if (profiledSteps_ == 0)
+      ++profileCalls_[profileLabel(i)];
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  ++profiledSteps_;
   return llvm::Error::success();
 }
 
@@ -732,6 +834,8 @@ llvm::Error CudaExecutor::step() {
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profileGraphs_)
+    return profileOpGraphs();
   return llvm::Error::success();
 }
 

@@ -523,8 +523,14 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   e.uses("decode.cuh");
   if (op.kind() == OpKind::Argmax) {
-    int64_t n = operandType(op, 0).dim(-1), rows = operandType(op, 0).numElements() / n;
-    e.rowwise(0, "const float *x, int *out", rows, fmt::format("argmaxRows<{}>(x, out)", n));
+    // Parts of 2048 elements a block (a vocabulary of 50k: 25 blocks a row), then a combine.
+    constexpr int64_t kChunk = 2048;
+    int64_t n = operandType(op, 0).dim(-1), rows = operandType(op, 0).numElements() / n, chunks = (n + kChunk - 1) / kChunk;
+    e.lowering.scratchFloats = {2 * rows * chunks};
+    e.launch(0, "const float *x, int *out, float *scratch", rows * chunks,
+             fmt::format("argmaxParts<{}, {}>(x, scratch)", n, kChunk));
+    e.launch(1, "const float *x, int *out, float *scratch", rows, fmt::format("argmaxCombine<{}, {}>(scratch, out)", n, kChunk),
+             32);
     return llvm::Error::success();
   }
   if (op.kind() == OpKind::KvWrite) {

@@ -28,16 +28,30 @@ __device__ void kvWriteRows(const float *qkv, const int *positions, float *kOut,
   }
 }
 
+// Vec consecutive floats from p (16-byte aligned when Vec is 4).
+template <int Vec>
+__device__ __forceinline__ void loadFloats(const float *p, float *out) {
+  if (Vec == 4) {
+    float4 v = *(const float4 *)p;
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else {
+    for (int i = 0; i < Vec; ++i) out[i] = p[i];
+  }
+}
+
 // Launch 0 of decode_attention, 128 threads a block: block (b, h, split) takes keys
 // [split * Keys, (split + 1) * Keys) up to position positions[b] and writes its partial result
 // to partial[block]: the largest score m, the sum l of exp(score - m), and the sum over its
 // keys of exp(score - m) times the values (Dh floats). Scores are dot products of BF16
 // operands under gemm_dtype, as the attention GEMMs; the weights rounded to BF16 likewise.
+// A thread per key for the scores; for the values, Dh / Vec threads a key row (Vec floats
+// each) and Groups rows at a time, then the groups summed.
 template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits>
 __device__ void decodeAttentionPartial(const float *qkv, const float *k, const float *v, const int *positions,
                                        float *partial, float scale) {
   constexpr int64 D = H * Dh;
-  constexpr int Threads = 128, Groups = Dh >= Threads ? 1 : Threads / Dh;
+  constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
+  constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow;
   __shared__ float q[Dh], weights[Keys], sums[Groups][Dh], reduced[Threads / 32];
   int64 block = blockIdx.x, split = block % Splits, h = (block / Splits) % H, b = block / (Splits * H);
   int64 last = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
@@ -49,16 +63,19 @@ __device__ void decodeAttentionPartial(const float *qkv, const float *k, const f
   }
   for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * 3 * D + h * Dh + d]);
   __syncthreads();
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64 j = first + warp; j < end; j += Threads / 32) { // a warp per key
-    const float *key = k + (b * T + j) * D + h * Dh;
+  int64 n = end - first;
+  for (int64 j = threadIdx.x; j < n; j += Threads) {
+    const float *key = k + (b * T + first + j) * D + h * Dh;
     float dot = 0.0f;
-    for (int64 d = lane; d < Dh; d += 32) dot += q[d] * gemmOperand<Bf16>(key[d]);
-    dot = warpSum(dot);
-    if (lane == 0) weights[j - first] = dot * scale;
+#pragma unroll 4
+    for (int64 d = 0; d < Dh; d += Vec) {
+      float part[Vec];
+      loadFloats<Vec>(key + d, part);
+      for (int i = 0; i < Vec; ++i) dot += q[d + i] * gemmOperand<Bf16>(part[i]);
+    }
+    weights[j] = dot * scale;
   }
   __syncthreads();
-  int64 n = end - first;
   float m = __int_as_float(0xff800000);
   for (int64 j = threadIdx.x; j < n; j += Threads) m = fmaxf(m, weights[j]);
   m = blockMax(m, reduced);
@@ -69,11 +86,16 @@ __device__ void decodeAttentionPartial(const float *qkv, const float *k, const f
     weights[j] = gemmOperand<Bf16>(e);
   }
   l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the weights' writes
-  for (int64 i = threadIdx.x; i < Groups * Dh; i += Threads) { // Groups threads a dimension
-    int64 g = i / Dh, d = i % Dh;
-    float acc = 0.0f;
-    for (int64 j = g; j < n; j += Groups) acc += weights[j] * gemmOperand<Bf16>(v[(b * T + first + j) * D + h * Dh + d]);
-    sums[g][d] = acc;
+  for (int64 i = threadIdx.x; i < Groups * PerRow; i += Threads) {
+    int64 g = i / PerRow, d = (i % PerRow) * Vec;
+    float acc[Vec] = {};
+#pragma unroll 4
+    for (int64 j = g; j < n; j += Groups) {
+      float part[Vec];
+      loadFloats<Vec>(v + (b * T + first + j) * D + h * Dh + d, part);
+      for (int e = 0; e < Vec; ++e) acc[e] += weights[j] * gemmOperand<Bf16>(part[e]);
+    }
+    for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
   }
   __syncthreads();
   for (int64 d = threadIdx.x; d < Dh; d += Threads) {
@@ -88,60 +110,94 @@ __device__ void decodeAttentionPartial(const float *qkv, const float *k, const f
 }
 
 // Launch 1: a block per (sequence, head) combines its Splits parts, each weighted by
-// exp(m_part - m), into out [B, 1, D].
-template <int64 H, int64 Dh, int64 Splits>
-__device__ void decodeAttentionCombine(const float *partial, float *out) {
+// exp(m_part - m) (empty parts by 0), into out [B, 1, D].
+template <int64 H, int64 Dh, int64 Splits, typename Out>
+__device__ void decodeAttentionCombine(const float *partial, Out out) {
+  __shared__ float scale[Splits], reduced[32];
   int64 bh = blockIdx.x, h = bh % H, b = bh / H;
   const float *parts = partial + bh * Splits * (Dh + 2);
   float m = __int_as_float(0xff800000);
-  for (int64 s = 0; s < Splits; ++s) m = fmaxf(m, parts[s * (Dh + 2)]);
+  for (int64 s = threadIdx.x; s < Splits; s += blockDim.x) m = fmaxf(m, parts[s * (Dh + 2)]);
+  m = blockMax(m, reduced);
   float l = 0.0f;
-  for (int64 s = 0; s < Splits; ++s)
-    if (parts[s * (Dh + 2) + 1] > 0.0f) l += expf(parts[s * (Dh + 2)] - m) * parts[s * (Dh + 2) + 1];
+  for (int64 s = threadIdx.x; s < Splits; s += blockDim.x) {
+    float w = parts[s * (Dh + 2) + 1] > 0.0f ? expf(parts[s * (Dh + 2)] - m) : 0.0f;
+    scale[s] = w;
+    l += w * parts[s * (Dh + 2) + 1];
+  }
+  l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the scales' writes
   for (int64 d = threadIdx.x; d < Dh; d += blockDim.x) {
     float acc = 0.0f;
-    for (int64 s = 0; s < Splits; ++s)
-      if (parts[s * (Dh + 2) + 1] > 0.0f) acc += expf(parts[s * (Dh + 2)] - m) * parts[s * (Dh + 2) + 2 + d];
+#pragma unroll 4
+    for (int64 s = 0; s < Splits; ++s) acc += scale[s] * parts[s * (Dh + 2) + 2 + d];
     out[(b * H + h) * Dh + d] = acc / l;
   }
 }
 
-// A block per row of x [Rows, N]: the index of the row's largest element, the lowest on ties;
-// NaN never wins (a row of NaN gives 0), as the CPU's argmax.
-template <int64 N>
-__device__ void argmaxRows(const float *x, int *out) {
-  __shared__ float bestValues[8];
-  __shared__ int bestIndices[8];
-  const float *row = x + (int64)blockIdx.x * N;
-  float best = __int_as_float(0x7fc00000); // no candidate yet: NaN at no index, which anything beats
-  int index = 0x7fffffff;
-  auto better = [](float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi) || (bv != bv && (v == v || i < bi));
-  };
-  for (int64 i = threadIdx.x; i < N; i += blockDim.x)
-    if (better(row[i], (int)i, best, index)) {
-      best = row[i];
-      index = (int)i;
-    }
+// Whether (v, i) beats (best, index) for argmax: larger, or equal at a lower index; NaN never
+// beats a number, and (NaN, no index) loses to everything.
+__device__ __forceinline__ bool argmaxBetter(float v, int i, float best, int index) {
+  return v > best || (v == best && i < index) || (best != best && (v == v || i < index));
+}
+
+// The best (value, index) of each thread combined over the block, into lane 0 of warp 0.
+__device__ void argmaxBlock(float &best, int &index) {
+  __shared__ float values[32];
+  __shared__ int indices[32];
   for (int offset = 16; offset > 0; offset >>= 1) {
     float v = __shfl_xor_sync(0xffffffffu, best, offset);
     int i = __shfl_xor_sync(0xffffffffu, index, offset);
-    if (better(v, i, best, index)) {
+    if (argmaxBetter(v, i, best, index)) {
       best = v;
       index = i;
     }
   }
   if (threadIdx.x % 32 == 0) {
-    bestValues[threadIdx.x / 32] = best;
-    bestIndices[threadIdx.x / 32] = index;
+    values[threadIdx.x / 32] = best;
+    indices[threadIdx.x / 32] = index;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     for (int w = 1; w < (int)blockDim.x / 32; ++w)
-      if (better(bestValues[w], bestIndices[w], best, index)) {
-        best = bestValues[w];
-        index = bestIndices[w];
+      if (argmaxBetter(values[w], indices[w], best, index)) {
+        best = values[w];
+        index = indices[w];
       }
-    out[blockIdx.x] = index;
+}
+
+// argmax over the last axis of x [Rows, N], the lowest index on ties, NaN never winning (a
+// row of NaN gives 0), as the CPU's. Launch 0: a block per Chunk elements of a row writes its
+// best value and index into scratch; launch 1: a block per row combines its Chunks parts.
+template <int64 N, int64 Chunk>
+__device__ void argmaxParts(const float *x, float *scratch) {
+  constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
+  int64 row = blockIdx.x / Chunks, first = (blockIdx.x % Chunks) * Chunk;
+  const float *values = x + row * N;
+  float best = __int_as_float(0x7fc00000); // no candidate yet: NaN at no index
+  int index = 0x7fffffff;
+  for (int64 i = first + threadIdx.x; i < N && i < first + Chunk; i += blockDim.x)
+    if (argmaxBetter(values[i], (int)i, best, index)) {
+      best = values[i];
+      index = (int)i;
+    }
+  argmaxBlock(best, index);
+  if (threadIdx.x == 0) {
+    scratch[2 * blockIdx.x] = best;
+    scratch[2 * blockIdx.x + 1] = __int_as_float(index);
   }
+}
+
+template <int64 N, int64 Chunk>
+__device__ void argmaxCombine(const float *scratch, int *out) {
+  constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
+  const float *parts = scratch + 2 * blockIdx.x * Chunks;
+  float best = __int_as_float(0x7fc00000);
+  int index = 0x7fffffff;
+  for (int64 c = threadIdx.x; c < Chunks; c += blockDim.x)
+    if (argmaxBetter(parts[2 * c], __float_as_int(parts[2 * c + 1]), best, index)) {
+      best = parts[2 * c];
+      index = __float_as_int(parts[2 * c + 1]);
+    }
+  argmaxBlock(best, index);
+  if (threadIdx.x == 0) out[blockIdx.x] = index;
 }
