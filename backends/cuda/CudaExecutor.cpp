@@ -400,7 +400,8 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
         gemms_[i].bf16Operands[k] = shadows_.lookup(operand);
       gemms_[i].written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
     }
-  if (llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
+  bool gemvs = llvm::any_of(program_.lowering, [](const OpLowering &l) { return !l.bf16Weights.empty(); });
+  if (gemvs || llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
     owned_.push_back(weightsBf16_);
     allocatedBytes_ += paramBytes_ / 2;
@@ -652,8 +653,10 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
   for (const Value *v : lowering.arguments)
     add(buffer(v));
   if (lowering.arguments.empty()) {
-    for (const Value *v : op.operands())
-      add(buffer(v));
+    for (unsigned k = 0; k < op.numOperands(); ++k) // a parameter the kernel reads in BF16: its copy
+      add(llvm::is_contained(lowering.bf16Weights, k)
+              ? (void *)(weightsBf16_ + ((char *)buffer(op.operand(k)) - params_) / 2)
+              : buffer(op.operand(k)));
     for (unsigned r = 0; r < op.numResults(); ++r) {
       add(buffer(op.result(r)));
       if (void *copy = shadows_.lookup(op.result(r)))

@@ -569,6 +569,20 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   return llvm::Error::success();
 }
 
+/// A product of at most 8 rows against a weight (gemv.cuh).
+llvm::Error emitGemv(const Op &op, Emitter &e) {
+  const TensorType &w = operandType(op, 1);
+  int64_t N = w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
+  bool bias = op.kind() == OpKind::MatMulBias, xBf16 = e.program_.bf16Stored.count(op.operand(0));
+  e.uses("gemv.cuh");
+  e.lowering.bf16Weights = {1};
+  std::string params = fmt::format("const {} *x, const unsigned short *w, {}float *out", xBf16 ? "unsigned short" : "float",
+                                   bias ? "const float *bias, " : "");
+  e.launch(0, params, (N + 7) / 8,
+           fmt::format("gemvBf16<{}, {}, {}, {}>(x, w, {}, out)", M, N, K, boolText(bias), bias ? "bias" : "nullptr"));
+  return llvm::Error::success();
+}
+
 llvm::Error emit(const Op &op, Emitter &e) {
   switch (op.kind()) {
   case OpKind::Constant:
@@ -623,6 +637,9 @@ llvm::Error emit(const Op &op, Emitter &e) {
   case OpKind::DecodeAttention:
   case OpKind::Argmax:
     return emitDecode(op, e);
+  case OpKind::MatMul:
+  case OpKind::MatMulBias:
+    return emitGemv(op, e);
   default:
     return unsupported(op);
   }
@@ -704,10 +721,27 @@ int64_t normBlocks(int64_t rows) { return (rows + 7) / 8; }
 
 int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count + 2047) / 2048); }
 
+bool isGemv(const Op &op) {
+  if (op.kind() != OpKind::MatMul && op.kind() != OpKind::MatMulBias)
+    return false;
+  const AttrMap &a = op.attrs();
+  if (!hasBf16Gemms(a) || a.getBool("transpose_a").value_or(false) ||
+      (op.kind() == OpKind::MatMul && !a.getBool("transpose_b").value_or(false)))
+    return false;
+  const Value *x = op.operand(0), *w = op.operand(1);
+  if (x->type().dtype != DType::F32 || w->type().dtype != DType::F32 || w->type().rank() != 2 ||
+      !w->def() || w->def()->kind() != OpKind::Param)
+    return false;
+  int64_t K = w->type().dim(1);
+  return K % 8 == 0 && x->type().dim(-1) == K && x->type().numElements() / K <= 8;
+}
+
 namespace {
 
 /// How the executor runs `op`, before its kernels are written (Kernels), or why it cannot.
 llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
+  if (isGemv(op))
+    return OpLowering::Kernels;
   if (isLeaf(op.kind()) && op.kind() != OpKind::Constant)
     return OpLowering::Leaf;
   if (op.kind() == OpKind::Assign)

@@ -49,6 +49,9 @@ struct OpLowering {
   // them (the LR schedule's lr, min_lr, warmup and steps: tgc train --steps N, --lr X) then
   // share one compiled module, and the kernel cache serves the second.
   std::vector<double> constants;
+  // Operands that are parameters whose BF16 copy (the executor's, made from the parameter
+  // buffer) the launches take instead of their fp32 values: a GEMV's weight.
+  std::vector<unsigned> bf16Weights;
 };
 
 /// Where parameters, gradients and state live on the GPU: three contiguous buffers, as llm.c
@@ -92,6 +95,10 @@ struct LoweringOptions {
   /// same bits as converting them at each GEMM.
   bool storeBf16 = true;
 };
+
+/// Whether a GEMM runs as gemv.cuh's kernel instead of cuBLASLt: a BF16 product of at most 8
+/// rows against a parameter [N, K] (K a multiple of 8), x @ w^T (+ bias).
+bool isGemv(const Op &op);
 
 /// Generates the kernels of `graph`, or says which op has no lowering yet.
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = {});

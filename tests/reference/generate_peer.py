@@ -112,7 +112,9 @@ def main():
             middle = time.perf_counter()
             position = torch.tensor([P], device=device)
             for n in range(1, N):
-                token = step(token.view(B, 1), position)
+                if args.compile:  # the CUDA graphs' outputs are reused by the next replay
+                    torch.compiler.cudagraph_mark_step_begin()
+                token = step(token.view(B, 1), position).clone()
                 out.append(token)
                 position = position + 1
             torch.cuda.synchronize()

@@ -1,0 +1,54 @@
+// Matrix products of a few rows (a decode step's linear layers, M <= 8) against a weight
+// [N, K] in BF16: out [M, N] = x [M, K] @ w^T (+ bias [N]), BF16 operands and fp32 sums, as
+// a gemm_dtype="bf16" GEMM computes them. Such a product reads the weight once and does little
+// else, so a warp per output column reads its weight row in 16-byte loads and the rows of x
+// (cached, every warp reads the same) and meets in shuffles: the weight streams at close to
+// the memory's rate, where cuBLASLt's split-K tiles for one row ran at a seventh of it.
+#pragma once
+
+#include "common.cuh"
+
+// Eight consecutive elements of x at x + i (i a multiple of 8), as the GEMM reads them: fp32
+// rounded to BF16, or stored in BF16.
+__device__ __forceinline__ void load8(const float *x, int64 i, float (&out)[8]) {
+  float4 a = *(const float4 *)(x + i), b = *(const float4 *)(x + i + 4);
+  out[0] = roundBf16(a.x), out[1] = roundBf16(a.y), out[2] = roundBf16(a.z), out[3] = roundBf16(a.w);
+  out[4] = roundBf16(b.x), out[5] = roundBf16(b.y), out[6] = roundBf16(b.z), out[7] = roundBf16(b.w);
+}
+__device__ __forceinline__ void load8(const unsigned short *x, int64 i, float (&out)[8]) {
+  uint4 q = *(const uint4 *)(x + i);
+  unsigned words[4] = {q.x, q.y, q.z, q.w};
+  for (int e = 0; e < 4; ++e) {
+    out[2 * e] = __uint_as_float(words[e] << 16);
+    out[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+  }
+}
+
+// A warp per output column n, 8 a block; K a multiple of 8 (16-byte rows).
+template <int64 M, int64 N, int64 K, bool Bias, typename X>
+__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, float *out) {
+  int64 n = blockIdx.x * 8 + threadIdx.x / 32;
+  if (n >= N) return;
+  const int lane = threadIdx.x % 32;
+  float acc[M] = {};
+#pragma unroll 4
+  for (int64 k = lane * 8; k < K; k += 256) {
+    float weights[8], values[8];
+    load8(w + n * K, k, weights);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      load8(x + m * K, k, values);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[m] += weights[e] * values[e];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = warpSum(acc[m]);
+  if (lane < M) {
+    float value = acc[0];
+#pragma unroll
+    for (int m = 1; m < M; ++m)
+      if (lane == m) value = acc[m];
+    out[lane * N + n] = Bias ? value + bias[n] : value;
+  }
+}
