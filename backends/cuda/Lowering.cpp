@@ -552,20 +552,19 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
                          positioned ? "positions" : "nullptr"));
     return llvm::Error::success();
   }
-  // Flash-decoding: each (sequence, head) split into parts of Keys keys, enough parts for about
-  // 512 blocks, each part a block; then a block per (sequence, head) combines its parts.
+  // Flash-decoding: each (sequence, head) split into parts of Keys keys, each part a block,
+  // the last block of each combining; parts of 32 keys where the sequences and heads are fewer
+  // than the SMs (more blocks at the short positions of a decode), else 64.
   const TensorType &out = outputType(op);
   int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
-  int64_t keys = std::clamp<int64_t>((T * B * H + 511) / 512, 32, 1024);
-  keys = std::min(T, (keys + 31) / 32 * 32);
-  int64_t splits = (T + keys - 1) / keys;
+  int64_t keys = std::min<int64_t>(T, B * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
   e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
-  const char *params = "const float *qkv, const float *k, const float *v, const int *positions, float *out, float *partial";
-  e.launch(0, params, B * H * splits,
-           fmt::format("decodeAttentionPartial<{}, {}, {}, {}, {}, {}>(qkv, k, v, positions, partial, {})",
+  e.lowering.persistentFloats = {B * H}; // the blocks done, per (sequence, head)
+  e.launch(0, "const float *qkv, const float *k, const float *v, const int *positions, float *out, float *partial, unsigned *done",
+           B * H * splits,
+           fmt::format("decodeAttention<{}, {}, {}, {}, {}, {}>(qkv, k, v, positions, out, partial, done, {})",
                        boolText(hasBf16Gemms(a)), H, Dh, T, keys, splits, lit(*a.getFloat("scale"))),
            128);
-  e.launch(1, params, B * H, fmt::format("decodeAttentionCombine<{}, {}, {}>(partial, out)", H, Dh, splits), 128);
   return llvm::Error::success();
 }
 

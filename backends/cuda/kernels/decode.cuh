@@ -39,98 +39,106 @@ __device__ __forceinline__ void loadFloats(const float *p, float *out) {
   }
 }
 
-// Launch 0 of decode_attention, 128 threads a block: block (b, h, split) takes keys
-// [split * Keys, (split + 1) * Keys) up to position positions[b] and writes its partial result
-// to partial[block]: the largest score m, the sum l of exp(score - m), and the sum over its
-// keys of exp(score - m) times the values (Dh floats). Scores are dot products of BF16
-// operands under gemm_dtype, as the attention GEMMs; the weights rounded to BF16 likewise.
-// A thread per key for the scores; for the values, Dh / Vec threads a key row (Vec floats
-// each) and Groups rows at a time, then the groups summed.
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits>
-__device__ void decodeAttentionPartial(const float *qkv, const float *k, const float *v, const int *positions,
-                                       float *partial, float scale) {
+// decode_attention, one launch of 128-thread blocks: block (b, h, split) takes keys
+// [split * Keys, (split + 1) * Keys) up to position positions[b] and writes its part to
+// partial[block]: the largest score m, the sum l of exp(score - m), and the sum over its keys
+// of exp(score - m) times the values (Dh floats). The last of a (sequence, head)'s blocks to
+// finish (counted in `done`, a zeroed buffer of its own that it zeroes again) combines the
+// parts in split order, each weighted by exp(m_part - m), into out [B, 1, D]. Scores are dot
+// products of BF16 operands under gemm_dtype, as the attention GEMMs; the weights rounded to
+// BF16 likewise. Four threads a key for the scores (a quarter of the head each); for the
+// values, Dh / Vec threads a key row (Vec floats each), Groups rows at a time.
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, typename Out>
+__device__ void decodeAttention(const float *qkv, const float *k, const float *v, const int *positions, Out out,
+                                float *partial, unsigned *done, float scale) {
   constexpr int64 D = H * Dh;
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
-  constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow;
-  __shared__ float q[Dh], weights[Keys], sums[Groups][Dh], reduced[Threads / 32];
-  int64 block = blockIdx.x, split = block % Splits, h = (block / Splits) % H, b = block / (Splits * H);
-  int64 last = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
-  int64 first = split * Keys, end = last + 1 < first + Keys ? last + 1 : first + Keys;
+  constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow, PerKey = PerRow % 4 == 0 ? 4 : 1;
+  __shared__ float q[Dh], weights[Keys], sums[Groups][Dh], reduced[Threads / 32], parts[Splits];
+  __shared__ bool last;
+  int64 block = blockIdx.x, split = block % Splits, bh = block / Splits, h = bh % H, b = bh / H;
+  int64 position = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
+  int64 first = split * Keys, end = position + 1 < first + Keys ? position + 1 : first + Keys;
   float *mine = partial + block * (Dh + 2);
   if (first >= end) { // past this sequence's position: an empty part
     for (int64 d = threadIdx.x; d < Dh + 2; d += Threads) mine[d] = d == 0 ? __int_as_float(0xff800000) : 0.0f;
-    return;
-  }
-  for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * 3 * D + h * Dh + d]);
-  __syncthreads();
-  int64 n = end - first;
-  for (int64 j = threadIdx.x; j < n; j += Threads) {
-    const float *key = k + (b * T + first + j) * D + h * Dh;
-    float dot = 0.0f;
+  } else {
+    for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * 3 * D + h * Dh + d]);
+    __syncthreads();
+    int64 n = end - first;
+    for (int64 from = 0; from < n * PerKey; from += Threads) { // every lane takes each turn: the shuffles
+      int64 t = from + threadIdx.x, j = t / PerKey, d0 = (t % PerKey) * (Dh / PerKey);
+      float dot = 0.0f;
+      if (j < n) {
+        const float *key = k + (b * T + first + j) * D + h * Dh;
 #pragma unroll 4
-    for (int64 d = 0; d < Dh; d += Vec) {
-      float part[Vec];
-      loadFloats<Vec>(key + d, part);
-      for (int i = 0; i < Vec; ++i) dot += q[d + i] * gemmOperand<Bf16>(part[i]);
+        for (int64 d = d0; d < d0 + Dh / PerKey; d += Vec) {
+          float part[Vec];
+          loadFloats<Vec>(key + d, part);
+          for (int i = 0; i < Vec; ++i) dot += q[d + i] * gemmOperand<Bf16>(part[i]);
+        }
+      }
+      for (int offset = 1; offset < PerKey; offset <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      if (j < n && t % PerKey == 0) weights[j] = dot * scale;
     }
-    weights[j] = dot * scale;
+    __syncthreads();
+    float m = __int_as_float(0xff800000);
+    for (int64 j = threadIdx.x; j < n; j += Threads) m = fmaxf(m, weights[j]);
+    m = blockMax(m, reduced);
+    float l = 0.0f;
+    for (int64 j = threadIdx.x; j < n; j += Threads) {
+      float e = expf(weights[j] - m);
+      l += e;
+      weights[j] = gemmOperand<Bf16>(e);
+    }
+    l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the weights' writes
+    for (int64 i = threadIdx.x; i < Groups * PerRow; i += Threads) {
+      int64 g = i / PerRow, d = (i % PerRow) * Vec;
+      float acc[Vec] = {};
+#pragma unroll 4
+      for (int64 j = g; j < n; j += Groups) {
+        float part[Vec];
+        loadFloats<Vec>(v + (b * T + first + j) * D + h * Dh + d, part);
+        for (int e = 0; e < Vec; ++e) acc[e] += weights[j] * gemmOperand<Bf16>(part[e]);
+      }
+      for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
+    }
+    __syncthreads();
+    for (int64 d = threadIdx.x; d < Dh; d += Threads) {
+      float acc = 0.0f;
+      for (int g = 0; g < Groups; ++g) acc += sums[g][d];
+      mine[2 + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+      mine[0] = m;
+      mine[1] = l;
+    }
+  }
+  // The last block of this (sequence, head) combines: its parts are visible once counted.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done + bh, 1u) == Splits - 1;
+    if (last) done[bh] = 0; // for the next step
   }
   __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const volatile float *all = partial + bh * Splits * (Dh + 2);
   float m = __int_as_float(0xff800000);
-  for (int64 j = threadIdx.x; j < n; j += Threads) m = fmaxf(m, weights[j]);
+  for (int64 s = threadIdx.x; s < Splits; s += Threads) m = fmaxf(m, all[s * (Dh + 2)]);
   m = blockMax(m, reduced);
   float l = 0.0f;
-  for (int64 j = threadIdx.x; j < n; j += Threads) {
-    float e = expf(weights[j] - m);
-    l += e;
-    weights[j] = gemmOperand<Bf16>(e);
+  for (int64 s = threadIdx.x; s < Splits; s += Threads) {
+    float w = all[s * (Dh + 2) + 1] > 0.0f ? expf(all[s * (Dh + 2)] - m) : 0.0f;
+    parts[s] = w;
+    l += w * all[s * (Dh + 2) + 1];
   }
-  l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the weights' writes
-  for (int64 i = threadIdx.x; i < Groups * PerRow; i += Threads) {
-    int64 g = i / PerRow, d = (i % PerRow) * Vec;
-    float acc[Vec] = {};
-#pragma unroll 4
-    for (int64 j = g; j < n; j += Groups) {
-      float part[Vec];
-      loadFloats<Vec>(v + (b * T + first + j) * D + h * Dh + d, part);
-      for (int e = 0; e < Vec; ++e) acc[e] += weights[j] * gemmOperand<Bf16>(part[e]);
-    }
-    for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
-  }
-  __syncthreads();
+  l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the parts' writes
   for (int64 d = threadIdx.x; d < Dh; d += Threads) {
     float acc = 0.0f;
-    for (int g = 0; g < Groups; ++g) acc += sums[g][d];
-    mine[2 + d] = acc;
-  }
-  if (threadIdx.x == 0) {
-    mine[0] = m;
-    mine[1] = l;
-  }
-}
-
-// Launch 1: a block per (sequence, head) combines its Splits parts, each weighted by
-// exp(m_part - m) (empty parts by 0), into out [B, 1, D].
-template <int64 H, int64 Dh, int64 Splits, typename Out>
-__device__ void decodeAttentionCombine(const float *partial, Out out) {
-  __shared__ float scale[Splits], reduced[32];
-  int64 bh = blockIdx.x, h = bh % H, b = bh / H;
-  const float *parts = partial + bh * Splits * (Dh + 2);
-  float m = __int_as_float(0xff800000);
-  for (int64 s = threadIdx.x; s < Splits; s += blockDim.x) m = fmaxf(m, parts[s * (Dh + 2)]);
-  m = blockMax(m, reduced);
-  float l = 0.0f;
-  for (int64 s = threadIdx.x; s < Splits; s += blockDim.x) {
-    float w = parts[s * (Dh + 2) + 1] > 0.0f ? expf(parts[s * (Dh + 2)] - m) : 0.0f;
-    scale[s] = w;
-    l += w * parts[s * (Dh + 2) + 1];
-  }
-  l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the scales' writes
-  for (int64 d = threadIdx.x; d < Dh; d += blockDim.x) {
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int64 s = 0; s < Splits; ++s) acc += scale[s] * parts[s * (Dh + 2) + 2 + d];
-    out[(b * H + h) * Dh + d] = acc / l;
+    for (int64 s = 0; s < Splits; ++s) acc += parts[s] * all[s * (Dh + 2) + 2 + d];
+    out[bh * Dh + d] = acc / l;
   }
 }
 
