@@ -218,8 +218,11 @@ llvm::Expected<int64_t> positionOf(const Tensor &positions, int64_t b, int64_t r
 }
 } // namespace
 
-llvm::Error evalKvWrite(const AttrMap &, Operands in, Results out) {
+llvm::Error evalKvWrite(const AttrMap &a, Operands in, Results out) {
+  // Under gemm_dtype="bf16" the cache holds BF16 values: the keys and values are rounded as
+  // they are written, as the attention over the cache would round them when reading.
   const Tensor &qkv = *in[2];
+  bool bf16 = hasBf16Gemms(a);
   int64_t B = in[0]->type.dim(0), T = in[0]->type.dim(1), D = in[0]->type.dim(2), S = qkv.type.dim(1);
   for (int r = 0; r < 2; ++r)
     out[r].data = in[r]->data;
@@ -233,7 +236,10 @@ llvm::Error evalKvWrite(const AttrMap &, Operands in, Results out) {
     }
     for (int64_t s = 0; s < S; ++s)
       for (int r = 0; r < 2; ++r) // keys are qkv's columns [D, 2D), values [2D, 3D)
-        std::copy_n(&qkv.data[((b * S + s) * 3 + 1 + r) * D], D, &out[r].data[(b * T + first + s) * D]);
+        for (int64_t d = 0; d < D; ++d) {
+          float x = qkv.data[((b * S + s) * 3 + 1 + r) * D + d];
+          out[r].data[(b * T + first + s) * D + d] = bf16 ? roundToBf16(x) : x;
+        }
   }
   return llvm::Error::success();
 }

@@ -589,8 +589,19 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
                                    name.str().c_str(), v->type().str().c_str());
   const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
                                                 : (const void *)tensor.ints.data();
+  std::vector<uint16_t> bf16;
+  if (program_.bf16Stored.count(v)) { // a leaf stored in BF16 (a KV cache): rounded as its writes round
+    bf16.resize(tensor.data.size());
+    for (size_t i = 0; i < bf16.size(); ++i) {
+      float rounded = roundToBf16(tensor.data[i]);
+      uint32_t bits;
+      std::memcpy(&bits, &rounded, 4);
+      bf16[i] = uint16_t(bits >> 16);
+    }
+    host = bf16.data();
+  }
   // From pageable memory: the call returns once `host` is staged, so the tensor may go.
-  CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytesOf(v->type()), cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, storedBytes(v), cudaMemcpyHostToDevice, stream_));
   if (v->def()->kind() == OpKind::Param)
     paramsBound_ = true;
   return llvm::Error::success();
@@ -602,8 +613,8 @@ llvm::Expected<bool> CudaExecutor::shareLeaf(llvm::StringRef name, Executor &own
   const Value *source = other ? other->graph_.lookup(name) : nullptr;
   if (!other || other->options_.device != options_.device || !v || !source || v->def()->kind() != OpKind::State ||
       source->def()->kind() != OpKind::State || v->type() != source->type() || !other->buffer(source) ||
-      program_.bf16Stored.count(v) || other->program_.bf16Stored.count(source) || shadows_.count(v))
-    return false;
+      program_.bf16Stored.count(v) != other->program_.bf16Stored.count(source) || shadows_.count(v))
+    return false; // (the same storage on both sides: fp32, or BF16 for both)
   // The leaf, the values written in place into it and their aliases all start at its buffer.
   void *old = buffer(v), *shared = other->buffer(source);
   for (auto &[value, pointer] : buffers_)
@@ -626,10 +637,10 @@ llvm::Error CudaExecutor::copyLeafFrom(llvm::StringRef name, const Executor &fro
   const Value *v = graph_.lookup(name);
   const Value *source = other ? other->graph_.lookup(name) : nullptr;
   if (!other || other->options_.device != options_.device || !v || !source || !isLeaf(v->def()->kind()) ||
-      v->type() != source->type() || !other->buffer(source) || program_.bf16Stored.count(v) ||
-      other->program_.bf16Stored.count(source))
+      v->type() != source->type() || !other->buffer(source) ||
+      program_.bf16Stored.count(v) != other->program_.bf16Stored.count(source))
     return Executor::copyLeafFrom(name, from); // through the host, with bind's checks
-  CUDA_CHECK(cudaMemcpyAsync(buffer(v), other->buffer(source), bytesOf(v->type()), cudaMemcpyDeviceToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), other->buffer(source), storedBytes(v), cudaMemcpyDeviceToDevice, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_)); // `from` may run again (and write its leaf) after this
   return llvm::Error::success();
 }

@@ -548,8 +548,8 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
       e.launch(launch++, params, elementwiseBlocks(cache.numElements()),
                fmt::format("kvCopy<{}>(k, v, kOut, vOut)", cache.numElements()));
     e.launch(launch, params, elementwiseBlocks(B * S * D),
-             fmt::format("kvWriteRows<{}, {}, {}, {}, {}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
-                         positioned ? "positions" : "nullptr"));
+             fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
+                         boolText(hasBf16Gemms(a)), positioned ? "positions" : "nullptr"));
     return llvm::Error::success();
   }
   // Flash-decoding: each (sequence, head) split into parts of Keys keys, each part a block,
@@ -560,7 +560,13 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   int64_t keys = std::min<int64_t>(T, B * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
   e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * H}; // the blocks done, per (sequence, head)
-  e.launch(0, "const float *qkv, const float *k, const float *v, const int *positions, float *out, float *partial, unsigned *done",
+  // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
+  bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
+  const char *cache = bf16Caches ? "unsigned short" : "float";
+  e.launch(0,
+           fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, float *partial, "
+                       "unsigned *done",
+                       cache),
            B * H * splits,
            fmt::format("decodeAttention<{}, {}, {}, {}, {}, {}>(qkv, k, v, positions, out, partial, done, {})",
                        boolText(hasBf16Gemms(a)), H, Dh, T, keys, splits, lit(*a.getFloat("scale"))),
@@ -669,6 +675,34 @@ void countReaders(const Graph &graph, const Value *v, Readers &readers) {
 /// templates write `out[i] = ...` only, which Bf16Out and F32Bf16Out turn into the right
 /// stores), with their reshapes. Into
 /// program.bf16Stored when only BF16 GEMMs read them, into bf16Shadowed when others do too.
+/// The KV caches a BF16 kv_write writes in place, read by nothing but such writes, BF16
+/// decode_attention and their assigns, are stored in BF16 (with the writes' results): half the
+/// memory, half the bytes the attention reads, the same values (the writes round them).
+void chooseBf16Caches(const Graph &graph, CudaProgram &program) {
+  auto readsBf16 = [](const Value *v) {
+    for (const Op *user : v->users()) {
+      bool bf16 = hasBf16Gemms(user->attrs());
+      if (user->kind() == OpKind::Assign || (user->kind() == OpKind::KvWrite && bf16 && user->operand(2) != v) ||
+          (user->kind() == OpKind::DecodeAttention && bf16 && user->operand(0) != v))
+        continue;
+      return false;
+    }
+    return true;
+  };
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::KvWrite || !hasBf16Gemms(op->attrs()))
+      continue;
+    for (unsigned r = 0; r < 2; ++r) {
+      const Value *cache = op->operand(r), *written = op->result(r);
+      if (program.inPlace.lookup(written) != cache || cache->def()->kind() != OpKind::State ||
+          !readsBf16(cache) || !readsBf16(written) || llvm::is_contained(graph.outputs(), written))
+        continue;
+      program.bf16Stored.insert(cache);
+      program.bf16Stored.insert(written);
+    }
+  }
+}
+
 void chooseBf16Values(const Graph &graph, CudaProgram &program) {
   std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
       [&](llvm::DenseSet<const Value *> &set, const Value *v) {
@@ -807,6 +841,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     program.lowering.back().kind = *kind; // Kernels: written below, once the BF16 values are chosen
   }
   program.inPlace = inPlaceValues(graph, program);
+  chooseBf16Caches(graph, program); // before the layout: they take half the state memory
   program.layout = layoutParameters(graph, program);
   if (options.storeBf16)
     chooseBf16Values(graph, program);

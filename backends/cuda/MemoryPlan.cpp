@@ -162,7 +162,7 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
   for (const Op *op : ops)
     if (op->kind() == OpKind::State && !layout.state.count(op->result())) {
       layout.state[op->result()] = layout.stateBytes;
-      layout.stateBytes += aligned(deviceBytesOf(op->result()->type()));
+      layout.stateBytes += aligned(storedBytesOf(program, op->result())); // a BF16 KV cache: half
     }
   return layout;
 }

@@ -15,8 +15,11 @@
 namespace tgc {
 namespace {
 
+/// The GEMMs, and the KV-cache writes: under BF16 a cache holds its keys and values as BF16,
+/// as the attention over it reads them.
 bool isGemm(OpKind kind) {
   return kind == OpKind::MatMul || kind == OpKind::Attention || kind == OpKind::DecodeAttention ||
+         kind == OpKind::KvWrite ||
          kind == OpKind::LayerNormLinear ||
          kind == OpKind::LayerNormMLP || kind == OpKind::MatMulBias ||
          kind == OpKind::MatMulBiasGelu;

@@ -16,19 +16,22 @@ __device__ void kvCopy(const float *k, const float *v, float *kOut, float *vOut)
 // Rows first .. first + S - 1 of each sequence's caches from qkv [B, S, 3D] (keys are columns
 // [D, 2D), values [2D, 3D)); first is positions[b], or 0 for a prompt. A position outside the
 // cache (which the CPU reports as an error) writes nothing.
-template <int64 B, int64 S, int64 T, int64 D, bool Positioned>
-__device__ void kvWriteRows(const float *qkv, const int *positions, float *kOut, float *vOut) {
+// Under gemm_dtype="bf16" (Bf16) the rows are rounded to BF16, as the CPU writes them; a cache
+// stored in BF16 (Out = Bf16Out) holds them in two bytes.
+template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, typename Out>
+__device__ void kvWriteRows(const float *qkv, const int *positions, Out kOut, Out vOut) {
   FOR_EACH_ELEMENT(i, B * S * D) {
     int64 d = i % D, s = (i / D) % S, b = i / (S * D);
     int64 row = (Positioned ? positions[b] : 0) + s;
     if (row < 0 || row >= T) continue;
     const float *source = qkv + (b * S + s) * 3 * D + D + d;
-    kOut[(b * T + row) * D + d] = source[0];
-    vOut[(b * T + row) * D + d] = source[D];
+    kOut[(b * T + row) * D + d] = gemmOperand<Bf16>(source[0]);
+    vOut[(b * T + row) * D + d] = gemmOperand<Bf16>(source[D]);
   }
 }
 
-// Vec consecutive floats from p (16-byte aligned when Vec is 4).
+// Vec consecutive values from p as floats: fp32 (16-byte aligned when Vec is 4), or BF16 (a
+// cache stored in BF16; 8-byte aligned).
 template <int Vec>
 __device__ __forceinline__ void loadFloats(const float *p, float *out) {
   if (Vec == 4) {
@@ -36,6 +39,16 @@ __device__ __forceinline__ void loadFloats(const float *p, float *out) {
     out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
   } else {
     for (int i = 0; i < Vec; ++i) out[i] = p[i];
+  }
+}
+template <int Vec>
+__device__ __forceinline__ void loadFloats(const unsigned short *p, float *out) {
+  if (Vec == 4) {
+    uint2 v = *(const uint2 *)p;
+    out[0] = __uint_as_float(v.x << 16), out[1] = __uint_as_float(v.x & 0xffff0000u);
+    out[2] = __uint_as_float(v.y << 16), out[3] = __uint_as_float(v.y & 0xffff0000u);
+  } else {
+    for (int i = 0; i < Vec; ++i) out[i] = __uint_as_float((unsigned)p[i] << 16);
   }
 }
 
@@ -48,8 +61,8 @@ __device__ __forceinline__ void loadFloats(const float *p, float *out) {
 // products of BF16 operands under gemm_dtype, as the attention GEMMs; the weights rounded to
 // BF16 likewise. Four threads a key for the scores (a quarter of the head each); for the
 // values, Dh / Vec threads a key row (Vec floats each), Groups rows at a time.
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, typename Out>
-__device__ void decodeAttention(const float *qkv, const float *k, const float *v, const int *positions, Out out,
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, typename Cache, typename Out>
+__device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
                                 float *partial, unsigned *done, float scale) {
   constexpr int64 D = H * Dh;
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
@@ -70,7 +83,7 @@ __device__ void decodeAttention(const float *qkv, const float *k, const float *v
       int64 t = from + threadIdx.x, j = t / PerKey, d0 = (t % PerKey) * (Dh / PerKey);
       float dot = 0.0f;
       if (j < n) {
-        const float *key = k + (b * T + first + j) * D + h * Dh;
+        const Cache *key = k + (b * T + first + j) * D + h * Dh;
 #pragma unroll 4
         for (int64 d = d0; d < d0 + Dh / PerKey; d += Vec) {
           float part[Vec];

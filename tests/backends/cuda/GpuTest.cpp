@@ -412,9 +412,14 @@ TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
     }
 }
 
-TEST(GpuGeneration, DecodeStepsFollowTheCpuThroughTheWholeCache) {
+class GpuDecode : public testing::TestWithParam<std::string> {};
+
+TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
+  // Under bf16 the caches are stored in BF16 on the GPU (chooseBf16Caches), bound from the
+  // host, written and read as such.
   SKIP_WITHOUT_GPU();
-  auto program = tinyGpuProgram("fp32", GPTOutput::Decode);
+  const bool bf16 = GetParam() == "bf16";
+  auto program = tinyGpuProgram(GetParam(), GPTOutput::Decode);
   ASSERT_TRUE(program);
   Rng rng(freshSeed());
   std::map<std::string, Tensor> leaves = initParams(*program, rng.next());
@@ -444,9 +449,19 @@ TEST(GpuGeneration, DecodeStepsFollowTheCpuThroughTheWholeCache) {
       scale = std::max(scale, double(std::fabs(want[i])));
       worst = std::max(worst, double(std::fabs(got[i] - want[i])));
     }
-    ASSERT_LE(worst, 1e-5 * scale) << "position " << pos;
+    ASSERT_LE(worst, (bf16 ? 1e-2 : 1e-5) * scale) << "position " << pos;
+  }
+  // The caches as the CPU holds them (a BF16 cache is read back widened: the same values).
+  for (const char *cache : {"h0.attn.k_cache", "h1.attn.v_cache"}) {
+    Tensor want = unwrap(cpu.read(cache)), got = unwrap(gpu->read(cache));
+    double worst = 0;
+    for (size_t i = 0; i < want.data.size(); ++i)
+      worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])) / (std::fabs(want.data[i]) + 1e-3));
+    EXPECT_LE(worst, bf16 ? 2e-2 : 1e-5) << cache;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, testing::Values("fp32", "bf16"));
 
 TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
   // Prompts of four lengths in one batch (the longest needs the 32-position prefill), greedy

@@ -374,6 +374,38 @@ TEST(MemoryPlan, KvCacheWrittenInPlace) {
     }
   EXPECT_EQ(writes, c.layers);
   EXPECT_EQ(program.source.find("kvCopy<"), std::string::npos);
+  EXPECT_TRUE(program.bf16Stored.empty()); // fp32: the caches stay fp32
+}
+
+TEST(MemoryPlan, Bf16KvCachesTakeHalfTheState) {
+  // Under bf16 the decode step's caches hold BF16 (the writes round, the attention reads BF16):
+  // each cache and its write's result are stored in two bytes an element, and the state
+  // region is half of fp32's. The prefill program's caches likewise, so the two can share them.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  for (GPTOutput output : {GPTOutput::Decode, GPTOutput::Prefill}) {
+    auto graph = unwrap(buildGPT(c, 2, output, output == GPTOutput::Prefill ? 16 : 0));
+    ASSERT_TRUE(graph);
+    PipelineOptions options;
+    options.passOptions.precision.recipe = Recipe::Bf16;
+    auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false, Recipe::Bf16), options));
+    ASSERT_FALSE(bool(pipeline.run(*graph)));
+    CudaProgram program = unwrap(lowerToCuda(*graph));
+    int caches = 0;
+    for (const Op *op : graph->ops())
+      if (op->kind() == OpKind::State) {
+        ++caches;
+        EXPECT_TRUE(program.bf16Stored.count(op->result())) << op->result()->name();
+      } else if (op->kind() == OpKind::KvWrite) {
+        EXPECT_TRUE(program.bf16Stored.count(op->result(0)) && program.bf16Stored.count(op->result(1)));
+      } else {
+        continue;
+      }
+    EXPECT_EQ(caches, 2 * c.layers);
+    EXPECT_EQ(program.layout.stateBytes, 2 * c.layers * (2 * c.seqLen * c.dModel * 2));
+    bool decode = output == GPTOutput::Decode;
+    EXPECT_EQ(program.source.find("decodeAttention<true") != std::string::npos, decode);
+    EXPECT_NE(program.source.find("Bf16Out kOut, Bf16Out vOut"), std::string::npos);
+  }
 }
 
 TEST(MemoryPlan, InPlaceOnlyWhereNothingReadsTheOldValueAfterwards) {
