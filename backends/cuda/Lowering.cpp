@@ -584,8 +584,7 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
   std::string params = fmt::format("const {} *x, const unsigned short *w, {}float *out", xBf16 ? "unsigned short" : "float",
                                    bias ? "const float *bias, " : "");
   e.launch(0, params, (N + 7) / 8,
-           fmt::format("{}<{}, {}, {}, {}>(x, w, {}, out)", M <= 8 ? "gemvBf16" : "gemmSkinnyBf16", M, N, K,
-                       boolText(bias), bias ? "bias" : "nullptr"));
+           fmt::format("gemvBf16<{}, {}, {}, {}>(x, w, {}, out)", M, N, K, boolText(bias), bias ? "bias" : "nullptr"));
   return llvm::Error::success();
 }
 
@@ -766,10 +765,10 @@ bool isGemv(const Op &op) {
   if (x->type().dtype != DType::F32 || w->type().dtype != DType::F32 || w->type().rank() != 2 ||
       !w->def() || w->def()->kind() != OpKind::Param)
     return false;
-  int64_t K = w->type().dim(1), M = x->type().numElements() / K;
-  if (x->type().dim(-1) != K)
-    return false;
-  return (M <= 8 && K % 8 == 0) || (M <= 64 && K % 128 == 0); // gemvBf16, gemmSkinnyBf16
+  // (A tensor-core kernel for 9 to 64 rows, 8 warps a block over slices of K with 4-byte
+  // fragment loads, ran slower than cuBLASLt: BENCHMARKS.md, session 9.)
+  int64_t K = w->type().dim(1);
+  return K % 8 == 0 && x->type().dim(-1) == K && x->type().numElements() / K <= 8;
 }
 
 namespace {

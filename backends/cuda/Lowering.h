@@ -96,8 +96,8 @@ struct LoweringOptions {
   bool storeBf16 = true;
 };
 
-/// Whether a GEMM runs as gemv.cuh's kernels instead of cuBLASLt: a BF16 product x @ w^T (+ bias)
-/// against a parameter [N, K] of at most 8 rows (K a multiple of 8) or 64 (K of 128).
+/// Whether a GEMM runs as gemv.cuh's kernel instead of cuBLASLt: a BF16 product of at most 8
+/// rows against a parameter [N, K] (K a multiple of 8), x @ w^T (+ bias).
 bool isGemv(const Op &op);
 
 /// Generates the kernels of `graph`, or says which op has no lowering yet.
