@@ -45,25 +45,52 @@ struct Case {
   double bound; // relative to the largest logit
 };
 
+/// What the KV-cache tests compare with: the full program's logits for B random sequences of
+/// seq_len tokens, from random weights, and the decode program to compare.
+struct FullRun {
+  ModelConfig c;
+  std::unique_ptr<Graph> decode;
+  std::map<std::string, Tensor> weights;
+  Tensor tokens;           // [B, T]
+  std::vector<float> want; // [B, T, V]
+  double scale = 0;        // the largest logit
+};
+
+FullRun fullRun(const Case &param, int64_t B, Rng &rng) {
+  FullRun r;
+  r.c = unwrap(loadModelConfig(sourcePath(param.model)));
+  r.c.precision.recipe = *parseRecipe(param.recipe);
+  auto full = inferenceProgram(r.c, B, GPTOutput::Logits);
+  r.decode = inferenceProgram(r.c, B, GPTOutput::Decode);
+  if (!full || !r.decode)
+    return r;
+  r.weights = randomWeights(*full, rng);
+  r.tokens = Tensor::zeros(TensorType(DType::I32, {B, r.c.seqLen}));
+  for (int32_t &t : r.tokens.ints)
+    t = int32_t(rng.below(r.c.vocab));
+  Interpreter interp(*full);
+  EXPECT_FALSE(bool(interp.bindAll(r.weights)));
+  EXPECT_FALSE(bool(interp.bind("tokens", r.tokens)));
+  r.want = unwrap(interp.run()).at(0).data;
+  for (float v : r.want)
+    r.scale = std::max(r.scale, double(std::fabs(v)));
+  return r;
+}
+
 class KvCache : public testing::TestWithParam<Case> {};
 
 TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
   Case param = GetParam();
-  ModelConfig c = unwrap(loadModelConfig(sourcePath(param.model)));
-  c.precision.recipe = *parseRecipe(param.recipe);
-  const int64_t B = 2, T = c.seqLen, V = c.vocab;
-  auto full = inferenceProgram(c, B, GPTOutput::Logits);
-  auto decode = inferenceProgram(c, B, GPTOutput::Decode);
-  ASSERT_TRUE(full && decode);
+  const int64_t B = 2;
   Rng rng(freshSeed());
-  std::map<std::string, Tensor> weights = randomWeights(*full, rng);
-  Tensor tokens = Tensor::zeros(TensorType(DType::I32, {B, T}));
-  for (int32_t &t : tokens.ints)
-    t = int32_t(rng.below(V));
-  Interpreter fullRun(*full);
-  ASSERT_FALSE(bool(fullRun.bindAll(weights)));
-  ASSERT_FALSE(bool(fullRun.bind("tokens", tokens)));
-  std::vector<float> want = unwrap(fullRun.run()).at(0).data; // [B, T, V]
+  FullRun ref = fullRun(param, B, rng);
+  ASSERT_TRUE(ref.decode && !ref.want.empty());
+  const int64_t T = ref.c.seqLen, V = ref.c.vocab;
+  const Graph *decode = ref.decode.get();
+  const std::map<std::string, Tensor> &weights = ref.weights;
+  const Tensor &tokens = ref.tokens;
+  const std::vector<float> &want = ref.want;
+  const double scale = ref.scale;
   Interpreter step(*decode);
   for (const Op *op : decode->ops()) {
     const std::string &name = op->result() ? op->result()->name() : "";
@@ -73,9 +100,6 @@ TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
       ASSERT_FALSE(bool(step.bind(name, Tensor::zeros(op->result()->type()))));
     }
   }
-  double scale = 0;
-  for (float v : want)
-    scale = std::max(scale, double(std::fabs(v)));
   for (int64_t pos = 0; pos < T; ++pos) {
     TensorType column(DType::I32, {B, 1});
     Tensor fed = Tensor::zeros(column), positions = Tensor::zeros(column);
@@ -100,24 +124,17 @@ TEST_P(KvCache, PrefillThenDecodeGiveTheFullProgramsLogits) {
   // from its own position to the end of the window: every row of logits is the full
   // program's at that position, and %next is its argmax.
   Case param = GetParam();
-  ModelConfig c = unwrap(loadModelConfig(sourcePath(param.model)));
-  c.precision.recipe = *parseRecipe(param.recipe);
-  const int64_t B = 2, T = c.seqLen, V = c.vocab;
-  auto full = inferenceProgram(c, B, GPTOutput::Logits);
-  auto decode = inferenceProgram(c, B, GPTOutput::Decode);
-  ASSERT_TRUE(full && decode);
+  const int64_t B = 2;
   Rng rng(freshSeed());
-  std::map<std::string, Tensor> weights = randomWeights(*full, rng);
-  Tensor tokens = Tensor::zeros(TensorType(DType::I32, {B, T}));
-  for (int32_t &t : tokens.ints)
-    t = int32_t(rng.below(V));
-  Interpreter fullRun(*full);
-  ASSERT_FALSE(bool(fullRun.bindAll(weights)));
-  ASSERT_FALSE(bool(fullRun.bind("tokens", tokens)));
-  std::vector<float> want = unwrap(fullRun.run()).at(0).data; // [B, T, V]
-  double scale = 0;
-  for (float v : want)
-    scale = std::max(scale, double(std::fabs(v)));
+  FullRun ref = fullRun(param, B, rng);
+  ASSERT_TRUE(ref.decode && !ref.want.empty());
+  const ModelConfig &c = ref.c;
+  const int64_t T = c.seqLen, V = c.vocab;
+  const Graph *decode = ref.decode.get();
+  const std::map<std::string, Tensor> &weights = ref.weights;
+  const Tensor &tokens = ref.tokens;
+  const std::vector<float> &want = ref.want;
+  const double scale = ref.scale;
   auto expectRows = [&](const std::vector<float> &got, const std::vector<int32_t> &next,
                         const std::vector<int64_t> &rows) {
     for (int64_t b = 0; b < B; ++b) {

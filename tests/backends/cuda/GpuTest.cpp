@@ -413,6 +413,20 @@ TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
     }
 }
 
+/// The largest difference between `got` and `want`, and the largest magnitude in `want` (what
+/// the tests' bounds are relative to).
+struct Gap {
+  double worst = 0, scale = 0;
+};
+Gap gapOf(const std::vector<float> &want, const std::vector<float> &got) {
+  Gap gap;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    gap.scale = std::max(gap.scale, double(std::fabs(want[i])));
+    gap.worst = std::max(gap.worst, double(std::fabs(got[i] - want[i])));
+  }
+  return gap;
+}
+
 class GpuDecode : public testing::TestWithParam<std::string> {};
 
 TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
@@ -445,22 +459,13 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
     ASSERT_FALSE(bool(gpu->bindAll(step)));
     std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
     ASSERT_EQ(got.size(), want.size());
-    double scale = 0, worst = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      scale = std::max(scale, double(std::fabs(want[i])));
-      worst = std::max(worst, double(std::fabs(got[i] - want[i])));
-    }
-    ASSERT_LE(worst, (bf16 ? 1e-2 : 1e-5) * scale) << "position " << pos;
+    Gap gap = gapOf(want, got);
+    ASSERT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "position " << pos;
   }
   // The caches as the CPU holds them (a BF16 cache is read back widened: the same values).
   for (const char *cache : {"h0.attn.k_cache", "h1.attn.v_cache"}) {
-    Tensor want = unwrap(cpu.read(cache)), got = unwrap(gpu->read(cache));
-    double scale = 0, worst = 0;
-    for (size_t i = 0; i < want.data.size(); ++i) {
-      scale = std::max(scale, double(std::fabs(want.data[i])));
-      worst = std::max(worst, double(std::fabs(got.data[i] - want.data[i])));
-    }
-    EXPECT_LE(worst, (bf16 ? 1e-2 : 1e-5) * scale) << cache;
+    Gap gap = gapOf(unwrap(cpu.read(cache)).data, unwrap(gpu->read(cache)).data);
+    EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << cache;
   }
 }
 
@@ -501,12 +506,8 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
       ASSERT_FALSE(bool(gpu->bindAll(leaves)));
       std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
       ASSERT_EQ(got.size(), want.size());
-      double scale = 0, worst = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        scale = std::max(scale, double(std::fabs(want[i])));
-        worst = std::max(worst, double(std::fabs(got[i] - want[i])));
-      }
-      EXPECT_LE(worst, 1e-5 * scale); // the same BF16 products, summed in another order
+      Gap gap = gapOf(want, got);
+      EXPECT_LE(gap.worst, 1e-5 * gap.scale); // the same BF16 products, summed in another order
     }
 }
 
