@@ -56,6 +56,8 @@ double median(std::vector<double> values) {
 /// of which the medians are reported.
 int benchGeneration(const ModelConfig &base, const std::vector<std::string> &recipes, Device device) {
   const int64_t batch = BatchSize.getNumOccurrences() ? int64_t(BatchSize) : 1, P = BenchPromptLength;
+  if (P < 1 || P > base.seqLen)
+    return report(flagError(fmt::format("--prompt-length must be between 1 and seq_len = {}, got {}", base.seqLen, P)));
   const int64_t count = BenchTokens ? int64_t(BenchTokens) : std::min<int64_t>(240, base.seqLen - P + 1);
   const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
   if (P < 1 || P > base.seqLen || count < 1 || P + count - 1 > base.seqLen)

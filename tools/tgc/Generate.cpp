@@ -145,9 +145,8 @@ int runGenerate() {
   }
   // Speed on stderr, so that stdout stays the tokens.
   int64_t decoded = total.generatedTokens - (total.cached ? total.sequences : 0);
-  llvm::errs() << fmt::format(
-      "generated {} tokens for {} prompts on {}\n", total.generatedTokens, total.sequences,
-      (*generator)->describe());
+  llvm::errs() << fmt::format("generated {} tokens for {} prompt{} on {}\n", total.generatedTokens, total.sequences,
+                              total.sequences == 1 ? "" : "s", (*generator)->describe());
   if (total.cached)
     llvm::errs() << fmt::format("  prompt:   {} tokens in {:.2f} ms ({:.0f} tokens/s), the first new token with them\n",
                                 total.promptTokens, 1e3 * total.prefillSeconds,
