@@ -1,9 +1,9 @@
 #include "app/Checkpoint.h"
 
-#include "backends/cpu/Interpreter.h"
 #include "ir/Infer.h"
 #include "support/Files.h"
 #include "support/Limits.h"
+#include "support/Memory.h"
 
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
@@ -37,7 +37,7 @@ constexpr uint64_t kMaxHeaderBytes = 100 << 20;
 
 } // namespace
 
-llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) {
+llvm::Expected<std::string> formatCheckpoint(const Checkpoint &checkpoint, llvm::StringRef path) {
   llvm::json::Object header;
   uint64_t offset = 0;
   for (const auto &[name, tensor] : checkpoint.tensors) {
@@ -68,7 +68,14 @@ llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) 
   file += headerText;
   for (const auto &[name, tensor] : checkpoint.tensors)
     file.append(reinterpret_cast<const char *>(tensor.data.data()), tensor.data.size() * 4);
-  return writeFileAtomically(path, file);
+  return file;
+}
+
+llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) {
+  auto file = formatCheckpoint(checkpoint, path);
+  if (!file)
+    return file.takeError();
+  return writeFileAtomically(path, *file);
 }
 
 namespace {
@@ -122,7 +129,11 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path, const std::funct
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
     return fail(path, "cannot read: {}", buffer.getError().message());
-  llvm::StringRef bytes = (*buffer)->getBuffer();
+  return parseCheckpoint((*buffer)->getBuffer(), path, wanted);
+}
+
+llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRef path,
+                                           const std::function<bool(llvm::StringRef)> &wanted) {
   if (bytes.size() < 8)
     return fail(path, "not a safetensors checkpoint: {} bytes, shorter than the 8-byte header size",
                 bytes.size());

@@ -20,10 +20,15 @@ struct Checkpoint {
 };
 
 llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint);
+/// The bytes writeCheckpoint writes (`path` names the file in errors).
+llvm::Expected<std::string> formatCheckpoint(const Checkpoint &checkpoint, llvm::StringRef path);
 /// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file. Only the
 /// tensors `wanted` accepts are copied out (all by default; the layout is checked whole).
 llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path,
                                           const std::function<bool(llvm::StringRef)> &wanted = nullptr);
+/// readCheckpoint of a file's bytes (the fuzzer's entry, tests/fuzz/FuzzCheckpoint.cpp).
+llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRef path,
+                                           const std::function<bool(llvm::StringRef)> &wanted = nullptr);
 /// An error naming the tensors of `checkpoint` that hold NaN or Inf (a run that diverged wrote
 /// it), or success.
 llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path);

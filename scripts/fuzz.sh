@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Fuzzes the readers of untrusted text with libFuzzer (clang, from Debian): the model file
-# reader and the IR parser, each for SECONDS (default 60), starting from the seed corpora in
+# Fuzzes the readers of untrusted input with libFuzzer (clang, from Debian): the model file
+# reader, the IR parser and the checkpoint reader, each for SECONDS (default 60), starting from the seed corpora in
 # tests/fuzz/corpus and keeping what they find in build-fuzz/corpus-*. Built with
 # AddressSanitizer and UndefinedBehaviorSanitizer; a finding stops with its input saved and a
 # non-zero exit. --ci: a fixed seed and a fixed number of inputs from the seed corpora alone
-# (the same inputs every run: about 40 s of fuzzing), as scripts/test.sh runs it.
+# (the same inputs every run: about a minute of fuzzing), as scripts/test.sh runs it.
 #   scripts/fuzz.sh [SECONDS | --ci]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,14 +18,17 @@ flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefin
 # (clang for C too: GCC's C runtime libraries would bring GCC's ASan next to clang's.)
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTGC_CUDA=OFF -DTGC_FUZZ=ON -DCMAKE_CXX_FLAGS="$flags" > /dev/null
-cmake --build build-fuzz -j"$(nproc)" --target tgc_fuzz_model tgc_fuzz_ir
-for reader in model ir; do
+cmake --build build-fuzz -j"$(nproc)" --target tgc_fuzz_model tgc_fuzz_ir tgc_fuzz_checkpoint
+for reader in model ir checkpoint; do
   corpus=build-fuzz/corpus-$reader
   rm -rf "$corpus" && mkdir -p "$corpus" # --ci: what earlier runs found would change the inputs
   [ "$seconds" = "--ci" ] || cp -n build-fuzz/kept-$reader/* "$corpus"/ 2>/dev/null || true
   cp tests/fuzz/corpus/$reader/* "$corpus"/
-  echo "fuzz: the $reader reader (${limit[*]})"
-  if ! build-fuzz/tgc_fuzz_$reader "${limit[@]}" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+  runs=("${limit[@]}")
+  # (--ci: the checkpoint reader's inputs cost 4x the others': a quarter-minute each way.)
+  [ "$seconds" = "--ci" ] && [ "$reader" = checkpoint ] && runs=(-seed=1 -runs=100000)
+  echo "fuzz: the $reader reader (${runs[*]})"
+  if ! build-fuzz/tgc_fuzz_$reader "${runs[@]}" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
       -artifact_prefix=build-fuzz/finding-$reader- "$corpus" > build-fuzz/fuzz-$reader.log 2>&1; then
     tail -40 build-fuzz/fuzz-$reader.log
     echo "fuzz: a finding in the $reader reader, its input in build-fuzz/finding-$reader-*"

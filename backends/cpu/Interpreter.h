@@ -5,6 +5,7 @@
 #include "backends/Executor.h"
 #include "backends/Tensor.h"
 #include "ir/Graph.h"
+#include "support/Memory.h"
 
 #include "llvm/ADT/DenseMap.h"
 
@@ -51,14 +52,6 @@ private:
 /// training step they take the resident size to about 4x this.
 int64_t interpreterPeakBytes(const Graph &graph);
 
-/// The memory this process may still take (MemAvailable, and the container's cgroup limit less
-/// its usage where one is set), if the machine can say.
-std::optional<int64_t> availableHostMemory();
-
-/// What a container's memory limit leaves, if one is set: cgroup v2 (memory.max less
-/// memory.current, in the process's own cgroup as `selfCgroup` names it under `root`, or at
-/// `root`), else cgroup v1 (memory/memory.limit_in_bytes less memory/memory.usage_in_bytes).
-std::optional<int64_t> cgroupAvailableMemory(const std::string &root, const std::string &selfCgroup);
 
 /// An error when interpreterPeakBytes(graph) is more than `availableBytes`, naming both, so
 /// that a model too large for the CPU interpreter stops before it allocates anything.
