@@ -33,6 +33,10 @@ static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of
                                      cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> SaveEvery("save-every", cl::desc("With --save, also save every N steps (the last one kept)"),
                                   cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
+static cl::opt<int64_t> KeepSaves("keep-saves",
+                                  cl::desc("With --save-every, also keep the last K saves as FILE.step-N (hard links: "
+                                           "the newest costs no extra disk)"),
+                                  cl::init(1), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> LogFp8Every("log-fp8-every",
                                     cl::desc("With --log under fp8, log the FP8 scaling state every N steps "
                                              "(default: as often as a step is printed)"),
@@ -52,19 +56,37 @@ llvm::Error checkWritable(llvm::StringRef path) {
   return llvm::Error::success();
 }
 
-/// Fails before training when the folder of `path` has no room for the checkpoint (the
-/// parameters and the state, in fp32, and a header), rather than after the run.
-llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program) {
+/// Fails before training when the folder of `path` has no room for the checkpoints kept (the
+/// parameters and the state, in fp32, and a header; --keep-saves of them), rather than after
+/// the run.
+llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program, int64_t copies) {
   int64_t bytes = 1 << 20; // the header, generously
   for (const Op *op : program.ops())
     if (op->kind() == OpKind::Param || op->kind() == OpKind::State)
       bytes += op->result()->type().numElements() * 4;
+  bytes *= copies;
   auto space = llvm::sys::fs::disk_space(folderOf(path));
   if (!space || int64_t(space->available) >= bytes)
     return llvm::Error::success();
-  return flagError(fmt::format("{}: error: the checkpoint needs {:.1f} MiB and its folder has {:.1f} MiB free: "
+  return flagError(fmt::format("{}: error: the checkpoint{} need{} {:.1f} MiB and {} folder has {:.1f} MiB free: "
                                "nothing was trained",
-                               path.str(), bytes / 1048576.0, space->available / 1048576.0));
+                               path.str(), copies > 1 ? "s kept" : "", copies > 1 ? "" : "s", bytes / 1048576.0,
+                               copies > 1 ? "their" : "its", space->available / 1048576.0));
+}
+
+/// The saves --keep-saves keeps: FILE.step-N beside FILE, by N.
+std::vector<std::pair<int64_t, std::string>> keptSaves(llvm::StringRef path) {
+  std::vector<std::pair<int64_t, std::string>> kept;
+  std::string prefix = (llvm::sys::path::filename(path) + ".step-").str();
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(folderOf(path), ec), end; it != end && !ec; it.increment(ec)) {
+    llvm::StringRef name = llvm::sys::path::filename(it->path());
+    int64_t step = 0;
+    if (name.consume_front(prefix) && !name.getAsInteger(10, step))
+      kept.emplace_back(step, it->path());
+  }
+  std::sort(kept.begin(), kept.end());
+  return kept;
 }
 
 } // namespace
@@ -86,6 +108,9 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
         return std::move(err);
   if (SaveEvery < 0 || (SaveEvery > 0 && SavePath.empty()))
     return flagError(fmt::format("--save-every takes a step count >= 0 and needs --save, got {}", int64_t(SaveEvery)));
+  if (KeepSaves < 1 || KeepSaves > 1000 || (KeepSaves > 1 && SaveEvery == 0))
+    return flagError(fmt::format("--keep-saves takes 1 to 1000 and, above 1, needs --save-every, got {}",
+                                 int64_t(KeepSaves)));
   std::optional<Checkpoint> resumeFrom;
   if (!ResumePath.empty()) {
     auto checkpoint = readCheckpoint(ResumePath);
@@ -117,7 +142,7 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
                                    ResumePath.getValue(), t.stepsDone(), t.config().train.steps, t.stepsDone()));
   }
   if (!SavePath.empty())
-    if (auto err = checkFreeSpace(SavePath, t.program()))
+    if (auto err = checkFreeSpace(SavePath, t.program(), KeepSaves))
       return std::move(err);
   return std::move(*trainer);
 }
@@ -130,6 +155,19 @@ llvm::Error save(Trainer &t, llvm::StringRef why = "") {
   if (auto err = writeCheckpoint(SavePath, *checkpoint))
     return err;
   llvm::outs() << fmt::format("saved {} (step {}){}\n", SavePath.getValue(), t.stepsDone(), why.str());
+  if (KeepSaves <= 1)
+    return llvm::Error::success();
+  // The save also as FILE.step-N: a second name for the same file (the next save replaces FILE
+  // by a rename, so this one stays), or a copy where the file system has no hard links; then
+  // only the newest --keep-saves of them.
+  std::string kept = fmt::format("{}.step-{}", SavePath.getValue(), t.stepsDone());
+  llvm::sys::fs::remove(kept);
+  if (llvm::sys::fs::create_hard_link(SavePath, kept))
+    if (std::error_code ec = llvm::sys::fs::copy_file(SavePath, kept))
+      return flagError(fmt::format("{}: error: cannot keep the save: {}", kept, ec.message()));
+  auto all = keptSaves(SavePath);
+  for (size_t i = 0; i + size_t(KeepSaves) < all.size(); ++i)
+    llvm::sys::fs::remove(all[i].second);
   return llvm::Error::success();
 }
 
