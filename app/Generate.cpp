@@ -25,11 +25,8 @@ int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options,
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   int64_t keep = options.topK > 0 ? std::min(options.topK, vocab) : vocab;
-  auto higher = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  if (options.topP < 1)
-    std::sort(order.begin(), order.end(), higher);
-  else
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), higher);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   double max = logits[order[0]], total = 0;
   std::vector<double> weights(keep);
   for (int64_t i = 0; i < keep; ++i)
@@ -156,8 +153,7 @@ int64_t Generator::prefillLength(int64_t length) const {
   return std::min(positions, config_.seqLen);
 }
 
-llvm::Expected<CompiledProgram *> Generator::prefillProgram(int64_t length) {
-  int64_t positions = prefillLength(length);
+llvm::Expected<Generator::Prefill *> Generator::prefillProgram(int64_t positions) {
   auto it = prefill_.find(positions);
   if (it != prefill_.end())
     return &it->second;
@@ -166,15 +162,14 @@ llvm::Expected<CompiledProgram *> Generator::prefillProgram(int64_t length) {
     return program.takeError();
   // On one GPU the prefill writes straight into the decode program's caches; elsewhere they
   // are copied after each prefill.
-  bool shared = true;
+  Prefill prefill{std::move(*program), true};
   for (const std::string &cache : caches_) {
-    auto sharing = program->executor->shareLeaf(cache, *decode_.executor);
+    auto sharing = prefill.program.executor->shareLeaf(cache, *decode_.executor);
     if (!sharing)
       return sharing.takeError();
-    shared = shared && *sharing;
+    prefill.sharesCaches = prefill.sharesCaches && *sharing;
   }
-  prefillShares_[positions] = shared;
-  return &prefill_.emplace(positions, std::move(*program)).first->second;
+  return &prefill_.emplace(positions, std::move(prefill)).first->second;
 }
 
 llvm::Error Generator::ensureWindowed() {
@@ -204,11 +199,11 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   stats_.sequences = int64_t(prompts.size());
   Rng rng(mix64(options.seed));
   // Prefill: the prompts, padded to the program's positions, in one forward pass.
-  auto prefill = prefillProgram(int64_t(longest));
+  const int64_t P = prefillLength(int64_t(longest));
+  auto prefill = prefillProgram(P);
   if (!prefill)
     return prefill.takeError();
-  Executor &first = *(*prefill)->executor;
-  const int64_t P = prefillLength(int64_t(longest));
+  Executor &first = *(*prefill)->program.executor;
   stats_.prefillLength = P;
   std::vector<int32_t> tokens(batch_ * P, 0), lastRows(batch_);
   for (int64_t b = 0; b < batch_; ++b) {
@@ -230,7 +225,7 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   if (!next)
     return next.takeError();
   Executor &executor = *decode_.executor;
-  if (!prefillShares_[P])
+  if (!(*prefill)->sharesCaches)
     for (const std::string &cache : caches_)
       if (auto err = executor.copyLeafFrom(cache, first))
         return std::move(err);

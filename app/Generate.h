@@ -8,6 +8,7 @@
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -28,6 +29,16 @@ struct GenerationStats {
   int64_t prefillLength = 0; // the positions the prefill program ran (the longest prompt, rounded up)
   double prefillSeconds = 0, decodeSeconds = 0;
   bool cached = true; // false: past seq_len, the full program recomputed each window
+
+  /// Another batch's generation added to this one's (tgc generate --prompts).
+  GenerationStats &operator+=(const GenerationStats &other) {
+    sequences += other.sequences, promptTokens += other.promptTokens;
+    generatedTokens += other.generatedTokens, decodeSteps += other.decodeSteps;
+    prefillLength = std::max(prefillLength, other.prefillLength);
+    prefillSeconds += other.prefillSeconds, decodeSeconds += other.decodeSeconds;
+    cached = cached && other.cached;
+    return *this;
+  }
 };
 
 /// Called after each step with the step (0 for the first new token) and each sequence's token.
@@ -68,16 +79,22 @@ public:
   int64_t prefillLength(int64_t length) const;
 
 private:
+  /// A prefill program, and whether its KV caches are the decode program's memory (else they
+  /// are copied after each prefill).
+  struct Prefill {
+    CompiledProgram program;
+    bool sharesCaches = false;
+  };
   llvm::Error ensureWindowed();
-  llvm::Expected<CompiledProgram *> prefillProgram(int64_t length);
+  /// The prefill program of `positions` (a prefillLength), compiled when first needed.
+  llvm::Expected<Prefill *> prefillProgram(int64_t positions);
 
   ModelConfig config_;
   int64_t batch_ = 0;
   Device device_ = Device::cpu();
   std::map<std::string, Tensor> weights_; // the decode program's bound tensors, for the others
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
-  std::map<int64_t, CompiledProgram> prefill_; // by prompt positions
-  std::map<int64_t, bool> prefillShares_;      // whether its KV caches are the decode program's
+  std::map<int64_t, Prefill> prefill_; // by prompt positions
   std::vector<std::string> caches_;            // the KV caches' names
   GenerationStats stats_;
 };

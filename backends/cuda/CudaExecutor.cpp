@@ -103,6 +103,9 @@ public:
   llvm::Error step() override;
   llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) override;
   llvm::Expected<bool> shareLeaf(llvm::StringRef name, Executor &owner) override;
+  /// Leaf `name` here and in `executor`, where that is a CudaExecutor on this device and the two
+  /// have one type and one storage (fp32, or BF16 on both sides); else nulls.
+  std::pair<const Value *, const Value *> sameLeaf(llvm::StringRef name, const Executor &executor) const;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return description_; }
   int64_t deviceBytes() const override { return allocatedBytes_; }
@@ -130,6 +133,8 @@ private:
   std::string profileLabel(size_t i) const;
   llvm::Error convertKernel(const void *source, void *target, int64_t count);
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
+  /// A parameter's place in the BF16 copy of the parameter region (the same index).
+  void *weightCopy(const Value *param) const { return weightsBf16_ + ((char *)buffer(param) - params_) / 2; }
   static size_t bytesOf(const TensorType &t) { return size_t(deviceBytesOf(t)); }
   size_t storedBytes(const Value *v) const { return size_t(storedBytesOf(program_, v)); }
 
@@ -408,7 +413,7 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
     for (size_t i = 0; i < ops_.size(); ++i)
       for (int k = 0; k < 2; ++k)
         if (gemms_[i].fromWeightCopy[k])
-          gemms_[i].bf16Operands[k] = weightsBf16_ + ((char *)buffer(ops_[i]->operand(k)) - params_) / 2;
+          gemms_[i].bf16Operands[k] = weightCopy(ops_[i]->operand(k));
   }
   return llvm::Error::success();
 }
@@ -592,12 +597,7 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
   std::vector<uint16_t> bf16;
   if (program_.bf16Stored.count(v)) { // a leaf stored in BF16 (a KV cache): rounded as its writes round
     bf16.resize(tensor.data.size());
-    for (size_t i = 0; i < bf16.size(); ++i) {
-      float rounded = roundToBf16(tensor.data[i]);
-      uint32_t bits;
-      std::memcpy(&bits, &rounded, 4);
-      bf16[i] = uint16_t(bits >> 16);
-    }
+    std::transform(tensor.data.begin(), tensor.data.end(), bf16.begin(), floatToBf16);
     host = bf16.data();
   }
   // From pageable memory: the call returns once `host` is staged, so the tensor may go.
@@ -607,16 +607,23 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
   return llvm::Error::success();
 }
 
-llvm::Expected<bool> CudaExecutor::shareLeaf(llvm::StringRef name, Executor &owner) {
-  const auto *other = dynamic_cast<const CudaExecutor *>(&owner);
+std::pair<const Value *, const Value *> CudaExecutor::sameLeaf(llvm::StringRef name, const Executor &executor) const {
+  const auto *other = dynamic_cast<const CudaExecutor *>(&executor);
   const Value *v = graph_.lookup(name);
   const Value *source = other ? other->graph_.lookup(name) : nullptr;
-  if (!other || other->options_.device != options_.device || !v || !source || v->def()->kind() != OpKind::State ||
-      source->def()->kind() != OpKind::State || v->type() != source->type() || !other->buffer(source) ||
-      program_.bf16Stored.count(v) != other->program_.bf16Stored.count(source) || shadows_.count(v))
-    return false; // (the same storage on both sides: fp32, or BF16 for both)
+  if (!other || other->options_.device != options_.device || !v || !source || !isLeaf(v->def()->kind()) ||
+      v->type() != source->type() || !other->buffer(source) ||
+      program_.bf16Stored.count(v) != other->program_.bf16Stored.count(source))
+    return {nullptr, nullptr};
+  return {v, source};
+}
+
+llvm::Expected<bool> CudaExecutor::shareLeaf(llvm::StringRef name, Executor &owner) {
+  auto [v, source] = sameLeaf(name, owner);
+  if (!v || v->def()->kind() != OpKind::State || source->def()->kind() != OpKind::State || shadows_.count(v))
+    return false;
   // The leaf, the values written in place into it and their aliases all start at its buffer.
-  void *old = buffer(v), *shared = other->buffer(source);
+  void *old = buffer(v), *shared = static_cast<const CudaExecutor &>(owner).buffer(source);
   for (auto &[value, pointer] : buffers_)
     if (pointer == old)
       pointer = shared;
@@ -633,14 +640,11 @@ llvm::Expected<bool> CudaExecutor::shareLeaf(llvm::StringRef name, Executor &own
 }
 
 llvm::Error CudaExecutor::copyLeafFrom(llvm::StringRef name, const Executor &from) {
-  const auto *other = dynamic_cast<const CudaExecutor *>(&from);
-  const Value *v = graph_.lookup(name);
-  const Value *source = other ? other->graph_.lookup(name) : nullptr;
-  if (!other || other->options_.device != options_.device || !v || !source || !isLeaf(v->def()->kind()) ||
-      v->type() != source->type() || !other->buffer(source) ||
-      program_.bf16Stored.count(v) != other->program_.bf16Stored.count(source))
+  auto [v, source] = sameLeaf(name, from);
+  if (!v)
     return Executor::copyLeafFrom(name, from); // through the host, with bind's checks
-  CUDA_CHECK(cudaMemcpyAsync(buffer(v), other->buffer(source), storedBytes(v), cudaMemcpyDeviceToDevice, stream_));
+  void *data = static_cast<const CudaExecutor &>(from).buffer(source);
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), data, storedBytes(v), cudaMemcpyDeviceToDevice, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_)); // `from` may run again (and write its leaf) after this
   return llvm::Error::success();
 }
@@ -665,9 +669,7 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
     add(buffer(v));
   if (lowering.arguments.empty()) {
     for (unsigned k = 0; k < op.numOperands(); ++k) // a parameter the kernel reads in BF16: its copy
-      add(llvm::is_contained(lowering.bf16Weights, k)
-              ? (void *)(weightsBf16_ + ((char *)buffer(op.operand(k)) - params_) / 2)
-              : buffer(op.operand(k)));
+      add(llvm::is_contained(lowering.bf16Weights, k) ? weightCopy(op.operand(k)) : buffer(op.operand(k)));
     for (unsigned r = 0; r < op.numResults(); ++r) {
       add(buffer(op.result(r)));
       if (void *copy = shadows_.lookup(op.result(r)))
@@ -773,7 +775,7 @@ llvm::Error CudaExecutor::launchStep() {
 }
 
 /// TGC_GPU_PROFILE=graph, after a step: each op's launches captured once as a graph of
-/// kGraphProfileRepeats copies of them, each replay timed: what the op costs inside the step's
+/// kRepeats copies of them, each replay timed: what the op costs inside the step's
 /// CUDA graph, launch gaps included. Inference programs only: repeating an op must not change
 /// what the step computed.
 llvm::Error CudaExecutor::profileOpGraphs() {
@@ -891,10 +893,7 @@ llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
   if (program_.bf16Stored.count(v)) { // the BF16 a GEMM reads, widened
     std::vector<uint16_t> bits(t.data.size());
     CUDA_CHECK(cudaMemcpy(bits.data(), buffer(v), bits.size() * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < bits.size(); ++i) {
-      uint32_t wide = uint32_t(bits[i]) << 16;
-      std::memcpy(&t.data[i], &wide, 4);
-    }
+    std::transform(bits.begin(), bits.end(), t.data.begin(), bf16ToFloat);
     return t;
   }
   void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();

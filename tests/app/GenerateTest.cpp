@@ -77,6 +77,18 @@ FullRun fullRun(const Case &param, int64_t B, Rng &rng) {
   return r;
 }
 
+/// Binds `program`'s parameters from `weights` and its state (the KV caches) to zeros.
+void bindLeaves(Interpreter &interp, const Graph &program, const std::map<std::string, Tensor> &weights) {
+  for (const Op *op : program.ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    const std::string &name = op->result()->name();
+    EXPECT_FALSE(bool(interp.bind(name, op->kind() == OpKind::Param ? weights.at(name)
+                                                                    : Tensor::zeros(op->result()->type()))))
+        << name;
+  }
+}
+
 class KvCache : public testing::TestWithParam<Case> {};
 
 TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
@@ -86,25 +98,13 @@ TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
   FullRun ref = fullRun(param, B, rng);
   ASSERT_TRUE(ref.decode && !ref.want.empty());
   const int64_t T = ref.c.seqLen, V = ref.c.vocab;
-  const Graph *decode = ref.decode.get();
-  const std::map<std::string, Tensor> &weights = ref.weights;
-  const Tensor &tokens = ref.tokens;
-  const std::vector<float> &want = ref.want;
-  const double scale = ref.scale;
-  Interpreter step(*decode);
-  for (const Op *op : decode->ops()) {
-    const std::string &name = op->result() ? op->result()->name() : "";
-    if (op->kind() == OpKind::Param) {
-      ASSERT_FALSE(bool(step.bind(name, weights.at(name))));
-    } else if (op->kind() == OpKind::State) { // the KV caches; past pos they are never read
-      ASSERT_FALSE(bool(step.bind(name, Tensor::zeros(op->result()->type()))));
-    }
-  }
+  Interpreter step(*ref.decode);
+  bindLeaves(step, *ref.decode, ref.weights); // the KV caches past each position are never read
   for (int64_t pos = 0; pos < T; ++pos) {
     TensorType column(DType::I32, {B, 1});
     Tensor fed = Tensor::zeros(column), positions = Tensor::zeros(column);
     for (int64_t b = 0; b < B; ++b) {
-      fed.ints[b] = tokens.ints[b * T + pos];
+      fed.ints[b] = ref.tokens.ints[b * T + pos];
       positions.ints[b] = int32_t(pos);
     }
     ASSERT_FALSE(bool(step.bind("tokens", fed)));
@@ -113,8 +113,8 @@ TEST_P(KvCache, DecodeStepsGiveTheFullProgramsLogits) {
     double worst = 0;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t v = 0; v < V; ++v)
-        worst = std::max(worst, double(std::fabs(got[b * V + v] - want[(b * T + pos) * V + v])));
-    ASSERT_LE(worst, param.bound * scale) << "position " << pos << ", largest logit " << scale;
+        worst = std::max(worst, double(std::fabs(got[b * V + v] - ref.want[(b * T + pos) * V + v])));
+    ASSERT_LE(worst, param.bound * ref.scale) << "position " << pos << ", largest logit " << ref.scale;
   }
 }
 
@@ -128,37 +128,26 @@ TEST_P(KvCache, PrefillThenDecodeGiveTheFullProgramsLogits) {
   Rng rng(freshSeed());
   FullRun ref = fullRun(param, B, rng);
   ASSERT_TRUE(ref.decode && !ref.want.empty());
-  const ModelConfig &c = ref.c;
-  const int64_t T = c.seqLen, V = c.vocab;
-  const Graph *decode = ref.decode.get();
-  const std::map<std::string, Tensor> &weights = ref.weights;
+  const int64_t T = ref.c.seqLen, V = ref.c.vocab;
   const Tensor &tokens = ref.tokens;
-  const std::vector<float> &want = ref.want;
-  const double scale = ref.scale;
   auto expectRows = [&](const std::vector<float> &got, const std::vector<int32_t> &next,
                         const std::vector<int64_t> &rows) {
     for (int64_t b = 0; b < B; ++b) {
       double worst = 0;
-      const float *row = &want[(b * T + rows[b]) * V];
+      const float *row = &ref.want[(b * T + rows[b]) * V];
       for (int64_t v = 0; v < V; ++v)
         worst = std::max(worst, double(std::fabs(got[b * V + v] - row[v])));
-      EXPECT_LE(worst, param.bound * scale) << "sequence " << b << ", position " << rows[b];
+      EXPECT_LE(worst, param.bound * ref.scale) << "sequence " << b << ", position " << rows[b];
       EXPECT_EQ(next[b], int32_t(std::max_element(&got[b * V], &got[(b + 1) * V]) - &got[b * V]));
     }
   };
   for (auto [P, lengths] : {std::pair<int64_t, std::vector<int64_t>>{16, {3, 16}}, {T, {T / 2 + 1, T}}, {T, {1, T - 3}}}) {
     SCOPED_TRACE(fmt::format("prefill of {} positions, prompts of {} and {}", P, lengths[0], lengths[1]));
-    auto prefill = inferenceProgram(c, B, GPTOutput::Prefill, P);
+    auto prefill = inferenceProgram(ref.c, B, GPTOutput::Prefill, P);
     ASSERT_TRUE(prefill);
-    Interpreter first(*prefill), step(*decode);
-    for (Interpreter *interp : {&first, &step})
-      for (const Op *op : interp == &first ? prefill->ops() : decode->ops()) {
-        if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
-          const std::string &name = op->result()->name();
-          ASSERT_FALSE(bool(interp->bind(name, op->kind() == OpKind::Param ? weights.at(name)
-                                                                           : Tensor::zeros(op->result()->type()))));
-        }
-      }
+    Interpreter first(*prefill), step(*ref.decode);
+    bindLeaves(first, *prefill, ref.weights);
+    bindLeaves(step, *ref.decode, ref.weights);
     Tensor prompt = Tensor::zeros(TensorType(DType::I32, {B, P})), lastRows = Tensor::zeros(TensorType(DType::I32, {B, 1}));
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < lengths[b]; ++t)
@@ -172,7 +161,7 @@ TEST_P(KvCache, PrefillThenDecodeGiveTheFullProgramsLogits) {
     auto out = unwrap(first.run()); // logits [B, 1, V], next [B, 1]
     ASSERT_EQ(out.size(), 2u);
     expectRows(out[0].data, out[1].ints, {lengths[0] - 1, lengths[1] - 1});
-    for (const Op *op : decode->ops()) {
+    for (const Op *op : ref.decode->ops()) {
       if (op->kind() == OpKind::State) {
         ASSERT_FALSE(bool(step.copyLeafFrom(op->result()->name(), first)));
       }

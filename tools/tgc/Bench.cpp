@@ -45,7 +45,7 @@ double trainingFlops(const ModelConfig &c) {
   return tokens * (6.0 * double(c.numParams()) + 12.0 * c.layers * double(c.seqLen) * c.dModel);
 }
 
-double median(std::vector<double> values) {
+double medianOf(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
@@ -105,12 +105,11 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
       }
       overall.push_back(double(s.generatedTokens) / (s.prefillSeconds + s.decodeSeconds));
     }
-    std::string where = (*generator)->describe();
-    where = where.substr(0, where.find(", "));
-    double prefillMs = median(prefill), stepMs = step.empty() ? 0 : median(step);
-    double rate = decodeRate.empty() ? 0 : median(decodeRate), promptRate = batch * P / (prefillMs / 1e3);
+    std::string where = deviceName((*generator)->describe());
+    double prefillMs = medianOf(prefill), stepMs = step.empty() ? 0 : medianOf(step);
+    double rate = decodeRate.empty() ? 0 : medianOf(decodeRate), promptRate = batch * P / (prefillMs / 1e3);
     llvm::outs() << fmt::format("{:<6} {:<34} {:>11.2f} {:>12.0f} {:>11.3f} {:>13.0f} {:>13.0f}\n", recipe, where,
-                                prefillMs, promptRate, stepMs, rate, median(overall));
+                                prefillMs, promptRate, stepMs, rate, medianOf(overall));
     results.push_back(llvm::json::Object{{"commit", buildCommit()},
                                          {"model", config.name},
                                          {"parameters", config.numParams()},
@@ -123,7 +122,7 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
                                          {"prompt_tokens_per_s", promptRate},
                                          {"decode_ms_per_step", stepMs},
                                          {"decode_tokens_per_s", rate},
-                                         {"overall_tokens_per_s", median(overall)}});
+                                         {"overall_tokens_per_s", medianOf(overall)}});
   }
   if (!BenchJson.empty()) {
     std::string text;
@@ -198,9 +197,7 @@ int runBench() {
         times.push_back(r->stepMs);
       loss = r->loss;
     }
-    std::vector<double> sorted = times;
-    std::sort(sorted.begin(), sorted.end());
-    double median = sorted[sorted.size() / 2], mean = 0;
+    double median = medianOf(times), mean = 0;
     for (double t : times)
       mean += t / times.size();
     double tokens = double(config.train.batch) * config.seqLen;

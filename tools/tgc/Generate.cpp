@@ -134,14 +134,7 @@ int runGenerate() {
       return report(out.takeError());
     for (const auto &tokens : *out)
       llvm::outs() << (Stream ? "" : fmt::format("{}", fmt::join(tokens, " "))) << "\n";
-    const GenerationStats &s = (*generator)->stats();
-    total.sequences += s.sequences;
-    total.promptTokens += s.promptTokens;
-    total.generatedTokens += s.generatedTokens;
-    total.decodeSteps += s.decodeSteps;
-    total.prefillSeconds += s.prefillSeconds;
-    total.decodeSeconds += s.decodeSeconds;
-    total.cached = total.cached && s.cached;
+    total += (*generator)->stats();
   }
   // Speed on stderr, so that stdout stays the tokens.
   int64_t decoded = total.generatedTokens - (total.cached ? total.sequences : 0);

@@ -198,10 +198,11 @@ void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ost
   }
 }
 
-std::string deviceName(const Trainer &trainer) {
-  std::string device = trainer.executor().describe();
-  return device.substr(0, device.find(", ")); // without the kernel-cache note after its first comma
+std::string deviceName(llvm::StringRef description) {
+  return description.substr(0, description.find(", ")).str(); // without the kernel-cache note after its first comma
 }
+
+std::string deviceName(const Trainer &trainer) { return deviceName(trainer.executor().describe()); }
 
 llvm::json::Object runDescription(const Trainer &trainer) {
   const ModelConfig &c = trainer.config();

@@ -79,6 +79,8 @@ int runReport();
 
 /// The trainer's device, as its executor describes it, without the kernel-cache note.
 std::string deviceName(const Trainer &trainer);
+/// The same of an executor's description (a generator's).
+std::string deviceName(llvm::StringRef description);
 /// What a script needs to compare runs: the build's commit, the model and its size, the batch,
 /// the device, the recipe and the training program's op counts by kind.
 llvm::json::Object runDescription(const Trainer &trainer);
