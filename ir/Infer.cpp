@@ -434,7 +434,9 @@ llvm::Expected<TypeList> inferMaskedSoftmaxBackward(Operands ops, const AttrMap 
 llvm::Expected<TypeList> inferLayerNormBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (ops[0] != ops[1])
     return makeError("dy {} and x {} differ", ops[0].str(), ops[1].str());
-  if (auto err = checkNorm(ops.drop_front(), attrs))
+  if (ops.size() > 3 && ops[3] != ops[1])
+    return makeError("dres {} and x {} differ", ops[3].str(), ops[1].str());
+  if (auto err = checkNorm(ops.slice(1, 2), attrs))
     return std::move(err);
   return TypeList{ops[1], ops[2], ops[2]};
 }
@@ -442,7 +444,9 @@ llvm::Expected<TypeList> inferLayerNormBackward(Operands ops, const AttrMap &att
 llvm::Expected<TypeList> inferRMSNormBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (ops[0] != ops[1])
     return makeError("dy {} and x {} differ", ops[0].str(), ops[1].str());
-  if (auto err = checkNorm(ops.drop_front(), attrs))
+  if (ops.size() > 3 && ops[3] != ops[1])
+    return makeError("dres {} and x {} differ", ops[3].str(), ops[1].str());
+  if (auto err = checkNorm(ops.slice(1, 2), attrs))
     return std::move(err);
   return TypeList{ops[1], ops[2]};
 }

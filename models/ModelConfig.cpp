@@ -160,6 +160,8 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     return err;
   if (o.seed)
     t.seed = *o.seed;
+  if (o.recompute)
+    t.recompute = *o.recompute;
   return llvm::Error::success();
 }
 
@@ -489,7 +491,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   if (top.count("train") &&
       readMapping(top["train"], "train",
                   {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
-                   "grad_clip", "min_lr_ratio", "decay_embeddings", "seed"},
+                   "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "seed"},
                   train)) {
     readInt(train, "batch", t.batch, false);
     readDouble(train, "lr", t.lr);
@@ -502,6 +504,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     readDouble(train, "grad_clip", t.gradClip);
     readDouble(train, "min_lr_ratio", t.minLrRatio);
     readBool(train, "decay_embeddings", t.decayEmbeddings);
+    readBool(train, "recompute", t.recompute);
     readUInt(train, "seed", t.seed);
   }
   // The default progression steps fit the vocabulary (a step is at most vocab - 1), so that a
@@ -573,7 +576,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       "  norm_eps: {}\n"
       "train:\n  batch: {}\n  lr: {}\n  steps: {}\n  warmup: {}\n  weight_decay: {}\n"
       "  beta1: {}\n  beta2: {}\n  eps: {}\n  grad_clip: {}\n  min_lr_ratio: {}\n"
-      "  decay_embeddings: {}\n  seed: {}\n"
+      "  decay_embeddings: {}\n  recompute: {}\n  seed: {}\n"
       "data:\n  min_step: {}\n  max_step: {}\n"
       "precision:\n  recipe: {}\n  fp8_format: {}\n  margin: {}\n  amax_history_len: {}\n"
       "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n",
@@ -581,7 +584,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
-      num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.seed,
+      num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
       c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim);
 }

@@ -28,6 +28,9 @@ struct TrainConfig {
   double gradClip = 1.0;
   double minLrRatio = 0.1;       // the cosine schedule ends at lr * min_lr_ratio
   bool decayEmbeddings = false;  // weight decay on wte/wpe too (never on norms and biases)
+  /// The backward recomputes what a fused LayerNorm+Linear/MLP normalised and activated (less
+  /// memory, more time) instead of keeping the forward's values, as Transformer Engine keeps them.
+  bool recompute = false;
   uint64_t seed = 1234;
 };
 
@@ -99,6 +102,7 @@ struct ConfigOverrides {
   std::optional<int64_t> batch, steps, margin, amaxHistoryLen, fp8MinDim;
   std::optional<double> lr;
   std::optional<uint64_t> seed;
+  std::optional<bool> recompute;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo;
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag

@@ -11,6 +11,7 @@ std::unique_ptr<Pass> createFuseAttentionPass();
 std::unique_ptr<Pass> createFuseLayerNormMLPPass();
 std::unique_ptr<Pass> createFuseLayerNormLinearPass();
 std::unique_ptr<Pass> createFuseResidualNormPass();
+std::unique_ptr<Pass> createFuseNormGradAddPass();
 std::unique_ptr<Pass> createFuseBiasActivationPass();
 std::unique_ptr<Pass> createFuseBiasPass();
 std::unique_ptr<Pass> createFuseCrossEntropyPass();
@@ -22,7 +23,9 @@ std::unique_ptr<Pass> createLegalizeFp8GemmPass();
 std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config);
 std::unique_ptr<Pass> createAutodiffPass();
 std::unique_ptr<Pass> createConcatPadsPass();
-std::unique_ptr<Pass> createExpandLayerNormFusedPass();
+/// `recompute`: the gradients recompute the norm and the activation instead of reading the
+/// forward's.
+std::unique_ptr<Pass> createExpandLayerNormFusedPass(bool recompute = false);
 std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 
 } // namespace tgc

@@ -469,7 +469,7 @@ llvm::Error evalSiluBackward(const AttrMap &, Operands in, Results out) {
 
 /// Shared by layer_norm_backward and rms_norm_backward. With xhat the normalised row and
 /// g = dy * gamma: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) for LayerNorm, and
-/// dx = rstd * (g - xhat * mean(g * xhat)) for RMSNorm.
+/// dx = rstd * (g - xhat * mean(g * xhat)) for RMSNorm; plus dres where given (in fp32, as add).
 llvm::Error normBackward(const AttrMap &attrs, Operands in, Results out, bool centered) {
   const Tensor &dy = *in[0], &x = *in[1], &gamma = *in[2];
   double eps = *attrs.getFloat("eps");
@@ -491,7 +491,8 @@ llvm::Error normBackward(const AttrMap &attrs, Operands in, Results out, bool ce
     meanGX /= d;
     for (int64_t i = 0; i < d; ++i) {
       double g = double(dyRow[i]) * gamma.data[i];
-      out[0].data[r * d + i] = float(rstd * (g - meanG - xhat[i] * meanGX));
+      float grad = float(rstd * (g - meanG - xhat[i] * meanGX));
+      out[0].data[r * d + i] = in.size() > 3 ? in[3]->data[r * d + i] + grad : grad;
     }
   }
   for (int64_t i = 0; i < d; ++i) {

@@ -16,6 +16,8 @@ namespace tgc {
 namespace {
 
 constexpr int64_t kChunk = 64; // rows per partial sum of a column reduction
+/// Blocks of a column reduction's last launch: 32 columns a block (reduce.cuh's columnTotal).
+int64_t columnTotalBlocks(int64_t columns) { return (columns + 31) / 32; }
 
 /// A float constant as CUDA source: the literal of its float value.
 std::string lit(double v) {
@@ -257,14 +259,17 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     const TensorType &x = operandType(op, 1);
     int64_t d = x.dim(-1), rows = rowsOf(x);
     int64_t chunks = (rows + kChunk - 1) / kChunk, columnBlocks = (d + kThreads - 1) / kThreads;
+    bool accumulate = op.numOperands() > 3; // the residual gradient dres, added to dx
     std::string params = std::string("const float *dy, const float *x, const float *gamma, ") +
+                         (accumulate ? "const float *dres, " : "") +
                          (layer ? "float *dx, float *dgamma, float *dbeta" : "float *dx, float *dgamma") +
                          ", float *stats";
     e.launch(0, params, normBlocks(rows),
-             fmt::format("normBackwardRows<{}, {}, {}>(dy, x, gamma, dx, stats, {})", boolText(layer), d, rows, eps));
+             fmt::format("normBackwardRows<{}, {}, {}, {}>(dy, x, gamma, {}, dx, stats, {})", boolText(layer), d,
+                         rows, boolText(accumulate), accumulate ? "dres" : "nullptr", eps));
     e.launch(1, params, chunks * columnBlocks,
              fmt::format("normBackwardPartials<{}, {}, {}, {}>(dy, x, stats)", d, rows, columnBlocks, kChunk));
-    e.launch(2, params, columnBlocks,
+    e.launch(2, params, columnTotalBlocks(d),
              fmt::format("normBackwardColumns<{}, {}, {}, {}>(stats, dgamma, {})", boolText(layer), d, rows, chunks,
                          layer ? "dbeta" : "(float *)nullptr"));
     // Scratch: the rows' mean and rstd (floats; an even count keeps the partials aligned), then
@@ -357,7 +362,8 @@ llvm::Error emitReduction(const Op &op, Emitter &e) {
     const char *params = "const float *x, float *out, float *scratch";
     e.launch(0, params, chunks * columnBlocks,
              fmt::format("columnSumPartials<{}, {}, {}, {}>(x, scratch)", period, repeats, columnBlocks, kChunk));
-    e.launch(1, params, columnBlocks, fmt::format("columnSumTotals<{}, {}>(out, scratch)", period, chunks));
+    e.launch(1, params, columnTotalBlocks(period),
+             fmt::format("columnSumTotals<{}, {}>(out, scratch)", period, chunks));
     e.lowering.scratchFloats.push_back(2 * chunks * period);
     return llvm::Error::success();
   }

@@ -20,11 +20,12 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   for (const std::string &p : training ? trainingPipeline() : forwardPipeline())
     if (!llvm::is_contained(fusionPasses(), p) || llvm::is_contained(lowered, p))
       passes.push_back(p);
-  // Before the final dce: LayerNorm+Linear/MLP become their norm and GEMM ops (the forward's
-  // and the backward's recomputation), and each norm then takes the residual add before it
-  // (the LayerNorm fusions ran first and left those adds alone); FP8 GEMMs go into cuBLASLt's
-  // TN layout.
-  passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "legalize-fp8-gemm"});
+  // Before the final dce: LayerNorm+Linear/MLP become their norm and GEMM ops (and their
+  // gradients' norm gradients and GEMMs), and each norm then takes the residual add before it
+  // (the LayerNorm fusions ran first and left those adds alone), each norm gradient the
+  // residual gradient's add after it; FP8 GEMMs go into cuBLASLt's TN layout.
+  passes.insert(passes.end() - 1,
+                {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add", "legalize-fp8-gemm"});
   return passes;
 }
 

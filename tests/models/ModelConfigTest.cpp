@@ -44,7 +44,7 @@ TEST(ModelConfig, ReadsEveryField) {
 model: {vocab: 100, seq_len: 16, d_model: 48, heads: 6, layers: 3, ffn: 96, norm: rmsnorm,
         activation: swiglu, bias: false, tie_embeddings: true, norm_eps: 1.0e-6}
 train: {batch: 4, lr: 0.01, steps: 7, warmup: 2, weight_decay: 0.0, beta1: 0.8, beta2: 0.9,
-        eps: 1.0e-7, grad_clip: 0.5, seed: 18446744073709551615}
+        eps: 1.0e-7, grad_clip: 0.5, recompute: true, seed: 18446744073709551615}
 data: {min_step: 2, max_step: 5}
 precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
             amax_compute_algo: most_recent}
@@ -59,6 +59,8 @@ precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
   EXPECT_EQ(c.train.batch, 4);
   EXPECT_EQ(c.train.lr, 0.01);
   EXPECT_EQ(c.train.gradClip, 0.5);
+  EXPECT_TRUE(c.train.recompute);
+  EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).train.recompute, true);
   EXPECT_EQ(c.train.seed, 18446744073709551615ULL);
   EXPECT_EQ(c.data.minStep, 2);
   EXPECT_EQ(c.data.maxStep, 5);
@@ -135,7 +137,10 @@ TEST(ModelConfig, OverridesAreCheckedAsTheModelFileIs) {
   ok.batch = 7;
   ok.fp8MinDim = 2000000; // past 2^20: the model file takes it too
   ok.recipe = "bf16";
+  ok.recompute = true;
+  EXPECT_FALSE(config.train.recompute);
   EXPECT_FALSE(bool(applyOverrides(config, ok)));
+  EXPECT_TRUE(config.train.recompute);
   EXPECT_EQ(config.train.batch, 7);
   EXPECT_EQ(config.precision.fp8MinDim, 2000000);
   EXPECT_EQ(config.precision.recipe, Recipe::Bf16);

@@ -47,6 +47,7 @@ std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
   passes.insert(passes.end(), lowering.begin(), lowering.end());
   passes.push_back("dce");
   PipelineOptions options;
+  options.passOptions.train = c.train;
   options.passOptions.precision = resolveRecipeForCpu(c.precision);
   auto pipeline = unwrap(PassPipeline::create(passes, options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
@@ -142,9 +143,9 @@ TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
   compareFusedWithPlain(loadModel("tests/models/tiny-variants.yaml"), 3, fusionPasses());
 }
 
-// What the GPU runs: the LayerNorm fusions' ops expanded into their norm and GEMM ops (the
-// backward recomputing), the residual adds then fused into the norms.
-const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm"};
+
+
+const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add"};
 
 TEST(Fusion, GpuExpansionOfLayerNormFusionsMatchesUnfused) {
   compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, fusionPasses(), kGpuLowering);
@@ -161,22 +162,39 @@ TEST(Fusion, GpuExpansionOfRMSNormSwiGLUTiedNoBiasMatchesUnfused) {
                         kGpuLowering);
 }
 
-TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
+TEST(Fusion, GpuExpansionWithRecomputeMatchesUnfused) {
   ModelConfig c = loadModel("tests/models/tiny-variants.yaml");
-  auto fused = gradientProgram(c, 2, fusionPasses());
-  auto expanded = gradientProgram(c, 2, fusionPasses(), GPTOutput::Loss, kGpuLowering);
-  ASSERT_TRUE(fused && expanded);
-  OpCounts before = countOps(*fused), after = countOps(*expanded);
-  EXPECT_GT(before["layer_norm_mlp"] + before["layer_norm_mlp_backward"], 0);
-  EXPECT_GT(before["layer_norm_linear"] + before["layer_norm_linear_backward"], 0);
-  for (const char *kind : {"layer_norm_linear", "layer_norm_mlp", "layer_norm_linear_backward",
-                           "layer_norm_mlp_backward"})
-    EXPECT_EQ(after[kind], 0) << kind;
-  // The backward recomputes each fused op's norm: one more norm per fused op.
-  EXPECT_EQ(after["rms_norm"] + after["residual_norm"],
-            before["rms_norm"] + before["residual_norm"] + before["layer_norm_mlp"] +
-                before["layer_norm_linear"] + before["layer_norm_mlp_backward"] +
-                before["layer_norm_linear_backward"]);
+  c.train.recompute = true;
+  compareFusedWithPlain(c, 3, fusionPasses(), kGpuLowering);
+  c = loadModel("models/tiny.yaml");
+  c.train.recompute = true;
+  c.precision.recipe = Recipe::Bf16;
+  compareFusedWithPlain(c, 2, fusionPasses(), kGpuLowering);
+}
+
+TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
+  for (bool recompute : {false, true}) {
+    ModelConfig c = loadModel("tests/models/tiny-variants.yaml");
+    c.train.recompute = recompute;
+    auto fused = gradientProgram(c, 2, fusionPasses());
+    auto expanded = gradientProgram(c, 2, fusionPasses(), GPTOutput::Loss, kGpuLowering);
+    ASSERT_TRUE(fused && expanded);
+    OpCounts before = countOps(*fused), after = countOps(*expanded);
+    EXPECT_GT(before["layer_norm_mlp"] + before["layer_norm_mlp_backward"], 0);
+    EXPECT_GT(before["layer_norm_linear"] + before["layer_norm_linear_backward"], 0);
+    for (const char *kind : {"layer_norm_linear", "layer_norm_mlp", "layer_norm_linear_backward",
+                             "layer_norm_mlp_backward"})
+      EXPECT_EQ(after[kind], 0) << kind;
+    // One more norm per fused op; with recompute, per fused gradient too.
+    int64_t gradients = before["layer_norm_mlp_backward"] + before["layer_norm_linear_backward"];
+    EXPECT_EQ(after["rms_norm"] + after["residual_norm"],
+              before["rms_norm"] + before["residual_norm"] + before["layer_norm_mlp"] +
+                  before["layer_norm_linear"] + (recompute ? gradients : 0))
+        << "recompute " << recompute;
+    // Each fused gradient's norm gradient takes the residual gradient's add after it.
+    EXPECT_EQ(after["rms_norm_backward"], gradients);
+    EXPECT_LT(after["add"], before["add"]);
+  }
 }
 
 class FusionDisabled : public testing::TestWithParam<std::string> {};

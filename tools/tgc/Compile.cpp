@@ -209,6 +209,7 @@ int runOpt() {
     return report(graph.takeError());
   PipelineOptions options;
   options.dumpAfter = DumpAfter;
+  options.passOptions.train.recompute = Recompute;
   auto pipeline = PassPipeline::create(explicitPasses(), options);
   if (!pipeline)
     return report(pipeline.takeError());

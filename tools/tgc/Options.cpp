@@ -88,6 +88,10 @@ cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_rece
 cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
                                   cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
                                   cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<bool> Recompute("recompute",
+                        cl::desc("The backward recomputes the fused layers' norms and activations instead of keeping the forward's (less memory, more time)"),
+                        cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
+                        cl::cat(category()));
 cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
                               cl::sub(trainCommand()), cl::sub(compileCommand()), cl::cat(category()));
 cl::opt<double> LearningRate("lr", cl::desc("Peak learning rate (default: the model file's)"),
@@ -133,6 +137,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.fp8MinDim = Fp8MinDim;
   if (given(AmaxHistoryLen))
     o.amaxHistoryLen = AmaxHistoryLen;
+  if (given(Recompute))
+    o.recompute = Recompute;
   if (auto err = applyOverrides(*config, o))
     return std::move(err);
   for (const std::string &name : DisablePass)

@@ -45,6 +45,7 @@ extern cl::opt<int64_t> Margin;
 extern cl::opt<int64_t> AmaxHistoryLen;
 extern cl::opt<std::string> AmaxAlgoFlag;
 extern cl::opt<int64_t> Fp8MinDim;
+extern cl::opt<bool> Recompute;
 extern cl::opt<int64_t> Steps;
 extern cl::opt<double> LearningRate;
 extern cl::opt<std::string> DeviceFlag;

@@ -5,16 +5,21 @@
 // GEMM's operand, then the GEMMs. The values between them are the op's own: nothing else reads
 // them.
 //
-// The gradients recompute what the fused forward did not keep, as the fused op defines: the
-// normalised input (a norm kernel), and in the MLP the activation of the fc1 output h that the
-// forward kept (an elementwise kernel; no GEMM is recomputed). Neither is alive between the
-// forward and the backward, which is the memory the fusion saves. Each expansion is the fused
-// op's CPU reference (CpuFusedKernels.cpp) written as ops, in the same order, so the result is
-// the same function.
+// The gradients read what the forward's expansion computed: the normalised input, and in the
+// MLP the activation of fc1's output h, as Transformer Engine's LayerNormLinear and LayerNormMLP
+// keep them (the GEMMs' BF16 operands; the same values the fused op would recompute, by the same
+// kernels). With `recompute` (train.recompute, tgc --recompute) the gradients recompute them
+// instead, as the fused op defines: a norm kernel and an elementwise kernel, no GEMM; then
+// neither is alive between the forward and the backward, which is the memory the fusion can
+// save, at the cost of those kernels. Each expansion is the fused op's CPU reference
+// (CpuFusedKernels.cpp) written as ops, in the same order, so the result is the same function.
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
+
+#include <map>
+#include <tuple>
 
 namespace tgc {
 namespace {
@@ -188,19 +193,59 @@ private:
   std::string base_;
 };
 
-llvm::Error expandLayerNormLinear(Graph &graph, Op &op) {
+/// What the forward expansions computed that their gradients read again: each norm by its
+/// (x, gamma, beta), each activation by fc1's output h. Empty under `recompute`.
+class Kept {
+public:
+  explicit Kept(bool recompute) : recompute_(recompute) {}
+
+  /// The norm of the fused op's input: the forward's, or a new one.
+  Value *norm(Expansion &e) {
+    auto key = normKey(e);
+    if (auto it = norms_.find(key); it != norms_.end())
+      return it->second;
+    Value *n = e.norm();
+    if (!recompute_ && !e.has(FusedSlot::Dy))
+      norms_[key] = n;
+    return n;
+  }
+  /// fc1 and its activation, in a forward expansion.
+  Expansion::Activation fc1(Expansion &e, Value *n) {
+    Expansion::Activation a = e.fc1(n);
+    if (!recompute_ && a.h)
+      activations_[a.h] = a;
+    return a;
+  }
+  /// The activation of h in a gradient: the forward's, or a new one.
+  Expansion::Activation activation(Expansion &e, Value *h) {
+    if (auto it = activations_.find(h); it != activations_.end())
+      return it->second;
+    return e.activate(h);
+  }
+
+private:
+  using NormKey = std::tuple<Value *, Value *, Value *>;
+  static NormKey normKey(Expansion &e) {
+    return {e.operand(FusedSlot::X), e.operand(FusedSlot::Gamma), e.operand(FusedSlot::Beta)};
+  }
+  bool recompute_;
+  std::map<NormKey, Value *> norms_;
+  llvm::DenseMap<Value *, Expansion::Activation> activations_;
+};
+
+llvm::Error expandLayerNormLinear(Graph &graph, Op &op, Kept &kept) {
   Expansion e(graph, op);
-  Value *n = e.norm();
+  Value *n = kept.norm(e);
   Value *y = e.linear(n, e.operand(FusedSlot::W1), e.operand(FusedSlot::B1), "out");
   if (op.numResults() > 1)
     return e.finish({y, n});
   return e.finish({y});
 }
 
-llvm::Error expandLayerNormMLP(Graph &graph, Op &op) {
+llvm::Error expandLayerNormMLP(Graph &graph, Op &op, Kept &kept) {
   Expansion e(graph, op);
-  Value *n = e.norm();
-  Expansion::Activation fc1 = e.fc1(n);
+  Value *n = kept.norm(e);
+  Expansion::Activation fc1 = kept.fc1(e, n);
   Value *y = e.linear(fc1.act, e.operand(FusedSlot::W2), e.operand(FusedSlot::B2), "out");
   return e.finish({y, fc1.h});
 }
@@ -216,10 +261,10 @@ llvm::SmallVector<Value *, 8> normGrads(Expansion &e, Value *dn) {
   return grads;
 }
 
-llvm::Error expandLayerNormLinearBackward(Graph &graph, Op &op) {
+llvm::Error expandLayerNormLinearBackward(Graph &graph, Op &op, Kept &kept) {
   Expansion e(graph, op);
   bool bias = e.has(FusedSlot::B1);
-  Value *n = e.norm();
+  Value *n = kept.norm(e);
   auto g = e.linearGrads(e.operand(FusedSlot::Dy), n, e.operand(FusedSlot::W1), bias, "linear");
   Value *dn = g.dx;
   if (Value *dnorm = e.operand(FusedSlot::DNorm))
@@ -231,11 +276,11 @@ llvm::Error expandLayerNormLinearBackward(Graph &graph, Op &op) {
   return e.finish(grads);
 }
 
-llvm::Error expandLayerNormMLPBackward(Graph &graph, Op &op) {
+llvm::Error expandLayerNormMLPBackward(Graph &graph, Op &op, Kept &kept) {
   Expansion e(graph, op);
   bool bias = e.has(FusedSlot::B1);
-  Value *n = e.norm();
-  Expansion::Activation fwd = e.activate(e.operand(FusedSlot::Hidden));
+  Value *n = kept.norm(e);
+  Expansion::Activation fwd = kept.activation(e, e.operand(FusedSlot::Hidden));
   auto g2 = e.linearGrads(e.operand(FusedSlot::Dy), fwd.act, e.operand(FusedSlot::W2), bias, "fc2");
   Value *dh = e.activationGrad(g2.dx, fwd);
   auto g1 = e.linearGrads(dh, n, e.operand(FusedSlot::W1), bias, "fc1");
@@ -251,22 +296,25 @@ llvm::Error expandLayerNormMLPBackward(Graph &graph, Op &op) {
 
 class ExpandLayerNormFused : public Pass {
 public:
+  explicit ExpandLayerNormFused(bool recompute) : recompute_(recompute) {}
+
   llvm::Expected<bool> run(Graph &graph) override {
     bool changed = false;
+    Kept kept(recompute_); // the forward's ops come before their gradients'
     for (Op *op : graph.ops()) {
       llvm::Error err = llvm::Error::success();
       switch (op->kind()) {
       case OpKind::LayerNormLinear:
-        err = expandLayerNormLinear(graph, *op);
+        err = expandLayerNormLinear(graph, *op, kept);
         break;
       case OpKind::LayerNormMLP:
-        err = expandLayerNormMLP(graph, *op);
+        err = expandLayerNormMLP(graph, *op, kept);
         break;
       case OpKind::LayerNormLinearBackward:
-        err = expandLayerNormLinearBackward(graph, *op);
+        err = expandLayerNormLinearBackward(graph, *op, kept);
         break;
       case OpKind::LayerNormMLPBackward:
-        err = expandLayerNormMLPBackward(graph, *op);
+        err = expandLayerNormMLPBackward(graph, *op, kept);
         break;
       default:
         continue;
@@ -277,12 +325,15 @@ public:
     }
     return changed;
   }
+
+private:
+  bool recompute_;
 };
 
 } // namespace
 
-std::unique_ptr<Pass> createExpandLayerNormFusedPass() {
-  return std::make_unique<ExpandLayerNormFused>();
+std::unique_ptr<Pass> createExpandLayerNormFusedPass(bool recompute) {
+  return std::make_unique<ExpandLayerNormFused>(recompute);
 }
 
 } // namespace tgc

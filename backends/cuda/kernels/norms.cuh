@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "reduce.cuh"
 
 // A warp takes a row (eight rows a 256-thread block): its lanes read the row 32 elements at a
 // time and meet in shuffles, with no block-wide barrier between the passes.
@@ -128,32 +129,69 @@ __device__ void residualNorm(const float *x, const float *y, const float *gamma,
   }
 }
 
-// The gradient, launch 0 (a warp per row): dx, and the row's mean and rstd into stats.
-template <bool Layer, int64 D, int64 Rows, typename Out>
-__device__ void normBackwardRows(const float *dy, const float *x, const float *gamma, Out dx, float *stats,
-                                 double eps) {
+// The gradient, launch 0 (a warp per row): dx (plus dres, the residual stream's gradient the
+// norm's input also receives, where Accumulate: the add after the norm's gradient, fused), and
+// the row's mean and rstd into stats. Where rows are short enough (RowInRegisters) the lanes
+// hold their x and dy in registers, all loads issued first; the sums are the same either way,
+// in the same order.
+template <bool Layer, int64 D, int64 Rows, bool Accumulate, typename Out>
+__device__ void normBackwardRows(const float *dy, const float *x, const float *gamma, const float *dres, Out dx,
+                                 float *stats, double eps) {
   int64 row = normRow<Rows>();
   if (row < 0)
     return;
+  constexpr bool Held = RowInRegisters<D>::kHeld;
+  constexpr int Per = RowInRegisters<D>::kPerLane, Unroll = Held ? Per : 4;
   const int lane = threadIdx.x % 32;
   int64 base = row * D;
+  float xs[Held ? Per : 1], dys[Held ? Per : 1];
+  if constexpr (Held) {
+#pragma unroll
+    for (int c = 0; c < Per; ++c) {
+      int j = lane + 32 * c;
+      xs[c] = j < D ? x[base + j] : 0.0f;
+      dys[c] = j < D ? dy[base + j] : 0.0f;
+    }
+  }
+  auto xAt = [&](int c, int j) -> float {
+    if constexpr (Held) return xs[c]; else return x[base + j];
+  };
+  auto dyAt = [&](int c, int j) -> float {
+    if constexpr (Held) return dys[c]; else return dy[base + j];
+  };
   double sum = 0;
-  for (int j = lane; j < D; j += 32) sum += x[base + j];
+#pragma unroll Unroll
+  for (int c = 0; c < Per; ++c)
+    if (lane + 32 * c < D) sum += xAt(c, lane + 32 * c);
   double mean = Layer ? warpSumDouble(sum) / D : 0.0;
   double squares = 0;
-  for (int j = lane; j < D; j += 32) squares += (x[base + j] - mean) * (x[base + j] - mean);
+#pragma unroll Unroll
+  for (int c = 0; c < Per; ++c) {
+    int j = lane + 32 * c;
+    if (j < D) squares += (xAt(c, j) - mean) * (xAt(c, j) - mean);
+  }
   double rstd = 1.0 / sqrt(warpSumDouble(squares) / D + eps);
   double g = 0, gx = 0; // sum dy * gamma, sum dy * gamma * xhat
-  for (int j = lane; j < D; j += 32) {
-    double gj = (double)dy[base + j] * gamma[j];
+#pragma unroll Unroll
+  for (int c = 0; c < Per; ++c) {
+    int j = lane + 32 * c;
+    if (j >= D) continue;
+    double gj = (double)dyAt(c, j) * gamma[j];
     g += gj;
-    gx += gj * (x[base + j] - mean) * rstd;
+    gx += gj * (xAt(c, j) - mean) * rstd;
   }
   double meanG = Layer ? warpSumDouble(g) / D : 0.0;
   double meanGX = warpSumDouble(gx) / D;
-  for (int j = lane; j < D; j += 32) {
-    double xhat = (x[base + j] - mean) * rstd;
-    dx[base + j] = (float)(rstd * ((double)dy[base + j] * gamma[j] - meanG - xhat * meanGX));
+#pragma unroll Unroll
+  for (int c = 0; c < Per; ++c) {
+    int j = lane + 32 * c;
+    if (j >= D) continue;
+    double xhat = (xAt(c, j) - mean) * rstd;
+    float grad = (float)(rstd * ((double)dyAt(c, j) * gamma[j] - meanG - xhat * meanGX));
+    if constexpr (Accumulate)
+      dx[base + j] = dres[base + j] + grad;
+    else
+      dx[base + j] = grad;
   }
   if (lane == 0) { stats[2 * row] = (float)mean; stats[2 * row + 1] = (float)rstd; }
 }
@@ -175,17 +213,15 @@ __device__ void normBackwardPartials(const float *dy, const float *x, float *sta
   partial[2 * (chunk * D + j) + 1] = dbetaSum;
 }
 
-// Launch 2: the chunks' partial sums in chunk order.
+// Launch 2: the chunks' partial sums (reduce.cuh's columnTotal, 32 features a block).
 template <bool Layer, int64 D, int64 Rows, int64 Chunks, typename GammaOut, typename BetaOut>
 __device__ void normBackwardColumns(float *stats, GammaOut dgamma, BetaOut dbeta) {
-  double *partial = (double *)(stats + 2 * Rows);
-  int64 j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= D) return;
-  double dgammaSum = 0, dbetaSum = 0;
-  for (int64 c = 0; c < Chunks; ++c) {
-    dgammaSum += partial[2 * (c * D + j)];
-    dbetaSum += partial[2 * (c * D + j) + 1];
-  }
+  __shared__ double shared[kTotalParts][32];
+  const double *partial = (const double *)(stats + 2 * Rows);
+  int64 j = totalColumn();
+  double dgammaSum = columnTotal<D, Chunks, 2>(partial, j, 0, shared);
+  double dbetaSum = columnTotal<D, Chunks, 2>(partial, j, 1, shared);
+  if (threadIdx.x >= 32 || j >= D) return;
   dgamma[j] = (float)dgammaSum;
   if (Layer)
     dbeta[j] = (float)dbetaSum;

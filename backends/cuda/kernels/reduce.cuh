@@ -17,15 +17,33 @@ __device__ void columnSumPartials(const float *x, float *scratch) {
   partial[chunk * Period + column] = sum;
 }
 
-// Launch 1: the chunks in order.
+// The chunks' partial sums of 32 columns a block (256 threads): warp w adds chunks w, w + 8, ...
+// of its lane's column, then warp 0 adds the eight in order: a fixed tree, the same bits every
+// run, and eight times the threads of one a column (a column's Chunks loads were a chain).
+enum { kColumnsPerTotalBlock = 32, kTotalParts = 8 };
+__device__ __forceinline__ int64 totalColumn() { return (int64)blockIdx.x * kColumnsPerTotalBlock + threadIdx.x % 32; }
+
+template <int64 Period, int64 Chunks, int Stride = 1>
+__device__ double columnTotal(const double *partial, int64 column, int offset, double (*shared)[32]) {
+  const int part = threadIdx.x / 32, lane = threadIdx.x % 32;
+  double sum = 0;
+  if (column < Period)
+    for (int64 c = part; c < Chunks; c += kTotalParts) sum += partial[Stride * (c * Period + column) + offset];
+  shared[part][lane] = sum;
+  __syncthreads();
+  double total = 0;
+  for (int p = 0; p < kTotalParts; ++p) total += shared[p][lane];
+  __syncthreads(); // the shared sums may be written again by the next call
+  return total;
+}
+
+// Launch 1: each column's chunks (columnTotal).
 template <int64 Period, int64 Chunks, typename Out>
 __device__ void columnSumTotals(Out out, const float *scratch) {
-  const double *partial = (const double *)scratch;
-  int64 column = blockIdx.x * blockDim.x + threadIdx.x;
-  if (column >= Period) return;
-  double sum = 0;
-  for (int64 c = 0; c < Chunks; ++c) sum += partial[c * Period + column];
-  out[column] = (float)sum;
+  __shared__ double shared[kTotalParts][32];
+  int64 column = totalColumn();
+  double sum = columnTotal<Period, Chunks>((const double *)scratch, column, 0, shared);
+  if (threadIdx.x < 32 && column < Period) out[column] = (float)sum;
 }
 
 // Sum of squares of Count elements. Launch 0: each block sums a contiguous range of PerBlock

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <set>
 
+#include <fmt/format.h>
+
 using namespace tgc;
 using namespace tgc::test;
 
@@ -132,6 +134,36 @@ TEST(Interpreter, SliceAddBroadcastAndScale) {
   for (int r = 0; r < 6; ++r)
     for (int j = 0; j < 2; ++j)
       EXPECT_FLOAT_EQ(out[0].data[r * 2 + j], -0.5f * (x.data[r * 6 + 3 + j] + bias.data[j]));
+}
+
+// A norm gradient given dres (fuse-norm-grad-add) is the norm gradient plus dres, bit for bit the
+// add it replaces, for LayerNorm and RMSNorm; dgamma and dbeta do not change.
+TEST(Interpreter, NormGradientWithTheResidualGradientIsTheAddItReplaces) {
+  Rng rng(3);
+  TensorType rows(DType::F32, {2, 5, 12}), features(DType::F32, {12});
+  std::map<std::string, Tensor> inputs = {{"dy", randomTensor(rows, rng)},
+                                          {"x", randomTensor(rows, rng)},
+                                          {"dres", randomTensor(rows, rng)},
+                                          {"g", randomTensor(features, rng)}};
+  for (const char *kind : {"layer_norm_backward", "rms_norm_backward"}) {
+    bool layer = llvm::StringRef(kind) == "layer_norm_backward";
+    std::string types = layer ? "f32[2,5,12], f32[12], f32[12]" : "f32[2,5,12], f32[12]";
+    std::string header = "graph @g\n%dy = input() : f32[2,5,12]\n%x = input() : f32[2,5,12]\n"
+                         "%dres = input() : f32[2,5,12]\n%g = input() : f32[12]\n";
+    std::string grads = layer ? "%dg, %db" : "%dg";
+    auto separate = runText(header + fmt::format("%dx, {} = {}(%dy, %x, %g) {{eps=1e-05}} : {}\n", grads, kind, types) +
+                                "%sum = add(%dres, %dx) : f32[2,5,12]\nreturn %sum, " + grads + "\n",
+                            inputs);
+    auto fused = runText(header + fmt::format("%sum, {} = {}(%dy, %x, %g, %dres) {{eps=1e-05}} : {}\n", grads, kind, types) +
+                             "return %sum, " + grads + "\n",
+                         inputs);
+    ASSERT_EQ(separate.size(), fused.size());
+    ASSERT_FALSE(fused.empty());
+    for (size_t r = 0; r < fused.size(); ++r)
+      EXPECT_EQ(separate[r].data, fused[r].data) << kind << " result " << r;
+    // And the sum is not dres alone: the gradient is there.
+    EXPECT_NE(fused[0].data, inputs["dres"].data);
+  }
 }
 
 TEST(Interpreter, CausalSoftmaxRowsSumToOneAndIgnoreTheFuture) {

@@ -273,6 +273,15 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"fuse-attention", "autodiff", "dce"});
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"autodiff", "concat-pads", "adamw", "dce"});
   }
+  // Rows wider than the norm kernels hold in registers (d_model 1040 > 1024: their loops over
+  // global memory), 13 heads of 80; the norms' backward with --recompute's programs too.
+  ModelConfig wide = odd;
+  wide.vocab = 1000;
+  wide.dModel = 1040;
+  wide.heads = 13;
+  compile(wide, GPTOutput::Loss, Recipe::Bf16, gpuPipeline(true, Recipe::Bf16));
+  wide.train.recompute = true;
+  compile(wide, GPTOutput::Loss, Recipe::Fp32, gpuPipeline(true, Recipe::Fp32));
   return programs;
 }
 
