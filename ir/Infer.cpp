@@ -413,8 +413,14 @@ llvm::Expected<TypeList> inferSameAsOperands(Operands ops) {
   return TypeList{ops[0]};
 }
 
-llvm::Expected<TypeList> inferGeluBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
-  return inferSameAsOperands(ops);
+llvm::Expected<TypeList> inferGeluBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto types = inferSameAsOperands(ops);
+  if (types && attrs.getBool("bias_grad").value_or(false)) {
+    if (ops[0].rank() < 1)
+      return makeError("bias_grad needs dx of rank >= 1");
+    types->push_back(TensorType(DType::F32, {ops[0].dim(-1)}));
+  }
+  return types;
 }
 llvm::Expected<TypeList> inferSiluBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   return inferSameAsOperands(ops);

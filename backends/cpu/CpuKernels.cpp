@@ -450,14 +450,19 @@ template <typename F> llvm::Error binaryMap(Operands in, Results out, F f) {
   return llvm::Error::success();
 }
 
-llvm::Error evalGeluBackward(const AttrMap &, Operands in, Results out) {
-  return binaryMap(in, out, [](float dy, float x) {
+llvm::Error evalGeluBackward(const AttrMap &attrs, Operands in, Results out) {
+  auto err = binaryMap(in, out, [](float dy, float x) {
     const float c = 0.7978845608028654f;
     float u = c * (x + 0.044715f * x * x * x);
     float t = std::tanh(u);
     float du = c * (1.0f + 3.0f * 0.044715f * x * x);
     return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
   });
+  if (err || out.size() < 2)
+    return err;
+  // bias_grad: dx summed as reduce_to sums it.
+  const Tensor &dx = out[0];
+  return evalReduceTo(attrs, {&dx}, out.drop_front());
 }
 
 llvm::Error evalSiluBackward(const AttrMap &, Operands in, Results out) {

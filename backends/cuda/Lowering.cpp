@@ -148,6 +148,23 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
     e.elementwise("const float *x, float *out", n, fmt::format("silu<{}>(x, out)", n));
     break;
   case OpKind::GeluBackward:
+    if (op.numResults() > 1) {
+      // bias_grad: launch 0 writes dx and sums its columns over chunks of kChunk rows, as
+      // reduce_to's first launch sums them (four columns a thread where they divide); launch 1
+      // adds the chunks as reduce_to's second does: its bits.
+      int64_t columns = outputType(op).dim(-1), rows = n / columns, chunks = (rows + kChunk - 1) / kChunk;
+      int64_t per = columns % 4 == 0 ? 4 : 1, columnBlocks = (columns / per + kThreads - 1) / kThreads;
+      e.uses("reduce.cuh");
+      e.uses("elementwise.cuh"); // the op's header (the kernel-family tests)
+      const char *params = "const float *dy, const float *x, float *dx, float *dbias, float *scratch";
+      e.launch(0, params, chunks * columnBlocks,
+               fmt::format("geluBackwardColumnSums<{}, {}, {}, {}, {}>(dy, x, dx, scratch)", columns, rows, per,
+                           columnBlocks, kChunk));
+      e.launch(1, params, columnTotalBlocks(columns),
+               fmt::format("columnSumTotals<{}, {}>(dbias, scratch)", columns, chunks));
+      e.lowering.scratchFloats.push_back(2 * chunks * columns);
+      break;
+    }
     e.elementwise("const float *dy, const float *x, float *dx", n, fmt::format("geluBackward<{}>(dy, x, dx)", n));
     break;
   case OpKind::SiluBackward:

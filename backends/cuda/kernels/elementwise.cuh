@@ -75,6 +75,35 @@ __device__ void geluBackward(const float *dy, const float *x, Out dx) {
   }
 }
 
+// geluBackward over [Rows, Columns], with the column sums of dx over chunks of Chunk rows into
+// scratch (doubles, [chunk][column]), each summed in row order as reduce.cuh's
+// columnSumPartials sums them; columnSumTotals then adds the chunks. PER (4 or 1) consecutive
+// columns a thread, ColumnBlocks blocks across the columns for each chunk.
+template <int64 Columns, int64 Rows, int PER, int64 ColumnBlocks, int64 Chunk, typename Out>
+__device__ void geluBackwardColumnSums(const float *dy, const float *x, Out dx, float *scratch) {
+  double *partial = (double *)scratch;
+  int64 chunk = blockIdx.x / ColumnBlocks;
+  int64 column = PER * ((blockIdx.x % ColumnBlocks) * blockDim.x + threadIdx.x);
+  if (column >= Columns) return;
+  double sums[PER] = {};
+  for (int64 r = chunk * Chunk; r < Rows && r < (chunk + 1) * Chunk; ++r) {
+    int64 i = r * Columns + column;
+    if constexpr (PER == 4) {
+      float4 d = load4(dy, i), a = load4(x, i);
+      float4 g = make_float4(geluTanhGradient(d.x, a.x), geluTanhGradient(d.y, a.y), geluTanhGradient(d.z, a.z),
+                             geluTanhGradient(d.w, a.w));
+      store4(dx, i, g);
+      sums[0] += g.x; sums[1] += g.y; sums[2] += g.z; sums[3] += g.w;
+    } else {
+      float g = geluTanhGradient(dy[i], x[i]);
+      dx[i] = g;
+      sums[0] += g;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < PER; ++k) partial[chunk * Columns + column + k] = sums[k];
+}
+
 template <int64 Count, typename Out>
 __device__ void siluBackward(const float *dy, const float *x, Out dx) {
   FOR_EACH_ELEMENT(i, Count) {

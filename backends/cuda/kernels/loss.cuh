@@ -60,7 +60,7 @@ __device__ void crossEntropyMean(float *loss, const float *scratch) {
 }
 
 // dlogits = (softmax(row) - onehot(target)) * dloss / Rows, one block per row: the row read
-// twice (its log-sum-exp, then the gradient), written once.
+// twice (its log-sum-exp, then the gradient), written once, four values a store.
 template <int64 Vocab, int64 Rows, typename Out>
 __device__ void crossEntropyBackward(const float *dloss, const float *logits, const int *targets, Out dlogits) {
   int64 base = (int64)blockIdx.x * Vocab;
@@ -74,10 +74,10 @@ __device__ void crossEntropyBackward(const float *dloss, const float *logits, co
     for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) {
       float4 x = ((const float4 *)row)[j];
       int k = 4 * j;
-      out[k] = (expf(x.x - logSum) - (k == target ? 1.0f : 0.0f)) * g;
-      out[k + 1] = (expf(x.y - logSum) - (k + 1 == target ? 1.0f : 0.0f)) * g;
-      out[k + 2] = (expf(x.z - logSum) - (k + 2 == target ? 1.0f : 0.0f)) * g;
-      out[k + 3] = (expf(x.w - logSum) - (k + 3 == target ? 1.0f : 0.0f)) * g;
+      store4(out, k, make_float4((expf(x.x - logSum) - (k == target ? 1.0f : 0.0f)) * g,
+                                 (expf(x.y - logSum) - (k + 1 == target ? 1.0f : 0.0f)) * g,
+                                 (expf(x.z - logSum) - (k + 2 == target ? 1.0f : 0.0f)) * g,
+                                 (expf(x.w - logSum) - (k + 3 == target ? 1.0f : 0.0f)) * g));
     }
   } else {
     for (int j = threadIdx.x; j < Vocab; j += blockDim.x)

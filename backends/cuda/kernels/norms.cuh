@@ -131,63 +131,33 @@ __device__ void residualNorm(const float *x, const float *y, const float *gamma,
 
 // The gradient, launch 0 (a warp per row): dx (plus dres, the residual stream's gradient the
 // norm's input also receives, where Accumulate: the add after the norm's gradient, fused), and
-// the row's mean and rstd into stats. Where rows are short enough (RowInRegisters) the lanes
-// hold their x and dy in registers, all loads issued first; the sums are the same either way,
-// in the same order.
+// the row's mean and rstd into stats. (Rows held in registers, as the forward holds them, took
+// 151 registers with these double sums unrolled: one block an SM, 3.5 times slower.)
 template <bool Layer, int64 D, int64 Rows, bool Accumulate, typename Out>
 __device__ void normBackwardRows(const float *dy, const float *x, const float *gamma, const float *dres, Out dx,
                                  float *stats, double eps) {
   int64 row = normRow<Rows>();
   if (row < 0)
     return;
-  constexpr bool Held = RowInRegisters<D>::kHeld;
-  constexpr int Per = RowInRegisters<D>::kPerLane, Unroll = Held ? Per : 4;
   const int lane = threadIdx.x % 32;
   int64 base = row * D;
-  float xs[Held ? Per : 1], dys[Held ? Per : 1];
-  if constexpr (Held) {
-#pragma unroll
-    for (int c = 0; c < Per; ++c) {
-      int j = lane + 32 * c;
-      xs[c] = j < D ? x[base + j] : 0.0f;
-      dys[c] = j < D ? dy[base + j] : 0.0f;
-    }
-  }
-  auto xAt = [&](int c, int j) -> float {
-    if constexpr (Held) return xs[c]; else return x[base + j];
-  };
-  auto dyAt = [&](int c, int j) -> float {
-    if constexpr (Held) return dys[c]; else return dy[base + j];
-  };
   double sum = 0;
-#pragma unroll Unroll
-  for (int c = 0; c < Per; ++c)
-    if (lane + 32 * c < D) sum += xAt(c, lane + 32 * c);
+  for (int j = lane; j < D; j += 32) sum += x[base + j];
   double mean = Layer ? warpSumDouble(sum) / D : 0.0;
   double squares = 0;
-#pragma unroll Unroll
-  for (int c = 0; c < Per; ++c) {
-    int j = lane + 32 * c;
-    if (j < D) squares += (xAt(c, j) - mean) * (xAt(c, j) - mean);
-  }
+  for (int j = lane; j < D; j += 32) squares += (x[base + j] - mean) * (x[base + j] - mean);
   double rstd = 1.0 / sqrt(warpSumDouble(squares) / D + eps);
   double g = 0, gx = 0; // sum dy * gamma, sum dy * gamma * xhat
-#pragma unroll Unroll
-  for (int c = 0; c < Per; ++c) {
-    int j = lane + 32 * c;
-    if (j >= D) continue;
-    double gj = (double)dyAt(c, j) * gamma[j];
+  for (int j = lane; j < D; j += 32) {
+    double gj = (double)dy[base + j] * gamma[j];
     g += gj;
-    gx += gj * (xAt(c, j) - mean) * rstd;
+    gx += gj * (x[base + j] - mean) * rstd;
   }
   double meanG = Layer ? warpSumDouble(g) / D : 0.0;
   double meanGX = warpSumDouble(gx) / D;
-#pragma unroll Unroll
-  for (int c = 0; c < Per; ++c) {
-    int j = lane + 32 * c;
-    if (j >= D) continue;
-    double xhat = (xAt(c, j) - mean) * rstd;
-    float grad = (float)(rstd * ((double)dyAt(c, j) * gamma[j] - meanG - xhat * meanGX));
+  for (int j = lane; j < D; j += 32) {
+    double xhat = (x[base + j] - mean) * rstd;
+    float grad = (float)(rstd * ((double)dy[base + j] * gamma[j] - meanG - xhat * meanGX));
     if constexpr (Accumulate)
       dx[base + j] = dres[base + j] + grad;
     else

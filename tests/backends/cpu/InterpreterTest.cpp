@@ -166,6 +166,29 @@ TEST(Interpreter, NormGradientWithTheResidualGradientIsTheAddItReplaces) {
   }
 }
 
+// gelu_backward with bias_grad (fuse-gelu-bias-grad) gives the same dx and, bit for bit, the
+// column sums reduce_to takes of it.
+TEST(Interpreter, GeluGradientWithTheBiasGradientIsTheReduceItReplaces) {
+  Rng rng(4);
+  TensorType rows(DType::F32, {3, 7, 20});
+  std::map<std::string, Tensor> inputs = {{"dy", randomTensor(rows, rng)}, {"x", randomTensor(rows, rng)}};
+  std::string header = "graph @g\n%dy = input() : f32[3,7,20]\n%x = input() : f32[3,7,20]\n";
+  auto separate = runText(header + "%dx = gelu_backward(%dy, %x) : f32[3,7,20]\n"
+                                   "%db = reduce_to(%dx) {shape=[20]} : f32[20]\nreturn %dx, %db\n",
+                          inputs);
+  auto fused = runText(header + "%dx, %db = gelu_backward(%dy, %x) {bias_grad=true} : f32[3,7,20], f32[20]\n"
+                                "return %dx, %db\n",
+                       inputs);
+  ASSERT_EQ(separate.size(), 2u);
+  ASSERT_EQ(fused.size(), 2u);
+  EXPECT_EQ(separate[0].data, fused[0].data);
+  EXPECT_EQ(separate[1].data, fused[1].data);
+  double column0 = 0;
+  for (int r = 0; r < 21; ++r)
+    column0 += fused[0].data[r * 20];
+  EXPECT_EQ(fused[1].data[0], float(column0));
+}
+
 TEST(Interpreter, CausalSoftmaxRowsSumToOneAndIgnoreTheFuture) {
   Rng rng(3);
   Tensor x = randomTensor(TensorType(DType::F32, {2, 4, 4}), rng);
