@@ -205,7 +205,13 @@ llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs,
 }
 
 llvm::Expected<TypeList> inferCrossEntropy(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  return inferNLLLoss(ops, attrs, {});
+  auto types = inferNLLLoss(ops.take_front(2), attrs, {});
+  if (!types || ops.size() < 3)
+    return types;
+  if (ops[2] != TensorType(DType::F32, {}))
+    return makeError("dloss must be f32[], got {}", ops[2].str());
+  types->push_back(ops[0]);
+  return types;
 }
 
 /// Backward ops: (dy, [dnorm] or [h], forward operands) -> gradients of the forward operands.

@@ -313,10 +313,14 @@ llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-llvm::Error evalCrossEntropy(const AttrMap &, Operands in, Results out) {
+llvm::Error evalCrossEntropy(const AttrMap &a, Operands in, Results out) {
   const Tensor &logits = *in[0], &targets = *in[1];
   Tensor logp = apply(evalLogSoftmax, {}, {&logits}, logits.type);
-  return evalNLLLoss({}, {&logp, &targets}, out);
+  if (llvm::Error err = evalNLLLoss({}, {&logp, &targets}, out.take_front()))
+    return err;
+  if (in.size() < 3) // with dloss: the gradient as cross_entropy_backward takes it
+    return llvm::Error::success();
+  return evalCrossEntropyBackward(a, {in[2], &logits, &targets}, out.drop_front());
 }
 
 llvm::Error evalLayerNormLinearBackward(const AttrMap &a, Operands in, Results out) {

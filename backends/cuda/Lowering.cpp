@@ -336,9 +336,19 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
   e.uses("loss.cuh");
   switch (op.kind()) {
   case OpKind::CrossEntropy: {
-    // Launch 0, one block per row: the row's loss, logsumexp - logit[target], into scratch.
-    // Launch 1, one block: the mean over rows in row order.
+    // Launch 0, one block per row: the row's loss, logsumexp - logit[target], into scratch
+    // (and with dloss, the row's gradient). Launch 1, one block: the mean over rows in row order.
     int64_t vocab = operandType(op, 0).dim(-1), rows = operandType(op, 1).numElements();
+    if (op.numOperands() > 2) {
+      std::string params = "const float *logits, const int *targets, const float *dloss, float *loss, "
+                           "float *dlogits, float *scratch";
+      e.rowwise(0, params, rows,
+                fmt::format("crossEntropyRowsWithGradient<{}, {}>(logits, targets, dloss, dlogits, scratch)", vocab,
+                            rows));
+      e.launch(1, params, 1, fmt::format("crossEntropyMean<{}>(loss, scratch)", rows));
+      e.lowering.scratchFloats.push_back(2 * rows);
+      return llvm::Error::success();
+    }
     std::string params = "const float *logits, const int *targets, float *loss, float *scratch";
     e.rowwise(0, params, rows, fmt::format("crossEntropyRows<{}>(logits, targets, scratch)", vocab));
     e.launch(1, params, 1, fmt::format("crossEntropyMean<{}>(loss, scratch)", rows));

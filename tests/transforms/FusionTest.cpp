@@ -146,9 +146,10 @@ TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
 
 
 // What the GPU runs: the LayerNorm fusions' ops expanded into their norm and GEMM ops, the
-// residual adds then fused into the norms and their gradients, the bias gradients into the GELU's.
+// residual adds then fused into the norms and their gradients, the bias gradients into the GELU's,
+// the loss's gradient into the loss.
 const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
-                                               "fuse-gelu-bias-grad"};
+                                               "fuse-gelu-bias-grad", "fuse-cross-entropy-grad"};
 
 TEST(Fusion, GpuExpansionOfLayerNormFusionsMatchesUnfused) {
   compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, fusionPasses(), kGpuLowering);
@@ -197,8 +198,9 @@ TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
     // Each fused gradient's norm gradient takes the residual gradient's add after it.
     EXPECT_EQ(after["rms_norm_backward"], gradients);
     EXPECT_LT(after["add"], before["add"]);
-    if (c.bias && c.activation == ActivationKind::Gelu)
-      EXPECT_EQ(after["gelu_backward"], before["layer_norm_mlp_backward"]);
+    // The loss returns its gradient.
+    EXPECT_EQ(before["cross_entropy_backward"], 1);
+    EXPECT_EQ(after["cross_entropy_backward"], 0);
   }
 }
 

@@ -314,6 +314,9 @@ llvm::Expected<Grads> gradMaskedSoftmax(GradContext &c) {
 }
 
 llvm::Expected<Grads> gradCrossEntropy(GradContext &c) {
+  if (c.op.numOperands() > 2)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "cross_entropy with its gradient (fuse-cross-entropy-grad) comes after autodiff");
   return Grads{c.create(OpKind::CrossEntropyBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};
 }
 

@@ -59,17 +59,10 @@ __device__ void crossEntropyMean(float *loss, const float *scratch) {
   if (threadIdx.x == 0) loss[0] = (float)(sum / Rows);
 }
 
-// dlogits = (softmax(row) - onehot(target)) * dloss / Rows, one block per row: the row read
-// twice (its log-sum-exp, then the gradient), written once, four values a store.
-template <int64 Vocab, int64 Rows, typename Out>
-__device__ void crossEntropyBackward(const float *dloss, const float *logits, const int *targets, Out dlogits) {
-  int64 base = (int64)blockIdx.x * Vocab;
-  const float *row = logits + base;
-  MaxExpSum total = rowMaxExpSum<Vocab>(row);
-  float logSum = (float)((double)total.max + log((double)total.sum));
-  float g = (float)((double)dloss[0] / Rows);
-  int target = targets[blockIdx.x];
-  auto out = dlogits + base;
+// One row's dlogits = (softmax(row) - onehot(target)) * g, from the row's log-sum-exp: four
+// values a load and a store where rows are 16-byte aligned.
+template <int64 Vocab, typename Out>
+__device__ void crossEntropyRowGradient(const float *row, int target, float logSum, float g, Out out) {
   if (Vocab % 4 == 0) {
     for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) {
       float4 x = ((const float4 *)row)[j];
@@ -83,6 +76,33 @@ __device__ void crossEntropyBackward(const float *dloss, const float *logits, co
     for (int j = threadIdx.x; j < Vocab; j += blockDim.x)
       out[j] = (expf(row[j] - logSum) - (j == target ? 1.0f : 0.0f)) * g;
   }
+}
+
+// dlogits = (softmax(row) - onehot(target)) * dloss / Rows, one block per row: the row read
+// twice (its log-sum-exp, then the gradient), written once.
+template <int64 Vocab, int64 Rows, typename Out>
+__device__ void crossEntropyBackward(const float *dloss, const float *logits, const int *targets, Out dlogits) {
+  int64 base = (int64)blockIdx.x * Vocab;
+  const float *row = logits + base;
+  MaxExpSum total = rowMaxExpSum<Vocab>(row);
+  float logSum = (float)((double)total.max + log((double)total.sum));
+  crossEntropyRowGradient<Vocab>(row, targets[blockIdx.x], logSum, (float)((double)dloss[0] / Rows), dlogits + base);
+}
+
+// Launch 0 of the loss with its gradient (fuse-cross-entropy-grad), one block per row: the
+// row's loss into scratch as crossEntropyRows writes it, and its dlogits as
+// crossEntropyBackward writes them, from one log-sum-exp (the same bits as the two kernels).
+template <int64 Vocab, int64 Rows, typename Out>
+__device__ void crossEntropyRowsWithGradient(const float *logits, const int *targets, const float *dloss, Out dlogits,
+                                             float *scratch) {
+  int64 base = (int64)blockIdx.x * Vocab;
+  const float *row = logits + base;
+  MaxExpSum total = rowMaxExpSum<Vocab>(row);
+  int target = targets[blockIdx.x];
+  if (threadIdx.x == 0)
+    ((double *)scratch)[blockIdx.x] = (double)total.max + log((double)total.sum) - row[target];
+  float logSum = (float)((double)total.max + log((double)total.sum));
+  crossEntropyRowGradient<Vocab>(row, target, logSum, (float)((double)dloss[0] / Rows), dlogits + base);
 }
 
 // -mean(logp[r, target[r]]), one block.

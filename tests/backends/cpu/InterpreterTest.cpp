@@ -189,6 +189,38 @@ TEST(Interpreter, GeluGradientWithTheBiasGradientIsTheReduceItReplaces) {
   EXPECT_EQ(fused[1].data[0], float(column0));
 }
 
+// cross_entropy given dloss (fuse-cross-entropy-grad) returns the loss and, bit for bit,
+// cross_entropy_backward's dlogits.
+TEST(Interpreter, CrossEntropyWithItsGradientIsTheTwoOpsItReplaces) {
+  Rng rng(5);
+  Tensor targets = Tensor::zeros(TensorType(DType::I32, {2, 3}));
+  for (size_t i = 0; i < targets.ints.size(); ++i)
+    targets.ints[i] = int32_t((i * 7) % 11);
+  std::map<std::string, Tensor> inputs = {{"logits", randomTensor(TensorType(DType::F32, {2, 3, 11}), rng)},
+                                          {"targets", targets}};
+  std::string header = "graph @g\n%logits = input() : f32[2,3,11]\n%targets = input() : i32[2,3]\n"
+                       "%seed = constant() {value=0.5} : f32[]\n";
+  auto separate = runText(header + "%loss = cross_entropy(%logits, %targets) : f32[]\n"
+                                   "%dlogits = cross_entropy_backward(%seed, %logits, %targets) : f32[2,3,11]\n"
+                                   "return %loss, %dlogits\n",
+                          inputs);
+  auto fused = runText(header + "%loss, %dlogits = cross_entropy(%logits, %targets, %seed) : f32[], f32[2,3,11]\n"
+                                "return %loss, %dlogits\n",
+                       inputs);
+  ASSERT_EQ(separate.size(), 2u);
+  ASSERT_EQ(fused.size(), 2u);
+  EXPECT_EQ(separate[0].data, fused[0].data);
+  EXPECT_EQ(separate[1].data, fused[1].data);
+  // Each row of the gradient sums to zero (softmax minus one-hot), scaled by 0.5 / 6.
+  for (int r = 0; r < 6; ++r) {
+    double sum = 0;
+    for (int j = 0; j < 11; ++j)
+      sum += fused[1].data[r * 11 + j];
+    EXPECT_NEAR(sum, 0.0, 1e-6);
+    EXPECT_LT(fused[1].data[r * 11 + targets.ints[r]], 0.0f);
+  }
+}
+
 TEST(Interpreter, CausalSoftmaxRowsSumToOneAndIgnoreTheFuture) {
   Rng rng(3);
   Tensor x = randomTensor(TensorType(DType::F32, {2, 4, 4}), rng);
