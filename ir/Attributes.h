@@ -23,6 +23,17 @@ inline bool sameGemmPrecision(const AttrMap &a, const AttrMap &b) {
   return a.getString(kGemmDtype) == b.getString(kGemmDtype);
 }
 
+/// head_major=true on attention and attention_backward: the forward also returns q, k and v
+/// head-major ([3, B, H, T, Dh]), which its gradient reads instead of qkv (keep-attention-heads).
+inline constexpr llvm::StringLiteral kHeadMajor = "head_major";
+inline bool isHeadMajor(const AttrMap &attrs) { return attrs.getBool(kHeadMajor).value_or(false); }
+/// Whether the GPU runs an attention of this head dimension on tensor cores (attention.cuh's
+/// BF16 kernels, which read q, k and v head-major in BF16): under gemm_dtype, head dimensions
+/// that are multiples of 16 up to 256.
+inline bool attentionOnTensorCores(const AttrMap &attrs, int64_t headDim) {
+  return hasBf16Gemms(attrs) && headDim % 16 == 0 && headDim <= 256;
+}
+
 /// The FP8 element format of a quantize or fp8_update op: format="e4m3" or "e5m2".
 inline constexpr llvm::StringLiteral kFp8Format = "format";
 inline Fp8Format fp8FormatOf(const AttrMap &attrs) {

@@ -114,8 +114,11 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
   if (auto err = checkAttentionAttrs(attrs, d))
     return std::move(err);
   int64_t heads = *attrs.getInt("heads");
-  return TypeList{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d}),
-                  TensorType(qkv.dtype, {qkv.dim(0), heads, qkv.dim(1)})};
+  TypeList types{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d}),
+                 TensorType(qkv.dtype, {qkv.dim(0), heads, qkv.dim(1)})};
+  if (isHeadMajor(attrs))
+    types.push_back(TensorType(qkv.dtype, {3, qkv.dim(0), heads, qkv.dim(1), d / heads}));
+  return types;
 }
 
 /// The positions operand of the generation ops: one per sequence, i32[B, 1].
@@ -242,7 +245,14 @@ llvm::Expected<TypeList> inferLayerNormMLPBackward(Operands ops, const AttrMap &
 }
 
 llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto forward = inferAttention(ops.slice(1, 1), attrs, {});
+  TensorType qkv = ops[1];
+  if (isHeadMajor(attrs)) { // [3, B, H, T, Dh] -> the packed [B, T, 3 H Dh] it holds
+    const TensorType &h = ops[1];
+    if (h.rank() != 5 || h.dim(0) != 3)
+      return makeError("head-major qkv must be [3, batch, heads, seq, head_dim], got {}", h.str());
+    qkv = TensorType(h.dtype, {h.dim(1), h.dim(3), 3 * h.dim(2) * h.dim(4)});
+  }
+  auto forward = inferAttention(qkv, attrs, {});
   if (!forward)
     return forward.takeError();
   if (ops[0] != (*forward)[0])
@@ -251,7 +261,9 @@ llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &att
     return makeError("out must be {}, got {}", (*forward)[0].str(), ops[2].str());
   if (ops[3] != (*forward)[1])
     return makeError("lse must be {}, got {}", (*forward)[1].str(), ops[3].str());
-  return TypeList{ops[1]};
+  if (isHeadMajor(attrs) && ops[1] != (*forward)[2])
+    return makeError("head-major qkv must be {}, got {}", (*forward)[2].str(), ops[1].str());
+  return TypeList{qkv};
 }
 
 llvm::Expected<TypeList> inferCrossEntropyBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

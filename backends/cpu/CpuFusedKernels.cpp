@@ -194,6 +194,23 @@ llvm::Error evalLayerNormMLP(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+/// qkv [B, T, 3 H Dh] as [3, B, H, T, Dh] (head-major), or back.
+static Tensor headMajor(const Tensor &qkv, int64_t H, bool back) {
+  const TensorType &t = qkv.type;
+  int64_t B = back ? t.dim(1) : t.dim(0), T = back ? t.dim(3) : t.dim(1);
+  int64_t Dh = back ? t.dim(4) : t.dim(2) / (3 * H);
+  Tensor out = Tensor::zeros(back ? TensorType(t.dtype, {B, T, 3 * H * Dh}) : TensorType(t.dtype, {3, B, H, T, Dh}));
+  for (int64_t part = 0; part < 3; ++part)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          int64_t packed = ((b * T + i) * 3 + part) * H * Dh + h * Dh;
+          int64_t major = (((part * B + b) * H + h) * T + i) * Dh;
+          std::copy_n(&qkv.data[back ? major : packed], Dh, &out.data[back ? packed : major]);
+        }
+  return out;
+}
+
 llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
   AttentionParts p = attentionForward(a, *in[0]);
   const TensorType type = out[0].type; // a copy: out[0] is reassigned below
@@ -203,6 +220,8 @@ llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
                  TensorType(type.dtype, {B, T, H, Dh}));
   out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
   out[1] = std::move(p.lse);
+  if (out.size() > 2) // head_major
+    out[2] = headMajor(*in[0], H, false);
   return llvm::Error::success();
 }
 
@@ -377,7 +396,10 @@ llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out)
 // The reference recomputes the probabilities from qkv as the unfused graph has them; the
 // forward's out and lse (operands 2 and 3) are what the GPU's kernels read instead.
 llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
-  const Tensor &dout = *in[0], &qkv = *in[1];
+  Tensor packed;
+  if (isHeadMajor(a))
+    packed = headMajor(*in[1], *a.getInt("heads"), true);
+  const Tensor &dout = *in[0], &qkv = isHeadMajor(a) ? packed : *in[1];
   AttentionParts p = attentionForward(a, qkv);
   int64_t B = qkv.type.dim(0), T = qkv.type.dim(1), D = qkv.type.dim(2) / 3;
   int64_t H = *a.getInt("heads"), Dh = D / H;

@@ -496,19 +496,33 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
     e.launch(launch, params, elementwiseBlocks(B * T * parts * D / 4),
              fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
   };
+  bool headMajor = isHeadMajor(op.attrs()); // keep-attention-heads: the copy is a result, or an operand
   if (op.kind() == OpKind::Attention) {
-    e.lowering.scratchFloats = {3 * B * T * D / 2};
+    // heads: a result stored in BF16 (chooseBf16Heads), or scratch.
     const char *params = "const float *qkv, float *out, float *lse, float *heads";
-    toHeads(0, params, "qkv", "heads", 3);
+    if (!headMajor)
+      e.lowering.scratchFloats = {3 * B * T * D / 2};
+    toHeads(0, params, "qkv", headMajor ? "heads.p" : "heads", 3);
     e.launch(1, params, blocks,
-             fmt::format("attentionForwardBf16<{}>((const unsigned short *)heads, out, lse, {})", shape, scale), 128);
+             fmt::format("attentionForwardBf16<{}>((const unsigned short *){}, out, lse, {})", shape,
+                         headMajor ? "heads.p" : "heads", scale),
+             128);
     return llvm::Error::success();
   }
-  e.lowering.scratchFloats = {3 * B * T * D / 2, B * T * D / 2, B * H * T};
-  const char *params = "const float *dout, const float *qkv, const float *out, const float *lse, float *dqkv, "
-                       "float *heads, float *doutHeads, float *delta";
+  if (headMajor) {
+    e.lowering.scratchFloats = {B * T * D / 2, B * H * T};
+  } else {
+    e.lowering.scratchFloats = {3 * B * T * D / 2, B * T * D / 2, B * H * T};
+  }
+  // With the head-major copy as the operand (qkv's place), the launches keep their numbers: the
+  // first does nothing but is not emitted.
+  const char *params = headMajor ? "const float *dout, const float *heads, const float *out, const float *lse, "
+                                   "float *dqkv, float *doutHeads, float *delta"
+                                 : "const float *dout, const float *qkv, const float *out, const float *lse, "
+                                   "float *dqkv, float *heads, float *doutHeads, float *delta";
   std::string operands = "(const unsigned short *)doutHeads, (const unsigned short *)heads";
-  toHeads(0, params, "qkv", "heads", 3);
+  if (!headMajor)
+    toHeads(0, params, "qkv", "heads", 3);
   toHeads(1, params, "dout", "doutHeads", 1);
   emitAttentionDelta(e, 2, params, true, B, T, H, Dh);
   // Three blocks an SM at head dimension 64 (168 registers, from 173, with no spills).
@@ -524,15 +538,19 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
 /// head dimensions that are multiples of 16 up to 256, else a thread per row.
 llvm::Error emitAttention(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
-  const TensorType &qkv = operandType(op, op.kind() == OpKind::Attention ? 0 : 1);
+  // The packed qkv's shape: the forward's operand, the gradient's result.
+  const TensorType &qkv = op.kind() == OpKind::Attention ? operandType(op, 0) : outputType(op);
   int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3, H = *a.getInt("heads"), Dh = D / H;
   bool bf16 = hasBf16Gemms(a);
-  bool tensorCores = bf16 && Dh % 16 == 0 && Dh <= 256;
   std::string scale = lit(*a.getFloat("scale"));
   int64_t blocks = (T + 63) / 64 * B * H;
   e.uses("attention.cuh");
-  if (tensorCores)
+  if (attentionOnTensorCores(a, Dh))
     return emitAttentionBf16(op, e, B, T, H, Dh, scale);
+  if (isHeadMajor(a))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "error: %%%s: head-major q, k, v need the tensor-core attention kernels",
+                                   op.result()->name().c_str());
   // A thread per row of a 64-row tile.
   std::string shape = fmt::format("{}, {}, {}, {}", boolText(bf16), T, H, Dh);
   if (op.kind() == OpKind::Attention) {
@@ -736,6 +754,28 @@ void chooseBf16Caches(const Graph &graph, CudaProgram &program) {
   }
 }
 
+/// The head-major q, k, v an attention keeps for its gradient (keep-attention-heads) are stored
+/// in BF16, as the tensor-core kernels read them: their forward writes the BF16 values its
+/// gradient would otherwise make.
+llvm::Error chooseBf16Heads(const Graph &graph, CudaProgram &program) {
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::Attention || op->numResults() < 3)
+      continue;
+    const Value *heads = op->result(2);
+    bool gradientsOnly = !llvm::is_contained(graph.outputs(), heads);
+    for (const Op *user : heads->users())
+      gradientsOnly &= user->kind() == OpKind::AttentionBackward && isHeadMajor(user->attrs()) &&
+                       user->operand(1) == heads;
+    if (!gradientsOnly)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "error: %%%s: the head-major q, k, v of an attention are read by its "
+                                     "gradient alone on the GPU (they are stored in BF16)",
+                                     heads->name().c_str());
+    program.bf16Stored.insert(heads);
+  }
+  return llvm::Error::success();
+}
+
 void chooseBf16Values(const Graph &graph, CudaProgram &program) {
   std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
       [&](llvm::DenseSet<const Value *> &set, const Value *v) {
@@ -877,6 +917,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   }
   program.inPlace = inPlaceValues(graph, program);
   chooseBf16Caches(graph, program); // before the layout: they take half the state memory
+  if (auto err = chooseBf16Heads(graph, program))
+    return std::move(err);
   program.layout = layoutParameters(graph, program);
   if (options.storeBf16)
     chooseBf16Values(graph, program);

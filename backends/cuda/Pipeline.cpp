@@ -24,9 +24,11 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // gradients' norm gradients and GEMMs), and each norm then takes the residual add before it
   // (the LayerNorm fusions ran first and left those adds alone), each norm gradient the
   // residual gradient's add after it, each GELU gradient the bias gradient before it, the loss
-  // its gradient; FP8 GEMMs go into cuBLASLt's TN layout.
+  // its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
+  // cuBLASLt's TN layout.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
-                                   "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "legalize-fp8-gemm"});
+                                   "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
+                                   "legalize-fp8-gemm"});
   return passes;
 }
 

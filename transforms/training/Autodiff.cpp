@@ -240,6 +240,9 @@ llvm::Expected<Grads> gradLayerNormMLP(GradContext &c) {
 }
 
 llvm::Expected<Grads> gradAttention(GradContext &c) {
+  if (isHeadMajor(c.op.attrs()))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "attention with head_major (keep-attention-heads) comes after autodiff");
   // lse is kept for this rule; the fusion leaves nothing else reading it.
   if (c.dys[1])
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
