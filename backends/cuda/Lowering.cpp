@@ -756,21 +756,27 @@ void chooseBf16Caches(const Graph &graph, CudaProgram &program) {
 
 /// The head-major q, k, v an attention keeps for its gradient (keep-attention-heads) are stored
 /// in BF16, as the tensor-core kernels read them: their forward writes the BF16 values its
-/// gradient would otherwise make.
+/// gradient would otherwise make. Each is an attention's third result (or an input: a test's
+/// gradient alone), read by head-major gradients alone, or returned.
 llvm::Error chooseBf16Heads(const Graph &graph, CudaProgram &program) {
+  auto fail = [](const Value *v) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "error: %%%s: head-major q, k, v come from an attention (or an input) and go "
+                                   "to its gradient alone on the GPU (they are stored in BF16)",
+                                   v->name().c_str());
+  };
   for (const Op *op : graph.ops()) {
-    if (op->kind() != OpKind::Attention || op->numResults() < 3)
+    bool forward = op->kind() == OpKind::Attention && op->numResults() > 2;
+    bool gradient = op->kind() == OpKind::AttentionBackward && isHeadMajor(op->attrs());
+    if (!forward && !gradient)
       continue;
-    const Value *heads = op->result(2);
-    bool gradientsOnly = !llvm::is_contained(graph.outputs(), heads);
+    const Value *heads = forward ? op->result(2) : op->operand(1);
+    OpKind producer = heads->def()->kind();
+    if (producer != OpKind::Attention && producer != OpKind::Input)
+      return fail(heads);
     for (const Op *user : heads->users())
-      gradientsOnly &= user->kind() == OpKind::AttentionBackward && isHeadMajor(user->attrs()) &&
-                       user->operand(1) == heads;
-    if (!gradientsOnly)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "error: %%%s: the head-major q, k, v of an attention are read by its "
-                                     "gradient alone on the GPU (they are stored in BF16)",
-                                     heads->name().c_str());
+      if (user->kind() != OpKind::AttentionBackward || !isHeadMajor(user->attrs()) || user->operand(1) != heads)
+        return fail(heads);
     program.bf16Stored.insert(heads);
   }
   return llvm::Error::success();

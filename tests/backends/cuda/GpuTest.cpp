@@ -4,6 +4,7 @@
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/Lowering.h"
 #include "backends/cuda/KernelHeaders.h"
+#include "ir/Attributes.h"
 #include "ir/Parser.h"
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
@@ -123,11 +124,21 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLay
     Builder b(single);
     std::map<std::string, Tensor> inputs;
     llvm::SmallVector<Value *, 8> operands;
-    // attention_backward's out and lse are what the forward made of its qkv (below).
+    // attention_backward's out and lse (and with head_major, its head-major q, k, v) are what
+    // the forward made of a packed qkv (below), a random input.
     bool attentionGradient = op->kind() == OpKind::AttentionBackward;
+    bool headMajor = attentionGradient && isHeadMajor(op->attrs());
     for (unsigned i = 0; i < (attentionGradient ? 2u : op->numOperands()); ++i) {
       std::string name = "in" + std::to_string(i);
       TensorType type = op->operand(i)->type();
+      if (headMajor && i == 1) {
+        type = op->result()->type(); // the packed qkv
+        operands.push_back(b.input(name, type));
+        inputs[name] = Tensor::zeros(type);
+        for (float &v : inputs[name].data)
+          v = float(rng.normal());
+        continue;
+      }
       if (!isFp8(type.dtype)) {
         operands.push_back(b.input(name, type));
         inputs[name] = randomOperand(*op, i, rng);
@@ -153,6 +164,8 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLay
     if (attentionGradient) {
       Op *forward = b.createOp(OpKind::Attention, {operands[1]}, op->attrs(), "forward");
       ASSERT_TRUE(forward);
+      if (headMajor)
+        operands[1] = forward->result(2);
       operands.append({forward->result(0), forward->result(1)});
     }
     Op *copy = b.createOp(op->kind(), operands, op->attrs(), "out");
