@@ -3,8 +3,9 @@
 # reader, the IR parser and the checkpoint reader, each for SECONDS (default 60), starting from the seed corpora in
 # tests/fuzz/corpus and keeping what they find in build-fuzz/corpus-*. Built with
 # AddressSanitizer and UndefinedBehaviorSanitizer; a finding stops with its input saved and a
-# non-zero exit. --ci: a fixed seed and a fixed number of inputs from the seed corpora alone
-# (the same inputs every run: about a minute of fuzzing), as scripts/test.sh runs it.
+# non-zero exit. First the tests of the layers the fuzzers build run under the same sanitizers.
+# --ci: a fixed seed and a fixed number of inputs from the seed corpora alone (the same inputs
+# every run: about a minute of fuzzing), as scripts/test.sh runs it.
 #   scripts/fuzz.sh [SECONDS | --ci]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,10 @@ flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefin
 # (clang for C too: GCC's C runtime libraries would bring GCC's ASan next to clang's.)
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTGC_CUDA=OFF -DTGC_FUZZ=ON -DCMAKE_CXX_FLAGS="$flags" > /dev/null
-cmake --build build-fuzz -j"$(nproc)" --target tgc_fuzz_model tgc_fuzz_ir tgc_fuzz_checkpoint
+cmake --build build-fuzz -j"$(nproc)" --target tgc_fuzz_model tgc_fuzz_ir tgc_fuzz_checkpoint tgc_sanitized_tests
+# The support, IR and model tests under the same sanitizers (a finding stops here).
+echo "sanitizers: the support, IR and model tests (AddressSanitizer, UndefinedBehaviorSanitizer)"
+UBSAN_OPTIONS=print_stacktrace=1 build-fuzz/tgc_sanitized_tests --gtest_brief=1
 for reader in model ir checkpoint; do
   corpus=build-fuzz/corpus-$reader
   rm -rf "$corpus" && mkdir -p "$corpus" # --ci: what earlier runs found would change the inputs
