@@ -87,9 +87,8 @@ llvm::Expected<StepRecord> Trainer::step() {
   record.loss = (*outputs)[outputs_.loss].data[0];
   record.lr = (*outputs)[outputs_.learningRate].data[0];
   record.gradNorm = std::sqrt(double((*outputs)[outputs_.gradNormSquared].data[0]));
-  if (!std::isfinite(record.loss))
-    return stringError(fmt::format("step {}: the loss is {} (diverged; try a lower --lr)", record.step,
-                            record.loss));
+  // A loss or gradient that is not finite is the caller's to count (StepRecord::notFinite):
+  // where the gradients are not, the program skipped the update itself.
   ++stepsDone_;
   return record;
 }

@@ -9,6 +9,8 @@
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
 
+#include <cmath>
+
 #include <memory>
 
 namespace tgc {
@@ -19,6 +21,9 @@ struct StepRecord {
   double lr = 0;
   double gradNorm = 0; // before clipping
   double stepMs = 0;
+  /// A step whose loss or gradients are not finite. Where the gradients are not, the update
+  /// was skipped on the device (clip_scale's 0: the weights and moments did not change).
+  bool notFinite() const { return !std::isfinite(loss) || !std::isfinite(gradNorm); }
 };
 
 

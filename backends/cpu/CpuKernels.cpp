@@ -605,7 +605,9 @@ llvm::Error evalSumSquares(const AttrMap &, Operands in, Results out) {
 llvm::Error evalClipScale(const AttrMap &attrs, Operands in, Results out) {
   double maxNorm = *attrs.getFloat("max_norm");
   double norm = std::sqrt(double(in[0]->data[0]));
-  out[0].data[0] = maxNorm > 0 ? float(std::min(1.0, maxNorm / (norm + 1e-6))) : 1.0f;
+  out[0].data[0] = !std::isfinite(norm) ? 0.0f // a step to skip (adamw)
+                   : maxNorm > 0        ? float(std::min(1.0, maxNorm / (norm + 1e-6)))
+                                        : 1.0f;
   return llvm::Error::success();
 }
 
@@ -627,6 +629,12 @@ llvm::Error evalAdamW(const AttrMap &attrs, Operands in, Results out) {
   double bc1 = 1.0 - std::pow(beta1, step), bc2 = 1.0 - std::pow(beta2, step);
   float stepSize = float(lr / bc1), bc2Sqrt = float(std::sqrt(bc2));
   float b1 = float(beta1), b2 = float(beta2);
+  if (clip == 0.0f) { // clip_scale's skip: the gradients are not finite, nothing changes
+    out[0].data = param.data;
+    out[1].data = m.data;
+    out[2].data = v.data;
+    return llvm::Error::success();
+  }
   for (int64_t i = 0; i < param.size(); ++i) {
     float g = grad.data[i] * clip;
     float p = param.data[i] * decay;

@@ -322,4 +322,35 @@ TEST(Training, TinyModelLearnsTheArithmeticTask) {
   EXPECT_GE(result.tokenAccuracy(), 0.99) << result.correctTokens << " of " << result.tokens;
 }
 
+// A step whose gradients are not finite changes nothing: clip_scale gives 0 and adamw keeps every
+// weight and moment as it was (tests/filecheck/inputs/overflow.safetensors: the micro model
+// with an LM head of 3e38, whose logits overflow); the step still counts.
+TEST(Training, AStepWhoseGradientsAreNotFiniteChangesNoWeight) {
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("tests/models/micro.yaml")));
+  config.train.steps = 3;
+  auto trainer = unwrap(Trainer::create(config, ""));
+  ASSERT_TRUE(trainer);
+  std::string path = sourcePath("tests/filecheck/inputs/overflow.safetensors");
+  ASSERT_FALSE(bool(trainer->resume(unwrap(readCheckpoint(path)), path)));
+  Checkpoint before = unwrap(trainer->checkpoint());
+  for (int i = 0; i < 2; ++i) {
+    StepRecord record = unwrap(trainer->step());
+    EXPECT_TRUE(record.notFinite());
+    EXPECT_FALSE(std::isfinite(record.gradNorm));
+  }
+  Checkpoint after = unwrap(trainer->checkpoint());
+  EXPECT_EQ(*after.meta.getInteger("step"), *before.meta.getInteger("step") + 2);
+  ASSERT_EQ(before.tensors.size(), after.tensors.size());
+  int weights = 0;
+  for (const auto &[name, tensor] : before.tensors) {
+    if (name == "step") // the step counter moves on
+      continue;
+    ASSERT_TRUE(after.tensors.count(name)) << name;
+    EXPECT_EQ(tensor.data, after.tensors.at(name).data) << name;
+    weights += name.find("adam") == std::string::npos;
+  }
+  EXPECT_GT(weights, 10);
+  EXPECT_EQ(before.tensors.at("lm_head.weight").data[0], 3e38f);
+}
+
 } // namespace

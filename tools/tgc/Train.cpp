@@ -33,6 +33,11 @@ static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of
                                      cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> SaveEvery("save-every", cl::desc("With --save, also save every N steps (the last one kept)"),
                                   cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
+static cl::opt<int64_t> MaxBadSteps("max-bad-steps",
+                                    cl::desc("Steps whose loss or gradients are not finite that training skips (the "
+                                             "update is not applied) before it stops (default 0: the first stops it); "
+                                             "a stop saves the last good weights to --save"),
+                                    cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> KeepSaves("keep-saves",
                                   cl::desc("With --save-every, also keep the last K saves as FILE.step-N (hard links: "
                                            "the newest costs no extra disk)"),
@@ -108,6 +113,8 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
         return std::move(err);
   if (SaveEvery < 0 || (SaveEvery > 0 && SavePath.empty()))
     return flagError(fmt::format("--save-every takes a step count >= 0 and needs --save, got {}", int64_t(SaveEvery)));
+  if (MaxBadSteps < 0)
+    return flagError(fmt::format("--max-bad-steps takes a step count >= 0, got {}", int64_t(MaxBadSteps)));
   if (KeepSaves < 1 || KeepSaves > 1000 || (KeepSaves > 1 && SaveEvery == 0))
     return flagError(fmt::format("--keep-saves takes 1 to 1000 and, above 1, needs --save-every, got {}",
                                  int64_t(KeepSaves)));
@@ -220,13 +227,14 @@ struct StepOutput {
     }
     if (!log)
       return llvm::Error::success();
-    *log << llvm::json::Value(llvm::json::Object{{"step", record.step},
-                                                 {"loss", record.loss},
-                                                 {"lr", record.lr},
-                                                 {"grad_norm", record.gradNorm},
-                                                 {"step_ms", record.stepMs},
-                                                 {"tokens_per_s", tokensPerSecond}})
-         << "\n";
+    // JSON has no NaN or Inf: a value that is not finite is null, and the step says so.
+    auto number = [](double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); };
+    llvm::json::Object entry{{"step", record.step},          {"loss", number(record.loss)},
+                             {"lr", record.lr},              {"grad_norm", number(record.gradNorm)},
+                             {"step_ms", record.stepMs},     {"tokens_per_s", tokensPerSecond}};
+    if (record.notFinite())
+      entry["not_finite"] = true;
+    *log << llvm::json::Value(std::move(entry)) << "\n";
     // A full disk or a closed pipe is found at the step it happens, not at exit.
     log->flush();
     if (!log->has_error())
@@ -241,7 +249,7 @@ struct StepOutput {
 /// Trains `t` to its last step; 0, or the exit status of an error or a stop by signal.
 int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &totalMs) {
   const ModelConfig &c = t.config();
-  int64_t lastSaved = -1;
+  int64_t lastSaved = -1, badSteps = 0;
   while (t.stepsDone() < out.total) {
     auto record = t.step();
     if (!record)
@@ -250,12 +258,31 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
     totalMs += record->stepMs;
     if (auto err = out.write(*record))
       return report(std::move(err));
-    // Diverged: the weights after this step are not worth keeping, and are never written.
-    if (!std::isfinite(record->loss) || !std::isfinite(record->gradNorm))
-      return report(flagError(fmt::format(
-          "error: training diverged at step {} (loss {}, grad norm {}): stopped, and nothing after it is saved{}",
-          record->step, record->loss, record->gradNorm,
-          lastSaved >= 0 ? fmt::format(" ({} holds step {})", SavePath.getValue(), lastSaved) : "")));
+    // A loss or gradient that is not finite: the program skipped the update where the
+    // gradients are not (the weights are the last good ones), and the step counts as bad.
+    if (record->notFinite()) {
+      ++badSteps;
+      bool skipped = !std::isfinite(record->gradNorm);
+      if (badSteps > MaxBadSteps) {
+        std::string saved;
+        if (!SavePath.empty() && skipped) { // the weights are still the last good step's
+          if (auto err = save(t, " (the last good weights)"))
+            return report(std::move(err));
+          saved = fmt::format(" ({} holds the weights of the last good step)", SavePath.getValue());
+        } else if (lastSaved >= 0) {
+          saved = fmt::format(" ({} holds step {})", SavePath.getValue(), lastSaved);
+        }
+        return report(flagError(fmt::format(
+            "error: training diverged at step {} (loss {}, grad norm {}; {} such step{}, --max-bad-steps {}): "
+            "stopped{}{}",
+            record->step, record->loss, record->gradNorm, badSteps, badSteps == 1 ? "" : "s", int64_t(MaxBadSteps),
+            skipped ? ", its update skipped" : "", saved)));
+      }
+      llvm::outs() << fmt::format("step {}: loss {}, grad norm {}: not finite; {} ({} of --max-bad-steps {})\n",
+                                  record->step, record->loss, record->gradNorm,
+                                  skipped ? "its update was skipped" : "the loss alone, the update applied", badSteps,
+                                  int64_t(MaxBadSteps));
+    }
     int64_t fp8Every = LogFp8Every > 0 ? int64_t(LogFp8Every) : out.every;
     if (out.log && c.precision.recipe == Recipe::Fp8 && (record->step % fp8Every == 0 || record->step == 1))
       if (auto err = out.writeFp8State(t, record->step))

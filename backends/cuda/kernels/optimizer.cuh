@@ -4,11 +4,15 @@
 
 #include "common.cuh"
 
-// clip = min(1, maxNorm / (||g|| + 1e-6)); 1 when clipping is off.
+// clip = min(1, maxNorm / (||g|| + 1e-6)); 1 when clipping is off; 0 when ||g|| is not finite,
+// which tells adamw to skip the step (nothing changes), without the host looking.
 template <bool Clip>
 __device__ void clipScale(const float *sumSquares, float *clip, double maxNorm) {
-  if (Clip)
-    clip[0] = (float)fmin(1.0, maxNorm / (sqrt((double)sumSquares[0]) + 1e-6));
+  double norm = sqrt((double)sumSquares[0]);
+  if (!isfinite(norm))
+    clip[0] = 0.0f;
+  else if (Clip)
+    clip[0] = (float)fmin(1.0, maxNorm / (norm + 1e-6));
   else
     clip[0] = 1.0f;
 }
@@ -34,6 +38,14 @@ __device__ void adamw(const float *param, const float *grad, const float *m, con
   double bc1 = 1.0 - pow(beta1, (double)step[0]), bc2 = 1.0 - pow(beta2, (double)step[0]);
   float rate = lr[0], scale = clip[0];
   float stepSize = (float)(rate / bc1), bc2Sqrt = (float)sqrt(bc2);
+  if (scale == 0.0f) { // clip_scale's skip: the gradients are not finite, nothing changes
+    FOR_EACH_ELEMENT(i, Count) {
+      newParam[i] = param[i];
+      newM[i] = m[i];
+      newV[i] = v[i];
+    }
+    return;
+  }
   FOR_EACH_ELEMENT(i, Count) {
     float decay = (float)(1.0 - (double)rate * (i < Decayed ? weightDecay : 0.0));
     float g = grad[i] * scale, p = param[i] * decay;

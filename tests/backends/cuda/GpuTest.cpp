@@ -737,6 +737,33 @@ TEST(GpuTraining, Fp8ScalesAndAmaxHistoriesFollowTheCpuEmulationStepByStep) {
   EXPECT_NEAR(gpuSaturations, cpuSaturations, 0.01 * cpuSaturations);
 }
 
+// A step whose gradients are not finite changes nothing on the GPU either: clip_scale's 0 makes
+// the grouped AdamW keep every weight and moment (the micro model with an LM head of 3e38,
+// tests/filecheck/inputs/overflow.safetensors), and the step counts.
+TEST(GpuTraining, AStepWhoseGradientsAreNotFiniteChangesNoWeight) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("tests/models/micro.yaml")));
+  config.train.steps = 3;
+  auto trainer = unwrap(Trainer::create(config, "", theGpu()));
+  ASSERT_TRUE(trainer);
+  std::string path = sourcePath("tests/filecheck/inputs/overflow.safetensors");
+  ASSERT_FALSE(bool(trainer->resume(unwrap(readCheckpoint(path)), path)));
+  Checkpoint before = unwrap(trainer->checkpoint());
+  for (int i = 0; i < 2; ++i)
+    EXPECT_FALSE(std::isfinite(unwrap(trainer->step()).gradNorm));
+  Checkpoint after = unwrap(trainer->checkpoint());
+  EXPECT_EQ(*after.meta.getInteger("step"), *before.meta.getInteger("step") + 2);
+  int compared = 0;
+  for (const auto &[name, tensor] : before.tensors) {
+    if (name == "step")
+      continue;
+    ASSERT_TRUE(after.tensors.count(name)) << name;
+    EXPECT_EQ(tensor.data, after.tensors.at(name).data) << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 30);
+}
+
 /// Trains the seed model on the GPU under `precision`, then scores it with `tgc eval`'s
 /// held-out progressions, generated on the GPU.
 void expectSeedLearns(PrecisionConfig precision) {
