@@ -4,20 +4,11 @@
 // reads)? gpt2-124m's qkv projection (16384 x 2304 x 768). Not part of the build. Built here, run
 // on the GPU machine:
 //   nvcc -O2 -arch=sm_90 -o gemm-bias-bf16 bench/gemm-bias-bf16.cu -lcublasLt && ./gemm-bias-bf16
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cstdio>
+#include "bench.cuh"
+
 #include <cstring>
 #include <vector>
-#define CK(x) do { auto s = (x); if ((int)s) { printf("error %d at %s:%d\n", (int)s, __FILE__, __LINE__); return 1; } } while (0)
 
-__global__ void fill(__nv_bfloat16 *x, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    x[i] = __float2bfloat16((float)(h & 0xffff) / 65536.0f - 0.5f);
-  }
-}
 __global__ void fillFloat(float *x, long n, unsigned seed) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
     unsigned h = (unsigned)i * 2654435761u ^ seed;
@@ -58,24 +49,14 @@ int gemm(cublasLtHandle_t lt, void *ws, size_t wsBytes, const void *x, const voi
   CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, results, &found));
   printf("  %s output: %d algorithms\n", dType == CUDA_R_32F ? "fp32" : "bf16", found);
   if (!found) return 2;
-  float alpha = 1, beta = 0;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   float best = 1e9;
   for (int a = 0; a < found; ++a) {
-    for (int rep = 0; rep < 3; ++rep)
-      CK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, d, ld, d, ld, &results[a].algo, ws, wsBytes, 0));
-    cudaEventRecord(e0);
-    for (int rep = 0; rep < 20; ++rep)
-      CK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, d, ld, d, ld, &results[a].algo, ws, wsBytes, 0));
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
     float t;
-    cudaEventElapsedTime(&t, e0, e1);
-    best = t / 20 < best ? t / 20 : best;
+    if (timeMatmul(lt, desc, w, la, x, lb, d, ld, &results[a].algo, ws, wsBytes, &t)) return 1;
+    best = t < best ? t : best;
   }
   // The first algorithm's values, as the comparison reads them.
+  float alpha = 1, beta = 0;
   CK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, d, ld, d, ld, &results[0].algo, ws, wsBytes, 0));
   CK(cudaDeviceSynchronize());
   *ms = best;

@@ -3,18 +3,7 @@
 // a BF16 output, the heuristic's first algorithm against the fastest of its first eight. Not
 // part of the build. Built here and run on the GPU machine:
 //   nvcc -O2 -arch=sm_90 -o gemm-types bench/gemm-output-types.cu -lcublasLt && ./gemm-types
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cstdio>
-#define CK(x) do { auto s = (x); if ((int)s) { printf("error %d at %s:%d\n", (int)s, __FILE__, __LINE__); return 1; } } while (0)
-
-__global__ void fill(__nv_bfloat16 *x, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    x[i] = __float2bfloat16((float)(h & 0xffff) / 65536.0f - 0.5f);
-  }
-}
+#include "bench.cuh"
 
 struct Case { const char *name; long m, n, k; bool ta, tb; };
 
@@ -40,9 +29,6 @@ int main() {
   CK(cudaMalloc(&c, (size_t)M * 50304 * 4));
   fill<<<4096, 256>>>(a, (long)M * 50304, 1);
   fill<<<4096, 256>>>(b, (long)M * 50304, 2);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   printf("%-11s %6s %6s %6s | %-27s | %-27s\n", "gemm", "m", "n", "k", "fp32 out: first / best ms", "bf16 out: first / best ms");
   double totals[4] = {0, 0, 0, 0};
   for (const Case &g : cases) {
@@ -65,18 +51,10 @@ int main() {
       cublasLtMatmulHeuristicResult_t results[8];
       int found = 0;
       CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, results, &found));
-      float alpha = 1, beta = 0, first = 0, best = 1e30f;
+      float first = 0, best = 1e30f;
       for (int r = 0; r < found; ++r) {
-        for (int w = 0; w < 3; ++w)
-          CK(cublasLtMatmul(lt, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &results[r].algo, ws, wsBytes, 0));
-        cudaEventRecord(e0);
-        for (int it = 0; it < 20; ++it)
-          CK(cublasLtMatmul(lt, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &results[r].algo, ws, wsBytes, 0));
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
         float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        ms /= 20;
+        if (timeMatmul(lt, desc, b, la, a, lb, c, lc, &results[r].algo, ws, wsBytes, &ms)) return 1;
         if (r == 0) first = ms;
         if (ms < best) best = ms;
       }
