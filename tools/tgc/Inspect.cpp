@@ -1,5 +1,6 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
 #include "backends/cpu/Pipeline.h"
+#include "backends/cuda/Nccl.h"
 #include "backends/cuda/Target.h"
 #include "support/BuildInfo.h"
 #include "tools/tgc/Options.h"
@@ -79,6 +80,13 @@ int runInfo() {
     if (info.driverVersion)
       llvm::outs() << fmt::format("  CUDA driver {}.{}\n", info.driverVersion / 1000,
                                   info.driverVersion % 1000 / 10);
+  }
+  // NCCL (data-parallel training's collectives) is opened at run time wherever it is found.
+  if (info.builtWithCuda) {
+    if (auto nccl = loadNccl())
+      llvm::outs() << fmt::format("  NCCL {} ({})\n", (*nccl)->versionText(), (*nccl)->path);
+    else
+      llvm::outs() << "  NCCL: none (" << llvm::toString(nccl.takeError()).substr(7) << ")\n";
   }
   for (size_t i = 0; i < info.gpus.size(); ++i) {
     const GpuInfo &g = info.gpus[i];

@@ -1,0 +1,141 @@
+#include "backends/cuda/Nccl.h"
+
+#include "support/Error.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+
+namespace tgc {
+
+namespace {
+
+constexpr const char *kLibrary = "libnccl.so.2";
+
+/// The nvidia/nccl/lib/libnccl.so.2 of each python3.* site-packages or dist-packages folder under
+/// `root` (pip's layout: PyTorch's CUDA wheels carry NCCL there).
+void addPythonCopies(const std::string &root, std::vector<std::string> &out) {
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    llvm::StringRef name = llvm::sys::path::filename(it->path());
+    if (!name.starts_with("python3"))
+      continue;
+    for (const char *packages : {"site-packages", "dist-packages"}) {
+      llvm::SmallString<256> path(it->path());
+      llvm::sys::path::append(path, packages, "nvidia", "nccl");
+      llvm::sys::path::append(path, "lib", kLibrary);
+      if (llvm::sys::fs::exists(path))
+        out.push_back(std::string(path));
+    }
+  }
+}
+
+template <typename F> bool bind(void *handle, const char *symbol, F &fn) {
+  fn = reinterpret_cast<F>(dlsym(handle, symbol));
+  return fn != nullptr;
+}
+
+} // namespace
+
+std::string NcclApi::versionText() const {
+  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9.
+  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+}
+
+std::vector<std::string> ncclCandidates() {
+  if (const char *given = std::getenv("TGC_NCCL_LIBRARY"); given && *given)
+    return {given};
+  std::vector<std::string> out;
+  auto add = [&](std::string path) {
+    if (!path.empty() && std::find(out.begin(), out.end(), path) == out.end())
+      out.push_back(std::move(path));
+  };
+  if (const char *home = std::getenv("CUDA_HOME"); home && *home)
+    add(std::string(home) + "/lib64/" + kLibrary);
+#ifdef TGC_CUDA_LIBRARY_DIR
+  add(std::string(TGC_CUDA_LIBRARY_DIR) + "/" + kLibrary);
+#endif
+  add(std::string("/usr/local/cuda/lib64/") + kLibrary);
+  add(kLibrary); // the system's search: LD_LIBRARY_PATH, ld.so.cache
+  std::vector<std::string> python;
+  for (const char *root : {"/usr/local/lib", "/usr/lib"})
+    addPythonCopies(root, python);
+  if (const char *home = std::getenv("HOME"); home && *home)
+    addPythonCopies(std::string(home) + "/.local/lib", python);
+  for (std::string &p : python)
+    add(std::move(p));
+  return out;
+}
+
+llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates) {
+  std::vector<std::string> tried;
+  for (const std::string &path : candidates) {
+    void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char *why = dlerror();
+      tried.push_back(fmt::format("{} ({})", path, why ? why : "cannot open"));
+      continue;
+    }
+    NcclApi api;
+    api.path = path;
+    const char *missing = nullptr;
+    if (!bind(handle, "ncclGetVersion", api.getVersion))
+      missing = "ncclGetVersion";
+    else if (!bind(handle, "ncclGetUniqueId", api.getUniqueId))
+      missing = "ncclGetUniqueId";
+    else if (!bind(handle, "ncclCommInitRank", api.commInitRank))
+      missing = "ncclCommInitRank";
+    else if (!bind(handle, "ncclCommDestroy", api.commDestroy))
+      missing = "ncclCommDestroy";
+    else if (!bind(handle, "ncclAllReduce", api.allReduce))
+      missing = "ncclAllReduce";
+    else if (!bind(handle, "ncclGroupStart", api.groupStart))
+      missing = "ncclGroupStart";
+    else if (!bind(handle, "ncclGroupEnd", api.groupEnd))
+      missing = "ncclGroupEnd";
+    else if (!bind(handle, "ncclGetErrorString", api.errorString))
+      missing = "ncclGetErrorString";
+    if (missing) {
+      tried.push_back(fmt::format("{} (not NCCL: no {})", path, missing));
+      dlclose(handle);
+      continue;
+    }
+    // ncclGetVersion needs no GPU: the code compiled into the library.
+    if (api.getVersion(&api.version) != 0 || api.version < 20000) {
+      tried.push_back(fmt::format("{} (ncclGetVersion gave {}: NCCL 2 is needed)", path, api.version));
+      dlclose(handle);
+      continue;
+    }
+    return api; // the handle stays open for the process
+  }
+  std::string list;
+  for (const std::string &t : tried)
+    list += "\n  " + t;
+  return stringError(fmt::format("error: NCCL ({}) was not found; tried, in order (set TGC_NCCL_LIBRARY to "
+                                 "its path):{}",
+                                 kLibrary, list.empty() ? "\n  nothing" : list));
+}
+
+llvm::Expected<const NcclApi *> loadNccl() {
+  static std::once_flag once;
+  static NcclApi api;
+  static std::string error; // empty once loaded
+  std::call_once(once, [] {
+    auto loaded = loadNcclFrom(ncclCandidates());
+    if (loaded)
+      api = std::move(*loaded);
+    else
+      error = llvm::toString(loaded.takeError());
+  });
+  if (!error.empty())
+    return stringError(error);
+  return &api;
+}
+
+} // namespace tgc

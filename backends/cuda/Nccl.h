@@ -1,0 +1,52 @@
+// NCCL, loaded at run time (dlopen): the collectives of data-parallel training ([dist]). tgc
+// builds and runs without it; the library is searched where it is found in practice, and an
+// absent one is one error that lists every place tried and why each failed.
+#pragma once
+
+#include "llvm/Support/Error.h"
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace tgc {
+
+/// NCCL's C API (nccl.h, ABI of 2.x), declared here so that no NCCL header is needed to build:
+/// the calls tgc makes. Results are ncclResult_t (0: ncclSuccess); comm is ncclComm_t, stream a
+/// cudaStream_t.
+struct NcclUniqueId {
+  char internal[128]; // NCCL_UNIQUE_ID_BYTES
+};
+enum NcclDataType : int { kNcclFloat32 = 7, kNcclBfloat16 = 9 }; // ncclDataType_t
+enum NcclReduceOp : int { kNcclSum = 0, kNcclMax = 2 };          // ncclRedOp_t
+
+struct NcclApi {
+  std::string path; // the file loaded
+  int version = 0;  // ncclGetVersion's code: 22809 is 2.28.9
+  int (*getVersion)(int *version) = nullptr;
+  int (*getUniqueId)(NcclUniqueId *id) = nullptr;
+  int (*commInitRank)(void **comm, int ranks, NcclUniqueId id, int rank) = nullptr;
+  int (*commDestroy)(void *comm) = nullptr;
+  int (*allReduce)(const void *send, void *receive, size_t count, int type, int op, void *comm, void *stream) = nullptr;
+  int (*groupStart)() = nullptr;
+  int (*groupEnd)() = nullptr;
+  const char *(*errorString)(int result) = nullptr;
+
+  /// "2.28.9".
+  std::string versionText() const;
+};
+
+/// Where NCCL is looked for, in order: $TGC_NCCL_LIBRARY (when set, alone: a path the user
+/// gives is not silently replaced), the CUDA toolkit's library folders ($CUDA_HOME, the one tgc
+/// was built with, /usr/local/cuda), the system's search (libnccl.so.2), then PyTorch's copy in
+/// Python's site-packages (nvidia/nccl/lib), where the GPU machines have it.
+std::vector<std::string> ncclCandidates();
+
+/// Loads the first of `candidates` that opens and has NCCL's symbols; the error names each one
+/// tried and why it failed.
+llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates);
+
+/// loadNcclFrom(ncclCandidates()), once a process.
+llvm::Expected<const NcclApi *> loadNccl();
+
+} // namespace tgc
