@@ -486,8 +486,9 @@ void emitAttentionDelta(Emitter &e, unsigned launch, const std::string &params, 
 }
 
 /// The tensor-core attention: the operands first rounded to BF16 in head-major order
-/// (toHeadsBf16, into scratch), then the forward; or the gradient's kernels (sum(dout * out) per
-/// query, dk and dv by key tiles, dq by query tiles). Blocks of 64 rows, four warps of 16.
+/// (toHeadsBf16, into scratch, or with head_major into the forward's third result, which the
+/// gradient then reads), then the forward; or the gradient's kernels (sum(dout * out) per query,
+/// dk and dv by key tiles, dq by query tiles). Blocks of 64 rows, four warps of 16.
 llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, int64_t H, int64_t Dh,
                               const std::string &scale) {
   int64_t D = H * Dh, blocks = (T + 63) / 64 * B * H;
@@ -514,8 +515,8 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
   } else {
     e.lowering.scratchFloats = {3 * B * T * D / 2, B * T * D / 2, B * H * T};
   }
-  // With the head-major copy as the operand (qkv's place), the launches keep their numbers: the
-  // first does nothing but is not emitted.
+  // With the head-major copy as the operand (in qkv's place), launch 0 (qkv's conversion) is not
+  // emitted; the others keep their numbers.
   const char *params = headMajor ? "const float *dout, const float *heads, const float *out, const float *lse, "
                                    "float *dqkv, float *doutHeads, float *delta"
                                  : "const float *dout, const float *qkv, const float *out, const float *lse, "

@@ -32,7 +32,7 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
         bf16Bytes += storedBytesOf(*lowered, v);
       }
     if (bf16Values)
-      os << fmt::format("// {} values stored in BF16, as only BF16 GEMMs read them "
+      os << fmt::format("// {} values stored in BF16, as only BF16 GEMMs (or kernels that round them so) read them "
                         "({:.1f} MiB, half their fp32 size)\n",
                         bf16Values, mib(bf16Bytes));
     std::vector<std::string> converted; // BF16 GEMM operands a conversion kernel rounds
