@@ -10,7 +10,6 @@
 #include "models/ModelConfig.h"
 
 #include <cmath>
-
 #include <memory>
 
 namespace tgc {

@@ -52,7 +52,6 @@ private:
 /// training step they take the resident size to about 4x this.
 int64_t interpreterPeakBytes(const Graph &graph);
 
-
 /// An error when interpreterPeakBytes(graph) is more than `availableBytes`, naming both, so
 /// that a model too large for the CPU interpreter stops before it allocates anything.
 llvm::Error checkHostMemory(const Graph &graph, int64_t availableBytes);

@@ -498,25 +498,24 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
              fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
   };
   bool headMajor = isHeadMajor(op.attrs()); // keep-attention-heads: the copy is a result, or an operand
+  int64_t copyFloats = 3 * B * T * D / 2;     // the BF16 q, k, v
   if (op.kind() == OpKind::Attention) {
-    // heads: a result stored in BF16 (chooseBf16Heads), or scratch.
+    // heads: a result stored in BF16 (chooseBf16Heads: a Bf16Out), or scratch.
     const char *params = "const float *qkv, float *out, float *lse, float *heads";
+    const char *heads = headMajor ? "heads.p" : "heads";
     if (!headMajor)
-      e.lowering.scratchFloats = {3 * B * T * D / 2};
-    toHeads(0, params, "qkv", headMajor ? "heads.p" : "heads", 3);
+      e.lowering.scratchFloats = {copyFloats};
+    toHeads(0, params, "qkv", heads, 3);
     e.launch(1, params, blocks,
-             fmt::format("attentionForwardBf16<{}>((const unsigned short *){}, out, lse, {})", shape,
-                         headMajor ? "heads.p" : "heads", scale),
+             fmt::format("attentionForwardBf16<{}>((const unsigned short *){}, out, lse, {})", shape, heads, scale),
              128);
     return llvm::Error::success();
   }
-  if (headMajor) {
-    e.lowering.scratchFloats = {B * T * D / 2, B * H * T};
-  } else {
-    e.lowering.scratchFloats = {3 * B * T * D / 2, B * T * D / 2, B * H * T};
-  }
   // With the head-major copy as the operand (in qkv's place), launch 0 (qkv's conversion) is not
-  // emitted; the others keep their numbers.
+  // emitted and the copy needs no scratch; the others keep their numbers.
+  e.lowering.scratchFloats = {B * T * D / 2, B * H * T};
+  if (!headMajor)
+    e.lowering.scratchFloats.insert(e.lowering.scratchFloats.begin(), copyFloats);
   const char *params = headMajor ? "const float *dout, const float *heads, const float *out, const float *lse, "
                                    "float *dqkv, float *doutHeads, float *delta"
                                  : "const float *dout, const float *qkv, const float *out, const float *lse, "
@@ -722,11 +721,6 @@ void countReaders(const Graph &graph, const Value *v, Readers &readers) {
   }
 }
 
-/// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
-/// of the ops whose kernels store through an output type (the op table's Bf16Out column: their
-/// templates write `out[i] = ...` only, which Bf16Out and F32Bf16Out turn into the right
-/// stores), with their reshapes. Into
-/// program.bf16Stored when only BF16 GEMMs read them, into bf16Shadowed when others do too.
 /// The KV caches a BF16 kv_write writes in place, read by nothing but such writes, BF16
 /// decode_attention and their assigns, are stored in BF16 (with the writes' results): half the
 /// memory, half the bytes the attention reads, the same values (the writes round them).
@@ -783,6 +777,11 @@ llvm::Error chooseBf16Heads(const Graph &graph, CudaProgram &program) {
   return llvm::Error::success();
 }
 
+/// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
+/// of the ops whose kernels store through an output type (the op table's Bf16Out column: their
+/// templates write `out[i] = ...` only, which Bf16Out and F32Bf16Out turn into the right
+/// stores), with their reshapes. Into program.bf16Stored when only BF16 GEMMs read them, into
+/// bf16Shadowed when others do too.
 void chooseBf16Values(const Graph &graph, CudaProgram &program) {
   std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
       [&](llvm::DenseSet<const Value *> &set, const Value *v) {

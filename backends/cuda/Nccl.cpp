@@ -84,23 +84,19 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
     }
     NcclApi api;
     api.path = path;
-    const char *missing = nullptr;
-    if (!bind(handle, "ncclGetVersion", api.getVersion))
-      missing = "ncclGetVersion";
-    else if (!bind(handle, "ncclGetUniqueId", api.getUniqueId))
-      missing = "ncclGetUniqueId";
-    else if (!bind(handle, "ncclCommInitRank", api.commInitRank))
-      missing = "ncclCommInitRank";
-    else if (!bind(handle, "ncclCommDestroy", api.commDestroy))
-      missing = "ncclCommDestroy";
-    else if (!bind(handle, "ncclAllReduce", api.allReduce))
-      missing = "ncclAllReduce";
-    else if (!bind(handle, "ncclGroupStart", api.groupStart))
-      missing = "ncclGroupStart";
-    else if (!bind(handle, "ncclGroupEnd", api.groupEnd))
-      missing = "ncclGroupEnd";
-    else if (!bind(handle, "ncclGetErrorString", api.errorString))
-      missing = "ncclGetErrorString";
+    const char *missing = nullptr; // the first symbol NCCL would have and this library lacks
+    auto need = [&](const char *symbol, auto &fn) {
+      if (!missing && !bind(handle, symbol, fn))
+        missing = symbol;
+    };
+    need("ncclGetVersion", api.getVersion);
+    need("ncclGetUniqueId", api.getUniqueId);
+    need("ncclCommInitRank", api.commInitRank);
+    need("ncclCommDestroy", api.commDestroy);
+    need("ncclAllReduce", api.allReduce);
+    need("ncclGroupStart", api.groupStart);
+    need("ncclGroupEnd", api.groupEnd);
+    need("ncclGetErrorString", api.errorString);
     if (missing) {
       tried.push_back(fmt::format("{} (not NCCL: no {})", path, missing));
       dlclose(handle);

@@ -60,7 +60,7 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
     return report(flagError(fmt::format("--prompt-length must be between 1 and seq_len = {}, got {}", base.seqLen, P)));
   const int64_t count = BenchTokens ? int64_t(BenchTokens) : std::min<int64_t>(240, base.seqLen - P + 1);
   const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
-  if (P < 1 || P > base.seqLen || count < 1 || P + count - 1 > base.seqLen)
+  if (count < 1 || P + count - 1 > base.seqLen)
     return report(flagError(fmt::format("--prompt-length {} and --tokens {} must fit seq_len {} (prompt + tokens - 1 "
                                         "positions)", P, count, base.seqLen)));
   if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)

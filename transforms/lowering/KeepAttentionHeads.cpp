@@ -5,31 +5,11 @@
 // (the copy, stored in BF16, is half its size). The values are the same: the copy holds what the
 // gradient would have made.
 #include "ir/Attributes.h"
-#include "ir/Infer.h"
 #include "transforms/Passes.h"
+#include "transforms/Rewrite.h"
 
 namespace tgc {
 namespace {
-
-/// A copy of `old` with `attrs`, `operands` and the result types inferred, in its place; its
-/// results take over the old results' uses and names.
-llvm::Expected<Op *> replaceOp(Graph &graph, Op *old, llvm::ArrayRef<Value *> operands, AttrMap attrs) {
-  auto types = inferResultTypes(old->kind(), operands, attrs);
-  if (!types)
-    return types.takeError();
-  std::vector<std::string> names, temporary;
-  for (unsigned i = 0; i < types->size(); ++i) {
-    names.push_back(i < old->numResults() ? old->result(i)->name() : old->result()->name() + ".heads");
-    temporary.push_back(graph.uniqueName(names.back() + ".new"));
-  }
-  Op *op = graph.createOp(old->kind(), operands, std::move(attrs), *types, temporary, old);
-  for (unsigned i = 0; i < old->numResults(); ++i)
-    graph.replaceAllUsesWith(old->result(i), op->result(i));
-  graph.eraseOp(old);
-  for (unsigned i = 0; i < op->numResults(); ++i)
-    graph.rename(op->result(i), graph.lookup(names[i]) ? graph.uniqueName(names[i]) : names[i]);
-  return op;
-}
 
 class KeepAttentionHeads : public Pass {
 public:
@@ -47,18 +27,22 @@ public:
           back->operand(3) != forward->result(1) || heads <= 0 ||
           !attentionOnTensorCores(back->attrs(), qkv->type().dim(-1) / 3 / heads))
         continue;
-      AttrMap attrs = forward->attrs();
-      attrs.set(kHeadMajor, true);
-      auto newForward = replaceOp(graph, forward, {qkv}, attrs);
-      if (!newForward)
-        return newForward.takeError();
-      AttrMap backAttrs = back->attrs();
-      backAttrs.set(kHeadMajor, true);
-      auto newBack = replaceOp(graph, back,
-                               {back->operand(0), (*newForward)->result(2), back->operand(2), back->operand(3)},
-                               backAttrs);
-      if (!newBack)
-        return newBack.takeError();
+      // Each op is replaced in its place (the forward's results keep their names, the copy is
+      // out.heads), so the order holds without a sort.
+      Replacement withCopy{OpKind::Attention, {qkv}, forward->attrs(), {forward->result(0), forward->result(1)},
+                           {forward->result(0)->name() + ".heads"}};
+      withCopy.attrs.set(kHeadMajor, true);
+      if (auto err = applyReplacement(graph, {forward}, std::move(withCopy), nullptr, /*sort=*/false))
+        return std::move(err);
+      Op *kept = back->operand(2)->def(); // the new forward: out is its result now
+      Replacement readsCopy{OpKind::AttentionBackward,
+                            {back->operand(0), kept->result(2), back->operand(2), back->operand(3)},
+                            back->attrs(),
+                            {back->result()},
+                            {}};
+      readsCopy.attrs.set(kHeadMajor, true);
+      if (auto err = applyReplacement(graph, {back}, std::move(readsCopy), nullptr, /*sort=*/false))
+        return std::move(err);
       changed = true;
     }
     return changed;
