@@ -34,6 +34,11 @@ inline bool attentionOnTensorCores(const AttrMap &attrs, int64_t headDim) {
   return hasBf16Gemms(attrs) && headDim % 16 == 0 && headDim <= 256;
 }
 
+/// write_cache=true on decode_attention: it writes this step's keys and values into the caches
+/// it reads (fuse-kv-write) and returns them, as the kv_write it replaces did.
+inline constexpr llvm::StringLiteral kWriteCache = "write_cache";
+inline bool writesCache(const AttrMap &attrs) { return attrs.getBool(kWriteCache).value_or(false); }
+
 /// The FP8 element format of a quantize or fp8_update op: format="e4m3" or "e5m2".
 inline constexpr llvm::StringLiteral kFp8Format = "format";
 inline Fp8Format fp8FormatOf(const AttrMap &attrs) {

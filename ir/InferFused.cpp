@@ -154,7 +154,10 @@ llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs
     return std::move(err);
   if (auto err = checkPositions(ops[3], k.dim(0)))
     return std::move(err);
-  return TypeList{TensorType(k.dtype, {k.dim(0), 1, k.dim(2)})};
+  TensorType out(k.dtype, {k.dim(0), 1, k.dim(2)});
+  if (writesCache(attrs))
+    return TypeList{out, k, v};
+  return TypeList{out};
 }
 
 llvm::Expected<TypeList> inferArgmax(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
@@ -205,6 +208,38 @@ llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs,
   if (!y)
     return y.takeError();
   return TypeList{*y, *y};
+}
+
+llvm::Expected<TypeList> inferResidualNormLinear(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
+    return norm.takeError();
+  if (attrs.has("bias") && !attrs.getBool("bias"))
+    return makeError("attribute 'bias' must be true or false");
+  if (attrs.has("activation"))
+    if (auto activation = requireChoice(attrs, "activation", {"gelu"}); !activation)
+      return activation.takeError();
+  bool bias = attrs.getBool("bias").value_or(false);
+  size_t normOperands = isLayerNorm(attrs) ? 4 : 3, expected = normOperands + 1 + bias;
+  if (ops.size() != expected)
+    return makeError("expects {} operands for its attributes, got {}", expected, ops.size());
+  auto sum = inferResidualNorm(ops.take_front(normOperands), attrs, {});
+  if (!sum)
+    return sum.takeError();
+  llvm::SmallVector<TensorType, 3> linear{(*sum)[1], ops[normOperands]};
+  if (bias)
+    linear.push_back(ops[normOperands + 1]);
+  if (bias) {
+    auto y = inferLinearWithBias(linear, attrs);
+    if (!y)
+      return y.takeError();
+    return TypeList{(*sum)[0], *y};
+  }
+  AttrMap product = attrs;
+  product.set("transpose_b", true);
+  auto y = inferMatMul(linear, product, {});
+  if (!y)
+    return y.takeError();
+  return TypeList{(*sum)[0], (*y)[0]};
 }
 
 llvm::Expected<TypeList> inferCrossEntropy(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

@@ -15,6 +15,8 @@ std::unique_ptr<Pass> createFuseNormGradAddPass();
 std::unique_ptr<Pass> createFuseGeluBiasGradPass();
 std::unique_ptr<Pass> createFuseCrossEntropyGradPass();
 std::unique_ptr<Pass> createKeepAttentionHeadsPass();
+std::unique_ptr<Pass> createFuseKvWritePass();
+std::unique_ptr<Pass> createFuseResidualNormGemvPass();
 std::unique_ptr<Pass> createFuseBiasActivationPass();
 std::unique_ptr<Pass> createFuseBiasPass();
 std::unique_ptr<Pass> createFuseCrossEntropyPass();

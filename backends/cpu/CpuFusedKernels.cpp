@@ -263,18 +263,19 @@ llvm::Error evalKvWrite(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
-  // What attention computes for the row of each sequence's position, in the same steps: scores
-  // (a GEMM: BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in
-  // double), probabilities times values (a GEMM again).
-  const Tensor &qkv = *in[0], &k = *in[1], &v = *in[2];
+namespace {
+/// What attention computes for the row of each sequence's position, in the same steps: scores
+/// (a GEMM: BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in
+/// double), probabilities times values (a GEMM again). `out` is zero.
+llvm::Error attendOverCache(const AttrMap &a, const Tensor &qkv, const Tensor &k, const Tensor &v,
+                            const Tensor &positions, Tensor &out) {
   int64_t B = k.type.dim(0), T = k.type.dim(1), D = k.type.dim(2);
   int64_t H = *a.getInt("heads"), Dh = D / H;
   float scale = float(*a.getFloat("scale"));
   bool bf16 = hasBf16Gemms(a);
   auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
   for (int64_t b = 0; b < B; ++b) {
-    auto position = positionOf(*in[3], b, 1, T);
+    auto position = positionOf(positions, b, 1, T);
     if (!position)
       return position.takeError();
     int64_t pos = *position;
@@ -289,7 +290,7 @@ llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
         scores.data[j] = dot * scale;
       }
       Tensor probs = apply(evalSoftmax, {}, {&scores}, scores.type);
-      float *o = &out[0].data[b * D + h * Dh];
+      float *o = &out.data[b * D + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
         float p = r(probs.data[j]);
         const float *vj = &v.data[(b * T + j) * D + h * Dh];
@@ -300,10 +301,34 @@ llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
   }
   return llvm::Error::success();
 }
+} // namespace
+
+llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
+  if (!writesCache(a))
+    return attendOverCache(a, *in[0], *in[1], *in[2], *in[3], out[0]);
+  // fuse-kv-write's: the kv_write first, then the attention over the caches it wrote.
+  if (llvm::Error err = evalKvWrite(a, {in[1], in[2], in[0], in[3]}, out.drop_front()))
+    return err;
+  return attendOverCache(a, *in[0], out[1], out[2], *in[3], out[0]);
+}
 
 llvm::Error evalResidualNorm(const AttrMap &a, Operands in, Results out) {
   out[0] = apply(evalAdd, {}, {in[0], in[1]}, in[0]->type);
   out[1] = norm(a, out[0], *in[2], in.size() > 3 ? in[3] : nullptr);
+  return llvm::Error::success();
+}
+
+llvm::Error evalResidualNormLinear(const AttrMap &a, Operands in, Results out) {
+  // residual_norm, then the product of its norm (matmul_bias, or matmul {transpose_b}), then the
+  // GELU where there is one: the ops fuse-residual-norm-gemv replaced, in their order.
+  size_t normOperands = isLayerNorm(a) ? 4 : 3;
+  Tensor residual[2];
+  if (llvm::Error err = evalResidualNorm(a, in.take_front(normOperands), residual))
+    return err;
+  bool bias = a.getBool("bias").value_or(false);
+  Tensor y = linear(a, residual[1], *in[normOperands], bias ? in[normOperands + 1] : nullptr);
+  out[0] = std::move(residual[0]);
+  out[1] = a.getString("activation") == "gelu" ? apply(evalGelu, {}, {&y}, y.type) : std::move(y);
   return llvm::Error::success();
 }
 

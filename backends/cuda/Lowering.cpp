@@ -614,13 +614,33 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
   bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
   const char *cache = bf16Caches ? "unsigned short" : "float";
-  e.launch(0,
-           fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, float *partial, "
-                       "unsigned *done",
-                       cache),
-           B * H * splits,
-           fmt::format("decodeAttention<{}, {}, {}, {}, {}, {}>(qkv, k, v, positions, out, partial, done, {})",
-                       boolText(hasBf16Gemms(a)), H, Dh, T, keys, splits, lit(*a.getFloat("scale"))),
+  std::string shape = fmt::format("{}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), H, Dh, T, keys, splits);
+  if (!writesCache(a)) {
+    e.launch(0,
+             fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
+                         "float *partial, unsigned *done",
+                         cache),
+             B * H * splits,
+             fmt::format("decodeAttention<{}>(qkv, k, v, positions, out, partial, done, {})", shape,
+                         lit(*a.getFloat("scale"))),
+             128);
+    return llvm::Error::success();
+  }
+  // fuse-kv-write's: the attention reads the caches it writes (kOut, vOut; typed Bf16Out where
+  // stored in BF16). Written in place, only this step's rows change; otherwise launch 0 copies the
+  // caches into the results first, as kv_write does.
+  std::string params = fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
+                                   "float *kOut, float *vOut, float *partial, unsigned *done",
+                                   cache);
+  bool inPlace = e.program_.inPlace.count(op.result(1)) && e.program_.inPlace.count(op.result(2));
+  unsigned launch = 0;
+  if (!inPlace)
+    e.launch(launch++, params, elementwiseBlocks(operandType(op, 1).numElements()),
+             fmt::format("kvCopy<{}>(k, v, kOut, vOut)", operandType(op, 1).numElements()));
+  e.launch(launch, params, B * H * splits,
+           fmt::format("decodeAttention<{}, true>(qkv, readable(kOut), readable(vOut), positions, out, partial, done, "
+                       "{}, kOut, vOut)",
+                       shape, lit(*a.getFloat("scale"))),
            128);
   return llvm::Error::success();
 }
@@ -636,6 +656,26 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
                                    bias ? "const float *bias, " : "");
   e.launch(0, params, (N + 7) / 8,
            fmt::format("gemvBf16<{}, {}, {}, {}>(x, w, {}, out)", M, N, K, boolText(bias), bias ? "bias" : "nullptr"));
+  return llvm::Error::success();
+}
+
+/// residual_norm_linear (fuse-residual-norm-gemv): a GEMV whose blocks normalise the rows they
+/// read (gemv.cuh), with the GELU after the product where there is one.
+llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  bool layer = isLayerNorm(a), bias = a.getBool("bias").value_or(false), gelu = a.getString("activation") == "gelu";
+  unsigned weight = layer ? 4 : 3;
+  const TensorType &w = operandType(op, weight);
+  int64_t N = w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
+  e.uses("gemv.cuh");
+  e.lowering.bf16Weights = {weight};
+  std::string params = fmt::format("const float *a, const float *b, const float *gamma, {}const unsigned short *w, "
+                                   "{}float *sum, float *out",
+                                   layer ? "const float *beta, " : "", bias ? "const float *bias, " : "");
+  e.launch(0, params, (N + 7) / 8,
+           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}>(a, b, gamma, {}, w, {}, sum, out, {})",
+                       boolText(layer), M, N, K, boolText(bias), boolText(gelu), layer ? "beta" : "nullptr",
+                       bias ? "bias" : "nullptr", formatDouble(*a.getFloat("eps"))));
   return llvm::Error::success();
 }
 
@@ -696,6 +736,8 @@ llvm::Error emit(const Op &op, Emitter &e) {
   case OpKind::MatMul:
   case OpKind::MatMulBias:
     return emitGemv(op, e);
+  case OpKind::ResidualNormLinear:
+    return emitResidualNormGemv(op, e);
   default:
     return unsupported(op);
   }
@@ -736,10 +778,13 @@ void chooseBf16Caches(const Graph &graph, CudaProgram &program) {
     return true;
   };
   for (const Op *op : graph.ops()) {
-    if (op->kind() != OpKind::KvWrite || !hasBf16Gemms(op->attrs()))
+    // kv_write's caches are its operands and results 0 and 1; decode_attention {write_cache}'s
+    // its operands and results 1 and 2.
+    bool fused = op->kind() == OpKind::DecodeAttention && writesCache(op->attrs());
+    if ((op->kind() != OpKind::KvWrite && !fused) || !hasBf16Gemms(op->attrs()))
       continue;
     for (unsigned r = 0; r < 2; ++r) {
-      const Value *cache = op->operand(r), *written = op->result(r);
+      const Value *cache = op->operand(fused ? r + 1 : r), *written = op->result(fused ? r + 1 : r);
       if (program.inPlace.lookup(written) != cache || cache->def()->kind() != OpKind::State ||
           !readsBf16(cache) || !readsBf16(written) || llvm::is_contained(graph.outputs(), written))
         continue;
@@ -832,23 +877,6 @@ int64_t elementwiseBlocks(int64_t count) { return std::min<int64_t>((count + 255
 int64_t normBlocks(int64_t rows) { return (rows + 7) / 8; }
 
 int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count + 2047) / 2048); }
-
-bool isGemv(const Op &op) {
-  if (op.kind() != OpKind::MatMul && op.kind() != OpKind::MatMulBias)
-    return false;
-  const AttrMap &a = op.attrs();
-  if (!hasBf16Gemms(a) || a.getBool("transpose_a").value_or(false) ||
-      (op.kind() == OpKind::MatMul && !a.getBool("transpose_b").value_or(false)))
-    return false;
-  const Value *x = op.operand(0), *w = op.operand(1);
-  if (x->type().dtype != DType::F32 || w->type().dtype != DType::F32 || w->type().rank() != 2 ||
-      !w->def() || w->def()->kind() != OpKind::Param)
-    return false;
-  // (A tensor-core kernel for 9 to 64 rows, 8 warps a block over slices of K with 4-byte
-  // fragment loads, ran slower than cuBLASLt: BENCHMARKS.md, session 9.)
-  int64_t K = w->type().dim(1);
-  return K % 8 == 0 && x->type().dim(-1) == K && x->type().numElements() / K <= 8;
-}
 
 namespace {
 

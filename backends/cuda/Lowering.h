@@ -5,6 +5,7 @@
 // NVRTC (Nvrtc.h) against the embedded headers (KernelHeaders.h).
 #pragma once
 
+#include "ir/Gemv.h"
 #include "ir/Graph.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -95,10 +96,6 @@ struct LoweringOptions {
   /// same bits as converting them at each GEMM.
   bool storeBf16 = true;
 };
-
-/// Whether a GEMM runs as gemv.cuh's kernel instead of cuBLASLt: a BF16 product of at most 8
-/// rows against a parameter [N, K] (K a multiple of 8), x @ w^T (+ bias).
-bool isGemv(const Op &op);
 
 /// Generates the kernels of `graph`, or says which op has no lowering yet.
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = {});

@@ -204,6 +204,65 @@ TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
   }
 }
 
+/// Two decode steps (the second reads the cache rows the first wrote) of the unfused program
+/// and of the one with every fusion and the GPU's lowering passes, bit for bit: the attention
+/// writing its caches (fuse-kv-write) and the GEMVs normalising their rows
+/// (fuse-residual-norm-gemv, which needs BF16 products of at most 8 rows).
+void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
+  std::vector<std::string> lowering = kGpuLowering;
+  lowering.insert(lowering.end(), {"fuse-kv-write", "fuse-residual-norm-gemv"});
+  auto plain = gradientProgram(c, batch, {}, GPTOutput::Decode);
+  auto fused = gradientProgram(c, batch, fusionPasses(), GPTOutput::Decode, lowering);
+  ASSERT_TRUE(plain && fused);
+  OpCounts counts = countOps(*fused);
+  EXPECT_EQ(counts["kv_write"], 0);
+  EXPECT_EQ(counts["decode_attention"], c.layers);
+  if (c.precision.recipe == Recipe::Bf16)
+    EXPECT_GE(counts["residual_norm_linear"], 2 * c.layers); // qkv and fc1 (the head's too where small)
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = initParams(*plain, rng.next());
+  for (auto &[name, t] : leaves)
+    for (float &v : t.data)
+      v += float(rng.normal() * 0.1);
+  Interpreter a(*plain), b(*fused);
+  ASSERT_FALSE(bool(a.bindAll(leaves)));
+  ASSERT_FALSE(bool(b.bindAll(leaves)));
+  std::vector<int32_t> positions(batch);
+  for (int64_t i = 0; i < batch; ++i)
+    positions[i] = int32_t(rng.below(c.seqLen - 1));
+  for (int step = 0; step < 2; ++step) {
+    std::map<std::string, Tensor> feed;
+    for (const char *name : {"tokens", "positions"})
+      feed[name] = Tensor::zeros(TensorType(DType::I32, {batch, 1}));
+    for (int64_t i = 0; i < batch; ++i) {
+      feed["tokens"].ints[i] = int32_t(rng.below(c.vocab));
+      feed["positions"].ints[i] = positions[i] + step;
+    }
+    ASSERT_FALSE(bool(a.bindAll(feed)));
+    ASSERT_FALSE(bool(b.bindAll(feed)));
+    auto want = unwrap(a.run()), got = unwrap(b.run());
+    std::map<std::string, Tensor> wantNamed, gotNamed;
+    for (size_t i = 0; i < want.size(); ++i)
+      wantNamed[plain->outputs()[i]->name()] = std::move(want[i]);
+    for (size_t i = 0; i < got.size(); ++i)
+      gotNamed[fused->outputs()[i]->name()] = std::move(got[i]);
+    SCOPED_TRACE("step " + std::to_string(step));
+    expectSameOutputs(gotNamed, wantNamed);
+    EXPECT_EQ(gotNamed["next"].ints, wantNamed["next"].ints);
+  }
+}
+
+TEST(Fusion, GpuDecodeStepMatchesUnfused) {
+  for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16}) {
+    for (const char *model : {"models/tiny.yaml", "tests/models/tiny-variants.yaml"}) {
+      SCOPED_TRACE(model);
+      ModelConfig c = loadModel(model);
+      c.precision.recipe = recipe;
+      compareDecodeSteps(c, 3);
+    }
+  }
+}
+
 class FusionDisabled : public testing::TestWithParam<std::string> {};
 
 TEST_P(FusionDisabled, EachFusionOffStillMatchesUnfused) {

@@ -52,18 +52,29 @@ __device__ __forceinline__ void loadFloats(const unsigned short *p, float *out) 
   }
 }
 
+// The memory a cache output points to, to read it back (decode_attention {write_cache} reads
+// the caches it writes).
+__device__ __forceinline__ const float *readable(float *p) { return p; }
+__device__ __forceinline__ const unsigned short *readable(Bf16Out p) { return p.p; }
+
 // decode_attention, one launch of 128-thread blocks: block (b, h, split) takes keys
 // [split * Keys, (split + 1) * Keys) up to position positions[b] and writes its part to
 // partial[block]: the largest score m, the sum l of exp(score - m), and the sum over its keys
-// of exp(score - m) times the values (Dh floats). The last of a (sequence, head)'s blocks to
-// finish (counted in `done`, a zeroed buffer of its own that it zeroes again) combines the
-// parts in split order, each weighted by exp(m_part - m), into out [B, 1, D]. Scores are dot
-// products of BF16 operands under gemm_dtype, as the attention GEMMs; the weights rounded to
-// BF16 likewise. Four threads a key for the scores (a quarter of the head each); for the
-// values, Dh / Vec threads a key row (Vec floats each), Groups rows at a time.
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, typename Cache, typename Out>
+// of exp(score - m) times the values (Dh floats). The blocks past a sequence's position return
+// at once; the last of the others to finish (counted in `done`, a zeroed buffer of its own that
+// it zeroes again) combines their parts in split order, each weighted by exp(m_part - m), into
+// out [B, 1, D]. Scores are dot products of BF16 operands under gemm_dtype, as the attention
+// GEMMs; the weights rounded to BF16 likewise. Four threads a key for the scores (a quarter of
+// the head each); for the values, Dh / Vec threads a key row (Vec floats each), Groups rows at a
+// time. With Write (fuse-kv-write), k and v are the caches kOut and vOut, and the block whose
+// keys include the position first writes that position's key and value from qkv into them (as
+// kv_write: rounded under gemm_dtype; nothing where the position is outside the cache); no other
+// block reads that row.
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write = false, typename Cache,
+          typename Out, typename CacheOut = float *>
 __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
-                                float *partial, unsigned *done, float scale) {
+                                float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
+                                CacheOut vOut = nullptr) {
   constexpr int64 D = H * Dh;
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
   constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow, PerKey = PerRow % 4 == 0 ? 4 : 1;
@@ -71,9 +82,23 @@ __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v
   __shared__ bool last;
   int64 block = blockIdx.x, split = block % Splits, bh = block / Splits, h = bh % H, b = bh / H;
   int64 position = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
+  // The parts that hold keys: those up to the position's (at least one, which a position before
+  // the cache leaves empty).
+  int64 counted = position < 0 ? 1 : position / Keys + 1;
+  if (split >= counted)
+    return;
   int64 first = split * Keys, end = position + 1 < first + Keys ? position + 1 : first + Keys;
   float *mine = partial + block * (Dh + 2);
-  if (first >= end) { // past this sequence's position: an empty part
+  if (Write && positions[b] >= 0 && positions[b] < T && first <= positions[b] && positions[b] < end) {
+    const float *fresh = qkv + b * 3 * D + D + h * Dh;
+    for (int64 d = threadIdx.x; d < Dh; d += Threads) {
+      int64 at = (b * T + positions[b]) * D + h * Dh + d;
+      kOut[at] = gemmOperand<Bf16>(fresh[d]);
+      vOut[at] = gemmOperand<Bf16>(fresh[D + d]);
+    }
+    __syncthreads(); // the block's own writes, visible to its reads below
+  }
+  if (first >= end) { // a position before the cache: an empty part
     for (int64 d = threadIdx.x; d < Dh + 2; d += Threads) mine[d] = d == 0 ? __int_as_float(0xff800000) : 0.0f;
   } else {
     for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * 3 * D + h * Dh + d]);
@@ -131,7 +156,7 @@ __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(done + bh, 1u) == Splits - 1;
+    last = atomicAdd(done + bh, 1u) == counted - 1;
     if (last) done[bh] = 0; // for the next step
   }
   __syncthreads();
@@ -139,10 +164,10 @@ __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v
   __threadfence();
   const volatile float *all = partial + bh * Splits * (Dh + 2);
   float m = __int_as_float(0xff800000);
-  for (int64 s = threadIdx.x; s < Splits; s += Threads) m = fmaxf(m, all[s * (Dh + 2)]);
+  for (int64 s = threadIdx.x; s < counted; s += Threads) m = fmaxf(m, all[s * (Dh + 2)]);
   m = blockMax(m, reduced);
   float l = 0.0f;
-  for (int64 s = threadIdx.x; s < Splits; s += Threads) {
+  for (int64 s = threadIdx.x; s < counted; s += Threads) {
     float w = all[s * (Dh + 2) + 1] > 0.0f ? expf(all[s * (Dh + 2)] - m) : 0.0f;
     parts[s] = w;
     l += w * all[s * (Dh + 2) + 1];
@@ -150,7 +175,7 @@ __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v
   l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the parts' writes
   for (int64 d = threadIdx.x; d < Dh; d += Threads) {
     float acc = 0.0f;
-    for (int64 s = 0; s < Splits; ++s) acc += parts[s] * all[s * (Dh + 2) + 2 + d];
+    for (int64 s = 0; s < counted; ++s) acc += parts[s] * all[s * (Dh + 2) + 2 + d];
     out[bh * Dh + d] = acc / l;
   }
 }

@@ -7,6 +7,8 @@
 #pragma once
 
 #include "common.cuh"
+#include "elementwise.cuh"
+#include "norms.cuh"
 
 // Eight consecutive elements of x at x + i (i a multiple of 8), as the GEMM reads them: fp32
 // rounded to BF16, or stored in BF16.
@@ -24,9 +26,10 @@ __device__ __forceinline__ void load8(const unsigned short *x, int64 i, float (&
   }
 }
 
-// A warp per output column n, 8 a block; K a multiple of 8 (16-byte rows).
-template <int64 M, int64 N, int64 K, bool Bias, typename X>
-__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, float *out) {
+// A warp per output column n, 8 a block; K a multiple of 8 (16-byte rows). Gelu: the GELU of
+// each output (an elementwise gelu after the product, fused: the same arithmetic).
+template <int64 M, int64 N, int64 K, bool Bias, typename X, bool Gelu = false, typename Out = float *>
+__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, Out out) {
   int64 n = blockIdx.x * 8 + threadIdx.x / 32;
   if (n >= N) return;
   const int lane = threadIdx.x % 32;
@@ -49,6 +52,39 @@ __device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias,
 #pragma unroll
     for (int m = 1; m < M; ++m)
       if (lane == m) value = acc[m];
-    out[lane * N + n] = Bias ? value + bias[n] : value;
+    float y = Bias ? value + bias[n] : value;
+    out[lane * N + n] = Gelu ? geluTanh(y) : y;
   }
+}
+
+// residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K <= 1024
+// features, and sum = a + b. Each block first takes the sum and the norm of every row (warp m,
+// row m, the arithmetic of residualNorm) into shared memory in BF16, the operand the product
+// reads, and block 0 writes the sums (the residual stream); then the product as gemvBf16. The
+// same values as residual_norm, the product and the gelu one after the other: a decode step's
+// norm costs no launch of its own.
+template <bool Layer, int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename SumOut, typename Out>
+__device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
+                                     const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
+  static_assert(M <= 8 && RowInRegisters<K>::kHeld && K % 8 == 0, "a few rows of at most 1024 features");
+  __shared__ __align__(16) unsigned short normed[M * K];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < M) {
+    constexpr int Per = RowInRegisters<K>::kPerLane;
+    float x[Per], y[Per];
+#pragma unroll
+    for (int c = 0; c < Per; ++c) {
+      int64 j = lane + 32 * c;
+      x[c] = j < K ? a[warp * K + j] : 0.0f;
+      y[c] = j < K ? b[warp * K + j] : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < Per; ++c) {
+      x[c] += y[c];
+      if (blockIdx.x == 0 && lane + 32 * c < K) sum[warp * K + lane + 32 * c] = x[c];
+    }
+    normalizeHeld<Layer, K>(x, gamma, beta, Bf16Out{normed + warp * K}, eps);
+  }
+  __syncthreads();
+  gemvBf16<M, N, K, Bias, unsigned short, Gelu>(normed, w, bias, out);
 }

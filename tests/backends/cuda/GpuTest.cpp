@@ -215,6 +215,8 @@ void expectEveryOpMatchesTheCpu(const Graph *program, int &checked, bool onlyLay
       // 1e-4; under BF16 a sum an ulp away can round an intermediate (fc1's activation, the
       // recomputed norm) to the neighbouring BF16 value before the next GEMM reads it.
       bool bf16 = op->attrs().getString("gemm_dtype") == "bf16";
+      // residual_norm_linear is such a chain too: its norm rounded to BF16, then its GEMV.
+      expanded |= op->kind() == OpKind::ResidualNormLinear;
       double bound = (bf16Attention || (expanded && bf16)) ? 1e-2
                      : fp8Gemm                             ? 1e-3
                      : expanded                            ? 1e-4
@@ -531,6 +533,51 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
       Gap gap = gapOf(want, got);
       EXPECT_LE(gap.worst, 1e-5 * gap.scale); // the same BF16 products, summed in another order
     }
+}
+
+TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
+  // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
+  // (a partial last lane pass) and 1024 features (the most a warp holds), LayerNorm and RMSNorm,
+  // with a bias and the GELU or neither; 200 columns (a partial block). Both results against the
+  // CPU: the sum exactly, the product within BF16's reach (a norm value summed in another order
+  // can round to the neighbouring BF16 before the product reads it).
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  const int64_t N = 200;
+  for (int64_t M : {1, 3, 8})
+    for (int64_t K : {64, 200, 1024})
+      for (bool layer : {true, false}) {
+        bool gelu = layer; // LayerNorm with a bias and the GELU, RMSNorm with neither
+        SCOPED_TRACE(fmt::format("{} rows of {}, {}", M, K, layer ? "layer_norm, bias, gelu" : "rms_norm"));
+        std::string text = fmt::format(
+            "graph @g\n%a = input() : f32[{0},1,{1}]\n%b = input() : f32[{0},1,{1}]\n"
+            "%gamma = input() : f32[{1}]\n{3}%w = param() {{init=\"normal\", std=1.0}} : f32[{2},{1}]\n{4}"
+            "%s, %y = residual_norm_linear(%a, %b, %gamma, {5}%w{6}) {{{7}eps=1e-05, gemm_dtype=\"bf16\", norm=\"{8}\"}} "
+            ": f32[{0},1,{1}], f32[{0},1,{2}]\nreturn %s, %y\n",
+            M, K, N, layer ? fmt::format("%beta = input() : f32[{}]\n", K) : "",
+            gelu ? fmt::format("%bias = input() : f32[{}]\n", N) : "", layer ? "%beta, " : "", gelu ? ", %bias" : "",
+            gelu ? "activation=\"gelu\", bias=true, " : "", layer ? "layer_norm" : "rms_norm");
+        auto graph = unwrap(parseGraph(text, "norm-gemv.ir"));
+        ASSERT_TRUE(graph);
+        std::map<std::string, Tensor> leaves;
+        for (const Op *op : graph->ops())
+          if (op->kind() == OpKind::Input || op->kind() == OpKind::Param) {
+            Tensor t = Tensor::zeros(op->result()->type());
+            for (float &v : t.data)
+              v = float(rng.normal());
+            leaves[op->result()->name()] = std::move(t);
+          }
+        Interpreter cpu(*graph);
+        auto gpu = unwrap(createCudaExecutor(*graph));
+        ASSERT_TRUE(gpu);
+        ASSERT_FALSE(bool(cpu.bindAll(leaves)));
+        ASSERT_FALSE(bool(gpu->bindAll(leaves)));
+        auto want = unwrap(cpu.run()), got = unwrap(gpu->run());
+        ASSERT_EQ(got.size(), 2u);
+        EXPECT_EQ(got[0].data, want[0].data); // the sums: one fp32 add each
+        Gap gap = gapOf(want[1].data, got[1].data);
+        EXPECT_LE(gap.worst, 1e-2 * gap.scale) << "max difference " << gap.worst << " at scale " << gap.scale;
+      }
 }
 
 TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {

@@ -2,6 +2,7 @@
 // source's, and reuse makes the arena much smaller than one buffer per value.
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/MemoryPlan.h"
+#include "ir/Attributes.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -356,8 +357,8 @@ return %late
 }
 
 TEST(MemoryPlan, KvCacheWrittenInPlace) {
-  // The decode step's kv_write goes straight into both caches: one row a token, not a copy of
-  // the whole cache; its kernel writes only the new rows.
+  // The decode step's cache write (the attention's, fuse-kv-write) goes straight into both
+  // caches: one row a token, not a copy of the whole cache; its kernel writes only the new rows.
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   auto graph = unwrap(buildGPT(c, 2, GPTOutput::Decode));
   ASSERT_TRUE(graph);
@@ -367,12 +368,14 @@ TEST(MemoryPlan, KvCacheWrittenInPlace) {
   CudaProgram program = unwrap(lowerToCuda(*graph));
   auto inPlace = inPlaceValues(*graph, program);
   int writes = 0;
-  for (const Op *op : graph->ops())
-    if (op->kind() == OpKind::KvWrite) {
+  for (const Op *op : graph->ops()) {
+    EXPECT_NE(op->kind(), OpKind::KvWrite);
+    if (op->kind() == OpKind::DecodeAttention && writesCache(op->attrs())) {
       ++writes;
-      EXPECT_EQ(inPlace.lookup(op->result(0)), op->operand(0)) << op->result()->name();
       EXPECT_EQ(inPlace.lookup(op->result(1)), op->operand(1)) << op->result()->name();
+      EXPECT_EQ(inPlace.lookup(op->result(2)), op->operand(2)) << op->result()->name();
     }
+  }
   EXPECT_EQ(writes, c.layers);
   EXPECT_EQ(program.source.find("kvCopy<"), std::string::npos);
   EXPECT_TRUE(program.bf16Stored.empty()); // fp32: the caches stay fp32
@@ -398,6 +401,8 @@ TEST(MemoryPlan, Bf16KvCachesTakeHalfTheState) {
         EXPECT_TRUE(program.bf16Stored.count(op->result())) << op->result()->name();
       } else if (op->kind() == OpKind::KvWrite) {
         EXPECT_TRUE(program.bf16Stored.count(op->result(0)) && program.bf16Stored.count(op->result(1)));
+      } else if (op->kind() == OpKind::DecodeAttention) {
+        EXPECT_TRUE(program.bf16Stored.count(op->result(1)) && program.bf16Stored.count(op->result(2)));
       } else {
         continue;
       }

@@ -1,0 +1,60 @@
+// fuse-residual-norm-gemv: a residual_norm whose norm only a product of few rows reads (the
+// decode step's GEMV, ir/Gemv.h) becomes residual_norm_linear, with the GELU after the product
+// where there is one: each of the GEMV's blocks normalises the rows it reads (a few rows of
+// d_model) instead of reading them from a norm kernel before it, and applies the GELU to what it
+// writes. Three launches a layer become one or two.
+#include "ir/Attributes.h"
+#include "ir/Gemv.h"
+#include "transforms/Passes.h"
+#include "transforms/Rewrite.h"
+
+namespace tgc {
+namespace {
+
+/// Rows of at most this many features: the kernel holds a row in its warp's registers
+/// (norms.cuh's RowInRegisters) and the normalised rows in shared memory.
+constexpr int64_t kMaxFeatures = 1024;
+/// Products of at most this many outputs: every block (8 outputs) normalises the rows again, which
+/// for a vocabulary's head (50k outputs) would read the rows thousands of times.
+constexpr int64_t kMaxOutputs = 16384;
+
+class FuseResidualNormGemv : public FusionPass {
+public:
+  std::optional<FusionMatch> match(const Graph &graph, Op *product) const override {
+    if (!isGemv(*product))
+      return std::nullopt;
+    Op *norm = definedBy(product->operand(0), OpKind::ResidualNorm);
+    const TensorType &w = product->operand(1)->type();
+    if (!norm || norm->result(1) != product->operand(0) || soleUser(graph, norm->result(1)) != product ||
+        w.dim(1) > kMaxFeatures || w.dim(0) > kMaxOutputs)
+      return std::nullopt;
+    bool bias = product->kind() == OpKind::MatMulBias;
+    Op *gelu = soleUser(graph, product->result());
+    if (gelu && gelu->kind() != OpKind::Gelu)
+      gelu = nullptr;
+    FusionMatch m;
+    m.pattern = {norm, product};
+    if (gelu)
+      m.pattern.push_back(gelu);
+    Replacement &r = m.replacement;
+    r.kind = OpKind::ResidualNormLinear;
+    r.attrs = norm->attrs();
+    copyGemmDType(*product, r.attrs);
+    if (bias)
+      r.attrs.set("bias", true);
+    if (gelu)
+      r.attrs.set("activation", std::string("gelu"));
+    r.operands.append(norm->operands().begin(), norm->operands().end());
+    r.operands.push_back(product->operand(1));
+    if (bias)
+      r.operands.push_back(product->operand(2));
+    r.replaces = {norm->result(0), gelu ? gelu->result() : product->result()};
+    return m;
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createFuseResidualNormGemvPass() { return std::make_unique<FuseResidualNormGemv>(); }
+
+} // namespace tgc
