@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <fmt/format.h>
 #include <numeric>
@@ -242,14 +243,58 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   start = std::chrono::steady_clock::now();
   // Decode: each step feeds the last new token of each sequence at its own position.
   std::vector<int32_t> feed(batch_, 0), positions(batch_, 0);
-  for (int64_t step = 1; step < count; ++step) {
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      feed[b] = generated[b].back();
+  auto bindPositions = [&](int64_t step) {
+    for (size_t b = 0; b < prompts.size(); ++b)
       positions[b] = int32_t(prompts[b].size()) + int32_t(step) - 1;
+    return executor.bind(program::kPositions, Tensor{column, {}, positions});
+  };
+  for (size_t b = 0; b < prompts.size(); ++b)
+    feed[b] = generated[b].back();
+  if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
+    return std::move(err);
+  if (options.temperature <= 0) {
+    // Greedy: each step's tokens (%next, chosen on the device) are the next step's input on the
+    // device, and the host takes them one step late: it queues step s + 1 before it waits for
+    // step s's copy, so the device goes from step to step without waiting for the host.
+    std::optional<unsigned> waiting; // the ticket of the last step's tokens
+    auto takeWaiting = [&](int64_t step) -> llvm::Error {
+      auto picked = executor.collect(*waiting);
+      if (!picked)
+        return picked.takeError();
+      take(step, std::vector<int32_t>(picked->ints.begin(), picked->ints.begin() + prompts.size()));
+      return llvm::Error::success();
+    };
+    for (int64_t step = 1; step < count; ++step) {
+      if (step > 1)
+        if (auto err = executor.feed(program::kNext, program::kTokens))
+          return std::move(err);
+      if (auto err = bindPositions(step))
+        return std::move(err);
+      if (auto err = executor.launch())
+        return std::move(err);
+      auto ticket = executor.readLater(program::kNext);
+      if (!ticket)
+        return ticket.takeError();
+      if (waiting)
+        if (auto err = takeWaiting(step - 1))
+          return std::move(err);
+      waiting = *ticket;
+      ++stats_.decodeSteps;
     }
-    if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
-      return std::move(err);
-    if (auto err = executor.bind(program::kPositions, Tensor{column, {}, positions}))
+    if (waiting)
+      if (auto err = takeWaiting(count - 1))
+        return std::move(err);
+    stats_.decodeSeconds = secondsSince(start);
+    return generated;
+  }
+  for (int64_t step = 1; step < count; ++step) {
+    if (step > 1) {
+      for (size_t b = 0; b < prompts.size(); ++b)
+        feed[b] = generated[b].back();
+      if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
+        return std::move(err);
+    }
+    if (auto err = bindPositions(step))
       return std::move(err);
     if (auto err = executor.step())
       return std::move(err);

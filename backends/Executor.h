@@ -26,6 +26,33 @@ public:
     auto outputs = run();
     return outputs ? llvm::Error::success() : outputs.takeError();
   }
+  /// Starts a step without waiting for it: a GPU queues it behind the work before it, so that the
+  /// host can queue the next step meanwhile (the decode loop); the CPU runs it at once. read()
+  /// and step() wait for it.
+  virtual llvm::Error launch() { return step(); }
+  /// Leaf `leaf` takes the value `value` (of the same type) has after the steps launched so far,
+  /// in the device's order and without the host: a decode step's greedy tokens, the next step's
+  /// input.
+  virtual llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) {
+    auto t = read(value);
+    if (!t)
+      return t.takeError();
+    return bind(leaf, std::move(*t));
+  }
+  /// Queues a copy of `name`'s value as the steps launched so far leave it; collect(ticket)
+  /// returns it once there, so that the host takes one step's tokens while the next runs.
+  virtual llvm::Expected<unsigned> readLater(llvm::StringRef name) {
+    auto t = read(name);
+    if (!t)
+      return t.takeError();
+    later_.push_back(std::move(*t));
+    return unsigned(later_.size() - 1);
+  }
+  virtual llvm::Expected<Tensor> collect(unsigned ticket) {
+    if (ticket >= later_.size())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "no read queued as ticket %u", ticket);
+    return std::move(later_[ticket]);
+  }
   /// Leaf `name` takes the current value of `from`'s leaf of that name and type (the KV caches
   /// a prefill program wrote, handed to the decode step): on the device when both are there.
   virtual llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) {
@@ -54,6 +81,9 @@ public:
         return err;
     return llvm::Error::success();
   }
+
+private:
+  std::vector<Tensor> later_; // readLater's values, where it reads at once
 };
 
 } // namespace tgc

@@ -15,6 +15,7 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
@@ -101,6 +102,10 @@ public:
   llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Error step() override;
+  llvm::Error launch() override;
+  llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) override;
+  llvm::Expected<unsigned> readLater(llvm::StringRef name) override;
+  llvm::Expected<Tensor> collect(unsigned ticket) override;
   llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) override;
   llvm::Expected<bool> shareLeaf(llvm::StringRef name, Executor &owner) override;
   /// Leaf `name` here and in `executor`, where that is a CudaExecutor on this device and the two
@@ -152,6 +157,33 @@ private:
   // TGC_GPU_PROFILE=graph: the steps run as graphs, and after each, every op is replayed alone
   // from a graph of its own and timed (profileOpGraphs).
   bool profile_ = false, profileLaunches_ = false, profileGraphs_ = false, printProfile_ = false;
+  /// readLater's copies: pinned host memory each, reused once collected, and the event after it.
+  struct LaterRead {
+    const Value *value = nullptr;
+    void *host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  std::vector<LaterRead> later_;
+  /// bind's pinned staging for small inputs, used in turn; each slot's event marks its copy done.
+  struct Staging {
+    void *host = nullptr;
+    cudaEvent_t copied = nullptr;
+  };
+  static constexpr size_t kStagingBytes = 64 << 10;
+  std::array<Staging, 8> staging_;
+  size_t nextStaging_ = 0;
+  /// Kernels launched with programmatic stream serialization (compute capability 9.0 on): each
+  /// may start while the generated kernel before it ends; it waits for it in awaitPreviousKernel
+  /// (common.cuh) before touching memory. Only in programs without cuBLASLt GEMMs (a decode
+  /// step of up to 8 sequences: its products are GEMVs): there it made the step 7% faster, in a
+  /// batch-32 decode step 6% slower, and in training no faster (BENCHMARKS.md, session 11).
+  /// TGC_PDL=0 turns it off.
+  bool programmaticLaunch_ = false;
+  /// Whether the last launch in the stream was one of the generated kernels: only those are
+  /// followed programmatically.
+  bool afterGeneratedKernel_ = false;
   std::vector<cudaGraphExec_t> opGraphs_;
   llvm::StringMap<int64_t> profileCalls_; // graph: each label's ops in a step
   // TGC_TRACE=FILE: eager steps too (support/Trace.h), each op of the first runs an event.
@@ -214,6 +246,18 @@ CudaExecutor::~CudaExecutor() {
       if (l)
         cublasLtMatrixLayoutDestroy(l);
   }
+  for (Staging &slot : staging_) {
+    if (slot.host)
+      cudaFreeHost(slot.host);
+    if (slot.copied)
+      cudaEventDestroy(slot.copied);
+  }
+  for (LaterRead &r : later_) {
+    if (r.host)
+      cudaFreeHost(r.host);
+    if (r.done)
+      cudaEventDestroy(r.done);
+  }
   for (void *p : owned_)
     cudaFree(p);
   if (workspace_)
@@ -237,6 +281,8 @@ llvm::Error CudaExecutor::initialize() {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, options_.device));
   std::string arch = archName(prop.major, prop.minor);
+  const char *pdl = std::getenv("TGC_PDL");
+  programmaticLaunch_ = prop.major >= 9 && !(pdl && std::string(pdl) == "0");
   description_ = fmt::format("cuda:{} {} ({})", options_.device, prop.name, arch);
   if (TraceLog::instance().enabled() && !profileLaunches_) {
     traceProcess_ = TraceLog::instance().beginProcess(fmt::format("@{} on {}", graph_.name(), description_));
@@ -245,6 +291,8 @@ llvm::Error CudaExecutor::initialize() {
   deviceName_ = fmt::format("{} ({})", prop.name, arch);
   if (auto err = compileKernels(arch))
     return err;
+  if (llvm::any_of(program_.lowering, [](const OpLowering &l) { return l.kind == OpLowering::Gemm; }))
+    programmaticLaunch_ = false;
   CUDA_CHECK(cudaStreamCreate(&stream_));
   CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
@@ -422,6 +470,7 @@ llvm::Error CudaExecutor::convertKernel(const void *source, void *target, int64_
   void *args[] = {&source, &target, &count};
   unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
   CUDA_CHECK(cudaLaunchKernel((const void *)toBf16_, dim3(blocks), dim3(256), args, 0, stream_));
+  afterGeneratedKernel_ = false;
   return llvm::Error::success();
 }
 
@@ -600,8 +649,24 @@ llvm::Error CudaExecutor::bind(llvm::StringRef name, Tensor tensor) {
     std::transform(tensor.data.begin(), tensor.data.end(), bf16.begin(), floatToBf16);
     host = bf16.data();
   }
-  // From pageable memory: the call returns once `host` is staged, so the tensor may go.
-  CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, storedBytes(v), cudaMemcpyHostToDevice, stream_));
+  size_t bytes = storedBytes(v);
+  if (bytes <= kStagingBytes) {
+    // A small input (a decode step's tokens and positions) through pinned staging memory: the
+    // copy is queued behind the steps launched, where one from pageable memory may wait for them.
+    Staging &slot = staging_[nextStaging_++ % staging_.size()];
+    if (!slot.host) {
+      CUDA_CHECK(cudaMallocHost(&slot.host, kStagingBytes));
+      CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    } else {
+      CUDA_CHECK(cudaEventSynchronize(slot.copied)); // its last copy has left it
+    }
+    std::memcpy(slot.host, host, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(buffer(v), slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
+  } else {
+    // From pageable memory: the call returns once `host` is staged, so the tensor may go.
+    CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytes, cudaMemcpyHostToDevice, stream_));
+  }
   if (v->def()->kind() == OpKind::Param)
     paramsBound_ = true;
   return llvm::Error::success();
@@ -654,8 +719,10 @@ llvm::Error CudaExecutor::copyLeafFrom(llvm::StringRef name, const Executor &fro
 llvm::Error CudaExecutor::launchOp(size_t i) {
   const Op &op = *ops_[i];
   const OpLowering &lowering = program_.lowering[i];
-  if (lowering.kind == OpLowering::Gemm)
+  if (lowering.kind == OpLowering::Gemm) {
+    afterGeneratedKernel_ = false;
     return runGemm(op, gemms_[i]);
+  }
   if (lowering.kind != OpLowering::Kernels)
     return llvm::Error::success();
   // Each kernel parameter is a pointer, or for a result with a BF16 copy two (F32Bf16Out).
@@ -691,8 +758,19 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
         CUDA_CHECK(cudaEventCreate(&event));
     if (profileLaunches_)
       CUDA_CHECK(cudaEventRecord(events[0], stream_));
-    CUDA_CHECK(cudaLaunchKernel((const void *)kernels_[i][l], dim3(unsigned(launch.blocks)),
-                                dim3(unsigned(launch.threads)), args.data(), 0, stream_));
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(launch.blocks));
+    config.blockDim = dim3(unsigned(launch.threads));
+    config.stream = stream_;
+    cudaLaunchAttribute serialization{};
+    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    serialization.val.programmaticStreamSerializationAllowed = 1;
+    if (programmaticLaunch_ && afterGeneratedKernel_) {
+      config.attrs = &serialization;
+      config.numAttrs = 1;
+    }
+    CUDA_CHECK(cudaLaunchKernelExC(&config, (const void *)kernels_[i][l], args.data()));
+    afterGeneratedKernel_ = true;
     if (profileLaunches_) {
       CUDA_CHECK(cudaEventRecord(events[1], stream_));
       CUDA_CHECK(cudaEventSynchronize(events[1]));
@@ -720,6 +798,7 @@ std::string CudaExecutor::profileLabel(size_t i) const {
 
 /// Enqueues one step on the stream: every op in order, then the assigns.
 llvm::Error CudaExecutor::launchStep() {
+  afterGeneratedKernel_ = false; // the step's first kernel follows the copies that bind its inputs
   std::vector<std::pair<const Value *, const Value *>> assigns;
   if (weightsBf16_ && assignsParams_) // the parameters as the BF16 GEMMs read them (padding: zeros)
     if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
@@ -731,6 +810,7 @@ llvm::Error CudaExecutor::launchStep() {
       for (unsigned r = 0; r < op.numResults(); ++r)
         if (!inPlace_.count(op.result(r))) { // poisoning it would poison the operand it updates
           CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, storedBytes(op.result(r)), stream_));
+          afterGeneratedKernel_ = false;
           if (void *copy = shadows_.lookup(op.result(r)))
             CUDA_CHECK(cudaMemsetAsync(copy, 0xFF, size_t(op.result(r)->type().numElements()) * 2, stream_));
         }
@@ -821,6 +901,64 @@ llvm::Error CudaExecutor::profileOpGraphs() {
 }
 
 llvm::Error CudaExecutor::step() {
+  if (auto err = launch())
+    return err;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::feed(llvm::StringRef valueName, llvm::StringRef leafName) {
+  const Value *value = graph_.lookup(valueName), *leaf = graph_.lookup(leafName);
+  if (!value || !buffer(value) || !leaf || !isLeaf(leaf->def()->kind()) || leaf->type() != value->type() ||
+      program_.bf16Stored.count(leaf) != program_.bf16Stored.count(value))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s cannot feed %%%s to the leaf %%%s (both must exist, with one type)",
+                                   graph_.name().c_str(), valueName.str().c_str(), leafName.str().c_str());
+  CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), storedBytes(leaf), cudaMemcpyDeviceToDevice, stream_));
+  return llvm::Error::success();
+}
+
+llvm::Expected<unsigned> CudaExecutor::readLater(llvm::StringRef name) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !buffer(v) || program_.bf16Stored.count(v) || isFp8(v->type().dtype))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s has no fp32 or i32 value '%s' to read", graph_.name().c_str(),
+                                   name.str().c_str());
+  unsigned ticket = 0;
+  while (ticket < later_.size() && later_[ticket].pending)
+    ++ticket;
+  if (ticket == later_.size())
+    later_.emplace_back();
+  LaterRead &r = later_[ticket];
+  size_t bytes = bytesOf(v->type());
+  if (r.bytes < bytes) {
+    if (r.host)
+      CUDA_CHECK(cudaFreeHost(r.host));
+    CUDA_CHECK(cudaMallocHost(&r.host, bytes));
+    r.bytes = bytes;
+  }
+  if (!r.done)
+    CUDA_CHECK(cudaEventCreateWithFlags(&r.done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaMemcpyAsync(r.host, buffer(v), bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaEventRecord(r.done, stream_));
+  r.value = v;
+  r.pending = true;
+  return ticket;
+}
+
+llvm::Expected<Tensor> CudaExecutor::collect(unsigned ticket) {
+  if (ticket >= later_.size() || !later_[ticket].pending)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "no read queued as ticket %u", ticket);
+  LaterRead &r = later_[ticket];
+  CUDA_CHECK(cudaEventSynchronize(r.done));
+  r.pending = false;
+  Tensor t = Tensor::zeros(r.value->type());
+  void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();
+  std::memcpy(host, r.host, bytesOf(t.type));
+  return t;
+}
+
+llvm::Error CudaExecutor::launch() {
   // Parameters no step assigns are converted to BF16 once after they are bound, not per step.
   if (weightsBf16_ && !assignsParams_ && paramsBound_) {
     if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
@@ -849,9 +987,10 @@ llvm::Error CudaExecutor::step() {
     }
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (profileGraphs_)
+  if (profileGraphs_) { // each op replayed alone after the step
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     return profileOpGraphs();
+  }
   return llvm::Error::success();
 }
 
@@ -869,6 +1008,7 @@ llvm::Expected<std::vector<Tensor>> CudaExecutor::run() {
 }
 
 llvm::Expected<Tensor> CudaExecutor::read(llvm::StringRef name) const {
+  CUDA_CHECK(cudaStreamSynchronize(stream_)); // the steps launched before it
   const Value *v = graph_.lookup(name);
   if (!v || !buffer(v))
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "graph @%s has no value '%s'",

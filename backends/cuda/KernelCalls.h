@@ -19,6 +19,9 @@ struct KernelText {
   std::string comment, name, params, call;
   int threads = kThreads; // blocks of other than kThreads threads say so in launch bounds
   int minBlocks = 0;       // blocks an SM should hold at once (launch bounds; 0: no bound)
+  /// The kernel template calls awaitPreviousKernel (common.cuh) itself, after what it may read
+  /// before the kernel before it ends (a GEMV's weights); otherwise the wrapper calls it first.
+  bool awaitsItself = false;
 };
 /// The source of `kernel`.
 std::string kernelSource(const KernelText &kernel);

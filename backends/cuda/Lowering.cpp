@@ -88,6 +88,8 @@ public:
     kernels.push_back({comment, name(index), bf16Params(params), call + ";", threads, minBlocks});
     lowering.launches.push_back({name(index), blocks, threads});
   }
+  /// The last launch's kernel awaits the kernel before it itself (KernelText::awaitsItself).
+  void awaitsItself() { kernels.back().awaitsItself = true; }
   /// An elementwise launch over `count` elements.
   void elementwise(const std::string &params, int64_t count, const std::string &call) {
     launch(0, params, elementwiseBlocks(count), call);
@@ -614,13 +616,17 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
   bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
   const char *cache = bf16Caches ? "unsigned short" : "float";
-  std::string shape = fmt::format("{}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), H, Dh, T, keys, splits);
+  std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
+  // At most 2048 blocks (about what an H100 or H200 holds at once), a block going on to the parts
+  // past the grid: most parts are past the positions early in a generation, and a block each
+  // was scheduled for nothing.
+  const int64_t blocks = std::min<int64_t>(B * H * splits, 2048);
   if (!writesCache(a)) {
     e.launch(0,
              fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
                          "float *partial, unsigned *done",
                          cache),
-             B * H * splits,
+             blocks,
              fmt::format("decodeAttention<{}>(qkv, k, v, positions, out, partial, done, {})", shape,
                          lit(*a.getFloat("scale"))),
              128);
@@ -637,7 +643,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   if (!inPlace)
     e.launch(launch++, params, elementwiseBlocks(operandType(op, 1).numElements()),
              fmt::format("kvCopy<{}>(k, v, kOut, vOut)", operandType(op, 1).numElements()));
-  e.launch(launch, params, B * H * splits,
+  e.launch(launch, params, blocks,
            fmt::format("decodeAttention<{}, true>(qkv, readable(kOut), readable(vOut), positions, out, partial, done, "
                        "{}, kOut, vOut)",
                        shape, lit(*a.getFloat("scale"))),
@@ -656,6 +662,7 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
                                    bias ? "const float *bias, " : "");
   e.launch(0, params, (N + 7) / 8,
            fmt::format("gemvBf16<{}, {}, {}, {}>(x, w, {}, out)", M, N, K, boolText(bias), bias ? "bias" : "nullptr"));
+  e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
 }
 
@@ -668,14 +675,29 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   const TensorType &w = operandType(op, weight);
   int64_t N = w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
   e.uses("gemv.cuh");
-  e.lowering.bf16Weights = {weight};
-  std::string params = fmt::format("const float *a, const float *b, const float *gamma, {}const unsigned short *w, "
-                                   "{}float *sum, float *out",
-                                   layer ? "const float *beta, " : "", bias ? "const float *bias, " : "");
-  e.launch(0, params, (N + 7) / 8,
-           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}>(a, b, gamma, {}, w, {}, sum, out, {})",
+  // A parameter's weight is read from its BF16 copy. Another weight (a test's input) is first
+  // rounded into BF16 scratch by launch 0.
+  const Value *wv = op.operand(weight);
+  bool param = wv->def() && wv->def()->kind() == OpKind::Param;
+  if (param)
+    e.lowering.bf16Weights = {weight};
+  else
+    e.lowering.scratchFloats = {(N * K + 1) / 2};
+  std::string params = fmt::format("const float *a, const float *b, const float *gamma, {}const {} *w, "
+                                   "{}float *sum, float *out{}",
+                                   layer ? "const float *beta, " : "", param ? "unsigned short" : "float",
+                                   bias ? "const float *bias, " : "", param ? "" : ", float *scratch");
+  unsigned launch = 0;
+  if (!param)
+    e.launch(launch++, params, elementwiseBlocks(N * K),
+             fmt::format("roundToBf16<{}>(w, (unsigned short *)scratch)", N * K));
+  e.launch(launch, params, (N + 7) / 8,
+           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, {})",
                        boolText(layer), M, N, K, boolText(bias), boolText(gelu), layer ? "beta" : "nullptr",
-                       bias ? "bias" : "nullptr", formatDouble(*a.getFloat("eps"))));
+                       param ? "w" : "(const unsigned short *)scratch", bias ? "bias" : "nullptr",
+                       formatDouble(*a.getFloat("eps"))));
+  if (param)
+    e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
 }
 
@@ -858,8 +880,8 @@ std::string kernelSource(const KernelText &k) {
   std::string bounds = k.minBlocks ? fmt::format("__launch_bounds__({}, {}) ", k.threads, k.minBlocks)
                        : k.threads == kThreads ? ""
                                                : fmt::format("__launch_bounds__({}) ", k.threads);
-  return fmt::format("{}\nextern \"C\" __global__ void {}{}({}) {{\n  {}\n}}\n\n", k.comment, bounds, k.name,
-                     k.params, k.call);
+  return fmt::format("{}\nextern \"C\" __global__ void {}{}({}) {{\n  {}{}\n}}\n\n", k.comment, bounds, k.name,
+                     k.params, k.awaitsItself ? "" : "awaitPreviousKernel(); ", k.call);
 }
 
 const char *const kAdamWParams =

@@ -217,8 +217,9 @@ void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
   OpCounts counts = countOps(*fused);
   EXPECT_EQ(counts["kv_write"], 0);
   EXPECT_EQ(counts["decode_attention"], c.layers);
-  if (c.precision.recipe == Recipe::Bf16)
+  if (c.precision.recipe == Recipe::Bf16) {
     EXPECT_GE(counts["residual_norm_linear"], 2 * c.layers); // qkv and fc1 (the head's too where small)
+  }
   Rng rng(freshSeed());
   std::map<std::string, Tensor> leaves = initParams(*plain, rng.next());
   for (auto &[name, t] : leaves)

@@ -111,6 +111,19 @@ __device__ __forceinline__ void store4(F32Bf16Out out, int64 i, float4 v) {
 }
 __device__ __forceinline__ float4 load4(const float *x, int64 i) { return *(const float4 *)(x + i); }
 
+// Programmatic dependent launch (compute capability 9.0 on): the executor launches each kernel
+// so that it may start while the kernel before it in the stream is still running, which hides
+// the launch and the ramp of a grid behind the tail of the one before (a decode step is a chain
+// of some 60 kernels of a few microseconds each). Every generated kernel calls this first: it
+// lets the next kernel launch, then waits until the kernel before it has finished and its writes
+// are visible, before it touches memory. Elsewhere it does nothing (launches are serialised).
+__device__ __forceinline__ void awaitPreviousKernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // A grid-stride loop over `count` elements (launches cap their grid at 8192 blocks).
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)

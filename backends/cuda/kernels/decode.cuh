@@ -57,30 +57,30 @@ __device__ __forceinline__ void loadFloats(const unsigned short *p, float *out) 
 __device__ __forceinline__ const float *readable(float *p) { return p; }
 __device__ __forceinline__ const unsigned short *readable(Bf16Out p) { return p.p; }
 
-// decode_attention, one launch of 128-thread blocks: block (b, h, split) takes keys
-// [split * Keys, (split + 1) * Keys) up to position positions[b] and writes its part to
-// partial[block]: the largest score m, the sum l of exp(score - m), and the sum over its keys
-// of exp(score - m) times the values (Dh floats). The blocks past a sequence's position return
-// at once; the last of the others to finish (counted in `done`, a zeroed buffer of its own that
-// it zeroes again) combines their parts in split order, each weighted by exp(m_part - m), into
-// out [B, 1, D]. Scores are dot products of BF16 operands under gemm_dtype, as the attention
-// GEMMs; the weights rounded to BF16 likewise. Four threads a key for the scores (a quarter of
-// the head each); for the values, Dh / Vec threads a key row (Vec floats each), Groups rows at a
-// time. With Write (fuse-kv-write), k and v are the caches kOut and vOut, and the block whose
-// keys include the position first writes that position's key and value from qkv into them (as
+// decode_attention, one launch of 128-thread blocks over the parts of every (sequence, head):
+// part (b, h, split) takes keys [split * Keys, (split + 1) * Keys) up to position positions[b]
+// and writes to partial: the largest score m, the sum l of exp(score - m), and the sum over its
+// keys of exp(score - m) times the values (Dh floats). The parts past a sequence's position are
+// skipped; the last of the others to finish (counted in `done`, a zeroed buffer of its own that
+// it zeroes again) combines them in split order, each weighted by exp(m_part - m), into out
+// [B, 1, D]. Scores are dot products of BF16 operands under gemm_dtype, as the attention GEMMs;
+// the weights rounded to BF16 likewise. Four threads a key for the scores (a quarter of the head
+// each); for the values, Dh / Vec threads a key row (Vec floats each), Groups rows at a time.
+// With Write (fuse-kv-write), k and v are the caches kOut and vOut, and the part whose keys
+// include the position first writes that position's key and value from qkv into them (as
 // kv_write: rounded under gemm_dtype; nothing where the position is outside the cache); no other
-// block reads that row.
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write = false, typename Cache,
-          typename Out, typename CacheOut = float *>
-__device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
-                                float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
-                                CacheOut vOut = nullptr) {
+// part reads that row.
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, typename Cache, typename Out,
+          typename CacheOut>
+__device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
+                                    const int *positions, Out out, float *partial, unsigned *done, float scale,
+                                    CacheOut kOut, CacheOut vOut) {
   constexpr int64 D = H * Dh;
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
   constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow, PerKey = PerRow % 4 == 0 ? 4 : 1;
   __shared__ float q[Dh], weights[Keys], sums[Groups][Dh], reduced[Threads / 32], parts[Splits];
   __shared__ bool last;
-  int64 block = blockIdx.x, split = block % Splits, bh = block / Splits, h = bh % H, b = bh / H;
+  int64 block = bh * Splits + split, h = bh % H, b = bh / H;
   int64 position = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
   // The parts that hold keys: those up to the position's (at least one, which a position before
   // the cache leaves empty).
@@ -177,6 +177,21 @@ __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v
     float acc = 0.0f;
     for (int64 s = 0; s < counted; ++s) acc += parts[s] * all[s * (Dh + 2) + 2 + d];
     out[bh * Dh + d] = acc / l;
+  }
+}
+
+// The parts are taken a block each, a block going on to part blockIdx.x + gridDim.x (the grid
+// may be smaller than the parts: most are past the positions early in a generation). Parts are
+// numbered split first, so that the parts that hold keys spread over the blocks.
+template <bool Bf16, int64 B, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write = false,
+          typename Cache, typename Out, typename CacheOut = float *>
+__device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
+                                float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
+                                CacheOut vOut = nullptr) {
+  for (int64 part = blockIdx.x; part < B * H * Splits; part += gridDim.x) {
+    decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write>(part / (B * H), part % (B * H), qkv, k, v, positions,
+                                                             out, partial, done, scale, kOut, vOut);
+    __syncthreads(); // the next part reuses the shared memory
   }
 }
 
