@@ -291,8 +291,7 @@ llvm::Error CudaExecutor::initialize() {
   deviceName_ = fmt::format("{} ({})", prop.name, arch);
   if (auto err = compileKernels(arch))
     return err;
-  if (llvm::any_of(program_.lowering, [](const OpLowering &l) { return l.kind == OpLowering::Gemm; }))
-    programmaticLaunch_ = false;
+  programmaticLaunch_ &= program_.programmatic;
   CUDA_CHECK(cudaStreamCreate(&stream_));
   CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)

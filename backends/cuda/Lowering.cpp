@@ -617,10 +617,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
   const char *cache = bf16Caches ? "unsigned short" : "float";
   std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
-  // At most 2048 blocks (about what an H100 or H200 holds at once), a block going on to the parts
-  // past the grid: most parts are past the positions early in a generation, and a block each
-  // was scheduled for nothing.
-  const int64_t blocks = std::min<int64_t>(B * H * splits, 2048);
+  const int64_t blocks = B * H * splits;
   if (!writesCache(a)) {
     e.launch(0,
              fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
@@ -643,11 +640,20 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   if (!inPlace)
     e.launch(launch++, params, elementwiseBlocks(operandType(op, 1).numElements()),
              fmt::format("kvCopy<{}>(k, v, kOut, vOut)", operandType(op, 1).numElements()));
+  // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
+  // programmatic launch, in place, with the positions an input (written before the step), they
+  // load before the kernel awaits the one before it (Early).
+  int64_t cacheBytes = bf16Caches ? 2 : 4;
+  const Op *positions = op.operand(3)->def();
+  bool tiles = Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
+  bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
   e.launch(launch, params, blocks,
-           fmt::format("decodeAttention<{}, true>(qkv, readable(kOut), readable(vOut), positions, out, partial, done, "
-                       "{}, kOut, vOut)",
-                       shape, lit(*a.getFloat("scale"))),
+           fmt::format("decodeAttention<{}, true, {}, {}>(qkv, readable(kOut), readable(vOut), positions, out, "
+                       "partial, done, {}, kOut, vOut)",
+                       shape, boolText(tiles), boolText(early), lit(*a.getFloat("scale"))),
            128);
+  if (early)
+    e.awaitsItself();
   return llvm::Error::success();
 }
 
@@ -972,6 +978,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     program.lowering.back().kind = *kind; // Kernels: written below, once the BF16 values are chosen
   }
   program.inPlace = inPlaceValues(graph, program);
+  program.programmatic =
+      llvm::none_of(program.lowering, [](const OpLowering &l) { return l.kind == OpLowering::Gemm; });
   chooseBf16Caches(graph, program); // before the layout: they take half the state memory
   if (auto err = chooseBf16Heads(graph, program))
     return std::move(err);

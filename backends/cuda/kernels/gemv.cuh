@@ -11,7 +11,7 @@
 #include "norms.cuh"
 
 // Eight consecutive elements of x at x + i (i a multiple of 8), as the GEMM reads them: fp32
-// rounded to BF16, or stored in BF16.
+// rounded to BF16, or stored in BF16 (unpack8 widens eight BF16 values loaded as 16 bytes).
 __device__ __forceinline__ void load8(const float *x, int64 i, float (&out)[8]) {
   float4 a = *(const float4 *)(x + i), b = *(const float4 *)(x + i + 4);
   out[0] = roundBf16(a.x), out[1] = roundBf16(a.y), out[2] = roundBf16(a.z), out[3] = roundBf16(a.w);

@@ -582,10 +582,11 @@ TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
       }
 }
 
-TEST(GpuGeneration, AttentionOverMorePartsThanBlocksMatchesTheCpu) {
-  // decode.cuh's attention with more parts than its grid's 1024 blocks (8 sequences of 16 heads,
-  // a cache of 512 positions: 16 parts of 32 keys each, 2048 in all), writing the caches, at
-  // positions anywhere in them; fp32 (exact caches) and bf16.
+TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
+  // decode.cuh's attention writing the caches (fuse-kv-write's; not in place: they are inputs
+  // here, copied first), 8 sequences of 16 heads over a cache of 512 positions (16 parts of 32
+  // keys each, 2048 in all) at positions anywhere in it, the last included; fp32 (exact caches)
+  // and bf16.
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
   const int64_t B = 8, T = 512, H = 16, Dh = 16, D = H * Dh;
