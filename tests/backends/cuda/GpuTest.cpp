@@ -497,6 +497,20 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, testing::Values("fp32", "bf16"));
 
+/// Runs `graph` on the CPU interpreter and on the GPU from the same leaves; `want` and `got` get
+/// their outputs (left empty, with a test failure, where either fails).
+void runOnBoth(const Graph &graph, const std::map<std::string, Tensor> &leaves, std::vector<Tensor> &want,
+               std::vector<Tensor> &got) {
+  Interpreter cpu(graph);
+  auto gpu = unwrap(createCudaExecutor(graph));
+  ASSERT_TRUE(gpu);
+  ASSERT_FALSE(bool(cpu.bindAll(leaves)));
+  ASSERT_FALSE(bool(gpu->bindAll(leaves)));
+  want = unwrap(cpu.run());
+  got = unwrap(gpu->run());
+  ASSERT_EQ(got.size(), want.size());
+}
+
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   // gemv.cuh: the products of decode steps against a weight, up to its limit of 8 rows and past
   // it (cuBLASLt again), 200 columns (a partial block of 8 columns), with and without a bias.
@@ -525,14 +539,10 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
       for (auto &[name, t] : leaves)
         for (float &v : t.data)
           v = float(rng.normal());
-      Interpreter cpu(*graph);
-      auto gpu = unwrap(createCudaExecutor(*graph));
-      ASSERT_TRUE(gpu);
-      ASSERT_FALSE(bool(cpu.bindAll(leaves)));
-      ASSERT_FALSE(bool(gpu->bindAll(leaves)));
-      std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
-      ASSERT_EQ(got.size(), want.size());
-      Gap gap = gapOf(want, got);
+      std::vector<Tensor> want, got;
+      runOnBoth(*graph, leaves, want, got);
+      ASSERT_EQ(got.size(), 1u);
+      Gap gap = gapOf(want[0].data, got[0].data);
       EXPECT_LE(gap.worst, 1e-5 * gap.scale); // the same BF16 products, summed in another order
     }
 }
@@ -569,12 +579,8 @@ TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
               v = float(rng.normal());
             leaves[op->result()->name()] = std::move(t);
           }
-        Interpreter cpu(*graph);
-        auto gpu = unwrap(createCudaExecutor(*graph));
-        ASSERT_TRUE(gpu);
-        ASSERT_FALSE(bool(cpu.bindAll(leaves)));
-        ASSERT_FALSE(bool(gpu->bindAll(leaves)));
-        auto want = unwrap(cpu.run()), got = unwrap(gpu->run());
+        std::vector<Tensor> want, got;
+        runOnBoth(*graph, leaves, want, got);
         ASSERT_EQ(got.size(), 2u);
         EXPECT_EQ(got[0].data, want[0].data); // the sums: one fp32 add each
         Gap gap = gapOf(want[1].data, got[1].data);
@@ -612,12 +618,8 @@ TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
       p = int32_t(rng.below(T));
     positions.ints[0] = int32_t(T - 1); // every part of the first sequence
     leaves["positions"] = positions;
-    Interpreter cpu(*graph);
-    auto gpu = unwrap(createCudaExecutor(*graph));
-    ASSERT_TRUE(gpu);
-    ASSERT_FALSE(bool(cpu.bindAll(leaves)));
-    ASSERT_FALSE(bool(gpu->bindAll(leaves)));
-    auto want = unwrap(cpu.run()), got = unwrap(gpu->run());
+    std::vector<Tensor> want, got;
+    runOnBoth(*graph, leaves, want, got);
     ASSERT_EQ(got.size(), 3u);
     EXPECT_EQ(got[1].data, want[1].data); // the caches: copied, and this step's rows written
     EXPECT_EQ(got[2].data, want[2].data);
