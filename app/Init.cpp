@@ -13,7 +13,29 @@ namespace {
 constexpr int64_t kInitChunk = int64_t(1) << 20;
 } // namespace
 
-std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, ZeroLeaves zeros) {
+std::vector<NormalLeaf> normalLeaves(const Graph &graph, uint64_t seed) {
+  std::vector<NormalLeaf> leaves;
+  for (const Op *op : graph.ops())
+    if ((op->kind() == OpKind::Param || op->kind() == OpKind::State) && op->attrs().getString("init") == "normal")
+      leaves.push_back({op->result()->name(), mix64(seed) ^ hashName(op->result()->name()),
+                        op->attrs().getFloat("std").value_or(0.02)});
+  return leaves;
+}
+
+llvm::Error initLeaves(Executor &executor, const Graph &graph, uint64_t seed, ZeroLeaves zeros) {
+  std::set<std::string> drawn;
+  for (const NormalLeaf &leaf : normalLeaves(graph, seed)) {
+    auto filled = executor.fillNormal(leaf.name, leaf.stream, leaf.std);
+    if (!filled)
+      return filled.takeError();
+    if (*filled)
+      drawn.insert(leaf.name);
+  }
+  return executor.bindAll(initParams(graph, seed, zeros, drawn));
+}
+
+std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, ZeroLeaves zeros,
+                                         const std::set<std::string> &skipped) {
   std::map<std::string, Tensor> params;
   struct NormalFill {
     std::vector<float> *data;
@@ -26,14 +48,15 @@ std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, Zero
       continue;
     const Value *v = op->result();
     std::string init = op->attrs().getString("init").value_or("zeros");
-    if (init != "ones" && init != "normal" && zeros == ZeroLeaves::Omit)
+    if ((init != "ones" && init != "normal" && zeros == ZeroLeaves::Omit) || skipped.count(v->name()))
       continue;
     Tensor &t = params.emplace(v->name(), Tensor::zeros(v->type())).first->second;
     if (init == "ones")
       std::fill(t.data.begin(), t.data.end(), 1.0f);
-    else if (init == "normal")
-      normals.push_back({&t.data, mix64(seed) ^ hashName(v->name()), op->attrs().getFloat("std").value_or(0.02)});
   }
+  for (const NormalLeaf &leaf : normalLeaves(graph, seed))
+    if (!skipped.count(leaf.name))
+      normals.push_back({&params.at(leaf.name).data, leaf.stream, leaf.std});
   // The normal draws, in chunks of every tensor on every core: element i of a tensor is the
   // normal of its stream's draws 2i and 2i+1, whichever task computes it.
   std::vector<std::pair<size_t, int64_t>> tasks; // (tensor, first element)

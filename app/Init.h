@@ -1,11 +1,14 @@
 // Parameter initialisation from the init attributes the builder puts on each param op.
 #pragma once
 
+#include "backends/Executor.h"
 #include "backends/Tensor.h"
 #include "ir/Graph.h"
 
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace tgc {
 
@@ -20,6 +23,20 @@ enum class ZeroLeaves {
 /// element i takes the stream's draws 2i and 2i+1, so the tensors are filled on all cores with
 /// the same bits as on one.
 std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed,
-                                         ZeroLeaves zeros = ZeroLeaves::Include);
+                                         ZeroLeaves zeros = ZeroLeaves::Include,
+                                         const std::set<std::string> &skipped = {});
+
+/// A leaf initialised from a normal distribution: its stream (from the seed and its name) and
+/// standard deviation.
+struct NormalLeaf {
+  std::string name;
+  uint64_t stream;
+  double std;
+};
+std::vector<NormalLeaf> normalLeaves(const Graph &graph, uint64_t seed);
+
+/// Binds initParams' leaves to `executor`; the normal ones the executor draws itself
+/// (Executor::fillNormal: the GPU, from the same streams, nothing copied) it is left to.
+llvm::Error initLeaves(Executor &executor, const Graph &graph, uint64_t seed, ZeroLeaves zeros);
 
 } // namespace tgc

@@ -52,7 +52,7 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   // On the GPU every buffer starts at zero, so the leaves initialised to zeros (AdamW's moments,
   // most of the FP8 state: twice the parameters' bytes) are neither made nor copied.
   ZeroLeaves zeros = device == Device::Cuda ? ZeroLeaves::Omit : ZeroLeaves::Include;
-  if (auto err = trainer->executor_->bindAll(initParams(*trainer->program_, config.train.seed, zeros)))
+  if (auto err = initLeaves(*trainer->executor_, *trainer->program_, config.train.seed, zeros))
     return std::move(err);
   if (dataPath.empty()) {
     trainer->data_ = std::make_unique<ArithmeticData>(config.vocab, config.seqLen, config.data,

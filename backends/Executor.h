@@ -69,6 +69,14 @@ public:
     (void)name, (void)owner;
     return false;
   }
+  /// Draws leaf `name` on the device as initParams draws a normal parameter from `stream` (each
+  /// element from the stream's draws 2i and 2i + 1, times `std`): the same bits, with nothing
+  /// made or copied on the host. False where this executor does not (the caller draws on the
+  /// host and binds).
+  virtual llvm::Expected<bool> fillNormal(llvm::StringRef name, uint64_t stream, double std) {
+    (void)name, (void)stream, (void)std;
+    return false;
+  }
   /// The current value of a leaf (after the last run's assigns).
   virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
   virtual std::string describe() const = 0;

@@ -103,6 +103,7 @@ public:
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Error step() override;
   llvm::Error launch() override;
+  llvm::Expected<bool> fillNormal(llvm::StringRef name, uint64_t stream, double std) override;
   llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) override;
   llvm::Expected<unsigned> readLater(llvm::StringRef name) override;
   llvm::Expected<Tensor> collect(unsigned ticket) override;
@@ -149,7 +150,8 @@ private:
   std::vector<Op *> ops_;
   CudaProgram program_;
   cudaLibrary_t library_ = nullptr;
-  cudaKernel_t toBf16_ = nullptr; // the prelude's f32 -> BF16 conversion
+  cudaKernel_t toBf16_ = nullptr;      // the prelude's f32 -> BF16 conversion
+  cudaKernel_t fillNormal_ = nullptr;  // the prelude's normal draws (fillNormal)
   cudaGraphExec_t graph_exec_ = nullptr;
   // TGC_GPU_PROFILE=1: eager steps with an event pair per op; the time per op kind is printed
   // to stderr when the executor ends. TGC_GPU_PROFILE=launches: an event pair per kernel launch,
@@ -294,6 +296,7 @@ llvm::Error CudaExecutor::initialize() {
   programmaticLaunch_ &= program_.programmatic;
   CUDA_CHECK(cudaStreamCreate(&stream_));
   CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
+  CUDA_CHECK(cudaLibraryGetKernel(&fillNormal_, library_, "tgc_fill_normal"));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
     return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
@@ -904,6 +907,23 @@ llvm::Error CudaExecutor::step() {
     return err;
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   return llvm::Error::success();
+}
+
+llvm::Expected<bool> CudaExecutor::fillNormal(llvm::StringRef name, uint64_t stream, double std) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !isLeaf(v->def()->kind()) || v->type().dtype != DType::F32 || program_.bf16Stored.count(v) ||
+      !buffer(v))
+    return false;
+  void *out = buffer(v);
+  int64_t count = v->type().numElements();
+  unsigned long long seed = stream;
+  void *args[] = {&out, &count, &seed, &std};
+  unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
+  CUDA_CHECK(cudaLaunchKernel((const void *)fillNormal_, dim3(blocks), dim3(256), args, 0, stream_));
+  afterGeneratedKernel_ = false;
+  if (v->def()->kind() == OpKind::Param)
+    paramsBound_ = true; // the BF16 copies are made from it
+  return true;
 }
 
 llvm::Error CudaExecutor::feed(llvm::StringRef valueName, llvm::StringRef leafName) {

@@ -128,6 +128,24 @@ __device__ __forceinline__ void awaitPreviousKernel() {
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)
 
+// Parameter init on the device (Executor::fillNormal): element i of a normal parameter is
+// app/Init.cpp's draw i, the Box-Muller normal of SplitMix64 draws stream + 2i and stream + 2i + 1
+// (support/Random.h's mix64 and Rng::normal), times std, in the same double arithmetic; the
+// executor launches it by name.
+__device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+extern "C" __global__ void tgc_fill_normal(float *out, int64 count, unsigned long long stream, double std) {
+  FOR_EACH_ELEMENT(i, count) {
+    double u1 = 1.0 - double(mix64(stream + 2ULL * i) >> 11) * 0x1.0p-53; // (0, 1]
+    double u2 = double(mix64(stream + 2ULL * i + 1) >> 11) * 0x1.0p-53;
+    out[i] = float(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.141592653589793 * u2) * std);
+  }
+}
+
 // BF16 copies of the operands of gemm_dtype="bf16" GEMMs (the executor launches it by name):
 // round to nearest even, NaN to 0x7FFF, as __float2bfloat16 does.
 extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out, int64 count) {

@@ -19,6 +19,7 @@
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <fmt/format.h>
@@ -889,6 +890,37 @@ TEST(GpuTraining, SeedModelLearnsInFp8WithEveryLinearLayerInFp8) {
   p.recipe = Recipe::Fp8;
   p.fp8MinDim = 0; // the policy would keep the seed's small GEMMs in BF16
   expectSeedLearns(p);
+}
+
+TEST(GpuTraining, ParametersDrawnOnTheDeviceHaveTheHostsBits) {
+  // initLeaves on the GPU draws the normal parameters there (tgc_fill_normal), the host's draws
+  // bit for bit: 64M elements of one tensor (a double log or cos an ulp away from the host's
+  // would show as a differing float), a small one, and ones and zeros still bound from the host.
+  SKIP_WITHOUT_GPU();
+  auto graph = unwrap(parseGraph("graph @g\n"
+                                 "%small = param() {init=\"normal\", std=0.02} : f32[1000]\n"
+                                 "%big = param() {init=\"normal\", std=1.0} : f32[8192,8192]\n"
+                                 "%gamma = param() {init=\"ones\"} : f32[1000]\n"
+                                 "%beta = param() {init=\"zeros\"} : f32[1000]\n"
+                                 "%x = add(%small, %gamma) : f32[1000]\n"
+                                 "%y = add(%x, %beta) : f32[1000]\n"
+                                 "return %y\n",
+                                 "init.ir"));
+  ASSERT_TRUE(graph);
+  uint64_t seed = freshSeed();
+  auto gpu = unwrap(createCudaExecutor(*graph));
+  ASSERT_TRUE(gpu);
+  ASSERT_FALSE(bool(initLeaves(*gpu, *graph, seed, ZeroLeaves::Omit)));
+  std::map<std::string, Tensor> host = initParams(*graph, seed);
+  for (const char *name : {"small", "big", "gamma", "beta"}) {
+    Tensor got = unwrap(gpu->read(name));
+    const std::vector<float> &want = host.at(name).data;
+    ASSERT_EQ(got.data.size(), want.size()) << name;
+    size_t differing = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      differing += std::memcmp(&got.data[i], &want[i], sizeof(float)) != 0;
+    EXPECT_EQ(differing, 0u) << name << ": " << differing << " of " << want.size() << " elements differ";
+  }
 }
 
 TEST(GpuTraining, SameSeedSameLossesBitForBit) {
