@@ -42,6 +42,7 @@ public:
   const Graph &program() const { return *program_; }
   const DataSource &data() const { return *data_; }
   const Executor &executor() const { return *executor_; }
+  Executor &executor() { return *executor_; }
 
   /// Every parameter and state tensor plus the metadata to resume.
   llvm::Expected<Checkpoint> checkpoint() const;

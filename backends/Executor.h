@@ -77,6 +77,11 @@ public:
     (void)name, (void)stream, (void)std;
     return false;
   }
+  /// While on, each op of the steps run is timed on its own (on the GPU the step runs eagerly,
+  /// an event pair around each op); profileByOp() gives the milliseconds summed by op kind (a
+  /// GEMM's label says its precision) since it was turned on.
+  virtual void setProfiling(bool on) { (void)on; }
+  virtual std::map<std::string, double> profileByOp() const { return {}; }
   /// The current value of a leaf (after the last run's assigns).
   virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
   virtual std::string describe() const = 0;

@@ -28,6 +28,12 @@ public:
   std::string describe() const override { return "cpu (reference interpreter)"; }
   /// Accumulates the time spent in each op kind over the runs (see profile()).
   void enableProfile(bool enable) { profiling_ = enable; }
+  void setProfiling(bool on) override {
+    if (on && !profiling_)
+      profile_.clear();
+    profiling_ = on || reportProfile_;
+  }
+  std::map<std::string, double> profileByOp() const override { return profile_; }
   /// Milliseconds per op name, summed over the runs since profiling was enabled.
   const std::map<std::string, double> &profile() const { return profile_; }
 

@@ -103,6 +103,14 @@ public:
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Error step() override;
   llvm::Error launch() override;
+  void setProfiling(bool on) override {
+    if (on && !profile_)
+      profileMs_.clear();
+    profile_ = on || profileFromEnvironment_; // (TGC_GPU_PROFILE's profile goes on)
+  }
+  std::map<std::string, double> profileByOp() const override {
+    return std::map<std::string, double>(profileMs_.begin(), profileMs_.end());
+  }
   llvm::Expected<bool> fillNormal(llvm::StringRef name, uint64_t stream, double std) override;
   llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) override;
   llvm::Expected<unsigned> readLater(llvm::StringRef name) override;
@@ -159,6 +167,7 @@ private:
   // TGC_GPU_PROFILE=graph: the steps run as graphs, and after each, every op is replayed alone
   // from a graph of its own and timed (profileOpGraphs).
   bool profile_ = false, profileLaunches_ = false, profileGraphs_ = false, printProfile_ = false;
+  bool profileFromEnvironment_ = false; // profile_ as TGC_GPU_PROFILE set it
   /// readLater's copies: pinned host memory each, reused once collected, and the event after it.
   struct LaterRead {
     const Value *value = nullptr;
@@ -278,6 +287,7 @@ llvm::Error CudaExecutor::initialize() {
     profileGraphs_ = std::string(env) == "graph";
     profile_ = std::string(env) == "1" || profileLaunches_;
     printProfile_ = profile_ || profileGraphs_;
+    profileFromEnvironment_ = profile_;
   }
   CUDA_CHECK(cudaSetDevice(options_.device));
   cudaDeviceProp prop{};

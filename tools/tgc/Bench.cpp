@@ -45,6 +45,29 @@ double trainingFlops(const ModelConfig &c) {
   return tokens * (6.0 * double(c.numParams()) + 12.0 * c.layers * double(c.seqLen) * c.dModel);
 }
 
+/// Where a step's time goes by kind of op: the GEMMs (cuBLASLt's, the GEMVs, the GEMVs that
+/// normalise their rows, and on the CPU the LayerNorm+Linear/MLP ops, whose work is mostly
+/// theirs), the attention (forward, gradient, over the cache), and the rest.
+struct TimeShares {
+  double gemms = 0, attention = 0, rest = 0;
+};
+TimeShares timeShares(const std::map<std::string, double> &msByOp) {
+  TimeShares shares;
+  double total = 0;
+  for (const auto &[label, ms] : msByOp) {
+    llvm::StringRef kind(label);
+    bool gemm = kind.starts_with("matmul") || kind.starts_with("residual_norm_linear") ||
+                kind.starts_with("layer_norm_linear") || kind.starts_with("layer_norm_mlp");
+    double &share = gemm ? shares.gemms : kind.contains("attention") ? shares.attention : shares.rest;
+    share += ms;
+    total += ms;
+  }
+  if (total > 0)
+    for (double *share : {&shares.gemms, &shares.attention, &shares.rest})
+      *share /= total;
+  return shares;
+}
+
 double medianOf(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -181,7 +204,7 @@ int runBench() {
       return report(flagError("--precisions takes fp32, bf16 and fp8, got '" + recipe + "'"));
     ModelConfig config = *base;
     config.precision.recipe = *parsed;
-    config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps);
+    config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps + 1);
     auto trainer = Trainer::create(config, "", *device);
     if (!trainer) {
       llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(trainer.takeError()));
@@ -197,6 +220,14 @@ int runBench() {
         times.push_back(r->stepMs);
       loss = r->loss;
     }
+    // One more step with each op timed on its own: the share of GEMMs, attention and the rest.
+    Executor &executor = (*trainer)->executor();
+    executor.setProfiling(true);
+    auto profiled = (*trainer)->step();
+    executor.setProfiling(false);
+    if (!profiled)
+      return report(profiled.takeError());
+    TimeShares shares = timeShares(executor.profileByOp());
     double median = medianOf(times), mean = 0;
     for (double t : times)
       mean += t / times.size();
@@ -206,6 +237,9 @@ int runBench() {
     double tflops = trainingFlops(config) / (median / 1000) / 1e12;
     llvm::outs() << fmt::format("{:<6} {:<34} {:>10.2f} {:>10.2f} {:>12.0f} {:>9.3f} {:>11.0f} {:>10.4f}\n",
                                 recipe, where, median, mean, tokens / (median / 1000), tflops, memoryMiB, loss);
+    llvm::outs() << fmt::format("       time in GEMMs {:.1f}%, attention {:.1f}%, the rest {:.1f}% (one more step, "
+                                "each op timed on its own)\n",
+                                100 * shares.gemms, 100 * shares.attention, 100 * shares.rest);
     llvm::json::Object result = runDescription(**trainer);
     result["median_ms"] = median;
     result["mean_ms"] = mean;
@@ -213,6 +247,8 @@ int runBench() {
     result["model_tflops"] = tflops;
     result["memory_mib"] = memoryMiB;
     result["final_loss"] = loss;
+    result["time_shares"] = llvm::json::Object{{"gemms", shares.gemms}, {"attention", shares.attention},
+                                               {"rest", shares.rest}};
     results.push_back(std::move(result));
     if (recipe == "fp8") {
       int64_t fp8Layers = 0, linearLayers = 0;
