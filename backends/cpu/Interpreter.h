@@ -26,16 +26,14 @@ public:
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return "cpu (reference interpreter)"; }
-  /// Accumulates the time spent in each op kind over the runs (see profile()).
-  void enableProfile(bool enable) { profiling_ = enable; }
+  /// Accumulates the milliseconds of each op kind over the runs while on (TGC_CPU_PROFILE=1 keeps
+  /// it on and prints them when the interpreter ends).
   void setProfiling(bool on) override {
     if (on && !profiling_)
       profile_.clear();
     profiling_ = on || reportProfile_;
   }
   std::map<std::string, double> profileByOp() const override { return profile_; }
-  /// Milliseconds per op name, summed over the runs since profiling was enabled.
-  const std::map<std::string, double> &profile() const { return profile_; }
 
   /// A bound leaf, or a value of the last run that was still alive at its end (outputs).
   const Tensor *lookup(llvm::StringRef name) const;

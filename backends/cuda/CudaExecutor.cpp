@@ -108,9 +108,7 @@ public:
       profileMs_.clear();
     profile_ = on || profileFromEnvironment_; // (TGC_GPU_PROFILE's profile goes on)
   }
-  std::map<std::string, double> profileByOp() const override {
-    return std::map<std::string, double>(profileMs_.begin(), profileMs_.end());
-  }
+  std::map<std::string, double> profileByOp() const override { return profileMs_; }
   llvm::Expected<bool> fillNormal(llvm::StringRef name, uint64_t stream, double std) override;
   llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) override;
   llvm::Expected<unsigned> readLater(llvm::StringRef name) override;
@@ -926,8 +924,8 @@ llvm::Expected<bool> CudaExecutor::fillNormal(llvm::StringRef name, uint64_t str
     return false;
   void *out = buffer(v);
   int64_t count = v->type().numElements();
-  unsigned long long seed = stream;
-  void *args[] = {&out, &count, &seed, &std};
+  unsigned long long first = stream; // the kernel's parameter type
+  void *args[] = {&out, &count, &first, &std};
   unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
   CUDA_CHECK(cudaLaunchKernel((const void *)fillNormal_, dim3(blocks), dim3(256), args, 0, stream_));
   afterGeneratedKernel_ = false;

@@ -571,6 +571,17 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   return llvm::Error::success();
 }
 
+/// The launches that write the caches (kv_write, decode_attention {write_cache}) write only this
+/// step's rows where the caches are written in place (results kOut and vOut, `first` and the one
+/// after it); otherwise launch 0 copies the caches into them first. Returns the next launch.
+unsigned copyCachesUnlessInPlace(const Op &op, Emitter &e, const std::string &params, unsigned first) {
+  if (e.program_.inPlace.count(op.result(first)) && e.program_.inPlace.count(op.result(first + 1)))
+    return 0;
+  int64_t count = op.result(first)->type().numElements();
+  e.launch(0, params, elementwiseBlocks(count), fmt::format("kvCopy<{}>(k, v, kOut, vOut)", count));
+  return 1;
+}
+
 /// Generation's ops (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
 llvm::Error emitDecode(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
@@ -593,13 +604,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
     std::string params = positioned ? "const float *k, const float *v, const float *qkv, const int *positions, "
                                       "float *kOut, float *vOut"
                                     : "const float *k, const float *v, const float *qkv, float *kOut, float *vOut";
-    // Written in place (the decode step), only the new rows move; otherwise the caches are
-    // copied first.
-    bool inPlace = e.program_.inPlace.count(op.result(0)) && e.program_.inPlace.count(op.result(1));
-    unsigned launch = 0;
-    if (!inPlace)
-      e.launch(launch++, params, elementwiseBlocks(cache.numElements()),
-               fmt::format("kvCopy<{}>(k, v, kOut, vOut)", cache.numElements()));
+    unsigned launch = copyCachesUnlessInPlace(op, e, params, 0);
     e.launch(launch, params, elementwiseBlocks(B * S * D),
              fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
                          boolText(hasBf16Gemms(a)), positioned ? "positions" : "nullptr"));
@@ -630,16 +635,12 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   // fuse-kv-write's: the attention reads the caches it writes (kOut, vOut; typed Bf16Out where
-  // stored in BF16). Written in place, only this step's rows change; otherwise launch 0 copies the
-  // caches into the results first, as kv_write does.
+  // stored in BF16), copied first where they are not written in place, as kv_write's.
   std::string params = fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
                                    "float *kOut, float *vOut, float *partial, unsigned *done",
                                    cache);
-  bool inPlace = e.program_.inPlace.count(op.result(1)) && e.program_.inPlace.count(op.result(2));
-  unsigned launch = 0;
-  if (!inPlace)
-    e.launch(launch++, params, elementwiseBlocks(operandType(op, 1).numElements()),
-             fmt::format("kvCopy<{}>(k, v, kOut, vOut)", operandType(op, 1).numElements()));
+  unsigned launch = copyCachesUnlessInPlace(op, e, params, 1);
+  bool inPlace = launch == 0;
   // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
   // programmatic launch, in place, with the positions an input (written before the step), they
   // load before the kernel awaits the one before it (Early).
@@ -696,7 +697,7 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   unsigned launch = 0;
   if (!param)
     e.launch(launch++, params, elementwiseBlocks(N * K),
-             fmt::format("roundToBf16<{}>(w, (unsigned short *)scratch)", N * K));
+             fmt::format("roundToBf16(w, (unsigned short *)scratch, {})", N * K));
   e.launch(launch, params, (N + 7) / 8,
            fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, {})",
                        boolText(layer), M, N, K, boolText(bias), boolText(gelu), layer ? "beta" : "nullptr",

@@ -233,7 +233,7 @@ int runForward() {
   if (auto err = checkHostMemory(**graph))
     return report(std::move(err));
   Interpreter interpreter(**graph);
-  interpreter.enableProfile(Profile);
+  interpreter.setProfiling(Profile);
   if (auto err = interpreter.bindAll(initParams(**graph, seed)))
     return report(std::move(err));
   ArithmeticData data(config->vocab, config->seqLen, config->data, seed);
@@ -258,7 +258,7 @@ int runForward() {
                               (*outputs)[0].data[0], std::log(double(config->vocab)), ms);
   if (Profile) {
     std::vector<std::pair<double, std::string>> rows;
-    for (const auto &[name, opMs] : interpreter.profile())
+    for (const auto &[name, opMs] : interpreter.profileByOp())
       rows.emplace_back(opMs, name);
     std::sort(rows.rbegin(), rows.rend());
     for (const auto &[opMs, name] : rows)

@@ -68,7 +68,7 @@ __device__ __forceinline__ unsigned packBf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
   return packed;
 #else
-  return (__float_as_uint(roundBf16(lo)) >> 16) | (__float_as_uint(roundBf16(hi)) & 0xffff0000u);
+  return bf16Pair(lo, hi);
 #endif
 }
 

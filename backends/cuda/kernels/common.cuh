@@ -60,6 +60,11 @@ __device__ float roundBf16(float x) {
   return __uint_as_float(upper << 16);
 }
 
+// The bits of roundBf16(x) as a BF16 value (two bytes).
+__device__ __forceinline__ unsigned short bf16Bits(float x) {
+  return (unsigned short)(__float_as_uint(roundBf16(x)) >> 16);
+}
+
 // x as a GEMM of the given operand precision reads it: rounded to BF16, or as it is.
 template <bool Bf16>
 __device__ __forceinline__ float gemmOperand(float x) {
@@ -73,7 +78,7 @@ struct Bf16Out {
   unsigned short *p;
   struct Element {
     unsigned short *q;
-    __device__ void operator=(float value) const { *q = (unsigned short)(__float_as_uint(roundBf16(value)) >> 16); }
+    __device__ void operator=(float value) const { *q = bf16Bits(value); }
   };
   __device__ Element operator[](int64 i) const { return Element{p + i}; }
   __device__ Bf16Out operator+(int64 i) const { return Bf16Out{p + i}; }
@@ -89,7 +94,7 @@ struct F32Bf16Out {
     unsigned short *h;
     __device__ void operator=(float value) const {
       *f = value;
-      *h = (unsigned short)(__float_as_uint(roundBf16(value)) >> 16);
+      *h = bf16Bits(value);
     }
   };
   __device__ Element operator[](int64 i) const { return Element{f + i, h + i}; }
@@ -99,7 +104,7 @@ struct F32Bf16Out {
 // Four consecutive values at out + i (i a multiple of 4: 16-byte aligned) in one store each:
 // float4, four BF16 values, or both.
 __device__ __forceinline__ unsigned bf16Pair(float lo, float hi) {
-  return (__float_as_uint(roundBf16(lo)) >> 16) | (__float_as_uint(roundBf16(hi)) & 0xffff0000u);
+  return bf16Bits(lo) | (__float_as_uint(roundBf16(hi)) & 0xffff0000u);
 }
 __device__ __forceinline__ void store4(float *out, int64 i, float4 v) { *(float4 *)(out + i) = v; }
 __device__ __forceinline__ void store4(Bf16Out out, int64 i, float4 v) {
@@ -146,8 +151,13 @@ extern "C" __global__ void tgc_fill_normal(float *out, int64 count, unsigned lon
   }
 }
 
-// BF16 copies of the operands of gemm_dtype="bf16" GEMMs (the executor launches it by name):
-// round to nearest even, NaN to 0x7FFF, as __float2bfloat16 does.
+// count elements of x rounded to BF16 into out: round to nearest even, NaN to 0x7FFF, as
+// __float2bfloat16 does.
+__device__ void roundToBf16(const float *x, unsigned short *out, int64 count) {
+  FOR_EACH_ELEMENT(i, count) out[i] = bf16Bits(x[i]);
+}
+
+// BF16 copies of the operands of gemm_dtype="bf16" GEMMs (the executor launches it by name).
 extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out, int64 count) {
-  FOR_EACH_ELEMENT(i, count) out[i] = (unsigned short)(__float_as_uint(roundBf16(x[i])) >> 16);
+  roundToBf16(x, out, count);
 }

@@ -82,9 +82,7 @@ __device__ __forceinline__ Cache toCache(float x);
 template <>
 __device__ __forceinline__ float toCache<float>(float x) { return x; }
 template <>
-__device__ __forceinline__ unsigned short toCache<unsigned short>(float x) {
-  return (unsigned short)(__float_as_uint(roundBf16(x)) >> 16);
-}
+__device__ __forceinline__ unsigned short toCache<unsigned short>(float x) { return bf16Bits(x); }
 
 template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, typename Cache,
           typename Out, typename CacheOut>

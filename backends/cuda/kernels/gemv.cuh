@@ -28,13 +28,6 @@ __device__ __forceinline__ void load8(const unsigned short *x, int64 i, float (&
   unpack8(*(const uint4 *)(x + i), out);
 }
 
-// A weight [N, K] rounded to BF16 (a product whose weight is not a parameter, which has no
-// BF16 copy: a test's input).
-template <int64 Count>
-__device__ void roundToBf16(const float *w, unsigned short *out) {
-  FOR_EACH_ELEMENT(i, Count) out[i] = (unsigned short)(__float_as_uint(roundBf16(w[i])) >> 16);
-}
-
 // A warp per output column n, 8 a block; K a multiple of 8 (16-byte rows). The warp's weight row
 // is loaded into registers first, then the kernel awaits the one before it (awaitPreviousKernel:
 // the weights are parameters, which no kernel of the step writes before it), so the weight's
@@ -88,7 +81,7 @@ __device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias,
 
 // residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K <= 1024
 // features, and sum = a + b. Each block takes the sum and the norm of every row (warp m, row m,
-// the arithmetic of residualNorm) into shared memory in BF16, the operand the product reads, and
+// residualNorm's residualNormHeld) into shared memory in BF16, the operand the product reads, and
 // block 0 writes the sums (the residual stream); then the product as gemvBf16. The same values
 // as residual_norm, the product and the gelu one after the other: a decode step's norm costs no
 // launch of its own.
@@ -98,23 +91,10 @@ __device__ void residualNormGemvBf16(const float *a, const float *b, const float
   static_assert(M <= 8 && RowInRegisters<K>::kHeld && K % 8 == 0, "a few rows of at most 1024 features");
   __shared__ __align__(16) unsigned short normed[M * K];
   auto normalise = [&] {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp < M) {
-      constexpr int Per = RowInRegisters<K>::kPerLane;
-      float x[Per], y[Per];
-#pragma unroll
-      for (int c = 0; c < Per; ++c) {
-        int64 j = lane + 32 * c;
-        x[c] = j < K ? a[warp * K + j] : 0.0f;
-        y[c] = j < K ? b[warp * K + j] : 0.0f;
-      }
-#pragma unroll
-      for (int c = 0; c < Per; ++c) {
-        x[c] += y[c];
-        if (blockIdx.x == 0 && lane + 32 * c < K) sum[warp * K + lane + 32 * c] = x[c];
-      }
-      normalizeHeld<Layer, K>(x, gamma, beta, Bf16Out{normed + warp * K}, eps);
-    }
+    const int64 warp = threadIdx.x / 32;
+    if (warp < M)
+      residualNormHeld<Layer, K>(a + warp * K, b + warp * K, gamma, beta, sum + warp * K, blockIdx.x == 0,
+                                 Bf16Out{normed + warp * K}, eps);
     __syncthreads();
   };
   gemvBf16Rows<M, N, K, Bias, Gelu>(w, bias, out, normalise, (const unsigned short *)normed);

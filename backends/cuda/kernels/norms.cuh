@@ -99,6 +99,28 @@ __device__ void layerNorm(const float *x, const float *gamma, const float *beta,
     normalizeRow<Layer, D>(x + row * D, gamma, beta, out + row * D, eps);
 }
 
+// One row by its warp, held in registers (D <= 1024): sum = x + y (written where writeSum) and
+// normed = the norm of it. x, y, sum and normed point at the row.
+template <bool Layer, int64 D, typename SumOut, typename Out>
+__device__ void residualNormHeld(const float *x, const float *y, const float *gamma, const float *beta, SumOut sum,
+                                 bool writeSum, Out normed, double eps) {
+  constexpr int Per = RowInRegisters<D>::kPerLane;
+  const int lane = threadIdx.x % 32;
+  float a[Per], b[Per];
+#pragma unroll
+  for (int c = 0; c < Per; ++c) {
+    int j = lane + 32 * c;
+    a[c] = j < D ? x[j] : 0.0f;
+    b[c] = j < D ? y[j] : 0.0f;
+  }
+#pragma unroll
+  for (int c = 0; c < Per; ++c) {
+    a[c] += b[c];
+    if (writeSum && lane + 32 * c < D) sum[lane + 32 * c] = a[c];
+  }
+  normalizeHeld<Layer, D>(a, gamma, beta, normed, eps);
+}
+
 // sum = x + y (the residual stream goes on), normed = the norm of sum.
 template <bool Layer, int64 D, int64 Rows, typename Out>
 __device__ void residualNorm(const float *x, const float *y, const float *gamma, const float *beta,
@@ -107,24 +129,10 @@ __device__ void residualNorm(const float *x, const float *y, const float *gamma,
   if (row < 0)
     return;
   int64 base = row * D;
-  const int lane = threadIdx.x % 32;
   if constexpr (RowInRegisters<D>::kHeld) {
-    constexpr int Per = RowInRegisters<D>::kPerLane;
-    float a[Per], b[Per];
-#pragma unroll
-    for (int c = 0; c < Per; ++c) {
-      int j = lane + 32 * c;
-      a[c] = j < D ? x[base + j] : 0.0f;
-      b[c] = j < D ? y[base + j] : 0.0f;
-    }
-#pragma unroll
-    for (int c = 0; c < Per; ++c) {
-      a[c] += b[c];
-      if (lane + 32 * c < D) sum[base + lane + 32 * c] = a[c];
-    }
-    normalizeHeld<Layer, D>(a, gamma, beta, normed + base, eps);
+    residualNormHeld<Layer, D>(x + base, y + base, gamma, beta, sum + base, true, normed + base, eps);
   } else {
-    for (int j = lane; j < D; j += 32) sum[base + j] = x[base + j] + y[base + j];
+    for (int j = threadIdx.x % 32; j < D; j += 32) sum[base + j] = x[base + j] + y[base + j];
     normalizeRow<Layer, D>(sum + base, gamma, beta, normed + base, eps); // each lane reads its own sums
   }
 }
