@@ -27,14 +27,23 @@ std::string sha256Hex(llvm::StringRef text) {
 } // namespace
 
 llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &config,
-                                                         llvm::StringRef dataPath, Device device) {
+                                                         llvm::StringRef dataPath, Device device,
+                                                         Communicator *communicator) {
   auto trainer = std::unique_ptr<Trainer>(new Trainer());
   trainer->config_ = config;
   trainer->dataPath_ = dataPath.str();
-  auto graph = buildGPT(config, config.train.batch);
+  if (communicator) {
+    trainer->rank_ = communicator->rank();
+    trainer->ranks_ = communicator->ranks();
+  }
+  if (config.train.batch % trainer->ranks_ != 0)
+    return stringError(fmt::format("error: the batch of {} sequences does not split evenly over {} ranks",
+                                   config.train.batch, trainer->ranks_));
+  auto graph = buildGPT(config, config.train.batch / trainer->ranks_);
   if (!graph)
     return graph.takeError();
-  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/true);
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/true,
+                                  trainer->ranks_ > 1 ? communicator : nullptr);
   if (!program)
     return program.takeError();
   trainer->config_.precision = program->precision;
@@ -67,8 +76,16 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
 }
 
 llvm::Expected<StepRecord> Trainer::step() {
-  const int64_t batch = config_.train.batch, seqLen = config_.seqLen;
-  Batch b = data_->trainBatch(stepsDone_, batch);
+  const int64_t batch = config_.train.batch / ranks_, seqLen = config_.seqLen;
+  Batch b = data_->trainBatch(stepsDone_, config_.train.batch);
+  if (ranks_ > 1) { // this rank's rows of the global batch
+    auto rows = [&](std::vector<int32_t> &all) {
+      all.erase(all.begin(), all.begin() + rank_ * batch * seqLen);
+      all.resize(size_t(batch * seqLen));
+    };
+    rows(b.tokens);
+    rows(b.targets);
+  }
   TensorType ids(DType::I32, {batch, seqLen});
   StepRecord record;
   record.step = stepsDone_ + 1;

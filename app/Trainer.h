@@ -31,9 +31,17 @@ public:
   /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
   /// means the arithmetic task. On the GPU the program is compiled by gpuPipeline (see
   /// compileForDevice).
+  ///
+  /// With a `communicator` of N ranks, this trainer is one rank of a data-parallel run:
+  /// config.train.batch stays the global batch, of which this rank trains rows [rank * B / N,
+  /// (rank + 1) * B / N) at each step (the rows one rank would train there, so that the data of a
+  /// rank is a function of seed, step and rank, and resuming on any number of ranks continues
+  /// the same stream); the gradients, the loss and the FP8 amaxes are reduced over the ranks
+  /// (the data-parallel pass), so every rank holds the same weights and state after each step.
   static llvm::Expected<std::unique_ptr<Trainer>> create(const ModelConfig &config,
                                                          llvm::StringRef dataPath = "",
-                                                         Device device = Device::cpu());
+                                                         Device device = Device::cpu(),
+                                                         Communicator *communicator = nullptr);
 
   /// Runs the next step.
   llvm::Expected<StepRecord> step();
@@ -42,6 +50,8 @@ public:
   const Graph &program() const { return *program_; }
   const DataSource &data() const { return *data_; }
   const Executor &executor() const { return *executor_; }
+  int rank() const { return rank_; }
+  int ranks() const { return ranks_; }
   Executor &executor() { return *executor_; }
 
   /// Every parameter and state tensor plus the metadata to resume.
@@ -63,6 +73,7 @@ private:
   std::unique_ptr<DataSource> data_;
   std::string dataPath_;
   int64_t stepsDone_ = 0;
+  int rank_ = 0, ranks_ = 1;
 };
 
 /// The model description stored in a checkpoint.

@@ -12,11 +12,14 @@
 
 namespace tgc {
 
-llvm::Expected<Device> detectCudaDevice() {
+llvm::Expected<Device> detectCudaDevice(int ordinal) {
   TargetInfo target = detectTarget();
   if (target.gpus.empty())
     return stringError("error: no GPU: " + target.noGpuReason);
-  return Device{Device::Cuda, target.gpus[0].major * 10 + target.gpus[0].minor};
+  if (ordinal < 0 || ordinal >= int(target.gpus.size()))
+    return stringError(fmt::format("error: no GPU {}: this machine has {}", ordinal, target.gpus.size()));
+  const GpuInfo &gpu = target.gpus[ordinal];
+  return Device{Device::Cuda, gpu.major * 10 + gpu.minor, ordinal};
 }
 
 PrecisionConfig resolveRecipe(PrecisionConfig precision, const Device &device) {
@@ -28,10 +31,11 @@ PrecisionConfig resolveRecipe(PrecisionConfig precision, const Device &device) {
 
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  const ModelConfig &config, const Device &device,
-                                                 bool training) {
+                                                 bool training, Communicator *communicator) {
   CompiledProgram program;
   PipelineOptions options;
   options.passOptions.train = config.train;
+  options.passOptions.dataParallel.ranks = communicator ? communicator->ranks() : 1;
   options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
   options.disabled = config.disabledPasses;
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
@@ -48,7 +52,10 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
     return std::move(err);
   program.graph = std::move(graph);
   if (device == Device::Cuda) {
-    auto executor = createCudaExecutor(*program.graph);
+    CudaOptions cuda;
+    cuda.device = device.ordinal;
+    cuda.communicator = communicator;
+    auto executor = createCudaExecutor(*program.graph, cuda);
     if (!executor)
       return executor.takeError();
     program.executor = std::move(*executor);
@@ -56,7 +63,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
     // A program too large for this machine stops here, before any tensor is allocated.
     if (auto err = checkHostMemory(*program.graph))
       return std::move(err);
-    program.executor = std::make_unique<Interpreter>(*program.graph);
+    program.executor = std::make_unique<Interpreter>(*program.graph, communicator);
   }
   return program;
 }

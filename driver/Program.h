@@ -2,6 +2,7 @@
 // device, and the executor that runs it. The trainer and the generator both start here.
 #pragma once
 
+#include "backends/Communicator.h"
 #include "backends/Executor.h"
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
@@ -16,15 +17,16 @@ struct Device {
   enum Kind { Cpu, Cuda };
   Kind kind = Cpu;
   int computeCapability = 0; // major * 10 + minor, on a GPU
+  int ordinal = 0;           // which GPU of the machine (a data-parallel rank's own)
 
   static Device cpu() { return Device{}; }
   bool operator==(Kind k) const { return kind == k; }
   bool operator!=(Kind k) const { return kind != k; }
 };
 
-/// The GPU this run uses (the first), or why there is none (no driver, no device, a build
-/// without CUDA).
-llvm::Expected<Device> detectCudaDevice();
+/// The GPU this run uses (GPU `ordinal`, the first by default), or why there is none (no driver,
+/// no device, a build without CUDA, fewer GPUs than `ordinal` + 1).
+llvm::Expected<Device> detectCudaDevice(int ordinal = 0);
 
 /// The recipe a model file's "auto" means on `device`: fp32 on the CPU interpreter; on the GPU
 /// gpuRecipeFor its compute capability. Explicit recipes stay as they are.
@@ -39,8 +41,10 @@ struct CompiledProgram {
 /// the executor. On the GPU the program is compiled by gpuPipeline (the fusions the GPU
 /// lowers); a recipe the GPU cannot serve (fp8 below compute capability 8.9, bf16 below 8.0)
 /// is an error there, not a downgrade.
+/// `communicator`: the ranks of a data-parallel training run this program is one of (the
+/// data-parallel pass then reduces its gradients, loss and FP8 amaxes over them); none: one rank.
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  const ModelConfig &config, const Device &device,
-                                                 bool training);
+                                                 bool training, Communicator *communicator = nullptr);
 
 } // namespace tgc

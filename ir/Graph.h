@@ -109,6 +109,7 @@ public:
   llvm::ArrayRef<Value *> outputs() const { return outputs_; }
   void addOutput(Value *value) { outputs_.push_back(value); }
   void removeOutput(unsigned i) { outputs_.erase(outputs_.begin() + i); }
+  void setOutput(unsigned i, Value *value) { outputs_[i] = value; }
   Value *lookup(llvm::StringRef name) const;
 
   /// Renames a value; `name` must not be in use.

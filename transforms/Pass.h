@@ -30,11 +30,19 @@ private:
   std::string name_, summary_;
 };
 
+/// The data-parallel pass's settings: how many ranks share the global batch, and the bytes of
+/// gradients each all_reduce takes (PyTorch DDP's bucket_cap_mb is 25 MiB).
+struct DataParallelOptions {
+  int ranks = 1;
+  int64_t bucketBytes = int64_t(25) << 20;
+};
+
 /// What passes that need settings read (the optimizer's hyperparameters).
 struct PassOptions {
   PassOptions() { precision.recipe = Recipe::Fp32; }
   TrainConfig train;
   PrecisionConfig precision; // the recipe resolved: fp32, bf16 or fp8 (see resolveRecipe)
+  DataParallelOptions dataParallel;
 };
 
 /// Every pass tgc has, by name.

@@ -31,6 +31,7 @@ std::unique_ptr<Pass> createConcatPadsPass();
 /// `recompute`: the gradients recompute the norm and the activation instead of reading the
 /// forward's.
 std::unique_ptr<Pass> createExpandLayerNormFusedPass(bool recompute = false);
+std::unique_ptr<Pass> createDataParallelPass(const DataParallelOptions &options);
 std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 
 } // namespace tgc

@@ -66,11 +66,12 @@ std::vector<std::string> forwardPipeline() {
 // Fusion runs before autodiff: the backward comes from the fused ops' own gradient rules,
 // which are fused too (and recompute instead of storing), so the backward needs no patterns
 // of its own and stays as fused as the forward. fp8-update follows autodiff, which adds the
-// gradients' quantize ops.
+// gradients' quantize ops; data-parallel (a no-op on one rank) then reduces over the ranks what
+// the optimizer and the scale updates read.
 std::vector<std::string> trainingPipeline() {
   std::vector<std::string> passes = forwardPipeline();
   passes.pop_back(); // dce last
-  for (const char *p : {"autodiff", "concat-pads", "fp8-update", "adamw", "dce"})
+  for (const char *p : {"autodiff", "concat-pads", "fp8-update", "data-parallel", "adamw", "dce"})
     passes.push_back(p);
   return passes;
 }

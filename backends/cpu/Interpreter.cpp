@@ -39,7 +39,8 @@ llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
   return kEvalFns[static_cast<unsigned>(op.kind())](op.attrs(), operands, results);
 }
 
-Interpreter::Interpreter(const Graph &graph) : graph_(graph) {
+Interpreter::Interpreter(const Graph &graph, Communicator *communicator)
+    : graph_(graph), communicator_(communicator) {
   if (const char *env = std::getenv("TGC_CPU_PROFILE"))
     profiling_ = reportProfile_ = std::string(env) == "1";
   if (TraceLog::instance().enabled())
@@ -131,6 +132,12 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
       if (auto err = evalOp(op, operands, results))
         return makeError("%{} = {}: {}", op.result()->name(), op.name().str(),
                     llvm::toString(std::move(err)));
+      if (op.kind() == OpKind::AllReduce && communicator_) {
+        ReduceOp reduce = *parseReduceOp(*op.attrs().getString("reduce"));
+        for (Tensor &t : results)
+          if (auto err = communicator_->allReduceHost(t.data.data(), t.data.size(), reduce))
+            return makeError("%{} = {}: {}", op.result()->name(), op.name().str(), llvm::toString(std::move(err)));
+      }
       if (profiling_)
         profile_[op.name().str()] += std::chrono::duration<double, std::milli>(
                                          std::chrono::steady_clock::now() - start)

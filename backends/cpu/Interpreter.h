@@ -2,6 +2,7 @@
 // It is the ground truth for every other backend, so each op is written plainly.
 #pragma once
 
+#include "backends/Communicator.h"
 #include "backends/Executor.h"
 #include "backends/Tensor.h"
 #include "ir/Graph.h"
@@ -19,7 +20,8 @@ public:
   /// TGC_CPU_PROFILE=1 turns profiling on, and the destructor prints the time per op kind
   /// over the runs to stderr (as TGC_GPU_PROFILE does for the CUDA executor). TGC_TRACE=FILE
   /// records the ops of the first runs into a Chrome trace (support/Trace.h).
-  explicit Interpreter(const Graph &graph);
+  /// `communicator`: the ranks its all_reduce ops reduce over (none: this rank alone).
+  explicit Interpreter(const Graph &graph, Communicator *communicator = nullptr);
   ~Interpreter() override;
 
   llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
@@ -40,6 +42,7 @@ public:
 
 private:
   const Graph &graph_;
+  Communicator *communicator_ = nullptr;
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
   bool profiling_ = false, reportProfile_ = false;

@@ -3,6 +3,7 @@
 #include "backends/cuda/GemmTuning.h"
 #include "backends/cuda/Lowering.h"
 #include "backends/cuda/MemoryPlan.h"
+#include "backends/cuda/Nccl.h"
 #include "backends/cuda/Nvrtc.h"
 #include "backends/cuda/Target.h"
 #include "ir/Attributes.h"
@@ -141,6 +142,11 @@ private:
   llvm::Error runGemm(const Op &op, const GemmPlan &plan);
   llvm::Error launchStep();
   llvm::Error launchOp(size_t i);
+  /// The program's all_reduce ops: a stream and events for them, and where each is joined.
+  llvm::Error prepareCollectives();
+  /// Enqueues all_reduce op `i`: NCCL on the communication stream after what the main stream
+  /// has queued (on the main stream itself while profiling, so that it is timed).
+  llvm::Error runCollective(size_t i);
   llvm::Error profileOpGraphs();
   std::string profileLabel(size_t i) const;
   llvm::Error convertKernel(const void *source, void *target, int64_t count);
@@ -218,6 +224,17 @@ private:
   std::vector<void *> owned_;
   int64_t allocatedBytes_ = 0;
   cudaStream_t stream_ = nullptr;
+  // all_reduce (OpLowering::Collective): NCCL runs it on commStream_, from an event recorded on
+  // stream_ at its place in the program; stream_ waits for its `done` event before the first op
+  // that reads its results (joinsBefore_), and for all of them at the end of the step.
+  const NcclApi *nccl_ = nullptr;
+  void *ncclComm_ = nullptr;
+  cudaStream_t commStream_ = nullptr;
+  struct CollectiveEvents {
+    cudaEvent_t ready = nullptr, done = nullptr;
+  };
+  std::vector<CollectiveEvents> collectives_;      // per op (events only for all_reduce ops)
+  std::vector<std::vector<size_t>> joinsBefore_;   // per op: the all_reduce ops it waits for
   cublasLtHandle_t lt_ = nullptr;
   void *workspace_ = nullptr;
   static constexpr size_t kWorkspaceBytes = 32 << 20; // 32 MiB, as fp8.md suggests for Hopper
@@ -275,6 +292,12 @@ CudaExecutor::~CudaExecutor() {
     cublasLtDestroy(lt_);
   if (library_)
     cudaLibraryUnload(library_);
+  for (CollectiveEvents &c : collectives_)
+    for (cudaEvent_t e : {c.ready, c.done})
+      if (e)
+        cudaEventDestroy(e);
+  if (commStream_)
+    cudaStreamDestroy(commStream_);
   if (stream_)
     cudaStreamDestroy(stream_);
 }
@@ -332,7 +355,103 @@ llvm::Error CudaExecutor::initialize() {
       return err;
   if (auto err = useBf16OperandCopies())
     return err;
+  if (auto err = prepareCollectives())
+    return err;
   return tuneGemms();
+}
+
+llvm::Error CudaExecutor::prepareCollectives() {
+  collectives_.resize(ops_.size());
+  joinsBefore_.resize(ops_.size());
+  bool any = false;
+  llvm::DenseMap<const Op *, size_t> index;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    index[ops_[i]] = i;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (program_.lowering[i].kind != OpLowering::Collective)
+      continue;
+    any = true;
+    size_t first = ops_.size(); // its results' first reader
+    for (unsigned r = 0; r < ops_[i]->numResults(); ++r)
+      for (const Op *user : ops_[i]->result(r)->users())
+        first = std::min(first, index.lookup(user));
+    if (first < ops_.size())
+      joinsBefore_[first].push_back(i);
+    CUDA_CHECK(cudaEventCreateWithFlags(&collectives_[i].ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&collectives_[i].done, cudaEventDisableTiming));
+  }
+  if (!any || !options_.communicator || options_.communicator->ranks() <= 1)
+    return llvm::Error::success(); // one rank: each result is its operand
+  ncclComm_ = options_.communicator->ncclComm();
+  if (!ncclComm_)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "error: the GPU reduces over ranks through NCCL, and this run's ranks have no "
+                                   "NCCL communicator");
+  auto api = loadNccl();
+  if (!api)
+    return api.takeError();
+  nccl_ = *api;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&commStream_, cudaStreamNonBlocking));
+  return llvm::Error::success();
+}
+
+llvm::Error CudaExecutor::runCollective(size_t i) {
+  const Op &op = *ops_[i];
+  if (!nccl_) { // one rank
+    for (unsigned k = 0; k < op.numOperands(); ++k)
+      if (buffer(op.result(k)) != buffer(op.operand(k)))
+        CUDA_CHECK(cudaMemcpyAsync(buffer(op.result(k)), buffer(op.operand(k)), bytesOf(op.operand(k)->type()),
+                                   cudaMemcpyDeviceToDevice, stream_));
+    afterGeneratedKernel_ = false;
+    return llvm::Error::success();
+  }
+  ReduceOp reduce = *parseReduceOp(*op.attrs().getString("reduce"));
+  int ncclOp = reduce == ReduceOp::Avg ? kNcclAvg : reduce == ReduceOp::Max ? kNcclMax : kNcclSum;
+  // Gradients reduced in place that lie next to each other in the gradient buffer (only zero
+  // padding between them, under the 512-byte alignment) go as one call; the others one each.
+  struct Range {
+    char *send, *receive;
+    size_t bytes;
+  };
+  std::vector<Range> ranges;
+  for (unsigned k = 0; k < op.numOperands(); ++k)
+    ranges.push_back({(char *)buffer(op.operand(k)), (char *)buffer(op.result(k)), bytesOf(op.operand(k)->type())});
+  std::sort(ranges.begin(), ranges.end(), [](const Range &a, const Range &b) { return a.send < b.send; });
+  std::vector<Range> calls;
+  for (const Range &r : ranges) {
+    Range *last = calls.empty() ? nullptr : &calls.back();
+    bool inPlace = r.send == r.receive;
+    if (last && inPlace && last->send == last->receive && r.send >= last->send + last->bytes &&
+        r.send - (last->send + last->bytes) < 512)
+      last->bytes = size_t(r.send + r.bytes - last->send);
+    else
+      calls.push_back(r);
+  }
+  cudaStream_t stream = profile_ ? stream_ : commStream_;
+  if (stream != stream_) {
+    CUDA_CHECK(cudaEventRecord(collectives_[i].ready, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, collectives_[i].ready, 0));
+  }
+  auto check = [&](int result, const char *call) -> llvm::Error {
+    if (result == 0)
+      return llvm::Error::success();
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "error: %s failed for %%%s: %s (NCCL %d)", call,
+                                   op.result()->name().c_str(), nccl_->errorString(result), result);
+  };
+  if (auto err = check(nccl_->groupStart(), "ncclGroupStart"))
+    return err;
+  for (const Range &c : calls)
+    if (auto err = check(nccl_->allReduce(c.send, c.receive, c.bytes / 4, kNcclFloat32, ncclOp, ncclComm_, stream),
+                         "ncclAllReduce")) {
+      nccl_->groupEnd();
+      return err;
+    }
+  if (auto err = check(nccl_->groupEnd(), "ncclGroupEnd"))
+    return err;
+  if (stream != stream_)
+    CUDA_CHECK(cudaEventRecord(collectives_[i].done, stream));
+  afterGeneratedKernel_ = false;
+  return llvm::Error::success();
 }
 
 /// The program's kernels: lowered, then compiled by NVRTC for `arch` (or taken from the kernel
@@ -733,6 +852,8 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
     afterGeneratedKernel_ = false;
     return runGemm(op, gemms_[i]);
   }
+  if (lowering.kind == OpLowering::Collective)
+    return runCollective(i);
   if (lowering.kind != OpLowering::Kernels)
     return llvm::Error::success();
   // Each kernel parameter is a pointer, or for a result with a BF16 copy two (F32Bf16Out).
@@ -826,8 +947,13 @@ llvm::Error CudaExecutor::launchStep() {
         }
     if (lowering.kind == OpLowering::Assign)
       assigns.emplace_back(op.operand(0), op.operand(1));
+    if (commStream_ && !profile_)
+      for (size_t c : joinsBefore_[i]) {
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, collectives_[c].done, 0));
+        afterGeneratedKernel_ = false;
+      }
     cudaEvent_t start = nullptr, stop = nullptr;
-    bool timed = profile_ && (lowering.kind == OpLowering::Gemm ||
+    bool timed = profile_ && (lowering.kind == OpLowering::Gemm || lowering.kind == OpLowering::Collective ||
                               (lowering.kind == OpLowering::Kernels && !profileLaunches_));
     if (timed) {
       CUDA_CHECK(cudaEventCreate(&start));
@@ -855,6 +981,12 @@ llvm::Error CudaExecutor::launchStep() {
   }
   if (profile_)
     ++profiledSteps_;
+  // Every all_reduce joins the main stream before the step ends (those whose results only the
+  // host reads, the loss, have had no reader to join them).
+  if (commStream_ && !profile_)
+    for (size_t i = 0; i < ops_.size(); ++i)
+      if (program_.lowering[i].kind == OpLowering::Collective)
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, collectives_[i].done, 0));
   // Assigns take effect when the step ends, after every op has read the old values; a value
   // written in place is already there.
   for (auto [leaf, value] : assigns)

@@ -4,6 +4,7 @@
 // contiguous regions (ParameterLayout).
 #pragma once
 
+#include "backends/Communicator.h"
 #include "backends/Executor.h"
 #include "ir/Graph.h"
 
@@ -13,6 +14,9 @@ namespace tgc {
 
 struct CudaOptions {
   int device = 0;
+  /// The ranks the program's all_reduce ops reduce over (NCCL: Communicator::ncclComm); none:
+  /// this rank alone, where an all_reduce's results are its operands.
+  Communicator *communicator = nullptr;
   /// Fill every result buffer with NaN before each run, so that elements a kernel fails to
   /// write show up in comparisons (the GPU tests set it).
   bool poisonResults = false;

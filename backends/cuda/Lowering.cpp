@@ -919,6 +919,8 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
     return OpLowering::Assign;
   if (op.kind() == OpKind::Reshape)
     return OpLowering::Alias;
+  if (op.kind() == OpKind::AllReduce)
+    return OpLowering::Collective;
   if (op.kind() == OpKind::MatMul) {
     bool fp8 = isFp8(op.operand(0)->type().dtype);
     if (fp8 && (op.attrs().getBool("transpose_a").value_or(false) || !op.attrs().getBool("transpose_b").value_or(false)))
@@ -980,7 +982,9 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   }
   program.inPlace = inPlaceValues(graph, program);
   program.programmatic =
-      llvm::none_of(program.lowering, [](const OpLowering &l) { return l.kind == OpLowering::Gemm; });
+      llvm::none_of(program.lowering, [](const OpLowering &l) {
+        return l.kind == OpLowering::Gemm || l.kind == OpLowering::Collective;
+      });
   chooseBf16Caches(graph, program); // before the layout: they take half the state memory
   if (auto err = chooseBf16Heads(graph, program))
     return std::move(err);

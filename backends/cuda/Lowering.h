@@ -34,6 +34,8 @@ struct OpLowering {
     Leaf,    // bound by the executor
     Assign,  // a copy when the step ends
     Grouped, // run by another op's launches (the grouped optimizer, OptimizerGroups.cpp)
+    Collective, // all_reduce: NCCL on the executor's communication stream, joined before its
+                // results' first reader; a gradient reduced in place in the gradient buffer
   } kind = Kernels;
   std::vector<KernelLaunch> launches;
   // When not empty, the launches take these values' buffers instead of the op's operands and
@@ -76,7 +78,7 @@ struct CudaProgram {
   std::vector<OpLowering> lowering; // one per op, in program order
   /// Values written straight into the leaf they are assigned to (MemoryPlan.h inPlaceValues).
   llvm::DenseMap<const Value *, const Value *> inPlace;
-  /// No op runs on cuBLASLt (a decode step of up to 8 sequences): the executor launches the
+  /// No op runs on cuBLASLt nor NCCL (a decode step of up to 8 sequences): the executor launches the
   /// kernels with programmatic dependent launch (common.cuh's awaitPreviousKernel), and kernels
   /// may load what no kernel of the step writes before they await the one before them.
   bool programmatic = false;

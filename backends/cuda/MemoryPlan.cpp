@@ -104,6 +104,22 @@ llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
   return inPlace;
 }
 
+namespace {
+/// Where `g` is a result of an all_reduce (a gradient averaged over the ranks) whose operand
+/// can share its memory: that operand, the rank's own gradient (written by kernels or a GEMM,
+/// not in place, read by the all_reduce alone). Else null.
+const Value *rankGradient(const Value *g, const CudaProgram &program, const llvm::DenseMap<const Op *, size_t> &index) {
+  const Op *def = g->def();
+  if (!def || def->kind() != OpKind::AllReduce)
+    return nullptr;
+  const Value *local = def->operand(g->index());
+  OpLowering::Kind kind = local->def() ? program.lowering[index.lookup(local->def())].kind : OpLowering::Leaf;
+  bool shares = (kind == OpLowering::Kernels || kind == OpLowering::Gemm) && !program.inPlace.count(local) &&
+                local->users().size() == 1 && local->type() == g->type();
+  return shares ? local : nullptr;
+}
+} // namespace
+
 ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program) {
   ParameterLayout layout;
   std::vector<Op *> ops = graph.ops();
@@ -121,6 +137,11 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
       continue;
     const Value *p = op->operand(0), *g = op->operand(1), *m = op->operand(2), *v = op->operand(3);
     OpLowering::Kind gradKind = g->def() ? program.lowering[index.lookup(g->def())].kind : OpLowering::Leaf;
+    // A gradient averaged over the ranks: reduced in place, where the backward wrote the rank's.
+    if (const Value *local = rankGradient(g, program, index))
+      gradKind = program.lowering[index.lookup(local->def())].kind;
+    else if (gradKind == OpLowering::Collective)
+      gradKind = OpLowering::Leaf; // not laid out
     bool usual = leafOf(p, OpKind::Param) && leafOf(m, OpKind::State) && leafOf(v, OpKind::State) &&
                  !updateOf.count(p) && program.inPlace.lookup(op->result(0)) == p &&
                  program.inPlace.lookup(op->result(1)) == m && program.inPlace.lookup(op->result(2)) == v &&
@@ -153,6 +174,8 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
       int64_t offset = layout.params.lookup(op->result());
       layout.updates.push_back(update);
       layout.grads[update->operand(1)] = offset;
+      if (const Value *local = rankGradient(update->operand(1), program, index))
+        layout.grads[local] = offset;
       layout.state[update->operand(2)] = offset;
       layout.state[update->operand(3)] = layout.updatedBytes + offset;
     }
@@ -216,6 +239,22 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   for (const Value *out : graph.outputs())
     if (const Value *o = owner.lookup(out))
       life[o].second = end;
+  // An all_reduce runs on its own stream from its place until its results' first reader: NCCL
+  // reads its operands and writes its results meanwhile, so both live until its results' last.
+  for (int64_t i = end - 1; i >= 0; --i) {
+    if (program.lowering[i].kind != OpLowering::Collective)
+      continue;
+    int64_t last = i;
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      if (const Value *o = owner.lookup(ops[i]->result(r)))
+        last = std::max(last, life[o].second);
+    for (const Value *v : ops[i]->operands())
+      if (const Value *o = owner.lookup(v))
+        life[o].second = std::max(life[o].second, last);
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      if (const Value *o = owner.lookup(ops[i]->result(r)))
+        life[o].second = std::max(life[o].second, last);
+  }
   // Everything placed in the arena: values, and op-local buffers alive during their op only.
   struct Item {
     int64_t bytes, first, last;

@@ -6,6 +6,9 @@
 #include "llvm/Support/Path.h"
 
 #include <dlfcn.h>
+#ifdef TGC_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -132,6 +135,59 @@ llvm::Expected<const NcclApi *> loadNccl() {
   if (!error.empty())
     return stringError(error);
   return &api;
+}
+
+std::string uniqueIdToHex(const NcclUniqueId &id) {
+  std::string hex;
+  for (char c : id.internal)
+    hex += fmt::format("{:02x}", uint8_t(c));
+  return hex;
+}
+
+llvm::Expected<NcclUniqueId> uniqueIdFromHex(llvm::StringRef hex) {
+  NcclUniqueId id{};
+  if (hex.size() != 2 * sizeof(id.internal))
+    return stringError(fmt::format("error: an NCCL unique id is {} hex digits, got {}", 2 * sizeof(id.internal),
+                                   hex.size()));
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    unsigned byte = 0;
+    if (hex.substr(2 * i, 2).getAsInteger(16, byte))
+      return stringError(fmt::format("error: the NCCL unique id has a non-hex digit at {}", 2 * i));
+    id.internal[i] = char(byte);
+  }
+  return id;
+}
+
+llvm::Expected<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const NcclUniqueId &id, int rank,
+                                                                           int ranks, int device) {
+#ifdef TGC_HAVE_CUDA
+  auto api = loadNccl();
+  if (!api)
+    return api.takeError();
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    return stringError(fmt::format("error: rank {}: cudaSetDevice({}) failed: {}", rank, device,
+                                   cudaGetErrorString(e)));
+  auto communicator = std::unique_ptr<NcclCommunicator>(new NcclCommunicator());
+  communicator->api_ = *api;
+  communicator->rank_ = rank;
+  communicator->ranks_ = ranks;
+  if (int result = (*api)->commInitRank(&communicator->comm_, ranks, id, rank); result != 0)
+    return stringError(fmt::format("error: rank {} of {}: ncclCommInitRank failed: {} (NCCL {})", rank, ranks,
+                                   (*api)->errorString(result), result));
+  return std::move(communicator);
+#else
+  (void)id, (void)rank, (void)ranks, (void)device;
+  return stringError("error: this tgc was built without CUDA: no NCCL ranks");
+#endif
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_)
+    api_->commDestroy(comm_);
+}
+
+llvm::Error NcclCommunicator::allReduceHost(float *, size_t, ReduceOp) {
+  return stringError("error: NCCL ranks reduce device buffers (the GPU executor), not host memory");
 }
 
 } // namespace tgc

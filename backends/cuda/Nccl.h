@@ -3,6 +3,8 @@
 // absent one is one error that lists every place tried and why each failed.
 #pragma once
 
+#include "backends/Communicator.h"
+
 #include "llvm/Support/Error.h"
 
 #include <cstddef>
@@ -18,7 +20,7 @@ struct NcclUniqueId {
   char internal[128]; // NCCL_UNIQUE_ID_BYTES
 };
 enum NcclDataType : int { kNcclFloat32 = 7, kNcclBfloat16 = 9 }; // ncclDataType_t
-enum NcclReduceOp : int { kNcclSum = 0, kNcclMax = 2 };          // ncclRedOp_t
+enum NcclReduceOp : int { kNcclSum = 0, kNcclMax = 2, kNcclAvg = 4 }; // ncclRedOp_t
 
 struct NcclApi {
   std::string path; // the file loaded
@@ -48,5 +50,29 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
 
 /// loadNcclFrom(ncclCandidates()), once a process.
 llvm::Expected<const NcclApi *> loadNccl();
+
+/// The unique id as 256 hex digits (how tgc's launcher hands it to the ranks it starts), and
+/// back; anything else is an error.
+std::string uniqueIdToHex(const NcclUniqueId &id);
+llvm::Expected<NcclUniqueId> uniqueIdFromHex(llvm::StringRef hex);
+
+/// One rank of a run through NCCL: GPU `device` of this process, in the communicator that
+/// `ranks` processes create from one unique id (ncclCommInitRank, which waits for all of them).
+class NcclCommunicator : public Communicator {
+public:
+  static llvm::Expected<std::unique_ptr<NcclCommunicator>> create(const NcclUniqueId &id, int rank, int ranks,
+                                                                  int device);
+  ~NcclCommunicator() override;
+  int rank() const override { return rank_; }
+  int ranks() const override { return ranks_; }
+  /// Not here: the GPU executor reduces device buffers through ncclComm().
+  llvm::Error allReduceHost(float *data, size_t count, ReduceOp op) override;
+  void *ncclComm() const override { return comm_; }
+
+private:
+  const NcclApi *api_ = nullptr;
+  void *comm_ = nullptr;
+  int rank_ = 0, ranks_ = 1;
+};
 
 } // namespace tgc

@@ -38,6 +38,10 @@ static cl::opt<int64_t> Prefill("prefill",
                                 cl::desc("Compile the prompt's program for N positions: it fills the KV cache and "
                                          "gives each sequence's first new token"),
                                 cl::init(0), cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<int> Ranks("ranks",
+                          cl::desc("With --train: the program of one rank of N training data-parallel (its share of "
+                                   "the batch; the data-parallel pass reduces over the ranks)"),
+                          cl::init(1), cl::sub(compileCommand()), cl::cat(category()));
 static cl::opt<std::string> IRPath(cl::Positional, cl::desc("<file.ir | ->"), cl::Required,
                                    cl::sub(optCommand()), cl::cat(category()));
 static cl::list<std::string> Passes("passes",
@@ -107,14 +111,19 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     return flagError("--train, --decode and --prefill name different programs: give one");
   if (Prefill.getNumOccurrences() && (Prefill < 1 || Prefill > config.seqLen))
     return flagError(fmt::format("--prefill must be between 1 and seq_len = {}, got {}", config.seqLen, int64_t(Prefill)));
+  if (Ranks < 1 || (Ranks > 1 && !training) || config.train.batch % Ranks != 0)
+    return flagError(fmt::format("--ranks takes a count of ranks that splits the batch of {} evenly, with --train; "
+                                 "got {}",
+                                 config.train.batch, int(Ranks)));
   GPTOutput output = Decode ? GPTOutput::Decode : Prefill.getNumOccurrences() ? GPTOutput::Prefill : GPTOutput::Loss;
-  auto graph = buildGPT(config, config.train.batch, output, Prefill);
+  auto graph = buildGPT(config, config.train.batch / Ranks, output, Prefill);
   if (!graph)
     return graph.takeError();
   PipelineOptions options;
   options.dumpAfter = std::move(dumpAfter);
   options.disabled = config.disabledPasses;
   options.passOptions.train = config.train;
+  options.passOptions.dataParallel.ranks = Ranks;
   auto precision = compileRecipe(config.precision);
   if (!precision)
     return precision.takeError();

@@ -1,0 +1,187 @@
+// Data-parallel training on the CPU reference: ranks as threads of one process (LocalGroup),
+// each a Trainer of its share of the global batch, against one rank training the whole batch.
+// The GPU runs the same program through NCCL (GpuTest.cpp's DataParallel tests, two GPUs).
+#include "app/Trainer.h"
+#include "backends/Communicator.h"
+#include "models/GPTBuilder.h"
+#include "tests/TestUtil.h"
+#include "transforms/Pass.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+ModelConfig parityConfig() { return unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml"))); }
+
+struct RankRun {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> state; // every parameter and state tensor at the end
+  std::string error;
+};
+
+/// `steps` steps of `config` on `ranks` ranks (threads), or on one rank without a communicator
+/// when `ranks` is 1.
+std::vector<RankRun> train(const ModelConfig &config, int ranks, int64_t steps) {
+  std::vector<RankRun> runs(ranks);
+  LocalGroup group(ranks);
+  auto body = [&](int r) {
+    RankRun &run = runs[r];
+    auto trainer = Trainer::create(config, "", Device::cpu(), ranks > 1 ? &group.rank(r) : nullptr);
+    if (!trainer) {
+      run.error = llvm::toString(trainer.takeError());
+      group.abort();
+      return;
+    }
+    for (int64_t i = 0; i < steps; ++i) {
+      auto record = (*trainer)->step();
+      if (!record) {
+        run.error = llvm::toString(record.takeError());
+        group.abort();
+        return;
+      }
+      run.losses.push_back(record->loss);
+    }
+    auto checkpoint = (*trainer)->checkpoint();
+    if (!checkpoint) {
+      run.error = llvm::toString(checkpoint.takeError());
+      return;
+    }
+    run.state = std::move(checkpoint->tensors);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back(body, r);
+  for (std::thread &t : threads)
+    t.join();
+  return runs;
+}
+
+double maxRelativeDifference(const std::vector<double> &a, const std::vector<double> &b) {
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1e-12, std::abs(b[i])));
+  return worst;
+}
+
+/// Checks that both ranks hold the same bits in every tensor, and returns the largest
+/// difference of rank 0's against `single`'s, relative to each tensor's largest magnitude.
+double compareStates(const RankRun &rank0, const RankRun &rank1, const RankRun &single) {
+  double worst = 0;
+  EXPECT_EQ(rank0.state.size(), single.state.size());
+  for (const auto &[name, t] : rank0.state) {
+    auto other = rank1.state.find(name);
+    EXPECT_NE(other, rank1.state.end()) << name;
+    if (other != rank1.state.end())
+      EXPECT_EQ(t.data, other->second.data) << name << " differs between the ranks";
+    auto reference = single.state.find(name);
+    if (reference == single.state.end() || reference->second.data.size() != t.data.size()) {
+      ADD_FAILURE() << name << " is not in the one-rank run as it is in the ranks'";
+      continue;
+    }
+    double scale = 1e-30;
+    for (float v : reference->second.data)
+      scale = std::max(scale, double(std::abs(v)));
+    for (size_t i = 0; i < t.data.size(); ++i)
+      worst = std::max(worst, std::abs(double(t.data[i]) - reference->second.data[i]) / scale);
+  }
+  return worst;
+}
+
+TEST(DataParallel, TwoRanksFollowOneRankInFp32) {
+  ModelConfig config = parityConfig();
+  std::vector<RankRun> single = train(config, 1, 20), ranks = train(config, 2, 20);
+  ASSERT_EQ(single[0].error, "");
+  ASSERT_EQ(ranks[0].error, "");
+  ASSERT_EQ(ranks[1].error, "");
+  ASSERT_EQ(ranks[0].losses.size(), 20u);
+  // The loss of each step is the global batch's on both ranks, bit for bit, and what one rank
+  // training the whole batch gets, but for the order of the sums.
+  EXPECT_EQ(ranks[0].losses, ranks[1].losses);
+  EXPECT_LT(maxRelativeDifference(ranks[0].losses, single[0].losses), 2e-5)
+      << "first loss " << ranks[0].losses[0] << " vs " << single[0].losses[0] << ", last " << ranks[0].losses.back()
+      << " vs " << single[0].losses.back();
+  // The losses move (the test would pass on a model that does not train otherwise).
+  EXPECT_LT(ranks[0].losses.back(), ranks[0].losses.front() - 0.5);
+  EXPECT_LT(compareStates(ranks[0], ranks[1], single[0]), 1e-3);
+}
+
+TEST(DataParallel, FourRanksFollowOneRankInFp8WithTheSameScalingStateEverywhere) {
+  ModelConfig config = parityConfig();
+  config.precision.recipe = Recipe::Fp8;
+  config.precision.fp8MinDim = 0; // every linear layer in FP8
+  std::vector<RankRun> single = train(config, 1, 12), ranks = train(config, 4, 12);
+  ASSERT_EQ(single[0].error, "");
+  for (const RankRun &r : ranks)
+    ASSERT_EQ(r.error, "");
+  bool hasFp8State = false;
+  for (const auto &[name, t] : ranks[0].state)
+    hasFp8State |= llvm::StringRef(name).ends_with(".amax_history");
+  ASSERT_TRUE(hasFp8State);
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_EQ(ranks[r].losses, ranks[0].losses);
+    compareStates(ranks[0], ranks[r], single[0]); // every tensor, FP8 state included, the same bits
+  }
+  // The first step's loss is the same. After it the runs part a little: a rank's gradients are
+  // 4x one rank's (the mean over a quarter of the rows), and quantized with the first step's
+  // scale of 1 the smallest of them fall below E5M2's subnormals less often (measured: 3e-5 at
+  // step 2, at most 3e-4 over 12 steps; fp32 stays within 2e-5). Their amaxes are 4x too, so
+  // from the second step the scales follow and the FP8 codes are the same.
+  EXPECT_EQ(ranks[0].losses[0], single[0].losses[0]);
+  EXPECT_LT(maxRelativeDifference(ranks[0].losses, single[0].losses), 1e-3);
+  for (const auto &[name, t] : ranks[0].state)
+    if (llvm::StringRef(name).ends_with(".amax_history") && llvm::StringRef(name).contains("fwd")) {
+      // The forward's amaxes: the maximum over the ranks is the whole batch's maximum.
+      const Tensor &reference = single[0].state.at(name);
+      for (size_t i = 0; i < 12; ++i)
+        EXPECT_NEAR(t.data[i], reference.data[i], 1e-3 * std::abs(reference.data[i]) + 1e-6) << name << " step " << i;
+    }
+}
+
+TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAClearError) {
+  ModelConfig config = parityConfig();
+  std::vector<RankRun> runs = train(config, 3, 1);
+  EXPECT_NE(runs[0].error.find("the batch of 16 sequences does not split evenly over 3 ranks"), std::string::npos)
+      << runs[0].error;
+}
+
+TEST(DataParallel, ThePassReducesEveryGradientInBucketsAfterItsLastProducer) {
+  ModelConfig config = parityConfig();
+  auto graph = unwrap(buildGPT(config, 8));
+  PipelineOptions options;
+  options.passOptions.train = config.train;
+  options.passOptions.dataParallel.ranks = 2;
+  options.passOptions.dataParallel.bucketBytes = 64 << 10; // several buckets on the tiny model
+  auto pipeline = unwrap(PassPipeline::create(trainingPipeline(), options));
+  ASSERT_FALSE(bool(pipeline.run(*graph)));
+  std::vector<Op *> ops = graph->ops();
+  llvm::DenseMap<const Op *, size_t> at;
+  for (size_t i = 0; i < ops.size(); ++i)
+    at[ops[i]] = i;
+  int buckets = 0;
+  for (const Op *op : ops) {
+    if (op->kind() == OpKind::AllReduce && op->attrs().getString("reduce") == "avg") {
+      ++buckets;
+      // Right after its last operand's producer (and the buckets that end there too).
+      size_t last = 0;
+      for (const Value *v : op->operands())
+        last = std::max(last, at.lookup(v->def()));
+      EXPECT_GT(at.lookup(op), last);
+      for (size_t i = last + 1; i < at.lookup(op); ++i)
+        EXPECT_EQ(ops[i]->kind(), OpKind::AllReduce) << "%" << op->result()->name() << " is not right after its gradients";
+    }
+    if (op->kind() == OpKind::AdamW)
+      EXPECT_EQ(op->operand(1)->def()->kind(), OpKind::AllReduce) << "%" << op->result()->name();
+  }
+  EXPECT_GT(buckets, 2);
+  const Value *loss = graph->outputs()[0];
+  EXPECT_EQ(loss->name(), "loss");
+  EXPECT_EQ(loss->def()->kind(), OpKind::AllReduce);
+}
+
+} // namespace
