@@ -126,6 +126,11 @@ llvm::Expected<const NcclApi *> loadNccl() {
   static NcclApi api;
   static std::string error; // empty once loaded
   std::call_once(once, [] {
+    // Every connection between the ranks made when a communicator is created, not at a
+    // collective's first call (NCCL's default since 2.22): that first call is inside the
+    // captured step, where connecting fails with NCCL's "internal error". The user's setting
+    // stays.
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     auto loaded = loadNcclFrom(ncclCandidates());
     if (loaded)
       api = std::move(*loaded);

@@ -49,7 +49,7 @@ double trainingFlops(const ModelConfig &c) {
 /// normalise their rows, and on the CPU the LayerNorm+Linear/MLP ops, whose work is mostly
 /// theirs), the attention (forward, gradient, over the cache), and the rest.
 struct TimeShares {
-  double gemms = 0, attention = 0, rest = 0;
+  double gemms = 0, attention = 0, communication = 0, rest = 0;
 };
 TimeShares timeShares(const std::map<std::string, double> &msByOp) {
   TimeShares shares;
@@ -58,12 +58,15 @@ TimeShares timeShares(const std::map<std::string, double> &msByOp) {
     llvm::StringRef kind(label);
     bool gemm = kind.starts_with("matmul") || kind.starts_with("residual_norm_linear") ||
                 kind.starts_with("layer_norm_linear") || kind.starts_with("layer_norm_mlp");
-    double &share = gemm ? shares.gemms : kind.contains("attention") ? shares.attention : shares.rest;
+    double &share = gemm                           ? shares.gemms
+                    : kind.contains("attention")   ? shares.attention
+                    : kind.starts_with("all_reduce") ? shares.communication
+                                                   : shares.rest;
     share += ms;
     total += ms;
   }
   if (total > 0)
-    for (double *share : {&shares.gemms, &shares.attention, &shares.rest})
+    for (double *share : {&shares.gemms, &shares.attention, &shares.communication, &shares.rest})
       *share /= total;
   return shares;
 }
@@ -166,6 +169,8 @@ int runBench() {
   if (!base)
     return report(base.takeError());
   if (BenchGenerate) {
+    if (Gpus != 1)
+      return report(flagError("--gpus is for training: generation runs on one GPU"));
     std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
     auto device = resolveDevice();
     if (!device)
@@ -184,15 +189,22 @@ int runBench() {
   if (BenchSteps < 1 || BenchSteps > kMostSteps || BenchWarmup < 0 || BenchWarmup > kMostSteps)
     return report(flagError(fmt::format("--bench-steps must be 1 to {} and --warmup 0 to {}, got {} and {}",
                                         kMostSteps, kMostSteps, int64_t(BenchSteps), int64_t(BenchWarmup))));
-  llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens, {} warm-up + {} timed steps per precision\n",
-                              base->name, base->train.batch, base->seqLen, int64_t(BenchWarmup),
-                              int64_t(BenchSteps));
+  if (std::optional<int> launched = launchRanks()) // --gpus N: the ranks run it, rank 0 prints
+    return *launched;
+  auto setup = joinRanks();
+  if (!setup)
+    return report(setup.takeError());
+  llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens{}, {} warm-up + {} timed steps per precision\n",
+                              base->name, base->train.batch, base->seqLen,
+                              setup->ranks > 1 ? fmt::format(" on {} GPUs ({} sequences each, data parallel through "
+                                                             "NCCL)",
+                                                             setup->ranks, base->train.batch / setup->ranks)
+                                               : "",
+                              int64_t(BenchWarmup), int64_t(BenchSteps));
   llvm::outs() << fmt::format("{:<6} {:<34} {:>10} {:>10} {:>12} {:>9} {:>11} {:>10}\n", "recipe",
                               "device", "median ms", "mean ms", "tokens/s", "TFLOP/s", "memory MiB",
                               "final loss");
-  auto device = resolveDevice(); // detected once for every precision
-  if (!device)
-    return report(device.takeError());
+  const Device *device = &setup->device; // detected once for every precision
   if (!BenchJson.empty())
     if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
       return report(std::move(err));
@@ -205,7 +217,7 @@ int runBench() {
     ModelConfig config = *base;
     config.precision.recipe = *parsed;
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps + 1);
-    auto trainer = Trainer::create(config, "", *device);
+    auto trainer = Trainer::create(config, "", *device, setup->communicator.get());
     if (!trainer) {
       llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(trainer.takeError()));
       continue;
@@ -237,9 +249,11 @@ int runBench() {
     double tflops = trainingFlops(config) / (median / 1000) / 1e12;
     llvm::outs() << fmt::format("{:<6} {:<34} {:>10.2f} {:>10.2f} {:>12.0f} {:>9.3f} {:>11.0f} {:>10.4f}\n",
                                 recipe, where, median, mean, tokens / (median / 1000), tflops, memoryMiB, loss);
-    llvm::outs() << fmt::format("       time in GEMMs {:.1f}%, attention {:.1f}%, the rest {:.1f}% (one more step, "
+    llvm::outs() << fmt::format("       time in GEMMs {:.1f}%, attention {:.1f}%, {}the rest {:.1f}% (one more step, "
                                 "each op timed on its own)\n",
-                                100 * shares.gemms, 100 * shares.attention, 100 * shares.rest);
+                                100 * shares.gemms, 100 * shares.attention,
+                                setup->ranks > 1 ? fmt::format("all-reduce {:.1f}%, ", 100 * shares.communication) : "",
+                                100 * shares.rest);
     llvm::json::Object result = runDescription(**trainer);
     result["median_ms"] = median;
     result["mean_ms"] = mean;
@@ -248,7 +262,8 @@ int runBench() {
     result["memory_mib"] = memoryMiB;
     result["final_loss"] = loss;
     result["time_shares"] = llvm::json::Object{{"gemms", shares.gemms}, {"attention", shares.attention},
-                                               {"rest", shares.rest}};
+                                               {"all_reduce", shares.communication}, {"rest", shares.rest}};
+    result["gpus"] = setup->ranks;
     results.push_back(std::move(result));
     if (recipe == "fp8") {
       int64_t fp8Layers = 0, linearLayers = 0;
@@ -273,7 +288,7 @@ int runBench() {
     llvm::outs() << fmt::format("FP8 scaling state after the fp8 run ({} quantized tensors):\n", summary.size());
     printFp8Summary(summary, llvm::outs());
   }
-  if (!BenchJson.empty()) {
+  if (!BenchJson.empty() && setup->rank == 0) {
     std::string text;
     llvm::raw_string_ostream(text) << llvm::json::Value(llvm::json::Object{{"bench_steps", int64_t(BenchSteps)},
                                                                            {"warmup", int64_t(BenchWarmup)},

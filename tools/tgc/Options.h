@@ -13,6 +13,8 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +51,23 @@ extern cl::opt<bool> Recompute;
 extern cl::opt<int64_t> Steps;
 extern cl::opt<double> LearningRate;
 extern cl::opt<std::string> DeviceFlag;
+
+/// --gpus N (Ranks.cpp): data-parallel training on N GPUs, one process each.
+extern cl::opt<int> Gpus;
+/// This process's part in a run: rank `rank` of `ranks` on `device`, with the communicator of
+/// the ranks (null for one rank). Rank 0 prints and writes files.
+struct RankSetup {
+  int rank = 0, ranks = 1;
+  Device device;
+  std::unique_ptr<Communicator> communicator;
+};
+/// In the process the user started with --gpus N (N > 1): starts the N ranks of this command,
+/// waits for them and returns the exit status. std::nullopt where this process trains itself
+/// (one GPU, or a rank).
+std::optional<int> launchRanks();
+/// In a rank that launchRanks started: its GPU and the NCCL communicator, once every rank has
+/// joined. Elsewhere: resolveDevice() and one rank.
+llvm::Expected<RankSetup> joinRanks();
 
 /// Prints one line for the error ("tgc: error: ...") and returns the exit code.
 int report(llvm::Error err);

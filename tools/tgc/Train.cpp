@@ -99,7 +99,7 @@ std::vector<std::pair<int64_t, std::string>> keptSaves(llvm::StringRef path) {
 namespace {
 
 /// A run's trainer, after the checks that need nothing written yet, resumed if asked.
-llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, const Device &device,
+llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, const RankSetup &setup,
                                                     uint64_t &fileSeed) {
   // Before anything is opened for writing. --save may replace the checkpoint --resume names:
   // it is read whole first, and the new one moved into place atomically at the end.
@@ -136,7 +136,7 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
     resumeFrom = std::move(*checkpoint);
   }
   fileSeed = config.train.seed;
-  auto trainer = Trainer::create(config, DataPath, device);
+  auto trainer = Trainer::create(config, DataPath, setup.device, setup.communicator.get());
   if (!trainer)
     return trainer.takeError();
   Trainer &t = **trainer;
@@ -224,6 +224,7 @@ struct StepOutput {
       llvm::outs().flush();
     } else if (print) {
       llvm::outs() << line << "\n";
+      llvm::outs().flush(); // a file or pipe sees each line as it comes
     }
     if (!log)
       return llvm::Error::success();
@@ -318,14 +319,20 @@ int runTrain() {
   auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());
-  auto device = resolveDevice();
-  if (!device)
-    return report(device.takeError());
+  if (std::optional<int> launched = launchRanks()) // --gpus N: the ranks train, this process waits
+    return *launched;
+  auto setup = joinRanks();
+  if (!setup)
+    return report(setup.takeError());
   uint64_t fileSeed = 0;
-  auto trainer = prepareRun(*config, *device, fileSeed);
+  auto trainer = prepareRun(*config, *setup, fileSeed);
   if (!trainer)
     return report(trainer.takeError());
   Trainer &t = **trainer;
+  if (setup->rank > 0) { // rank 0 writes the checkpoints and the log (every rank holds the same)
+    SavePath = "";
+    LogPath = "";
+  }
   const ModelConfig &c = t.config();
   StepOutput out;
   out.total = c.train.steps;
@@ -336,7 +343,12 @@ int runTrain() {
                               c.train.seed);
   Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
   bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
-  llvm::outs() << fmt::format("device: {}, precision {}{}\ndata: {}\n", t.executor().describe(),
+  llvm::outs() << fmt::format("device: {}{}, precision {}{}\ndata: {}\n", t.executor().describe(),
+                              t.ranks() > 1 ? fmt::format(" and {} more GPU{}, data parallel through NCCL ({} "
+                                                          "sequences each)",
+                                                          t.ranks() - 1, t.ranks() > 2 ? "s" : "",
+                                                          c.train.batch / t.ranks())
+                                            : "",
                               recipeName(recipe).str(), emulated ? " (emulated)" : "", t.data().describe());
   if (t.stepsDone())
     llvm::outs() << fmt::format("resumed from {} at step {}{}\n", ResumePath.getValue(), t.stepsDone(),

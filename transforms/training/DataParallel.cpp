@@ -87,8 +87,11 @@ public:
                              graph.uniqueName(values.front()->name() + ".all"));
         if (!all)
           break;
-        for (size_t i = 0; i < updates.size(); ++i)
+        for (size_t i = 0; i < updates.size(); ++i) {
+          if (i > 0) // each result named after its operand
+            graph.rename(all->result(unsigned(i)), graph.uniqueName(values[i]->name() + ".all"));
           updates[i]->setOperand(operand, all->result(unsigned(i)));
+        }
       }
     }
     if (auto err = b.takeError())

@@ -10,6 +10,7 @@
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
 #include "backends/cuda/CudaExecutor.h"
+#include "backends/cuda/Nccl.h"
 #include "backends/cpu/Fp8Scaling.h"
 #include "app/Generate.h"
 #include "app/Init.h"
@@ -19,6 +20,7 @@
 #include "tests/TestUtil.h"
 
 #include <cmath>
+#include <thread>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -926,6 +928,107 @@ TEST(GpuTraining, ParametersDrawnOnTheDeviceHaveTheHostsBits) {
 TEST(GpuTraining, SameSeedSameLossesBitForBit) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(losses(theGpu(), 5), losses(theGpu(), 5));
+}
+
+} // namespace
+
+namespace {
+
+struct GpuRankRun {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> state;
+  std::string error;
+};
+
+/// `steps` steps of `config` as `ranks` data-parallel ranks on GPUs 0 .. ranks - 1 through NCCL
+/// (threads of this process), or on GPU 0 alone when `ranks` is 1.
+std::vector<GpuRankRun> trainOnGpus(const ModelConfig &config, int ranks, int64_t steps) {
+  std::vector<GpuRankRun> runs(ranks);
+  NcclUniqueId id{};
+  if (ranks > 1) {
+    const NcclApi *api = unwrap(loadNccl());
+    EXPECT_EQ(api->getUniqueId(&id), 0);
+  }
+  auto body = [&](int r) {
+    GpuRankRun &run = runs[r];
+    std::unique_ptr<NcclCommunicator> communicator;
+    if (ranks > 1) {
+      auto made = NcclCommunicator::create(id, r, ranks, r);
+      if (!made) {
+        run.error = llvm::toString(made.takeError());
+        return;
+      }
+      communicator = std::move(*made);
+    }
+    auto device = detectCudaDevice(r);
+    if (!device) {
+      run.error = llvm::toString(device.takeError());
+      return;
+    }
+    auto trainer = Trainer::create(config, "", *device, communicator.get());
+    if (!trainer) {
+      run.error = llvm::toString(trainer.takeError());
+      return;
+    }
+    for (int64_t i = 0; i < steps; ++i) {
+      auto record = (*trainer)->step();
+      if (!record) {
+        run.error = llvm::toString(record.takeError());
+        return;
+      }
+      run.losses.push_back(record->loss);
+    }
+    auto checkpoint = (*trainer)->checkpoint();
+    if (checkpoint)
+      run.state = std::move(checkpoint->tensors);
+    else
+      run.error = llvm::toString(checkpoint.takeError());
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back(body, r);
+  for (std::thread &t : threads)
+    t.join();
+  return runs;
+}
+
+void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
+  if (auto gpu = detectCudaDevice(1); !gpu)
+    GTEST_SKIP() << "needs two GPUs: " << llvm::toString(gpu.takeError());
+  if (auto nccl = loadNccl(); !nccl)
+    GTEST_SKIP() << llvm::toString(nccl.takeError());
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
+  config.precision.recipe = recipe;
+  config.precision.fp8MinDim = 0; // under fp8, every linear layer
+  config.train.steps = 50;
+  std::vector<GpuRankRun> one = trainOnGpus(config, 1, 50), two = trainOnGpus(config, 2, 50);
+  ASSERT_EQ(one[0].error, "");
+  ASSERT_EQ(two[0].error, "");
+  ASSERT_EQ(two[1].error, "");
+  ASSERT_EQ(two[0].losses.size(), 50u);
+  EXPECT_EQ(two[0].losses, two[1].losses);
+  double worst = 0;
+  for (size_t i = 0; i < 50; ++i)
+    worst = std::max(worst, std::abs(two[0].losses[i] / one[0].losses[i] - 1));
+  std::printf("%s, 50 steps: loss on 2 GPUs vs 1 at most %.3g apart (relative); first %.6f vs %.6f, last %.6f vs "
+              "%.6f\n",
+              recipeName(recipe).str().c_str(), worst, two[0].losses[0], one[0].losses[0], two[0].losses.back(),
+              one[0].losses.back());
+  EXPECT_LT(worst, tolerance);
+  EXPECT_LT(two[0].losses.back(), two[0].losses.front() - 0.5); // it trains
+  // Every parameter, moment and FP8 scaling tensor: the same bits on both GPUs.
+  int fp8 = 0;
+  for (const auto &[name, t] : two[0].state) {
+    EXPECT_EQ(t.data, two[1].state.at(name).data) << name << " differs between the ranks";
+    fp8 += llvm::StringRef(name).ends_with(".scale");
+  }
+  if (recipe == Recipe::Fp8)
+    EXPECT_GT(fp8, 10);
+}
+
+TEST(GpuDataParallel, TwoGpusFollowOneGpuInBf16For50Steps) { expectTwoGpusFollowOne(Recipe::Bf16, 5e-3); }
+TEST(GpuDataParallel, TwoGpusFollowOneGpuInFp8For50StepsWithTheSameScales) {
+  expectTwoGpusFollowOne(Recipe::Fp8, 2e-2);
 }
 
 } // namespace

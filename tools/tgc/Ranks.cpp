@@ -1,0 +1,230 @@
+// tgc train --gpus N and tgc bench --gpus N: data-parallel training on N GPUs of this machine,
+// one process per GPU. The process the user starts is the launcher: it checks the machine,
+// creates NCCL's unique id (its bootstrap listens in the launcher, which lives as long as the
+// ranks) and starts N copies of its own command line, rank r on GPU r, which meet in one NCCL
+// communicator. Rank 0 prints and writes (checkpoints, logs, JSON); the others' standard output
+// goes to /dev/null, their errors stay on standard error. The launcher waits: when a rank fails
+// or is killed, it stops the others (SIGTERM, then SIGKILL after 2 s), which would otherwise
+// wait in a collective for it forever, says which rank ended how, and exits with its status.
+#include "backends/cuda/Nccl.h"
+#include "backends/cuda/Target.h"
+#include "support/Error.h"
+#include "tools/tgc/Options.h"
+
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <chrono>
+#include <csignal>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace tgc::cli {
+
+cl::opt<int> Gpus("gpus",
+                  cl::desc("Train data-parallel on N GPUs of this machine, one process each (through NCCL); "
+                           "--batch stays the global batch, split evenly over them"),
+                  cl::init(1), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+
+namespace {
+
+// What the launcher tells each rank it starts (internal: not for users to set).
+constexpr const char *kRankVar = "TGC_RANK", *kRanksVar = "TGC_RANKS", *kIdVar = "TGC_NCCL_ID",
+                     *kLauncherVar = "TGC_LAUNCHER_PID";
+
+std::vector<pid_t> children; // the ranks, while the launcher waits; 0 once reaped
+extern "C" void forwardTerm(int signal) {
+  for (pid_t pid : children)
+    if (pid > 0)
+      ::kill(pid, signal);
+}
+
+/// This process's command line, as the kernel has it.
+std::vector<std::string> commandLine() {
+  std::vector<std::string> args;
+  auto file = llvm::MemoryBuffer::getFileAsStream("/proc/self/cmdline");
+  if (!file)
+    return args;
+  llvm::StringRef rest = (*file)->getBuffer();
+  while (!rest.empty()) {
+    auto [arg, tail] = rest.split('\0');
+    args.push_back(arg.str());
+    rest = tail;
+  }
+  return args;
+}
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status))
+    return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return "ended";
+}
+
+int exitCodeOf(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+}
+
+} // namespace
+
+std::optional<int> launchRanks() {
+  if (std::getenv(kRankVar) || Gpus == 1)
+    return std::nullopt; // a rank, or one GPU: this process trains
+  if (Gpus < 1 || Gpus > 64)
+    return report(flagError(fmt::format("--gpus takes 1 to 64, got {}", int(Gpus))));
+  if (DeviceFlag == "cpu")
+    return report(flagError("--gpus runs on GPUs: drop --device cpu"));
+  TargetInfo target = detectTarget();
+  if (int(target.gpus.size()) < Gpus)
+    return report(flagError(target.gpus.empty()
+                                ? fmt::format("--gpus {}: this machine has no GPU ({})", int(Gpus), target.noGpuReason)
+                                : fmt::format("--gpus {}: this machine has {} GPU{}", int(Gpus), target.gpus.size(),
+                                              target.gpus.size() == 1 ? "" : "s")));
+  auto nccl = loadNccl();
+  if (!nccl)
+    return report(flagError(fmt::format("--gpus {} needs NCCL: {}", int(Gpus),
+                                        llvm::toString(nccl.takeError()).substr(std::string("error: ").size()))));
+  NcclUniqueId id{};
+  if (int result = (*nccl)->getUniqueId(&id); result != 0)
+    return report(flagError(fmt::format("ncclGetUniqueId failed: {}", (*nccl)->errorString(result))));
+  std::vector<std::string> args = commandLine();
+  if (args.empty())
+    return report(flagError("cannot read this process's command line (/proc/self/cmdline) to start the ranks"));
+  std::vector<std::string> baseEnv;
+  for (char **e = environ; *e; ++e) {
+    llvm::StringRef var(*e);
+    if (!var.starts_with("TGC_RANK") && !var.starts_with("TGC_NCCL_ID") && !var.starts_with("TGC_LAUNCHER_PID"))
+      baseEnv.push_back(var.str());
+  }
+  baseEnv.push_back(fmt::format("{}={}", kRanksVar, int(Gpus)));
+  baseEnv.push_back(fmt::format("{}={}", kIdVar, uniqueIdToHex(id)));
+  baseEnv.push_back(fmt::format("{}={}", kLauncherVar, int(getpid())));
+  llvm::outs().flush();
+  auto previousTerm = std::signal(SIGTERM, forwardTerm);
+  // SIGINT from the terminal reaches the ranks themselves (one process group): each finishes its
+  // step and stops; the launcher waits for them.
+  auto previousInt = std::signal(SIGINT, SIG_IGN);
+  children.assign(Gpus, 0);
+  for (int r = 0; r < Gpus; ++r) {
+    std::vector<std::string> env = baseEnv;
+    env.push_back(fmt::format("{}={}", kRankVar, r));
+    std::vector<char *> argv, envp;
+    for (std::string &a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (std::string &e : env)
+      envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (r > 0)
+      posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGTERM);
+    posix_spawnattr_setsigdefault(&attributes, &defaults); // not the launcher's SIG_IGN
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
+    pid_t pid = 0;
+    int error = posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    if (error) {
+      llvm::errs() << fmt::format("tgc: error: cannot start rank {}: {}\n", r, strerror(error));
+      forwardTerm(SIGKILL);
+      for (pid_t p : children)
+        if (p > 0)
+          waitpid(p, nullptr, 0);
+      return 1;
+    }
+    children[r] = pid;
+  }
+  // Wait for every rank; the first to fail stops the others (a rank waiting in a collective for
+  // the failed one does not end on SIGTERM: SIGKILL follows after 2 s).
+  int exitCode = 0, running = Gpus;
+  std::optional<std::chrono::steady_clock::time_point> killAt;
+  while (running > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, killAt ? WNOHANG : 0);
+    if (pid < 0 && errno == EINTR)
+      continue;
+    if (pid < 0)
+      break;
+    if (pid == 0) { // stopping the others: SIGKILL for those still there after 2 s
+      if (std::chrono::steady_clock::now() > *killAt)
+        forwardTerm(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    int rank = int(std::find(children.begin(), children.end(), pid) - children.begin());
+    if (rank == Gpus)
+      continue;
+    children[rank] = 0;
+    --running;
+    bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    if (failed && !killAt) {
+      exitCode = exitCodeOf(status);
+      if (running > 0)
+        llvm::errs() << fmt::format("tgc: error: rank {} of {} (GPU {}) {}: stopping the other ranks\n", rank,
+                                    int(Gpus), rank, describeStatus(status));
+      else
+        llvm::errs() << fmt::format("tgc: error: rank {} of {} (GPU {}) {}\n", rank, int(Gpus), rank,
+                                    describeStatus(status));
+      forwardTerm(SIGTERM);
+      killAt = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    }
+  }
+  std::signal(SIGTERM, previousTerm);
+  std::signal(SIGINT, previousInt);
+  children.clear();
+  return exitCode;
+}
+
+llvm::Expected<RankSetup> joinRanks() {
+  RankSetup setup;
+  const char *rankText = std::getenv(kRankVar);
+  if (!rankText) {
+    auto device = resolveDevice();
+    if (!device)
+      return device.takeError();
+    setup.device = *device;
+    return std::move(setup);
+  }
+  // Started by launchRanks: end with the launcher (whose death would leave this rank waiting in
+  // a collective), and join the others.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  const char *launcher = std::getenv(kLauncherVar);
+  if (launcher && std::to_string(getppid()) != launcher)
+    return flagError("the launcher of this rank has already ended");
+  const char *ranksText = std::getenv(kRanksVar), *idText = std::getenv(kIdVar);
+  int rank = -1, ranks = 0;
+  if (!ranksText || !idText || llvm::StringRef(rankText).getAsInteger(10, rank) ||
+      llvm::StringRef(ranksText).getAsInteger(10, ranks) || rank < 0 || rank >= ranks)
+    return flagError(fmt::format("{}, {} and {} describe a rank tgc's launcher started; these do not", kRankVar,
+                                 kRanksVar, kIdVar));
+  auto id = uniqueIdFromHex(idText);
+  if (!id)
+    return id.takeError();
+  auto device = detectCudaDevice(rank);
+  if (!device)
+    return stringError(fmt::format("rank {}: {}", rank, llvm::toString(device.takeError())));
+  auto communicator = NcclCommunicator::create(*id, rank, ranks, rank);
+  if (!communicator)
+    return communicator.takeError();
+  setup.rank = rank;
+  setup.ranks = ranks;
+  setup.device = *device;
+  setup.communicator = std::move(*communicator);
+  return std::move(setup);
+}
+
+} // namespace tgc::cli
