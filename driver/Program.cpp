@@ -8,6 +8,7 @@
 #include "support/Error.h"
 #include "transforms/Pass.h"
 
+#include <cstdlib>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -36,6 +37,13 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.dataParallel.ranks = communicator ? communicator->ranks() : 1;
+  // TGC_BUCKET_MB: the gradients' all_reduce buckets (PyTorch DDP's bucket_cap_mb, 25 MiB).
+  if (const char *mb = std::getenv("TGC_BUCKET_MB")) {
+    int64_t value = 0;
+    if (llvm::StringRef(mb).getAsInteger(10, value) || value < 1 || value > 65536)
+      return stringError(fmt::format("error: TGC_BUCKET_MB takes 1 to 65536 (MiB), got '{}'", mb));
+    options.passOptions.dataParallel.bucketBytes = value << 20;
+  }
   options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
   options.disabled = config.disabledPasses;
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.

@@ -343,13 +343,13 @@ int runTrain() {
                               c.train.seed);
   Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
   bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
-  llvm::outs() << fmt::format("device: {}{}, precision {}{}\ndata: {}\n", t.executor().describe(),
-                              t.ranks() > 1 ? fmt::format(" and {} more GPU{}, data parallel through NCCL ({} "
-                                                          "sequences each)",
-                                                          t.ranks() - 1, t.ranks() > 2 ? "s" : "",
-                                                          c.train.batch / t.ranks())
-                                            : "",
-                              recipeName(recipe).str(), emulated ? " (emulated)" : "", t.data().describe());
+  llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),
+                              emulated ? " (emulated)" : "");
+  if (t.ranks() > 1)
+    llvm::outs() << fmt::format("data parallel: {} GPUs of this machine, one process each, through NCCL ({} sequences "
+                                "each; rank 0 prints and writes)\n",
+                                t.ranks(), c.train.batch / t.ranks());
+  llvm::outs() << fmt::format("data: {}\n", t.data().describe());
   if (t.stepsDone())
     llvm::outs() << fmt::format("resumed from {} at step {}{}\n", ResumePath.getValue(), t.stepsDone(),
                                 c.train.seed != fileSeed
