@@ -15,6 +15,7 @@ checkpoint and prints greedy continuations of a prompt, to compare with `tgc gen
 import argparse
 import json
 import math
+import os
 import sys
 
 import torch
@@ -308,6 +309,16 @@ def bench(args):
     if args.config:
         with open(args.config) as f:
             cfg.update(read_config(f.read()))
+    if args.batch:
+        cfg["batch"] = args.batch
+    # --ddp (under torchrun --nproc_per_node N): DistributedDataParallel over N GPUs, each rank
+    # its rows of the global batch, as tgc's --gpus N.
+    rank, ranks = 0, 1
+    if args.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        rank, ranks = dist.get_rank(), dist.get_world_size()
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as in tgc
     torch.backends.cudnn.allow_tf32 = False
@@ -318,10 +329,15 @@ def bench(args):
     # torch.compile (Inductor's Triton kernels) of the forward and the loss, what a user picks;
     # the warmup steps include its compilation.
     forward = model
+    if args.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+        forward = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     if args.compile:
-        forward = torch.compile(model)
+        forward = torch.compile(forward)
     total = args.warmup + args.steps
-    batches = [tuple(t.to(device) for t in train_batch(cfg, i)) for i in range(total)]
+    share = cfg["batch"] // ranks  # this rank's rows
+    batches = [tuple(t[rank * share:(rank + 1) * share].to(device) for t in train_batch(cfg, i))
+               for i in range(total)]
     torch.cuda.reset_peak_memory_stats()
     times, loss = [], None
     for step in range(1, total + 1):
@@ -347,6 +363,10 @@ def bench(args):
     median = statistics.median(times)
     what = f" ({len(fp8)} FP8 linear layers, delayed scaling)" if args.precision == "fp8" else ""
     mode = "torch.compile" if args.compile else "eager"
+    if args.ddp:
+        mode += f" + DDP on {ranks} GPUs"
+        if rank != 0:
+            return
     print(f"pytorch {args.precision:<5} {mode}{what}, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
           f"mean {statistics.mean(times):.2f} ms, {tokens_per_step / median * 1000:.0f} tokens/s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, final loss {loss.item():.4f}")
@@ -365,6 +385,9 @@ def main():
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp8"], default="fp32")
     parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batch", type=int, help="with --bench: the global batch (default: the model file's)")
+    parser.add_argument("--ddp", action="store_true",
+                        help="with --bench, under torchrun: DistributedDataParallel, the batch split over the ranks")
     args = parser.parse_args()
     torch.manual_seed(0)
     if not args.bench:
