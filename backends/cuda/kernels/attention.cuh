@@ -15,6 +15,15 @@
 // the two gradient kernels. Tiles of 64 rows: (T + 63) / 64 per (sequence, head).
 enum { kAttentionRows = 64 }; // (an enumerator: no unused-variable warning)
 
+// 2^x by the special-function unit alone (ex2.approx.ftz: relative error about 2^-22, subnormal
+// results flushed to 0): exp2f adds the handling of subnormal results around it, which the
+// softmax's probabilities (rounded to BF16 next) do not need.
+__device__ __forceinline__ float exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -260,23 +269,22 @@ __device__ void attentionForwardBf16(const unsigned short *heads, Out out, float
     __syncthreads();
     float s[R / 8][4];
     scoresBf16<DH, R / 8>(s, qa, stage.first);
-    float max0 = m0, max1 = m1;
+    // The maxima of the raw scores, then scaled once (scaleLog2 > 0 keeps the order, and
+    // rounding keeps it too): each probability is then one FFMA and one ex2.
+    float raw0 = __int_as_float(0xff800000), raw1 = raw0;
     const bool diagonal = kt * R + R - 1 > tile * kAttentionRows; // keys past some rows
 #pragma unroll
     for (int j = 0; j < R / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int key = kt * R + j * 8 + c + (e & 1);
-        float x = s[j][e] * scaleLog2;
         if (diagonal && key > (e < 2 ? row0 : row1))
-          x = __int_as_float(0xff800000);
-        s[j][e] = x;
-        if (e < 2) max0 = fmaxf(max0, x); else max1 = fmaxf(max1, x);
+          s[j][e] = __int_as_float(0xff800000);
+        if (e < 2) raw0 = fmaxf(raw0, s[j][e]); else raw1 = fmaxf(raw1, s[j][e]);
       }
-    max0 = quadMax(max0);
-    max1 = quadMax(max1);
+    const float max0 = fmaxf(m0, quadMax(raw0) * scaleLog2), max1 = fmaxf(m1, quadMax(raw1) * scaleLog2);
     // Key 0 is in every row's first tile: the maxima are finite from there on.
-    float alpha0 = exp2f(m0 - max0), alpha1 = exp2f(m1 - max1);
+    float alpha0 = exp2Approx(m0 - max0), alpha1 = exp2Approx(m1 - max1);
     m0 = max0;
     m1 = max1;
     float sum0 = 0.0f, sum1 = 0.0f;
@@ -284,7 +292,7 @@ __device__ void attentionForwardBf16(const unsigned short *heads, Out out, float
     for (int j = 0; j < R / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = exp2f(s[j][e] - (e < 2 ? m0 : m1));
+        float p = exp2Approx(fmaf(s[j][e], scaleLog2, -(e < 2 ? m0 : m1)));
         s[j][e] = p;
         if (e < 2) sum0 += p; else sum1 += p;
       }
@@ -372,7 +380,7 @@ __device__ void attentionKeyValueGradBf16(const unsigned short *dout, const unsi
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             int at = 2 * half + e, key = half ? key1 : key0;
-            float prob = exp2f(p[j][at] * scaleLog2 - l);
+            float prob = exp2Approx(fmaf(p[j][at], scaleLog2, -l));
             if (edge && (key > query || !inside))
               prob = 0.0f;
             p[j][at] = prob;
@@ -436,7 +444,7 @@ __device__ void attentionQueryGradBf16(const unsigned short *dout, const unsigne
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         int key = kt * R + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
-        float prob = exp2f(ds[j][e] * scaleLog2 - (e < 2 ? lse0 : lse1));
+        float prob = exp2Approx(fmaf(ds[j][e], scaleLog2, -(e < 2 ? lse0 : lse1)));
         if (diagonal && key > row)
           prob = 0.0f;
         ds[j][e] = prob * (dp[j][e] - (e < 2 ? delta0 : delta1)) * scale;
