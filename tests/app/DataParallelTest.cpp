@@ -4,13 +4,13 @@
 #include "app/Trainer.h"
 #include "backends/Communicator.h"
 #include "models/GPTBuilder.h"
+#include "tests/app/RankRuns.h"
 #include "tests/TestUtil.h"
 #include "transforms/Pass.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <thread>
 
 using namespace tgc;
 using namespace tgc::test;
@@ -19,47 +19,16 @@ namespace {
 
 ModelConfig parityConfig() { return unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml"))); }
 
-struct RankRun {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> state; // every parameter and state tensor at the end
-  std::string error;
-};
-
 /// `steps` steps of `config` on `ranks` ranks (threads), or on one rank without a communicator
 /// when `ranks` is 1.
 std::vector<RankRun> train(const ModelConfig &config, int ranks, int64_t steps) {
-  std::vector<RankRun> runs(ranks);
   LocalGroup group(ranks);
-  auto body = [&](int r) {
-    RankRun &run = runs[r];
-    auto trainer = Trainer::create(config, "", Device::cpu(), ranks > 1 ? &group.rank(r) : nullptr);
-    if (!trainer) {
-      run.error = llvm::toString(trainer.takeError());
-      group.abort();
-      return;
-    }
-    for (int64_t i = 0; i < steps; ++i) {
-      auto record = (*trainer)->step();
-      if (!record) {
-        run.error = llvm::toString(record.takeError());
-        group.abort();
-        return;
-      }
-      run.losses.push_back(record->loss);
-    }
-    auto checkpoint = (*trainer)->checkpoint();
-    if (!checkpoint) {
-      run.error = llvm::toString(checkpoint.takeError());
-      return;
-    }
-    run.state = std::move(checkpoint->tensors);
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back(body, r);
-  for (std::thread &t : threads)
-    t.join();
-  return runs;
+  return trainRanks(
+      config, ranks, steps,
+      [&](int r) -> llvm::Expected<RankPlace> {
+        return RankPlace{Device::cpu(), ranks > 1 ? &group.rank(r) : nullptr};
+      },
+      [&] { group.abort(); });
 }
 
 double maxRelativeDifference(const std::vector<double> &a, const std::vector<double> &b) {
@@ -77,8 +46,9 @@ double compareStates(const RankRun &rank0, const RankRun &rank1, const RankRun &
   for (const auto &[name, t] : rank0.state) {
     auto other = rank1.state.find(name);
     EXPECT_NE(other, rank1.state.end()) << name;
-    if (other != rank1.state.end())
+    if (other != rank1.state.end()) {
       EXPECT_EQ(t.data, other->second.data) << name << " differs between the ranks";
+    }
     auto reference = single.state.find(name);
     if (reference == single.state.end() || reference->second.data.size() != t.data.size()) {
       ADD_FAILURE() << name << " is not in the one-rank run as it is in the ranks'";
@@ -175,8 +145,9 @@ TEST(DataParallel, ThePassReducesEveryGradientInBucketsAfterItsLastProducer) {
       for (size_t i = last + 1; i < at.lookup(op); ++i)
         EXPECT_EQ(ops[i]->kind(), OpKind::AllReduce) << "%" << op->result()->name() << " is not right after its gradients";
     }
-    if (op->kind() == OpKind::AdamW)
+    if (op->kind() == OpKind::AdamW) {
       EXPECT_EQ(op->operand(1)->def()->kind(), OpKind::AllReduce) << "%" << op->result()->name();
+    }
   }
   EXPECT_GT(buckets, 2);
   const Value *loss = graph->outputs()[0];

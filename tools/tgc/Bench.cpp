@@ -204,7 +204,6 @@ int runBench() {
   llvm::outs() << fmt::format("{:<6} {:<34} {:>10} {:>10} {:>12} {:>9} {:>11} {:>10}\n", "recipe",
                               "device", "median ms", "mean ms", "tokens/s", "TFLOP/s", "memory MiB",
                               "final loss");
-  const Device *device = &setup->device; // detected once for every precision
   if (!BenchJson.empty())
     if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
       return report(std::move(err));
@@ -217,7 +216,7 @@ int runBench() {
     ModelConfig config = *base;
     config.precision.recipe = *parsed;
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps + 1);
-    auto trainer = Trainer::create(config, "", *device, setup->communicator.get());
+    auto trainer = Trainer::create(config, "", setup->device, setup->communicator.get());
     if (!trainer) {
       llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(trainer.takeError()));
       continue;

@@ -98,11 +98,10 @@ std::optional<int> launchRanks() {
   if (args.empty())
     return report(flagError("cannot read this process's command line (/proc/self/cmdline) to start the ranks"));
   std::vector<std::string> baseEnv;
-  for (char **e = environ; *e; ++e) {
-    llvm::StringRef var(*e);
-    if (!var.starts_with("TGC_RANK") && !var.starts_with("TGC_NCCL_ID") && !var.starts_with("TGC_LAUNCHER_PID"))
-      baseEnv.push_back(var.str());
-  }
+  const llvm::StringRef ours[] = {kRankVar, kRanksVar, kIdVar, kLauncherVar}; // set below
+  for (char **e = environ; *e; ++e)
+    if (!llvm::is_contained(ours, llvm::StringRef(*e).split('=').first))
+      baseEnv.push_back(*e);
   baseEnv.push_back(fmt::format("{}={}", kRanksVar, int(Gpus)));
   baseEnv.push_back(fmt::format("{}={}", kIdVar, uniqueIdToHex(id)));
   baseEnv.push_back(fmt::format("{}={}", kLauncherVar, int(getpid())));

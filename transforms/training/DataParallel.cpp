@@ -69,7 +69,7 @@ public:
       // Right after the bucket's last gradient (or at the end).
       size_t last = index.lookup(buckets[k].back()->def());
       b.setInsertionPoint(last + 1 < ops.size() ? ops[last + 1] : nullptr);
-      if (!reduceOver(graph, b, operands, "avg", /*outputsOnly=*/withLoss ? operands.back() : nullptr))
+      if (!reduceOver(graph, b, operands, "avg", /*outputOnly=*/withLoss ? operands.back() : nullptr))
         break;
     }
     // FP8: the amaxes and saturation counts of this step, before the first scale update.

@@ -18,9 +18,9 @@
 #include "support/Random.h"
 #include "app/Trainer.h"
 #include "tests/TestUtil.h"
+#include "tests/app/RankRuns.h"
 
 #include <cmath>
-#include <thread>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -934,62 +934,27 @@ TEST(GpuTraining, SameSeedSameLossesBitForBit) {
 
 namespace {
 
-struct GpuRankRun {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> state;
-  std::string error;
-};
-
 /// `steps` steps of `config` as `ranks` data-parallel ranks on GPUs 0 .. ranks - 1 through NCCL
 /// (threads of this process), or on GPU 0 alone when `ranks` is 1.
-std::vector<GpuRankRun> trainOnGpus(const ModelConfig &config, int ranks, int64_t steps) {
-  std::vector<GpuRankRun> runs(ranks);
+std::vector<RankRun> trainOnGpus(const ModelConfig &config, int ranks, int64_t steps) {
   NcclUniqueId id{};
   if (ranks > 1) {
     const NcclApi *api = unwrap(loadNccl());
     EXPECT_EQ(api->getUniqueId(&id), 0);
   }
-  auto body = [&](int r) {
-    GpuRankRun &run = runs[r];
-    std::unique_ptr<NcclCommunicator> communicator;
+  std::vector<std::unique_ptr<NcclCommunicator>> communicators(ranks); // each rank's, kept past its trainer
+  return trainRanks(config, ranks, steps, [&](int r) -> llvm::Expected<RankPlace> {
     if (ranks > 1) {
       auto made = NcclCommunicator::create(id, r, ranks, r);
-      if (!made) {
-        run.error = llvm::toString(made.takeError());
-        return;
-      }
-      communicator = std::move(*made);
+      if (!made)
+        return made.takeError();
+      communicators[r] = std::move(*made);
     }
     auto device = detectCudaDevice(r);
-    if (!device) {
-      run.error = llvm::toString(device.takeError());
-      return;
-    }
-    auto trainer = Trainer::create(config, "", *device, communicator.get());
-    if (!trainer) {
-      run.error = llvm::toString(trainer.takeError());
-      return;
-    }
-    for (int64_t i = 0; i < steps; ++i) {
-      auto record = (*trainer)->step();
-      if (!record) {
-        run.error = llvm::toString(record.takeError());
-        return;
-      }
-      run.losses.push_back(record->loss);
-    }
-    auto checkpoint = (*trainer)->checkpoint();
-    if (checkpoint)
-      run.state = std::move(checkpoint->tensors);
-    else
-      run.error = llvm::toString(checkpoint.takeError());
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back(body, r);
-  for (std::thread &t : threads)
-    t.join();
-  return runs;
+    if (!device)
+      return device.takeError();
+    return RankPlace{*device, communicators[r].get()};
+  });
 }
 
 void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
@@ -1003,7 +968,7 @@ void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
   config.precision.recipe = recipe;
   config.precision.fp8MinDim = 0; // under fp8, every linear layer
   config.train.steps = 50;
-  std::vector<GpuRankRun> one = trainOnGpus(config, 1, 50), two = trainOnGpus(config, 2, 50);
+  std::vector<RankRun> one = trainOnGpus(config, 1, 50), two = trainOnGpus(config, 2, 50);
   ASSERT_EQ(one[0].error, "");
   ASSERT_EQ(two[0].error, "");
   ASSERT_EQ(two[1].error, "");
