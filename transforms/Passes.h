@@ -17,6 +17,7 @@ std::unique_ptr<Pass> createFuseCrossEntropyGradPass();
 std::unique_ptr<Pass> createKeepAttentionHeadsPass();
 std::unique_ptr<Pass> createFuseKvWritePass();
 std::unique_ptr<Pass> createFuseResidualNormGemvPass();
+std::unique_ptr<Pass> createFuseGemvGeluPass();
 std::unique_ptr<Pass> createFuseBiasActivationPass();
 std::unique_ptr<Pass> createFuseBiasPass();
 std::unique_ptr<Pass> createFuseCrossEntropyPass();

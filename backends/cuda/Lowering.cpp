@@ -658,17 +658,37 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   return llvm::Error::success();
 }
 
-/// A product of at most 8 rows against a weight (gemv.cuh).
+/// gemmRowsBf16's slices of K (gemv.cuh): 8 (a block of 8 columns), fewer where K has no 8
+/// whole steps of 32. (Blocks of 16 columns, which read the rows of x half as often, ran slower:
+/// fewer blocks stream the weight. BENCHMARKS.md, session 13.)
+int rowsKSplit(int64_t K) {
+  int kSplit = 8;
+  while (K % (32 * kSplit))
+    kSplit /= 2;
+  return kSplit;
+}
+
+/// A product of few rows against a weight (gemv.cuh): 1 to 8 rows on the CUDA cores, 9 to 64 on
+/// tensor cores; matmul_bias_gelu (fuse-gemv-gelu) applies the GELU as it writes.
 llvm::Error emitGemv(const Op &op, Emitter &e) {
   const TensorType &w = operandType(op, 1);
   int64_t N = w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
-  bool bias = op.kind() == OpKind::MatMulBias, xBf16 = e.program_.bf16Stored.count(op.operand(0));
+  bool bias = op.kind() != OpKind::MatMul, gelu = op.kind() == OpKind::MatMulBiasGelu;
+  bool xBf16 = e.program_.bf16Stored.count(op.operand(0));
   e.uses("gemv.cuh");
   e.lowering.bf16Weights = {1};
-  std::string params = fmt::format("const {} *x, const unsigned short *w, {}float *out", xBf16 ? "unsigned short" : "float",
-                                   bias ? "const float *bias, " : "");
-  e.launch(0, params, (N + 7) / 8,
-           fmt::format("gemvBf16<{}, {}, {}, {}>(x, w, {}, out)", M, N, K, boolText(bias), bias ? "bias" : "nullptr"));
+  std::string params = fmt::format("const {} *x, const unsigned short *w, {}float *out{}", xBf16 ? "unsigned short" : "float",
+                                   bias ? "const float *bias, " : "", gelu ? ", float *pre" : "");
+  std::string args = fmt::format("x, w, {}, out, {}", bias ? "bias" : "nullptr", gelu ? "pre" : "nullptr");
+  if (fewRows(op) == FewRows::Gemv) {
+    e.launch(0, params, (N + 7) / 8,
+             fmt::format("gemvBf16<{}, {}, {}, {}, {}>({})", M, N, K, boolText(bias), boolText(gelu), args));
+  } else {
+    int kSplit = rowsKSplit(K), columns = 64 / kSplit;
+    e.launch(0, params, (N + columns - 1) / columns,
+             fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}>({})", M, N, K, kSplit, boolText(bias), boolText(gelu),
+                         args));
+  }
   e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
 }
@@ -764,6 +784,7 @@ llvm::Error emit(const Op &op, Emitter &e) {
     return emitDecode(op, e);
   case OpKind::MatMul:
   case OpKind::MatMulBias:
+  case OpKind::MatMulBiasGelu:
     return emitGemv(op, e);
   case OpKind::ResidualNormLinear:
     return emitResidualNormGemv(op, e);
@@ -865,7 +886,8 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
             mark(set, user->result());
       };
   for (const Op *op : graph.ops()) {
-    if (!opInfo(op->kind()).bf16Outputs) // the op table's Bf16Out column
+    // The op table's Bf16Out column; gemv.cuh's products write through an output type too.
+    if (!opInfo(op->kind()).bf16Outputs && fewRows(*op) == FewRows::None)
       continue;
     for (unsigned r = 0; r < op->numResults(); ++r) {
       const Value *v = op->result(r);
@@ -911,7 +933,7 @@ namespace {
 
 /// How the executor runs `op`, before its kernels are written (Kernels), or why it cannot.
 llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
-  if (isGemv(op))
+  if (fewRows(op) != FewRows::None)
     return OpLowering::Kernels;
   if (isLeaf(op.kind()) && op.kind() != OpKind::Constant)
     return OpLowering::Leaf;
@@ -981,9 +1003,13 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     program.lowering.back().kind = *kind; // Kernels: written below, once the BF16 values are chosen
   }
   program.inPlace = inPlaceValues(graph, program);
+  // Programmatic launch where nothing writes the parameters (a decode step, a prompt: the
+  // few-row products load their weights before they await the kernel before them) and no
+  // collective runs on a stream of its own.
   program.programmatic =
-      llvm::none_of(program.lowering, [](const OpLowering &l) {
-        return l.kind == OpLowering::Gemm || l.kind == OpLowering::Collective;
+      llvm::none_of(program.lowering, [](const OpLowering &l) { return l.kind == OpLowering::Collective; }) &&
+      llvm::none_of(ops, [](const Op *op) {
+        return op->kind() == OpKind::Assign && op->operand(0)->def() && op->operand(0)->def()->kind() == OpKind::Param;
       });
   chooseBf16Caches(graph, program); // before the layout: they take half the state memory
   if (auto err = chooseBf16Heads(graph, program))

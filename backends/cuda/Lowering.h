@@ -78,9 +78,10 @@ struct CudaProgram {
   std::vector<OpLowering> lowering; // one per op, in program order
   /// Values written straight into the leaf they are assigned to (MemoryPlan.h inPlaceValues).
   llvm::DenseMap<const Value *, const Value *> inPlace;
-  /// No op runs on cuBLASLt nor NCCL (a decode step of up to 8 sequences): the executor launches the
-  /// kernels with programmatic dependent launch (common.cuh's awaitPreviousKernel), and kernels
-  /// may load what no kernel of the step writes before they await the one before them.
+  /// No op writes a parameter nor runs on NCCL (a decode step, a prompt): the executor launches
+  /// each generated kernel that follows another with programmatic dependent launch (common.cuh's
+  /// awaitPreviousKernel), and kernels may load what no kernel of the step writes before they
+  /// await the one before them.
   bool programmatic = false;
   ParameterLayout layout;
   /// Values stored in BF16 (two bytes an element), with their reshapes: only BF16 GEMMs read

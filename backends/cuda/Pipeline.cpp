@@ -26,10 +26,12 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // residual gradient's add after it, each GELU gradient the bias gradient before it, the loss
   // its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
   // cuBLASLt's TN layout. In a decode step, the attention writes the caches it reads, and the
-  // GEMVs of few rows normalise their own input (and apply the GELU after them).
+  // GEMVs of few rows normalise their own input (and apply the GELU after them), or, past 8
+  // rows, apply the GELU after them.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                    "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
-                                   "fuse-kv-write", "fuse-residual-norm-gemv", "legalize-fp8-gemm"});
+                                   "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
+                                   "legalize-fp8-gemm"});
   return passes;
 }
 

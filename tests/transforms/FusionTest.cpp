@@ -206,20 +206,26 @@ TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
 
 /// Two decode steps (the second reads the cache rows the first wrote) of the unfused program
 /// and of the one with every fusion and the GPU's lowering passes, bit for bit: the attention
-/// writing its caches (fuse-kv-write) and the GEMVs normalising their rows
-/// (fuse-residual-norm-gemv, which needs BF16 products of at most 8 rows).
+/// writing its caches (fuse-kv-write), the GEMVs normalising their rows
+/// (fuse-residual-norm-gemv, which needs BF16 products of at most 8 rows) and, past 8 rows,
+/// fc1's product applying the GELU (fuse-gemv-gelu).
 void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
   std::vector<std::string> lowering = kGpuLowering;
-  lowering.insert(lowering.end(), {"fuse-kv-write", "fuse-residual-norm-gemv"});
+  lowering.insert(lowering.end(), {"fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu"});
   auto plain = gradientProgram(c, batch, {}, GPTOutput::Decode);
   auto fused = gradientProgram(c, batch, fusionPasses(), GPTOutput::Decode, lowering);
   ASSERT_TRUE(plain && fused);
   OpCounts counts = countOps(*fused);
   EXPECT_EQ(counts["kv_write"], 0);
   EXPECT_EQ(counts["decode_attention"], c.layers);
-  if (c.precision.recipe == Recipe::Bf16) {
+  bool bf16 = c.precision.recipe == Recipe::Bf16;
+  if (bf16 && batch <= 8) {
     EXPECT_GE(counts["residual_norm_linear"], 2 * c.layers); // qkv and fc1 (the head's too where small)
   }
+  // fc1 with its GELU: cuBLASLt's epilogue in fp32, fuse-gemv-gelu's past 8 rows in BF16 (up to
+  // 8, residual_norm_linear's).
+  bool geluWithBias = c.activation == ActivationKind::Gelu && c.bias;
+  EXPECT_EQ(counts["matmul_bias_gelu"], geluWithBias && (!bf16 || batch > 8) ? c.layers : 0);
   Rng rng(freshSeed());
   std::map<std::string, Tensor> leaves = initParams(*plain, rng.next());
   for (auto &[name, t] : leaves)
@@ -259,7 +265,10 @@ TEST(Fusion, GpuDecodeStepMatchesUnfused) {
       SCOPED_TRACE(model);
       ModelConfig c = loadModel(model);
       c.precision.recipe = recipe;
-      compareDecodeSteps(c, 3);
+      for (int64_t batch : {3, 12}) {
+        SCOPED_TRACE("batch " + std::to_string(batch));
+        compareDecodeSteps(c, batch);
+      }
     }
   }
 }

@@ -3,6 +3,10 @@
 // where there is one: each of the GEMV's blocks normalises the rows it reads (a few rows of
 // d_model) instead of reading them from a norm kernel before it, and applies the GELU to what it
 // writes. Three launches a layer become one or two.
+//
+// fuse-gemv-gelu: a few-row product with a bias whose only reader is a GELU (a decode step's fc1
+// past 8 rows, where the norm stays a kernel of its own) becomes matmul_bias_gelu, which gemv.cuh
+// runs with the GELU applied as the product is written: one launch less a layer.
 #include "ir/Attributes.h"
 #include "ir/Gemv.h"
 #include "transforms/Passes.h"
@@ -21,7 +25,7 @@ constexpr int64_t kMaxOutputs = 16384;
 class FuseResidualNormGemv : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &graph, Op *product) const override {
-    if (!isGemv(*product))
+    if (!isGemv(*product) || product->kind() == OpKind::MatMulBiasGelu)
       return std::nullopt;
     Op *norm = definedBy(product->operand(0), OpKind::ResidualNorm);
     const TensorType &w = product->operand(1)->type();
@@ -53,8 +57,29 @@ public:
   }
 };
 
+class FuseGemvGelu : public FusionPass {
+public:
+  std::optional<FusionMatch> match(const Graph &graph, Op *gelu) const override {
+    if (gelu->kind() != OpKind::Gelu)
+      return std::nullopt;
+    Op *product = definedBy(gelu->operand(0), OpKind::MatMulBias);
+    if (!product || fewRows(*product) == FewRows::None || soleUser(graph, product->result()) != gelu)
+      return std::nullopt;
+    FusionMatch m;
+    m.pattern = {product, gelu};
+    Replacement &r = m.replacement;
+    r.kind = OpKind::MatMulBiasGelu;
+    copyGemmDType(*product, r.attrs);
+    r.operands.append(product->operands().begin(), product->operands().end());
+    r.replaces = {gelu->result(), product->result()};
+    return m;
+  }
+};
+
 } // namespace
 
 std::unique_ptr<Pass> createFuseResidualNormGemvPass() { return std::make_unique<FuseResidualNormGemv>(); }
+
+std::unique_ptr<Pass> createFuseGemvGeluPass() { return std::make_unique<FuseGemvGelu>(); }
 
 } // namespace tgc

@@ -1,14 +1,22 @@
-// Matrix products of a few rows (a decode step's linear layers, M <= 8) against a weight
-// [N, K] in BF16: out [M, N] = x [M, K] @ w^T (+ bias [N]), BF16 operands and fp32 sums, as
-// a gemm_dtype="bf16" GEMM computes them. Such a product reads the weight once and does little
-// else, so a warp per output column reads its weight row in 16-byte loads and the rows of x
-// (cached, every warp reads the same) and meets in shuffles: the weight streams at close to
-// the memory's rate, where cuBLASLt's split-K tiles for one row ran at a seventh of it.
+// Matrix products of a few rows (a decode step's linear layers, M <= 64) against a weight
+// [N, K] in BF16: out [M, N] = x [M, K] @ w^T (+ bias [N]) (then the GELU), BF16 operands and
+// fp32 sums, as a gemm_dtype="bf16" GEMM computes them. Such a product reads the weight once and
+// does little else; what bounds it is how many bytes of the weight are in flight, and the launch.
+//   M <= 8:  a warp per output column reads its weight row in 16-byte loads and the rows of x
+//            (cached, every warp reads the same) and meets in shuffles: the weight streams at
+//            close to the memory's rate, where cuBLASLt's split-K tiles for one row ran at a
+//            seventh of it.
+//   M <= 64: tensor cores (gemmRowsBf16): mma.sync over slices of K, every operand in 16-byte
+//            loads straight into registers.
+// Both load their first weights before they await the kernel before them (the weights are
+// parameters, which no kernel of the step writes), so under programmatic launch the weight's
+// reading overlaps the previous kernel's end.
 #pragma once
 
 #include "common.cuh"
 #include "elementwise.cuh"
 #include "norms.cuh"
+#include "tensorcore.cuh"
 
 // Eight consecutive elements of x at x + i (i a multiple of 8), as the GEMM reads them: fp32
 // rounded to BF16, or stored in BF16 (unpack8 widens eight BF16 values loaded as 16 bytes).
@@ -33,9 +41,11 @@ __device__ __forceinline__ void load8(const unsigned short *x, int64 i, float (&
 // the weights are parameters, which no kernel of the step writes before it), so the weight's
 // reading overlaps the previous kernel's end; Prologue (the fused norm) runs after that wait.
 // Gelu: the GELU of each output (an elementwise gelu after the product, fused: the same
-// arithmetic).
+// arithmetic), and the value before it into pre where that is not null (matmul_bias_gelu's
+// second result).
 template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename X, typename Out, typename Prologue>
-__device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x) {
+__device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
+                             float *pre = nullptr) {
   constexpr int Loads = (int)((K + 255) / 256); // 16-byte loads a lane
   int64 n = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -71,12 +81,14 @@ __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out
       if (lane == m) value = acc[m];
     float y = Bias ? value + bias[n] : value;
     out[lane * N + n] = Gelu ? geluTanh(y) : y;
+    if (Gelu && pre)
+      pre[lane * N + n] = y;
   }
 }
 
-template <int64 M, int64 N, int64 K, bool Bias, typename X, typename Out>
-__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, Out out) {
-  gemvBf16Rows<M, N, K, Bias, false>(w, bias, out, [] {}, x);
+template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename X, typename Out>
+__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
+  gemvBf16Rows<M, N, K, Bias, Gelu>(w, bias, out, [] {}, x, pre);
 }
 
 // residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K <= 1024
@@ -98,4 +110,113 @@ __device__ void residualNormGemvBf16(const float *a, const float *b, const float
     __syncthreads();
   };
   gemvBf16Rows<M, N, K, Bias, Gelu>(w, bias, out, normalise, (const unsigned short *)normed);
+}
+
+// ---- 9 to 64 rows: tensor cores ----
+
+// Eight consecutive elements of x at x + i (i a multiple of 8) as four BF16 pairs: one 16-byte
+// load where x is stored in BF16, else two of fp32 rounded (cvt.rn, roundBf16's rounding).
+__device__ __forceinline__ uint4 loadPairs8(const unsigned short *x, int64 i) { return *(const uint4 *)(x + i); }
+__device__ __forceinline__ uint4 loadPairs8(const float *x, int64 i) {
+  float4 a = *(const float4 *)(x + i), b = *(const float4 *)(x + i + 4);
+  return make_uint4(packBf16(a.x, a.y), packBf16(a.z, a.w), packBf16(b.x, b.y), packBf16(b.z, b.w));
+}
+
+// M <= 64 rows (m16 tiles, rows past M zero), K a multiple of 32 * KSPLIT; 256 threads. The
+// block's 8 warps are KSPLIT slices of K by 8 / KSPLIT groups of 8 columns (a block takes
+// 64 / KSPLIT columns). Per 32 elements of K, lane (g, q) loads 16 bytes of its group's weight
+// row g (elements 8q..8q+7: the 8 rows in one 512-byte warp load) and 16 bytes of each x row
+// g + 8i, and two m16n8k16 products take them whole: the fragments' k slots (2q, 2q+1, 2q+8,
+// 2q+9) hold elements 8q..8q+3 in the first product and 8q+4..8q+7 in the second, the same
+// permutation of k for both operands, so the sum is the product's, with no shared memory or
+// shuffle between. A lane holds the weights of 8 steps of K at once and loads the next 8 while
+// these multiply. With KSPLIT > 1 the slices' tiles are summed in shared memory in slice order
+// (the same bits every run); then the bias, the GELU (and the value before it into pre, where
+// not null).
+template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, typename X, typename Out>
+__device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
+  constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8;
+  constexpr int64 Steps = K / KSPLIT / 32; // 32-element steps of K a warp takes
+  constexpr int Group = 8;                 // steps whose weights a lane holds at once
+  static_assert(M <= 64 && Warps % KSPLIT == 0 && K % (32 * KSPLIT) == 0, "9 to 64 rows, whole steps of K");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int slice = warp % KSPLIT, group = warp / KSPLIT;
+  const int64 col0 = blockIdx.x * (int64)Columns + group * 8; // the warp's first column
+  const int64 k0 = slice * (K / KSPLIT) + 8 * q;              // the lane's first element of K
+  const bool valid = col0 + g < N;
+  const unsigned short *row = w + (valid ? col0 + g : 0) * K + k0;
+  uint4 now[Group], next[Group];
+  auto loadWeights = [&](uint4(&dst)[Group], int64 first) {
+#pragma unroll
+    for (int j = 0; j < Group; ++j)
+      dst[j] = first + j < Steps && valid ? *(const uint4 *)(row + 32 * (first + j)) : make_uint4(0, 0, 0, 0);
+  };
+  loadWeights(now, 0);
+  awaitPreviousKernel();
+
+  float acc[RowTiles][4] = {};
+  for (int64 first = 0; first < Steps; first += Group) {
+    if (first + Group < Steps)
+      loadWeights(next, first + Group);
+#pragma unroll
+    for (int j = 0; j < Group; ++j) {
+      if (first + j >= Steps)
+        break;
+      const int64 k = k0 + 32 * (first + j);
+      uint4 a[RowTiles][2]; // rows 16 i + g and 16 i + 8 + g
+#pragma unroll
+      for (int i = 0; i < RowTiles; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int r = 16 * i + 8 * h + g;
+          a[i][h] = r < M ? loadPairs8(x, r * K + k) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int i = 0; i < RowTiles; ++i) {
+        const unsigned low[4] = {a[i][0].x, a[i][1].x, a[i][0].y, a[i][1].y};
+        const unsigned high[4] = {a[i][0].z, a[i][1].z, a[i][0].w, a[i][1].w};
+        mmaBf16(acc[i], low, now[j].x, now[j].y);
+        mmaBf16(acc[i], high, now[j].z, now[j].w);
+      }
+    }
+    if (first + Group < Steps) {
+#pragma unroll
+      for (int j = 0; j < Group; ++j) now[j] = next[j];
+    }
+  }
+
+  auto finish = [&](int64 r, int64 n, float sum) {
+    float y = Bias ? sum + bias[n] : sum;
+    out[r * N + n] = Gelu ? geluTanh(y) : y;
+    if (Gelu && pre)
+      pre[r * N + n] = y;
+  };
+  if (KSPLIT == 1) {
+#pragma unroll
+    for (int i = 0; i < RowTiles; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int64 r = 16 * i + 8 * (e / 2) + g, n = col0 + 2 * q + e % 2;
+        if (r < M && n < N)
+          finish(r, n, acc[i][e]);
+      }
+    return;
+  }
+  __shared__ float partial[KSPLIT][RowTiles * 16][Columns];
+#pragma unroll
+  for (int i = 0; i < RowTiles; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      partial[slice][16 * i + 8 * (e / 2) + g][group * 8 + 2 * q + e % 2] = acc[i][e];
+  __syncthreads();
+  for (int v = threadIdx.x; v < M * Columns; v += blockDim.x) {
+    int r = v / Columns, c = v % Columns;
+    int64 n = blockIdx.x * (int64)Columns + c;
+    if (n >= N)
+      continue;
+    float sum = partial[0][r][c];
+#pragma unroll
+    for (int s = 1; s < KSPLIT; ++s) sum += partial[s][r][c];
+    finish(r, n, sum);
+  }
 }

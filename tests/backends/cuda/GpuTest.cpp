@@ -350,7 +350,7 @@ TEST_P(KernelFamilies, MatchTheCpuAtOddShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Headers, KernelFamilies,
                          testing::Values("attention.cuh", "decode.cuh", "elementwise.cuh", "embedding.cuh",
-                                         "fp8.cuh", "layout.cuh", "loss.cuh", "norms.cuh", "optimizer.cuh",
+                                         "fp8.cuh", "gemv.cuh", "layout.cuh", "loss.cuh", "norms.cuh", "optimizer.cuh",
                                          "reduce.cuh", "softmax.cuh"),
                          [](const testing::TestParamInfo<std::string> &info) {
                            return info.param.substr(0, info.param.find('.'));
@@ -516,26 +516,43 @@ void runOnBoth(const Graph &graph, const std::map<std::string, Tensor> &leaves, 
 }
 
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
-  // gemv.cuh: the products of decode steps against a weight, up to its limit of 8 rows and past
-  // it (cuBLASLt again), 200 columns (a partial block of 8 columns), with and without a bias.
+  // gemv.cuh: the products of decode steps against a weight. 1 to 8 rows on the CUDA cores; 9
+  // to 64 on tensor cores (partial and whole m16 tiles) with K in 8 slices (256), 1 slice (96:
+  // each warp all of K, written without shared memory), past 8 loads of weight a lane (2048: the
+  // next weights load while these multiply); 200 columns (a partial block) and 16384 (the most
+  // the tensor-core kernel takes); with and without a bias, and the bias then the GELU
+  // (matmul_bias_gelu, both of its results). 65 rows, or 16385 columns past 8 rows: cuBLASLt.
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
-  const int64_t K = 256, N = 200;
-  for (int64_t M : {1, 3, 8, 9, 24})
-    for (bool bias : {true, false}) {
-      SCOPED_TRACE(fmt::format("{} rows, bias {}", M, bias));
+  struct Shape {
+    int64_t M, K, N;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t M : {1, 3, 8, 9, 24, 32, 64, 65})
+    shapes.push_back({M, 256, 200});
+  shapes.push_back({24, 96, 200});
+  shapes.push_back({32, 2048, 200});
+  shapes.push_back({17, 256, 16384});
+  shapes.push_back({17, 256, 16385});
+  shapes.push_back({8, 256, 16385});
+  for (const Shape &s : shapes)
+    for (const char *kind : {"matmul", "matmul_bias", "matmul_bias_gelu"}) {
+      const int64_t M = s.M, K = s.K, N = s.N;
+      bool bias = std::string(kind) != "matmul", gelu = std::string(kind) == "matmul_bias_gelu";
+      SCOPED_TRACE(fmt::format("{} rows, K {}, N {}, {}", M, K, N, kind));
       std::string text = fmt::format(
           "graph @g\n%x = input() : f32[{0},{1}]\n%w = param() {{init=\"normal\", std=1.0}} : f32[{2},{1}]\n{3}"
-          "%y = {4} {{gemm_dtype=\"bf16\"{5}}} : f32[{0},{2}]\nreturn %y\n",
-          M, K, N, bias ? fmt::format("%b = param() {{init=\"zeros\"}} : f32[{}]\n", N) : "",
-          bias ? "matmul_bias(%x, %w, %b)" : "matmul(%x, %w)", bias ? "" : ", transpose_b=true");
+          "{4} = {5} {{gemm_dtype=\"bf16\"{6}}} : f32[{0},{2}]{7}\nreturn {4}\n",
+          M, K, N, bias ? fmt::format("%b = param() {{init=\"zeros\"}} : f32[{}]\n", N) : "", gelu ? "%y, %h" : "%y",
+          bias ? fmt::format("{}(%x, %w, %b)", kind) : "matmul(%x, %w)", bias ? "" : ", transpose_b=true",
+          gelu ? fmt::format(", f32[{},{}]", M, N) : "");
       auto graph = unwrap(parseGraph(text, "gemv.ir"));
       ASSERT_TRUE(graph);
-      for (const Op *op : graph->ops()) {
-        if (op->kind() == OpKind::MatMul || op->kind() == OpKind::MatMulBias) {
-          EXPECT_EQ(isGemv(*op), M <= 8);
+      FewRows kernel = M <= 8 ? FewRows::Gemv : M <= 64 && N <= 16384 ? FewRows::Tensor : FewRows::None;
+      for (const Op *op : graph->ops())
+        if (op->kind() != OpKind::Input && op->kind() != OpKind::Param) {
+          EXPECT_EQ(int(fewRows(*op)), int(kernel));
         }
-      }
       std::map<std::string, Tensor> leaves{{"x", Tensor::zeros(TensorType(DType::F32, {M, K}))},
                                            {"w", Tensor::zeros(TensorType(DType::F32, {N, K}))}};
       if (bias)
@@ -545,9 +562,12 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
           v = float(rng.normal());
       std::vector<Tensor> want, got;
       runOnBoth(*graph, leaves, want, got);
-      ASSERT_EQ(got.size(), 1u);
-      Gap gap = gapOf(want[0].data, got[0].data);
-      EXPECT_LE(gap.worst, 1e-5 * gap.scale); // the same BF16 products, summed in another order
+      ASSERT_EQ(got.size(), gelu ? 2u : 1u);
+      for (size_t r = 0; r < got.size(); ++r) {
+        Gap gap = gapOf(want[r].data, got[r].data);
+        // The same BF16 products, summed in another order.
+        EXPECT_LE(gap.worst, 1e-5 * gap.scale) << "result " << r << ": max difference " << gap.worst;
+      }
     }
 }
 
