@@ -548,6 +548,18 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
     return std::move(err);
   if (ops[1] != kScalar || ops[2] != kScalar)
     return makeError("scale and scale_inv must be f32[], got {} and {}", ops[1].str(), ops[2].str());
+  // Current scaling (the tensor's own amax) names its margin; delayed scaling has neither.
+  if (auto scaling = attrs.getString("scaling")) {
+    if (*scaling != "current")
+      return makeError("attribute 'scaling' must be \"current\" (or absent: delayed), got \"{}\"", *scaling);
+    auto margin = requireIntAttr(attrs, "margin");
+    if (!margin)
+      return margin.takeError();
+    if (*margin < 0 || *margin > 64)
+      return makeError("'margin' must be between 0 and 64, got {}", *margin);
+  } else if (attrs.getInt("margin")) {
+    return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
+  }
   return TypeList{TensorType(*format, ops[0].shape), kScalar, kScalar};
 }
 

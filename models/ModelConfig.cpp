@@ -59,6 +59,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"recipe", {"auto", "fp32", "bf16", "fp8"}},
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
+    {"fp8_scaling", {"delayed", "current"}},
 };
 
 } // namespace
@@ -151,6 +152,8 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
   p.recipe = *parseRecipe(recipe);
   p.fp8Format = format == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
   if (auto err = overrideChoice("amax_compute_algo", "amax-compute-algo", o.amaxComputeAlgo, p.amaxComputeAlgo))
+    return err;
+  if (auto err = overrideChoice("fp8_scaling", "fp8-scaling", o.fp8Scaling, p.fp8Scaling))
     return err;
   if (auto err = overrideNumber("margin", "margin", o.margin, p.margin))
     return err;
@@ -522,7 +525,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   PrecisionConfig &p = config.precision;
   if (top.count("precision") &&
       readMapping(top["precision"], "precision",
-                  {"recipe", "fp8_format", "margin", "amax_history_len", "amax_compute_algo",
+                  {"recipe", "fp8_format", "fp8_scaling", "margin", "amax_history_len", "amax_compute_algo",
                    "keep_bf16", "fp8_min_dim"},
                   precision)) {
     std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
@@ -533,6 +536,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     readInt(precision, "margin", p.margin, false);
     readInt(precision, "amax_history_len", p.amaxHistoryLen, false);
     readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
+    readChoice(precision, "fp8_scaling", p.fp8Scaling);
     readStrings(precision, "keep_bf16", p.keepBf16);
     readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
   }
@@ -578,14 +582,14 @@ std::string formatModelConfig(const ModelConfig &c) {
       "  beta1: {}\n  beta2: {}\n  eps: {}\n  grad_clip: {}\n  min_lr_ratio: {}\n"
       "  decay_embeddings: {}\n  recompute: {}\n  seed: {}\n"
       "data:\n  min_step: {}\n  max_step: {}\n"
-      "precision:\n  recipe: {}\n  fp8_format: {}\n  margin: {}\n  amax_history_len: {}\n"
+      "precision:\n  recipe: {}\n  fp8_format: {}\n  fp8_scaling: {}\n  margin: {}\n  amax_history_len: {}\n"
       "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n",
       c.name, c.vocab, c.seqLen, c.dModel, c.heads, c.layers, c.ffn,
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
-      c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), p.margin, p.amaxHistoryLen,
+      c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), p.fp8Scaling, p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim);
 }
 

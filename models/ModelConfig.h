@@ -57,6 +57,10 @@ struct PrecisionConfig {
   int64_t margin = 0;
   int64_t amaxHistoryLen = 1024;
   std::string amaxComputeAlgo = "max"; // max | most_recent
+  /// Where a quantized tensor's scale comes from: "delayed" (Transformer Engine's
+  /// DelayedScaling: the amax history of earlier steps) or "current" (its Float8CurrentScaling:
+  /// the tensor's own amax, taken before it is cast: no lag, so no saturation, one more read).
+  std::string fp8Scaling = "delayed";
   /// GEMM sites (glob patterns: lm_head, h0.*) that stay in BF16 under the fp8 recipe.
   std::vector<std::string> keepBf16 = {"lm_head"};
   /// FP8 only for GEMMs whose K and N are at least this (see transforms/precision/Precision.h).
@@ -103,7 +107,7 @@ struct ConfigOverrides {
   std::optional<double> lr;
   std::optional<uint64_t> seed;
   std::optional<bool> recompute;
-  std::optional<std::string> recipe, fp8Format, amaxComputeAlgo;
+  std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag
 /// ("--batch must be between 1 and 65536, got 0").

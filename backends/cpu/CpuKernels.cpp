@@ -565,10 +565,19 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
   Fp8Format format = formatOf(attrs);
   float max = fp8Max(format), amax = 0.0f;
+  for (int64_t i = 0; i < x.size(); ++i) {
+    float v = x.data[i];
+    amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
+  }
+  if (attrs.getString("scaling") == "current") {
+    // Current scaling: the scale of the tensor's own amax, as fp8_update makes one from a
+    // history's (1 where the amax is 0, inf or NaN).
+    scale = currentScale(amax, format, int(*attrs.getInt("margin")));
+    scaleInv = 1.0f / scale;
+  }
   int64_t saturated = 0;
   for (int64_t i = 0; i < x.size(); ++i) {
     float v = x.data[i], scaled = v * scale;
-    amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
     saturated += std::fabs(scaled) > max;
     // The tensor holds what a GEMM reads: the FP8 code times scale_inv.
     out[0].data[i] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;

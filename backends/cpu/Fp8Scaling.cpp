@@ -8,6 +8,15 @@
 
 namespace tgc {
 
+float scaleFromAmax(float amax, Fp8Format format, int margin, float fallback) {
+  if (!std::isfinite(amax) || amax <= 0.0f)
+    return fallback;
+  float scale = (fp8Max(format) / amax) / std::exp2(float(margin));
+  return std::isinf(scale) ? FLT_MAX : scale;
+}
+
+float currentScale(float amax, Fp8Format format, int margin) { return scaleFromAmax(amax, format, margin, 1.0f); }
+
 void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo algo) {
   std::vector<float> &h = state.amaxHistory;
   if (h.empty())
@@ -19,10 +28,7 @@ void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo a
       amax = (std::isnan(a) || a > amax) ? a : amax;
   std::rotate(h.begin(), h.begin() + 1, h.end());
   h[0] = 0.0f;
-  if (std::isfinite(amax) && amax > 0.0f) {
-    float scale = (fp8Max(format) / amax) / std::exp2(float(margin));
-    state.scale = std::isinf(scale) ? FLT_MAX : scale;
-  }
+  state.scale = scaleFromAmax(amax, format, margin, state.scale);
   state.scaleInv = 1.0f / state.scale;
 }
 

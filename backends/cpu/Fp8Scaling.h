@@ -26,6 +26,12 @@ struct ScalingState {
 /// the old one; an infinite scale becomes FLT_MAX.
 void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo algo);
 
+/// (fp8_max / amax) / 2^margin where amax is finite and > 0 (an infinite result becomes FLT_MAX),
+/// else `fallback`: the scale delayed scaling takes from a history's amax.
+float scaleFromAmax(float amax, Fp8Format format, int margin, float fallback);
+/// Current scaling's scale of a tensor whose amax is `amax` (1 where it is 0, inf or NaN).
+float currentScale(float amax, Fp8Format format, int margin);
+
 /// One quantized tensor's scaling state, as `tgc inspect` shows it.
 struct Fp8TensorSummary {
   std::string site;   // the GEMM: h0.attn.qkv, lm_head, ...

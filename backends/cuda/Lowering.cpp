@@ -452,16 +452,30 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   e.uses("fp8.cuh");
   if (op.kind() == OpKind::Quantize) {
-    // Launch 0: each block converts a contiguous range and leaves its amax and saturation count
-    // in scratch. Launch 1, one block: the tensor's, and the scale_inv used, kept for the GEMMs
-    // that read the bytes.
+    // Each block converts a contiguous range and leaves its amax and saturation count in
+    // scratch; then one block takes the tensor's, and the scale_inv used, kept for the GEMMs that
+    // read the bytes. Under current scaling a launch before them takes the blocks' amaxes, and
+    // each block scales by the tensor's.
     int64_t count = operandType(op, 0).numElements();
-    int64_t blocks = std::min<int64_t>(1024, (count + 4095) / 4096);
+    int64_t blocks = std::min<int64_t>(1024, (count + 4095) / 4096), perBlock = (count + blocks - 1) / blocks;
     std::string params = "const float *x, const float *scale, const float *scaleInv, unsigned char *q, "
                          "float *amax, float *saturations, float *scratch, float *used";
+    if (a.getString("scaling") == "current") {
+      std::string largest = lit(fp8Largest(a)), marginScale = lit(std::ldexp(1.0, int(*a.getInt("margin"))));
+      e.launch(0, params, blocks, fmt::format("quantizeAmaxBlocks<{}, {}, {}>(x, scratch)", count, perBlock, blocks));
+      e.launch(1, params, blocks,
+               fmt::format("quantizeBlocks<{}, {}, {}, {}, true>(x, scale, q, scratch, {}, {})", count, perBlock,
+                           blocks, fp8Interpretation(a), largest, marginScale));
+      e.launch(2, params, 1,
+               fmt::format("quantizeTotals<{}, true>(scaleInv, amax, saturations, scratch, used, {}, {})", blocks,
+                           largest, marginScale));
+      e.lowering.scratchFloats.push_back(3 * blocks);
+      e.lowering.persistentFloats.push_back(1);
+      return llvm::Error::success();
+    }
     e.launch(0, params, blocks,
-             fmt::format("quantizeBlocks<{}, {}, {}, {}>(x, scale, q, scratch, {})", count,
-                         (count + blocks - 1) / blocks, blocks, fp8Interpretation(a), lit(fp8Largest(a))));
+             fmt::format("quantizeBlocks<{}, {}, {}, {}>(x, scale, q, scratch, {})", count, perBlock, blocks,
+                         fp8Interpretation(a), lit(fp8Largest(a))));
     e.launch(1, params, 1, fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
     e.lowering.scratchFloats.push_back(3 * blocks);
     e.lowering.persistentFloats.push_back(1);

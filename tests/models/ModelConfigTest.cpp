@@ -47,7 +47,7 @@ train: {batch: 4, lr: 0.01, steps: 7, warmup: 2, weight_decay: 0.0, beta1: 0.8, 
         eps: 1.0e-7, grad_clip: 0.5, recompute: true, seed: 18446744073709551615}
 data: {min_step: 2, max_step: 5}
 precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
-            amax_compute_algo: most_recent}
+            amax_compute_algo: most_recent, fp8_scaling: current}
 )",
                                    "custom.yaml"));
   EXPECT_EQ(c.name, "custom");
@@ -69,6 +69,8 @@ precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
   EXPECT_EQ(c.precision.margin, 1);
   EXPECT_EQ(c.precision.amaxHistoryLen, 32);
   EXPECT_EQ(c.precision.amaxComputeAlgo, "most_recent");
+  EXPECT_EQ(c.precision.fp8Scaling, "current");
+  EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, "current");
   EXPECT_EQ(c.headDim(), 8);
 }
 

@@ -14,6 +14,8 @@
 #include "app/Trainer.h"
 #include "tests/TestUtil.h"
 
+#include <fmt/format.h>
+
 #include <cfloat>
 #include <cmath>
 
@@ -118,6 +120,61 @@ TEST(Quantize, RoundsScaledValuesRecordsAmaxAndCountsSaturation) {
   EXPECT_EQ(out[2].data[0], 1.0f);
 }
 
+TEST(Quantize, CurrentScalingTakesTheScaleOfTheTensorsOwnAmax) {
+  // {scaling="current", margin=M}: scale = (448 / amax) / 2^M from this tensor, whatever the
+  // state's scale says (here 1e6: under delayed scaling everything would saturate); nothing
+  // saturates, the largest value lands on 448 / 2^M exactly; an all-zero tensor takes scale 1.
+  for (int margin : {0, 1}) {
+    SCOPED_TRACE(margin);
+    auto g = unwrap(parseGraph(fmt::format("graph @q\n%x = input() : f32[4]\n%s = input() : f32[]\n"
+                                           "%si = input() : f32[]\n"
+                                           "%q, %amax, %sat = quantize(%x, %s, %si) {{format=\"e4m3\", margin={}, "
+                                           "scaling=\"current\"}} : f8e4m3[4], f32[], f32[]\nreturn %q, %amax, %sat\n",
+                                           margin),
+                               "q.ir"));
+    ASSERT_TRUE(g);
+    for (bool zeros : {false, true}) {
+      std::vector<float> x = zeros ? std::vector<float>(4, 0.0f) : std::vector<float>{3.5f, -0.01f, -7.0f, 0.3f};
+      Interpreter interp(*g);
+      ASSERT_FALSE(bool(interp.bind("x", Tensor{TensorType(DType::F32, {4}), x, {}})));
+      ASSERT_FALSE(bool(interp.bind("s", Tensor{TensorType(DType::F32, {}), {1e6f}, {}})));
+      ASSERT_FALSE(bool(interp.bind("si", Tensor{TensorType(DType::F32, {}), {1e-6f}, {}})));
+      auto out = unwrap(interp.run());
+      ASSERT_EQ(out.size(), 3u);
+      EXPECT_EQ(out[2].data[0], 0.0f); // no saturation
+      if (zeros) {
+        EXPECT_EQ(out[1].data[0], 0.0f);
+        EXPECT_EQ(out[0].data, x);
+        continue;
+      }
+      EXPECT_EQ(out[1].data[0], 7.0f);
+      float scale = (448.0f / 7.0f) / float(1 << margin);
+      EXPECT_EQ(scale, currentScale(7.0f, Fp8Format::E4M3, margin));
+      // -7 * scale = -448 / 2^margin, an E4M3 value: it comes back exactly.
+      EXPECT_EQ(out[0].data[2], -7.0f);
+      for (size_t i = 0; i < x.size(); ++i) // each within E4M3's half-ulp (2^-4 relative) of x
+        EXPECT_NEAR(out[0].data[i], x[i], std::fabs(x[i]) * 0.0625f + 1e-6f) << i;
+    }
+  }
+}
+
+TEST(Quantize, ScalingAttributesAreChecked) {
+  auto parse = [](const std::string &attrs) {
+    return parseGraph("graph @q\n%x = input() : f32[4]\n%s = input() : f32[]\n%si = input() : f32[]\n"
+                      "%q, %amax, %sat = quantize(%x, %s, %si) {format=\"e4m3\"" +
+                          attrs + "} : f8e4m3[4], f32[], f32[]\nreturn %q\n",
+                      "q.ir");
+  };
+  EXPECT_TRUE(bool(parse(", margin=0, scaling=\"current\"")));
+  for (const char *bad : {", scaling=\"later\", margin=0", ", scaling=\"current\"", ", margin=1",
+                          ", margin=65, scaling=\"current\""}) {
+    auto g = parse(bad);
+    EXPECT_FALSE(bool(g)) << bad;
+    if (!g)
+      llvm::consumeError(g.takeError());
+  }
+}
+
 TEST(GpuPolicy, AutoPicksByComputeCapabilityAndRefusesWhatTheGpuCannotRun) {
   EXPECT_EQ(gpuRecipeFor(90), Recipe::Fp8); // H100, H200
   EXPECT_EQ(gpuRecipeFor(89), Recipe::Fp8); // Ada
@@ -202,10 +259,12 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
   EXPECT_GT(leavesCompared, 100);
 }
 
-/// Mean of the last ten losses of a full tiny run under `recipe`, and the trained checkpoint.
-std::pair<double, Checkpoint> trainTiny(const std::string &recipe) {
+/// Mean of the last ten losses of a full tiny run under `recipe` (and `scaling` under fp8), and
+/// the trained checkpoint.
+std::pair<double, Checkpoint> trainTiny(const std::string &recipe, const std::string &scaling = "delayed") {
   ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   config.precision.recipe = *parseRecipe(recipe);
+  config.precision.fp8Scaling = scaling;
   auto trainer = unwrap(Trainer::create(config));
   if (!trainer)
     return {NAN, {}};
@@ -220,6 +279,42 @@ std::pair<double, Checkpoint> trainTiny(const std::string &recipe) {
       mean += r->loss / 10;
   }
   return {mean, unwrap(trainer->checkpoint())};
+}
+
+TEST(Fp8Training, CurrentScalingFollowsFp32AndTheStateStillRecordsTheAmaxes) {
+  // The first steps, where delayed scaling quantizes with scale 1 and then with the amax of a
+  // step before: under current scaling each quantize takes its own (the losses within 1% of
+  // fp32's, step by step); the history still fills, and nothing saturates but, at most, the
+  // amax element itself where amax * (448 / amax) rounds an ulp past 448.
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  config.train.steps = 12;
+  config.precision.fp8MinDim = 0;
+  std::vector<double> losses[2];
+  std::unique_ptr<Trainer> fp8;
+  for (int run = 0; run < 2; ++run) {
+    ModelConfig c = config;
+    c.precision.recipe = run ? Recipe::Fp8 : Recipe::Fp32;
+    c.precision.fp8Scaling = "current";
+    auto trainer = unwrap(Trainer::create(c));
+    ASSERT_TRUE(trainer);
+    for (int64_t i = 0; i < c.train.steps; ++i) {
+      auto r = trainer->step();
+      ASSERT_TRUE(bool(r)) << llvm::toString(r.takeError());
+      losses[run].push_back(r->loss);
+    }
+    if (run)
+      fp8 = std::move(trainer);
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    EXPECT_NEAR(losses[1][i], losses[0][i], 0.01 * losses[0][i]) << "step " << i + 1;
+  Checkpoint checkpoint = unwrap(fp8->checkpoint());
+  auto summary = summarizeFp8State(checkpoint.tensors, config.precision);
+  ASSERT_EQ(summary.size(), 24u);
+  for (const Fp8TensorSummary &s : summary) {
+    EXPECT_LE(s.saturations, double(config.train.steps)) << s.site << " " << s.role;
+    ASSERT_FALSE(s.newestAmax.empty());
+    EXPECT_GT(s.newestAmax[0], 0.0f) << s.site << " " << s.role;
+  }
 }
 
 TEST(Fp8Training, TinyModelWithinTenPercentOfFp32AndLearnsTheTask) {

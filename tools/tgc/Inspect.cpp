@@ -47,6 +47,7 @@ int runInspect() {
                                                           {"step", step},
                                                           {"recipe", recipeName(precision.recipe)},
                                                           {"fp8_format", fp8FormatName(precision.fp8Format)},
+                                                          {"fp8_scaling", precision.fp8Scaling},
                                                           {"margin", precision.margin},
                                                           {"amax_compute_algo", precision.amaxComputeAlgo},
                                                           {"tensors", std::move(tensors)}})
@@ -57,9 +58,9 @@ int runInspect() {
   llvm::outs() << fmt::format("{}: model {}, step {}, recipe {}", escapeForMessage(CheckpointPath.getValue()),
                               escapeForMessage(config.name), step, recipeName(precision.recipe).str());
   if (precision.recipe == Recipe::Fp8)
-    llvm::outs() << fmt::format(" ({}, margin {}, amax history {}, {})", fp8FormatName(precision.fp8Format).str(),
-                                precision.margin, precision.amaxHistoryLen,
-                                precision.amaxComputeAlgo);
+    llvm::outs() << fmt::format(" ({}, {} scaling, margin {}, amax history {}, {})",
+                                fp8FormatName(precision.fp8Format).str(), precision.fp8Scaling, precision.margin,
+                                precision.amaxHistoryLen, precision.amaxComputeAlgo);
   llvm::outs() << "\n";
   if (summary.empty()) {
     llvm::outs() << "no FP8 scaling state: nothing in this model was quantized\n";

@@ -85,6 +85,10 @@ cl::opt<int64_t> AmaxHistoryLen("amax-history-len", cl::desc("Length of the amax
                                        cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
 cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_recent"),
                                      cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
+cl::opt<std::string> Fp8ScalingFlag("fp8-scaling",
+                                   cl::desc("delayed (the amax history of earlier steps) | current (each tensor's own amax)"),
+                                   cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
+                                   cl::cat(category()));
 cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
                                   cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
                                   cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
@@ -131,6 +135,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.fp8Format = Fp8FormatFlag;
   if (given(AmaxAlgoFlag))
     o.amaxComputeAlgo = AmaxAlgoFlag;
+  if (given(Fp8ScalingFlag))
+    o.fp8Scaling = Fp8ScalingFlag;
   if (given(Margin))
     o.margin = Margin;
   if (given(Fp8MinDim))

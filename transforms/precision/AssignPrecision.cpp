@@ -64,10 +64,11 @@ private:
   void quantizeOperands(Builder &b, Op *linear) const {
     std::string site = gemmSite(*linear);
     int64_t history = config_.amaxHistoryLen;
+    Fp8ScalingChoice scaling{config_.fp8Scaling == "current", config_.margin};
     Value *input = quantizeWithState(b, linear->operand(0), program::fp8StatePrefix(site, program::Fp8Role::Input),
-                                     "e4m3", history);
+                                     "e4m3", history, scaling);
     Value *weight = quantizeWithState(b, linear->operand(1), program::fp8StatePrefix(site, program::Fp8Role::Weight),
-                                      "e4m3", history);
+                                      "e4m3", history, scaling);
     if (!input || !weight)
       return;
     linear->setOperand(0, input);
@@ -76,6 +77,8 @@ private:
     attrs.set("fp8_site", site);
     attrs.set("fp8_grad", std::string(config_.fp8Format == Fp8Formats::Hybrid ? "e5m2" : "e4m3"));
     attrs.set("fp8_history", history);
+    if (scaling.current) // the output gradient's quantize, made by autodiff, scales the same way
+      attrs.set("fp8_current_margin", scaling.margin);
   }
 
   PrecisionConfig config_;

@@ -8,8 +8,8 @@
 
 namespace tgc {
 
-Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix,
-                         const std::string &format, int64_t historyLength) {
+Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, const std::string &format,
+                         int64_t historyLength, Fp8ScalingChoice scaling) {
   auto state = [&](const char *suffix, TensorType type, const char *init) {
     AttrMap attrs;
     attrs.set("init", std::string(init));
@@ -22,6 +22,10 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix,
   state(".saturations", scalar, "zeros");
   AttrMap attrs;
   attrs.set(kFp8Format, format);
+  if (scaling.current) {
+    attrs.set("scaling", std::string("current"));
+    attrs.set("margin", scaling.margin);
+  }
   return b.create(OpKind::Quantize, {x, scale, scaleInv}, std::move(attrs), prefix + ".q");
 }
 

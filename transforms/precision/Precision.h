@@ -7,12 +7,20 @@
 
 namespace tgc {
 
+/// How quantize ops take their scale: from the scaling state (delayed), or from the tensor's own
+/// amax (current: the op's {scaling="current", margin=M}).
+struct Fp8ScalingChoice {
+  bool current = false;
+  int64_t margin = 0;
+};
+
 /// Quantizes `x` to `format` ("e4m3" | "e5m2") with fresh scaling state named
 /// `<prefix>.scale`, `.scale_inv` (f32[], start at 1), `.amax_history` (f32[L], zeros) and
-/// `.saturations` (f32[], a running count). The fp8-update pass finds the state by these names.
-/// Returns the quantized tensor.
-Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix,
-                         const std::string &format, int64_t historyLength);
+/// `.saturations` (f32[], a running count). The fp8-update pass finds the state by these names
+/// (under current scaling it still keeps the history and the count; the cast does not read the
+/// scale). Returns the quantized tensor.
+Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, const std::string &format,
+                         int64_t historyLength, Fp8ScalingChoice scaling);
 
 struct GemmChoice {
   bool fp8 = false;

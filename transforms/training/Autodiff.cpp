@@ -68,8 +68,9 @@ llvm::Expected<Grads> gradMatMul(GradContext &c) {
   if (auto format = c.op.attrs().getString("fp8_grad")) {
     std::string prefix = program::fp8StatePrefix(c.op.attrs().getString("fp8_site").value_or(c.op.result()->name()),
                                                  program::Fp8Role::GradOutput);
-    Value *q = quantizeWithState(c.b, dc, prefix, *format,
-                                 c.op.attrs().getInt("fp8_history").value_or(1));
+    auto currentMargin = c.op.attrs().getInt("fp8_current_margin");
+    Value *q = quantizeWithState(c.b, dc, prefix, *format, c.op.attrs().getInt("fp8_history").value_or(1),
+                                 Fp8ScalingChoice{currentMargin.has_value(), currentMargin.value_or(0)});
     if (!q)
       return Grads{nullptr, nullptr};
     dc = q;

@@ -16,15 +16,49 @@ __device__ float blockAmax(float value, float *shared) {
   return blockReduce(value, shared, [](float a, float b) { return amaxMerge(a, b); });
 }
 
-// Launch 0: each of Blocks blocks converts a contiguous range of PerBlock elements to FP8
-// (x * scale, saturating at `largest`) and leaves its max |x| and its count of saturated values
-// in scratch (counts as doubles first, then the maxima after 2 * Blocks floats).
-template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format>
-__device__ void quantizeBlocks(const float *x, const float *scale, unsigned char *q, float *scratch, float largest) {
+// Current scaling's scale of a tensor whose amax is `amax`: (largest / amax) / 2^margin, 1 where
+// the amax is 0, inf or NaN, FLT_MAX for an infinite quotient (the CPU's currentScale).
+__device__ __forceinline__ float currentScale(float amax, float largest, float marginScale) {
+  if (!isfinite(amax) || amax <= 0.0f)
+    return 1.0f;
+  float s = (largest / amax) / marginScale;
+  return isinf(s) ? __int_as_float(0x7f7fffff) : s;
+}
+
+// The tensor's amax from the Blocks per-block maxima in scratch (after 2 * Blocks floats), in
+// the same tree in every block that takes it.
+template <int64 Blocks>
+__device__ float tensorAmax(const float *scratch, float *sharedMax) {
+  float localMax = 0.0f;
+  for (int b = threadIdx.x; b < Blocks; b += blockDim.x) localMax = amaxMerge(localMax, scratch[2 * Blocks + b]);
+  return blockAmax(localMax, sharedMax);
+}
+
+// Launch 0 of a quantize under current scaling: each block's max |x| over the range
+// quantizeBlocks gives it, into scratch after 2 * Blocks floats.
+template <int64 Count, int64 PerBlock, int64 Blocks>
+__device__ void quantizeAmaxBlocks(const float *x, float *scratch) {
+  __shared__ float sharedMax[256];
+  int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
+  float localMax = 0.0f;
+  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) localMax = amaxMerge(localMax, fabsf(x[i]));
+  localMax = blockAmax(localMax, sharedMax);
+  if (threadIdx.x == 0)
+    scratch[2 * Blocks + blockIdx.x] = localMax;
+}
+
+// Launch 0 (delayed scaling; launch 1 under current scaling): each of Blocks blocks converts a
+// contiguous range of PerBlock elements to FP8 (x * scale, saturating at `largest`) and leaves
+// its count of saturated values in scratch (as doubles), and its max |x| after 2 * Blocks floats.
+// Current: the scale is currentScale of the tensor's amax, which launch 0 left in scratch.
+template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format, bool Current = false>
+__device__ void quantizeBlocks(const float *x, const float *scale, unsigned char *q, float *scratch, float largest,
+                               float marginScale = 1.0f) {
   __shared__ double shared[256];
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
-  float s = scale[0], localMax = 0.0f;
+  float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
+  float localMax = 0.0f;
   int saturated = 0;
   for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float v = x[i], scaled = v * s;
@@ -32,19 +66,22 @@ __device__ void quantizeBlocks(const float *x, const float *scale, unsigned char
     saturated += fabsf(scaled) > largest;
     q[i] = __nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
   }
-  localMax = blockAmax(localMax, sharedMax);
+  if (!Current) // (under current scaling launch 0 left them, and the other blocks read them)
+    localMax = blockAmax(localMax, sharedMax);
   double total = blockSum((double)saturated, shared);
   if (threadIdx.x == 0) {
     ((double *)scratch)[blockIdx.x] = total;
-    scratch[2 * Blocks + blockIdx.x] = localMax;
+    if (!Current)
+      scratch[2 * Blocks + blockIdx.x] = localMax;
   }
 }
 
-// Launch 1, one block: the tensor's amax and saturation count, and the scale_inv the bytes were
-// made with (`used`, which their GEMMs and read-back multiply by).
-template <int64 Blocks>
+// The last launch, one block: the tensor's amax and saturation count, and the scale_inv the bytes
+// were made with (`used`, which their GEMMs and read-back multiply by): the state's, or under
+// current scaling 1 / the scale of the amax.
+template <int64 Blocks, bool Current = false>
 __device__ void quantizeTotals(const float *scaleInv, float *amax, float *saturations, const float *scratch,
-                               float *used) {
+                               float *used, float largest = 0.0f, float marginScale = 1.0f) {
   __shared__ double shared[256];
   __shared__ float sharedMax[256];
   double total = 0;
@@ -58,7 +95,7 @@ __device__ void quantizeTotals(const float *scaleInv, float *amax, float *satura
   if (threadIdx.x == 0) {
     amax[0] = localMax;
     saturations[0] = (float)total;
-    used[0] = scaleInv[0];
+    used[0] = Current ? 1.0f / currentScale(localMax, largest, marginScale) : scaleInv[0];
   }
 }
 

@@ -263,7 +263,8 @@ INSTANTIATE_TEST_SUITE_P(Recipes, GpuKernels, testing::Values("fp32", "bf16", "f
 /// The programs whose ops the kernel-family tests take: the odd model (tests/models/odd.yaml)
 /// and its RMSNorm/SwiGLU/no-bias variant, as the GPU compiles them under every recipe
 /// (training and the decode step), with attention fused in fp32 (the thread-per-row kernels),
-/// and unfused (softmax, log-softmax, NLL, the permutes and pads of plain attention).
+/// and unfused (softmax, log-softmax, NLL, the permutes and pads of plain attention); fp8 with
+/// current scaling too.
 std::vector<std::unique_ptr<Graph>> oddPrograms() {
   std::vector<std::unique_ptr<Graph>> programs;
   ModelConfig odd = unwrap(loadModelConfig(sourcePath("tests/models/odd.yaml")));
@@ -293,6 +294,11 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"fuse-attention", "autodiff", "dce"});
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"autodiff", "concat-pads", "adamw", "dce"});
   }
+  // FP8 with current scaling (each quantize scales by its own amax, with a margin).
+  ModelConfig current = odd;
+  current.precision.fp8Scaling = "current";
+  current.precision.margin = 1;
+  compile(current, GPTOutput::Loss, Recipe::Fp8, gpuPipeline(true, Recipe::Fp8));
   // Rows wider than the norm kernels hold in registers (d_model 1040 > 1024: their loops over
   // global memory), 13 heads of 80; the norms' backward with --recompute's programs too.
   ModelConfig wide = odd;
