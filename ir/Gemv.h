@@ -21,7 +21,7 @@ enum class FewRows {
 constexpr int64_t kMaxFewRows = 64;
 /// The tensor-core kernel takes products of at most this many columns: each of its blocks reads
 /// all the rows of x for a few columns, which past it (a vocabulary's head) costs more than
-/// cuBLASLt's tiles (50304 columns: 35-39 us against 23, BENCHMARKS.md, session 13).
+/// cuBLASLt's tiles (BENCHMARKS.md, session 13).
 constexpr int64_t kMaxTensorColumns = 16384;
 
 /// A BF16 product x @ w^T (+ bias, or + bias then GELU) of few rows against a parameter [N, K]:

@@ -87,6 +87,8 @@ std::optional<Recipe> parseRecipe(llvm::StringRef name) {
 
 llvm::StringRef fp8FormatName(Fp8Formats formats) { return formats == Fp8Formats::Hybrid ? "hybrid" : "e4m3"; }
 
+llvm::StringRef fp8ScalingName(Fp8Scaling scaling) { return scaling == Fp8Scaling::Delayed ? "delayed" : "current"; }
+
 SettingRange settingRange(llvm::StringRef key) {
   for (const NumericSetting &s : kNumericSettings)
     if (key == s.key)
@@ -153,8 +155,10 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
   p.fp8Format = format == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
   if (auto err = overrideChoice("amax_compute_algo", "amax-compute-algo", o.amaxComputeAlgo, p.amaxComputeAlgo))
     return err;
-  if (auto err = overrideChoice("fp8_scaling", "fp8-scaling", o.fp8Scaling, p.fp8Scaling))
+  std::string scaling(fp8ScalingName(p.fp8Scaling));
+  if (auto err = overrideChoice("fp8_scaling", "fp8-scaling", o.fp8Scaling, scaling))
     return err;
+  p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
   if (auto err = overrideNumber("margin", "margin", o.margin, p.margin))
     return err;
   if (auto err = overrideNumber("fp8_min_dim", "fp8-min-dim", o.fp8MinDim, p.fp8MinDim))
@@ -536,7 +540,9 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     readInt(precision, "margin", p.margin, false);
     readInt(precision, "amax_history_len", p.amaxHistoryLen, false);
     readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
-    readChoice(precision, "fp8_scaling", p.fp8Scaling);
+    std::string scaling(fp8ScalingName(p.fp8Scaling));
+    readChoice(precision, "fp8_scaling", scaling);
+    p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
     readStrings(precision, "keep_bf16", p.keepBf16);
     readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
   }
@@ -589,7 +595,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
-      c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), p.fp8Scaling, p.margin, p.amaxHistoryLen,
+      c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), fp8ScalingName(p.fp8Scaling).str(), p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim);
 }
 

@@ -51,16 +51,19 @@ std::optional<Recipe> parseRecipe(llvm::StringRef name);
 enum class Fp8Formats { Hybrid, E4M3 };
 llvm::StringRef fp8FormatName(Fp8Formats formats); // "hybrid", "e4m3"
 
+/// Where a quantized tensor's scale comes from: Delayed (Transformer Engine's DelayedScaling:
+/// the amax history of earlier steps) or Current (its Float8CurrentScaling: the tensor's own
+/// amax, taken before it is cast: no lag, so no saturation, one more read).
+enum class Fp8Scaling { Delayed, Current };
+llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current"
+
 struct PrecisionConfig {
   Recipe recipe = Recipe::Auto;
   Fp8Formats fp8Format = Fp8Formats::Hybrid;
   int64_t margin = 0;
   int64_t amaxHistoryLen = 1024;
   std::string amaxComputeAlgo = "max"; // max | most_recent
-  /// Where a quantized tensor's scale comes from: "delayed" (Transformer Engine's
-  /// DelayedScaling: the amax history of earlier steps) or "current" (its Float8CurrentScaling:
-  /// the tensor's own amax, taken before it is cast: no lag, so no saturation, one more read).
-  std::string fp8Scaling = "delayed";
+  Fp8Scaling fp8Scaling = Fp8Scaling::Delayed;
   /// GEMM sites (glob patterns: lm_head, h0.*) that stay in BF16 under the fp8 recipe.
   std::vector<std::string> keepBf16 = {"lm_head"};
   /// FP8 only for GEMMs whose K and N are at least this (see transforms/precision/Precision.h).

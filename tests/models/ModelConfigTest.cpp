@@ -69,8 +69,8 @@ precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
   EXPECT_EQ(c.precision.margin, 1);
   EXPECT_EQ(c.precision.amaxHistoryLen, 32);
   EXPECT_EQ(c.precision.amaxComputeAlgo, "most_recent");
-  EXPECT_EQ(c.precision.fp8Scaling, "current");
-  EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, "current");
+  EXPECT_EQ(c.precision.fp8Scaling, Fp8Scaling::Current);
+  EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, Fp8Scaling::Current);
   EXPECT_EQ(c.headDim(), 8);
 }
 

@@ -259,12 +259,10 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
   EXPECT_GT(leavesCompared, 100);
 }
 
-/// Mean of the last ten losses of a full tiny run under `recipe` (and `scaling` under fp8), and
-/// the trained checkpoint.
-std::pair<double, Checkpoint> trainTiny(const std::string &recipe, const std::string &scaling = "delayed") {
+/// Mean of the last ten losses of a full tiny run under `recipe`, and the trained checkpoint.
+std::pair<double, Checkpoint> trainTiny(const std::string &recipe) {
   ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   config.precision.recipe = *parseRecipe(recipe);
-  config.precision.fp8Scaling = scaling;
   auto trainer = unwrap(Trainer::create(config));
   if (!trainer)
     return {NAN, {}};
@@ -294,7 +292,7 @@ TEST(Fp8Training, CurrentScalingFollowsFp32AndTheStateStillRecordsTheAmaxes) {
   for (int run = 0; run < 2; ++run) {
     ModelConfig c = config;
     c.precision.recipe = run ? Recipe::Fp8 : Recipe::Fp32;
-    c.precision.fp8Scaling = "current";
+    c.precision.fp8Scaling = Fp8Scaling::Current;
     auto trainer = unwrap(Trainer::create(c));
     ASSERT_TRUE(trainer);
     for (int64_t i = 0; i < c.train.steps; ++i) {

@@ -47,7 +47,7 @@ int runInspect() {
                                                           {"step", step},
                                                           {"recipe", recipeName(precision.recipe)},
                                                           {"fp8_format", fp8FormatName(precision.fp8Format)},
-                                                          {"fp8_scaling", precision.fp8Scaling},
+                                                          {"fp8_scaling", fp8ScalingName(precision.fp8Scaling)},
                                                           {"margin", precision.margin},
                                                           {"amax_compute_algo", precision.amaxComputeAlgo},
                                                           {"tensors", std::move(tensors)}})
@@ -59,7 +59,7 @@ int runInspect() {
                               escapeForMessage(config.name), step, recipeName(precision.recipe).str());
   if (precision.recipe == Recipe::Fp8)
     llvm::outs() << fmt::format(" ({}, {} scaling, margin {}, amax history {}, {})",
-                                fp8FormatName(precision.fp8Format).str(), precision.fp8Scaling, precision.margin,
+                                fp8FormatName(precision.fp8Format).str(), fp8ScalingName(precision.fp8Scaling).str(), precision.margin,
                                 precision.amaxHistoryLen, precision.amaxComputeAlgo);
   llvm::outs() << "\n";
   if (summary.empty()) {

@@ -64,7 +64,7 @@ private:
   void quantizeOperands(Builder &b, Op *linear) const {
     std::string site = gemmSite(*linear);
     int64_t history = config_.amaxHistoryLen;
-    Fp8ScalingChoice scaling{config_.fp8Scaling == "current", config_.margin};
+    Fp8ScalingChoice scaling{config_.fp8Scaling == Fp8Scaling::Current, config_.margin};
     Value *input = quantizeWithState(b, linear->operand(0), program::fp8StatePrefix(site, program::Fp8Role::Input),
                                      "e4m3", history, scaling);
     Value *weight = quantizeWithState(b, linear->operand(1), program::fp8StatePrefix(site, program::Fp8Role::Weight),

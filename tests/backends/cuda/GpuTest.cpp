@@ -296,7 +296,7 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   }
   // FP8 with current scaling (each quantize scales by its own amax, with a margin).
   ModelConfig current = odd;
-  current.precision.fp8Scaling = "current";
+  current.precision.fp8Scaling = Fp8Scaling::Current;
   current.precision.margin = 1;
   compile(current, GPTOutput::Loss, Recipe::Fp8, gpuPipeline(true, Recipe::Fp8));
   // Rows wider than the norm kernels hold in registers (d_model 1040 > 1024: their loops over
