@@ -3,6 +3,7 @@
 #include "support/Files.h"
 #include "tools/tgc/Options.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
@@ -343,8 +344,14 @@ int runTrain() {
                               c.train.seed);
   Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
   bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
+  std::vector<std::string> notes;
+  if (recipe == Recipe::Fp8)
+    notes.push_back(fmt::format("{}, {} scaling", fp8FormatName(c.precision.fp8Format).str(),
+                                fp8ScalingName(c.precision.fp8Scaling).str()));
+  if (emulated)
+    notes.push_back("emulated");
   llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),
-                              emulated ? " (emulated)" : "");
+                              notes.empty() ? "" : " (" + llvm::join(notes, "; ") + ")");
   if (t.ranks() > 1)
     llvm::outs() << fmt::format("data parallel: {} GPUs of this machine, one process each, through NCCL ({} sequences "
                                 "each; rank 0 prints and writes)\n",
