@@ -540,6 +540,16 @@ llvm::Expected<DType> fp8FormatAttr(const AttrMap &attrs) {
   return makeError("attribute 'format' must be \"e4m3\" or \"e5m2\"");
 }
 
+/// The FP8 scale margin of quantize {scaling="current"} and fp8_update: scale / 2^margin.
+llvm::Error checkMarginAttr(const AttrMap &attrs) {
+  auto margin = requireIntAttr(attrs, "margin");
+  if (!margin)
+    return margin.takeError();
+  if (*margin < 0 || *margin > 64)
+    return makeError("'margin' must be between 0 and 64, got {}", *margin);
+  return llvm::Error::success();
+}
+
 llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   auto format = fp8FormatAttr(attrs);
   if (!format)
@@ -552,11 +562,8 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
   if (auto scaling = attrs.getString("scaling")) {
     if (*scaling != "current")
       return makeError("attribute 'scaling' must be \"current\" (or absent: delayed), got \"{}\"", *scaling);
-    auto margin = requireIntAttr(attrs, "margin");
-    if (!margin)
-      return margin.takeError();
-    if (*margin < 0 || *margin > 64)
-      return makeError("'margin' must be between 0 and 64, got {}", *margin);
+    if (auto err = checkMarginAttr(attrs))
+      return std::move(err);
   } else if (attrs.getInt("margin")) {
     return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
   }
@@ -566,11 +573,8 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
 llvm::Expected<TypeList> inferFp8Update(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (auto format = fp8FormatAttr(attrs); !format)
     return format.takeError();
-  auto margin = requireIntAttr(attrs, "margin");
-  if (!margin)
-    return margin.takeError();
-  if (*margin < 0 || *margin > 64)
-    return makeError("'margin' must be between 0 and 64, got {}", *margin);
+  if (auto err = checkMarginAttr(attrs))
+    return std::move(err);
   auto algo = attrs.getString("algo");
   if (algo != "max" && algo != "most_recent")
     return makeError("attribute 'algo' must be \"max\" or \"most_recent\"");

@@ -40,6 +40,8 @@ const char *fp8Interpretation(const AttrMap &attrs) {
   return fp8FormatOf(attrs) == Fp8Format::E5M2 ? "__NV_E5M2" : "__NV_E4M3";
 }
 double fp8Largest(const AttrMap &attrs) { return fp8Max(fp8FormatOf(attrs)); }
+/// 2^margin, which fp8_update and current scaling divide the scale by.
+std::string fp8MarginScale(const AttrMap &attrs) { return lit(std::ldexp(1.0, int(*attrs.getInt("margin")))); }
 
 const char *boolText(bool b) { return b ? "true" : "false"; }
 
@@ -461,7 +463,7 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     std::string params = "const float *x, const float *scale, const float *scaleInv, unsigned char *q, "
                          "float *amax, float *saturations, float *scratch, float *used";
     if (a.getString("scaling") == "current") {
-      std::string largest = lit(fp8Largest(a)), marginScale = lit(std::ldexp(1.0, int(*a.getInt("margin"))));
+      std::string largest = lit(fp8Largest(a)), marginScale = fp8MarginScale(a);
       e.launch(0, params, blocks, fmt::format("quantizeAmaxBlocks<{}, {}, {}>(x, scratch)", count, perBlock, blocks));
       e.launch(1, params, blocks,
                fmt::format("quantizeBlocks<{}, {}, {}, {}, true>(x, scale, q, scratch, {}, {})", count, perBlock,
@@ -469,14 +471,12 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       e.launch(2, params, 1,
                fmt::format("quantizeTotals<{}, true>(scaleInv, amax, saturations, scratch, used, {}, {})", blocks,
                            largest, marginScale));
-      e.lowering.scratchFloats.push_back(3 * blocks);
-      e.lowering.persistentFloats.push_back(1);
-      return llvm::Error::success();
+    } else {
+      e.launch(0, params, blocks,
+               fmt::format("quantizeBlocks<{}, {}, {}, {}>(x, scale, q, scratch, {})", count, perBlock, blocks,
+                           fp8Interpretation(a), lit(fp8Largest(a))));
+      e.launch(1, params, 1, fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
     }
-    e.launch(0, params, blocks,
-             fmt::format("quantizeBlocks<{}, {}, {}, {}>(x, scale, q, scratch, {})", count, perBlock, blocks,
-                         fp8Interpretation(a), lit(fp8Largest(a))));
-    e.launch(1, params, 1, fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
     e.lowering.scratchFloats.push_back(3 * blocks);
     e.lowering.persistentFloats.push_back(1);
     return llvm::Error::success();
@@ -488,7 +488,7 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
              fmt::format("fp8Update<{}, {}>(history, scale, amax, saturations, saturated, newHistory, newScale, "
                          "newScaleInv, newSaturations, {}, {})",
                          operandType(op, 0).numElements(), boolText(a.getString("algo") != "most_recent"),
-                         lit(fp8Largest(a)), lit(std::ldexp(1.0, int(*a.getInt("margin"))))));
+                         lit(fp8Largest(a)), fp8MarginScale(a)));
     return llvm::Error::success();
   }
   return unsupported(op);

@@ -16,13 +16,17 @@ __device__ float blockAmax(float value, float *shared) {
   return blockReduce(value, shared, [](float a, float b) { return amaxMerge(a, b); });
 }
 
-// Current scaling's scale of a tensor whose amax is `amax`: (largest / amax) / 2^margin, 1 where
-// the amax is 0, inf or NaN, FLT_MAX for an infinite quotient (the CPU's currentScale).
-__device__ __forceinline__ float currentScale(float amax, float largest, float marginScale) {
+// (largest / amax) / 2^margin where amax is finite and > 0 (FLT_MAX for an infinite quotient),
+// else `fallback` (the CPU's scaleFromAmax): delayed scaling's scale from a history's amax, the
+// old scale its fallback; current scaling's from the tensor's own, 1 its fallback.
+__device__ __forceinline__ float scaleFromAmax(float amax, float largest, float marginScale, float fallback) {
   if (!isfinite(amax) || amax <= 0.0f)
-    return 1.0f;
+    return fallback;
   float s = (largest / amax) / marginScale;
   return isinf(s) ? __int_as_float(0x7f7fffff) : s;
+}
+__device__ __forceinline__ float currentScale(float amax, float largest, float marginScale) {
+  return scaleFromAmax(amax, largest, marginScale, 1.0f);
 }
 
 // The tensor's amax from the Blocks per-block maxima in scratch (after 2 * Blocks floats), in
@@ -115,11 +119,7 @@ __device__ void fp8Update(const float *history, const float *scale, const float 
   for (int i = 0; i + 1 < Length; ++i) newHistory[i] = history[i + 1];
   newHistory[Length - 1] = current;
   newHistory[0] = 0.0f;
-  float s = scale[0];
-  if (isfinite(windowMax) && windowMax > 0.0f) {
-    s = (largest / windowMax) / marginScale;
-    if (isinf(s)) s = __int_as_float(0x7f7fffff); // FLT_MAX
-  }
+  float s = scaleFromAmax(windowMax, largest, marginScale, scale[0]);
   newScale[0] = s;
   newScaleInv[0] = 1.0f / s;
   newSaturations[0] = saturations[0] + saturated[0];

@@ -36,13 +36,22 @@ __device__ __forceinline__ void load8(const unsigned short *x, int64 i, float (&
   unpack8(*(const uint4 *)(x + i), out);
 }
 
+// Element (r, n) of a product's output from its sum: the bias, then the GELU (an elementwise gelu
+// after the product, fused: the same arithmetic) with the value before it into pre where that is
+// not null (matmul_bias_gelu's second result).
+template <int64 N, bool Bias, bool Gelu, typename Out>
+__device__ __forceinline__ void writeProduct(Out out, float *pre, const float *bias, int64 r, int64 n, float sum) {
+  float y = Bias ? sum + bias[n] : sum;
+  out[r * N + n] = Gelu ? geluTanh(y) : y;
+  if (Gelu && pre)
+    pre[r * N + n] = y;
+}
+
 // A warp per output column n, 8 a block; K a multiple of 8 (16-byte rows). The warp's weight row
 // is loaded into registers first, then the kernel awaits the one before it (awaitPreviousKernel:
 // the weights are parameters, which no kernel of the step writes before it), so the weight's
 // reading overlaps the previous kernel's end; Prologue (the fused norm) runs after that wait.
-// Gelu: the GELU of each output (an elementwise gelu after the product, fused: the same
-// arithmetic), and the value before it into pre where that is not null (matmul_bias_gelu's
-// second result).
+// The outputs as writeProduct writes them.
 template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename X, typename Out, typename Prologue>
 __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
                              float *pre = nullptr) {
@@ -79,10 +88,7 @@ __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out
 #pragma unroll
     for (int m = 1; m < M; ++m)
       if (lane == m) value = acc[m];
-    float y = Bias ? value + bias[n] : value;
-    out[lane * N + n] = Gelu ? geluTanh(y) : y;
-    if (Gelu && pre)
-      pre[lane * N + n] = y;
+    writeProduct<N, Bias, Gelu>(out, pre, bias, lane, n, value);
   }
 }
 
@@ -131,8 +137,7 @@ __device__ __forceinline__ uint4 loadPairs8(const float *x, int64 i) {
 // permutation of k for both operands, so the sum is the product's, with no shared memory or
 // shuffle between. A lane holds the weights of 8 steps of K at once and loads the next 8 while
 // these multiply. With KSPLIT > 1 the slices' tiles are summed in shared memory in slice order
-// (the same bits every run); then the bias, the GELU (and the value before it into pre, where
-// not null).
+// (the same bits every run); each output then as writeProduct writes it.
 template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, typename X, typename Out>
 __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
   constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8;
@@ -185,12 +190,6 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
     }
   }
 
-  auto finish = [&](int64 r, int64 n, float sum) {
-    float y = Bias ? sum + bias[n] : sum;
-    out[r * N + n] = Gelu ? geluTanh(y) : y;
-    if (Gelu && pre)
-      pre[r * N + n] = y;
-  };
   if (KSPLIT == 1) {
 #pragma unroll
     for (int i = 0; i < RowTiles; ++i)
@@ -198,7 +197,7 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
       for (int e = 0; e < 4; ++e) {
         int64 r = 16 * i + 8 * (e / 2) + g, n = col0 + 2 * q + e % 2;
         if (r < M && n < N)
-          finish(r, n, acc[i][e]);
+          writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, acc[i][e]);
       }
     return;
   }
@@ -217,6 +216,6 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
     float sum = partial[0][r][c];
 #pragma unroll
     for (int s = 1; s < KSPLIT; ++s) sum += partial[s][r][c];
-    finish(r, n, sum);
+    writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
   }
 }
