@@ -1,5 +1,6 @@
 #include "backends/cuda/CudaExecutor.h"
 
+#include "backends/cuda/Cudnn.h"
 #include "backends/cuda/GemmTuning.h"
 #include "backends/cuda/Lowering.h"
 #include "backends/cuda/MemoryPlan.h"
@@ -128,7 +129,12 @@ private:
   struct Regions {
     char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
   };
-  llvm::Error compileKernels(const std::string &arch);
+  llvm::Error compileKernels(const std::string &arch, int major);
+  /// The attention ops cuDNN runs, each with its plan (one per distinct shape), into `lowering`:
+  /// where cuDNN is absent or refuses a shape, tgc's kernels run it, and the description says.
+  void planCudnnAttention(int major, LoweringOptions &lowering);
+  /// Enqueues op `i`'s cuDNN attention with the buffers among the launches' `pointers`.
+  llvm::Error runCudnnAttention(size_t i, const std::vector<void *> &pointers);
   llvm::Error allocateRegions(const MemoryPlan &plan, Regions &regions);
   llvm::Error placeOp(size_t i, const MemoryPlan &plan, const Regions &regions);
   /// BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
@@ -237,6 +243,12 @@ private:
   std::vector<std::vector<size_t>> joinsBefore_;   // per op: the all_reduce ops it waits for
   cublasLtHandle_t lt_ = nullptr;
   void *workspace_ = nullptr;
+  // cuDNN's fused attention (OpLowering::cudnnAttention): the library, a handle on stream_, a
+  // plan per distinct shape, and each op's.
+  const CudnnApi *cudnn_ = nullptr;
+  void *cudnnHandle_ = nullptr;
+  std::map<std::string, std::unique_ptr<CudnnAttention>> cudnnPlans_;
+  std::vector<const CudnnAttention *> cudnnOps_; // per op
   static constexpr size_t kWorkspaceBytes = 32 << 20; // 32 MiB, as fp8.md suggests for Hopper
 };
 
@@ -262,6 +274,9 @@ CudaExecutor::~CudaExecutor() {
   }
   if (graph_exec_)
     cudaGraphExecDestroy(graph_exec_);
+  cudnnPlans_.clear(); // before their handle
+  if (cudnnHandle_)
+    cudnn_->destroy(cudnnHandle_);
   for (cudaGraphExec_t exec : opGraphs_)
     if (exec)
       cudaGraphExecDestroy(exec);
@@ -322,10 +337,13 @@ llvm::Error CudaExecutor::initialize() {
     profile_ = true; // eager, an event pair around each op
   }
   deviceName_ = fmt::format("{} ({})", prop.name, arch);
-  if (auto err = compileKernels(arch))
+  if (auto err = compileKernels(arch, prop.major))
     return err;
   programmaticLaunch_ &= program_.programmatic;
   CUDA_CHECK(cudaStreamCreate(&stream_));
+  if (cudnnHandle_)
+    if (int status = cudnn_->setStream(cudnnHandle_, stream_); status != 0)
+      return cudaFailure("cudnnSetStream", __FILE__, __LINE__, cudnn_->errorString(status));
   CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
   CUDA_CHECK(cudaLibraryGetKernel(&fillNormal_, library_, "tgc_fill_normal"));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
@@ -456,14 +474,87 @@ llvm::Error CudaExecutor::runCollective(size_t i) {
 
 /// The program's kernels: lowered, then compiled by NVRTC for `arch` (or taken from the kernel
 /// cache) and loaded.
-llvm::Error CudaExecutor::compileKernels(const std::string &arch) {
+void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
+  std::vector<std::pair<const Op *, CudnnAttentionShape>> candidates;
+  for (const Op *op : graph_.ops())
+    if (auto shape = cudnnAttentionShape(*op))
+      candidates.emplace_back(op, *shape);
+  const char *env = std::getenv("TGC_CUDNN");
+  if (candidates.empty() || !options_.cudnnAttention || (env && std::string(env) == "0"))
+    return;
+  // cuDNN's flash attention needs compute capability 8.0 (Ampere) on.
+  if (major < 8) {
+    description_ += ", attention by tgc's kernels (cuDNN's needs compute capability 8.0)";
+    return;
+  }
+  auto api = loadCudnn();
+  if (!api) {
+    llvm::consumeError(api.takeError());
+    description_ += ", attention by tgc's kernels (cuDNN 9 not found; TGC_CUDNN_LIBRARY names it)";
+    return;
+  }
+  cudnn_ = *api;
+  if (int status = cudnn_->create(&cudnnHandle_); status != 0) {
+    description_ += fmt::format(", attention by tgc's kernels (cudnnCreate: {})", cudnn_->errorString(status));
+    cudnnHandle_ = nullptr;
+    return;
+  }
+  std::string refused; // the first shape cuDNN did not take, and why
+  size_t taken = 0;
+  for (auto &[op, shape] : candidates) {
+    auto it = cudnnPlans_.find(shape.key());
+    if (it == cudnnPlans_.end()) {
+      auto plan = CudnnAttention::create(*cudnn_, cudnnHandle_, shape);
+      if (!plan) {
+        std::string why = llvm::toString(plan.takeError());
+        if (refused.empty())
+          refused = why;
+        it = cudnnPlans_.emplace(shape.key(), nullptr).first;
+      } else {
+        it = cudnnPlans_.emplace(shape.key(), std::move(*plan)).first;
+      }
+    }
+    if (!it->second)
+      continue;
+    lowering.cudnnAttention[op] = it->second->workspaceBytes();
+    ++taken;
+  }
+  if (taken)
+    description_ += fmt::format(", attention by cuDNN {} ({} of {} ops)", cudnn_->versionText(), taken,
+                                candidates.size());
+  if (!refused.empty()) {
+    description_ += taken ? "" : ", attention by tgc's kernels";
+    llvm::errs() << "tgc: " << refused << "; tgc's attention kernels run those ops\n";
+  }
+}
+
+llvm::Error CudaExecutor::runCudnnAttention(size_t i, const std::vector<void *> &pointers) {
+  const OpLowering &lowering = program_.lowering[i];
+  std::vector<void *> buffers;
+  for (const OpLowering::LibraryBuffer &b : lowering.libraryBuffers)
+    buffers.push_back(static_cast<char *>(pointers.at(b.pointer)) + b.offset);
+  void *workspace = buffers.back();
+  buffers.pop_back();
+  afterGeneratedKernel_ = false;
+  return cudnnOps_[i]->run(cudnnHandle_, buffers, workspace);
+}
+
+llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
   LoweringOptions lowering;
   lowering.groupOptimizer = options_.groupOptimizer;
   lowering.storeBf16 = options_.storeBf16;
+  planCudnnAttention(major, lowering);
   auto program = lowerToCuda(graph_, lowering);
   if (!program)
     return program.takeError();
   program_ = std::move(*program);
+  cudnnOps_.assign(graph_.ops().size(), nullptr);
+  {
+    std::vector<Op *> ops = graph_.ops();
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (program_.lowering[i].cudnnAttention)
+        cudnnOps_[i] = cudnnPlans_.at(cudnnAttentionShape(*ops[i])->key()).get();
+  }
   auto module = compileCuda(program_.source, arch);
   if (!module)
     return module.takeError();
@@ -881,7 +972,28 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
   std::vector<void *> args;
   for (size_t p : params)
     args.push_back(&pointers[p]);
-  for (size_t l = 0; l < lowering.launches.size(); ++l) {
+  for (size_t l = 0; l <= lowering.launches.size(); ++l) {
+    if (lowering.cudnnAttention && l == lowering.libraryAt) {
+      cudaEvent_t events[2] = {nullptr, nullptr};
+      if (profileLaunches_) {
+        for (cudaEvent_t &event : events)
+          CUDA_CHECK(cudaEventCreate(&event));
+        CUDA_CHECK(cudaEventRecord(events[0], stream_));
+      }
+      if (auto err = runCudnnAttention(i, pointers))
+        return err;
+      if (profileLaunches_) {
+        CUDA_CHECK(cudaEventRecord(events[1], stream_));
+        CUDA_CHECK(cudaEventSynchronize(events[1]));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+        profileMs_[profileLabel(i) + " (cuDNN)"] += ms;
+        for (cudaEvent_t event : events)
+          cudaEventDestroy(event);
+      }
+    }
+    if (l == lowering.launches.size())
+      break;
     const KernelLaunch &launch = lowering.launches[l];
     cudaEvent_t events[2] = {nullptr, nullptr};
     if (profileLaunches_)

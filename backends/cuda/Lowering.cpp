@@ -77,6 +77,20 @@ public:
     }
     return typed;
   }
+  /// Where result `r`'s pointer is in the list the launches take (the executor's order: the
+  /// operands, each result followed by its BF16 copy's where it has one, the scratch buffers).
+  unsigned resultPointer(unsigned r) const {
+    unsigned p = op_.numOperands();
+    for (unsigned k = 0; k < r; ++k)
+      p += 1 + unsigned(program_.bf16Shadowed.count(op_.result(k)));
+    return p;
+  }
+  unsigned scratchPointer(size_t k) const { return resultPointer(op_.numResults()) + unsigned(k); }
+  /// A scratch buffer of `floats` after those already asked for; returns its pointer's place.
+  unsigned addScratch(int64_t floats) {
+    lowering.scratchFloats.push_back(floats);
+    return scratchPointer(lowering.scratchFloats.size() - 1);
+  }
   /// The header (backends/cuda/kernels) whose templates this op's kernels call.
   void uses(const char *header) {
     headers.insert(header);
@@ -390,7 +404,10 @@ llvm::Error emitReduction(const Op &op, Emitter &e) {
     int64_t period = outputType(op).numElements(), repeats = operandType(op, 0).numElements() / period;
     int64_t chunks = (repeats + kChunk - 1) / kChunk, columnBlocks = (period + kThreads - 1) / kThreads;
     e.uses("reduce.cuh");
-    const char *params = "const float *x, float *out, float *scratch";
+    // x stored in BF16: the gradient cuDNN's attention wrote (countReaders).
+    const char *params = e.program_.bf16Stored.count(op.operand(0))
+                             ? "const unsigned short *x, float *out, float *scratch"
+                             : "const float *x, float *out, float *scratch";
     e.launch(0, params, chunks * columnBlocks,
              fmt::format("columnSumPartials<{}, {}, {}, {}>(x, scratch)", period, repeats, columnBlocks, kChunk));
     e.launch(1, params, columnTotalBlocks(period),
@@ -550,6 +567,94 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
   return llvm::Error::success();
 }
 
+/// cuDNN's fused attention (CudnnAttention) between tgc's launches. The forward: q, k, v to
+/// BF16 head-major (as the tensor-core kernels take them), cuDNN, and out from BF16 where it is
+/// not stored in BF16. The gradient: dout to BF16 head-major (and out, where it is not stored
+/// in BF16), cuDNN writing dq, dk and dv into dqkv's BF16 form, then dqkv's fp32 form from it.
+llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, int64_t H, int64_t Dh) {
+  int64_t D = H * Dh, headBytes = B * T * D * 2; // one of q, k, v head-major in BF16
+  OpLowering &l = e.lowering;
+  l.cudnnAttention = true;
+  bool headMajor = isHeadMajor(op.attrs());
+  auto toHeads = [&](unsigned launch, const std::string &params, const char *from, const char *to, int parts) {
+    e.launch(launch, params, elementwiseBlocks(B * T * parts * D / 4),
+             fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
+  };
+  auto widen = [&](unsigned launch, const std::string &params, int64_t count, const std::string &from,
+                   const char *to) {
+    e.launch(launch, params, elementwiseBlocks(count / 4),
+             fmt::format("widenBf16<{}>((const unsigned short *){}, {})", count, from, to));
+  };
+  using Buffer = OpLowering::LibraryBuffer;
+  auto qkvBuffers = [&](unsigned heads) {
+    for (int part = 0; part < 3; ++part)
+      l.libraryBuffers.push_back(Buffer{heads, part * headBytes});
+  };
+  int64_t workspaceFloats = (e.program_.cudnnAttention.lookup(&op) + 3) / 4;
+  if (op.kind() == OpKind::Attention) {
+    // Pointers: qkv, out [, its copy], lse, heads (a result with head_major), scratch.
+    std::string params = headMajor ? "const float *qkv, float *out, float *lse, float *heads"
+                                   : "const float *qkv, float *out, float *lse";
+    unsigned heads = headMajor ? e.resultPointer(2) : e.addScratch(3 * headBytes / 4);
+    bool outStored = e.program_.bf16Stored.count(op.result(0)), outCopy = e.program_.bf16Shadowed.count(op.result(0));
+    unsigned outBuffer = outStored ? e.resultPointer(0)
+                         : outCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
+                                   : e.addScratch(headBytes / 4);
+    unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
+    auto name = [&](unsigned pointer) { return fmt::format("scratch{}", pointer - e.scratchPointer(0)); };
+    for (size_t k = 0; k < l.scratchFloats.size(); ++k)
+      params += fmt::format(", float *scratch{}", k);
+    toHeads(0, params, "qkv", headMajor ? "heads.p" : name(heads).c_str(), 3);
+    l.libraryAt = 1;
+    qkvBuffers(heads);
+    l.libraryBuffers.push_back(Buffer{outBuffer, 0});
+    l.libraryBuffers.push_back(Buffer{e.resultPointer(1), 0});
+    l.libraryBuffers.push_back(Buffer{workspace, 0});
+    if (outCopy)
+      widen(1, params, B * T * D, "out.h", "out.f");
+    else if (!outStored)
+      widen(1, params, B * T * D, name(outBuffer), "out");
+    return llvm::Error::success();
+  }
+  // Pointers: dout, qkv or heads, out, lse, dqkv [, its copy], scratch.
+  std::string params = fmt::format("const float *dout, const float *{}, const float *out, const float *lse, float *dqkv",
+                                   headMajor ? "heads" : "qkv");
+  const Value *dqkv = op.result(0), *out = op.operand(2);
+  bool dqkvStored = e.program_.bf16Stored.count(dqkv), dqkvCopy = e.program_.bf16Shadowed.count(dqkv);
+  bool outStored = e.program_.bf16Stored.count(out);
+  unsigned heads = headMajor ? 1 : e.addScratch(3 * headBytes / 4);
+  unsigned doutHeads = e.addScratch(headBytes / 4), rowSums = e.addScratch(B * H * T);
+  unsigned outBuffer = outStored ? 2 : e.addScratch(headBytes / 4);
+  unsigned dqkvBuffer = dqkvStored ? e.resultPointer(0)
+                        : dqkvCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
+                                   : e.addScratch(3 * headBytes / 4);
+  unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
+  auto name = [&](unsigned pointer) { return fmt::format("scratch{}", pointer - e.scratchPointer(0)); };
+  for (size_t k = 0; k < l.scratchFloats.size(); ++k)
+    params += fmt::format(", float *scratch{}", k);
+  unsigned launch = 0;
+  if (!headMajor)
+    toHeads(launch++, params, "qkv", name(heads).c_str(), 3);
+  toHeads(launch++, params, "dout", name(doutHeads).c_str(), 1);
+  if (!outStored)
+    e.launch(launch++, params, elementwiseBlocks(B * T * D),
+             fmt::format("roundToBf16(out, (unsigned short *){}, {})", name(outBuffer), B * T * D));
+  l.libraryAt = launch;
+  qkvBuffers(heads);
+  l.libraryBuffers.push_back(Buffer{outBuffer, 0});
+  l.libraryBuffers.push_back(Buffer{doutHeads, 0});
+  l.libraryBuffers.push_back(Buffer{3, 0}); // lse
+  for (int part = 0; part < 3; ++part)
+    l.libraryBuffers.push_back(Buffer{dqkvBuffer, part * D * 2});
+  l.libraryBuffers.push_back(Buffer{rowSums, 0});
+  l.libraryBuffers.push_back(Buffer{workspace, 0});
+  if (dqkvCopy) // the fp32 form from the BF16 copy cuDNN wrote
+    widen(launch, params, 3 * B * T * D, "dqkv.h", "dqkv.f");
+  else if (!dqkvStored)
+    widen(launch, params, 3 * B * T * D, name(dqkvBuffer), "dqkv");
+  return llvm::Error::success();
+}
+
 /// Fused attention and its gradient (attention.cuh): BF16 tensor cores under gemm_dtype at
 /// head dimensions that are multiples of 16 up to 256, else a thread per row.
 llvm::Error emitAttention(const Op &op, Emitter &e) {
@@ -561,6 +666,8 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   std::string scale = lit(*a.getFloat("scale"));
   int64_t blocks = (T + 63) / 64 * B * H;
   e.uses("attention.cuh");
+  if (e.program_.cudnnAttention.count(&op))
+    return emitCudnnAttention(op, e, B, T, H, Dh);
   if (attentionOnTensorCores(a, Dh))
     return emitAttentionBf16(op, e, B, T, H, Dh, scale);
   if (isHeadMajor(a))
@@ -812,12 +919,25 @@ llvm::Error emit(const Op &op, Emitter &e) {
 struct Readers {
   int bf16Gemms = 0, others = 0;
 };
-void countReaders(const Graph &graph, const Value *v, Readers &readers) {
+void countReaders(const Graph &graph, const CudaProgram &program, const Value *v, Readers &readers) {
   if (llvm::is_contained(graph.outputs(), v))
     ++readers.others;
   for (const Op *user : v->users()) {
     if (user->kind() == OpKind::Reshape) {
-      countReaders(graph, user->result(), readers);
+      countReaders(graph, program, user->result(), readers);
+      continue;
+    }
+    // cuDNN's attention gradient reads the forward's out in BF16, as a GEMM operand; the column
+    // sums of a gradient cuDNN wrote (in BF16: the fp32 form holds the same values) read it so.
+    if (program.cudnnAttention.count(user) && user->kind() == OpKind::AttentionBackward && user->operand(2) == v &&
+        user->operand(0) != v && user->operand(1) != v && user->operand(3) != v) {
+      ++readers.bf16Gemms;
+      continue;
+    }
+    const Op *producer = reshapeRoot(v)->def();
+    if (user->kind() == OpKind::ReduceTo && producer && producer->kind() == OpKind::AttentionBackward &&
+        program.cudnnAttention.count(producer)) {
+      ++readers.bf16Gemms;
       continue;
     }
     bool operand = isBf16Gemm(*user);
@@ -901,12 +1021,13 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
       };
   for (const Op *op : graph.ops()) {
     // The op table's Bf16Out column; gemv.cuh's products write through an output type too.
-    if (!opInfo(op->kind()).bf16Outputs && fewRows(*op) == FewRows::None)
+    // cuDNN's attention writes its results in BF16 (the gradient's dqkv too).
+    if (!opInfo(op->kind()).bf16Outputs && fewRows(*op) == FewRows::None && !program.cudnnAttention.count(op))
       continue;
     for (unsigned r = 0; r < op->numResults(); ++r) {
       const Value *v = op->result(r);
       Readers readers;
-      countReaders(graph, v, readers);
+      countReaders(graph, program, v, readers);
       if (v->type().dtype != DType::F32 || readers.bf16Gemms == 0 || program.inPlace.count(v) ||
           program.layout.grads.count(v))
         continue;
@@ -1006,8 +1127,26 @@ std::string assembleSource(const std::set<std::string> &headers, const std::vect
 
 } // namespace
 
+std::optional<CudnnAttentionShape> cudnnAttentionShape(const Op &op) {
+  if (op.kind() != OpKind::Attention && op.kind() != OpKind::AttentionBackward)
+    return std::nullopt;
+  const AttrMap &a = op.attrs();
+  const TensorType &qkv = op.kind() == OpKind::Attention ? op.operand(0)->type() : op.result(0)->type();
+  CudnnAttentionShape shape;
+  shape.B = qkv.dim(0);
+  shape.T = qkv.dim(1);
+  shape.H = *a.getInt("heads");
+  shape.DH = qkv.dim(2) / 3 / shape.H;
+  shape.scale = *a.getFloat("scale");
+  shape.backward = op.kind() == OpKind::AttentionBackward;
+  if (!hasBf16Gemms(a) || !attentionOnTensorCores(a, shape.DH) || shape.DH % 8 || shape.DH > 128)
+    return std::nullopt;
+  return shape;
+}
+
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
   CudaProgram program;
+  program.cudnnAttention = options.cudnnAttention;
   std::vector<Op *> ops = graph.ops();
   for (const Op *op : ops) {
     auto kind = loweringKind(*op);

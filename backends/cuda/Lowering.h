@@ -5,12 +5,14 @@
 // NVRTC (Nvrtc.h) against the embedded headers (KernelHeaders.h).
 #pragma once
 
+#include "backends/cuda/Cudnn.h"
 #include "ir/Gemv.h"
 #include "ir/Graph.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,17 @@ struct OpLowering {
   // Operands that are parameters whose BF16 copy (the executor's, made from the parameter
   // buffer) the launches take instead of their fp32 values: a GEMV's weight.
   std::vector<unsigned> bf16Weights;
+  /// cuDNN's fused attention (Cudnn.h) runs in this op, before launch `libraryAt` (after all of
+  /// them when it equals their number): its buffers (CudnnAttention::run's, then the workspace)
+  /// are these entries of the pointer list the launches take (operands, each result and its
+  /// BF16 copy's, scratch), each at an offset in bytes.
+  bool cudnnAttention = false;
+  size_t libraryAt = 0;
+  struct LibraryBuffer {
+    unsigned pointer = 0;
+    int64_t offset = 0;
+  };
+  std::vector<LibraryBuffer> libraryBuffers;
 };
 
 /// Where parameters, gradients and state live on the GPU: three contiguous buffers, as llm.c
@@ -92,6 +105,8 @@ struct CudaProgram {
   /// GEMMs read the copy, the other readers the fp32 value (a gradient whose bias sum needs
   /// fp32, the probabilities the softmax gradient reads). No result changes.
   llvm::DenseSet<const Value *> bf16Shadowed;
+  /// The attention ops cuDNN runs (LoweringOptions::cudnnAttention), with their workspaces.
+  llvm::DenseMap<const Op *, int64_t> cudnnAttention;
 };
 
 struct LoweringOptions {
@@ -102,9 +117,16 @@ struct LoweringOptions {
   /// stored in BF16 (CudaProgram::bf16Stored), the others get a BF16 copy (bf16Shadowed); the
   /// same bits as converting them at each GEMM.
   bool storeBf16 = true;
+  /// The attention ops (cudnnAttentionShape's) that cuDNN runs, each with the bytes of
+  /// workspace its plan needs: the executor builds the plans before it lowers the program.
+  llvm::DenseMap<const Op *, int64_t> cudnnAttention;
 };
 
+/// The attention cuDNN could run for `op`: an attention or its gradient on BF16 tensor cores at
+/// a head dimension cuDNN's flash attention takes (a multiple of 8 up to 128).
+std::optional<CudnnAttentionShape> cudnnAttentionShape(const Op &op);
+
 /// Generates the kernels of `graph`, or says which op has no lowering yet.
-llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = {});
+llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = LoweringOptions());
 
 } // namespace tgc

@@ -274,6 +274,14 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
         auto &span = shadowLife[root];
         span.second = std::max(span.second, i);
       }
+  // cuDNN's attention writes its BF16 results into their copies, which it may be alone to read.
+  for (int64_t i = 0; i < end; ++i)
+    if (program.lowering[i].cudnnAttention)
+      for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+        if (program.bf16Shadowed.count(ops[i]->result(r))) {
+          auto &span = shadowLife[ops[i]->result(r)];
+          span.second = std::max(span.second, i);
+        }
   std::vector<const Value *> shadows;
   for (int64_t i = 0; i < end; ++i)
     for (unsigned r = 0; r < ops[i]->numResults(); ++r)

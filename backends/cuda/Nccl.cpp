@@ -1,9 +1,8 @@
 #include "backends/cuda/Nccl.h"
 
-#include "support/Error.h"
+#include "backends/cuda/Libraries.h"
 
-#include "llvm/Support/FileSystem.h"
-#include "llvm/Support/Path.h"
+#include "support/Error.h"
 
 #include <dlfcn.h>
 #ifdef TGC_HAVE_CUDA
@@ -21,24 +20,6 @@ namespace {
 
 constexpr const char *kLibrary = "libnccl.so.2";
 
-/// The nvidia/nccl/lib/libnccl.so.2 of each python3.* site-packages or dist-packages folder under
-/// `root` (pip's layout: PyTorch's CUDA wheels carry NCCL there).
-void addPythonCopies(const std::string &root, std::vector<std::string> &out) {
-  std::error_code ec;
-  for (llvm::sys::fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    llvm::StringRef name = llvm::sys::path::filename(it->path());
-    if (!name.starts_with("python3"))
-      continue;
-    for (const char *packages : {"site-packages", "dist-packages"}) {
-      llvm::SmallString<256> path(it->path());
-      llvm::sys::path::append(path, packages, "nvidia", "nccl");
-      llvm::sys::path::append(path, "lib", kLibrary);
-      if (llvm::sys::fs::exists(path))
-        out.push_back(std::string(path));
-    }
-  }
-}
-
 template <typename F> bool bind(void *handle, const char *symbol, F &fn) {
   fn = reinterpret_cast<F>(dlsym(handle, symbol));
   return fn != nullptr;
@@ -51,30 +32,7 @@ std::string NcclApi::versionText() const {
   return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
 }
 
-std::vector<std::string> ncclCandidates() {
-  if (const char *given = std::getenv("TGC_NCCL_LIBRARY"); given && *given)
-    return {given};
-  std::vector<std::string> out;
-  auto add = [&](std::string path) {
-    if (!path.empty() && std::find(out.begin(), out.end(), path) == out.end())
-      out.push_back(std::move(path));
-  };
-  if (const char *home = std::getenv("CUDA_HOME"); home && *home)
-    add(std::string(home) + "/lib64/" + kLibrary);
-#ifdef TGC_CUDA_LIBRARY_DIR
-  add(std::string(TGC_CUDA_LIBRARY_DIR) + "/" + kLibrary);
-#endif
-  add(std::string("/usr/local/cuda/lib64/") + kLibrary);
-  add(kLibrary); // the system's search: LD_LIBRARY_PATH, ld.so.cache
-  std::vector<std::string> python;
-  for (const char *root : {"/usr/local/lib", "/usr/lib"})
-    addPythonCopies(root, python);
-  if (const char *home = std::getenv("HOME"); home && *home)
-    addPythonCopies(std::string(home) + "/.local/lib", python);
-  for (std::string &p : python)
-    add(std::move(p));
-  return out;
-}
+std::vector<std::string> ncclCandidates() { return libraryCandidates("TGC_NCCL_LIBRARY", "nccl", kLibrary); }
 
 llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates) {
   std::vector<std::string> tried;
@@ -113,12 +71,9 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
     }
     return api; // the handle stays open for the process
   }
-  std::string list;
-  for (const std::string &t : tried)
-    list += "\n  " + t;
   return stringError(fmt::format("error: NCCL ({}) was not found; tried, in order (set TGC_NCCL_LIBRARY to "
                                  "its path):{}",
-                                 kLibrary, list.empty() ? "\n  nothing" : list));
+                                 kLibrary, listTried(tried)));
 }
 
 llvm::Expected<const NcclApi *> loadNccl() {

@@ -38,10 +38,7 @@ struct NcclApi {
   std::string versionText() const;
 };
 
-/// Where NCCL is looked for, in order: $TGC_NCCL_LIBRARY (when set, alone: a path the user
-/// gives is not silently replaced), the CUDA toolkit's library folders ($CUDA_HOME, the one tgc
-/// was built with, /usr/local/cuda), the system's search (libnccl.so.2), then PyTorch's copy in
-/// Python's site-packages (nvidia/nccl/lib), where the GPU machines have it.
+/// Where NCCL (libnccl.so.2) is looked for: Libraries.h's order, $TGC_NCCL_LIBRARY first.
 std::vector<std::string> ncclCandidates();
 
 /// Loads the first of `candidates` that opens and has NCCL's symbols; the error names each one

@@ -83,6 +83,18 @@ __device__ void toHeadsBf16(const float *src, unsigned short *dst) {
   }
 }
 
+// A result cuDNN's attention wrote in BF16 (Cudnn.h): its fp32 form into `out` (for an
+// F32Bf16Out with `src` its own BF16 copy, the fp32 half alone). Four elements a thread.
+template <int64 N, typename Out>
+__device__ void widenBf16(const unsigned short *src, Out out) {
+  FOR_EACH_ELEMENT(i, N / 4) {
+    uint2 bits = *(const uint2 *)(src + 4 * i);
+    store4(out, 4 * i,
+           make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
+                       __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u)));
+  }
+}
+
 // The rows of the other side (keys, or queries in the key/value gradient) a shared tile holds:
 // two stages of two tiles stay within 48 KB of static shared memory.
 template <int DH>

@@ -84,6 +84,10 @@ struct Bf16Out {
   __device__ Bf16Out operator+(int64 i) const { return Bf16Out{p + i}; }
 };
 
+// An element read as fp32: a float, or the bits of a value stored in BF16.
+__device__ __forceinline__ float elementValue(float x) { return x; }
+__device__ __forceinline__ float elementValue(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }
+
 // The output of a kernel whose result also has a BF16 copy (CudaProgram::bf16Shadowed):
 // `out[i] = value` stores value, and value rounded to BF16 into the copy.
 struct F32Bf16Out {

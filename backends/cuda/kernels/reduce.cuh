@@ -5,15 +5,16 @@
 
 #include "common.cuh"
 
-// Column sums of x viewed as [Repeats, Period]. Launch 0: one thread per column sums a chunk
-// of Chunk rows into scratch (ColumnBlocks blocks across the columns, for each chunk).
-template <int64 Period, int64 Repeats, int64 ColumnBlocks, int64 Chunk>
-__device__ void columnSumPartials(const float *x, float *scratch) {
+// Column sums of x viewed as [Repeats, Period] (fp32, or stored in BF16). Launch 0: one thread
+// per column sums a chunk of Chunk rows into scratch (ColumnBlocks blocks across the columns, for
+// each chunk).
+template <int64 Period, int64 Repeats, int64 ColumnBlocks, int64 Chunk, typename In>
+__device__ void columnSumPartials(const In *x, float *scratch) {
   double *partial = (double *)scratch;
   int64 chunk = blockIdx.x / ColumnBlocks, column = (blockIdx.x % ColumnBlocks) * blockDim.x + threadIdx.x;
   if (column >= Period) return;
   double sum = 0;
-  for (int64 r = chunk * Chunk; r < Repeats && r < (chunk + 1) * Chunk; ++r) sum += x[r * Period + column];
+  for (int64 r = chunk * Chunk; r < Repeats && r < (chunk + 1) * Chunk; ++r) sum += elementValue(x[r * Period + column]);
   partial[chunk * Period + column] = sum;
 }
 

@@ -10,6 +10,7 @@
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
 #include "backends/cuda/CudaExecutor.h"
+#include "backends/cuda/Cudnn.h"
 #include "backends/cuda/Nccl.h"
 #include "backends/cpu/Fp8Scaling.h"
 #include "app/Generate.h"
@@ -391,9 +392,17 @@ TEST(GpuKernels, LayerNormLinearAndMLPAndTheirGradientsMatchTheCpu) {
 
 /// attention and its gradient at shapes the tiny model does not have: several 64-row tiles, a
 /// last tile cut short, head dimensions from 12 to 128; on tensor cores (BF16), a thread per
-/// row (BF16 at head dimension 12, which the tensor-core kernels do not take) and in fp32.
-TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
+/// row (BF16 at head dimension 12, which the tensor-core kernels do not take) and in fp32. Run
+/// by tgc's kernels, and by cuDNN's fused attention where cuDNN is found (BF16, head dimensions
+/// that are multiples of 8: every shape here but 12).
+class GpuAttention : public testing::TestWithParam<std::string> {};
+
+TEST_P(GpuAttention, AndItsGradientMatchTheCpuAtSeveralShapes) {
   SKIP_WITHOUT_GPU();
+  bool cudnn = GetParam() == "cudnn";
+  if (cudnn)
+    if (auto api = loadCudnn(); !api)
+      GTEST_SKIP() << llvm::toString(api.takeError());
   struct Shape {
     int64_t B, T, H, Dh;
   };
@@ -431,8 +440,11 @@ TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
       auto want = unwrap(cpu.run());
       CudaOptions options;
       options.poisonResults = true;
+      options.cudnnAttention = cudnn;
       auto gpu = unwrap(createCudaExecutor(graph, options));
       ASSERT_TRUE(gpu);
+      bool byCudnn = llvm::StringRef(gpu->describe()).contains("attention by cuDNN");
+      EXPECT_EQ(byCudnn, cudnn && std::string(dtype) == "bf16" && s.Dh % 8 == 0) << gpu->describe();
       ASSERT_FALSE(bool(gpu->bindAll(inputs)));
       auto got = unwrap(gpu->run());
       ASSERT_EQ(got.size(), 3u); // out, lse, dqkv
@@ -448,6 +460,9 @@ TEST(GpuKernels, AttentionAndItsGradientMatchTheCpuAtSeveralShapes) {
       }
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GpuAttention, testing::Values("tgc", "cudnn"),
+                         [](const testing::TestParamInfo<std::string> &info) { return info.param; });
 
 /// The largest difference between `got` and `want`, and the largest magnitude in `want` (what
 /// the tests' bounds are relative to).
@@ -955,6 +970,8 @@ TEST(GpuTraining, ParametersDrawnOnTheDeviceHaveTheHostsBits) {
 TEST(GpuTraining, SameSeedSameLossesBitForBit) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(losses(theGpu(), 5), losses(theGpu(), 5));
+  // BF16: the attention on cuDNN where it is found (its deterministic gradient).
+  EXPECT_EQ(losses(theGpu(), 5, "bf16"), losses(theGpu(), 5, "bf16"));
 }
 
 } // namespace

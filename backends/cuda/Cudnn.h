@@ -1,0 +1,103 @@
+// cuDNN, loaded at run time (dlopen): its fused flash attention, forward and backward, built
+// through the backend API as the operation graph Transformer Engine and PyTorch give it
+// (cudnn_frontend's SDPA nodes: scores, scale, causal mask, softmax with its statistics, the
+// product with V; and the gradient's chain). tgc builds and runs without cuDNN: its own
+// attention kernels (attention.cuh) run wherever cuDNN is absent, refuses a shape, or
+// TGC_CUDNN=0, and they and the CPU interpreter are what cuDNN's results are tested against.
+#pragma once
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tgc {
+
+/// cuDNN's C API (cudnn_graph.h, ABI of 9.x), declared here so that no cuDNN header is needed
+/// to build: the calls tgc makes. Results are cudnnStatus_t (0: success); handles and
+/// descriptors are opaque pointers.
+struct CudnnApi {
+  std::string path;   // the file loaded
+  size_t version = 0; // cudnnGetVersion: 91900 is 9.19.0
+  size_t (*getVersion)() = nullptr;
+  int (*create)(void **handle) = nullptr;
+  int (*destroy)(void *handle) = nullptr;
+  int (*setStream)(void *handle, void *stream) = nullptr;
+  const char *(*errorString)(int status) = nullptr;
+  void (*lastErrorString)(char *message, size_t size) = nullptr;
+  int (*createDescriptor)(int type, void **descriptor) = nullptr;
+  int (*destroyDescriptor)(void *descriptor) = nullptr;
+  int (*finalize)(void *descriptor) = nullptr;
+  int (*setAttribute)(void *descriptor, int name, int type, int64_t count, const void *elements) = nullptr;
+  int (*getAttribute)(void *descriptor, int name, int type, int64_t requested, int64_t *count,
+                      void *elements) = nullptr;
+  int (*execute)(void *handle, void *plan, void *variantPack) = nullptr;
+
+  /// "9.19.0".
+  std::string versionText() const;
+};
+
+/// Where cuDNN (libcudnn.so.9) is looked for: Libraries.h's order, $TGC_CUDNN_LIBRARY first.
+std::vector<std::string> cudnnCandidates();
+
+/// Loads the first of `candidates` that opens, has cuDNN's symbols and is cuDNN 9; the error
+/// names each one tried and why it failed.
+llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidates);
+
+/// loadCudnnFrom(cudnnCandidates()), once a process.
+llvm::Expected<const CudnnApi *> loadCudnn();
+
+/// A causal attention as tgc lays it out: B sequences of T positions, H heads of DH, scores
+/// scaled by `scale` before the softmax. BF16 operands: q, k and v head-major ([3][B][H][T][DH],
+/// keep-attention-heads' copy or the lowering's), the output and its gradient's rows as
+/// [B][T][H * DH] (out) and head-major (dout); the statistics (log-sum-exp of each query's scaled
+/// scores, natural log) fp32 [B][H][T]; the gradients of q, k and v in the rows of the packed
+/// [B][T][3 * H * DH] BF16 dqkv.
+struct CudnnAttentionShape {
+  int64_t B = 0, T = 0, H = 0, DH = 0;
+  double scale = 1;
+  bool backward = false;
+  /// What a plan depends on (layers of one model share their plans).
+  std::string key() const;
+};
+
+/// One finalized cuDNN plan for a CudnnAttentionShape. The backward is cuDNN's deterministic
+/// one (the gradient of the scores through a workspace, no atomic accumulation of dq): the same
+/// inputs give the same bits, as tgc's own kernels do.
+class CudnnAttention {
+public:
+  /// Builds the operation graph and the first of cuDNN's heuristic choices that finalizes on
+  /// `handle`'s GPU, or says why cuDNN does not take the shape.
+  static llvm::Expected<std::unique_ptr<CudnnAttention>> create(const CudnnApi &api, void *handle,
+                                                                const CudnnAttentionShape &shape);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention &) = delete;
+  CudnnAttention &operator=(const CudnnAttention &) = delete;
+
+  const CudnnAttentionShape &shape() const { return shape_; }
+  int64_t workspaceBytes() const { return workspaceBytes_; }
+  /// Enqueues the attention on the handle's stream. Forward: q, k, v, out, stats. Backward: q, k,
+  /// v, out, dout, stats, dq, dk, dv, and an fp32 [B][H][T] buffer of sum(dout * out) per query.
+  llvm::Error run(void *handle, llvm::ArrayRef<void *> pointers, void *workspace) const;
+
+  /// How many pointers run() takes.
+  static size_t operandCount(bool backward) { return backward ? 10 : 5; }
+
+private:
+  CudnnAttention(const CudnnApi &api, CudnnAttentionShape shape) : api_(api), shape_(shape) {}
+  const CudnnApi &api_;
+  CudnnAttentionShape shape_;
+  std::vector<void *> descriptors_; // every descriptor of the graph and the plan, destroyed last
+  void *plan_ = nullptr;
+  int64_t workspaceBytes_ = 0;
+  std::vector<int64_t> uids_; // of run()'s pointers, in order
+  // The scalars passed by value (scale, -inf, 1), as the variant pack points at them.
+  struct Scalars {
+    float scale = 1, negativeInfinity = 0, one = 1;
+  } scalars_;
+};
+
+} // namespace tgc

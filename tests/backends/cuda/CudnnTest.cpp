@@ -1,0 +1,127 @@
+// cuDNN's run-time loader (backends/cuda/Cudnn.h) and the lowering of the attention ops cuDNN
+// runs, without a GPU: what the loader finds and says, and which launches, BF16 values and
+// buffers the lowering gives cuDNN's attention. (cuDNN's results against the CPU: GpuTest.)
+#include "backends/cuda/Cudnn.h"
+#include "backends/cuda/Lowering.h"
+#include "backends/cuda/Pipeline.h"
+#include "models/GPTBuilder.h"
+#include "transforms/Pass.h"
+#include "tests/TestUtil.h"
+
+#include "llvm/Support/FileSystem.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+TEST(Cudnn, AbsentLibrariesAreOneErrorNamingEachPlaceTried) {
+  std::string error = llvm::toString(
+      loadCudnnFrom({"/nonexistent/libcudnn.so.9", "/lib/x86_64-linux-gnu/libm.so.6"}).takeError());
+  EXPECT_NE(error.find("error: cuDNN (libcudnn.so.9) was not found"), std::string::npos) << error;
+  EXPECT_NE(error.find("TGC_CUDNN_LIBRARY"), std::string::npos) << error;
+  EXPECT_NE(error.find("/nonexistent/libcudnn.so.9 ("), std::string::npos) << error;
+  if (llvm::sys::fs::exists("/lib/x86_64-linux-gnu/libm.so.6")) {
+    EXPECT_NE(error.find("libm.so.6 (not cuDNN 9: no cudnnGetVersion)"), std::string::npos) << error;
+  }
+  EXPECT_NE(llvm::toString(loadCudnnFrom({}).takeError()).find("nothing"), std::string::npos);
+}
+
+TEST(Cudnn, TheSearchStartsWithTheUsersPathAloneThenTheToolkitThenTheSystem) {
+  setenv("TGC_CUDNN_LIBRARY", "/given/libcudnn.so.9", 1);
+  EXPECT_EQ(cudnnCandidates(), std::vector<std::string>{"/given/libcudnn.so.9"});
+  unsetenv("TGC_CUDNN_LIBRARY");
+  std::vector<std::string> candidates = cudnnCandidates();
+  auto at = [&](const std::string &path) { return std::find(candidates.begin(), candidates.end(), path); };
+  ASSERT_NE(at("libcudnn.so.9"), candidates.end());
+  EXPECT_LT(at("/usr/local/cuda/lib64/libcudnn.so.9"), at("libcudnn.so.9"));
+  for (auto it = at("libcudnn.so.9") + 1; it != candidates.end(); ++it)
+    EXPECT_NE(it->find("nvidia/cudnn/lib/libcudnn.so.9"), std::string::npos) << *it;
+}
+
+// Where the machine has cuDNN 9 (the CUDA toolkit's copy on the development machines), it
+// loads and reports its version; elsewhere the test says what was tried.
+TEST(Cudnn, LoadsWhereTheMachineHasIt) {
+  auto api = loadCudnnFrom(cudnnCandidates());
+  if (!api)
+    GTEST_SKIP() << llvm::toString(api.takeError());
+  EXPECT_GE(api->version, 90000u) << api->path;
+  EXPECT_LT(api->version, 100000u) << api->path;
+  EXPECT_TRUE(api->createDescriptor && api->setAttribute && api->finalize && api->execute);
+  EXPECT_STREQ(api->errorString(0), "CUDNN_STATUS_SUCCESS");
+}
+
+/// The tiny model's BF16 training program as the GPU compiles it.
+std::unique_ptr<Graph> tinyBf16Training() {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  auto graph = unwrap(buildGPT(c, 4, GPTOutput::Loss));
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = c.precision;
+  options.passOptions.precision.recipe = Recipe::Bf16;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, Recipe::Bf16), options));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  return graph;
+}
+
+TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWriteBf16) {
+  auto graph = tinyBf16Training();
+  ASSERT_TRUE(graph);
+  LoweringOptions options;
+  std::vector<const Op *> attention;
+  for (const Op *op : graph->ops())
+    if (auto shape = cudnnAttentionShape(*op)) {
+      options.cudnnAttention[op] = 4096; // bytes of workspace
+      attention.push_back(op);
+    }
+  ASSERT_EQ(attention.size(), 4u); // two layers, forward and gradient
+  CudaProgram tgcKernels = unwrap(lowerToCuda(*graph));
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  std::vector<Op *> ops = graph->ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op *op = ops[i];
+    const OpLowering &l = program.lowering[i];
+    if (!options.cudnnAttention.count(op)) {
+      EXPECT_FALSE(l.cudnnAttention);
+      continue;
+    }
+    SCOPED_TRACE(op->result()->name());
+    bool backward = op->kind() == OpKind::AttentionBackward;
+    ASSERT_TRUE(l.cudnnAttention);
+    // run()'s buffers and the workspace, each an entry of the launches' pointer list.
+    ASSERT_EQ(l.libraryBuffers.size(), CudnnAttention::operandCount(backward) + 1);
+    EXPECT_EQ(l.scratchFloats.back(), 4096 / 4); // the workspace, last
+    if (!backward) {
+      // q, k and v to head-major BF16 (keep-attention-heads' result), then cuDNN writes out in
+      // BF16: its readers (the projection's GEMM, cuDNN's gradient) read BF16.
+      ASSERT_EQ(l.launches.size(), 1u);
+      EXPECT_EQ(l.libraryAt, 1u);
+      EXPECT_TRUE(program.bf16Stored.count(op->result(0)));
+      EXPECT_FALSE(tgcKernels.bf16Stored.count(op->result(0)));
+      EXPECT_EQ(l.libraryBuffers[1].offset - l.libraryBuffers[0].offset,
+                l.libraryBuffers[2].offset - l.libraryBuffers[1].offset); // k after q, v after k
+    } else {
+      // dout to head-major BF16, then cuDNN writes dqkv in BF16: its readers (the GEMMs, the
+      // bias gradient's column sums) read BF16.
+      ASSERT_EQ(l.launches.size(), 1u);
+      EXPECT_EQ(l.libraryAt, 1u);
+      EXPECT_TRUE(program.bf16Stored.count(op->result(0)));
+      int64_t D = op->result(0)->type().dim(2) / 3;
+      EXPECT_EQ(l.libraryBuffers[7].offset, 2 * D); // dk: D BF16 elements into dqkv's rows
+      EXPECT_EQ(l.libraryBuffers[8].offset, 4 * D); // dv
+      EXPECT_EQ(l.libraryBuffers[6].pointer, l.libraryBuffers[8].pointer);
+    }
+  }
+  EXPECT_NE(program.source.find("columnSumPartials<") , std::string::npos);
+  EXPECT_NE(program.source.find("const unsigned short *x, float *out, float *scratch"), std::string::npos)
+      << "the qkv bias gradient reads dqkv in BF16";
+  EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
+  EXPECT_NE(tgcKernels.source.find("attentionForwardBf16<"), std::string::npos);
+}
+
+} // namespace
