@@ -13,6 +13,7 @@
 #include "transforms/Pass.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -133,6 +134,8 @@ private:
   /// The attention ops cuDNN runs, each with its plan (one per distinct shape), into `lowering`:
   /// where cuDNN is absent or refuses a shape, tgc's kernels run it, and the description says.
   void planCudnnAttention(int major, LoweringOptions &lowering);
+  /// Times `plan`'s candidates on buffers of its own and chooses the fastest (`tuner`, `key`).
+  llvm::Error chooseCudnnPlan(CudnnAttention &plan, GemmTuner &tuner, const std::string &key);
   /// Enqueues op `i`'s cuDNN attention with the buffers among the launches' `pointers`.
   llvm::Error runCudnnAttention(size_t i, const std::vector<void *> &pointers);
   llvm::Error allocateRegions(const MemoryPlan &plan, Regions &regions);
@@ -249,6 +252,7 @@ private:
   void *cudnnHandle_ = nullptr;
   std::map<std::string, std::unique_ptr<CudnnAttention>> cudnnPlans_;
   std::vector<const CudnnAttention *> cudnnOps_; // per op
+  std::vector<std::unique_ptr<CudnnAttention::Buffers>> cudnnBuffers_; // per op, made at its first call
   static constexpr size_t kWorkspaceBytes = 32 << 20; // 32 MiB, as fp8.md suggests for Hopper
 };
 
@@ -274,6 +278,7 @@ CudaExecutor::~CudaExecutor() {
   }
   if (graph_exec_)
     cudaGraphExecDestroy(graph_exec_);
+  cudnnBuffers_.clear();
   cudnnPlans_.clear(); // before their handle
   if (cudnnHandle_)
     cudnn_->destroy(cudnnHandle_);
@@ -501,16 +506,31 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
   }
   std::string refused; // the first shape cuDNN did not take, and why
   size_t taken = 0;
+  // cuDNN's engine configurations are chosen as the GEMMs' algorithms are (GemmTuning.h): timed
+  // once, the choice kept in the kernel cache folder, so that later runs build that plan alone
+  // and the same seed keeps its bits.
+  GemmTuner tuner(kernelCacheDir() + "/gemm-algorithms.txt");
   for (auto &[op, shape] : candidates) {
     auto it = cudnnPlans_.find(shape.key());
     if (it == cudnnPlans_.end()) {
-      auto plan = CudnnAttention::create(*cudnn_, cudnnHandle_, shape);
+      std::string key = fmt::format("cudnn {} {} {}", cudnn_->versionText(), deviceName_, shape.key());
+      std::optional<int> kept = tuner.enabled() ? tuner.kept(key) : std::optional<int>(0);
+      auto plan = CudnnAttention::create(*cudnn_, cudnnHandle_, shape, kept ? *kept : -1);
+      if (plan && (*plan)->candidates() > 1)
+        if (auto err = chooseCudnnPlan(**plan, tuner, key)) {
+          llvm::consumeError(std::move(err)); // untimed: the heuristic's first
+          (*plan)->choose(0);
+        }
       if (!plan) {
         std::string why = llvm::toString(plan.takeError());
         if (refused.empty())
           refused = why;
         it = cudnnPlans_.emplace(shape.key(), nullptr).first;
       } else {
+        if (printProfile_)
+          llvm::errs() << fmt::format("tgc: cuDNN's attention ({}): engine configuration {} of {}, {} bytes of workspace\n",
+                                      shape.key(), (*plan)->engineConfig(), (*plan)->engineConfigs(),
+                                      (*plan)->workspaceBytes());
         it = cudnnPlans_.emplace(shape.key(), std::move(*plan)).first;
       }
     }
@@ -519,6 +539,7 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
     lowering.cudnnAttention[op] = it->second->workspaceBytes();
     ++taken;
   }
+  tuner.save();
   if (taken)
     description_ += fmt::format(", attention by cuDNN {} ({} of {} ops)", cudnn_->versionText(), taken,
                                 candidates.size());
@@ -526,6 +547,83 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
     description_ += taken ? "" : ", attention by tgc's kernels";
     llvm::errs() << "tgc: " << refused << "; tgc's attention kernels run those ops\n";
   }
+}
+
+llvm::Error CudaExecutor::chooseCudnnPlan(CudnnAttention &plan, GemmTuner &tuner, const std::string &key) {
+  // Buffers of the shape's sizes (zeros), on the handle's stream (the default one until the
+  // executor's exists), for the candidates' trial runs; freed after.
+  const CudnnAttentionShape &s = plan.shape();
+  int64_t rows = s.B * s.T * s.H * s.DH * 2, stats = s.B * s.H * s.T * 4; // bytes of one of q, k, v; of the stats
+  std::vector<int64_t> sizes = s.backward ? std::vector<int64_t>{3 * rows, rows, rows, stats, 3 * rows, stats}
+                                          : std::vector<int64_t>{3 * rows, rows, stats};
+  int64_t total = plan.largestWorkspaceBytes() + 256;
+  for (int64_t bytes : sizes)
+    total += (bytes + 255) / 256 * 256;
+  char *block = nullptr;
+  CUDA_CHECK(cudaMalloc(&block, size_t(total)));
+  auto release = llvm::make_scope_exit([&] { cudaFree(block); });
+  CUDA_CHECK(cudaMemset(block, 0, size_t(total)));
+  std::vector<char *> at;
+  char *next = block;
+  for (int64_t bytes : sizes) {
+    at.push_back(next);
+    next += (bytes + 255) / 256 * 256;
+  }
+  int64_t D = s.H * s.DH;
+  std::vector<void *> pointers = {at[0], at[0] + rows, at[0] + 2 * rows, at[1]};
+  if (s.backward)
+    pointers.insert(pointers.end(), {at[2], at[3], at[4], at[4] + 2 * D, at[4] + 4 * D, at[5]});
+  else
+    pointers.push_back(at[2]);
+  auto buffers = plan.buffers(pointers, next);
+  if (!buffers)
+    return buffers.takeError();
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  auto events = llvm::make_scope_exit([&] {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  });
+  // The choice is a configuration's place among cuDNN's heuristic choices (what a later run
+  // builds alone); those without a plan here are never chosen.
+  auto time = [&](int config) -> llvm::Expected<float> {
+    int candidate = -1;
+    for (size_t c = 0; c < plan.candidates(); ++c) {
+      plan.choose(c);
+      if (plan.engineConfig() == config)
+        candidate = int(c);
+    }
+    if (candidate < 0)
+      return 1e30f;
+    for (int warm = 0; warm < 2; ++warm)
+      if (auto err = plan.run(cudnnHandle_, **buffers, candidate))
+        return std::move(err);
+    CUDA_CHECK(cudaEventRecord(start, 0));
+    for (int run = 0; run < 5; ++run)
+      if (auto err = plan.run(cudnnHandle_, **buffers, candidate))
+        return std::move(err);
+    CUDA_CHECK(cudaEventRecord(stop, 0));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+  };
+  int configs = 0;
+  for (size_t c = 0; c < plan.candidates(); ++c) {
+    plan.choose(c);
+    configs = std::max(configs, plan.engineConfig() + 1);
+  }
+  auto config = tuner.choose(key, configs, time);
+  if (!config)
+    return config.takeError();
+  for (size_t c = 0; c < plan.candidates(); ++c) {
+    plan.choose(c);
+    if (plan.engineConfig() == *config)
+      return llvm::Error::success();
+  }
+  plan.choose(0);
+  return llvm::Error::success();
 }
 
 llvm::Error CudaExecutor::runCudnnAttention(size_t i, const std::vector<void *> &pointers) {
@@ -536,7 +634,15 @@ llvm::Error CudaExecutor::runCudnnAttention(size_t i, const std::vector<void *> 
   void *workspace = buffers.back();
   buffers.pop_back();
   afterGeneratedKernel_ = false;
-  return cudnnOps_[i]->run(cudnnHandle_, buffers, workspace);
+  // The variant pack is made at the op's first call: no host work at the next ones.
+  std::unique_ptr<CudnnAttention::Buffers> &made = cudnnBuffers_[i];
+  if (!made || !made->same(buffers, workspace)) {
+    auto fresh = cudnnOps_[i]->buffers(buffers, workspace);
+    if (!fresh)
+      return fresh.takeError();
+    made = std::move(*fresh);
+  }
+  return cudnnOps_[i]->run(cudnnHandle_, *made);
 }
 
 llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
@@ -549,6 +655,7 @@ llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
     return program.takeError();
   program_ = std::move(*program);
   cudnnOps_.assign(graph_.ops().size(), nullptr);
+  cudnnBuffers_.resize(graph_.ops().size());
   {
     std::vector<Op *> ops = graph_.ops();
     for (size_t i = 0; i < ops.size(); ++i)

@@ -436,12 +436,11 @@ llvm::Expected<const CudnnApi *> loadCudnn() {
 }
 
 std::string CudnnAttentionShape::key() const {
-  return fmt::format("{} B {} T {} H {} DH {} scale {}", backward ? "backward" : "forward", B, T, H, DH,
-                     scale);
+  return fmt::format("{} B {} T {} H {} DH {} scale {}", backward ? "backward" : "forward", B, T, H, DH, scale);
 }
 
 llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const CudnnApi &api, void *handle,
-                                                                       const CudnnAttentionShape &s) {
+                                                                       const CudnnAttentionShape &s, int only) {
   std::unique_ptr<CudnnAttention> a(new CudnnAttention(api, s));
   a->scalars_.scale = float(s.scale);
   a->scalars_.negativeInfinity = -std::numeric_limits<float>::infinity();
@@ -548,8 +547,13 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   if (g.failed())
     return stringError(fmt::format("cuDNN {} does not build the attention ({}): {}", api.versionText(), s.key(),
                                    g.failure()));
+  // A plan for each configuration that finalizes (finalizing compiles cuDNN's kernels for the
+  // runtime-compiled engines: at most kMaxCandidates of them; `only`, when given, alone).
+  a->engineConfigs_ = int(count);
   std::string refusals;
-  for (int64_t i = 0; i < count && !a->plan_; ++i) {
+  for (int64_t i = 0; i < count && a->candidates_.size() < size_t(kMaxCandidates); ++i) {
+    if (only >= 0 && i != only)
+      continue;
     void *plan = nullptr;
     if (api.createDescriptor(cudnn::ExecutionPlanDescriptor, &plan) != 0)
       break;
@@ -560,21 +564,22 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
       status = api.setAttribute(plan, cudnn::ExecutionPlanEngineConfig, cudnn::TypeBackendDescriptor, 1, &config);
     if (status == 0)
       status = api.finalize(plan);
+    int64_t n = 0, workspace = 0;
+    if (status == 0)
+      status = api.getAttribute(plan, cudnn::ExecutionPlanWorkspaceSize, cudnn::TypeInt64, 1, &n, &workspace);
     if (status == 0) {
-      a->plan_ = plan;
-      break;
+      a->candidates_.push_back({plan, workspace, int(i)});
+      continue;
     }
     char message[256] = {0};
     api.lastErrorString(message, sizeof(message));
     refusals += fmt::format("\n  configuration {}: {} ({}) {}", i, api.errorString(status), status, message);
   }
-  if (!a->plan_)
+  if (a->candidates_.empty() && only >= 0) // the configuration asked for is gone: any other
+    return create(api, handle, s);
+  if (a->candidates_.empty())
     return stringError(fmt::format("cuDNN {} has no plan for the attention ({}): {} engine configurations{}",
                                    api.versionText(), s.key(), count, refusals));
-  int64_t n = 0;
-  if (api.getAttribute(a->plan_, cudnn::ExecutionPlanWorkspaceSize, cudnn::TypeInt64, 1, &n, &a->workspaceBytes_) !=
-      0)
-    return stringError(fmt::format("cuDNN {}: the attention plan's workspace size is unknown", api.versionText()));
   return std::move(a);
 }
 
@@ -584,10 +589,19 @@ CudnnAttention::~CudnnAttention() {
     api_.destroyDescriptor(*it);
 }
 
-llvm::Error CudnnAttention::run(void *handle, llvm::ArrayRef<void *> pointers, void *workspace) const {
-  size_t operands = operandCount(shape_.backward);
+CudnnAttention::Buffers::~Buffers() {
+  if (pack_)
+    api_.destroyDescriptor(pack_);
+}
+
+llvm::Expected<std::unique_ptr<CudnnAttention::Buffers>> CudnnAttention::buffers(llvm::ArrayRef<void *> pointers,
+                                                                                 void *workspace) const {
+  size_t operands = operandCount(shape_);
   if (pointers.size() != operands)
     return stringError(fmt::format("error: cuDNN's attention takes {} buffers, got {}", operands, pointers.size()));
+  std::unique_ptr<Buffers> b(new Buffers(api_));
+  b->pointers_.assign(pointers.begin(), pointers.end());
+  b->workspace_ = workspace;
   std::vector<void *> data(pointers.begin(), pointers.end());
   data.push_back(const_cast<float *>(&scalars_.scale));
   data.push_back(const_cast<float *>(&scalars_.negativeInfinity));
@@ -602,12 +616,27 @@ llvm::Error CudnnAttention::run(void *handle, llvm::ArrayRef<void *> pointers, v
         "the variant pack's pointers");
   g.set(pack, cudnn::VariantPackWorkspace, cudnn::TypeVoidPtr, 1, &workspace, "the variant pack's workspace");
   g.finalize(pack, "the variant pack");
-  if (!g.failed())
-    g.check(api_.execute(handle, plan_, pack), "cudnnBackendExecute");
-  for (void *d : owned)
-    api_.destroyDescriptor(d);
+  b->pack_ = pack; // owned by the Buffers from here on
   if (g.failed())
-    return stringError(fmt::format("error: cuDNN's attention ({}) failed: {}", shape_.key(), g.failure()));
+    return stringError(fmt::format("error: cuDNN's attention ({}): {}", shape_.key(), g.failure()));
+  return std::move(b);
+}
+
+int64_t CudnnAttention::largestWorkspaceBytes() const {
+  int64_t largest = 0;
+  for (const Candidate &c : candidates_)
+    largest = std::max(largest, c.workspaceBytes);
+  return largest;
+}
+
+llvm::Error CudnnAttention::run(void *handle, const Buffers &buffers, int candidate) const {
+  void *plan = candidates_[candidate >= 0 ? size_t(candidate) : chosen_].plan;
+  if (int status = api_.execute(handle, plan, buffers.pack_); status != 0) {
+    char message[256] = {0};
+    api_.lastErrorString(message, sizeof(message));
+    return stringError(fmt::format("error: cuDNN's attention ({}) failed: {} ({}) {}", shape_.key(),
+                                   api_.errorString(status), status, message));
+  }
   return llvm::Error::success();
 }
 

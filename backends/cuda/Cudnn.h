@@ -65,34 +65,70 @@ struct CudnnAttentionShape {
 };
 
 /// One finalized cuDNN plan for a CudnnAttentionShape. The backward is cuDNN's deterministic
-/// one (the gradient of the scores through a workspace, no atomic accumulation of dq): the same
-/// inputs give the same bits, as tgc's own kernels do.
+/// one (dq from its own product through a workspace, no atomic accumulation): the same inputs
+/// give the same bits, as tgc's own kernels do; cudnn_frontend's default, dq accumulated by
+/// atomic adds, ran no faster on the H200 (BENCHMARKS.md, session 14).
 class CudnnAttention {
 public:
-  /// Builds the operation graph and the first of cuDNN's heuristic choices that finalizes on
-  /// `handle`'s GPU, or says why cuDNN does not take the shape.
+  /// Builds the operation graph and plans for up to kMaxCandidates of cuDNN's heuristic choices
+  /// (engine configurations) that finalize on `handle`'s GPU, the first chosen; with `config`,
+  /// that configuration alone where it finalizes. Or says why cuDNN does not take the shape.
   static llvm::Expected<std::unique_ptr<CudnnAttention>> create(const CudnnApi &api, void *handle,
-                                                                const CudnnAttentionShape &shape);
+                                                                const CudnnAttentionShape &shape, int config = -1);
+  static constexpr int kMaxCandidates = 4;
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention &) = delete;
   CudnnAttention &operator=(const CudnnAttention &) = delete;
 
   const CudnnAttentionShape &shape() const { return shape_; }
-  int64_t workspaceBytes() const { return workspaceBytes_; }
-  /// Enqueues the attention on the handle's stream. Forward: q, k, v, out, stats. Backward: q, k,
-  /// v, out, dout, stats, dq, dk, dv, and an fp32 [B][H][T] buffer of sum(dout * out) per query.
-  llvm::Error run(void *handle, llvm::ArrayRef<void *> pointers, void *workspace) const;
+  /// The plans made, and the one run() runs (choose: the fastest, timed by the executor).
+  size_t candidates() const { return candidates_.size(); }
+  void choose(size_t candidate) { chosen_ = candidate; }
+  size_t chosen() const { return chosen_; }
+  /// The chosen plan's workspace, or the largest of them all.
+  int64_t workspaceBytes() const { return candidates_[chosen_].workspaceBytes; }
+  int64_t largestWorkspaceBytes() const;
+  /// The chosen plan's place among cuDNN's heuristic choices, and how many there were.
+  int engineConfig() const { return candidates_[chosen_].config; }
+  int engineConfigs() const { return engineConfigs_; }
+  /// The buffers of a call (cuDNN's variant pack), made once where they do not move. Forward: q,
+  /// k, v, out, stats. Backward: q, k, v, out, dout, stats, dq, dk, dv, and an fp32 [B][H][T]
+  /// buffer of sum(dout * out) per query.
+  class Buffers {
+  public:
+    ~Buffers();
+    /// Whether these are `pointers` and `workspace`.
+    bool same(llvm::ArrayRef<void *> pointers, void *workspace) const {
+      return workspace == workspace_ && pointers.equals(llvm::ArrayRef<void *>(pointers_));
+    }
+
+  private:
+    friend class CudnnAttention;
+    explicit Buffers(const CudnnApi &api) : api_(api) {}
+    const CudnnApi &api_;
+    std::vector<void *> pointers_;
+    void *workspace_ = nullptr, *pack_ = nullptr;
+  };
+  llvm::Expected<std::unique_ptr<Buffers>> buffers(llvm::ArrayRef<void *> pointers, void *workspace) const;
+  /// Enqueues the attention on the handle's stream (by the chosen plan, or `candidate`'s).
+  llvm::Error run(void *handle, const Buffers &buffers, int candidate = -1) const;
 
   /// How many pointers run() takes.
-  static size_t operandCount(bool backward) { return backward ? 10 : 5; }
+  static size_t operandCount(const CudnnAttentionShape &shape) { return shape.backward ? 10 : 5; }
 
 private:
   CudnnAttention(const CudnnApi &api, CudnnAttentionShape shape) : api_(api), shape_(shape) {}
   const CudnnApi &api_;
   CudnnAttentionShape shape_;
   std::vector<void *> descriptors_; // every descriptor of the graph and the plan, destroyed last
-  void *plan_ = nullptr;
-  int64_t workspaceBytes_ = 0;
+  struct Candidate {
+    void *plan = nullptr;
+    int64_t workspaceBytes = 0;
+    int config = 0; // its place among cuDNN's heuristic choices
+  };
+  std::vector<Candidate> candidates_;
+  size_t chosen_ = 0;
+  int engineConfigs_ = 0;
   std::vector<int64_t> uids_; // of run()'s pointers, in order
   // The scalars passed by value (scale, -inf, 1), as the variant pack points at them.
   struct Scalars {

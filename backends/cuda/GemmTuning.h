@@ -11,6 +11,7 @@
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Error.h"
 
+#include <optional>
 #include <string>
 
 namespace tgc {
@@ -22,6 +23,12 @@ public:
 
   /// Whether timing is on (TGC_GEMM_AUTOTUNE is not 0).
   bool enabled() const { return enabled_; }
+
+  /// The choice kept for `key` (this process's, else the file's), if any.
+  std::optional<int> kept(const std::string &key) {
+    auto it = find(key);
+    return it == chosen_.end() ? std::nullopt : std::optional<int>(it->second);
+  }
 
   /// The candidate (0 .. candidates - 1) the GEMM named by `key` runs: the kept choice, else the
   /// fastest by `milliseconds(i)`, kept for next time.

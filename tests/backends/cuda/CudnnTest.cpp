@@ -94,7 +94,7 @@ TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWrite
     bool backward = op->kind() == OpKind::AttentionBackward;
     ASSERT_TRUE(l.cudnnAttention);
     // run()'s buffers and the workspace, each an entry of the launches' pointer list.
-    ASSERT_EQ(l.libraryBuffers.size(), CudnnAttention::operandCount(backward) + 1);
+    ASSERT_EQ(l.libraryBuffers.size(), CudnnAttention::operandCount(*cudnnAttentionShape(*op)) + 1);
     EXPECT_EQ(l.scratchFloats.back(), 4096 / 4); // the workspace, last
     if (!backward) {
       // q, k and v to head-major BF16 (keep-attention-heads' result), then cuDNN writes out in
