@@ -218,6 +218,13 @@ llvm::Error emitLayout(const Op &op, Emitter &e) {
     for (unsigned d = 0; d + 2 < in.rank(); ++d)
       swapsLastTwo &= perm[d] == int64_t(d);
     swapsLastTwo = swapsLastTwo && perm[in.rank() - 2] == int64_t(in.rank()) - 1;
+    if (swapsLastTwo && isFp8(in.dtype) && in.dim(-2) % 16 == 0 && in.dim(-1) % 16 == 0) {
+      int64_t rows = in.dim(-2), cols = in.dim(-1), batch = in.numElements() / (rows * cols);
+      int64_t tilesR = (rows + 63) / 64, tilesC = (cols + 63) / 64;
+      e.launch(0, params, batch * tilesR * tilesC,
+               fmt::format("transposeBytes<{}, {}, {}, {}>(x, out)", rows, cols, tilesR * tilesC, tilesC));
+      return llvm::Error::success();
+    }
     if (swapsLastTwo) {
       int64_t rows = in.dim(-2), cols = in.dim(-1), batch = in.numElements() / (rows * cols);
       int64_t tilesR = (rows + 31) / 32, tilesC = (cols + 31) / 32;
@@ -476,7 +483,10 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     // read the bytes. Under current scaling a launch before them takes the blocks' amaxes, and
     // each block scales by the tensor's.
     int64_t count = operandType(op, 0).numElements();
+    // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
     int64_t blocks = std::min<int64_t>(1024, (count + 4095) / 4096), perBlock = (count + blocks - 1) / blocks;
+    if (count % 4 == 0)
+      perBlock = (perBlock + 3) / 4 * 4;
     std::string params = "const float *x, const float *scale, const float *scaleInv, unsigned char *q, "
                          "float *amax, float *saturations, float *scratch, float *used";
     if (a.getString("scaling") == "current") {
@@ -499,13 +509,15 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   if (op.kind() == OpKind::Fp8Update) {
-    e.single("const float *history, const float *scale, const float *amax, const float *saturations, "
+    e.launch(0, "const float *history, const float *scale, const float *amax, const float *saturations, "
              "const float *saturated, float *newHistory, float *newScale, float *newScaleInv, "
              "float *newSaturations",
+             1,
              fmt::format("fp8Update<{}, {}>(history, scale, amax, saturations, saturated, newHistory, newScale, "
                          "newScaleInv, newSaturations, {}, {})",
                          operandType(op, 0).numElements(), boolText(a.getString("algo") != "most_recent"),
-                         lit(fp8Largest(a)), fp8MarginScale(a)));
+                         lit(fp8Largest(a)), fp8MarginScale(a)),
+             256); // kFp8UpdateThreads
     return llvm::Error::success();
   }
   return unsupported(op);

@@ -45,7 +45,14 @@ __device__ void quantizeAmaxBlocks(const float *x, float *scratch) {
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float localMax = 0.0f;
-  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) localMax = amaxMerge(localMax, fabsf(x[i]));
+  if (Count % 4 == 0 && PerBlock % 4 == 0) {
+    for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
+      float4 v = ((const float4 *)x)[i];
+      localMax = amaxMerge(amaxMerge(localMax, fabsf(v.x)), amaxMerge(fabsf(v.y), amaxMerge(fabsf(v.z), fabsf(v.w))));
+    }
+  } else {
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) localMax = amaxMerge(localMax, fabsf(x[i]));
+  }
   localMax = blockAmax(localMax, sharedMax);
   if (threadIdx.x == 0)
     scratch[2 * Blocks + blockIdx.x] = localMax;
@@ -64,11 +71,19 @@ __device__ void quantizeBlocks(const float *x, const float *scale, unsigned char
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
   float localMax = 0.0f;
   int saturated = 0;
-  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float v = x[i], scaled = v * s;
+  auto convert = [&](float v) {
+    float scaled = v * s;
     localMax = amaxMerge(localMax, fabsf(v));
     saturated += fabsf(scaled) > largest;
-    q[i] = __nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
+    return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
+  };
+  if (Count % 4 == 0 && PerBlock % 4 == 0) { // four elements a load, four bytes a store
+    for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
+      float4 v = ((const float4 *)x)[i];
+      ((unsigned *)q)[i] = convert(v.x) | convert(v.y) << 8 | convert(v.z) << 16 | convert(v.w) << 24;
+    }
+  } else {
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(x[i]);
   }
   if (!Current) // (under current scaling launch 0 left them, and the other blocks read them)
     localMax = blockAmax(localMax, sharedMax);
@@ -103,24 +118,36 @@ __device__ void quantizeTotals(const float *scaleInv, float *amax, float *satura
   }
 }
 
-// Transformer Engine's delayed-scaling update, one thread: the producer's amax into the
-// current slot, the amax over the window (Max) or the most recent one taken before the roll,
-// the roll, and scale = (largest / amax) / 2^margin (the old scale kept when the amax is 0,
-// inf or NaN).
+// Transformer Engine's delayed-scaling update, one block: the producer's amax into the current
+// slot, the amax over the window (Max; NaN where any is) or the most recent one taken before
+// the roll, the roll, and scale = (largest / amax) / 2^margin (the old scale kept when the amax
+// is 0, inf or NaN). The history is usually updated in place (the step assigns it), so each
+// thread reads the entries it moves before any thread writes. The same bits as one thread
+// walking the window (a maximum does not depend on the order).
+enum { kFp8UpdateThreads = 256 };
 template <int64 Length, bool Max>
 __device__ void fp8Update(const float *history, const float *scale, const float *amax, const float *saturations,
                           const float *saturated, float *newHistory, float *newScale, float *newScaleInv,
                           float *newSaturations, float largest, float marginScale) {
-  float current = amax[0], windowMax = current;
-  for (int i = 1; i < Length && Max; ++i) {
-    float h = history[i];
-    windowMax = (isnan(h) || h > windowMax) ? h : windowMax;
+  __shared__ float sharedMax[kFp8UpdateThreads / 32];
+  constexpr int kPer = (int)((Length + kFp8UpdateThreads - 1) / kFp8UpdateThreads);
+  float current = amax[0], windowMax = threadIdx.x == 0 ? current : 0.0f;
+  if (Max)
+    for (int64 i = 1 + threadIdx.x; i < Length; i += kFp8UpdateThreads) windowMax = amaxMerge(windowMax, history[i]);
+  float moved[kPer];
+  for (int k = 0; k < kPer; ++k) {
+    int64 i = threadIdx.x + (int64)k * kFp8UpdateThreads;
+    moved[k] = i + 1 < Length ? history[i + 1] : 0.0f;
   }
-  for (int i = 0; i + 1 < Length; ++i) newHistory[i] = history[i + 1];
-  newHistory[Length - 1] = current;
-  newHistory[0] = 0.0f;
-  float s = scaleFromAmax(windowMax, largest, marginScale, scale[0]);
-  newScale[0] = s;
-  newScaleInv[0] = 1.0f / s;
-  newSaturations[0] = saturations[0] + saturated[0];
+  windowMax = blockAmax(windowMax, sharedMax); // (its barriers: every read above is done)
+  for (int k = 0; k < kPer; ++k) {
+    int64 i = threadIdx.x + (int64)k * kFp8UpdateThreads;
+    if (i < Length) newHistory[i] = i == 0 ? 0.0f : i + 1 < Length ? moved[k] : current;
+  }
+  if (threadIdx.x == 0) {
+    float s = scaleFromAmax(Max ? windowMax : current, largest, marginScale, scale[0]);
+    newScale[0] = s;
+    newScaleInv[0] = 1.0f / s;
+    newSaturations[0] = saturations[0] + saturated[0];
+  }
 }

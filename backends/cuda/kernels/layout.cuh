@@ -25,6 +25,29 @@ __device__ void transposeLastTwo(const T *x, Out out) {
   }
 }
 
+// FP8 bytes [..., Rows, Cols] -> [..., Cols, Rows] (Rows and Cols multiples of 16) in 64 x 64
+// tiles, sixteen bytes a load and a store (the 32 x 32 tiles above move one byte a thread).
+// One block of 256 threads per tile; TilesC tiles across a matrix's columns, Tiles a matrix.
+template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC>
+__device__ void transposeBytes(const unsigned char *x, unsigned char *out) {
+  __shared__ __align__(16) unsigned char tile[64][80];
+  int64 b = blockIdx.x / Tiles, tileR = (blockIdx.x % Tiles) / TilesC, tileC = blockIdx.x % TilesC;
+  const unsigned char *src = x + b * Rows * Cols;
+  unsigned char *dst = out + b * Rows * Cols;
+  int row = threadIdx.x / 4, part = threadIdx.x % 4; // 64 rows of four 16-byte parts
+  int64 r = tileR * 64 + row, c = tileC * 64 + part * 16;
+  if (r < Rows && c < Cols) *(uint4 *)&tile[row][part * 16] = *(const uint4 *)(src + r * Cols + c);
+  __syncthreads();
+  int64 outRow = tileC * 64 + row, outCol = tileR * 64 + part * 16; // row: an input column
+  if (outRow < Cols && outCol < Rows) {
+    unsigned w[4];
+    for (int k = 0; k < 4; ++k)
+      w[k] = tile[part * 16 + 4 * k][row] | tile[part * 16 + 4 * k + 1][row] << 8 |
+             tile[part * 16 + 4 * k + 2][row] << 16 | (unsigned)tile[part * 16 + 4 * k + 3][row] << 24;
+    *(uint4 *)(dst + outRow * Rows + outCol) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // Any other permutation: out[o] = x[offset(o)]. ExtentsAndStrides lists, for each output
 // dimension from the first, its extent and the input stride it walks.
 template <typename T, int64 Count, int64... ExtentsAndStrides, typename Out>
