@@ -1,5 +1,6 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
 #include "backends/cpu/Pipeline.h"
+#include "backends/cuda/Cudnn.h"
 #include "backends/cuda/Nccl.h"
 #include "backends/cuda/Target.h"
 #include "support/BuildInfo.h"
@@ -88,6 +89,14 @@ int runInfo() {
       llvm::outs() << fmt::format("  NCCL {} ({})\n", (*nccl)->versionText(), (*nccl)->path);
     else
       llvm::outs() << "  NCCL: none (" << llvm::toString(nccl.takeError()).substr(7) << ")\n";
+    // cuDNN (the fused attention of BF16 programs) likewise; tgc's own kernels run without it.
+    if (auto cudnn = loadCudnn())
+      llvm::outs() << fmt::format("  cuDNN {} ({}): BF16 attention from compute capability 8.0 (TGC_CUDNN=0: "
+                                  "tgc's kernels)\n",
+                                  (*cudnn)->versionText(), (*cudnn)->path);
+    else
+      llvm::outs() << "  cuDNN: none, tgc's attention kernels (" << llvm::toString(cudnn.takeError()).substr(7)
+                   << ")\n";
   }
   for (size_t i = 0; i < info.gpus.size(); ++i) {
     const GpuInfo &g = info.gpus[i];
