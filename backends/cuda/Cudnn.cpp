@@ -179,11 +179,6 @@ static_assert(int(cudnn::ReduceAdd) == int(CUDNN_REDUCE_TENSOR_ADD) && int(cudnn
               int(cudnn::HeurModeA) == int(CUDNN_HEUR_MODE_A));
 #endif
 
-template <typename F> bool bind(void *handle, const char *symbol, F &fn) {
-  fn = reinterpret_cast<F>(dlsym(handle, symbol));
-  return fn != nullptr;
-}
-
 using Dims = std::array<int64_t, 4>;
 
 /// Strides of a row-major [d0][d1][d2][d3].
@@ -359,60 +354,51 @@ void *causalMask(GraphBuilder &g, void *scores, const Dims &dims, void *negative
 
 } // namespace
 
-std::string CudnnApi::versionText() const {
-  // CUDNN_VERSION since 9.0: major * 10000 + minor * 100 + patch.
-  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
-}
+std::string CudnnApi::versionText() const { return versionFromCode(version); } // CUDNN_VERSION
 
 std::vector<std::string> cudnnCandidates() { return libraryCandidates("TGC_CUDNN_LIBRARY", "cudnn", kLibrary); }
 
 llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidates) {
   std::vector<std::string> tried;
-  for (const std::string &path : candidates) {
-    void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char *why = dlerror();
-      tried.push_back(fmt::format("{} ({})", path, why ? why : "cannot open"));
-      continue;
-    }
-    CudnnApi api;
-    api.path = path;
-    const char *missing = nullptr; // the first symbol cuDNN 9 would have and this library lacks
-    auto need = [&](const char *symbol, auto &fn) {
-      if (!missing && !bind(handle, symbol, fn))
-        missing = symbol;
-    };
-    need("cudnnGetVersion", api.getVersion);
-    need("cudnnCreate", api.create);
-    need("cudnnDestroy", api.destroy);
-    need("cudnnSetStream", api.setStream);
-    need("cudnnGetErrorString", api.errorString);
-    need("cudnnGetLastErrorString", api.lastErrorString);
-    need("cudnnBackendCreateDescriptor", api.createDescriptor);
-    need("cudnnBackendDestroyDescriptor", api.destroyDescriptor);
-    need("cudnnBackendFinalize", api.finalize);
-    need("cudnnBackendSetAttribute", api.setAttribute);
-    need("cudnnBackendGetAttribute", api.getAttribute);
-    need("cudnnBackendExecute", api.execute);
-    if (missing) {
-      tried.push_back(fmt::format("{} (not cuDNN 9: no {})", path, missing));
-      dlclose(handle);
-      continue;
-    }
-    api.version = api.getVersion(); // needs no GPU
-    if (api.version < 90000 || api.version >= 100000) {
-      tried.push_back(fmt::format("{} (cuDNN {}: cuDNN 9 is needed)", path, api.versionText()));
-      dlclose(handle);
-      continue;
-    }
+  CudnnApi api;
+  api.path = openFirstLibrary(
+      candidates,
+      [&](void *library) -> std::string {
+        api = CudnnApi();
+        const char *missing = nullptr; // the first symbol cuDNN 9 would have and this library lacks
+        auto need = [&](const char *symbol, auto &fn) {
+          if (!missing && !bindSymbol(library, symbol, fn))
+            missing = symbol;
+        };
+        need("cudnnGetVersion", api.getVersion);
+        need("cudnnCreate", api.create);
+        need("cudnnDestroy", api.destroy);
+        need("cudnnSetStream", api.setStream);
+        need("cudnnGetErrorString", api.errorString);
+        need("cudnnGetLastErrorString", api.lastErrorString);
+        need("cudnnBackendCreateDescriptor", api.createDescriptor);
+        need("cudnnBackendDestroyDescriptor", api.destroyDescriptor);
+        need("cudnnBackendFinalize", api.finalize);
+        need("cudnnBackendSetAttribute", api.setAttribute);
+        need("cudnnBackendGetAttribute", api.getAttribute);
+        need("cudnnBackendExecute", api.execute);
+        if (missing)
+          return fmt::format("not cuDNN 9: no {}", missing);
+        api.version = api.getVersion(); // needs no GPU
+        if (api.version < 90000 || api.version >= 100000)
+          return fmt::format("cuDNN {}: cuDNN 9 is needed", api.versionText());
+        return "";
+      },
+      tried);
+  if (!api.path.empty()) {
     // cuDNN 9 opens its sub-libraries by name when first used; where they lie beside this one
     // (PyTorch's wheel, not on the loader's path), they are loaded from there first, so that
     // those names find them.
-    if (size_t slash = path.rfind('/'); slash != std::string::npos)
+    if (size_t slash = api.path.rfind('/'); slash != std::string::npos)
       for (const char *part : {"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9",
                                "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9"})
-        dlopen((path.substr(0, slash + 1) + part).c_str(), RTLD_LAZY | RTLD_GLOBAL); // absent: no matter
-    return api; // the handle stays open for the process
+        dlopen((api.path.substr(0, slash + 1) + part).c_str(), RTLD_LAZY | RTLD_GLOBAL); // absent: no matter
+    return api;
   }
   return stringError(fmt::format("error: cuDNN ({}) was not found; tried, in order (set TGC_CUDNN_LIBRARY to "
                                  "its path):{}",

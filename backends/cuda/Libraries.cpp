@@ -4,6 +4,8 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -55,6 +57,28 @@ std::vector<std::string> libraryCandidates(const char *environment, const char *
   for (std::string &p : python)
     add(std::move(p));
   return out;
+}
+
+std::string openFirstLibrary(const std::vector<std::string> &candidates,
+                             llvm::function_ref<std::string(void *library)> accept, std::vector<std::string> &tried) {
+  for (const std::string &path : candidates) {
+    void *library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!library) {
+      const char *why = dlerror();
+      tried.push_back(fmt::format("{} ({})", path, why ? why : "cannot open"));
+      continue;
+    }
+    std::string refused = accept(library);
+    if (refused.empty())
+      return path;
+    tried.push_back(fmt::format("{} ({})", path, refused));
+    dlclose(library);
+  }
+  return "";
+}
+
+std::string versionFromCode(size_t code) {
+  return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
 }
 
 std::string listTried(const std::vector<std::string> &tried) {

@@ -3,6 +3,9 @@
 // practice, and the search's order is the same for all of them.
 #pragma once
 
+#include "llvm/ADT/STLFunctionalExtras.h"
+
+#include <dlfcn.h>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,23 @@ namespace tgc {
 /// (LD_LIBRARY_PATH, ld.so.cache), then PyTorch's copy in Python's site-packages
 /// (nvidia/`package`/lib), where the GPU machines have it.
 std::vector<std::string> libraryCandidates(const char *environment, const char *package, const char *library);
+
+/// Opens the first of `candidates` (dlopen) that `accept` takes: it binds what it needs from the
+/// library and returns "" to keep it, else why not (the library is closed again). Returns the
+/// path kept, or "" with `tried` naming each candidate and why it failed. A kept library stays
+/// open for the process.
+std::string openFirstLibrary(const std::vector<std::string> &candidates,
+                             llvm::function_ref<std::string(void *library)> accept, std::vector<std::string> &tried);
+
+/// `symbol` of `library` as `fn`'s type: false where the library lacks it.
+template <typename F> bool bindSymbol(void *library, const char *symbol, F &fn) {
+  fn = reinterpret_cast<F>(dlsym(library, symbol));
+  return fn != nullptr;
+}
+
+/// "2.28.9" from a version code of major * 10000 + minor * 100 + patch (NCCL's since 2.9,
+/// cuDNN's since 9.0).
+std::string versionFromCode(size_t code);
 
 /// The candidates tried and why each failed, as the lines of one error message.
 std::string listTried(const std::vector<std::string> &tried);

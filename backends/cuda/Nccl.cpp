@@ -20,57 +20,42 @@ namespace {
 
 constexpr const char *kLibrary = "libnccl.so.2";
 
-template <typename F> bool bind(void *handle, const char *symbol, F &fn) {
-  fn = reinterpret_cast<F>(dlsym(handle, symbol));
-  return fn != nullptr;
-}
-
 } // namespace
 
-std::string NcclApi::versionText() const {
-  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9.
-  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
-}
+std::string NcclApi::versionText() const { return versionFromCode(size_t(version)); } // NCCL_VERSION_CODE
 
 std::vector<std::string> ncclCandidates() { return libraryCandidates("TGC_NCCL_LIBRARY", "nccl", kLibrary); }
 
 llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates) {
   std::vector<std::string> tried;
-  for (const std::string &path : candidates) {
-    void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char *why = dlerror();
-      tried.push_back(fmt::format("{} ({})", path, why ? why : "cannot open"));
-      continue;
-    }
-    NcclApi api;
-    api.path = path;
-    const char *missing = nullptr; // the first symbol NCCL would have and this library lacks
-    auto need = [&](const char *symbol, auto &fn) {
-      if (!missing && !bind(handle, symbol, fn))
-        missing = symbol;
-    };
-    need("ncclGetVersion", api.getVersion);
-    need("ncclGetUniqueId", api.getUniqueId);
-    need("ncclCommInitRank", api.commInitRank);
-    need("ncclCommDestroy", api.commDestroy);
-    need("ncclAllReduce", api.allReduce);
-    need("ncclGroupStart", api.groupStart);
-    need("ncclGroupEnd", api.groupEnd);
-    need("ncclGetErrorString", api.errorString);
-    if (missing) {
-      tried.push_back(fmt::format("{} (not NCCL: no {})", path, missing));
-      dlclose(handle);
-      continue;
-    }
-    // ncclGetVersion needs no GPU: the code compiled into the library.
-    if (api.getVersion(&api.version) != 0 || api.version < 20000) {
-      tried.push_back(fmt::format("{} (ncclGetVersion gave {}: NCCL 2 is needed)", path, api.version));
-      dlclose(handle);
-      continue;
-    }
-    return api; // the handle stays open for the process
-  }
+  NcclApi api;
+  api.path = openFirstLibrary(
+      candidates,
+      [&](void *library) -> std::string {
+        api = NcclApi();
+        const char *missing = nullptr; // the first symbol NCCL would have and this library lacks
+        auto need = [&](const char *symbol, auto &fn) {
+          if (!missing && !bindSymbol(library, symbol, fn))
+            missing = symbol;
+        };
+        need("ncclGetVersion", api.getVersion);
+        need("ncclGetUniqueId", api.getUniqueId);
+        need("ncclCommInitRank", api.commInitRank);
+        need("ncclCommDestroy", api.commDestroy);
+        need("ncclAllReduce", api.allReduce);
+        need("ncclGroupStart", api.groupStart);
+        need("ncclGroupEnd", api.groupEnd);
+        need("ncclGetErrorString", api.errorString);
+        if (missing)
+          return fmt::format("not NCCL: no {}", missing);
+        // ncclGetVersion needs no GPU: the code compiled into the library.
+        if (api.getVersion(&api.version) != 0 || api.version < 20000)
+          return fmt::format("ncclGetVersion gave {}: NCCL 2 is needed", api.version);
+        return "";
+      },
+      tried);
+  if (!api.path.empty())
+    return api;
   return stringError(fmt::format("error: NCCL ({}) was not found; tried, in order (set TGC_NCCL_LIBRARY to "
                                  "its path):{}",
                                  kLibrary, listTried(tried)));
