@@ -477,13 +477,14 @@ llvm::Error CudaExecutor::runCollective(size_t i) {
   return llvm::Error::success();
 }
 
-/// The program's kernels: lowered, then compiled by NVRTC for `arch` (or taken from the kernel
-/// cache) and loaded.
 void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
-  std::vector<std::pair<const Op *, CudnnAttentionShape>> candidates;
-  for (const Op *op : graph_.ops())
-    if (auto shape = cudnnAttentionShape(*op))
-      candidates.emplace_back(op, *shape);
+  std::vector<Op *> ops = graph_.ops();
+  cudnnOps_.assign(ops.size(), nullptr);
+  cudnnBuffers_.resize(ops.size());
+  std::vector<std::pair<size_t, CudnnAttentionShape>> candidates; // op index, shape
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (auto shape = cudnnAttentionShape(*ops[i]))
+      candidates.emplace_back(i, *shape);
   const char *env = std::getenv("TGC_CUDNN");
   if (candidates.empty() || !options_.cudnnAttention || (env && std::string(env) == "0"))
     return;
@@ -510,7 +511,7 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
   // once, the choice kept in the kernel cache folder, so that later runs build that plan alone
   // and the same seed keeps its bits.
   GemmTuner tuner(kernelCacheDir() + "/gemm-algorithms.txt");
-  for (auto &[op, shape] : candidates) {
+  for (auto &[index, shape] : candidates) {
     auto it = cudnnPlans_.find(shape.key());
     if (it == cudnnPlans_.end()) {
       std::string key = fmt::format("cudnn {} {} {}", cudnn_->versionText(), deviceName_, shape.key());
@@ -536,7 +537,8 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
     }
     if (!it->second)
       continue;
-    lowering.cudnnAttention[op] = it->second->workspaceBytes();
+    lowering.cudnnAttention[ops[index]] = it->second->workspaceBytes(); // the lowering runs each so
+    cudnnOps_[index] = it->second.get();
     ++taken;
   }
   tuner.save();
@@ -589,11 +591,9 @@ llvm::Error CudaExecutor::chooseCudnnPlan(CudnnAttention &plan, GemmTuner &tuner
   // builds alone); those without a plan here are never chosen.
   auto time = [&](int config) -> llvm::Expected<float> {
     int candidate = -1;
-    for (size_t c = 0; c < plan.candidates(); ++c) {
-      plan.choose(c);
-      if (plan.engineConfig() == config)
+    for (size_t c = 0; c < plan.candidates(); ++c)
+      if (plan.engineConfig(c) == config)
         candidate = int(c);
-    }
     if (candidate < 0)
       return 1e30f;
     for (int warm = 0; warm < 2; ++warm)
@@ -610,19 +610,13 @@ llvm::Error CudaExecutor::chooseCudnnPlan(CudnnAttention &plan, GemmTuner &tuner
     return ms;
   };
   int configs = 0;
-  for (size_t c = 0; c < plan.candidates(); ++c) {
-    plan.choose(c);
-    configs = std::max(configs, plan.engineConfig() + 1);
-  }
+  for (size_t c = 0; c < plan.candidates(); ++c)
+    configs = std::max(configs, plan.engineConfig(c) + 1);
   auto config = tuner.choose(key, configs, time);
   if (!config)
     return config.takeError();
-  for (size_t c = 0; c < plan.candidates(); ++c) {
-    plan.choose(c);
-    if (plan.engineConfig() == *config)
-      return llvm::Error::success();
-  }
-  plan.choose(0);
+  if (!plan.chooseConfig(*config))
+    plan.choose(0);
   return llvm::Error::success();
 }
 
@@ -645,6 +639,8 @@ llvm::Error CudaExecutor::runCudnnAttention(size_t i, const std::vector<void *> 
   return cudnnOps_[i]->run(cudnnHandle_, *made);
 }
 
+/// The program's kernels: lowered (the attention ops cuDNN takes planned first), then compiled by
+/// NVRTC for `arch` (or taken from the kernel cache) and loaded.
 llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
   LoweringOptions lowering;
   lowering.groupOptimizer = options_.groupOptimizer;
@@ -654,14 +650,6 @@ llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
   if (!program)
     return program.takeError();
   program_ = std::move(*program);
-  cudnnOps_.assign(graph_.ops().size(), nullptr);
-  cudnnBuffers_.resize(graph_.ops().size());
-  {
-    std::vector<Op *> ops = graph_.ops();
-    for (size_t i = 0; i < ops.size(); ++i)
-      if (program_.lowering[i].cudnnAttention)
-        cudnnOps_[i] = cudnnPlans_.at(cudnnAttentionShape(*ops[i])->key()).get();
-  }
   auto module = compileCuda(program_.source, arch);
   if (!module)
     return module.takeError();
@@ -1079,59 +1067,56 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
   std::vector<void *> args;
   for (size_t p : params)
     args.push_back(&pointers[p]);
-  for (size_t l = 0; l <= lowering.launches.size(); ++l) {
-    if (lowering.cudnnAttention && l == lowering.libraryAt) {
-      cudaEvent_t events[2] = {nullptr, nullptr};
-      if (profileLaunches_) {
-        for (cudaEvent_t &event : events)
-          CUDA_CHECK(cudaEventCreate(&event));
-        CUDA_CHECK(cudaEventRecord(events[0], stream_));
-      }
-      if (auto err = runCudnnAttention(i, pointers))
-        return err;
-      if (profileLaunches_) {
-        CUDA_CHECK(cudaEventRecord(events[1], stream_));
-        CUDA_CHECK(cudaEventSynchronize(events[1]));
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
-        profileMs_[profileLabel(i) + " (cuDNN)"] += ms;
-        for (cudaEvent_t event : events)
-          cudaEventDestroy(event);
-      }
-    }
-    if (l == lowering.launches.size())
-      break;
-    const KernelLaunch &launch = lowering.launches[l];
+  // TGC_GPU_PROFILE=launches: each launch, and cuDNN's call, timed on its own under `label`.
+  auto timed = [&](const std::string &label, llvm::function_ref<llvm::Error()> enqueue) -> llvm::Error {
+    if (!profileLaunches_)
+      return enqueue();
     cudaEvent_t events[2] = {nullptr, nullptr};
-    if (profileLaunches_)
-      for (cudaEvent_t &event : events)
-        CUDA_CHECK(cudaEventCreate(&event));
-    if (profileLaunches_)
-      CUDA_CHECK(cudaEventRecord(events[0], stream_));
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(launch.blocks));
-    config.blockDim = dim3(unsigned(launch.threads));
-    config.stream = stream_;
-    cudaLaunchAttribute serialization{};
-    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    serialization.val.programmaticStreamSerializationAllowed = 1;
-    if (programmaticLaunch_ && afterGeneratedKernel_) {
-      config.attrs = &serialization;
-      config.numAttrs = 1;
-    }
-    CUDA_CHECK(cudaLaunchKernelExC(&config, (const void *)kernels_[i][l], args.data()));
-    afterGeneratedKernel_ = true;
-    if (profileLaunches_) {
-      CUDA_CHECK(cudaEventRecord(events[1], stream_));
-      CUDA_CHECK(cudaEventSynchronize(events[1]));
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
-      std::string label = profileLabel(i);
-      profileMs_[lowering.launches.size() > 1 ? fmt::format("{} #{}", label, l) : label] += ms;
+    auto destroy = llvm::make_scope_exit([&] {
       for (cudaEvent_t event : events)
-        cudaEventDestroy(event);
-    }
+        if (event)
+          cudaEventDestroy(event);
+    });
+    for (cudaEvent_t &event : events)
+      CUDA_CHECK(cudaEventCreate(&event));
+    CUDA_CHECK(cudaEventRecord(events[0], stream_));
+    if (auto err = enqueue())
+      return err;
+    CUDA_CHECK(cudaEventRecord(events[1], stream_));
+    CUDA_CHECK(cudaEventSynchronize(events[1]));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+    profileMs_[label] += ms;
+    return llvm::Error::success();
+  };
+  std::string label = profileLaunches_ ? profileLabel(i) : "";
+  auto cudnn = [&] { return timed(label + " (cuDNN)", [&] { return runCudnnAttention(i, pointers); }); };
+  for (size_t l = 0; l < lowering.launches.size(); ++l) {
+    if (lowering.cudnnAttention && l == lowering.libraryAt)
+      if (auto err = cudnn())
+        return err;
+    const KernelLaunch &launch = lowering.launches[l];
+    auto enqueue = [&]() -> llvm::Error {
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned(launch.blocks));
+      config.blockDim = dim3(unsigned(launch.threads));
+      config.stream = stream_;
+      cudaLaunchAttribute serialization{};
+      serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      serialization.val.programmaticStreamSerializationAllowed = 1;
+      if (programmaticLaunch_ && afterGeneratedKernel_) {
+        config.attrs = &serialization;
+        config.numAttrs = 1;
+      }
+      CUDA_CHECK(cudaLaunchKernelExC(&config, (const void *)kernels_[i][l], args.data()));
+      afterGeneratedKernel_ = true;
+      return llvm::Error::success();
+    };
+    if (auto err = timed(lowering.launches.size() > 1 ? fmt::format("{} #{}", label, l) : label, enqueue))
+      return err;
   }
+  if (lowering.cudnnAttention && lowering.libraryAt == lowering.launches.size())
+    return cudnn();
   return llvm::Error::success();
 }
 

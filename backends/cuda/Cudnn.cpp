@@ -298,13 +298,8 @@ public:
   bool check(int status, const char *what) {
     if (status == 0)
       return true;
-    if (failure_.empty()) {
-      char message[512] = {0};
-      if (api_.lastErrorString)
-        api_.lastErrorString(message, sizeof(message));
-      failure_ = fmt::format("{}: {} ({}){}{}", what, api_.errorString ? api_.errorString(status) : "", status,
-                             message[0] ? ": " : "", message);
-    }
+    if (failure_.empty())
+      failure_ = fmt::format("{}: {}", what, api_.describe(status));
     return false;
   }
 
@@ -356,6 +351,13 @@ void *causalMask(GraphBuilder &g, void *scores, const Dims &dims, void *negative
 
 std::string CudnnApi::versionText() const { return versionFromCode(version); } // CUDNN_VERSION
 
+std::string CudnnApi::describe(int status) const {
+  char message[512] = {0};
+  if (lastErrorString)
+    lastErrorString(message, sizeof(message));
+  return fmt::format("{} ({}){}{}", errorString ? errorString(status) : "", status, message[0] ? ": " : "", message);
+}
+
 std::vector<std::string> cudnnCandidates() { return libraryCandidates("TGC_CUDNN_LIBRARY", "cudnn", kLibrary); }
 
 llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidates) {
@@ -365,11 +367,7 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
       candidates,
       [&](void *library) -> std::string {
         api = CudnnApi();
-        const char *missing = nullptr; // the first symbol cuDNN 9 would have and this library lacks
-        auto need = [&](const char *symbol, auto &fn) {
-          if (!missing && !bindSymbol(library, symbol, fn))
-            missing = symbol;
-        };
+        SymbolBinder need(library);
         need("cudnnGetVersion", api.getVersion);
         need("cudnnCreate", api.create);
         need("cudnnDestroy", api.destroy);
@@ -382,8 +380,8 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
         need("cudnnBackendSetAttribute", api.setAttribute);
         need("cudnnBackendGetAttribute", api.getAttribute);
         need("cudnnBackendExecute", api.execute);
-        if (missing)
-          return fmt::format("not cuDNN 9: no {}", missing);
+        if (need.missing())
+          return fmt::format("not cuDNN 9: no {}", need.missing());
         api.version = api.getVersion(); // needs no GPU
         if (api.version < 90000 || api.version >= 100000)
           return fmt::format("cuDNN {}: cuDNN 9 is needed", api.versionText());
@@ -509,7 +507,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   if (s.backward)
     a->uids_.push_back(UidOne);
 
-  // The operation graph, cuDNN's heuristic's choices (mode A), and the first that finalizes.
+  // The operation graph and cuDNN's heuristic's choices (mode A).
   void *graph = g.create(cudnn::OperationGraphDescriptor, "the operation graph");
   g.set(graph, cudnn::OperationGraphHandle, cudnn::TypeHandle, 1, &handle, "the graph's handle");
   g.set(graph, cudnn::OperationGraphOps, cudnn::TypeBackendDescriptor, int64_t(g.operations().size()),
@@ -557,9 +555,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
       a->candidates_.push_back({plan, workspace, int(i)});
       continue;
     }
-    char message[256] = {0};
-    api.lastErrorString(message, sizeof(message));
-    refusals += fmt::format("\n  configuration {}: {} ({}) {}", i, api.errorString(status), status, message);
+    refusals += fmt::format("\n  configuration {}: {}", i, api.describe(status));
   }
   if (a->candidates_.empty() && only >= 0) // the configuration asked for is gone: any other
     return create(api, handle, s);
@@ -608,6 +604,15 @@ llvm::Expected<std::unique_ptr<CudnnAttention::Buffers>> CudnnAttention::buffers
   return std::move(b);
 }
 
+bool CudnnAttention::chooseConfig(int config) {
+  for (size_t c = 0; c < candidates_.size(); ++c)
+    if (candidates_[c].config == config) {
+      chosen_ = c;
+      return true;
+    }
+  return false;
+}
+
 int64_t CudnnAttention::largestWorkspaceBytes() const {
   int64_t largest = 0;
   for (const Candidate &c : candidates_)
@@ -617,12 +622,8 @@ int64_t CudnnAttention::largestWorkspaceBytes() const {
 
 llvm::Error CudnnAttention::run(void *handle, const Buffers &buffers, int candidate) const {
   void *plan = candidates_[candidate >= 0 ? size_t(candidate) : chosen_].plan;
-  if (int status = api_.execute(handle, plan, buffers.pack_); status != 0) {
-    char message[256] = {0};
-    api_.lastErrorString(message, sizeof(message));
-    return stringError(fmt::format("error: cuDNN's attention ({}) failed: {} ({}) {}", shape_.key(),
-                                   api_.errorString(status), status, message));
-  }
+  if (int status = api_.execute(handle, plan, buffers.pack_); status != 0)
+    return stringError(fmt::format("error: cuDNN's attention ({}) failed: {}", shape_.key(), api_.describe(status)));
   return llvm::Error::success();
 }
 

@@ -38,6 +38,8 @@ struct CudnnApi {
 
   /// "9.19.0".
   std::string versionText() const;
+  /// A failed call's status: its name and number, and cuDNN's last error message.
+  std::string describe(int status) const;
 };
 
 /// Where cuDNN (libcudnn.so.9) is looked for: Libraries.h's order, $TGC_CUDNN_LIBRARY first.
@@ -88,9 +90,13 @@ public:
   /// The chosen plan's workspace, or the largest of them all.
   int64_t workspaceBytes() const { return candidates_[chosen_].workspaceBytes; }
   int64_t largestWorkspaceBytes() const;
-  /// The chosen plan's place among cuDNN's heuristic choices, and how many there were.
+  /// A plan's place among cuDNN's heuristic choices (the chosen one's, or `candidate`'s), and
+  /// how many there were.
   int engineConfig() const { return candidates_[chosen_].config; }
+  int engineConfig(size_t candidate) const { return candidates_[candidate].config; }
   int engineConfigs() const { return engineConfigs_; }
+  /// Chooses the plan of heuristic choice `config`; false where there is none.
+  bool chooseConfig(int config);
   /// The buffers of a call (cuDNN's variant pack), made once where they do not move. Forward: q,
   /// k, v, out, stats. Backward: q, k, v, out, dout, stats, dq, dk, dv, and an fp32 [B][H][T]
   /// buffer of sum(dout * out) per query.

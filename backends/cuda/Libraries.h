@@ -25,11 +25,23 @@ std::vector<std::string> libraryCandidates(const char *environment, const char *
 std::string openFirstLibrary(const std::vector<std::string> &candidates,
                              llvm::function_ref<std::string(void *library)> accept, std::vector<std::string> &tried);
 
-/// `symbol` of `library` as `fn`'s type: false where the library lacks it.
-template <typename F> bool bindSymbol(void *library, const char *symbol, F &fn) {
-  fn = reinterpret_cast<F>(dlsym(library, symbol));
-  return fn != nullptr;
-}
+/// Binds a library's symbols to function pointers of their types, and remembers the first one
+/// the library lacks (the library is then not the one asked for).
+class SymbolBinder {
+public:
+  explicit SymbolBinder(void *library) : library_(library) {}
+  template <typename F> void operator()(const char *symbol, F &fn) {
+    fn = reinterpret_cast<F>(dlsym(library_, symbol));
+    if (!fn && !missing_)
+      missing_ = symbol;
+  }
+  /// The first symbol not found, or null.
+  const char *missing() const { return missing_; }
+
+private:
+  void *library_;
+  const char *missing_ = nullptr;
+};
 
 /// "2.28.9" from a version code of major * 10000 + minor * 100 + patch (NCCL's since 2.9,
 /// cuDNN's since 9.0).

@@ -91,6 +91,15 @@ public:
     lowering.scratchFloats.push_back(floats);
     return scratchPointer(lowering.scratchFloats.size() - 1);
   }
+  /// The parameter name of the scratch buffer at pointer place `pointer` (addScratch's), and the
+  /// parameter list's tail that names them all.
+  std::string scratchName(unsigned pointer) const { return fmt::format("scratch{}", pointer - scratchPointer(0)); }
+  std::string scratchParams() const {
+    std::string params;
+    for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
+      params += fmt::format(", float *scratch{}", k);
+    return params;
+  }
   /// The header (backends/cuda/kernels) whose templates this op's kernels call.
   void uses(const char *header) {
     headers.insert(header);
@@ -530,6 +539,14 @@ void emitAttentionDelta(Emitter &e, unsigned launch, const std::string &params, 
            fmt::format("attentionDelta<{}, {}, {}, {}, {}>(dout, out, delta)", boolText(round), B, T, H, Dh));
 }
 
+/// Launch `launch`: `from` ([B, T, parts * H * Dh] floats) rounded to BF16 head-major into `to`
+/// (toHeadsBf16): q, k and v for the attention's tensor-core kernels and cuDNN's, or dout.
+void emitToHeads(Emitter &e, unsigned launch, const std::string &params, int64_t B, int64_t T, int64_t H,
+                 int64_t Dh, int parts, const std::string &from, const std::string &to) {
+  e.launch(launch, params, elementwiseBlocks(B * T * parts * H * Dh / 4),
+           fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
+}
+
 /// The tensor-core attention: the operands first rounded to BF16 in head-major order
 /// (toHeadsBf16, into scratch, or with head_major into the forward's third result, which the
 /// gradient then reads), then the forward; or the gradient's kernels (sum(dout * out) per query,
@@ -539,8 +556,7 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
   int64_t D = H * Dh, blocks = (T + 63) / 64 * B * H;
   std::string shape = fmt::format("{}, {}, {}, {}", B, T, H, Dh);
   auto toHeads = [&](unsigned launch, const std::string &params, const char *from, const char *to, int parts) {
-    e.launch(launch, params, elementwiseBlocks(B * T * parts * D / 4),
-             fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
+    emitToHeads(e, launch, params, B, T, H, Dh, parts, from, to);
   };
   bool headMajor = isHeadMajor(op.attrs()); // keep-attention-heads: the copy is a result, or an operand
   int64_t copyFloats = 3 * B * T * D / 2;     // the BF16 q, k, v
@@ -588,10 +604,8 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   OpLowering &l = e.lowering;
   l.cudnnAttention = true;
   bool headMajor = isHeadMajor(op.attrs());
-  auto toHeads = [&](unsigned launch, const std::string &params, const char *from, const char *to, int parts) {
-    e.launch(launch, params, elementwiseBlocks(B * T * parts * D / 4),
-             fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
-  };
+  auto toHeads = [&](unsigned launch, const std::string &params, const std::string &from, const std::string &to,
+                     int parts) { emitToHeads(e, launch, params, B, T, H, Dh, parts, from, to); };
   auto widen = [&](unsigned launch, const std::string &params, int64_t count, const std::string &from,
                    const char *to) {
     e.launch(launch, params, elementwiseBlocks(count / 4),
@@ -613,10 +627,8 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
                          : outCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
                                    : e.addScratch(headBytes / 4);
     unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
-    auto name = [&](unsigned pointer) { return fmt::format("scratch{}", pointer - e.scratchPointer(0)); };
-    for (size_t k = 0; k < l.scratchFloats.size(); ++k)
-      params += fmt::format(", float *scratch{}", k);
-    toHeads(0, params, "qkv", headMajor ? "heads.p" : name(heads).c_str(), 3);
+    params += e.scratchParams();
+    toHeads(0, params, "qkv", headMajor ? "heads.p" : e.scratchName(heads), 3);
     l.libraryAt = 1;
     qkvBuffers(heads);
     l.libraryBuffers.push_back(Buffer{outBuffer, 0});
@@ -625,7 +637,7 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
     if (outCopy)
       widen(1, params, B * T * D, "out.h", "out.f");
     else if (!outStored)
-      widen(1, params, B * T * D, name(outBuffer), "out");
+      widen(1, params, B * T * D, e.scratchName(outBuffer), "out");
     return llvm::Error::success();
   }
   // Pointers: dout, qkv or heads, out, lse, dqkv [, its copy], scratch.
@@ -641,16 +653,14 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
                         : dqkvCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
                                    : e.addScratch(3 * headBytes / 4);
   unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
-  auto name = [&](unsigned pointer) { return fmt::format("scratch{}", pointer - e.scratchPointer(0)); };
-  for (size_t k = 0; k < l.scratchFloats.size(); ++k)
-    params += fmt::format(", float *scratch{}", k);
+  params += e.scratchParams();
   unsigned launch = 0;
   if (!headMajor)
-    toHeads(launch++, params, "qkv", name(heads).c_str(), 3);
-  toHeads(launch++, params, "dout", name(doutHeads).c_str(), 1);
+    toHeads(launch++, params, "qkv", e.scratchName(heads), 3);
+  toHeads(launch++, params, "dout", e.scratchName(doutHeads), 1);
   if (!outStored)
     e.launch(launch++, params, elementwiseBlocks(B * T * D),
-             fmt::format("roundToBf16(out, (unsigned short *){}, {})", name(outBuffer), B * T * D));
+             fmt::format("roundToBf16(out, (unsigned short *){}, {})", e.scratchName(outBuffer), B * T * D));
   l.libraryAt = launch;
   qkvBuffers(heads);
   l.libraryBuffers.push_back(Buffer{outBuffer, 0});
@@ -663,7 +673,7 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   if (dqkvCopy) // the fp32 form from the BF16 copy cuDNN wrote
     widen(launch, params, 3 * B * T * D, "dqkv.h", "dqkv.f");
   else if (!dqkvStored)
-    widen(launch, params, 3 * B * T * D, name(dqkvBuffer), "dqkv");
+    widen(launch, params, 3 * B * T * D, e.scratchName(dqkvBuffer), "dqkv");
   return llvm::Error::success();
 }
 

@@ -33,11 +33,7 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
       candidates,
       [&](void *library) -> std::string {
         api = NcclApi();
-        const char *missing = nullptr; // the first symbol NCCL would have and this library lacks
-        auto need = [&](const char *symbol, auto &fn) {
-          if (!missing && !bindSymbol(library, symbol, fn))
-            missing = symbol;
-        };
+        SymbolBinder need(library);
         need("ncclGetVersion", api.getVersion);
         need("ncclGetUniqueId", api.getUniqueId);
         need("ncclCommInitRank", api.commInitRank);
@@ -46,8 +42,8 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
         need("ncclGroupStart", api.groupStart);
         need("ncclGroupEnd", api.groupEnd);
         need("ncclGetErrorString", api.errorString);
-        if (missing)
-          return fmt::format("not NCCL: no {}", missing);
+        if (need.missing())
+          return fmt::format("not NCCL: no {}", need.missing());
         // ncclGetVersion needs no GPU: the code compiled into the library.
         if (api.getVersion(&api.version) != 0 || api.version < 20000)
           return fmt::format("ncclGetVersion gave {}: NCCL 2 is needed", api.version);
