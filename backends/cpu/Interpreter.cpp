@@ -12,7 +12,11 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <thread>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 namespace tgc {
 namespace {
@@ -33,6 +37,20 @@ const EvalFn kEvalFns[] = {
 #include "ir/Ops.def"
 };
 
+/// Every op allocates its results and frees its temporaries, many of them above glibc's mmap
+/// threshold: each such tensor was mapped afresh and returned to the kernel, so every op paid
+/// the page faults of zeroing new pages (a third of a tiny-model step). Freed memory now stays in
+/// the heap for the next op. The arithmetic is untouched.
+void keepFreedMemoryInTheHeap() {
+#ifdef __GLIBC__
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); // the largest glibc takes; larger tensors are mapped still
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
+#endif
+}
+
 } // namespace
 
 llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
@@ -41,6 +59,7 @@ llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
 
 Interpreter::Interpreter(const Graph &graph, Communicator *communicator)
     : graph_(graph), communicator_(communicator) {
+  keepFreedMemoryInTheHeap();
   if (const char *env = std::getenv("TGC_CPU_PROFILE"))
     profiling_ = reportProfile_ = std::string(env) == "1";
   if (TraceLog::instance().enabled())
