@@ -36,8 +36,9 @@ int64_t elementwiseBlocks(int64_t count);
 /// How many blocks sum_squares' first launch splits `count` elements into (a contiguous range
 /// each); the grouped gradient norm splits each gradient the same way.
 int64_t sumSquaresBlocks(int64_t count);
-/// Blocks of the norm kernels: a warp per row, kNormRowsPerBlock (8) rows a block.
-int64_t normBlocks(int64_t rows);
+/// Blocks of the norm kernels over rows of `width`: a warp per row, kNormRowsPerBlock (8) rows a
+/// block, where rows are at most 1024 wide; a block per row where they are wider.
+int64_t normBlocks(int64_t rows, int64_t width);
 
 /// Rewrites the optimizer's lowering over the contiguous parameter layout: every AdamW op as
 /// one launch, and the gradient norm's sum_squares and adds as one pair of launches, where

@@ -5,6 +5,7 @@
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 #include <functional>
@@ -285,47 +286,50 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     int64_t rows = rowsOf(outputType(op));
     e.launch(0, layer ? "const float *x, const float *gamma, const float *beta, float *out"
                       : "const float *x, const float *gamma, float *out",
-             normBlocks(rows),
+             normBlocks(rows, d),
              fmt::format("layerNorm<{}, {}, {}>(x, gamma, {}, out, {})", boolText(layer), d, rows,
                          layer ? "beta" : "nullptr", eps));
     return llvm::Error::success();
   }
   case OpKind::ResidualNorm: {
-    // A warp per row: the residual sum (the stream goes on) and its normalisation.
+    // A warp per row (a block where rows are wider than 1024): the residual sum (the stream goes
+    // on) and its normalisation.
     bool layer = isLayerNorm(a);
     int64_t d = outputType(op).dim(-1), rows = rowsOf(outputType(op));
     e.launch(0, layer ? "const float *x, const float *y, const float *gamma, const float *beta, float *sum, float *normed"
                       : "const float *x, const float *y, const float *gamma, float *sum, float *normed",
-             normBlocks(rows),
+             normBlocks(rows, d),
              fmt::format("residualNorm<{}, {}, {}>(x, y, gamma, {}, sum, normed, {})", boolText(layer), d, rows,
                          layer ? "beta" : "nullptr", eps));
     return llvm::Error::success();
   }
   case OpKind::LayerNormBackward:
   case OpKind::RMSNormBackward: {
-    // Launch 0, a warp per row: dx, and the row's mean and rstd into scratch. Launches 1
-    // and 2, a thread per feature: dgamma (and dbeta) over chunks of rows, then the chunks in
-    // order.
+    // Launch 0, a warp per row (a block where rows are wider than 1024): the rows' statistics.
+    // Launch 1, a thread per feature (four where they are a multiple of four) over chunks of
+    // rows: dx, and each chunk's dgamma (and dbeta). Launch 2: the chunks in order.
     bool layer = op.kind() == OpKind::LayerNormBackward;
     const TensorType &x = operandType(op, 1);
     int64_t d = x.dim(-1), rows = rowsOf(x);
-    int64_t chunks = (rows + kChunk - 1) / kChunk, columnBlocks = (d + kThreads - 1) / kThreads;
+    // Chunks of 32 rows: blocks enough to fill the GPU at d 768 (a block spans up to 1024 features).
+    constexpr int64_t kNormChunk = 32;
+    int64_t chunks = (rows + kNormChunk - 1) / kNormChunk;
+    int64_t perThread = d % 4 == 0 ? 4 : 1, columnBlocks = (d + kThreads * perThread - 1) / (kThreads * perThread);
     bool accumulate = op.numOperands() > 3; // the residual gradient dres, added to dx
     std::string params = std::string("const float *dy, const float *x, const float *gamma, ") +
                          (accumulate ? "const float *dres, " : "") +
                          (layer ? "float *dx, float *dgamma, float *dbeta" : "float *dx, float *dgamma") +
-                         ", float *stats";
-    e.launch(0, params, normBlocks(rows),
-             fmt::format("normBackwardRows<{}, {}, {}, {}>(dy, x, gamma, {}, dx, stats, {})", boolText(layer), d,
-                         rows, boolText(accumulate), accumulate ? "dres" : "nullptr", eps));
+                         ", float *scratch";
+    e.launch(0, params, normBlocks(rows, d),
+             fmt::format("normBackwardStats<{}, {}, {}>(dy, x, gamma, scratch, {})", boolText(layer), d, rows, eps));
     e.launch(1, params, chunks * columnBlocks,
-             fmt::format("normBackwardPartials<{}, {}, {}, {}>(dy, x, stats)", d, rows, columnBlocks, kChunk));
+             fmt::format("normBackwardTile<{}, {}, {}, {}>(dy, x, gamma, {}, dx, scratch)", d, rows, kNormChunk,
+                         boolText(accumulate), accumulate ? "dres" : "nullptr"));
     e.launch(2, params, columnTotalBlocks(d),
-             fmt::format("normBackwardColumns<{}, {}, {}, {}>(stats, dgamma, {})", boolText(layer), d, rows, chunks,
+             fmt::format("normBackwardColumns<{}, {}, {}, {}>(scratch, dgamma, {})", boolText(layer), d, rows, chunks,
                          layer ? "dbeta" : "(float *)nullptr"));
-    // Scratch: the rows' mean and rstd (floats; an even count keeps the partials aligned), then
-    // the partial sums (doubles).
-    e.lowering.scratchFloats.push_back(2 * rows + 4 * chunks * d);
+    // Scratch: four doubles a row (its statistics), then two a feature for each chunk.
+    e.lowering.scratchFloats.push_back(8 * rows + 4 * chunks * d);
     return llvm::Error::success();
   }
   default:
@@ -1082,7 +1086,7 @@ std::string adamwCall(const AttrMap &a, int64_t count, int64_t decayed, double d
 
 int64_t elementwiseBlocks(int64_t count) { return std::min<int64_t>((count + 255) / 256, 8192); }
 
-int64_t normBlocks(int64_t rows) { return (rows + 7) / 8; }
+int64_t normBlocks(int64_t rows, int64_t width) { return width <= 1024 ? (rows + 7) / 8 : rows; }
 
 int64_t sumSquaresBlocks(int64_t count) { return std::min<int64_t>(1024, (count + 2047) / 2048); }
 

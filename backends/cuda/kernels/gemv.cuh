@@ -106,7 +106,7 @@ __device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias,
 template <bool Layer, int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename SumOut, typename Out>
 __device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
                                      const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
-  static_assert(M <= 8 && RowInRegisters<K>::kHeld && K % 8 == 0, "a few rows of at most 1024 features");
+  static_assert(M <= 8 && RowInRegisters<K>::kByWarp && K % 8 == 0, "a few rows of at most 1024 features");
   __shared__ __align__(16) unsigned short normed[M * K];
   auto normalise = [&] {
     const int64 warp = threadIdx.x / 32;

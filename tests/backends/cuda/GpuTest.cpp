@@ -309,6 +309,13 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   compile(wide, GPTOutput::Loss, Recipe::Bf16, gpuPipeline(true, Recipe::Bf16));
   wide.train.recompute = true;
   compile(wide, GPTOutput::Loss, Recipe::Fp32, gpuPipeline(true, Recipe::Fp32));
+  // Many rows: the norms' gradient takes chunks of several rows a block (1616 rows: 3 a chunk,
+  // the last chunk 2), and the column sums many chunks.
+  ModelConfig tall = odd;
+  tall.vocab = 1000;
+  tall.train.batch = 101;
+  compile(tall, GPTOutput::Loss, Recipe::Bf16, gpuPipeline(true, Recipe::Bf16));
+  compile(tall, GPTOutput::Loss, Recipe::Fp32, gpuPipeline(true, Recipe::Fp32));
   return programs;
 }
 
