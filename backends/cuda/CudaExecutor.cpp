@@ -26,7 +26,7 @@
 #include <set>
 
 #ifdef TGC_HAVE_CUDA
-#include <cublasLt.h>
+#include "backends/cuda/CublasLt.h"
 #include <cuda_runtime.h>
 #endif
 
@@ -244,6 +244,7 @@ private:
   };
   std::vector<CollectiveEvents> collectives_;      // per op (events only for all_reduce ops)
   std::vector<std::vector<size_t>> joinsBefore_;   // per op: the all_reduce ops it waits for
+  const CublasLtApi *blas_ = nullptr; // cuBLASLt, opened when the first executor starts
   cublasLtHandle_t lt_ = nullptr;
   void *workspace_ = nullptr;
   // cuDNN's fused attention (OpLowering::cudnnAttention): the library, a handle on stream_, a
@@ -287,10 +288,10 @@ CudaExecutor::~CudaExecutor() {
       cudaGraphExecDestroy(exec);
   for (GemmPlan &p : gemms_) {
     if (p.desc)
-      cublasLtMatmulDescDestroy(p.desc);
+      blas_->matmulDescDestroy(p.desc);
     for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
       if (l)
-        cublasLtMatrixLayoutDestroy(l);
+        blas_->matrixLayoutDestroy(l);
   }
   for (Staging &slot : staging_) {
     if (slot.host)
@@ -309,7 +310,7 @@ CudaExecutor::~CudaExecutor() {
   if (workspace_)
     cudaFree(workspace_);
   if (lt_)
-    cublasLtDestroy(lt_);
+    blas_->destroy(lt_);
   if (library_)
     cudaLibraryUnload(library_);
   for (CollectiveEvents &c : collectives_)
@@ -351,7 +352,11 @@ llvm::Error CudaExecutor::initialize() {
       return cudaFailure("cudnnSetStream", __FILE__, __LINE__, cudnn_->errorString(status));
   CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library_, "tgc_float_to_bf16"));
   CUDA_CHECK(cudaLibraryGetKernel(&fillNormal_, library_, "tgc_fill_normal"));
-  if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
+  auto blas = loadCublasLt();
+  if (!blas)
+    return blas.takeError();
+  blas_ = *blas;
+  if (blas_->create(&lt_) != CUBLAS_STATUS_SUCCESS)
     return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   allocatedBytes_ += kWorkspaceBytes;
@@ -811,7 +816,7 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   bool fp8 = isFp8(a.dtype);
   cudaDataType_t firstType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(b.dtype);
   cudaDataType_t secondType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(a.dtype);
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CUBLAS_CHECK(blas_->matmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   if (fp8) {
     const Op *firstQuantize = quantizeOf(op.operand(1)), *secondQuantize = quantizeOf(op.operand(0));
     if (!firstQuantize || !secondQuantize)
@@ -820,51 +825,51 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
                                      op.result()->name()));
     const void *firstScale = usedScaleInv_.lookup(firstQuantize);
     const void *secondScale = usedScaleInv_.lookup(secondQuantize);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
   }
   if (bias) {
     // D = x w^T + bias, or GELU of it (the tanh form) with the pre-activation into the second
     // result (the backward reads it): no separate bias-add and GELU kernels.
     cublasLtEpilogue_t epilogue = biasGelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     const void *biasPointer = buffer(op.operand(2));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
   }
   if (biasGelu) {
     void *aux = buffer(op.result(1));
     int64_t auxLd = n;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof auxLd));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof auxLd));
   }
   cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof opSecond));
+  CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst));
+  CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof opSecond));
   // The first operand (B) as stored: [K,N] row-major is N x K column-major, [N,K] is K x N.
   uint64_t firstRows = tb ? k : n, firstCols = tb ? n : k;
   uint64_t secondRows = ta ? m : k, secondCols = ta ? k : m;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, firstType, firstRows, firstCols, firstRows));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, secondType, secondRows, secondCols, secondRows));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
+  CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.a, firstType, firstRows, firstCols, firstRows));
+  CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.b, secondType, secondRows, secondCols, secondRows));
+  CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
   if (batches > 1) {
     int32_t count = int32_t(batches);
     int64_t strideFirst = sharedB ? 0 : k * n, strideSecond = m * k, strideC = m * n;
     for (auto [layout, stride] : {std::pair{plan.a, strideFirst}, std::pair{plan.b, strideSecond},
                                   std::pair{plan.c, strideC}}) {
-      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+      CUBLAS_CHECK(blas_->matrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      CUBLAS_CHECK(blas_->matrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
     }
   }
   // The algorithm is chosen once here and reused every step.
   cublasLtMatmulPreference_t preference;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  CUBLAS_CHECK(blas_->matmulPreferenceCreate(&preference));
   size_t workspace = kWorkspaceBytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  CUBLAS_CHECK(blas_->matmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
   cublasLtMatmulHeuristicResult_t results[8];
   int found = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c,
+  cublasStatus_t status = blas_->matmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.c, plan.c,
                                                          preference, 8, results, &found);
-  cublasLtMatmulPreferenceDestroy(preference);
+  blas_->matmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0)
     return cudaFailure("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__,
                        fmt::format("no algorithm for %{} ({}x{}x{}, batch {})", op.result()->name(), m, k, n, batches));
@@ -872,7 +877,7 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
     plan.candidates.push_back(results[r].algo);
   plan.algo = plan.candidates[0];
   // The device's name and architecture (not its index) and the library's version.
-  plan.key = fmt::format("{} cublasLt {}: {}x{}x{} batch {}{}, {} {}, {}{}{}", deviceName_, cublasLtGetVersion(), m,
+  plan.key = fmt::format("{} cublasLt {}: {}x{}x{} batch {}{}, {} {}, {}{}{}", deviceName_, blas_->getVersion(), m,
                          k, n, batches, sharedB ? " (shared B)" : "", ta ? "T" : "N", tb ? "T" : "N",
                          plan.bf16 ? "bf16" : fp8 ? "fp8" : "f32", bias ? " bias" : "", biasGelu ? " gelu" : "");
   return llvm::Error::success();
@@ -902,7 +907,7 @@ llvm::Error CudaExecutor::tuneGemms() {
     auto time = [&](int candidate) -> llvm::Expected<float> {
       const cublasLtMatmulAlgo_t *algo = &plan.candidates[size_t(candidate)];
       auto once = [&] {
-        return cublasLtMatmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c, plan.c, c, plan.c,
+        return blas_->matmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c, plan.c, c, plan.c,
                               algo, workspace_, kWorkspaceBytes, stream_);
       };
       for (int warm = 0; warm < 2; ++warm)
@@ -938,7 +943,7 @@ llvm::Error CudaExecutor::runGemm(const Op &op, const GemmPlan &plan) {
           return err;
   void *first, *second, *c;
   gemmPointers(op, plan, first, second, c);
-  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c,
+  CUBLAS_CHECK(blas_->matmul(lt_, plan.desc, &alpha, first, plan.a, second, plan.b, &beta, c,
                               plan.c, c, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
   return llvm::Error::success();
 }

@@ -1,6 +1,7 @@
-// Optional libraries that tgc opens at run time (dlopen): NCCL for the collectives, cuDNN for
-// the fused attention. tgc builds and runs without them; each is searched where it is found in
-// practice, and the search's order is the same for all of them.
+// Libraries that tgc opens at run time (dlopen): cuBLASLt for the GEMMs (when a GPU program
+// first needs it: a CPU-only command never pays its start-up), NCCL for the collectives and
+// cuDNN for the fused attention (optional: tgc runs without them). Each is searched where it is
+// found in practice, and the search's order is the same for all of them.
 #pragma once
 
 #include "llvm/ADT/STLFunctionalExtras.h"

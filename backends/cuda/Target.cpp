@@ -1,7 +1,6 @@
 #include "backends/cuda/Target.h"
 
 #ifdef TGC_HAVE_CUDA
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 #endif
@@ -14,7 +13,6 @@ TargetInfo detectTarget() {
   info.builtWithCuda = true;
   cudaRuntimeGetVersion(&info.runtimeVersion);
   nvrtcVersion(&info.nvrtcMajor, &info.nvrtcMinor);
-  info.cublasLtVersion = cublasLtGetVersion();
   if (cudaDriverGetVersion(&info.driverVersion) != cudaSuccess || info.driverVersion == 0) {
     info.noGpuReason = "no CUDA driver on this machine";
     return info;

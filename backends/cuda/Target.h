@@ -19,7 +19,6 @@ struct TargetInfo {
   int driverVersion = 0;  // CUDA driver API version, 0 when no driver
   int runtimeVersion = 0; // cudart the binary carries
   int nvrtcMajor = 0, nvrtcMinor = 0;
-  size_t cublasLtVersion = 0;
   std::vector<GpuInfo> gpus;
   std::string noGpuReason; // why gpus is empty
 };

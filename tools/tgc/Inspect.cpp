@@ -1,6 +1,8 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
 #include "backends/cpu/Pipeline.h"
+#include "backends/cuda/CublasLt.h"
 #include "backends/cuda/Cudnn.h"
+#include "backends/cuda/Libraries.h"
 #include "backends/cuda/Nccl.h"
 #include "backends/cuda/Target.h"
 #include "support/BuildInfo.h"
@@ -76,9 +78,15 @@ int runInfo() {
   TargetInfo info = detectTarget();
   llvm::outs() << fmt::format("tgc {}, built with CUDA: {}\n", buildCommit(), info.builtWithCuda ? "yes" : "no");
   if (info.builtWithCuda) {
-    llvm::outs() << fmt::format("  cudart {}.{}, NVRTC {}.{}, cuBLASLt {}\n",
-                                info.runtimeVersion / 1000, info.runtimeVersion % 1000 / 10,
-                                info.nvrtcMajor, info.nvrtcMinor, info.cublasLtVersion);
+    llvm::outs() << fmt::format("  cudart {}.{}, NVRTC {}.{}\n", info.runtimeVersion / 1000,
+                                info.runtimeVersion % 1000 / 10, info.nvrtcMajor, info.nvrtcMinor);
+#ifdef TGC_HAVE_CUDA
+    // cuBLASLt (every GEMM on the GPU) is opened at run time, where a GPU program first needs it.
+    if (auto blas = loadCublasLt())
+      llvm::outs() << fmt::format("  cuBLASLt {} ({})\n", versionFromCode((*blas)->version), (*blas)->path);
+    else
+      llvm::outs() << "  cuBLASLt: none, no GPU programs (" << llvm::toString(blas.takeError()).substr(7) << ")\n";
+#endif
     if (info.driverVersion)
       llvm::outs() << fmt::format("  CUDA driver {}.{}\n", info.driverVersion / 1000,
                                   info.driverVersion % 1000 / 10);

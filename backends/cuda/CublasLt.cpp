@@ -1,0 +1,81 @@
+#include "backends/cuda/CublasLt.h"
+
+#ifdef TGC_HAVE_CUDA
+#include "backends/cuda/Libraries.h"
+
+#include "support/Error.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+namespace tgc {
+
+namespace {
+
+// The soname of the major version tgc was built with (cublas_api.h).
+std::string libraryName() { return fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR); }
+
+} // namespace
+
+std::vector<std::string> cublasLtCandidates() {
+  return libraryCandidates("TGC_CUBLASLT_LIBRARY", "cublas", libraryName().c_str());
+}
+
+llvm::Expected<CublasLtApi> loadCublasLtFrom(const std::vector<std::string> &candidates) {
+  std::vector<std::string> tried;
+  CublasLtApi api;
+  api.path = openFirstLibrary(
+      candidates,
+      [&](void *library) -> std::string {
+        api = CublasLtApi();
+        SymbolBinder need(library);
+        need("cublasLtCreate", api.create);
+        need("cublasLtDestroy", api.destroy);
+        need("cublasLtGetVersion", api.getVersion);
+        need("cublasLtMatmul", api.matmul);
+        need("cublasLtMatmulAlgoGetHeuristic", api.matmulAlgoGetHeuristic);
+        need("cublasLtMatmulDescCreate", api.matmulDescCreate);
+        need("cublasLtMatmulDescDestroy", api.matmulDescDestroy);
+        need("cublasLtMatmulDescSetAttribute", api.matmulDescSetAttribute);
+        need("cublasLtMatmulPreferenceCreate", api.matmulPreferenceCreate);
+        need("cublasLtMatmulPreferenceDestroy", api.matmulPreferenceDestroy);
+        need("cublasLtMatmulPreferenceSetAttribute", api.matmulPreferenceSetAttribute);
+        need("cublasLtMatrixLayoutCreate", api.matrixLayoutCreate);
+        need("cublasLtMatrixLayoutDestroy", api.matrixLayoutDestroy);
+        need("cublasLtMatrixLayoutSetAttribute", api.matrixLayoutSetAttribute);
+        if (need.missing())
+          return fmt::format("not cuBLASLt: no {}", need.missing());
+        // The enumerators and structures tgc was compiled with are this major version's.
+        api.version = api.getVersion();
+        if (api.version / 10000 != CUBLAS_VER_MAJOR)
+          return fmt::format("cuBLASLt {}: tgc was built with major version {}", versionFromCode(api.version),
+                             CUBLAS_VER_MAJOR);
+        return "";
+      },
+      tried);
+  if (!api.path.empty())
+    return api;
+  return stringError(fmt::format("error: cuBLASLt ({}) was not found; tried, in order (set TGC_CUBLASLT_LIBRARY "
+                                 "to its path):{}",
+                                 libraryName(), listTried(tried)));
+}
+
+llvm::Expected<const CublasLtApi *> loadCublasLt() {
+  static std::once_flag once;
+  static CublasLtApi api;
+  static std::string error; // empty once loaded
+  std::call_once(once, [] {
+    auto loaded = loadCublasLtFrom(cublasLtCandidates());
+    if (loaded)
+      api = std::move(*loaded);
+    else
+      error = llvm::toString(loaded.takeError());
+  });
+  if (!error.empty())
+    return stringError(error);
+  return &api;
+}
+
+} // namespace tgc
+#endif
