@@ -447,12 +447,12 @@ llvm::Error emitReduction(const Op &op, Emitter &e) {
   }
   case OpKind::EmbeddingBackward: {
     // Rows table rows a block: each block reads every id once for all of them.
-    constexpr int64_t kRows = 8;
+    constexpr int64_t kRows = 64;
     int64_t vocab = outputType(op).dim(0), dim = outputType(op).dim(1);
     e.uses("embedding.cuh");
     e.launch(0, "const float *dy, const int *ids, float *dtable", (vocab + kRows - 1) / kRows,
-             fmt::format("embeddingBackward<{}, {}, {}, {}, {}>(dy, ids, dtable)", dim,
-                         operandType(op, 1).numElements(), (dim + kThreads - 1) / kThreads, vocab, kRows));
+             fmt::format("embeddingBackward<{}, {}, {}, {}>(dy, ids, dtable)", dim, operandType(op, 1).numElements(),
+                         vocab, kRows));
     return llvm::Error::success();
   }
   default:

@@ -13,51 +13,32 @@ __device__ void embedding(const float *table, const int *ids, Out out) {
   }
 }
 
-// One block (256 threads) per Rows table rows (a block reads every id once for all its rows).
-// The block finds, 256 ids at a time, the positions that read one of its rows (compacted in
-// position order with a prefix sum), then each thread adds those positions' rows of dy into its
-// Columns columns of the row they read: position order for every row, as on the CPU, and no
-// atomics.
-template <int64 Dim, int64 Positions, int64 Columns, int64 Vocab, int Rows, typename Out>
-__device__ void embeddingBackward(const float *dy, const int *ids, Out dtable) {
-  __shared__ int hits[256];
-  __shared__ int found[256];
-  __shared__ int foundRow[256];
-  int64 first = (int64)blockIdx.x * Rows;
-  float acc[Rows][Columns];
-  for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < Columns; ++c) acc[r][c] = 0.0f;
+// One block (256 threads) per Rows table rows: the block zeroes its rows, then walks the ids 256
+// at a time: each warp's ballot marks its 32 ids that read one of the block's rows, and every
+// thread then goes through the marks in position order, adding each marked position's row of dy
+// into its columns of the table row it read. Position order for every row, as on the CPU, no
+// atomics, each column of the table one thread's alone. (A prefix sum over each 256 ids, 16
+// barriers, with 8 rows a block: 6288 blocks of gpt2-124m each walking every id took 0.58 ms.)
+template <int64 Dim, int64 Positions, int64 Vocab, int Rows>
+__device__ void embeddingBackward(const float *dy, const int *ids, float *dtable) {
+  __shared__ unsigned marks[8];
+  const int64 first = (int64)blockIdx.x * Rows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int r = 0; r < Rows && first + r < Vocab; ++r)
+    for (int64 col = threadIdx.x; col < Dim; col += 256) dtable[(first + r) * Dim + col] = 0.0f;
   for (int64 base = 0; base < Positions; base += 256) {
     int64 p = base + threadIdx.x;
     int64 row = p < Positions ? ids[p] - first : -1;
-    int hit = (row >= 0 && row < Rows) ? 1 : 0;
-    hits[threadIdx.x] = hit;
+    unsigned mark = __ballot_sync(0xffffffffu, row >= 0 && row < Rows);
+    if (lane == 0)
+      marks[warp] = mark;
     __syncthreads();
-    for (int stride = 1; stride < 256; stride <<= 1) { // inclusive prefix sum
-      int add = threadIdx.x >= stride ? hits[threadIdx.x - stride] : 0;
-      __syncthreads();
-      hits[threadIdx.x] += add;
-      __syncthreads();
-    }
-    if (hit) {
-      found[hits[threadIdx.x] - 1] = (int)p;
-      foundRow[hits[threadIdx.x] - 1] = (int)row;
-    }
-    int count = hits[255];
-    __syncthreads();
-    for (int k = 0; k < count; ++k)
-#pragma unroll
-      for (int r = 0; r < Rows; ++r)
-        if (foundRow[k] == r)
-          for (int c = 0; c < Columns; ++c) {
-            int col = threadIdx.x + c * 256;
-            if (col < Dim) acc[r][c] += dy[(int64)found[k] * Dim + col];
-          }
-    __syncthreads();
+    for (int w = 0; w < 8; ++w)
+      for (unsigned m = marks[w]; m; m &= m - 1) {
+        int64 q = base + 32 * w + (__ffs(m) - 1);
+        int64 at = (int64)ids[q] * Dim;
+        for (int64 col = threadIdx.x; col < Dim; col += 256) dtable[at + col] += dy[q * Dim + col];
+      }
+    __syncthreads(); // every thread has read marks before they are written again
   }
-  for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < Columns; ++c) {
-      int col = threadIdx.x + c * 256;
-      if (first + r < Vocab && col < Dim) dtable[(first + r) * Dim + col] = acc[r][c];
-    }
 }
