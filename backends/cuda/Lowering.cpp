@@ -1057,7 +1057,7 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
       if (v->type().dtype != DType::F32 || readers.bf16Gemms == 0 || program.inPlace.count(v) ||
           program.layout.grads.count(v))
         continue;
-      if (op->kind() == OpKind::ResidualNorm && r == 0) // its template reads the sum back
+      if (op->kind() == OpKind::ResidualNorm && r == 0) // its template writes the sum as a float *
         continue;
       mark(readers.others == 0 ? program.bf16Stored : program.bf16Shadowed, v);
     }
