@@ -7,7 +7,6 @@
 
 #include <fmt/format.h>
 
-#include <mutex>
 
 namespace tgc {
 
@@ -62,19 +61,7 @@ llvm::Expected<CublasLtApi> loadCublasLtFrom(const std::vector<std::string> &can
 }
 
 llvm::Expected<const CublasLtApi *> loadCublasLt() {
-  static std::once_flag once;
-  static CublasLtApi api;
-  static std::string error; // empty once loaded
-  std::call_once(once, [] {
-    auto loaded = loadCublasLtFrom(cublasLtCandidates());
-    if (loaded)
-      api = std::move(*loaded);
-    else
-      error = llvm::toString(loaded.takeError());
-  });
-  if (!error.empty())
-    return stringError(error);
-  return &api;
+  return loadOnce<CublasLtApi>([] { return loadCublasLtFrom(cublasLtCandidates()); });
 }
 
 } // namespace tgc

@@ -9,7 +9,6 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <mutex>
 
 // Where the toolkit carries cuDNN's headers, the values below are checked against them.
 #if __has_include(<cudnn_graph.h>)
@@ -404,19 +403,7 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
 }
 
 llvm::Expected<const CudnnApi *> loadCudnn() {
-  static std::once_flag once;
-  static CudnnApi api;
-  static std::string error; // empty once loaded
-  std::call_once(once, [] {
-    auto loaded = loadCudnnFrom(cudnnCandidates());
-    if (loaded)
-      api = std::move(*loaded);
-    else
-      error = llvm::toString(loaded.takeError());
-  });
-  if (!error.empty())
-    return stringError(error);
-  return &api;
+  return loadOnce<CudnnApi>([] { return loadCudnnFrom(cudnnCandidates()); });
 }
 
 std::string CudnnAttentionShape::key() const {

@@ -4,9 +4,12 @@
 // found in practice, and the search's order is the same for all of them.
 #pragma once
 
+#include "support/Error.h"
+
 #include "llvm/ADT/STLFunctionalExtras.h"
 
 #include <dlfcn.h>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,5 +53,25 @@ std::string versionFromCode(size_t code);
 
 /// The candidates tried and why each failed, as the lines of one error message.
 std::string listTried(const std::vector<std::string> &tried);
+
+/// The library `load` finds (an llvm::Expected<Api>), loaded at the first call for the whole
+/// process: later calls return the same entry points, or the first call's error again. Each
+/// caller passes its own lambda, so each library has its own once.
+template <typename Api, typename Load>
+llvm::Expected<const Api *> loadOnce(Load load) {
+  static std::once_flag once;
+  static Api api;
+  static std::string error; // empty once loaded
+  std::call_once(once, [&] {
+    llvm::Expected<Api> loaded = load();
+    if (loaded)
+      api = std::move(*loaded);
+    else
+      error = llvm::toString(loaded.takeError());
+  });
+  if (!error.empty())
+    return stringError(error);
+  return &api;
+}
 
 } // namespace tgc

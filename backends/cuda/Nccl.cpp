@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 
 namespace tgc {
 
@@ -58,24 +57,14 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
 }
 
 llvm::Expected<const NcclApi *> loadNccl() {
-  static std::once_flag once;
-  static NcclApi api;
-  static std::string error; // empty once loaded
-  std::call_once(once, [] {
+  return loadOnce<NcclApi>([] {
     // Every connection between the ranks made when a communicator is created, not at a
     // collective's first call (NCCL's default since 2.22): that first call is inside the
     // captured step, where connecting fails with NCCL's "internal error". The user's setting
     // stays.
     setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-    auto loaded = loadNcclFrom(ncclCandidates());
-    if (loaded)
-      api = std::move(*loaded);
-    else
-      error = llvm::toString(loaded.takeError());
+    return loadNcclFrom(ncclCandidates());
   });
-  if (!error.empty())
-    return stringError(error);
-  return &api;
 }
 
 std::string uniqueIdToHex(const NcclUniqueId &id) {
