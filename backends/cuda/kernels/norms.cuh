@@ -78,16 +78,22 @@ __device__ void normalizeHeld(const float (&v)[RowInRegisters<D>::kPerLane], con
   }
 }
 
+// The values of `row` (D features) this thread holds, zero past D.
+template <int64 D>
+__device__ __forceinline__ void loadHeld(const float *row, float (&v)[RowInRegisters<D>::kPerLane]) {
+  constexpr int Per = RowInRegisters<D>::kPerLane, Threads = RowInRegisters<D>::kThreads;
+  const int lane = threadIdx.x % Threads;
+#pragma unroll
+  for (int c = 0; c < Per; ++c) v[c] = lane + Threads * c < D ? row[lane + Threads * c] : 0.0f;
+}
+
 template <bool Layer, int64 D, int64 Rows, typename Out>
 __device__ void layerNorm(const float *x, const float *gamma, const float *beta, Out out, double eps) {
   int64 row = normRow<D, Rows>();
   if (row < 0)
     return;
-  constexpr int Per = RowInRegisters<D>::kPerLane, Threads = RowInRegisters<D>::kThreads;
-  const int lane = threadIdx.x % Threads;
-  float v[Per];
-#pragma unroll
-  for (int c = 0; c < Per; ++c) v[c] = lane + Threads * c < D ? x[row * D + lane + Threads * c] : 0.0f;
+  float v[RowInRegisters<D>::kPerLane];
+  loadHeld<D>(x + row * D, v);
   normalizeHeld<Layer, D>(v, gamma, beta, out + row * D, eps);
 }
 
@@ -100,7 +106,7 @@ __device__ void residualNormHeld(const float *x, const float *y, const float *ga
   const int lane = threadIdx.x % Threads;
   float a[Per], b[Per];
 #pragma unroll
-  for (int c = 0; c < Per; ++c) {
+  for (int c = 0; c < Per; ++c) { // the two rows' loads interleaved
     int j = lane + Threads * c;
     a[c] = j < D ? x[j] : 0.0f;
     b[c] = j < D ? y[j] : 0.0f;
@@ -145,12 +151,8 @@ __device__ void normBackwardStats(const float *dy, const float *x, const float *
   constexpr int Per = RowInRegisters<D>::kPerLane, Threads = RowInRegisters<D>::kThreads;
   const int lane = threadIdx.x % Threads;
   float xv[Per], dyv[Per];
-#pragma unroll
-  for (int c = 0; c < Per; ++c) {
-    int64 j = lane + Threads * c;
-    xv[c] = j < D ? x[row * D + j] : 0.0f;
-    dyv[c] = j < D ? dy[row * D + j] : 0.0f;
-  }
+  loadHeld<D>(x + row * D, xv);
+  loadHeld<D>(dy + row * D, dyv);
   double sum = 0;
 #pragma unroll
   for (int c = 0; c < Per; ++c) sum += xv[c]; // zero past D
