@@ -7,27 +7,24 @@
 
 #include <fmt/format.h>
 
-
 namespace tgc {
 
 namespace {
 
 // The soname of the major version tgc was built with (cublas_api.h).
 std::string libraryName() { return fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR); }
+constexpr const char *kEnvironment = "TGC_CUBLASLT_LIBRARY";
 
 } // namespace
 
 std::vector<std::string> cublasLtCandidates() {
-  return libraryCandidates("TGC_CUBLASLT_LIBRARY", "cublas", libraryName().c_str());
+  return libraryCandidates(kEnvironment, "cublas", libraryName().c_str());
 }
 
 llvm::Expected<CublasLtApi> loadCublasLtFrom(const std::vector<std::string> &candidates) {
-  std::vector<std::string> tried;
-  CublasLtApi api;
-  api.path = openFirstLibrary(
-      candidates,
-      [&](void *library) -> std::string {
-        api = CublasLtApi();
+  std::string soname = libraryName();
+  return openLibrary<CublasLtApi>(
+      "cuBLASLt", soname.c_str(), kEnvironment, candidates, [](void *library, CublasLtApi &api) {
         SymbolBinder need(library);
         need("cublasLtCreate", api.create);
         need("cublasLtDestroy", api.destroy);
@@ -50,14 +47,8 @@ llvm::Expected<CublasLtApi> loadCublasLtFrom(const std::vector<std::string> &can
         if (api.version / 10000 != CUBLAS_VER_MAJOR)
           return fmt::format("cuBLASLt {}: tgc was built with major version {}", versionFromCode(api.version),
                              CUBLAS_VER_MAJOR);
-        return "";
-      },
-      tried);
-  if (!api.path.empty())
-    return api;
-  return stringError(fmt::format("error: cuBLASLt ({}) was not found; tried, in order (set TGC_CUBLASLT_LIBRARY "
-                                 "to its path):{}",
-                                 libraryName(), listTried(tried)));
+        return std::string();
+      });
 }
 
 llvm::Expected<const CublasLtApi *> loadCublasLt() {

@@ -20,7 +20,7 @@ namespace tgc {
 
 namespace {
 
-constexpr const char *kLibrary = "libcudnn.so.9";
+constexpr const char *kLibrary = "libcudnn.so.9", *kEnvironment = "TGC_CUDNN_LIBRARY";
 
 // The enumerators of cudnn_graph.h that the graphs below use (cuDNN 9's ABI).
 namespace cudnn {
@@ -357,49 +357,40 @@ std::string CudnnApi::describe(int status) const {
   return fmt::format("{} ({}){}{}", errorString ? errorString(status) : "", status, message[0] ? ": " : "", message);
 }
 
-std::vector<std::string> cudnnCandidates() { return libraryCandidates("TGC_CUDNN_LIBRARY", "cudnn", kLibrary); }
+std::vector<std::string> cudnnCandidates() { return libraryCandidates(kEnvironment, "cudnn", kLibrary); }
 
 llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidates) {
-  std::vector<std::string> tried;
-  CudnnApi api;
-  api.path = openFirstLibrary(
-      candidates,
-      [&](void *library) -> std::string {
-        api = CudnnApi();
-        SymbolBinder need(library);
-        need("cudnnGetVersion", api.getVersion);
-        need("cudnnCreate", api.create);
-        need("cudnnDestroy", api.destroy);
-        need("cudnnSetStream", api.setStream);
-        need("cudnnGetErrorString", api.errorString);
-        need("cudnnGetLastErrorString", api.lastErrorString);
-        need("cudnnBackendCreateDescriptor", api.createDescriptor);
-        need("cudnnBackendDestroyDescriptor", api.destroyDescriptor);
-        need("cudnnBackendFinalize", api.finalize);
-        need("cudnnBackendSetAttribute", api.setAttribute);
-        need("cudnnBackendGetAttribute", api.getAttribute);
-        need("cudnnBackendExecute", api.execute);
-        if (need.missing())
-          return fmt::format("not cuDNN 9: no {}", need.missing());
-        api.version = api.getVersion(); // needs no GPU
-        if (api.version < 90000 || api.version >= 100000)
-          return fmt::format("cuDNN {}: cuDNN 9 is needed", api.versionText());
-        return "";
-      },
-      tried);
-  if (!api.path.empty()) {
-    // cuDNN 9 opens its sub-libraries by name when first used; where they lie beside this one
-    // (PyTorch's wheel, not on the loader's path), they are loaded from there first, so that
-    // those names find them.
-    if (size_t slash = api.path.rfind('/'); slash != std::string::npos)
-      for (const char *part : {"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9",
-                               "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9"})
-        dlopen((api.path.substr(0, slash + 1) + part).c_str(), RTLD_LAZY | RTLD_GLOBAL); // absent: no matter
-    return api;
-  }
-  return stringError(fmt::format("error: cuDNN ({}) was not found; tried, in order (set TGC_CUDNN_LIBRARY to "
-                                 "its path):{}",
-                                 kLibrary, listTried(tried)));
+  auto api = openLibrary<CudnnApi>("cuDNN", kLibrary, kEnvironment, candidates, [](void *library, CudnnApi &api) {
+    SymbolBinder need(library);
+    need("cudnnGetVersion", api.getVersion);
+    need("cudnnCreate", api.create);
+    need("cudnnDestroy", api.destroy);
+    need("cudnnSetStream", api.setStream);
+    need("cudnnGetErrorString", api.errorString);
+    need("cudnnGetLastErrorString", api.lastErrorString);
+    need("cudnnBackendCreateDescriptor", api.createDescriptor);
+    need("cudnnBackendDestroyDescriptor", api.destroyDescriptor);
+    need("cudnnBackendFinalize", api.finalize);
+    need("cudnnBackendSetAttribute", api.setAttribute);
+    need("cudnnBackendGetAttribute", api.getAttribute);
+    need("cudnnBackendExecute", api.execute);
+    if (need.missing())
+      return fmt::format("not cuDNN 9: no {}", need.missing());
+    api.version = api.getVersion(); // needs no GPU
+    if (api.version < 90000 || api.version >= 100000)
+      return fmt::format("cuDNN {}: cuDNN 9 is needed", api.versionText());
+    return std::string();
+  });
+  if (!api)
+    return api.takeError();
+  // cuDNN 9 opens its sub-libraries by name when first used; where they lie beside this one
+  // (PyTorch's wheel, not on the loader's path), they are loaded from there first, so that
+  // those names find them.
+  if (size_t slash = api->path.rfind('/'); slash != std::string::npos)
+    for (const char *part : {"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9",
+                             "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9"})
+      dlopen((api->path.substr(0, slash + 1) + part).c_str(), RTLD_LAZY | RTLD_GLOBAL); // absent: no matter
+  return api;
 }
 
 llvm::Expected<const CudnnApi *> loadCudnn() {

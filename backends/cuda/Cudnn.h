@@ -86,8 +86,7 @@ public:
   /// The plans made, and the one run() runs (choose: the fastest, timed by the executor).
   size_t candidates() const { return candidates_.size(); }
   void choose(size_t candidate) { chosen_ = candidate; }
-  size_t chosen() const { return chosen_; }
-  /// The chosen plan's workspace, or the largest of them all.
+  /// The chosen plan's workspace; the largest of them all.
   int64_t workspaceBytes() const { return candidates_[chosen_].workspaceBytes; }
   int64_t largestWorkspaceBytes() const;
   /// A plan's place among cuDNN's heuristic choices (the chosen one's, or `candidate`'s), and

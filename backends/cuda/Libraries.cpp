@@ -88,4 +88,10 @@ std::string listTried(const std::vector<std::string> &tried) {
   return list.empty() ? "\n  nothing" : list;
 }
 
+llvm::Error libraryNotFound(const char *name, const char *soname, const char *environment,
+                            const std::vector<std::string> &tried) {
+  return stringError(fmt::format("error: {} ({}) was not found; tried, in order (set {} to its path):{}", name,
+                                 soname, environment, listTried(tried)));
+}
+
 } // namespace tgc

@@ -54,6 +54,33 @@ std::string versionFromCode(size_t code);
 /// The candidates tried and why each failed, as the lines of one error message.
 std::string listTried(const std::vector<std::string> &tried);
 
+/// The error of a library not found: `name` (`soname`), the variable that gives its path, and
+/// each candidate tried and why it failed.
+llvm::Error libraryNotFound(const char *name, const char *soname, const char *environment,
+                            const std::vector<std::string> &tried);
+
+/// `Api` from the first of `candidates` that `bind` takes (it fills a fresh Api from the library
+/// and returns "" to keep it, else why not), with the path it was opened from; or
+/// libraryNotFound's error.
+template <typename Api>
+llvm::Expected<Api> openLibrary(const char *name, const char *soname, const char *environment,
+                                const std::vector<std::string> &candidates,
+                                llvm::function_ref<std::string(void *library, Api &api)> bind) {
+  std::vector<std::string> tried;
+  Api api;
+  std::string path = openFirstLibrary(
+      candidates,
+      [&](void *library) {
+        api = Api();
+        return bind(library, api);
+      },
+      tried);
+  if (path.empty())
+    return libraryNotFound(name, soname, environment, tried);
+  api.path = path;
+  return api;
+}
+
 /// The library `load` finds (an llvm::Expected<Api>), loaded at the first call for the whole
 /// process: later calls return the same entry points, or the first call's error again. Each
 /// caller passes its own lambda, so each library has its own once.

@@ -17,43 +17,32 @@ namespace tgc {
 
 namespace {
 
-constexpr const char *kLibrary = "libnccl.so.2";
+constexpr const char *kLibrary = "libnccl.so.2", *kEnvironment = "TGC_NCCL_LIBRARY";
 
 } // namespace
 
 std::string NcclApi::versionText() const { return versionFromCode(size_t(version)); } // NCCL_VERSION_CODE
 
-std::vector<std::string> ncclCandidates() { return libraryCandidates("TGC_NCCL_LIBRARY", "nccl", kLibrary); }
+std::vector<std::string> ncclCandidates() { return libraryCandidates(kEnvironment, "nccl", kLibrary); }
 
 llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates) {
-  std::vector<std::string> tried;
-  NcclApi api;
-  api.path = openFirstLibrary(
-      candidates,
-      [&](void *library) -> std::string {
-        api = NcclApi();
-        SymbolBinder need(library);
-        need("ncclGetVersion", api.getVersion);
-        need("ncclGetUniqueId", api.getUniqueId);
-        need("ncclCommInitRank", api.commInitRank);
-        need("ncclCommDestroy", api.commDestroy);
-        need("ncclAllReduce", api.allReduce);
-        need("ncclGroupStart", api.groupStart);
-        need("ncclGroupEnd", api.groupEnd);
-        need("ncclGetErrorString", api.errorString);
-        if (need.missing())
-          return fmt::format("not NCCL: no {}", need.missing());
-        // ncclGetVersion needs no GPU: the code compiled into the library.
-        if (api.getVersion(&api.version) != 0 || api.version < 20000)
-          return fmt::format("ncclGetVersion gave {}: NCCL 2 is needed", api.version);
-        return "";
-      },
-      tried);
-  if (!api.path.empty())
-    return api;
-  return stringError(fmt::format("error: NCCL ({}) was not found; tried, in order (set TGC_NCCL_LIBRARY to "
-                                 "its path):{}",
-                                 kLibrary, listTried(tried)));
+  return openLibrary<NcclApi>("NCCL", kLibrary, kEnvironment, candidates, [](void *library, NcclApi &api) {
+    SymbolBinder need(library);
+    need("ncclGetVersion", api.getVersion);
+    need("ncclGetUniqueId", api.getUniqueId);
+    need("ncclCommInitRank", api.commInitRank);
+    need("ncclCommDestroy", api.commDestroy);
+    need("ncclAllReduce", api.allReduce);
+    need("ncclGroupStart", api.groupStart);
+    need("ncclGroupEnd", api.groupEnd);
+    need("ncclGetErrorString", api.errorString);
+    if (need.missing())
+      return fmt::format("not NCCL: no {}", need.missing());
+    // ncclGetVersion needs no GPU: the code compiled into the library.
+    if (api.getVersion(&api.version) != 0 || api.version < 20000)
+      return fmt::format("ncclGetVersion gave {}: NCCL 2 is needed", api.version);
+    return std::string();
+  });
 }
 
 llvm::Expected<const NcclApi *> loadNccl() {
