@@ -210,6 +210,15 @@ llvm::Expected<TypeList> inferMatMulBiasGelu(Operands ops, const AttrMap &attrs,
   return TypeList{*y, *y};
 }
 
+llvm::Expected<TypeList> inferMatMulDGelu(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto y = inferMatMul(ops.take_front(2), attrs, {});
+  if (!y)
+    return y.takeError();
+  if ((*y)[0].dtype != DType::F32 || ops[2] != (*y)[0])
+    return makeError("h must be the product's type {}, got {}", (*y)[0].str(), ops[2].str());
+  return y;
+}
+
 llvm::Expected<TypeList> inferResidualNormLinear(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
     return norm.takeError();

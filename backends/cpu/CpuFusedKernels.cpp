@@ -357,6 +357,11 @@ llvm::Error evalMatMulBiasGelu(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+llvm::Error evalMatMulDGelu(const AttrMap &a, Operands in, Results out) {
+  Tensor product = apply(evalMatMul, a, {in[0], in[1]}, out[0].type);
+  return evalGeluBackward({}, {&product, in[2]}, out);
+}
+
 llvm::Error evalCrossEntropy(const AttrMap &a, Operands in, Results out) {
   const Tensor &logits = *in[0], &targets = *in[1];
   Tensor logp = apply(evalLogSoftmax, {}, {&logits}, logits.type);

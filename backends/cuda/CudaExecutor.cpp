@@ -650,6 +650,7 @@ llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
   LoweringOptions lowering;
   lowering.groupOptimizer = options_.groupOptimizer;
   lowering.storeBf16 = options_.storeBf16;
+  lowering.bf16Epilogues = options_.bf16Epilogues;
   planCudnnAttention(major, lowering);
   auto program = lowerToCuda(graph_, lowering);
   if (!program)
@@ -774,14 +775,21 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
       gemms_[i].written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
     }
   bool gemvs = llvm::any_of(program_.lowering, [](const OpLowering &l) { return !l.bf16Weights.empty(); });
-  if (gemvs || llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
+  if (gemvs || !program_.bf16Epilogues.empty() ||
+      llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
     owned_.push_back(weightsBf16_);
     allocatedBytes_ += paramBytes_ / 2;
-    for (size_t i = 0; i < ops_.size(); ++i)
+    for (size_t i = 0; i < ops_.size(); ++i) {
       for (int k = 0; k < 2; ++k)
         if (gemms_[i].fromWeightCopy[k])
           gemms_[i].bf16Operands[k] = weightCopy(ops_[i]->operand(k));
+      // A BF16 epilogue adds the bias's BF16 copy (cuBLASLt: the bias has the output's type).
+      if (ops_[i]->kind() == OpKind::MatMulBiasGelu && program_.bf16Epilogues.count(ops_[i])) {
+        const void *bias = weightCopy(ops_[i]->operand(2));
+        CUBLAS_CHECK(blas_->matmulDescSetAttribute(gemms_[i].desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      }
+    }
   }
   return llvm::Error::success();
 }
@@ -800,6 +808,11 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   const TensorType &a = op.operand(0)->type(), &b = op.operand(1)->type(), &c = op.result()->type();
   bool biasGelu = op.kind() == OpKind::MatMulBiasGelu; // x @ w^T + bias, then GELU
   bool bias = biasGelu || op.kind() == OpKind::MatMulBias;  // x @ w^T + bias
+  bool dgelu = op.kind() == OpKind::MatMulDGelu;           // gelu_backward(a b, h)
+  // CudaProgram::bf16Epilogues: the output and h in BF16 (the bias too, set once the executor's
+  // BF16 copy of the parameters exists); otherwise fp32.
+  bool bf16Out = program_.bf16Epilogues.count(&op);
+  cudaDataType_t outType = bf16Out ? CUDA_R_16BF : CUDA_R_32F;
   bool ta = op.attrs().getBool("transpose_a").value_or(false);
   bool tb = bias || op.attrs().getBool("transpose_b").value_or(false);
   int64_t m = c.dim(-2), n = c.dim(-1), k = ta ? a.dim(-2) : a.dim(-1);
@@ -810,6 +823,9 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
     batches = 1;
     sharedB = false;
   }
+  if ((biasGelu || dgelu) && batches > 1)
+    return cudaFailure("planGemm", __FILE__, __LINE__,
+                       fmt::format("%{}: a GELU epilogue over {} batches of products", op.result()->name(), batches));
   // BF16: BF16 operands, fp32 accumulation and output (gemm_dtype). FP8: the operands' own
   // types, fp32 accumulation and output, each operand scaled by its quantize's scale_inv.
   plan.bf16 = hasBf16Gemms(op.attrs());
@@ -836,8 +852,13 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
   }
-  if (biasGelu) {
-    void *aux = buffer(op.result(1));
+  if (dgelu) {
+    // D = (a b) * gelu'(h), h the pre-activation the forward's epilogue kept (D's layout).
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DGELU;
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  }
+  if (biasGelu || dgelu) {
+    void *aux = buffer(biasGelu ? op.result(1) : op.operand(2));
     int64_t auxLd = n;
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof auxLd));
@@ -850,7 +871,7 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   uint64_t secondRows = ta ? m : k, secondCols = ta ? k : m;
   CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.a, firstType, firstRows, firstCols, firstRows));
   CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.b, secondType, secondRows, secondCols, secondRows));
-  CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
+  CUBLAS_CHECK(blas_->matrixLayoutCreate(&plan.c, outType, n, m, n));
   if (batches > 1) {
     int32_t count = int32_t(batches);
     int64_t strideFirst = sharedB ? 0 : k * n, strideSecond = m * k, strideC = m * n;
@@ -877,9 +898,10 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
     plan.candidates.push_back(results[r].algo);
   plan.algo = plan.candidates[0];
   // The device's name and architecture (not its index) and the library's version.
-  plan.key = fmt::format("{} cublasLt {}: {}x{}x{} batch {}{}, {} {}, {}{}{}", deviceName_, blas_->getVersion(), m,
-                         k, n, batches, sharedB ? " (shared B)" : "", ta ? "T" : "N", tb ? "T" : "N",
-                         plan.bf16 ? "bf16" : fp8 ? "fp8" : "f32", bias ? " bias" : "", biasGelu ? " gelu" : "");
+  plan.key = fmt::format("{} cublasLt {}: {}x{}x{} batch {}{}, {} {}, {}{}{}{}{}", deviceName_, blas_->getVersion(),
+                         m, k, n, batches, sharedB ? " (shared B)" : "", ta ? "T" : "N", tb ? "T" : "N",
+                         plan.bf16 ? "bf16" : fp8 ? "fp8" : "f32", bias ? " bias" : "", biasGelu ? " gelu" : "",
+                         dgelu ? " dgelu" : "", bf16Out ? " bf16 out" : "");
   return llvm::Error::success();
 }
 

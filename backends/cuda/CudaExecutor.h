@@ -25,6 +25,9 @@ struct CudaOptions {
   bool groupOptimizer = true;
   /// Values only BF16 GEMMs read stored in BF16 (the same bits; off only to test that).
   bool storeBf16 = true;
+  /// fc1's GELU and its gradient as cuBLASLt epilogues writing BF16, and the logits in BF16
+  /// (Lowering.h CudaProgram::bf16Epilogues; with storeBf16). These round what fp32 keeps.
+  bool bf16Epilogues = true;
   /// BF16 attention on cuDNN's fused attention where cuDNN 9 is found and takes the shape
   /// (Cudnn.h), else tgc's kernels. TGC_CUDNN=0 in the environment turns it off too.
   bool cudnnAttention = true;

@@ -377,8 +377,10 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
     // Launch 0, one block per row: the row's loss, logsumexp - logit[target], into scratch
     // (and with dloss, the row's gradient). Launch 1, one block: the mean over rows in row order.
     int64_t vocab = operandType(op, 0).dim(-1), rows = operandType(op, 1).numElements();
+    // Logits a GEMM wrote in BF16 (CudaProgram::bf16Epilogues), or fp32.
+    std::string logitsType = e.program_.bf16Stored.count(op.operand(0)) ? "const unsigned short" : "const float";
     if (op.numOperands() > 2) {
-      std::string params = "const float *logits, const int *targets, const float *dloss, float *loss, "
+      std::string params = logitsType + " *logits, const int *targets, const float *dloss, float *loss, "
                            "float *dlogits, float *scratch";
       e.rowwise(0, params, rows,
                 fmt::format("crossEntropyRowsWithGradient<{}, {}>(logits, targets, dloss, dlogits, scratch)", vocab,
@@ -387,7 +389,7 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
       e.lowering.scratchFloats.push_back(2 * rows);
       return llvm::Error::success();
     }
-    std::string params = "const float *logits, const int *targets, float *loss, float *scratch";
+    std::string params = logitsType + " *logits, const int *targets, float *loss, float *scratch";
     e.rowwise(0, params, rows, fmt::format("crossEntropyRows<{}>(logits, targets, scratch)", vocab));
     e.launch(1, params, 1, fmt::format("crossEntropyMean<{}>(loss, scratch)", rows));
     e.lowering.scratchFloats.push_back(2 * rows);
@@ -395,7 +397,10 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
   }
   case OpKind::CrossEntropyBackward: {
     int64_t vocab = outputType(op).dim(-1), rows = operandType(op, 2).numElements();
-    e.rowwise(0, "const float *dloss, const float *logits, const int *targets, float *dlogits", rows,
+    const char *params = e.program_.bf16Stored.count(op.operand(1))
+                             ? "const float *dloss, const unsigned short *logits, const int *targets, float *dlogits"
+                             : "const float *dloss, const float *logits, const int *targets, float *dlogits";
+    e.rowwise(0, params, rows,
               fmt::format("crossEntropyBackward<{}, {}>(dloss, logits, targets, dlogits)", vocab, rows));
     return llvm::Error::success();
   }
@@ -422,7 +427,9 @@ llvm::Error emitReduction(const Op &op, Emitter &e) {
   case OpKind::ReduceTo: {
     // Partial sums over chunks of kChunk rows, then the chunks in order.
     int64_t period = outputType(op).numElements(), repeats = operandType(op, 0).numElements() / period;
-    int64_t chunks = (repeats + kChunk - 1) / kChunk, columnBlocks = (period + kThreads - 1) / kThreads;
+    // A thread sums 4 adjacent columns where the period is a multiple of 4 (reduce.cuh).
+    int64_t threads = period % 4 == 0 ? period / 4 : period;
+    int64_t chunks = (repeats + kChunk - 1) / kChunk, columnBlocks = (threads + kThreads - 1) / kThreads;
     e.uses("reduce.cuh");
     // x stored in BF16: the gradient cuDNN's attention wrote (countReaders).
     const char *params = e.program_.bf16Stored.count(op.operand(0))
@@ -960,9 +967,11 @@ void countReaders(const Graph &graph, const CudaProgram &program, const Value *v
       ++readers.bf16Gemms;
       continue;
     }
+    // The column sums of a gradient a BF16 epilogue or cuDNN writes read it in BF16.
     const Op *producer = reshapeRoot(v)->def();
-    if (user->kind() == OpKind::ReduceTo && producer && producer->kind() == OpKind::AttentionBackward &&
-        program.cudnnAttention.count(producer)) {
+    if (user->kind() == OpKind::ReduceTo && producer &&
+        ((producer->kind() == OpKind::AttentionBackward && program.cudnnAttention.count(producer)) ||
+         producer->kind() == OpKind::MatMulDGelu)) {
       ++readers.bf16Gemms;
       continue;
     }
@@ -1032,19 +1041,67 @@ llvm::Error chooseBf16Heads(const Graph &graph, CudaProgram &program) {
   return llvm::Error::success();
 }
 
+/// `v` and its reshapes into `set`.
+void markWithReshapes(llvm::DenseSet<const Value *> &set, const Value *v) {
+  set.insert(v);
+  for (const Op *user : v->users())
+    if (user->kind() == OpKind::Reshape)
+      markWithReshapes(set, user->result());
+}
+
+/// CudaProgram::bf16Epilogues. The bias fc1 adds must be a parameter: the executor's BF16
+/// copy of the parameters holds it in BF16.
+void chooseBf16Epilogues(const Graph &graph, CudaProgram &program) {
+  auto onlyGemmsRead = [&](const Value *v) {
+    Readers readers;
+    countReaders(graph, program, v, readers);
+    return readers.others == 0 && readers.bf16Gemms > 0 && !program.inPlace.count(v) &&
+           !program.layout.grads.count(v);
+  };
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::MatMulBiasGelu || !hasBf16Gemms(op->attrs()) || fewRows(*op) != FewRows::None ||
+        !isWeight(program, op->operand(2)))
+      continue;
+    const Value *act = op->result(0), *h = op->result(1);
+    bool chosen = onlyGemmsRead(act) && !h->users().empty() && !llvm::is_contained(graph.outputs(), h) &&
+                  !program.inPlace.count(h);
+    for (const Op *user : h->users())
+      chosen &= user->kind() == OpKind::MatMulDGelu && user->operand(0) != h && user->operand(1) != h &&
+                onlyGemmsRead(user->result());
+    if (!chosen)
+      continue;
+    program.bf16Epilogues.insert(op);
+    markWithReshapes(program.bf16Stored, act);
+    markWithReshapes(program.bf16Stored, h);
+    for (const Op *user : h->users()) {
+      program.bf16Epilogues.insert(user);
+      markWithReshapes(program.bf16Stored, user->result());
+    }
+  }
+  // Logits a BF16 GEMM writes for the loss and its gradient alone, which read them in BF16.
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::MatMul || !hasBf16Gemms(op->attrs()) || isFp8(op->operand(0)->type().dtype) ||
+        fewRows(*op) != FewRows::None)
+      continue;
+    const Value *logits = op->result();
+    bool loss = !logits->users().empty() && !llvm::is_contained(graph.outputs(), logits) && !program.inPlace.count(logits);
+    for (const Op *user : logits->users())
+      loss &= (user->kind() == OpKind::CrossEntropy && user->operand(0) == logits && user->operand(1) != logits) ||
+              (user->kind() == OpKind::CrossEntropyBackward && user->operand(1) == logits &&
+               user->operand(0) != logits && user->operand(2) != logits);
+    if (!loss)
+      continue;
+    program.bf16Epilogues.insert(op);
+    program.bf16Stored.insert(logits);
+  }
+}
+
 /// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
 /// of the ops whose kernels store through an output type (the op table's Bf16Out column: their
 /// templates write `out[i] = ...` only, which Bf16Out and F32Bf16Out turn into the right
 /// stores), with their reshapes. Into program.bf16Stored when only BF16 GEMMs read them, into
 /// bf16Shadowed when others do too.
 void chooseBf16Values(const Graph &graph, CudaProgram &program) {
-  std::function<void(llvm::DenseSet<const Value *> &, const Value *)> mark =
-      [&](llvm::DenseSet<const Value *> &set, const Value *v) {
-        set.insert(v);
-        for (const Op *user : v->users())
-          if (user->kind() == OpKind::Reshape)
-            mark(set, user->result());
-      };
   for (const Op *op : graph.ops()) {
     // The op table's Bf16Out column; gemv.cuh's products write through an output type too.
     // cuDNN's attention writes its results in BF16 (the gradient's dqkv too).
@@ -1059,7 +1116,7 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
         continue;
       if (op->kind() == OpKind::ResidualNorm && r == 0) // its template writes the sum as a float *
         continue;
-      mark(readers.others == 0 ? program.bf16Stored : program.bf16Shadowed, v);
+      markWithReshapes(readers.others == 0 ? program.bf16Stored : program.bf16Shadowed, v);
     }
   }
 }
@@ -1115,8 +1172,8 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
       return unsupported(op);
     return OpLowering::Gemm;
   }
-  if (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu)
-    return OpLowering::Gemm; // cuBLASLt's BIAS or GELU_AUX_BIAS epilogue
+  if (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu || op.kind() == OpKind::MatMulDGelu)
+    return OpLowering::Gemm; // cuBLASLt's BIAS, GELU_AUX_BIAS or DGELU epilogue
   for (const Value *v : op.operands())
     if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&
         !(isFp8(v->type().dtype) && op.kind() == OpKind::Transpose))
@@ -1194,8 +1251,11 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   if (auto err = chooseBf16Heads(graph, program))
     return std::move(err);
   program.layout = layoutParameters(graph, program);
-  if (options.storeBf16)
+  if (options.storeBf16) {
+    if (options.bf16Epilogues)
+      chooseBf16Epilogues(graph, program);
     chooseBf16Values(graph, program);
+  }
   std::vector<std::vector<KernelText>> kernels(ops.size());
   std::set<std::string> headers = {"common.cuh"};
   for (unsigned i = 0; i < ops.size(); ++i) {

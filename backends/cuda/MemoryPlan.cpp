@@ -26,7 +26,7 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
 
 bool isBf16Gemm(const Op &op) {
   return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
-          op.kind() == OpKind::MatMulBiasGelu) &&
+          op.kind() == OpKind::MatMulBiasGelu || op.kind() == OpKind::MatMulDGelu) &&
          hasBf16Gemms(op.attrs());
 }
 

@@ -35,7 +35,7 @@ struct MemoryPlan {
   int64_t persistentBytes = 0;   // parameters, gradients, state, inputs, ops' persistent buffers
 };
 
-/// Whether `op` is a GEMM (matmul, matmul_bias, matmul_bias_gelu) on BF16 operands.
+/// Whether `op` is a GEMM (matmul, matmul_bias, matmul_bias_gelu, matmul_dgelu) on BF16 operands.
 bool isBf16Gemm(const Op &op);
 /// Whether `v` is a parameter (or a reshape of one): the executor keeps a BF16 copy of the
 /// parameter buffer for the BF16 GEMMs, written once a step.

@@ -37,6 +37,7 @@ public:
     return layout_.has(slot) ? fused_.operand(layout_[slot]) : nullptr;
   }
   bool has(FusedSlot slot) const { return layout_.has(slot); }
+  Op &op() const { return fused_; }
   bool layerNorm() const { return has(FusedSlot::Beta); }
 
   Value *create(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap a, llvm::StringRef suffix) {
@@ -82,14 +83,15 @@ public:
   };
   bool swiglu() const { return fused_.attrs().getString("activation") == "swiglu"; }
 
-  Activation fc1(Value *n) {
+  /// `kept`: the gradient reads this h (kept, not recomputed).
+  Activation fc1(Value *n, bool kept) {
     Value *w1 = operand(FusedSlot::W1), *b1 = operand(FusedSlot::B1);
-    // The GELU_AUX_BIAS epilogue (h its second result) writes the activation in fp32. Under
-    // BF16, fc1 with the BIAS epilogue and then the GELU kernel, which writes the activation in
-    // BF16 for fc2 (CudaProgram::bf16Stored), is faster (BENCHMARKS.md, session 6), so the
-    // epilogue serves fp32 only.
-    bool bf16 = hasBf16Gemms(fused_.attrs());
-    if (!swiglu() && b1 && !bf16) {
+    // The GELU_AUX_BIAS epilogue, h its second result. Under BF16 only where the gradient reads
+    // the h kept: fuse-dgelu's DGELU epilogue then reads it and the GPU writes both in BF16
+    // (CudaProgram::bf16Epilogues). The epilogue with fp32 outputs is slower than the BIAS
+    // epilogue and a GELU kernel writing BF16 (BENCHMARKS.md, sessions 6 and 16), and a few-row
+    // product (a decode step) is a GEMV that applies the GELU itself.
+    if (!swiglu() && b1 && (kept || !hasBf16Gemms(fused_.attrs()))) {
       Op *gemm = createOp(OpKind::MatMulBiasGelu, {n, w1, b1}, gemmAttrs({}), forward("act"));
       Activation r;
       if (gemm) {
@@ -211,7 +213,9 @@ public:
   }
   /// fc1 and its activation, in a forward expansion.
   Expansion::Activation fc1(Expansion &e, Value *n) {
-    Expansion::Activation a = e.fc1(n);
+    Op &op = e.op();
+    bool hRead = op.numResults() > 1 && !op.result(1)->users().empty();
+    Expansion::Activation a = e.fc1(n, !recompute_ && hRead);
     if (!recompute_ && a.h)
       activations_[a.h] = a;
     return a;

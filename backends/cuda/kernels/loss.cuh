@@ -27,26 +27,38 @@ __device__ __forceinline__ void addToMaxExpSum(MaxExpSum &acc, float4 x) {
   }
   acc.sum += (expf(x.x - acc.max) + expf(x.y - acc.max)) + (expf(x.z - acc.max) + expf(x.w - acc.max));
 }
-template <int64 Vocab>
-__device__ MaxExpSum rowMaxExpSum(const float *row) {
+// Logits j .. j + 3 of a row (16-byte aligned in fp32, 8-byte in BF16), as floats.
+__device__ __forceinline__ float4 loadLogits4(const float *row, int j) { return ((const float4 *)row)[j / 4]; }
+__device__ __forceinline__ float4 loadLogits4(const unsigned short *row, int j) {
+  uint2 q = ((const uint2 *)row)[j / 4];
+  return make_float4(__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u), __uint_as_float(q.y << 16),
+                     __uint_as_float(q.y & 0xffff0000u));
+}
+
+// Rows of logits in fp32, or in BF16 where the GEMM that writes them stores them so
+// (CudaProgram::bf16Epilogues).
+template <int64 Vocab, typename In>
+__device__ MaxExpSum rowMaxExpSum(const In *row) {
   __shared__ MaxExpSum shared[256];
   MaxExpSum acc = {__int_as_float(0xff800000), 0.0f};
   const float inf = __int_as_float(0xff800000);
   if (Vocab % 4 == 0) {
-    for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) addToMaxExpSum(acc, ((const float4 *)row)[j]);
+    for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) addToMaxExpSum(acc, loadLogits4(row, 4 * j));
   } else {
-    for (int j = threadIdx.x; j < Vocab; j += blockDim.x) addToMaxExpSum(acc, make_float4(row[j], inf, inf, inf));
+    for (int j = threadIdx.x; j < Vocab; j += blockDim.x)
+      addToMaxExpSum(acc, make_float4(elementValue(row[j]), inf, inf, inf));
   }
   return blockReduce(acc, shared, combineMaxExpSum);
 }
 
 // Launch 0, one block per row: logsumexp(row) - row[target] into scratch (doubles).
-template <int64 Vocab>
-__device__ void crossEntropyRows(const float *logits, const int *targets, float *scratch) {
-  const float *row = logits + (int64)blockIdx.x * Vocab;
+template <int64 Vocab, typename In>
+__device__ void crossEntropyRows(const In *logits, const int *targets, float *scratch) {
+  const In *row = logits + (int64)blockIdx.x * Vocab;
   MaxExpSum total = rowMaxExpSum<Vocab>(row);
   if (threadIdx.x == 0)
-    ((double *)scratch)[blockIdx.x] = (double)total.max + log((double)total.sum) - row[targets[blockIdx.x]];
+    ((double *)scratch)[blockIdx.x] =
+        (double)total.max + log((double)total.sum) - elementValue(row[targets[blockIdx.x]]);
 }
 
 // Launch 1, one block: the mean of the rows' losses.
@@ -61,11 +73,11 @@ __device__ void crossEntropyMean(float *loss, const float *scratch) {
 
 // One row's dlogits = (softmax(row) - onehot(target)) * g, from the row's log-sum-exp: four
 // values a load and a store where rows are 16-byte aligned.
-template <int64 Vocab, typename Out>
-__device__ void crossEntropyRowGradient(const float *row, int target, float logSum, float g, Out out) {
+template <int64 Vocab, typename In, typename Out>
+__device__ void crossEntropyRowGradient(const In *row, int target, float logSum, float g, Out out) {
   if (Vocab % 4 == 0) {
     for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) {
-      float4 x = ((const float4 *)row)[j];
+      float4 x = loadLogits4(row, 4 * j);
       int k = 4 * j;
       store4(out, k, make_float4((expf(x.x - logSum) - (k == target ? 1.0f : 0.0f)) * g,
                                  (expf(x.y - logSum) - (k + 1 == target ? 1.0f : 0.0f)) * g,
@@ -74,16 +86,16 @@ __device__ void crossEntropyRowGradient(const float *row, int target, float logS
     }
   } else {
     for (int j = threadIdx.x; j < Vocab; j += blockDim.x)
-      out[j] = (expf(row[j] - logSum) - (j == target ? 1.0f : 0.0f)) * g;
+      out[j] = (expf(elementValue(row[j]) - logSum) - (j == target ? 1.0f : 0.0f)) * g;
   }
 }
 
 // dlogits = (softmax(row) - onehot(target)) * dloss / Rows, one block per row: the row read
 // twice (its log-sum-exp, then the gradient), written once.
-template <int64 Vocab, int64 Rows, typename Out>
-__device__ void crossEntropyBackward(const float *dloss, const float *logits, const int *targets, Out dlogits) {
+template <int64 Vocab, int64 Rows, typename In, typename Out>
+__device__ void crossEntropyBackward(const float *dloss, const In *logits, const int *targets, Out dlogits) {
   int64 base = (int64)blockIdx.x * Vocab;
-  const float *row = logits + base;
+  const In *row = logits + base;
   MaxExpSum total = rowMaxExpSum<Vocab>(row);
   float logSum = (float)((double)total.max + log((double)total.sum));
   crossEntropyRowGradient<Vocab>(row, targets[blockIdx.x], logSum, (float)((double)dloss[0] / Rows), dlogits + base);
@@ -92,15 +104,15 @@ __device__ void crossEntropyBackward(const float *dloss, const float *logits, co
 // Launch 0 of the loss with its gradient (fuse-cross-entropy-grad), one block per row: the
 // row's loss into scratch as crossEntropyRows writes it, and its dlogits as
 // crossEntropyBackward writes them, from one log-sum-exp (the same bits as the two kernels).
-template <int64 Vocab, int64 Rows, typename Out>
-__device__ void crossEntropyRowsWithGradient(const float *logits, const int *targets, const float *dloss, Out dlogits,
+template <int64 Vocab, int64 Rows, typename In, typename Out>
+__device__ void crossEntropyRowsWithGradient(const In *logits, const int *targets, const float *dloss, Out dlogits,
                                              float *scratch) {
   int64 base = (int64)blockIdx.x * Vocab;
-  const float *row = logits + base;
+  const In *row = logits + base;
   MaxExpSum total = rowMaxExpSum<Vocab>(row);
   int target = targets[blockIdx.x];
   if (threadIdx.x == 0)
-    ((double *)scratch)[blockIdx.x] = (double)total.max + log((double)total.sum) - row[target];
+    ((double *)scratch)[blockIdx.x] = (double)total.max + log((double)total.sum) - elementValue(row[target]);
   float logSum = (float)((double)total.max + log((double)total.sum));
   crossEntropyRowGradient<Vocab>(row, target, logSum, (float)((double)dloss[0] / Rows), dlogits + base);
 }

@@ -5,17 +5,60 @@
 
 #include "common.cuh"
 
-// Column sums of x viewed as [Repeats, Period] (fp32, or stored in BF16). Launch 0: one thread
-// per column sums a chunk of Chunk rows into scratch (ColumnBlocks blocks across the columns, for
-// each chunk).
+// Cols adjacent elements of a row from p (Cols 4: one 16-byte load of fp32, one 8-byte load of
+// BF16; p then a multiple of Cols elements into an aligned buffer).
+template <int Cols> __device__ __forceinline__ void loadColumns(const float *p, float (&v)[Cols]) {
+  if constexpr (Cols == 4) {
+    float4 q = *(const float4 *)p;
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+    for (int c = 0; c < Cols; ++c) v[c] = p[c];
+  }
+}
+template <int Cols> __device__ __forceinline__ void loadColumns(const unsigned short *p, float (&v)[Cols]) {
+  if constexpr (Cols == 4) {
+    uint2 q = *(const uint2 *)p;
+    v[0] = __uint_as_float(q.x << 16), v[1] = __uint_as_float(q.x & 0xffff0000u);
+    v[2] = __uint_as_float(q.y << 16), v[3] = __uint_as_float(q.y & 0xffff0000u);
+  } else {
+    for (int c = 0; c < Cols; ++c) v[c] = elementValue(p[c]);
+  }
+}
+
+// Column sums of x viewed as [Repeats, Period] (fp32, or stored in BF16). Launch 0: each thread
+// sums Cols adjacent columns (4 where Period is a multiple of 4) down a chunk of Chunk rows into
+// scratch (ColumnBlocks blocks across the columns, for each chunk). Eight rows' loads are issued
+// before their adds; each column's sum still takes the rows in order.
+template <int64 Period, int64 Repeats, int64 ColumnBlocks, int64 Chunk, int Cols, typename In>
+__device__ void columnChunkSums(const In *x, double *partial) {
+  constexpr int Unroll = 8;
+  int64 chunk = blockIdx.x / ColumnBlocks;
+  int64 column = ((blockIdx.x % ColumnBlocks) * blockDim.x + threadIdx.x) * Cols;
+  if (column >= Period) return;
+  int64 r = chunk * Chunk, last = r + Chunk < Repeats ? r + Chunk : Repeats;
+  double sum[Cols] = {};
+  for (; r + Unroll <= last; r += Unroll) {
+    float v[Unroll][Cols];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) loadColumns<Cols>(x + (r + u) * Period + column, v[u]);
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u)
+#pragma unroll
+      for (int c = 0; c < Cols; ++c) sum[c] += v[u][c];
+  }
+  for (; r < last; ++r) {
+    float v[Cols];
+    loadColumns<Cols>(x + r * Period + column, v);
+#pragma unroll
+    for (int c = 0; c < Cols; ++c) sum[c] += v[c];
+  }
+#pragma unroll
+  for (int c = 0; c < Cols; ++c) partial[chunk * Period + column + c] = sum[c];
+}
 template <int64 Period, int64 Repeats, int64 ColumnBlocks, int64 Chunk, typename In>
 __device__ void columnSumPartials(const In *x, float *scratch) {
-  double *partial = (double *)scratch;
-  int64 chunk = blockIdx.x / ColumnBlocks, column = (blockIdx.x % ColumnBlocks) * blockDim.x + threadIdx.x;
-  if (column >= Period) return;
-  double sum = 0;
-  for (int64 r = chunk * Chunk; r < Repeats && r < (chunk + 1) * Chunk; ++r) sum += elementValue(x[r * Period + column]);
-  partial[chunk * Period + column] = sum;
+  constexpr int Cols = Period % 4 == 0 ? 4 : 1;
+  columnChunkSums<Period, Repeats, ColumnBlocks, Chunk, Cols>(x, (double *)scratch);
 }
 
 // The chunks' partial sums of 32 columns a block (256 threads): warp w adds chunks w, w + 8, ...

@@ -248,17 +248,27 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
           pending.push_back(user->result());
           continue;
         }
+        // A BF16 epilogue's h goes to its gradient's epilogue, the gradient to the bias's sums too.
+        const Op *root = reshapeRoot(w)->def();
+        // The logits go to the loss.
+        if (program.bf16Epilogues.count(root) &&
+            ((user->kind() == OpKind::MatMulDGelu && user->operand(2) == w && program.bf16Epilogues.count(user)) ||
+             (user->kind() == OpKind::ReduceTo && root->kind() == OpKind::MatMulDGelu) ||
+             (user->kind() == OpKind::CrossEntropy && root->kind() == OpKind::MatMul)))
+          continue;
         EXPECT_EQ(user->attrs().getString("gemm_dtype"), "bf16") << w->name() << " read by " << user->name().str();
         EXPECT_TRUE(user->operand(0) == w || user->operand(1) == w) << w->name();
       }
     }
   }
-  // 7 of each of the 4 layers (the GELU activation fc2 reads too), the final norm, and 13
-  // gradients of the backward (whose GEMMs read the forward's norms and activations: nothing
-  // recomputed): 9, and the 4 GELU gradients whose bias sums their kernel takes
-  // (fuse-gelu-bias-grad).
-  EXPECT_EQ(stored, 42);
-  for (const char *name : {"h0.attn.qkv.out.norm", "h0.mlp.fc2.out.norm", "h0.mlp.fc2.out.act", "h0.res1.grad.dh", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
+  // 8 of each of the 4 layers (the GELU activation fc2 reads too, and fc1's h the GELU
+  // epilogues read), the final norm, and 13 gradients of the backward (whose GEMMs read the
+  // forward's norms and activations: nothing recomputed): 9, and the 4 GELU gradients the DGELU
+  // epilogues write (fuse-dgelu); the logits, which the loss reads in BF16.
+  EXPECT_EQ(stored, 47);
+  EXPECT_EQ(program.bf16Epilogues.size(), 9u);
+  EXPECT_TRUE(program.bf16Stored.count(graph->lookup("logits")));
+  for (const char *name : {"h0.attn.qkv.out.norm", "h0.mlp.fc2.out.norm", "h0.mlp.fc2.out.act", "h0.mlp.fc1.out", "h0.res1.grad.dh", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
     EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
   // The probabilities, which the softmax gradient reads too, keep fp32 and get a BF16 copy;
   // so do gradients whose bias sum reads them.
@@ -309,6 +319,46 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
   }
   EXPECT_EQ(shadowedGradients, 4);
   EXPECT_EQ(shadowedContexts, 4);
+}
+
+TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
+  // Under bf16, fc1 is cuBLASLt's GELU_AUX_BIAS epilogue and its GELU's gradient the DGELU
+  // epilogue of fc2's dgrad product (fuse-dgelu), both writing BF16: the activation, h and the
+  // gradient in BF16 (bf16Stored), each an op of bf16Epilogues.
+  auto [graph, program] = gpuTrainingProgram("models/seed.yaml", "bf16");
+  int forward = 0, gradient = 0;
+  for (const Op *op : graph->ops()) {
+    if (op->kind() == OpKind::GeluBackward || op->kind() == OpKind::Gelu)
+      ADD_FAILURE() << op->name().str() << ": the epilogues take the GELU and its gradient";
+    if (op->kind() != OpKind::MatMulBiasGelu && op->kind() != OpKind::MatMulDGelu)
+      continue;
+    ++(op->kind() == OpKind::MatMulBiasGelu ? forward : gradient);
+    EXPECT_TRUE(program.bf16Epilogues.count(op)) << op->result()->name();
+    for (unsigned r = 0; r < op->numResults(); ++r)
+      EXPECT_TRUE(program.bf16Stored.count(op->result(r))) << op->result(r)->name();
+  }
+  EXPECT_EQ(forward, 4);
+  EXPECT_EQ(gradient, 4);
+  // With --recompute the gradient recomputes the activation from h with a GELU kernel: fc1 is
+  // the BIAS epilogue and a GELU kernel, as without the epilogues.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
+  c.train.recompute = true;
+  auto recomputed = unwrap(buildGPT(c, c.train.batch));
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = c.precision;
+  options.passOptions.precision.recipe = Recipe::Bf16;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, Recipe::Bf16), options));
+  ASSERT_FALSE(bool(pipeline.run(*recomputed)));
+  CudaProgram recomputedProgram = unwrap(lowerToCuda(*recomputed));
+  for (const Op *op : recomputedProgram.bf16Epilogues) // the logits' GEMM alone
+    EXPECT_EQ(op->result()->name(), "logits");
+  EXPECT_EQ(recomputedProgram.bf16Epilogues.size(), 1u);
+  EXPECT_FALSE(llvm::any_of(recomputed->ops(), [](const Op *op) { return op->kind() == OpKind::MatMulBiasGelu; }));
+  // fp32 keeps the fp32 epilogue and the GELU gradient kernel.
+  auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
+  EXPECT_TRUE(plainProgram.bf16Epilogues.empty());
+  EXPECT_TRUE(llvm::any_of(plain->ops(), [](const Op *op) { return op->kind() == OpKind::GeluBackward; }));
 }
 
 TEST(MemoryPlan, AdamWUngroupedWhenOneUpdateIsNotInPlace) {
