@@ -650,7 +650,7 @@ llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
   LoweringOptions lowering;
   lowering.groupOptimizer = options_.groupOptimizer;
   lowering.storeBf16 = options_.storeBf16;
-  lowering.bf16Epilogues = options_.bf16Epilogues;
+  lowering.bf16Rounding = options_.bf16Rounding;
   planCudnnAttention(major, lowering);
   auto program = lowerToCuda(graph_, lowering);
   if (!program)
@@ -775,7 +775,7 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
       gemms_[i].written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
     }
   bool gemvs = llvm::any_of(program_.lowering, [](const OpLowering &l) { return !l.bf16Weights.empty(); });
-  if (gemvs || !program_.bf16Epilogues.empty() ||
+  if (gemvs || !program_.bf16Rounding.empty() ||
       llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
     owned_.push_back(weightsBf16_);
@@ -785,7 +785,7 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
         if (gemms_[i].fromWeightCopy[k])
           gemms_[i].bf16Operands[k] = weightCopy(ops_[i]->operand(k));
       // A BF16 epilogue adds the bias's BF16 copy (cuBLASLt: the bias has the output's type).
-      if (ops_[i]->kind() == OpKind::MatMulBiasGelu && program_.bf16Epilogues.count(ops_[i])) {
+      if (ops_[i]->kind() == OpKind::MatMulBiasGelu && program_.bf16Rounding.count(ops_[i])) {
         const void *bias = weightCopy(ops_[i]->operand(2));
         CUBLAS_CHECK(blas_->matmulDescSetAttribute(gemms_[i].desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
       }
@@ -809,9 +809,9 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   bool biasGelu = op.kind() == OpKind::MatMulBiasGelu; // x @ w^T + bias, then GELU
   bool bias = biasGelu || op.kind() == OpKind::MatMulBias;  // x @ w^T + bias
   bool dgelu = op.kind() == OpKind::MatMulDGelu;           // gelu_backward(a b, h)
-  // CudaProgram::bf16Epilogues: the output and h in BF16 (the bias too, set once the executor's
+  // CudaProgram::bf16Rounding: the output and h in BF16 (the bias too, set once the executor's
   // BF16 copy of the parameters exists); otherwise fp32.
-  bool bf16Out = program_.bf16Epilogues.count(&op);
+  bool bf16Out = program_.bf16Rounding.count(&op);
   cudaDataType_t outType = bf16Out ? CUDA_R_16BF : CUDA_R_32F;
   bool ta = op.attrs().getBool("transpose_a").value_or(false);
   bool tb = bias || op.attrs().getBool("transpose_b").value_or(false);

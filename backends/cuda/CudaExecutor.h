@@ -25,9 +25,10 @@ struct CudaOptions {
   bool groupOptimizer = true;
   /// Values only BF16 GEMMs read stored in BF16 (the same bits; off only to test that).
   bool storeBf16 = true;
-  /// fc1's GELU and its gradient as cuBLASLt epilogues writing BF16, and the logits in BF16
-  /// (Lowering.h CudaProgram::bf16Epilogues; with storeBf16). These round what fp32 keeps.
-  bool bf16Epilogues = true;
+  /// fc1's GELU and its gradient as cuBLASLt epilogues writing BF16, the logits in BF16, an FP8
+  /// layer's pre-activation in BF16 (Lowering.h CudaProgram::bf16Rounding; with storeBf16):
+  /// these round what fp32 keeps (off to test the other BF16 stores' bits).
+  bool bf16Rounding = true;
   /// BF16 attention on cuDNN's fused attention where cuDNN 9 is found and takes the shape
   /// (Cudnn.h), else tgc's kernels. TGC_CUDNN=0 in the environment turns it off too.
   bool cudnnAttention = true;

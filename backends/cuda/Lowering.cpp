@@ -58,6 +58,10 @@ public:
     std::string n = fmt::format("k{}_{}", index_, op_.name().str());
     return launch ? n + "_" + std::to_string(launch) : n;
   }
+  /// The parameter type of an operand the kernel reads as floats: fp32, or stored in BF16.
+  const char *inputType(const Value *operand) const {
+    return program_.bf16Stored.count(operand) ? "const unsigned short" : "const float";
+  }
   /// `params` with the results stored in BF16 (after the operands, in order) as Bf16Out, and
   /// those with a BF16 copy as F32Bf16Out: the kernel templates take either as their output.
   std::string bf16Params(const std::string &params) const {
@@ -170,7 +174,7 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
                   fmt::format("scale<{}>(x, out, {})", n, lit(*a.getFloat("factor"))));
     break;
   case OpKind::Gelu:
-    e.elementwise("const float *x, float *out", n, fmt::format("gelu<{}>(x, out)", n));
+    e.elementwise(std::string(e.inputType(op.operand(0))) + " *x, float *out", n, fmt::format("gelu<{}>(x, out)", n));
     break;
   case OpKind::Silu:
     e.elementwise("const float *x, float *out", n, fmt::format("silu<{}>(x, out)", n));
@@ -184,7 +188,8 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
       int64_t per = columns % 4 == 0 ? 4 : 1, columnBlocks = (columns / per + kThreads - 1) / kThreads;
       e.uses("reduce.cuh");
       e.uses("elementwise.cuh"); // the op's header (the kernel-family tests)
-      const char *params = "const float *dy, const float *x, float *dx, float *dbias, float *scratch";
+      std::string params = fmt::format("const float *dy, {} *x, float *dx, float *dbias, float *scratch",
+                                       e.inputType(op.operand(1)));
       e.launch(0, params, chunks * columnBlocks,
                fmt::format("geluBackwardColumnSums<{}, {}, {}, {}, {}>(dy, x, dx, scratch)", columns, rows, per,
                            columnBlocks, kChunk));
@@ -193,7 +198,8 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
       e.lowering.scratchFloats.push_back(2 * chunks * columns);
       break;
     }
-    e.elementwise("const float *dy, const float *x, float *dx", n, fmt::format("geluBackward<{}>(dy, x, dx)", n));
+    e.elementwise(fmt::format("const float *dy, {} *x, float *dx", e.inputType(op.operand(1))), n,
+                  fmt::format("geluBackward<{}>(dy, x, dx)", n));
     break;
   case OpKind::SiluBackward:
     e.elementwise("const float *dy, const float *x, float *dx", n, fmt::format("siluBackward<{}>(dy, x, dx)", n));
@@ -377,7 +383,7 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
     // Launch 0, one block per row: the row's loss, logsumexp - logit[target], into scratch
     // (and with dloss, the row's gradient). Launch 1, one block: the mean over rows in row order.
     int64_t vocab = operandType(op, 0).dim(-1), rows = operandType(op, 1).numElements();
-    // Logits a GEMM wrote in BF16 (CudaProgram::bf16Epilogues), or fp32.
+    // Logits a GEMM wrote in BF16 (CudaProgram::bf16Rounding), or fp32.
     std::string logitsType = e.program_.bf16Stored.count(op.operand(0)) ? "const unsigned short" : "const float";
     if (op.numOperands() > 2) {
       std::string params = logitsType + " *logits, const int *targets, const float *dloss, float *loss, "
@@ -1049,9 +1055,9 @@ void markWithReshapes(llvm::DenseSet<const Value *> &set, const Value *v) {
       markWithReshapes(set, user->result());
 }
 
-/// CudaProgram::bf16Epilogues. The bias fc1 adds must be a parameter: the executor's BF16
+/// CudaProgram::bf16Rounding. The bias fc1 adds must be a parameter: the executor's BF16
 /// copy of the parameters holds it in BF16.
-void chooseBf16Epilogues(const Graph &graph, CudaProgram &program) {
+void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
   auto onlyGemmsRead = [&](const Value *v) {
     Readers readers;
     countReaders(graph, program, v, readers);
@@ -1070,13 +1076,33 @@ void chooseBf16Epilogues(const Graph &graph, CudaProgram &program) {
                 onlyGemmsRead(user->result());
     if (!chosen)
       continue;
-    program.bf16Epilogues.insert(op);
+    program.bf16Rounding.insert(op);
     markWithReshapes(program.bf16Stored, act);
     markWithReshapes(program.bf16Stored, h);
     for (const Op *user : h->users()) {
-      program.bf16Epilogues.insert(user);
+      program.bf16Rounding.insert(user);
       markWithReshapes(program.bf16Stored, user->result());
     }
+  }
+  // An FP8 layer's pre-activation (its bias add) that only the GELU and the GELU's gradient read,
+  // kept for the gradient: in BF16, as under BF16 the GELU epilogue keeps it (the FP8 recipe's
+  // activation memory then stays below BF16's).
+  for (const Op *op : graph.ops()) {
+    const Op *product = op->kind() == OpKind::Add ? op->operand(0)->def() : nullptr;
+    if (!product || product->kind() != OpKind::MatMul || !isFp8(product->operand(0)->type().dtype))
+      continue;
+    const Value *h = op->result();
+    bool gradient = false, gelus = !llvm::is_contained(graph.outputs(), h) && !program.inPlace.count(h) &&
+                                   !program.layout.grads.count(h);
+    for (const Op *user : h->users()) {
+      gradient |= user->kind() == OpKind::GeluBackward;
+      gelus &= (user->kind() == OpKind::Gelu && user->operand(0) == h) ||
+               (user->kind() == OpKind::GeluBackward && user->operand(1) == h && user->operand(0) != h);
+    }
+    if (!gradient || !gelus)
+      continue;
+    program.bf16Rounding.insert(op);
+    program.bf16Stored.insert(h);
   }
   // Logits a BF16 GEMM writes for the loss and its gradient alone, which read them in BF16.
   for (const Op *op : graph.ops()) {
@@ -1091,7 +1117,7 @@ void chooseBf16Epilogues(const Graph &graph, CudaProgram &program) {
                user->operand(0) != logits && user->operand(2) != logits);
     if (!loss)
       continue;
-    program.bf16Epilogues.insert(op);
+    program.bf16Rounding.insert(op);
     program.bf16Stored.insert(logits);
   }
 }
@@ -1252,8 +1278,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     return std::move(err);
   program.layout = layoutParameters(graph, program);
   if (options.storeBf16) {
-    if (options.bf16Epilogues)
-      chooseBf16Epilogues(graph, program);
+    if (options.bf16Rounding)
+      chooseBf16Rounding(graph, program);
     chooseBf16Values(graph, program);
   }
   std::vector<std::vector<KernelText>> kernels(ops.size());

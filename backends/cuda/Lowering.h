@@ -105,15 +105,16 @@ struct CudaProgram {
   /// GEMMs read the copy, the other readers the fp32 value (a gradient whose bias sum needs
   /// fp32, the probabilities the softmax gradient reads). No result changes.
   llvm::DenseSet<const Value *> bf16Shadowed;
-  /// The GEMMs cuBLASLt runs with BF16 outputs (chooseBf16Epilogues): a BF16 matmul_bias_gelu
-  /// whose activation only BF16 GEMMs read and whose h only matmul_dgelu reads, and those
-  /// matmul_dgelu, whose result only BF16 GEMMs and column sums read; a BF16 matmul whose logits
-  /// only the loss and its gradient read. Their results are in bf16Stored. cuBLASLt's BF16
-  /// epilogues take the output, the bias and h in one type, so unlike bf16Stored's other values
-  /// these round what the program keeps in fp32 (the bias fc1 adds, h, the GELU's gradient and
-  /// its column sums, the logits): within BF16's rounding, as PyTorch's autocast computes these
-  /// layers and Transformer Engine's LayerNormMLP stores them.
-  llvm::DenseSet<const Op *> bf16Epilogues;
+  /// The ops whose results the GPU stores in BF16 although the program keeps them in fp32
+  /// (chooseBf16Rounding), all in bf16Stored: a BF16 matmul_bias_gelu (cuBLASLt's GELU_AUX_BIAS
+  /// epilogue) whose activation only BF16 GEMMs read and whose h only matmul_dgelu reads, and
+  /// those matmul_dgelu (the DGELU epilogue), whose result only BF16 GEMMs and column sums read;
+  /// a BF16 matmul whose logits only the loss and its gradient read; an FP8 layer's bias add whose
+  /// h only the GELU and its gradient read. cuBLASLt's BF16 epilogues take the output, the bias
+  /// and h in one type. Unlike bf16Stored's other values these are rounded (the bias fc1 adds,
+  /// h, the GELU's gradient and its column sums, the logits): within BF16's rounding, as PyTorch's
+  /// autocast computes these layers and Transformer Engine's LayerNormMLP stores them.
+  llvm::DenseSet<const Op *> bf16Rounding;
   /// The attention ops cuDNN runs (LoweringOptions::cudnnAttention), with their workspaces.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;
 };
@@ -126,8 +127,8 @@ struct LoweringOptions {
   /// stored in BF16 (CudaProgram::bf16Stored), the others get a BF16 copy (bf16Shadowed); the
   /// same bits as converting them at each GEMM.
   bool storeBf16 = true;
-  /// With storeBf16: the GELU epilogues that write BF16 (CudaProgram::bf16Epilogues).
-  bool bf16Epilogues = true;
+  /// With storeBf16: the values rounded to BF16 beyond the program's (CudaProgram::bf16Rounding).
+  bool bf16Rounding = true;
   /// The attention ops (cudnnAttentionShape's) that cuDNN runs, each with the bytes of
   /// workspace its plan needs: the executor builds the plans before it lowers the program.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;

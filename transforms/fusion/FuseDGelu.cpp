@@ -2,7 +2,7 @@
 // gelu_backward(matmul(dy, w), h) whose h a matmul_bias_gelu kept becomes matmul_dgelu(dy, w, h),
 // cuBLASLt's DGELU epilogue (as Transformer Engine runs LayerNormMLP's fc2 dgrad): the product is
 // never written, nor read back by a GELU-gradient kernel. Under BF16 the GPU then stores h, the
-// product's gradient and fc1's activation in BF16 (CudaProgram::bf16Epilogues).
+// product's gradient and fc1's activation in BF16 (CudaProgram::bf16Rounding).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"

@@ -88,7 +88,7 @@ public:
     Value *w1 = operand(FusedSlot::W1), *b1 = operand(FusedSlot::B1);
     // The GELU_AUX_BIAS epilogue, h its second result. Under BF16 only where the gradient reads
     // the h kept: fuse-dgelu's DGELU epilogue then reads it and the GPU writes both in BF16
-    // (CudaProgram::bf16Epilogues). The epilogue with fp32 outputs is slower than the BIAS
+    // (CudaProgram::bf16Rounding). The epilogue with fp32 outputs is slower than the BIAS
     // epilogue and a GELU kernel writing BF16 (BENCHMARKS.md, sessions 6 and 16), and a few-row
     // product (a decode step) is a GEMV that applies the GELU itself.
     if (!swiglu() && b1 && (kept || !hasBf16Gemms(fused_.attrs()))) {

@@ -37,15 +37,16 @@ __device__ void scale(const float *x, Out out, float factor) {
   FOR_EACH_ELEMENT(i, Count) out[i] = x[i] * factor;
 }
 
-template <int64 Count, typename Out>
-__device__ void gelu(const float *x, Out out) {
+// x in fp32, or stored in BF16 (CudaProgram::bf16Rounding: an FP8 layer's pre-activation).
+template <int64 Count, typename In, typename Out>
+__device__ void gelu(const In *x, Out out) {
   if (Count % 4 == 0) {
     FOR_EACH_ELEMENT(v, Count / 4) {
       float4 a = load4(x, 4 * v);
       store4(out, 4 * v, make_float4(geluTanh(a.x), geluTanh(a.y), geluTanh(a.z), geluTanh(a.w)));
     }
   } else {
-    FOR_EACH_ELEMENT(i, Count) out[i] = geluTanh(x[i]);
+    FOR_EACH_ELEMENT(i, Count) out[i] = geluTanh(elementValue(x[i]));
   }
 }
 
@@ -61,8 +62,8 @@ __device__ __forceinline__ float geluTanhGradient(float dy, float v) {
   float du = c * (1.0f + 3.0f * 0.044715f * v * v);
   return dy * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
 }
-template <int64 Count, typename Out>
-__device__ void geluBackward(const float *dy, const float *x, Out dx) {
+template <int64 Count, typename In, typename Out>
+__device__ void geluBackward(const float *dy, const In *x, Out dx) {
   if (Count % 4 == 0) {
     FOR_EACH_ELEMENT(v, Count / 4) {
       float4 d = load4(dy, 4 * v), a = load4(x, 4 * v);
@@ -71,7 +72,7 @@ __device__ void geluBackward(const float *dy, const float *x, Out dx) {
                          geluTanhGradient(d.w, a.w)));
     }
   } else {
-    FOR_EACH_ELEMENT(i, Count) dx[i] = geluTanhGradient(dy[i], x[i]);
+    FOR_EACH_ELEMENT(i, Count) dx[i] = geluTanhGradient(dy[i], elementValue(x[i]));
   }
 }
 
@@ -79,8 +80,8 @@ __device__ void geluBackward(const float *dy, const float *x, Out dx) {
 // scratch (doubles, [chunk][column]), each summed in row order as reduce.cuh's
 // columnSumPartials sums them; columnSumTotals then adds the chunks. PER (4 or 1) consecutive
 // columns a thread, ColumnBlocks blocks across the columns for each chunk.
-template <int64 Columns, int64 Rows, int PER, int64 ColumnBlocks, int64 Chunk, typename Out>
-__device__ void geluBackwardColumnSums(const float *dy, const float *x, Out dx, float *scratch) {
+template <int64 Columns, int64 Rows, int PER, int64 ColumnBlocks, int64 Chunk, typename In, typename Out>
+__device__ void geluBackwardColumnSums(const float *dy, const In *x, Out dx, float *scratch) {
   double *partial = (double *)scratch;
   int64 chunk = blockIdx.x / ColumnBlocks;
   int64 column = PER * ((blockIdx.x % ColumnBlocks) * blockDim.x + threadIdx.x);
@@ -95,7 +96,7 @@ __device__ void geluBackwardColumnSums(const float *dy, const float *x, Out dx, 
       store4(dx, i, g);
       sums[0] += g.x; sums[1] += g.y; sums[2] += g.z; sums[3] += g.w;
     } else {
-      float g = geluTanhGradient(dy[i], x[i]);
+      float g = geluTanhGradient(dy[i], elementValue(x[i]));
       dx[i] = g;
       sums[0] += g;
     }

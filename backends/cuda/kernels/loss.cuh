@@ -36,7 +36,7 @@ __device__ __forceinline__ float4 loadLogits4(const unsigned short *row, int j) 
 }
 
 // Rows of logits in fp32, or in BF16 where the GEMM that writes them stores them so
-// (CudaProgram::bf16Epilogues).
+// (CudaProgram::bf16Rounding).
 template <int64 Vocab, typename In>
 __device__ MaxExpSum rowMaxExpSum(const In *row) {
   __shared__ MaxExpSum shared[256];

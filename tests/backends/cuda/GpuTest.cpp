@@ -794,7 +794,7 @@ TEST(GpuTraining, ValuesStoredInBf16GiveTheBitsOfConvertingAtEachGemm) {
   // tests take them.)
   SKIP_WITHOUT_GPU();
   CudaOptions stored, converting;
-  stored.bf16Epilogues = false;
+  stored.bf16Rounding = false;
   converting.storeBf16 = false;
   for (const char *recipe : {"bf16", "fp8"})
     expectTheSameBits(recipe, stored, converting);
@@ -804,7 +804,7 @@ TEST(GpuTraining, Bf16LossesFollowTheCpuEmulationFor20Steps) {
   // BF16 GEMMs read the same BF16 operands on both (the weights from the GPU's BF16 copy of the
   // parameter buffer, written at the start of each step); the order of the fp32 sums differs,
   // which can move a later BF16 rounding by one step, and the GPU's GELU epilogues round fc1's
-  // bias, h and the GELU's gradient to BF16 (CudaProgram::bf16Epilogues), which the CPU keeps.
+  // bias, h and the GELU's gradient to BF16 (CudaProgram::bf16Rounding), which the CPU keeps.
   SKIP_WITHOUT_GPU();
   std::vector<double> cpu = losses(Device::cpu(), 20, "bf16"), gpu = losses(theGpu(), 20, "bf16");
   ASSERT_EQ(cpu.size(), 20u);

@@ -251,8 +251,8 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
         // A BF16 epilogue's h goes to its gradient's epilogue, the gradient to the bias's sums too.
         const Op *root = reshapeRoot(w)->def();
         // The logits go to the loss.
-        if (program.bf16Epilogues.count(root) &&
-            ((user->kind() == OpKind::MatMulDGelu && user->operand(2) == w && program.bf16Epilogues.count(user)) ||
+        if (program.bf16Rounding.count(root) &&
+            ((user->kind() == OpKind::MatMulDGelu && user->operand(2) == w && program.bf16Rounding.count(user)) ||
              (user->kind() == OpKind::ReduceTo && root->kind() == OpKind::MatMulDGelu) ||
              (user->kind() == OpKind::CrossEntropy && root->kind() == OpKind::MatMul)))
           continue;
@@ -266,7 +266,7 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
   // forward's norms and activations: nothing recomputed): 9, and the 4 GELU gradients the DGELU
   // epilogues write (fuse-dgelu); the logits, which the loss reads in BF16.
   EXPECT_EQ(stored, 47);
-  EXPECT_EQ(program.bf16Epilogues.size(), 9u);
+  EXPECT_EQ(program.bf16Rounding.size(), 9u);
   EXPECT_TRUE(program.bf16Stored.count(graph->lookup("logits")));
   for (const char *name : {"h0.attn.qkv.out.norm", "h0.mlp.fc2.out.norm", "h0.mlp.fc2.out.act", "h0.mlp.fc1.out", "h0.res1.grad.dh", "h0.attn.q.bhtd", "h0.attn.k.bhtd", "h0.attn.v.bhtd", "h3.attn.context.bthd", "h3.attn.context.flat"})
     EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
@@ -324,7 +324,7 @@ TEST(MemoryPlan, BF16GemmOperandsAreWrittenInBf16ByTheirProducers) {
 TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
   // Under bf16, fc1 is cuBLASLt's GELU_AUX_BIAS epilogue and its GELU's gradient the DGELU
   // epilogue of fc2's dgrad product (fuse-dgelu), both writing BF16: the activation, h and the
-  // gradient in BF16 (bf16Stored), each an op of bf16Epilogues.
+  // gradient in BF16 (bf16Stored), each an op of bf16Rounding.
   auto [graph, program] = gpuTrainingProgram("models/seed.yaml", "bf16");
   int forward = 0, gradient = 0;
   for (const Op *op : graph->ops()) {
@@ -333,7 +333,7 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
     if (op->kind() != OpKind::MatMulBiasGelu && op->kind() != OpKind::MatMulDGelu)
       continue;
     ++(op->kind() == OpKind::MatMulBiasGelu ? forward : gradient);
-    EXPECT_TRUE(program.bf16Epilogues.count(op)) << op->result()->name();
+    EXPECT_TRUE(program.bf16Rounding.count(op)) << op->result()->name();
     for (unsigned r = 0; r < op->numResults(); ++r)
       EXPECT_TRUE(program.bf16Stored.count(op->result(r))) << op->result(r)->name();
   }
@@ -351,13 +351,27 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, Recipe::Bf16), options));
   ASSERT_FALSE(bool(pipeline.run(*recomputed)));
   CudaProgram recomputedProgram = unwrap(lowerToCuda(*recomputed));
-  for (const Op *op : recomputedProgram.bf16Epilogues) // the logits' GEMM alone
+  for (const Op *op : recomputedProgram.bf16Rounding) // the logits' GEMM alone
     EXPECT_EQ(op->result()->name(), "logits");
-  EXPECT_EQ(recomputedProgram.bf16Epilogues.size(), 1u);
+  EXPECT_EQ(recomputedProgram.bf16Rounding.size(), 1u);
   EXPECT_FALSE(llvm::any_of(recomputed->ops(), [](const Op *op) { return op->kind() == OpKind::MatMulBiasGelu; }));
+  // Under fp8 with FP8 layers (the tiny model's fp8_min_dim 16: all but the head), each fc1's
+  // bias add writes h in BF16 for the GELU and its gradient, which read it so.
+  auto [fp8, fp8Program] = gpuTrainingProgram("models/tiny.yaml", "fp8");
+  int kept = 0;
+  for (const Op *op : fp8->ops())
+    if (op->kind() == OpKind::Add && fp8Program.bf16Rounding.count(op)) {
+      ++kept;
+      EXPECT_TRUE(fp8Program.bf16Stored.count(op->result())) << op->result()->name();
+      for (const Op *user : op->result()->users())
+        EXPECT_TRUE(user->kind() == OpKind::Gelu || user->kind() == OpKind::GeluBackward) << user->name().str();
+    }
+  EXPECT_EQ(kept, 2); // the tiny model's two layers
+  EXPECT_TRUE(fp8Program.bf16Stored.count(fp8->lookup("h0.mlp.fc1.out")));
+  EXPECT_NE(fp8Program.source.find("gelu(const unsigned short *x, float *out)"), std::string::npos) << "no GELU reads BF16";
   // fp32 keeps the fp32 epilogue and the GELU gradient kernel.
   auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
-  EXPECT_TRUE(plainProgram.bf16Epilogues.empty());
+  EXPECT_TRUE(plainProgram.bf16Rounding.empty());
   EXPECT_TRUE(llvm::any_of(plain->ops(), [](const Op *op) { return op->kind() == OpKind::GeluBackward; }));
 }
 
