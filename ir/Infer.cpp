@@ -444,6 +444,10 @@ llvm::Expected<TypeList> inferLayerNormBackward(Operands ops, const AttrMap &att
     return makeError("dres {} and x {} differ", ops[3].str(), ops[1].str());
   if (auto err = checkNorm(ops.slice(1, 2), attrs))
     return std::move(err);
+  if (attrs.has("dx_sums") && !attrs.getBool("dx_sums"))
+    return makeError("attribute 'dx_sums' must be true or false");
+  if (attrs.getBool("dx_sums").value_or(false))
+    return TypeList{ops[1], ops[2], ops[2], ops[2]};
   return TypeList{ops[1], ops[2], ops[2]};
 }
 

@@ -509,7 +509,10 @@ llvm::Error normBackward(const AttrMap &attrs, Operands in, Results out, bool ce
 }
 
 llvm::Error evalLayerNormBackward(const AttrMap &attrs, Operands in, Results out) {
-  return normBackward(attrs, in, out, /*centered=*/true);
+  if (auto err = normBackward(attrs, in, out, /*centered=*/true); err || out.size() < 4)
+    return err;
+  // dx_sums: dx summed as reduce_to sums it.
+  return evalReduceTo(attrs, {&out[0]}, out.drop_front(3));
 }
 llvm::Error evalRMSNormBackward(const AttrMap &attrs, Operands in, Results out) {
   return normBackward(attrs, in, out, /*centered=*/false);

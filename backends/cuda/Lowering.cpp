@@ -322,20 +322,23 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     int64_t chunks = (rows + kNormChunk - 1) / kNormChunk;
     int64_t perThread = d % 4 == 0 ? 4 : 1, columnBlocks = (d + kThreads * perThread - 1) / (kThreads * perThread);
     bool accumulate = op.numOperands() > 3; // the residual gradient dres, added to dx
+    bool sums = op.numResults() > 3;        // dx_sums: dx's column sums too
     std::string params = std::string("const float *dy, const float *x, const float *gamma, ") +
                          (accumulate ? "const float *dres, " : "") +
                          (layer ? "float *dx, float *dgamma, float *dbeta" : "float *dx, float *dgamma") +
-                         ", float *scratch";
+                         (sums ? ", float *dsums" : "") + ", float *scratch";
     e.launch(0, params, normBlocks(rows, d),
              fmt::format("normBackwardStats<{}, {}, {}>(dy, x, gamma, scratch, {})", boolText(layer), d, rows, eps));
     e.launch(1, params, chunks * columnBlocks,
-             fmt::format("normBackwardTile<{}, {}, {}, {}>(dy, x, gamma, {}, dx, scratch)", d, rows, kNormChunk,
-                         boolText(accumulate), accumulate ? "dres" : "nullptr"));
+             fmt::format("normBackwardTile<{}, {}, {}, {}, {}>(dy, x, gamma, {}, dx, scratch)", d, rows, kNormChunk,
+                         boolText(accumulate), boolText(sums), accumulate ? "dres" : "nullptr"));
     e.launch(2, params, columnTotalBlocks(d),
-             fmt::format("normBackwardColumns<{}, {}, {}, {}>(scratch, dgamma, {})", boolText(layer), d, rows, chunks,
-                         layer ? "dbeta" : "(float *)nullptr"));
-    // Scratch: four doubles a row (its statistics), then two a feature for each chunk.
-    e.lowering.scratchFloats.push_back(8 * rows + 4 * chunks * d);
+             fmt::format("normBackwardColumns<{}, {}, {}, {}, {}>(scratch, dgamma, {}, {})", boolText(layer), d, rows,
+                         chunks, boolText(sums), layer ? "dbeta" : "(float *)nullptr",
+                         sums ? "dsums" : "(float *)nullptr"));
+    // Scratch: four doubles a row (its statistics), then two a feature for each chunk (three
+    // with dx's sums).
+    e.lowering.scratchFloats.push_back(8 * rows + (sums ? 6 : 4) * chunks * d);
     return llvm::Error::success();
   }
   default:

@@ -23,14 +23,14 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // Before the final dce: LayerNorm+Linear/MLP become their norm and GEMM ops (and their
   // gradients' norm gradients and GEMMs), and each norm then takes the residual add before it
   // (the LayerNorm fusions ran first and left those adds alone), each norm gradient the
-  // residual gradient's add after it, a BF16 GELU gradient the product
-  // before it (fuse-dgelu), each other GELU gradient the bias gradient before it, the loss
-  // its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
+  // residual gradient's add after it and the bias gradient that sums its dx, a BF16 GELU
+  // gradient the product before it (fuse-dgelu), each other GELU gradient the bias gradient
+  // before it, the loss its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
   // cuBLASLt's TN layout. In a decode step, the attention writes the caches it reads, and the
   // GEMVs of few rows normalise their own input (and apply the GELU after them), or, past 8
   // rows, apply the GELU after them.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
-                                   "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
+                                   "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
                                    "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
                                    "legalize-fp8-gemm"});
   return passes;

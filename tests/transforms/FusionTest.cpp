@@ -146,11 +146,12 @@ TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
 
 
 // What the GPU runs: the LayerNorm fusions' ops expanded into their norm and GEMM ops, the
-// residual adds then fused into the norms and their gradients, a BF16 GELU's gradient into the
+// residual adds then fused into the norms and their gradients (with the bias gradients that sum
+// a norm gradient's dx), a BF16 GELU's gradient into the
 // product before it, the other bias gradients into the GELU's,
 // the loss's gradient into the loss; the attention's gradient reads its forward's head-major q, k, v.
 const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
-                                               "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads"};
+                                               "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads"};
 
 TEST(Fusion, GpuExpansionOfLayerNormFusionsMatchesUnfused) {
   compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, fusionPasses(), kGpuLowering);

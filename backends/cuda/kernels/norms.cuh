@@ -191,9 +191,12 @@ struct NormGradColumns {
   static constexpr int64 kBlocks = (D + 256 * kPerThread - 1) / (256 * kPerThread);
 };
 
-template <int64 D, int64 Rows, int64 Chunk, bool Accumulate, typename Out>
+// Sums (layer_norm_backward {dx_sums}): also each chunk's column sums of dx, a third double a
+// feature (the bias gradient fuse-norm-bias-grad folds in: dx summed as it is written).
+template <int64 D, int64 Rows, int64 Chunk, bool Accumulate, bool Sums, typename Out>
 __device__ void normBackwardTile(const float *dy, const float *x, const float *gamma, const float *dres, Out dx,
                                  float *scratch) {
+  constexpr int S = Sums ? 3 : 2; // doubles a feature and chunk
   constexpr int V = NormGradColumns<D>::kPerThread;
   constexpr int64 ColumnBlocks = NormGradColumns<D>::kBlocks;
   const double *stats = (const double *)scratch;
@@ -203,12 +206,13 @@ __device__ void normBackwardTile(const float *dy, const float *x, const float *g
   if (j >= D)
     return;
   float g[V];
-  double dgammaSum[V], dbetaSum[V];
+  double dgammaSum[V], dbetaSum[V], dxSum[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     g[v] = gamma[j + v];
     dgammaSum[v] = 0;
     dbetaSum[v] = 0;
+    dxSum[v] = 0;
   }
   const int64 end = (chunk + 1) * Chunk < Rows ? (chunk + 1) * Chunk : Rows;
   // Rows four at a time: every load of the four issued before the first store (the stores
@@ -246,6 +250,8 @@ __device__ void normBackwardTile(const float *dy, const float *x, const float *g
         out[v] = Accumulate ? rs[u][v] + grad : grad;
         dgammaSum[v] += (double)ds[u][v] * xhat;
         dbetaSum[v] += ds[u][v];
+        if (Sums)
+          dxSum[v] += out[v];
       }
       const int64 i = (r0 + u) * D + j;
       if constexpr (V == 4)
@@ -256,21 +262,28 @@ __device__ void normBackwardTile(const float *dy, const float *x, const float *g
   }
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    partial[2 * (chunk * D + j + v)] = dgammaSum[v];
-    partial[2 * (chunk * D + j + v) + 1] = dbetaSum[v];
+    partial[S * (chunk * D + j + v)] = dgammaSum[v];
+    partial[S * (chunk * D + j + v) + 1] = dbetaSum[v];
+    if (Sums)
+      partial[S * (chunk * D + j + v) + 2] = dxSum[v];
   }
 }
 
 // Launch 2: the chunks' partial sums (reduce.cuh's columnTotal, 32 features a block).
-template <bool Layer, int64 D, int64 Rows, int64 Chunks, typename GammaOut, typename BetaOut>
-__device__ void normBackwardColumns(const float *scratch, GammaOut dgamma, BetaOut dbeta) {
+template <bool Layer, int64 D, int64 Rows, int64 Chunks, bool Sums, typename GammaOut, typename BetaOut,
+          typename SumOut>
+__device__ void normBackwardColumns(const float *scratch, GammaOut dgamma, BetaOut dbeta, SumOut dsums) {
+  constexpr int S = Sums ? 3 : 2;
   __shared__ double shared[kTotalParts][32];
   const double *partial = (const double *)scratch + 4 * Rows;
   int64 j = totalColumn();
-  double dgammaSum = columnTotal<D, Chunks, 2>(partial, j, 0, shared);
-  double dbetaSum = columnTotal<D, Chunks, 2>(partial, j, 1, shared);
+  double dgammaSum = columnTotal<D, Chunks, S>(partial, j, 0, shared);
+  double dbetaSum = columnTotal<D, Chunks, S>(partial, j, 1, shared);
+  double dxSum = Sums ? columnTotal<D, Chunks, S>(partial, j, 2, shared) : 0.0;
   if (threadIdx.x >= 32 || j >= D) return;
   dgamma[j] = (float)dgammaSum;
   if (Layer)
     dbeta[j] = (float)dbetaSum;
+  if (Sums)
+    dsums[j] = (float)dxSum;
 }
