@@ -29,6 +29,13 @@ bool isLinear(const Op *op) {
          !op->attrs().getBool("transpose_a").value_or(false);
 }
 
+bool isBiasSum(const Op &reduce, const Value *v) {
+  if (reduce.kind() != OpKind::ReduceTo || reduce.operand(0) != v)
+    return false;
+  const TensorType &x = v->type(), &sum = reduce.result()->type();
+  return x.rank() >= 1 && sum.rank() == 1 && sum.dim(0) == x.dim(-1);
+}
+
 Op *biasAddOf(const Graph &graph, Value *y) {
   Op *add = soleUser(graph, y);
   if (!add || add->kind() != OpKind::Add || add->operand(0) != y || add->operand(1) == y)

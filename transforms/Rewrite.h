@@ -23,6 +23,8 @@ bool isGraphOutput(const Graph &graph, const Value *v);
 bool isLinear(const Op *matmul);
 /// The add that applies a bias [N] to `y` and is `y`'s only user, if there is one.
 Op *biasAddOf(const Graph &graph, Value *y);
+/// Whether `reduce` is a reduce_to of `v` over every axis but its last (a bias's gradient).
+bool isBiasSum(const Op &reduce, const Value *v);
 
 /// Replaces a matched pattern by one op.
 struct Replacement {

@@ -12,14 +12,9 @@ namespace {
 class FuseGeluBiasGrad : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &, Op *reduce) const override {
-    if (reduce->kind() != OpKind::ReduceTo)
-      return std::nullopt;
-    Op *back = definedBy(reduce->operand(0), OpKind::GeluBackward);
+    Op *back = reduce->kind() == OpKind::ReduceTo ? definedBy(reduce->operand(0), OpKind::GeluBackward) : nullptr;
     // Legality: the sum is over every axis but dx's last (a bias's gradient).
-    if (!back || back->numResults() != 1)
-      return std::nullopt;
-    const TensorType &dx = back->result()->type(), &sum = reduce->result()->type();
-    if (dx.rank() < 1 || sum.rank() != 1 || sum.dim(0) != dx.dim(-1))
+    if (!back || back->numResults() != 1 || !isBiasSum(*reduce, back->result()))
       return std::nullopt;
     FusionMatch m;
     m.pattern = {back, reduce};

@@ -13,14 +13,10 @@ namespace {
 class FuseNormBiasGrad : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &, Op *reduce) const override {
-    if (reduce->kind() != OpKind::ReduceTo)
-      return std::nullopt;
-    Op *back = definedBy(reduce->operand(0), OpKind::LayerNormBackward);
-    // Legality: the sum is over every axis but dx's last, and the gradient sums none yet.
-    if (!back || back->numResults() != 3 || back->result(0) != reduce->operand(0))
-      return std::nullopt;
-    const TensorType &dx = back->result()->type(), &sum = reduce->result()->type();
-    if (sum.rank() != 1 || sum.dim(0) != dx.dim(-1))
+    Op *back = reduce->kind() == OpKind::ReduceTo ? definedBy(reduce->operand(0), OpKind::LayerNormBackward)
+                                                    : nullptr;
+    // Legality: the sum is of dx over every axis but its last, and the gradient sums none yet.
+    if (!back || back->numResults() != 3 || !isBiasSum(*reduce, back->result(0)))
       return std::nullopt;
     FusionMatch m;
     m.pattern = {back, reduce};
