@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <map>
+
 namespace tgc {
 
 void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
@@ -35,6 +37,18 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
       os << fmt::format("// {} values stored in BF16, as only BF16 GEMMs (or kernels that round them so) read them "
                         "({:.1f} MiB, half their fp32 size)\n",
                         bf16Values, mib(bf16Bytes));
+    // What the GPU rounds beyond the program (CudaProgram::bf16Rounding), by the op's kind.
+    std::map<std::string, int> rounding;
+    for (const Op *op : lowered->bf16Rounding)
+      ++rounding[op->name().str()];
+    if (!rounding.empty()) {
+      std::vector<std::string> kinds;
+      for (const auto &[name, count] : rounding)
+        kinds.push_back(fmt::format("{} {}", count, name));
+      os << fmt::format("// BF16 outputs that round what the program keeps in fp32 (the GELU epilogues, the logits, "
+                        "FP8 layers' h): {}\n",
+                        fmt::join(kinds, ", "));
+    }
     std::vector<std::string> converted; // BF16 GEMM operands a conversion kernel rounds
     std::vector<Op *> loweredOps = graph.ops();
     for (size_t i = 0; i < loweredOps.size(); ++i)
