@@ -601,6 +601,59 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
     }
 }
 
+TEST(GpuKernels, Bf16OutputsThatRoundFollowTheCpuWithinBf16) {
+  // CudaProgram::bf16Rounding: fc1 as cuBLASLt's GELU_AUX_BIAS epilogue writing the activation
+  // and h in BF16 (its bias read from the parameters' BF16 copy), fc2's dgrad with the GELU's
+  // gradient as the DGELU epilogue writing BF16 (fc1's bias gradient sums it, and the next
+  // product reads it), the logits in BF16 for the loss. Each rounds what the CPU keeps in fp32:
+  // the results agree within BF16's rounding. 300 rows (past the few-row products), a vocabulary
+  // of 1000.
+  const int64_t M = 300, K = 64, N = 256, V = 1000;
+  std::string text = fmt::format(
+      "graph @g\n%x = input() : f32[{0},{1}]\n%dy = input() : f32[{0},{1}]\n%targets = input() : i32[{0}]\n"
+      "%w1 = param() {{init=\"normal\", std=0.1}} : f32[{2},{1}]\n%b1 = param() {{init=\"zeros\"}} : f32[{2}]\n"
+      "%w2 = param() {{init=\"normal\", std=0.1}} : f32[{1},{2}]\n%wh = param() {{init=\"normal\", std=0.1}} : f32[{3},{1}]\n"
+      "%act, %h = matmul_bias_gelu(%x, %w1, %b1) {{gemm_dtype=\"bf16\"}} : f32[{0},{2}], f32[{0},{2}]\n"
+      "%y = matmul(%act, %w2) {{gemm_dtype=\"bf16\", transpose_b=true}} : f32[{0},{1}]\n"
+      "%dh = matmul_dgelu(%dy, %w2, %h) {{gemm_dtype=\"bf16\"}} : f32[{0},{2}]\n"
+      "%dx = matmul(%dh, %w1) {{gemm_dtype=\"bf16\"}} : f32[{0},{1}]\n"
+      "%db1 = reduce_to(%dh) {{shape=[{2}]}} : f32[{2}]\n"
+      "%logits = matmul(%y, %wh) {{gemm_dtype=\"bf16\", transpose_b=true}} : f32[{0},{3}]\n"
+      "%loss = cross_entropy(%logits, %targets) : f32[]\n"
+      "return %dx, %db1, %loss\n",
+      M, K, N, V);
+  auto graph = unwrap(parseGraph(text, "bf16-rounding.ir"));
+  ASSERT_TRUE(graph);
+  // The lowering rounds these three (no GPU needed to check that).
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  EXPECT_EQ(program.bf16Rounding.size(), 3u);
+  for (const char *name : {"act", "h", "dh", "logits"})
+    EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves{{"x", Tensor::zeros(TensorType(DType::F32, {M, K}))},
+                                       {"dy", Tensor::zeros(TensorType(DType::F32, {M, K}))},
+                                       {"w1", Tensor::zeros(TensorType(DType::F32, {N, K}))},
+                                       {"b1", Tensor::zeros(TensorType(DType::F32, {N}))},
+                                       {"w2", Tensor::zeros(TensorType(DType::F32, {K, N}))},
+                                       {"wh", Tensor::zeros(TensorType(DType::F32, {V, K}))}};
+  for (auto &[name, t] : leaves)
+    for (float &v : t.data)
+      v = float(rng.normal()) * (name == "x" || name == "dy" ? 1.0f : 0.1f);
+  Tensor targets = Tensor::zeros(TensorType(DType::I32, {M}));
+  for (int32_t &t : targets.ints)
+    t = int32_t(rng.below(uint64_t(V)));
+  leaves["targets"] = targets;
+  std::vector<Tensor> want, got;
+  runOnBoth(*graph, leaves, want, got);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t r = 0; r < got.size(); ++r) {
+    Gap gap = gapOf(want[r].data, got[r].data);
+    std::printf("bf16 rounding, result %zu: max difference %.3g at scale %.3g\n", r, gap.worst, gap.scale);
+    EXPECT_LE(gap.worst, 1e-2 * gap.scale) << "result " << r << ": max difference " << gap.worst;
+  }
+}
+
 TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
   // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
   // (a partial last lane pass) and 1024 features (the most a warp holds), LayerNorm and RMSNorm,
