@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
-#include <functional>
 #include <map>
 #include <set>
 
@@ -387,7 +386,7 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
     // (and with dloss, the row's gradient). Launch 1, one block: the mean over rows in row order.
     int64_t vocab = operandType(op, 0).dim(-1), rows = operandType(op, 1).numElements();
     // Logits a GEMM wrote in BF16 (CudaProgram::bf16Rounding), or fp32.
-    std::string logitsType = e.program_.bf16Stored.count(op.operand(0)) ? "const unsigned short" : "const float";
+    std::string logitsType = e.inputType(op.operand(0));
     if (op.numOperands() > 2) {
       std::string params = logitsType + " *logits, const int *targets, const float *dloss, float *loss, "
                            "float *dlogits, float *scratch";
@@ -406,10 +405,9 @@ llvm::Error emitLoss(const Op &op, Emitter &e) {
   }
   case OpKind::CrossEntropyBackward: {
     int64_t vocab = outputType(op).dim(-1), rows = operandType(op, 2).numElements();
-    const char *params = e.program_.bf16Stored.count(op.operand(1))
-                             ? "const float *dloss, const unsigned short *logits, const int *targets, float *dlogits"
-                             : "const float *dloss, const float *logits, const int *targets, float *dlogits";
-    e.rowwise(0, params, rows,
+    e.rowwise(0, fmt::format("const float *dloss, {} *logits, const int *targets, float *dlogits",
+                             e.inputType(op.operand(1))),
+              rows,
               fmt::format("crossEntropyBackward<{}, {}>(dloss, logits, targets, dlogits)", vocab, rows));
     return llvm::Error::success();
   }
@@ -440,10 +438,8 @@ llvm::Error emitReduction(const Op &op, Emitter &e) {
     int64_t threads = period % 4 == 0 ? period / 4 : period;
     int64_t chunks = (repeats + kChunk - 1) / kChunk, columnBlocks = (threads + kThreads - 1) / kThreads;
     e.uses("reduce.cuh");
-    // x stored in BF16: the gradient cuDNN's attention wrote (countReaders).
-    const char *params = e.program_.bf16Stored.count(op.operand(0))
-                             ? "const unsigned short *x, float *out, float *scratch"
-                             : "const float *x, float *out, float *scratch";
+    // x stored in BF16: a gradient cuDNN's attention or a DGELU epilogue wrote (countReaders).
+    std::string params = fmt::format("{} *x, float *out, float *scratch", e.inputType(op.operand(0)));
     e.launch(0, params, chunks * columnBlocks,
              fmt::format("columnSumPartials<{}, {}, {}, {}>(x, scratch)", period, repeats, columnBlocks, kChunk));
     e.launch(1, params, columnTotalBlocks(period),
@@ -1061,19 +1057,21 @@ void markWithReshapes(llvm::DenseSet<const Value *> &set, const Value *v) {
 /// CudaProgram::bf16Rounding. The bias fc1 adds must be a parameter: the executor's BF16
 /// copy of the parameters holds it in BF16.
 void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
+  // Neither returned nor written into a leaf nor a gradient of the parameter layout.
+  auto intermediate = [&](const Value *v) {
+    return !llvm::is_contained(graph.outputs(), v) && !program.inPlace.count(v) && !program.layout.grads.count(v);
+  };
   auto onlyGemmsRead = [&](const Value *v) {
     Readers readers;
     countReaders(graph, program, v, readers);
-    return readers.others == 0 && readers.bf16Gemms > 0 && !program.inPlace.count(v) &&
-           !program.layout.grads.count(v);
+    return readers.others == 0 && readers.bf16Gemms > 0 && intermediate(v);
   };
   for (const Op *op : graph.ops()) {
     if (op->kind() != OpKind::MatMulBiasGelu || !hasBf16Gemms(op->attrs()) || fewRows(*op) != FewRows::None ||
         !isWeight(program, op->operand(2)))
       continue;
     const Value *act = op->result(0), *h = op->result(1);
-    bool chosen = onlyGemmsRead(act) && !h->users().empty() && !llvm::is_contained(graph.outputs(), h) &&
-                  !program.inPlace.count(h);
+    bool chosen = onlyGemmsRead(act) && !h->users().empty() && intermediate(h);
     for (const Op *user : h->users())
       chosen &= user->kind() == OpKind::MatMulDGelu && user->operand(0) != h && user->operand(1) != h &&
                 onlyGemmsRead(user->result());
@@ -1095,8 +1093,7 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
     if (!product || product->kind() != OpKind::MatMul || !isFp8(product->operand(0)->type().dtype))
       continue;
     const Value *h = op->result();
-    bool gradient = false, gelus = !llvm::is_contained(graph.outputs(), h) && !program.inPlace.count(h) &&
-                                   !program.layout.grads.count(h);
+    bool gradient = false, gelus = intermediate(h);
     for (const Op *user : h->users()) {
       gradient |= user->kind() == OpKind::GeluBackward;
       gelus &= (user->kind() == OpKind::Gelu && user->operand(0) == h) ||
@@ -1113,7 +1110,7 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
         fewRows(*op) != FewRows::None)
       continue;
     const Value *logits = op->result();
-    bool loss = !logits->users().empty() && !llvm::is_contained(graph.outputs(), logits) && !program.inPlace.count(logits);
+    bool loss = !logits->users().empty() && intermediate(logits);
     for (const Op *user : logits->users())
       loss &= (user->kind() == OpKind::CrossEntropy && user->operand(0) == logits && user->operand(1) != logits) ||
               (user->kind() == OpKind::CrossEntropyBackward && user->operand(1) == logits &&

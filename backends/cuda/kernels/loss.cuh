@@ -27,23 +27,15 @@ __device__ __forceinline__ void addToMaxExpSum(MaxExpSum &acc, float4 x) {
   }
   acc.sum += (expf(x.x - acc.max) + expf(x.y - acc.max)) + (expf(x.z - acc.max) + expf(x.w - acc.max));
 }
-// Logits j .. j + 3 of a row (16-byte aligned in fp32, 8-byte in BF16), as floats.
-__device__ __forceinline__ float4 loadLogits4(const float *row, int j) { return ((const float4 *)row)[j / 4]; }
-__device__ __forceinline__ float4 loadLogits4(const unsigned short *row, int j) {
-  uint2 q = ((const uint2 *)row)[j / 4];
-  return make_float4(__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u), __uint_as_float(q.y << 16),
-                     __uint_as_float(q.y & 0xffff0000u));
-}
-
 // Rows of logits in fp32, or in BF16 where the GEMM that writes them stores them so
-// (CudaProgram::bf16Rounding).
+// (CudaProgram::bf16Rounding): four a load (common.cuh's load4) where rows are aligned.
 template <int64 Vocab, typename In>
 __device__ MaxExpSum rowMaxExpSum(const In *row) {
   __shared__ MaxExpSum shared[256];
   MaxExpSum acc = {__int_as_float(0xff800000), 0.0f};
   const float inf = __int_as_float(0xff800000);
   if (Vocab % 4 == 0) {
-    for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) addToMaxExpSum(acc, loadLogits4(row, 4 * j));
+    for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) addToMaxExpSum(acc, load4(row, 4 * j));
   } else {
     for (int j = threadIdx.x; j < Vocab; j += blockDim.x)
       addToMaxExpSum(acc, make_float4(elementValue(row[j]), inf, inf, inf));
@@ -77,7 +69,7 @@ template <int64 Vocab, typename In, typename Out>
 __device__ void crossEntropyRowGradient(const In *row, int target, float logSum, float g, Out out) {
   if (Vocab % 4 == 0) {
     for (int j = threadIdx.x; j < Vocab / 4; j += blockDim.x) {
-      float4 x = loadLogits4(row, 4 * j);
+      float4 x = load4(row, 4 * j);
       int k = 4 * j;
       store4(out, k, make_float4((expf(x.x - logSum) - (k == target ? 1.0f : 0.0f)) * g,
                                  (expf(x.y - logSum) - (k + 1 == target ? 1.0f : 0.0f)) * g,

@@ -5,21 +5,12 @@
 
 #include "common.cuh"
 
-// Cols adjacent elements of a row from p (Cols 4: one 16-byte load of fp32, one 8-byte load of
-// BF16; p then a multiple of Cols elements into an aligned buffer).
-template <int Cols> __device__ __forceinline__ void loadColumns(const float *p, float (&v)[Cols]) {
+// Cols adjacent elements of a row from p, fp32 or BF16 (Cols 4: one load4, p then a multiple
+// of 4 elements into an aligned buffer).
+template <int Cols, typename In> __device__ __forceinline__ void loadColumns(const In *p, float (&v)[Cols]) {
   if constexpr (Cols == 4) {
-    float4 q = *(const float4 *)p;
+    float4 q = load4(p, 0);
     v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else {
-    for (int c = 0; c < Cols; ++c) v[c] = p[c];
-  }
-}
-template <int Cols> __device__ __forceinline__ void loadColumns(const unsigned short *p, float (&v)[Cols]) {
-  if constexpr (Cols == 4) {
-    uint2 q = *(const uint2 *)p;
-    v[0] = __uint_as_float(q.x << 16), v[1] = __uint_as_float(q.x & 0xffff0000u);
-    v[2] = __uint_as_float(q.y << 16), v[3] = __uint_as_float(q.y & 0xffff0000u);
   } else {
     for (int c = 0; c < Cols; ++c) v[c] = elementValue(p[c]);
   }

@@ -117,8 +117,11 @@ TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16"
 
 /// The training program of `model` under `recipe` as the GPU compiles and lowers it.
 std::pair<std::unique_ptr<Graph>, CudaProgram> gpuTrainingProgram(const char *model, const char *recipe,
-                                                                   std::vector<std::string> disabled = {}) {
+                                                                   std::vector<std::string> disabled = {},
+                                                                   bool recompute = false) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
+  if (recompute)
+    c.train.recompute = true;
   auto graph = unwrap(buildGPT(c, c.train.batch));
   PipelineOptions options;
   options.disabled = std::move(disabled);
@@ -341,16 +344,7 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
   EXPECT_EQ(gradient, 4);
   // With --recompute the gradient recomputes the activation from h with a GELU kernel: fc1 is
   // the BIAS epilogue and a GELU kernel, as without the epilogues.
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
-  c.train.recompute = true;
-  auto recomputed = unwrap(buildGPT(c, c.train.batch));
-  PipelineOptions options;
-  options.passOptions.train = c.train;
-  options.passOptions.precision = c.precision;
-  options.passOptions.precision.recipe = Recipe::Bf16;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, Recipe::Bf16), options));
-  ASSERT_FALSE(bool(pipeline.run(*recomputed)));
-  CudaProgram recomputedProgram = unwrap(lowerToCuda(*recomputed));
+  auto [recomputed, recomputedProgram] = gpuTrainingProgram("models/seed.yaml", "bf16", {}, /*recompute=*/true);
   for (const Op *op : recomputedProgram.bf16Rounding) // the logits' GEMM alone
     EXPECT_EQ(op->result()->name(), "logits");
   EXPECT_EQ(recomputedProgram.bf16Rounding.size(), 1u);
