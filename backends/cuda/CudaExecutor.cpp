@@ -488,7 +488,7 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
   cudnnBuffers_.resize(ops.size());
   std::vector<std::pair<size_t, CudnnAttentionShape>> candidates; // op index, shape
   for (size_t i = 0; i < ops.size(); ++i)
-    if (auto shape = cudnnAttentionShape(*ops[i]))
+    if (auto shape = cudnnAttentionShape(graph_, *ops[i], lowering))
       candidates.emplace_back(i, *shape);
   const char *env = std::getenv("TGC_CUDNN");
   if (candidates.empty() || !options_.cudnnAttention || (env && std::string(env) == "0"))
@@ -547,6 +547,22 @@ void CudaExecutor::planCudnnAttention(int major, LoweringOptions &lowering) {
     ++taken;
   }
   tuner.save();
+  // An attention that reads q, k and v in place and its gradients run on cuDNN together or not
+  // at all (tgc's kernels read the head-major copy such a forward does not write).
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]->kind() != OpKind::Attention || !cudnnReadsQkvRows(graph_, *ops[i], lowering))
+      continue;
+    std::vector<const Op *> group = {ops[i]};
+    for (const Op *user : ops[i]->result(2)->users())
+      group.push_back(user);
+    if (llvm::all_of(group, [&](const Op *op) { return lowering.cudnnAttention.count(op); }))
+      continue;
+    for (const Op *op : group)
+      if (lowering.cudnnAttention.erase(op)) {
+        cudnnOps_[size_t(llvm::find(ops, op) - ops.begin())] = nullptr;
+        --taken;
+      }
+  }
   if (taken)
     description_ += fmt::format(", attention by cuDNN {} ({} of {} ops)", cudnn_->versionText(), taken,
                                 candidates.size());
@@ -576,8 +592,8 @@ llvm::Error CudaExecutor::chooseCudnnPlan(CudnnAttention &plan, GemmTuner &tuner
     at.push_back(next);
     next += (bytes + 255) / 256 * 256;
   }
-  int64_t D = s.H * s.DH;
-  std::vector<void *> pointers = {at[0], at[0] + rows, at[0] + 2 * rows, at[1]};
+  int64_t D = s.H * s.DH, part = s.qkvRows ? 2 * D : rows; // bytes from q to k, k to v
+  std::vector<void *> pointers = {at[0], at[0] + part, at[0] + 2 * part, at[1]};
   if (s.backward)
     pointers.insert(pointers.end(), {at[2], at[3], at[4], at[4] + 2 * D, at[4] + 4 * D, at[5]});
   else
@@ -785,7 +801,8 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
         if (gemms_[i].fromWeightCopy[k])
           gemms_[i].bf16Operands[k] = weightCopy(ops_[i]->operand(k));
       // A BF16 epilogue adds the bias's BF16 copy (cuBLASLt: the bias has the output's type).
-      if (ops_[i]->kind() == OpKind::MatMulBiasGelu && program_.bf16Rounding.count(ops_[i])) {
+      if ((ops_[i]->kind() == OpKind::MatMulBiasGelu || ops_[i]->kind() == OpKind::MatMulBias) &&
+          program_.bf16Rounding.count(ops_[i])) {
         const void *bias = weightCopy(ops_[i]->operand(2));
         CUBLAS_CHECK(blas_->matmulDescSetAttribute(gemms_[i].desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
       }

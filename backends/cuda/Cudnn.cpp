@@ -398,7 +398,8 @@ llvm::Expected<const CudnnApi *> loadCudnn() {
 }
 
 std::string CudnnAttentionShape::key() const {
-  return fmt::format("{} B {} T {} H {} DH {} scale {}", backward ? "backward" : "forward", B, T, H, DH, scale);
+  return fmt::format("{} B {} T {} H {} DH {} scale {}{}{}", backward ? "backward" : "forward", B, T, H, DH, scale,
+                     qkvRows ? " qkv rows" : "", doutRows ? " dout rows" : "");
 }
 
 llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const CudnnApi &api, void *handle,
@@ -408,15 +409,18 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   a->scalars_.negativeInfinity = -std::numeric_limits<float>::infinity();
   GraphBuilder g(api, a->descriptors_);
   const int64_t B = s.B, T = s.T, H = s.H, DH = s.DH, D = H * DH;
-  // q, k, v head-major: [3][B][H][T][DH]. cuDNN's first product takes k transposed ([B][H][DH][T],
-  // the same memory) and the gradient v too.
+  // q, k, v head-major ([3][B][H][T][DH]) or rows of the packed qkv ([B][T][3][H][DH]), each
+  // [B][H][T][DH] by its strides. cuDNN's first product takes k transposed ([B][H][DH][T], the
+  // same memory) and the gradient v too.
   Dims headDims = {B, H, T, DH}, headStrides = packed(headDims);
-  Dims transposedDims = {B, H, DH, T}, transposedStrides = {H * T * DH, T * DH, 1, DH};
   Dims rowDims = {B, H, T, DH}, rowStrides = {T * D, DH, D, 1};          // out: [B][T][H * DH]
   Dims packedStrides = {T * 3 * D, DH, 3 * D, 1};                        // dq, dk, dv: rows of dqkv
+  Dims qkvStrides = s.qkvRows ? packedStrides : headStrides;
+  Dims transposedDims = {B, H, DH, T},
+       transposedStrides = {qkvStrides[0], qkvStrides[1], qkvStrides[3], qkvStrides[2]};
   Dims statDims = {B, H, T, 1}, statStrides = {H * T, T, 1, 1};
   Dims scoreDims = {B, H, T, T};
-  void *q = g.tensor(UidQ, cudnn::Bf16, headDims, headStrides, false);
+  void *q = g.tensor(UidQ, cudnn::Bf16, headDims, qkvStrides, false);
   void *kT = g.tensor(UidK, cudnn::Bf16, transposedDims, transposedStrides, false);
   void *out = g.tensor(UidO, cudnn::Bf16, rowDims, rowStrides, false);
   void *stats = g.tensor(UidStats, cudnn::Float, statDims, statStrides, false);
@@ -427,7 +431,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   if (!s.backward) {
     // cudnn_frontend's SDPA forward: scores, scale, causal mask, softmax (max, exp, sum; the
     // statistics max + log(sum)), probabilities in BF16 times v.
-    void *v = g.tensor(UidV, cudnn::Bf16, headDims, headStrides, false);
+    void *v = g.tensor(UidV, cudnn::Bf16, headDims, qkvStrides, false);
     void *masked = causalMask(g, scaled, scoreDims, negativeInfinity);
     void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
     g.reduction(cudnn::ReduceMax, masked, max);
@@ -446,7 +450,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
     // product): sum(dout * out) per query; the probabilities again from the statistics; dv =
     // P^T dout; dS = P (dout v^T - sum) * scale; dk = dS^T q; dq = dS k.
     void *vT = g.tensor(UidV, cudnn::Bf16, transposedDims, transposedStrides, false);
-    void *dout = g.tensor(UidDO, cudnn::Bf16, headDims, headStrides, false);
+    void *dout = g.tensor(UidDO, cudnn::Bf16, headDims, s.doutRows ? rowStrides : headStrides, false);
     void *dq = g.tensor(UidDQ, cudnn::Bf16, rowDims, packedStrides, false);
     void *dk = g.tensor(UidDK, cudnn::Bf16, rowDims, packedStrides, false);
     void *dv = g.tensor(UidDV, cudnn::Bf16, rowDims, packedStrides, false);
@@ -475,7 +479,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
     void *dScaledT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
     g.reshape(dScaled, dScaledT);
     g.matmul(dScaledT, q, dk);
-    void *k = g.intermediate(headDims, headStrides, cudnn::Bf16);
+    void *k = g.intermediate(headDims, qkvStrides, cudnn::Bf16);
     g.reshape(kT, k);
     g.matmul(dScaled, k, dq);
     a->uids_ = {UidQ, UidK, UidV, UidO, UidDO, UidStats, UidDQ, UidDK, UidDV, UidSoftmaxSum};

@@ -54,14 +54,19 @@ llvm::Expected<const CudnnApi *> loadCudnn();
 
 /// A causal attention as tgc lays it out: B sequences of T positions, H heads of DH, scores
 /// scaled by `scale` before the softmax. BF16 operands: q, k and v head-major ([3][B][H][T][DH],
-/// keep-attention-heads' copy or the lowering's), the output and its gradient's rows as
-/// [B][T][H * DH] (out) and head-major (dout); the statistics (log-sum-exp of each query's scaled
-/// scores, natural log) fp32 [B][H][T]; the gradients of q, k and v in the rows of the packed
+/// keep-attention-heads' copy or the lowering's) or, with qkvRows, in place in the rows of the
+/// packed [B][T][3 * H * DH] qkv; the output as rows [B][T][H * DH]; its gradient dout
+/// head-major, or rows with doutRows; the statistics (log-sum-exp of each query's scaled scores,
+/// natural log) fp32 [B][H][T]; the gradients of q, k and v in the rows of the packed
 /// [B][T][3 * H * DH] BF16 dqkv.
 struct CudnnAttentionShape {
   int64_t B = 0, T = 0, H = 0, DH = 0;
   double scale = 1;
   bool backward = false;
+  /// q, k and v read where the qkv GEMM wrote them (BF16 rows), not from a head-major copy.
+  bool qkvRows = false;
+  /// The gradient's dout read where its GEMM wrote it (BF16 rows), not from a head-major copy.
+  bool doutRows = false;
   /// What a plan depends on (layers of one model share their plans).
   std::string key() const;
 };

@@ -612,9 +612,11 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, in
 }
 
 /// cuDNN's fused attention (CudnnAttention) between tgc's launches. The forward: q, k, v to
-/// BF16 head-major (as the tensor-core kernels take them), cuDNN, and out from BF16 where it is
-/// not stored in BF16. The gradient: dout to BF16 head-major (and out, where it is not stored
-/// in BF16), cuDNN writing dq, dk and dv into dqkv's BF16 form, then dqkv's fp32 form from it.
+/// BF16 head-major (as the tensor-core kernels take them) unless cuDNN reads them in place
+/// (CudaProgram::qkvRows), cuDNN, and out from BF16 where it is not stored in BF16. The
+/// gradient: dout to BF16 head-major unless its GEMM wrote it in BF16 (doutRows), out to BF16
+/// where it is not stored so, cuDNN writing dq, dk and dv into dqkv's BF16 form, then dqkv's
+/// fp32 form from it.
 llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, int64_t H, int64_t Dh) {
   int64_t D = H * Dh, headBytes = B * T * D * 2; // one of q, k, v head-major in BF16
   OpLowering &l = e.lowering;
@@ -628,32 +630,36 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
              fmt::format("widenBf16<{}>((const unsigned short *){}, {})", count, from, to));
   };
   using Buffer = OpLowering::LibraryBuffer;
-  auto qkvBuffers = [&](unsigned heads) {
+  // q, k and v: head-major, or in place in qkv's BF16 rows (CudaProgram::qkvRows), D apart.
+  auto qkvBuffers = [&](unsigned pointer, bool rows) {
     for (int part = 0; part < 3; ++part)
-      l.libraryBuffers.push_back(Buffer{heads, part * headBytes});
+      l.libraryBuffers.push_back(Buffer{pointer, part * (rows ? D * 2 : headBytes)});
   };
   int64_t workspaceFloats = (e.program_.cudnnAttention.lookup(&op) + 3) / 4;
   if (op.kind() == OpKind::Attention) {
     // Pointers: qkv, out [, its copy], lse, heads (a result with head_major), scratch.
     std::string params = headMajor ? "const float *qkv, float *out, float *lse, float *heads"
                                    : "const float *qkv, float *out, float *lse";
-    unsigned heads = headMajor ? e.resultPointer(2) : e.addScratch(3 * headBytes / 4);
+    bool rows = headMajor && e.program_.qkvRows.count(op.result(2)); // heads is qkv's memory
+    unsigned heads = rows ? 0 : headMajor ? e.resultPointer(2) : e.addScratch(3 * headBytes / 4);
     bool outStored = e.program_.bf16Stored.count(op.result(0)), outCopy = e.program_.bf16Shadowed.count(op.result(0));
     unsigned outBuffer = outStored ? e.resultPointer(0)
                          : outCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
                                    : e.addScratch(headBytes / 4);
     unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
     params += e.scratchParams();
-    toHeads(0, params, "qkv", headMajor ? "heads.p" : e.scratchName(heads), 3);
-    l.libraryAt = 1;
-    qkvBuffers(heads);
+    unsigned launch = 0;
+    if (!rows)
+      toHeads(launch++, params, "qkv", headMajor ? "heads.p" : e.scratchName(heads), 3);
+    l.libraryAt = launch;
+    qkvBuffers(heads, rows);
     l.libraryBuffers.push_back(Buffer{outBuffer, 0});
     l.libraryBuffers.push_back(Buffer{e.resultPointer(1), 0});
     l.libraryBuffers.push_back(Buffer{workspace, 0});
     if (outCopy)
-      widen(1, params, B * T * D, "out.h", "out.f");
+      widen(launch, params, B * T * D, "out.h", "out.f");
     else if (!outStored)
-      widen(1, params, B * T * D, e.scratchName(outBuffer), "out");
+      widen(launch, params, B * T * D, e.scratchName(outBuffer), "out");
     return llvm::Error::success();
   }
   // Pointers: dout, qkv or heads, out, lse, dqkv [, its copy], scratch.
@@ -662,8 +668,9 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   const Value *dqkv = op.result(0), *out = op.operand(2);
   bool dqkvStored = e.program_.bf16Stored.count(dqkv), dqkvCopy = e.program_.bf16Shadowed.count(dqkv);
   bool outStored = e.program_.bf16Stored.count(out);
+  bool rows = headMajor && e.program_.qkvRows.count(op.operand(1)), doutRows = e.program_.doutRows.count(&op);
   unsigned heads = headMajor ? 1 : e.addScratch(3 * headBytes / 4);
-  unsigned doutHeads = e.addScratch(headBytes / 4), rowSums = e.addScratch(B * H * T);
+  unsigned doutHeads = doutRows ? 0 : e.addScratch(headBytes / 4), rowSums = e.addScratch(B * H * T);
   unsigned outBuffer = outStored ? 2 : e.addScratch(headBytes / 4);
   unsigned dqkvBuffer = dqkvStored ? e.resultPointer(0)
                         : dqkvCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
@@ -673,12 +680,13 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   unsigned launch = 0;
   if (!headMajor)
     toHeads(launch++, params, "qkv", e.scratchName(heads), 3);
-  toHeads(launch++, params, "dout", e.scratchName(doutHeads), 1);
+  if (!doutRows)
+    toHeads(launch++, params, "dout", e.scratchName(doutHeads), 1);
   if (!outStored)
     e.launch(launch++, params, elementwiseBlocks(B * T * D),
              fmt::format("roundToBf16(out, (unsigned short *){}, {})", e.scratchName(outBuffer), B * T * D));
   l.libraryAt = launch;
-  qkvBuffers(heads);
+  qkvBuffers(heads, rows);
   l.libraryBuffers.push_back(Buffer{outBuffer, 0});
   l.libraryBuffers.push_back(Buffer{doutHeads, 0});
   l.libraryBuffers.push_back(Buffer{3, 0}); // lse
@@ -1122,6 +1130,34 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
   }
 }
 
+/// cuDNN's attentions that read their operands where the GEMMs wrote them (CudaProgram::qkvRows,
+/// doutRows), into the program: those GEMMs write BF16 (bf16Rounding: qkv's bias is added from
+/// its BF16 copy), and the head-major copy the forward would make is qkv's memory.
+llvm::Error chooseCudnnRows(const Graph &graph, const LoweringOptions &options, CudaProgram &program) {
+  for (const Op *op : graph.ops()) {
+    if (!program.cudnnAttention.count(op))
+      continue;
+    if (op->kind() == OpKind::Attention && cudnnReadsQkvRows(graph, *op, options)) {
+      const Value *qkv = op->operand(0), *heads = op->result(2);
+      for (const Op *user : heads->users())
+        if (!program.cudnnAttention.count(user))
+          return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                         "error: %%%s: cuDNN runs the attention that reads q, k and v in place "
+                                         "but not its gradient %%%s",
+                                         op->result()->name().c_str(), user->result()->name().c_str());
+      program.bf16Rounding.insert(qkv->def());
+      program.bf16Stored.insert(qkv);
+      program.qkvRows[heads] = qkv;
+    }
+    if (op->kind() == OpKind::AttentionBackward && cudnnReadsDoutRows(graph, *op, options)) {
+      program.bf16Rounding.insert(op->operand(0)->def());
+      program.bf16Stored.insert(op->operand(0));
+      program.doutRows.insert(op);
+    }
+  }
+  return llvm::Error::success();
+}
+
 /// The values whose producers write them in BF16 for the BF16 GEMMs that read them: f32 results
 /// of the ops whose kernels store through an output type (the op table's Bf16Out column: their
 /// templates write `out[i] = ...` only, which Bf16Out and F32Bf16Out turn into the right
@@ -1236,7 +1272,52 @@ std::string assembleSource(const std::set<std::string> &headers, const std::vect
 
 } // namespace
 
-std::optional<CudnnAttentionShape> cudnnAttentionShape(const Op &op) {
+namespace {
+
+/// `v` is an intermediate that `reader` alone reads, once.
+bool readOnlyBy(const Graph &graph, const Value *v, const Op &reader) {
+  if (llvm::is_contained(graph.outputs(), v) || v->users().size() != 1 || v->users().front() != &reader)
+    return false;
+  return llvm::count(reader.operands(), v) == 1;
+}
+
+/// A BF16 GEMM of many rows (no FP8 operand) that could write its output in BF16 instead.
+bool writesBf16Instead(const Op *gemm, OpKind kind) {
+  return gemm && gemm->kind() == kind && hasBf16Gemms(gemm->attrs()) && !isFp8(gemm->operand(0)->type().dtype) &&
+         fewRows(*gemm) == FewRows::None;
+}
+
+} // namespace
+
+bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOptions &options) {
+  if (!options.storeBf16 || !options.bf16Rounding || forward.kind() != OpKind::Attention ||
+      forward.numResults() != 3)
+    return false;
+  // qkv from a BF16 GEMM adding a parameter's bias (the executor's BF16 copy holds it), read by
+  // this attention alone; its head-major copy read by head-major gradients alone, as q, k, v.
+  const Value *qkv = forward.operand(0), *heads = forward.result(2);
+  const Op *gemm = qkv->def();
+  if (!writesBf16Instead(gemm, OpKind::MatMulBias) || !readOnlyBy(graph, qkv, forward) ||
+      !reshapeRoot(gemm->operand(2))->def() || reshapeRoot(gemm->operand(2))->def()->kind() != OpKind::Param ||
+      heads->users().empty() || llvm::is_contained(graph.outputs(), heads))
+    return false;
+  return llvm::all_of(heads->users(), [&](const Op *user) {
+    return user->kind() == OpKind::AttentionBackward && isHeadMajor(user->attrs()) && readOnlyBy(graph, heads, *user) &&
+           user->operand(1) == heads;
+  });
+}
+
+bool cudnnReadsDoutRows(const Graph &graph, const Op &backward, const LoweringOptions &options) {
+  if (!options.storeBf16 || !options.bf16Rounding || backward.kind() != OpKind::AttentionBackward)
+    return false;
+  // dout from a BF16 GEMM, read by this gradient alone: the GEMM rounds it as the gradient would.
+  const Value *dout = backward.operand(0);
+  return writesBf16Instead(dout->def(), OpKind::MatMul) && readOnlyBy(graph, dout, backward) &&
+         !dout->def()->attrs().getBool("transpose_a").value_or(false);
+}
+
+std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const Op &op,
+                                                       const LoweringOptions &options) {
   if (op.kind() != OpKind::Attention && op.kind() != OpKind::AttentionBackward)
     return std::nullopt;
   const AttrMap &a = op.attrs();
@@ -1250,6 +1331,13 @@ std::optional<CudnnAttentionShape> cudnnAttentionShape(const Op &op) {
   shape.backward = op.kind() == OpKind::AttentionBackward;
   if (!hasBf16Gemms(a) || !attentionOnTensorCores(a, shape.DH) || shape.DH % 8 || shape.DH > 128)
     return std::nullopt;
+  if (!shape.backward) {
+    shape.qkvRows = cudnnReadsQkvRows(graph, op, options);
+  } else {
+    const Op *forward = op.operand(1)->def();
+    shape.qkvRows = isHeadMajor(a) && forward && cudnnReadsQkvRows(graph, *forward, options);
+    shape.doutRows = cudnnReadsDoutRows(graph, op, options);
+  }
   return shape;
 }
 
@@ -1280,6 +1368,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   if (options.storeBf16) {
     if (options.bf16Rounding)
       chooseBf16Rounding(graph, program);
+    if (auto err = chooseCudnnRows(graph, options, program))
+      return std::move(err);
     chooseBf16Values(graph, program);
   }
   std::vector<std::vector<KernelText>> kernels(ops.size());

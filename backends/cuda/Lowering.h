@@ -117,6 +117,14 @@ struct CudaProgram {
   llvm::DenseSet<const Op *> bf16Rounding;
   /// The attention ops cuDNN runs (LoweringOptions::cudnnAttention), with their workspaces.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;
+  /// The head-major q, k, v of an attention cuDNN runs (its third result) that are its qkv
+  /// operand's memory instead: the qkv GEMM writes BF16 rows, which cuDNN's forward and gradient
+  /// read in place (cudnnReadsQkvRows; the memory plan makes the result an alias of qkv). The
+  /// copy's layout is then qkv's, not the program's [3][B][H][T][DH]: it is no output.
+  llvm::DenseMap<const Value *, const Value *> qkvRows;
+  /// The attention gradients cuDNN runs that read dout where its GEMM wrote it in BF16 rows
+  /// (cudnnReadsDoutRows).
+  llvm::DenseSet<const Op *> doutRows;
 };
 
 struct LoweringOptions {
@@ -135,8 +143,20 @@ struct LoweringOptions {
 };
 
 /// The attention cuDNN could run for `op`: an attention or its gradient on BF16 tensor cores at
-/// a head dimension cuDNN's flash attention takes (a multiple of 8 up to 128).
-std::optional<CudnnAttentionShape> cudnnAttentionShape(const Op &op);
+/// a head dimension cuDNN's flash attention takes (a multiple of 8 up to 128); with qkvRows and
+/// doutRows where the operands can be read where their GEMMs write them.
+std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const Op &op,
+                                                       const LoweringOptions &options = LoweringOptions());
+
+/// Whether cuDNN, running `forward` (an attention keeping its head-major q, k, v) and each of
+/// its gradients, can read q, k and v in place from the rows of qkv: with storeBf16 and
+/// bf16Rounding, qkv is a BF16 matmul_bias's (bias a parameter) that only `forward` reads, and
+/// the copy only head-major gradients read. The executor then plans the forward and all those
+/// gradients with CudnnAttentionShape::qkvRows, or none of them with cuDNN.
+bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOptions &options);
+/// Whether cuDNN, running `backward`, can read dout where its GEMM writes it: with storeBf16 and
+/// bf16Rounding, dout is a BF16 matmul's that only `backward` reads.
+bool cudnnReadsDoutRows(const Graph &graph, const Op &backward, const LoweringOptions &options);
 
 /// Generates the kernels of `graph`, or says which op has no lowering yet.
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = LoweringOptions());

@@ -220,6 +220,10 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       }
       if (layout.grads.count(v)) // in the gradient buffer, as are its aliases
         continue;
+      if (const Value *qkv = program.qkvRows.lookup(v)) { // an attention's q, k, v: qkv's memory
+        owner[v] = owner.lookup(qkv);
+        continue;
+      }
       owner[v] = lowering.kind == OpLowering::Alias ? owner.lookup(op.operand(0)) : v;
       if (lowering.kind == OpLowering::Alias && !owner[v]) // an alias of a leaf
         owner.erase(v);

@@ -3,6 +3,7 @@
 // buffers the lowering gives cuDNN's attention. (cuDNN's results against the CPU: GpuTest.)
 #include "backends/cuda/Cudnn.h"
 #include "backends/cuda/Lowering.h"
+#include "backends/cuda/MemoryPlan.h"
 #include "backends/cuda/Pipeline.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -72,16 +73,22 @@ std::unique_ptr<Graph> tinyBf16Training() {
 TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWriteBf16) {
   auto graph = tinyBf16Training();
   ASSERT_TRUE(graph);
+  // Without bf16Rounding the GEMMs write fp32: q, k, v and dout go to head-major BF16 first.
   LoweringOptions options;
+  options.bf16Rounding = false;
   std::vector<const Op *> attention;
   for (const Op *op : graph->ops())
-    if (auto shape = cudnnAttentionShape(*op)) {
+    if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
+      EXPECT_FALSE(shape->qkvRows || shape->doutRows);
       options.cudnnAttention[op] = 4096; // bytes of workspace
       attention.push_back(op);
     }
   ASSERT_EQ(attention.size(), 4u); // two layers, forward and gradient
-  CudaProgram tgcKernels = unwrap(lowerToCuda(*graph));
+  LoweringOptions tgcOptions;
+  tgcOptions.bf16Rounding = false;
+  CudaProgram tgcKernels = unwrap(lowerToCuda(*graph, tgcOptions));
   CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  EXPECT_TRUE(program.qkvRows.empty() && program.doutRows.empty());
   std::vector<Op *> ops = graph->ops();
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op *op = ops[i];
@@ -94,7 +101,7 @@ TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWrite
     bool backward = op->kind() == OpKind::AttentionBackward;
     ASSERT_TRUE(l.cudnnAttention);
     // run()'s buffers and the workspace, each an entry of the launches' pointer list.
-    ASSERT_EQ(l.libraryBuffers.size(), CudnnAttention::operandCount(*cudnnAttentionShape(*op)) + 1);
+    ASSERT_EQ(l.libraryBuffers.size(), CudnnAttention::operandCount(*cudnnAttentionShape(*graph, *op)) + 1);
     EXPECT_EQ(l.scratchFloats.back(), 4096 / 4); // the workspace, last
     if (!backward) {
       // q, k and v to head-major BF16 (keep-attention-heads' result), then cuDNN writes out in
@@ -122,6 +129,61 @@ TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWrite
       << "the qkv bias gradient reads dqkv in BF16";
   EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
   EXPECT_NE(tgcKernels.source.find("attentionForwardBf16<"), std::string::npos);
+  EXPECT_NE(program.source.find("toHeadsBf16<"), std::string::npos);
+}
+
+TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
+  // With bf16Rounding (the default), the qkv GEMM writes BF16 rows (its bias from the
+  // parameters' BF16 copy) and cuDNN's forward and gradient read q, k and v there, D elements
+  // apart; the copy keep-attention-heads made is qkv's memory. The projection's dgrad writes dout
+  // in BF16 rows, which the gradient reads. No conversion is left.
+  auto graph = tinyBf16Training();
+  ASSERT_TRUE(graph);
+  LoweringOptions options;
+  for (const Op *op : graph->ops())
+    if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
+      EXPECT_TRUE(shape->qkvRows);
+      EXPECT_EQ(shape->doutRows, op->kind() == OpKind::AttentionBackward);
+      EXPECT_NE(shape->key().find("qkv rows"), std::string::npos);
+      options.cudnnAttention[op] = 4096;
+    }
+  ASSERT_EQ(options.cudnnAttention.size(), 4u);
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  EXPECT_EQ(program.qkvRows.size(), 2u);
+  EXPECT_EQ(program.doutRows.size(), 2u);
+  MemoryPlan plan = planMemory(*graph, program);
+  std::vector<Op *> ops = graph->ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op *op = ops[i];
+    const OpLowering &l = program.lowering[i];
+    if (!options.cudnnAttention.count(op))
+      continue;
+    SCOPED_TRACE(op->result()->name());
+    int64_t D = op->kind() == OpKind::Attention ? op->operand(0)->type().dim(2) / 3 : op->result()->type().dim(2) / 3;
+    EXPECT_TRUE(l.launches.empty()); // out is stored in BF16 too
+    EXPECT_EQ(l.libraryAt, 0u);
+    unsigned qkv = op->kind() == OpKind::Attention ? 0 : 1; // the operand q, k and v are in
+    for (int part = 0; part < 3; ++part) {
+      EXPECT_EQ(l.libraryBuffers[part].pointer, qkv);
+      EXPECT_EQ(l.libraryBuffers[part].offset, part * 2 * D);
+    }
+    if (op->kind() == OpKind::Attention) {
+      const Value *packed = op->operand(0), *heads = op->result(2);
+      EXPECT_EQ(program.qkvRows.lookup(heads), packed);
+      EXPECT_TRUE(program.bf16Stored.count(packed));
+      EXPECT_TRUE(program.bf16Rounding.count(packed->def())); // the bias from its BF16 copy
+      EXPECT_EQ(packed->def()->kind(), OpKind::MatMulBias);
+      ASSERT_TRUE(plan.offsets.count(heads));
+      EXPECT_EQ(plan.offsets.lookup(heads), plan.offsets.lookup(packed));
+    } else {
+      const Value *dout = op->operand(0);
+      EXPECT_EQ(l.libraryBuffers[4].pointer, 0u); // dout, as its GEMM wrote it
+      EXPECT_EQ(l.libraryBuffers[4].offset, 0);
+      EXPECT_TRUE(program.bf16Stored.count(dout));
+      EXPECT_TRUE(program.bf16Rounding.count(dout->def()));
+    }
+  }
+  EXPECT_EQ(program.source.find("toHeadsBf16<"), std::string::npos);
 }
 
 } // namespace

@@ -654,6 +654,61 @@ TEST(GpuKernels, Bf16OutputsThatRoundFollowTheCpuWithinBf16) {
   }
 }
 
+TEST(GpuKernels, CudnnReadingQkvAndDoutWhereTheirGemmsWroteThemMatchesTheCpu) {
+  // CudaProgram::qkvRows and doutRows: the qkv GEMM writes BF16 rows (bias from the
+  // parameters' BF16 copy), which cuDNN's attention and its gradient read in place as q, k and
+  // v (the head-major copy is qkv's memory); the projection's dgrad writes dout in BF16 rows,
+  // which the gradient reads. T 200: a last tile cut short. Against the CPU within BF16.
+  const int64_t B = 2, T = 200, C = 96, H = 2, Dh = 64, D = H * Dh;
+  std::string text = fmt::format(
+      "graph @g\n%x = input() : f32[{0},{1},{2}]\n%g = input() : f32[{0},{1},{2}]\n"
+      "%w = param() {{init=\"normal\", std=0.1}} : f32[{3},{2}]\n%b = param() {{init=\"normal\", std=0.5}} : f32[{3}]\n"
+      "%wp = param() {{init=\"normal\", std=0.1}} : f32[{2},{4}]\n"
+      "%qkv = matmul_bias(%x, %w, %b) {{gemm_dtype=\"bf16\"}} : f32[{0},{1},{3}]\n"
+      "%out, %lse, %heads = attention(%qkv) {{gemm_dtype=\"bf16\", head_major=true, heads={5}, scale=0.125}} "
+      ": f32[{0},{1},{4}], f32[{0},{5},{1}], f32[3,{0},{5},{1},{6}]\n"
+      "%dout = matmul(%g, %wp) {{gemm_dtype=\"bf16\"}} : f32[{0},{1},{4}]\n"
+      "%dqkv = attention_backward(%dout, %heads, %out, %lse) {{gemm_dtype=\"bf16\", head_major=true, heads={5}, "
+      "scale=0.125}} : f32[{0},{1},{3}]\n"
+      "return %out, %dqkv\n",
+      B, T, C, 3 * D, D, H, Dh);
+  auto graph = unwrap(parseGraph(text, "cudnn-rows.ir"));
+  ASSERT_TRUE(graph);
+  LoweringOptions options; // the lowering's choice, without a GPU
+  for (const Op *op : graph->ops())
+    if (cudnnAttentionShape(*graph, *op, options))
+      options.cudnnAttention[op] = 0;
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  EXPECT_EQ(program.qkvRows.lookup(graph->lookup("heads")), graph->lookup("qkv"));
+  EXPECT_EQ(program.doutRows.size(), 1u);
+  SKIP_WITHOUT_GPU();
+  if (auto api = loadCudnn(); !api)
+    GTEST_SKIP() << llvm::toString(api.takeError());
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves;
+  for (const Op *op : graph->ops())
+    if (op->kind() == OpKind::Input || op->kind() == OpKind::Param) {
+      Tensor t = Tensor::zeros(op->result()->type());
+      for (float &v : t.data)
+        v = float(rng.normal()) * (op->kind() == OpKind::Input ? 1.0f : 0.1f);
+      leaves[op->result()->name()] = std::move(t);
+    }
+  Interpreter cpu(*graph);
+  auto gpu = unwrap(createCudaExecutor(*graph));
+  ASSERT_TRUE(gpu);
+  EXPECT_NE(gpu->describe().find("attention by cuDNN"), std::string::npos) << gpu->describe();
+  ASSERT_FALSE(bool(cpu.bindAll(leaves)));
+  ASSERT_FALSE(bool(gpu->bindAll(leaves)));
+  auto want = unwrap(cpu.run());
+  auto got = unwrap(gpu->run());
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t r = 0; r < got.size(); ++r) {
+    Gap gap = gapOf(want[r].data, got[r].data);
+    std::printf("cuDNN in place, result %zu: max difference %.3g at scale %.3g\n", r, gap.worst, gap.scale);
+    EXPECT_LE(gap.worst, 1e-2 * gap.scale) << "result " << r << ": max difference " << gap.worst;
+  }
+}
+
 TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
   // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
   // (a partial last lane pass) and 1024 features (the most a warp holds), LayerNorm and RMSNorm,
