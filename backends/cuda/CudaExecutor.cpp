@@ -229,7 +229,8 @@ private:
   char *weightsBf16_ = nullptr;
   // Whether the program assigns parameters (training): then the BF16 copy is written inside
   // each step; otherwise (generation) once after the parameters are bound, outside the steps.
-  bool assignsParams_ = false, paramsBound_ = false;
+  // paramsBound_: the parameters changed since their BF16 copy was made (at first: never made).
+  bool assignsParams_ = false, paramsBound_ = true;
   std::vector<void *> owned_;
   int64_t allocatedBytes_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -791,7 +792,7 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
       gemms_[i].written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
     }
   bool gemvs = llvm::any_of(program_.lowering, [](const OpLowering &l) { return !l.bf16Weights.empty(); });
-  if (gemvs || !program_.bf16Rounding.empty() ||
+  if (gemvs || !program_.bf16Rounding.empty() || program_.optimizerWritesWeightCopy ||
       llvm::any_of(gemms_, [](const GemmPlan &g) { return g.fromWeightCopy[0] || g.fromWeightCopy[1]; })) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&weightsBf16_), size_t(paramBytes_ / 2)));
     owned_.push_back(weightsBf16_);
@@ -1093,8 +1094,11 @@ llvm::Error CudaExecutor::launchOp(size_t i) {
     params.push_back(pointers.size());
     pointers.push_back(p);
   };
-  for (const Value *v : lowering.arguments)
-    add(buffer(v));
+  for (size_t a = 0; a < lowering.arguments.size(); ++a) {
+    add(buffer(lowering.arguments[a]));
+    if (int(a) == lowering.weightCopyArgument) // an F32Bf16Out: the parameters' BF16 copy follows
+      pointers.push_back(weightCopy(lowering.arguments[a]));
+  }
   if (lowering.arguments.empty()) {
     for (unsigned k = 0; k < op.numOperands(); ++k) // a parameter the kernel reads in BF16: its copy
       add(llvm::is_contained(lowering.bf16Weights, k) ? weightCopy(op.operand(k)) : buffer(op.operand(k)));
@@ -1179,8 +1183,11 @@ std::string CudaExecutor::profileLabel(size_t i) const {
 llvm::Error CudaExecutor::launchStep() {
   afterGeneratedKernel_ = false; // the step's first kernel follows the copies that bind its inputs
   std::vector<std::pair<const Value *, const Value *>> assigns;
-  if (weightsBf16_ && assignsParams_) // the parameters as the BF16 GEMMs read them (padding: zeros)
-    if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
+  // The parameters as the BF16 GEMMs read them (padding: zeros): those the step's AdamW updates
+  // it also writes in BF16 (CudaProgram::optimizerWritesWeightCopy; converted once bound).
+  int64_t copied = program_.optimizerWritesWeightCopy ? program_.layout.updatedBytes : 0;
+  if (weightsBf16_ && assignsParams_ && copied < paramBytes_)
+    if (auto err = convertKernel(params_ + copied, weightsBf16_ + copied / 2, (paramBytes_ - copied) / 4))
       return err;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
@@ -1322,6 +1329,8 @@ llvm::Error CudaExecutor::feed(llvm::StringRef valueName, llvm::StringRef leafNa
                                    "graph @%s cannot feed %%%s to the leaf %%%s (both must exist, with one type)",
                                    graph_.name().c_str(), valueName.str().c_str(), leafName.str().c_str());
   CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), storedBytes(leaf), cudaMemcpyDeviceToDevice, stream_));
+  if (leaf->def()->kind() == OpKind::Param)
+    paramsBound_ = true; // its BF16 copy is made again
   return llvm::Error::success();
 }
 
@@ -1366,8 +1375,9 @@ llvm::Expected<Tensor> CudaExecutor::collect(unsigned ticket) {
 }
 
 llvm::Error CudaExecutor::launch() {
-  // Parameters no step assigns are converted to BF16 once after they are bound, not per step.
-  if (weightsBf16_ && !assignsParams_ && paramsBound_) {
+  // Parameters no step assigns, or whose BF16 copy AdamW writes, are converted to BF16 once
+  // after they are bound, not per step.
+  if (weightsBf16_ && (!assignsParams_ || program_.optimizerWritesWeightCopy) && paramsBound_) {
     if (auto err = convertKernel(params_, weightsBf16_, paramBytes_ / 4))
       return err;
     paramsBound_ = false;

@@ -28,6 +28,9 @@ std::string kernelSource(const KernelText &kernel);
 
 /// AdamW's kernel parameters: operands, then results.
 extern const char *const kAdamWParams;
+/// kAdamWParams with the new parameters' BF16 copy (F32Bf16Out: the executor passes the
+/// parameters' BF16 copy after them).
+extern const char *const kAdamWCopyParams;
 /// The call of optimizer.cuh's adamw over `count` elements whose first `decayed` have weight
 /// decay `decay` (the op's own, or the grouped launch's).
 std::string adamwCall(const AttrMap &attrs, int64_t count, int64_t decayed, double decay);

@@ -1196,6 +1196,9 @@ std::string kernelSource(const KernelText &k) {
 const char *const kAdamWParams =
     "const float *param, const float *grad, const float *m, const float *v, const float *lr, "
     "const float *clip, const int *step, float *newParam, float *newM, float *newV";
+const char *const kAdamWCopyParams =
+    "const float *param, const float *grad, const float *m, const float *v, const float *lr, "
+    "const float *clip, const int *step, F32Bf16Out newParam, float *newM, float *newV";
 
 std::string adamwCall(const AttrMap &a, int64_t count, int64_t decayed, double decay) {
   return fmt::format("adamw<{}, {}>(param, grad, m, v, lr, clip, step, newParam, newM, newV, {}, {}, {}, {})", count,

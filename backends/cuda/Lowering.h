@@ -44,6 +44,9 @@ struct OpLowering {
   // results (a grouped launch: the first tensor of each contiguous buffer it covers).
   std::vector<const Value *> arguments;
   std::string label; // what a profile calls a grouped launch; empty: the op's name
+  // With `arguments`: the one (its index) whose parameters' BF16 copy the launches write too,
+  // passed after it (an F32Bf16Out: the grouped AdamW). -1: none.
+  int weightCopyArgument = -1;
   std::string header; // the kernel header (backends/cuda/kernels) its launches instantiate
   std::vector<int64_t> scratchFloats; // per scratch buffer, alive during the op
   // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
@@ -117,6 +120,10 @@ struct CudaProgram {
   llvm::DenseSet<const Op *> bf16Rounding;
   /// The attention ops cuDNN runs (LoweringOptions::cudnnAttention), with their workspaces.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;
+  /// The grouped AdamW writes the BF16 copy of the parameters it updates (the one BF16 GEMMs and
+  /// epilogues read) as it writes them: the executor converts them only once they are bound, and
+  /// at each step only the parameters no AdamW updates.
+  bool optimizerWritesWeightCopy = false;
   /// The head-major q, k, v of an attention cuDNN runs (its third result) that are its qkv
   /// operand's memory instead: the qkv GEMM writes BF16 rows, which cuDNN's forward and gradient
   /// read in place (cudnnReadsQkvRows; the memory plan makes the result an alias of qkv). The

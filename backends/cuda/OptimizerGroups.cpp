@@ -2,12 +2,31 @@
 // chain of sum_squares and adds, each as one group of launches over the contiguous parameter
 // layout (ParameterLayout), with the arithmetic of the per-op kernels (KernelCalls.h).
 #include "backends/cuda/KernelCalls.h"
+#include "backends/cuda/MemoryPlan.h"
 
 #include <algorithm>
 #include <fmt/format.h>
 
 namespace tgc {
 namespace {
+
+/// Whether a step reads the executor's BF16 copy of the parameters: a BF16 GEMM with a
+/// parameter operand, a kernel reading a parameter in BF16 (a GEMV), an epilogue adding a
+/// parameter's BF16 bias.
+bool readsWeightCopy(const std::vector<Op *> &ops, const CudaProgram &program) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op &op = *ops[i];
+    const OpLowering &l = program.lowering[i];
+    if (!l.bf16Weights.empty())
+      return true;
+    if (l.kind == OpLowering::Gemm && isBf16Gemm(op) &&
+        (isWeight(program, op.operand(0)) || isWeight(program, op.operand(1))))
+      return true;
+    if (program.bf16Rounding.count(&op) && (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu))
+      return true;
+  }
+  return false;
+}
 
 /// One launch for every AdamW op of the layout, over the contiguous parameters, gradients and
 /// moments: the same elementwise arithmetic (the same bits), the weight decay chosen by offset.
@@ -58,6 +77,13 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
                        first.operand(4), first.operand(5), first.operand(6),
                        base->operand(0), base->operand(2), base->operand(3)};
   grouped.label = "adamw (all parameters)";
+  // Where the next step reads the parameters' BF16 copy, the update writes it (two bytes more
+  // an element here, six fewer than converting every parameter at the step's start).
+  bool copy = readsWeightCopy(ops, program);
+  if (copy) {
+    grouped.weightCopyArgument = 7; // newParam
+    program.optimizerWritesWeightCopy = true;
+  }
   for (size_t i : members) {
     program.lowering[i] = OpLowering{};
     program.lowering[i].kind = OpLowering::Grouped;
@@ -68,7 +94,10 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
                                     "and moments\n// ({} floats, padding included, which stays zero); the first {} "
                                     "have weight decay.",
                                     members.size(), count, decayed);
-  kernels[members.front()] = {{comment, name, kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}};
+  if (copy)
+    comment += " It writes their BF16 copy too.";
+  kernels[members.front()] = {
+      {comment, name, copy ? kAdamWCopyParams : kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}};
 }
 
 /// The gradient norm, add(...add(sum_squares(g0), sum_squares(g1))..., sum_squares(gN)) over

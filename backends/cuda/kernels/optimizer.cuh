@@ -31,9 +31,10 @@ __device__ void lrSchedule(const int *step, float *lr, const double *schedule) {
 // torch.optim.AdamW over Count elements: the bias corrections in double once per thread, the
 // elementwise update in float. The first Decayed elements have weight decay (the grouped
 // launch over all parameters puts the decayed ones first; one parameter has Decayed = Count).
-template <int64 Count, int64 Decayed>
+// ParamOut F32Bf16Out: the new parameters' BF16 copy too, which the next step's BF16 GEMMs read.
+template <int64 Count, int64 Decayed, class ParamOut>
 __device__ void adamw(const float *param, const float *grad, const float *m, const float *v, const float *lr,
-                      const float *clip, const int *step, float *newParam, float *newM, float *newV,
+                      const float *clip, const int *step, ParamOut newParam, float *newM, float *newV,
                       double beta1, double beta2, float eps, double weightDecay) {
   double bc1 = 1.0 - pow(beta1, (double)step[0]), bc2 = 1.0 - pow(beta2, (double)step[0]);
   float rate = lr[0], scale = clip[0];
