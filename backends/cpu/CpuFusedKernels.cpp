@@ -44,7 +44,10 @@ Tensor gemm(const AttrMap &fused, std::initializer_list<const char *> transposes
 
 /// x @ weight^T (+ bias), weight stored [out, in]: the builder's linear layer.
 Tensor linear(const AttrMap &fused, const Tensor &x, const Tensor &weight, const Tensor *bias) {
-  Tensor y = gemm(fused, {"transpose_b"}, x, weight, withLastDim(x.type, weight.type.dim(0)));
+  TensorType type = withLastDim(x.type, weight.type.dim(0));
+  if (isFp8(x.type.dtype)) // FP8 operands hold what the GEMM reads; the product is fp32
+    type.dtype = DType::F32;
+  Tensor y = gemm(fused, {"transpose_b"}, x, weight, type);
   return bias ? apply(evalAdd, {}, {&y, bias}, y.type) : y;
 }
 

@@ -827,9 +827,10 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   bool biasGelu = op.kind() == OpKind::MatMulBiasGelu; // x @ w^T + bias, then GELU
   bool bias = biasGelu || op.kind() == OpKind::MatMulBias;  // x @ w^T + bias
   bool dgelu = op.kind() == OpKind::MatMulDGelu;           // gelu_backward(a b, h)
-  // CudaProgram::bf16Rounding: the output and h in BF16 (the bias too, set once the executor's
-  // BF16 copy of the parameters exists); otherwise fp32.
-  bool bf16Out = program_.bf16Rounding.count(&op);
+  // CudaProgram::bf16Rounding: the bias is the parameter's BF16 copy (set once the executor's
+  // copy exists); the output (and h) in BF16 where the program stores it so, otherwise fp32.
+  bool bf16Bias = program_.bf16Rounding.count(&op) && (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu);
+  bool bf16Out = program_.bf16Stored.count(op.result(0));
   cudaDataType_t outType = bf16Out ? CUDA_R_16BF : CUDA_R_32F;
   bool ta = op.attrs().getBool("transpose_a").value_or(false);
   bool tb = bias || op.attrs().getBool("transpose_b").value_or(false);
@@ -869,6 +870,10 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
     const void *biasPointer = buffer(op.operand(2));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
+    if (bf16Bias) { // an fp32 D takes an fp32 bias unless told
+      int32_t biasType = CUDA_R_16BF;
+      CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType, sizeof biasType));
+    }
   }
   if (dgelu) {
     // D = (a b) * gelu'(h), h the pre-activation the forward's epilogue kept (D's layout).

@@ -1097,8 +1097,12 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
   // kept for the gradient: in BF16, as under BF16 the GELU epilogue keeps it (the FP8 recipe's
   // activation memory then stays below BF16's).
   for (const Op *op : graph.ops()) {
-    const Op *product = op->kind() == OpKind::Add ? op->operand(0)->def() : nullptr;
-    if (!product || product->kind() != OpKind::MatMul || !isFp8(product->operand(0)->type().dtype))
+    // The bias add after the product, or the product adding it (fuse-fp8-bias).
+    if (op->kind() != OpKind::Add && op->kind() != OpKind::MatMulBias)
+      continue;
+    const Op *product = op->kind() == OpKind::Add ? op->operand(0)->def() : op;
+    if (!product || product->kind() != (op->kind() == OpKind::Add ? OpKind::MatMul : OpKind::MatMulBias) ||
+        !isFp8(product->operand(0)->type().dtype))
       continue;
     const Value *h = op->result();
     bool gradient = false, gelus = intermediate(h);
@@ -1284,9 +1288,9 @@ bool readOnlyBy(const Graph &graph, const Value *v, const Op &reader) {
   return llvm::count(reader.operands(), v) == 1;
 }
 
-/// A BF16 GEMM of many rows (no FP8 operand) that could write its output in BF16 instead.
+/// A BF16 or FP8 GEMM of many rows that could write its output in BF16 instead.
 bool writesBf16Instead(const Op *gemm, OpKind kind) {
-  return gemm && gemm->kind() == kind && hasBf16Gemms(gemm->attrs()) && !isFp8(gemm->operand(0)->type().dtype) &&
+  return gemm && gemm->kind() == kind && (hasBf16Gemms(gemm->attrs()) || isFp8(gemm->operand(0)->type().dtype)) &&
          fewRows(*gemm) == FewRows::None;
 }
 
@@ -1344,6 +1348,26 @@ std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const
   return shape;
 }
 
+namespace {
+
+/// An FP8 matmul_bias adds its bias's BF16 copy: cuBLASLt's FP8 epilogues take no other bias
+/// type (CudaProgram::bf16Rounding, whatever the options).
+llvm::Error chooseFp8Biases(const Graph &graph, CudaProgram &program) {
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::MatMulBias || !isFp8(op->operand(0)->type().dtype))
+      continue;
+    if (!isWeight(program, op->operand(2)))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "error: %%%s: an FP8 matmul_bias adds a parameter's BF16 copy (cuBLASLt's FP8 "
+                                     "epilogue); %%%s is not a parameter",
+                                     op->result()->name().c_str(), op->operand(2)->name().c_str());
+    program.bf16Rounding.insert(op);
+  }
+  return llvm::Error::success();
+}
+
+} // namespace
+
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
   CudaProgram program;
   program.cudnnAttention = options.cudnnAttention;
@@ -1368,6 +1392,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   if (auto err = chooseBf16Heads(graph, program))
     return std::move(err);
   program.layout = layoutParameters(graph, program);
+  if (auto err = chooseFp8Biases(graph, program))
+    return std::move(err);
   if (options.storeBf16) {
     if (options.bf16Rounding)
       chooseBf16Rounding(graph, program);

@@ -112,11 +112,14 @@ struct CudaProgram {
   /// (chooseBf16Rounding), all in bf16Stored: a BF16 matmul_bias_gelu (cuBLASLt's GELU_AUX_BIAS
   /// epilogue) whose activation only BF16 GEMMs read and whose h only matmul_dgelu reads, and
   /// those matmul_dgelu (the DGELU epilogue), whose result only BF16 GEMMs and column sums read;
-  /// a BF16 matmul whose logits only the loss and its gradient read; an FP8 layer's bias add whose
-  /// h only the GELU and its gradient read. cuBLASLt's BF16 epilogues take the output, the bias
-  /// and h in one type. Unlike bf16Stored's other values these are rounded (the bias fc1 adds,
+  /// a BF16 matmul whose logits only the loss and its gradient read; an FP8 layer's bias add (or
+  /// FP8 matmul_bias) whose h only the GELU and its gradient read; the qkv and dout products
+  /// cuDNN reads in place (chooseCudnnRows). cuBLASLt's BF16 epilogues take the output, the bias
+  /// and h in one type. Unlike bf16Stored's other values these are rounded (the biases added,
   /// h, the GELU's gradient and its column sums, the logits): within BF16's rounding, as PyTorch's
-  /// autocast computes these layers and Transformer Engine's LayerNormMLP stores them.
+  /// autocast computes these layers and Transformer Engine's LayerNormMLP stores them. Also, with
+  /// any options and whatever their output type, every FP8 matmul_bias (fuse-fp8-bias): cuBLASLt's
+  /// FP8 epilogues add a BF16 bias only.
   llvm::DenseSet<const Op *> bf16Rounding;
   /// The attention ops cuDNN runs (LoweringOptions::cudnnAttention), with their workspaces.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;

@@ -349,18 +349,28 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
     EXPECT_EQ(op->result()->name(), "logits");
   EXPECT_EQ(recomputedProgram.bf16Rounding.size(), 1u);
   EXPECT_FALSE(llvm::any_of(recomputed->ops(), [](const Op *op) { return op->kind() == OpKind::MatMulBiasGelu; }));
-  // Under fp8 with FP8 layers (the tiny model's fp8_min_dim 16: all but the head), each fc1's
-  // bias add writes h in BF16 for the GELU and its gradient, which read it so.
+  // Under fp8 with FP8 layers (the tiny model's fp8_min_dim 16: all but the head), each FP8
+  // product adds its bias in its epilogue (fuse-fp8-bias: the parameter's BF16 copy, so each is
+  // in bf16Rounding), and fc1's writes h in BF16 for the GELU and its gradient, which read it so.
   auto [fp8, fp8Program] = gpuTrainingProgram("models/tiny.yaml", "fp8");
-  int kept = 0;
-  for (const Op *op : fp8->ops())
-    if (op->kind() == OpKind::Add && fp8Program.bf16Rounding.count(op)) {
-      ++kept;
-      EXPECT_TRUE(fp8Program.bf16Stored.count(op->result())) << op->result()->name();
-      for (const Op *user : op->result()->users())
-        EXPECT_TRUE(user->kind() == OpKind::Gelu || user->kind() == OpKind::GeluBackward) << user->name().str();
-    }
-  EXPECT_EQ(kept, 2); // the tiny model's two layers
+  int kept = 0, biased = 0;
+  for (const Op *op : fp8->ops()) {
+    if (op->kind() == OpKind::Add && op->operand(0)->def()->kind() == OpKind::MatMul)
+      ADD_FAILURE() << op->result()->name() << ": a bias added after its product";
+    if (op->kind() != OpKind::MatMulBias || !isFp8(op->operand(0)->type().dtype))
+      continue;
+    ++biased;
+    EXPECT_TRUE(fp8Program.bf16Rounding.count(op)) << op->result()->name();
+    bool gelu = llvm::any_of(op->result()->users(), [](const Op *user) { return user->kind() == OpKind::Gelu; });
+    if (!gelu)
+      continue;
+    ++kept;
+    EXPECT_TRUE(fp8Program.bf16Stored.count(op->result())) << op->result()->name();
+    for (const Op *user : op->result()->users())
+      EXPECT_TRUE(user->kind() == OpKind::Gelu || user->kind() == OpKind::GeluBackward) << user->name().str();
+  }
+  EXPECT_EQ(biased, 8); // qkv, proj, fc1, fc2 of the tiny model's two layers
+  EXPECT_EQ(kept, 2);
   EXPECT_TRUE(fp8Program.bf16Stored.count(fp8->lookup("h0.mlp.fc1.out")));
   EXPECT_NE(fp8Program.source.find("gelu(const unsigned short *x, float *out)"), std::string::npos) << "no GELU reads BF16";
   // fp32 keeps the fp32 epilogue and the GELU gradient kernel.
