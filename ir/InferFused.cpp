@@ -190,18 +190,16 @@ llvm::Expected<TensorType> inferLinearWithBias(Operands ops, const AttrMap &attr
   // FP8 operands (fuse-fp8-bias: an FP8 product and its bias add): fp32 bias and result, the
   // operand types matmul's.
   bool fp8 = isFp8(x.dtype) || isFp8(w.dtype);
-  if (fp8) {
-    if (x.rank() < 2 || w.rank() != 2 || w.dim(1) != x.dim(-1))
-      return makeError("x [..., K] and weight [N, K] do not match: {} and {}", x.str(), w.str());
+  if (!fp8)
+    if (auto err = requireFloat(x, "input"))
+      return std::move(err);
+  if (x.rank() < 2 || w.rank() != 2 || (!fp8 && w.dtype != x.dtype) || w.dim(1) != x.dim(-1))
+    return makeError("x [..., K] and weight [N, K] do not match: {} and {}", x.str(), w.str());
+  if (fp8) { // the FP8 type pairs cuBLASLt multiplies, as matmul checks them
     AttrMap transposed = attrs;
     transposed.set("transpose_b", true);
     if (auto product = inferMatMul({x, w}, transposed, {}); !product)
       return product.takeError();
-  } else {
-    if (auto err = requireFloat(x, "input"))
-      return std::move(err);
-    if (x.rank() < 2 || w.rank() != 2 || w.dtype != x.dtype || w.dim(1) != x.dim(-1))
-      return makeError("x [..., K] and weight [N, K] do not match: {} and {}", x.str(), w.str());
   }
   DType out = fp8 ? DType::F32 : x.dtype;
   if (bias != TensorType(out, {w.dim(0)}))

@@ -802,8 +802,7 @@ llvm::Error CudaExecutor::useBf16OperandCopies() {
         if (gemms_[i].fromWeightCopy[k])
           gemms_[i].bf16Operands[k] = weightCopy(ops_[i]->operand(k));
       // A BF16 epilogue adds the bias's BF16 copy (cuBLASLt: the bias has the output's type).
-      if ((ops_[i]->kind() == OpKind::MatMulBiasGelu || ops_[i]->kind() == OpKind::MatMulBias) &&
-          program_.bf16Rounding.count(ops_[i])) {
+      if (addsBf16Bias(program_, *ops_[i])) {
         const void *bias = weightCopy(ops_[i]->operand(2));
         CUBLAS_CHECK(blas_->matmulDescSetAttribute(gemms_[i].desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
       }
@@ -829,7 +828,7 @@ llvm::Error CudaExecutor::planGemm(const Op &op, GemmPlan &plan) {
   bool dgelu = op.kind() == OpKind::MatMulDGelu;           // gelu_backward(a b, h)
   // CudaProgram::bf16Rounding: the bias is the parameter's BF16 copy (set once the executor's
   // copy exists); the output (and h) in BF16 where the program stores it so, otherwise fp32.
-  bool bf16Bias = program_.bf16Rounding.count(&op) && (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu);
+  bool bf16Bias = addsBf16Bias(program_, op);
   bool bf16Out = program_.bf16Stored.count(op.result(0));
   cudaDataType_t outType = bf16Out ? CUDA_R_16BF : CUDA_R_32F;
   bool ta = op.attrs().getBool("transpose_a").value_or(false);

@@ -1368,6 +1368,10 @@ llvm::Error chooseFp8Biases(const Graph &graph, CudaProgram &program) {
 
 } // namespace
 
+bool addsBf16Bias(const CudaProgram &program, const Op &op) {
+  return (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu) && program.bf16Rounding.count(&op);
+}
+
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
   CudaProgram program;
   program.cudnnAttention = options.cudnnAttention;

@@ -168,6 +168,11 @@ bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOpti
 /// bf16Rounding, dout is a BF16 matmul's that only `backward` reads.
 bool cudnnReadsDoutRows(const Graph &graph, const Op &backward, const LoweringOptions &options);
 
+/// Whether the GEMM `op` adds its bias from the executor's BF16 copy of the parameters: a
+/// matmul_bias or matmul_bias_gelu of CudaProgram::bf16Rounding (cuBLASLt's BF16 and FP8
+/// epilogues take a BF16 bias).
+bool addsBf16Bias(const CudaProgram &program, const Op &op);
+
 /// Generates the kernels of `graph`, or says which op has no lowering yet.
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options = LoweringOptions());
 

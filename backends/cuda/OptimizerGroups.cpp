@@ -22,7 +22,7 @@ bool readsWeightCopy(const std::vector<Op *> &ops, const CudaProgram &program) {
     if (l.kind == OpLowering::Gemm && isBf16Gemm(op) &&
         (isWeight(program, op.operand(0)) || isWeight(program, op.operand(1))))
       return true;
-    if (program.bf16Rounding.count(&op) && (op.kind() == OpKind::MatMulBias || op.kind() == OpKind::MatMulBiasGelu))
+    if (addsBf16Bias(program, op))
       return true;
   }
   return false;
