@@ -1,9 +1,11 @@
 # Writes OUTPUT, a C++ source holding each kernel header of KERNEL_DIR (*.cuh, by file name) as
 # a string, so that the binary carries its CUDA kernels and NVRTC compiles them at run time.
-# Run as: cmake -DOUTPUT=... -DKERNEL_DIR=... -P EmbedKernels.cmake
+# support/BoxMuller.h (SHARED_HEADERS), which host and device compile alike, goes with them.
+# Run as: cmake -DOUTPUT=... -DKERNEL_DIR=... "-DSHARED_HEADERS=a;b" -P EmbedKernels.cmake
 file(GLOB HEADERS ${KERNEL_DIR}/*.cuh)
 list(SORT HEADERS)
-set(text "// Generated at build time from backends/cuda/kernels/*.cuh by cmake/EmbedKernels.cmake.\n")
+list(APPEND HEADERS ${SHARED_HEADERS})
+set(text "// Generated at build time from backends/cuda/kernels/*.cuh and support/BoxMuller.h by cmake/EmbedKernels.cmake.\n")
 string(APPEND text "#include \"backends/cuda/KernelHeaders.h\"\n\nnamespace tgc {\n\n")
 string(APPEND text "llvm::ArrayRef<KernelHeader> kernelHeaders() {\n  static const KernelHeader headers[] = {\n")
 foreach(header ${HEADERS})

@@ -4,6 +4,8 @@
 // Kernels are launched with 256 threads a block unless their wrapper says otherwise.
 #pragma once
 
+#include "BoxMuller.h"
+
 typedef long long int64;
 
 // A value from the lane `offset` away (xor) in the warp; types with several members add
@@ -145,19 +147,12 @@ __device__ __forceinline__ void awaitPreviousKernel() {
 
 // Parameter init on the device (Executor::fillNormal): element i of a normal parameter is
 // app/Init.cpp's draw i, the Box-Muller normal of SplitMix64 draws stream + 2i and stream + 2i + 1
-// (support/Random.h's mix64 and Rng::normal), times std, in the same double arithmetic; the
+// (support/BoxMuller.h, which the host's Rng::normal runs too), times std: the host's bits; the
 // executor launches it by name.
-__device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 extern "C" __global__ void tgc_fill_normal(float *out, int64 count, unsigned long long stream, double std) {
   FOR_EACH_ELEMENT(i, count) {
-    double u1 = 1.0 - double(mix64(stream + 2ULL * i) >> 11) * 0x1.0p-53; // (0, 1]
-    double u2 = double(mix64(stream + 2ULL * i + 1) >> 11) * 0x1.0p-53;
-    out[i] = float(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.141592653589793 * u2) * std);
+    double normal = boxMullerNormal(mix64(stream + 2ULL * i), mix64(stream + 2ULL * i + 1));
+    out[i] = float(__dmul_rn(normal, std));
   }
 }
 
