@@ -571,7 +571,16 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
   } else if (attrs.getInt("margin")) {
     return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
   }
-  return TypeList{TensorType(*format, ops[0].shape), kScalar, kScalar};
+  if (auto activation = attrs.getString("activation"); activation && *activation != "gelu")
+    return makeError("attribute 'activation' must be \"gelu\" (or absent), got \"{}\"", *activation);
+  TypeList types{TensorType(*format, ops[0].shape), kScalar, kScalar};
+  if (attrs.getBool("transpose").value_or(false)) {
+    if (ops[0].rank() < 2)
+      return makeError("transpose=true needs an input of rank 2 or more, got {}", ops[0].str());
+    int64_t cols = ops[0].dim(-1);
+    types.push_back(TensorType(*format, {cols, ops[0].numElements() / std::max<int64_t>(cols, 1)}));
+  }
+  return types;
 }
 
 llvm::Expected<TypeList> inferFp8Update(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

@@ -238,12 +238,14 @@ llvm::Error evalScale(const AttrMap &attrs, Operands in, Results out) {
   return unary(in, out, [factor](float x) { return x * factor; });
 }
 
+/// GELU with the tanh approximation, as GPT-2 and TE use.
+float geluTanh(float x) {
+  const float c = 0.7978845608028654f; // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
+}
+
 llvm::Error evalGelu(const AttrMap &, Operands in, Results out) {
-  // GELU with the tanh approximation, as GPT-2 and TE use.
-  return unary(in, out, [](float x) {
-    const float c = 0.7978845608028654f; // sqrt(2 / pi)
-    return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
-  });
+  return unary(in, out, geluTanh);
 }
 
 llvm::Error evalSilu(const AttrMap &, Operands in, Results out) {
@@ -564,7 +566,13 @@ Fp8Format formatOf(const AttrMap &attrs) {
 }
 
 llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
-  const Tensor &x = *in[0];
+  Tensor activated;
+  if (attrs.getString("activation") == "gelu") { // gelu(x), as the gelu op computes it
+    activated = *in[0];
+    for (float &v : activated.data)
+      v = geluTanh(v);
+  }
+  const Tensor &x = activated.data.empty() ? *in[0] : activated;
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
   Fp8Format format = formatOf(attrs);
   float max = fp8Max(format), amax = 0.0f;
@@ -587,6 +595,12 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   }
   out[1].data[0] = amax;
   out[2].data[0] = float(saturated);
+  if (out.size() == 4) { // transpose=true: q as [R, C] transposed
+    int64_t cols = x.type.dim(-1), rows = cols ? x.size() / cols : 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        out[3].data[c * rows + r] = out[0].data[r * cols + c];
+  }
   return llvm::Error::success();
 }
 

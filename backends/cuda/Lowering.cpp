@@ -503,32 +503,51 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   e.uses("fp8.cuh");
   if (op.kind() == OpKind::Quantize) {
-    // Each block converts a contiguous range and leaves its amax and saturation count in
-    // scratch; then one block takes the tensor's, and the scale_inv used, kept for the GEMMs that
-    // read the bytes. Under current scaling a launch before them takes the blocks' amaxes, and
-    // each block scales by the tensor's.
+    // Each block converts a contiguous range (with transpose=true: 64 x 64 tiles, writing q and
+    // its transpose) and leaves its amax and saturation count in scratch; then one block takes
+    // the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes. Under current
+    // scaling a launch before them takes the blocks' amaxes, and each block scales by the
+    // tensor's. x is read in BF16 where it is stored so (an FP8 layer's pre-activation, which
+    // the quantize applies the GELU to: activation="gelu").
     int64_t count = operandType(op, 0).numElements();
+    bool transpose = op.numResults() == 4, current = a.getString("scaling") == "current";
+    bool gelu = a.getString("activation") == "gelu";
+    int64_t cols = operandType(op, 0).dim(-1), rows = cols ? count / cols : 0;
+    int64_t tilesC = (cols + 63) / 64, tiles = (rows + 63) / 64 * tilesC;
+    if (transpose && (rows % 16 || cols % 16))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "quantize {transpose=true} %%%s: the GPU's cast-transpose needs both sides "
+                                     "multiples of 16, got [%lld, %lld]",
+                                     op.result()->name().c_str(), (long long)rows, (long long)cols);
+    int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(1024, transpose ? tiles : (count + 4095) / 4096));
     // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
-    int64_t blocks = std::min<int64_t>(1024, (count + 4095) / 4096), perBlock = (count + blocks - 1) / blocks;
+    int64_t perBlock = (count + blocks - 1) / blocks;
     if (count % 4 == 0)
       perBlock = (perBlock + 3) / 4 * 4;
-    std::string params = "const float *x, const float *scale, const float *scaleInv, unsigned char *q, "
-                         "float *amax, float *saturations, float *scratch, float *used";
-    if (a.getString("scaling") == "current") {
-      std::string largest = lit(fp8Largest(a)), marginScale = fp8MarginScale(a);
-      e.launch(0, params, blocks, fmt::format("quantizeAmaxBlocks<{}, {}, {}>(x, scratch)", count, perBlock, blocks));
-      e.launch(1, params, blocks,
-               fmt::format("quantizeBlocks<{}, {}, {}, {}, true>(x, scale, q, scratch, {}, {})", count, perBlock,
-                           blocks, fp8Interpretation(a), largest, marginScale));
-      e.launch(2, params, 1,
-               fmt::format("quantizeTotals<{}, true>(scaleInv, amax, saturations, scratch, used, {}, {})", blocks,
-                           largest, marginScale));
-    } else {
-      e.launch(0, params, blocks,
-               fmt::format("quantizeBlocks<{}, {}, {}, {}>(x, scale, q, scratch, {})", count, perBlock, blocks,
-                           fp8Interpretation(a), lit(fp8Largest(a))));
-      e.launch(1, params, 1, fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
-    }
+    std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, unsigned char *q, "
+                                     "float *amax, float *saturations, {}float *scratch, float *used",
+                                     e.inputType(op.operand(0)), transpose ? "unsigned char *qT, " : "");
+    std::string largest = lit(fp8Largest(a)), marginScale = fp8MarginScale(a);
+    // The flags after the format: current scaling, then the GELU (only as far as one is set).
+    std::string flags = gelu ? fmt::format(", {}, true", boolText(current)) : current ? ", true" : "";
+    std::string scaling = current ? fmt::format("{}, {}", largest, marginScale) : largest;
+    int next = 0;
+    if (current)
+      e.launch(next++, params, blocks,
+               fmt::format("quantizeAmaxBlocks<{}, {}, {}{}>(x, scratch)", count, perBlock, blocks,
+                           gelu ? ", true" : ""));
+    if (transpose)
+      e.launch(next++, params, blocks,
+               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}{}>(x, scale, q, qT, scratch, {})", rows,
+                           cols, tiles, tilesC, blocks, fp8Interpretation(a), flags, scaling));
+    else
+      e.launch(next++, params, blocks,
+               fmt::format("quantizeBlocks<{}, {}, {}, {}{}>(x, scale, q, scratch, {})", count, perBlock, blocks,
+                           fp8Interpretation(a), flags, scaling));
+    e.launch(next, params, 1,
+             current ? fmt::format("quantizeTotals<{}, true>(scaleInv, amax, saturations, scratch, used, {})", blocks,
+                                   scaling)
+                     : fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
     e.lowering.scratchFloats.push_back(3 * blocks);
     e.lowering.persistentFloats.push_back(1);
     return llvm::Error::success();
@@ -1093,7 +1112,8 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
       markWithReshapes(program.bf16Stored, user->result());
     }
   }
-  // An FP8 layer's pre-activation (its bias add) that only the GELU and the GELU's gradient read,
+  // An FP8 layer's pre-activation (its bias add) that only the GELU (or the quantize applying it:
+  // fuse-gelu-quantize) and the GELU's gradient read,
   // kept for the gradient: in BF16, as under BF16 the GELU epilogue keeps it (the FP8 recipe's
   // activation memory then stays below BF16's).
   for (const Op *op : graph.ops()) {
@@ -1109,6 +1129,8 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
     for (const Op *user : h->users()) {
       gradient |= user->kind() == OpKind::GeluBackward;
       gelus &= (user->kind() == OpKind::Gelu && user->operand(0) == h) ||
+               (user->kind() == OpKind::Quantize && user->attrs().getString("activation") == "gelu" &&
+                user->operand(0) == h) ||
                (user->kind() == OpKind::GeluBackward && user->operand(1) == h && user->operand(0) != h);
     }
     if (!gradient || !gelus)

@@ -28,11 +28,12 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // before it, the loss its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
   // cuBLASLt's TN layout. In a decode step, the attention writes the caches it reads, and the
   // GEMVs of few rows normalise their own input (and apply the GELU after them), or, past 8
-  // rows, apply the GELU after them; an FP8 product adds its bias in its epilogue.
+  // rows, apply the GELU after them; an FP8 product adds its bias in its epilogue, and fc2's
+  // quantize applies the GELU before it.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                    "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
                                    "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
-                                   "legalize-fp8-gemm", "fuse-fp8-bias"});
+                                   "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize"});
   return passes;
 }
 

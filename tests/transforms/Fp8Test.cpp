@@ -192,16 +192,15 @@ TEST(GpuPolicy, AutoPicksByComputeCapabilityAndRefusesWhatTheGpuCannotRun) {
             std::string::npos);
 }
 
-/// The tiny fp8 training program, with legalize-fp8-gemm before the final dce or without it.
-std::unique_ptr<Graph> tinyFp8Program(bool legalize) {
+/// The tiny fp8 training program, with `extra` passes before the final dce.
+std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Fp8;
   auto graph = unwrap(buildGPT(c, 4));
   if (!graph)
     return nullptr;
   std::vector<std::string> passes = trainingPipeline();
-  if (legalize)
-    passes.insert(passes.end() - 1, "legalize-fp8-gemm");
+  passes.insert(passes.end() - 1, extra.begin(), extra.end());
   PipelineOptions options;
   options.passOptions.train = c.train;
   options.passOptions.precision = c.precision;
@@ -210,10 +209,56 @@ std::unique_ptr<Graph> tinyFp8Program(bool legalize) {
   return graph;
 }
 
+/// One training step of `plain` and `other` on the same random parameters and batch: the same
+/// bits in every output, parameter, AdamW moment and FP8 scaling state.
+void expectTheSameStep(const Graph &plain, const Graph &other) {
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = initParams(plain, rng.next());
+  for (const char *name : {"tokens", "targets"}) {
+    Tensor t = Tensor::zeros(plain.lookup(name)->type());
+    for (int32_t &v : t.ints)
+      v = int32_t(rng.below(64));
+    leaves[name] = std::move(t);
+  }
+  leaves["step"] = Tensor{plain.lookup("step")->type(), {}, {1}};
+  Interpreter a(plain), b(other);
+  ASSERT_FALSE(bool(a.bindAll(leaves)));
+  ASSERT_FALSE(bool(b.bindAll(leaves)));
+  auto outA = unwrap(a.run()), outB = unwrap(b.run());
+  ASSERT_EQ(outA.size(), outB.size());
+  for (size_t i = 0; i < outA.size(); ++i)
+    EXPECT_EQ(outA[i].data, outB[i].data) << plain.outputs()[i]->name();
+  int leavesCompared = 0;
+  for (const Op *op : plain.ops())
+    if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
+      std::string name = op->result()->name();
+      EXPECT_EQ(unwrap(a.read(name)).data, unwrap(b.read(name)).data) << name;
+      ++leavesCompared;
+    }
+  EXPECT_GT(leavesCompared, 100);
+}
+
+TEST(FuseGeluQuantize, Fc2QuantizesTheGeluOfItsPreActivationAndNoBitChanges) {
+  auto plain = tinyFp8Program({"legalize-fp8-gemm"});
+  auto fused = tinyFp8Program({"legalize-fp8-gemm", "fuse-gelu-quantize"});
+  ASSERT_TRUE(plain && fused);
+  int geluQuantizes = 0, gelus = 0;
+  for (const Op *op : fused->ops()) {
+    gelus += op->kind() == OpKind::Gelu;
+    if (op->kind() == OpKind::Quantize && op->attrs().getString("activation") == "gelu") {
+      ++geluQuantizes;
+      EXPECT_NE(op->result()->name().find("fc2.fp8.input.q"), std::string::npos) << op->result()->name();
+    }
+  }
+  EXPECT_EQ(geluQuantizes, 2); // one per layer
+  EXPECT_EQ(gelus, 0);
+  expectTheSameStep(*plain, *fused);
+}
+
 TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
-  auto plain = tinyFp8Program(false), legal = tinyFp8Program(true);
+  auto plain = tinyFp8Program({}), legal = tinyFp8Program({"legalize-fp8-gemm"});
   ASSERT_TRUE(plain && legal);
-  int fp8Gemms = 0, notTN = 0, transposes = 0;
+  int fp8Gemms = 0, notTN = 0, transposes = 0, castTransposes = 0;
   for (const Op *op : plain->ops())
     if (op->kind() == OpKind::MatMul && isFp8(op->operand(0)->type().dtype))
       notTN += op->attrs().getBool("transpose_a").value_or(false) ||
@@ -221,6 +266,11 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
   for (const Op *op : legal->ops()) {
     if (op->kind() == OpKind::Transpose && isFp8(op->operand(0)->type().dtype))
       ++transposes;
+    if (op->kind() == OpKind::Quantize && op->attrs().getBool("transpose").value_or(false)) {
+      ++castTransposes;
+      ASSERT_EQ(op->numResults(), 4u);
+      EXPECT_TRUE(op->result(3)->hasUses()) << op->result()->name();
+    }
     if (op->kind() != OpKind::MatMul || !isFp8(op->operand(0)->type().dtype))
       continue;
     ++fp8Gemms;
@@ -228,36 +278,13 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
     EXPECT_EQ(op->attrs().getBool("transpose_b"), true) << op->result()->name();
   }
   // 8 FP8 linear layers: forward, dgrad and wgrad each; dgrad and wgrad were not TN, and need
-  // W^T, and X^T and dY^T: three transposes per layer.
+  // W^T, and X^T and dY^T: three transposed operands per layer, each made by its quantize (the
+  // tiny model's sides are multiples of 16), no transpose op left.
   EXPECT_EQ(fp8Gemms, 24);
   EXPECT_EQ(notTN, 16);
-  EXPECT_EQ(transposes, 24);
-  // One training step of each on the same random parameters and batch: the same bits.
-  Rng rng(freshSeed());
-  std::map<std::string, Tensor> leaves = initParams(*plain, rng.next());
-  for (const char *name : {"tokens", "targets"}) {
-    Tensor t = Tensor::zeros(plain->lookup(name)->type());
-    for (int32_t &v : t.ints)
-      v = int32_t(rng.below(64));
-    leaves[name] = std::move(t);
-  }
-  leaves["step"] = Tensor{plain->lookup("step")->type(), {}, {1}};
-  Interpreter a(*plain), b(*legal);
-  ASSERT_FALSE(bool(a.bindAll(leaves)));
-  ASSERT_FALSE(bool(b.bindAll(leaves)));
-  auto outA = unwrap(a.run()), outB = unwrap(b.run());
-  ASSERT_EQ(outA.size(), outB.size());
-  for (size_t i = 0; i < outA.size(); ++i)
-    EXPECT_EQ(outA[i].data, outB[i].data) << plain->outputs()[i]->name();
-  // The step's updates: parameters, AdamW moments and the FP8 scaling state.
-  int leavesCompared = 0;
-  for (const Op *op : plain->ops())
-    if (op->kind() == OpKind::Param || op->kind() == OpKind::State) {
-      std::string name = op->result()->name();
-      EXPECT_EQ(unwrap(a.read(name)).data, unwrap(b.read(name)).data) << name;
-      ++leavesCompared;
-    }
-  EXPECT_GT(leavesCompared, 100);
+  EXPECT_EQ(castTransposes, 24);
+  EXPECT_EQ(transposes, 0);
+  expectTheSameStep(*plain, *legal);
 }
 
 /// Mean of the last ten losses of a full tiny run under `recipe`, and the trained checkpoint.

@@ -2,25 +2,67 @@
 // dimension contiguous in both operands, i.e. C = A B^T with A [M, K] and B [N, K] as stored
 // (fp8.md). A linear layer's forward product is already so. Its gradients are not: dgrad
 // (dY W) reads W [N, K] along N, and wgrad (dY^T X) reads both operands along their rows. This
-// pass materialises the transposes those need, as transpose ops on the FP8 values (one per
-// value, shared by every GEMM that needs it), and rewrites each FP8 matmul to
-// matmul(A, B) {transpose_b=true}. The result is the same to the bit on the CPU interpreter; the
-// GPU backend runs it, and refuses an FP8 matmul in any other layout.
+// pass materialises the transposes those need (one per value, shared by every GEMM that needs
+// it) and rewrites each FP8 matmul to matmul(A, B) {transpose_b=true}. A value that is a
+// quantize's q, or q with its leading dimensions flattened, is transposed by that quantize: it
+// becomes quantize {transpose=true}, which writes q_t in the same pass over its input
+// (Transformer Engine's cast-transpose) instead of a transpose reading the bytes back; other
+// FP8 values, and shapes whose sides are not multiples of 16 (cuBLASLt's FP8 products need them
+// anyway, and the GPU's cast-transpose moves 16 bytes at a time), get a transpose op. The result
+// is the same to the bit on the CPU interpreter; the GPU backend runs it, and refuses an FP8
+// matmul in any other layout.
+#include "support/Error.h"
 #include "transforms/Passes.h"
+#include "transforms/Rewrite.h"
 
 #include "llvm/ADT/DenseMap.h"
 
 namespace tgc {
 namespace {
 
+/// The quantize whose q the two-dimensional FP8 value v is, as stored (q itself, or a reshape of
+/// q that keeps its last dimension), where its sides are multiples of 16.
+Op *quantizeOfRows(Value *v) {
+  if (v->type().rank() != 2 || v->type().dim(0) % 16 || v->type().dim(1) % 16)
+    return nullptr;
+  Value *q = v;
+  if (Op *reshape = definedBy(v, OpKind::Reshape))
+    q = reshape->operand(0);
+  Op *quantize = definedBy(q, OpKind::Quantize);
+  return quantize && q == quantize->result(0) && q->type().dim(-1) == v->type().dim(-1) ? quantize : nullptr;
+}
+
 class LegalizeFp8Gemm : public Pass {
 public:
   llvm::Expected<bool> run(Graph &graph) override {
     Builder b(graph);
     llvm::DenseMap<Value *, Value *> transposed; // one transpose per FP8 value
+    std::string failed; // an error of the cast-transpose's rewrite
     auto transposeOf = [&](Value *v) -> Value * {
       if (Value *t = transposed.lookup(v))
         return t;
+      if (Op *quantize = quantizeOfRows(v)) {
+        if (!quantize->attrs().getBool("transpose").value_or(false)) {
+          // (The rewrite replaces q: v, where it is q, then names the new op's q.)
+          bool isQ = v == quantize->result();
+          std::string qName = quantize->result()->name();
+          Replacement r{OpKind::Quantize, {}, quantize->attrs(), {}, {qName + ".t"}};
+          r.operands.append(quantize->operands().begin(), quantize->operands().end());
+          r.attrs.set("transpose", true);
+          for (unsigned i = 0; i < quantize->numResults(); ++i)
+            r.replaces.push_back(quantize->result(i));
+          if (auto err = applyReplacement(graph, {quantize}, std::move(r), nullptr, /*sort=*/false)) {
+            failed = llvm::toString(std::move(err));
+            return nullptr;
+          }
+          Value *q = graph.lookup(qName);
+          if (isQ)
+            v = q;
+          quantize = q->def();
+        }
+        transposed[v] = quantize->result(3);
+        return quantize->result(3);
+      }
       std::vector<int64_t> perm;
       for (int64_t i = 0; i < int64_t(v->type().rank()); ++i)
         perm.push_back(i);
@@ -57,6 +99,8 @@ public:
       attrs.set("transpose_b", true);
       changed = true;
     }
+    if (!failed.empty())
+      return stringError(failed);
     if (auto err = b.takeError())
       return std::move(err);
     if (changed)

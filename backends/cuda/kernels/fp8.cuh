@@ -6,6 +6,14 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "elementwise.cuh"
+
+// What a quantize converts: x, or gelu(x) under activation="gelu" (fuse-gelu-quantize); x in
+// fp32 or stored in BF16 (In: float or unsigned short).
+template <bool Gelu>
+__device__ __forceinline__ float activated(float v) {
+  return Gelu ? geluTanh(v) : v;
+}
 
 // max |x| that a NaN anywhere turns into NaN, as the CPU's amax does.
 __device__ float amaxMerge(float a, float b) {
@@ -40,18 +48,21 @@ __device__ float tensorAmax(const float *scratch, float *sharedMax) {
 
 // Launch 0 of a quantize under current scaling: each block's max |x| over the range
 // quantizeBlocks gives it, into scratch after 2 * Blocks floats.
-template <int64 Count, int64 PerBlock, int64 Blocks>
-__device__ void quantizeAmaxBlocks(const float *x, float *scratch) {
+template <int64 Count, int64 PerBlock, int64 Blocks, bool Gelu = false, typename In>
+__device__ void quantizeAmaxBlocks(const In *x, float *scratch) {
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float localMax = 0.0f;
+  auto magnitude = [](float v) { return fabsf(activated<Gelu>(v)); };
   if (Count % 4 == 0 && PerBlock % 4 == 0) {
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      float4 v = ((const float4 *)x)[i];
-      localMax = amaxMerge(amaxMerge(localMax, fabsf(v.x)), amaxMerge(fabsf(v.y), amaxMerge(fabsf(v.z), fabsf(v.w))));
+      float4 v = load4(x, 4 * i);
+      localMax = amaxMerge(amaxMerge(localMax, magnitude(v.x)),
+                           amaxMerge(magnitude(v.y), amaxMerge(magnitude(v.z), magnitude(v.w))));
     }
   } else {
-    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) localMax = amaxMerge(localMax, fabsf(x[i]));
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x)
+      localMax = amaxMerge(localMax, magnitude(elementValue(x[i])));
   }
   localMax = blockAmax(localMax, sharedMax);
   if (threadIdx.x == 0)
@@ -62,8 +73,9 @@ __device__ void quantizeAmaxBlocks(const float *x, float *scratch) {
 // contiguous range of PerBlock elements to FP8 (x * scale, saturating at `largest`) and leaves
 // its count of saturated values in scratch (as doubles), and its max |x| after 2 * Blocks floats.
 // Current: the scale is currentScale of the tensor's amax, which launch 0 left in scratch.
-template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format, bool Current = false>
-__device__ void quantizeBlocks(const float *x, const float *scale, unsigned char *q, float *scratch, float largest,
+template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format, bool Current = false,
+          bool Gelu = false, typename In>
+__device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q, float *scratch, float largest,
                                float marginScale = 1.0f) {
   __shared__ double shared[256];
   __shared__ float sharedMax[256];
@@ -71,21 +83,79 @@ __device__ void quantizeBlocks(const float *x, const float *scale, unsigned char
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
   float localMax = 0.0f;
   int saturated = 0;
-  auto convert = [&](float v) {
-    float scaled = v * s;
+  auto convert = [&](float read) {
+    float v = activated<Gelu>(read), scaled = v * s;
     localMax = amaxMerge(localMax, fabsf(v));
     saturated += fabsf(scaled) > largest;
     return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
   };
   if (Count % 4 == 0 && PerBlock % 4 == 0) { // four elements a load, four bytes a store
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      float4 v = ((const float4 *)x)[i];
+      float4 v = load4(x, 4 * i);
       ((unsigned *)q)[i] = convert(v.x) | convert(v.y) << 8 | convert(v.z) << 16 | convert(v.w) << 24;
     }
   } else {
-    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(x[i]);
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(elementValue(x[i]));
   }
   if (!Current) // (under current scaling launch 0 left them, and the other blocks read them)
+    localMax = blockAmax(localMax, sharedMax);
+  double total = blockSum((double)saturated, shared);
+  if (threadIdx.x == 0) {
+    ((double *)scratch)[blockIdx.x] = total;
+    if (!Current)
+      scratch[2 * Blocks + blockIdx.x] = localMax;
+  }
+}
+
+// quantize {transpose=true}, launch 0 (delayed scaling; launch 1 under current scaling): x as
+// [Rows, Cols] (multiples of 16) to FP8 in q and, transposed, in qT [Cols, Rows], from one read
+// of x (Transformer Engine's cast-transpose). 64 x 64 tiles, Tiles in all and TilesC across the
+// columns, which each of Blocks blocks takes in turn: each thread converts sixteen floats of a
+// row into one 16-byte store of q and of the tile in shared memory, whose columns then go out as
+// rows of qT, sixteen bytes a store (transposeBytes' pattern). Per block, as quantizeBlocks: the
+// saturated count (doubles) in scratch, and max |x| after 2 * Blocks floats. 256 threads.
+template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
+          bool Current = false, bool Gelu = false, typename In>
+__device__ void quantizeTransposeBlocks(const In *x, const float *scale, unsigned char *q, unsigned char *qT,
+                                        float *scratch, float largest, float marginScale = 1.0f) {
+  __shared__ __align__(16) unsigned char tile[64][80];
+  __shared__ double shared[256];
+  __shared__ float sharedMax[256];
+  float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
+  float localMax = 0.0f;
+  int saturated = 0;
+  auto convert = [&](float read) {
+    float v = activated<Gelu>(read), scaled = v * s;
+    localMax = amaxMerge(localMax, fabsf(v));
+    saturated += fabsf(scaled) > largest;
+    return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
+  };
+  int row = threadIdx.x / 4, part = threadIdx.x % 4; // 64 rows of four 16-element parts
+  for (int64 t = blockIdx.x; t < Tiles; t += Blocks) {
+    int64 tileR = t / TilesC, tileC = t % TilesC;
+    int64 r = tileR * 64 + row, c = tileC * 64 + part * 16;
+    if (r < Rows && c < Cols) {
+      unsigned w[4];
+      for (int k = 0; k < 4; ++k) {
+        float4 v = load4(x, r * Cols + c + 4 * k);
+        w[k] = convert(v.x) | convert(v.y) << 8 | convert(v.z) << 16 | convert(v.w) << 24;
+      }
+      uint4 packed = make_uint4(w[0], w[1], w[2], w[3]);
+      *(uint4 *)(q + r * Cols + c) = packed;
+      *(uint4 *)&tile[row][part * 16] = packed;
+    }
+    __syncthreads();
+    int64 outRow = tileC * 64 + row, outCol = tileR * 64 + part * 16; // row: an input column
+    if (outRow < Cols && outCol < Rows) {
+      unsigned w[4];
+      for (int k = 0; k < 4; ++k)
+        w[k] = tile[part * 16 + 4 * k][row] | tile[part * 16 + 4 * k + 1][row] << 8 |
+               tile[part * 16 + 4 * k + 2][row] << 16 | (unsigned)tile[part * 16 + 4 * k + 3][row] << 24;
+      *(uint4 *)(qT + outRow * Rows + outCol) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __syncthreads(); // (the next tile overwrites this one)
+  }
+  if (!Current)
     localMax = blockAmax(localMax, sharedMax);
   double total = blockSum((double)saturated, shared);
   if (threadIdx.x == 0) {

@@ -351,7 +351,8 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
   EXPECT_FALSE(llvm::any_of(recomputed->ops(), [](const Op *op) { return op->kind() == OpKind::MatMulBiasGelu; }));
   // Under fp8 with FP8 layers (the tiny model's fp8_min_dim 16: all but the head), each FP8
   // product adds its bias in its epilogue (fuse-fp8-bias: the parameter's BF16 copy, so each is
-  // in bf16Rounding), and fc1's writes h in BF16 for the GELU and its gradient, which read it so.
+  // in bf16Rounding), and fc1's writes h in BF16 for fc2's quantize, which applies the GELU
+  // (fuse-gelu-quantize), and the GELU's gradient, which read it so.
   auto [fp8, fp8Program] = gpuTrainingProgram("models/tiny.yaml", "fp8");
   int kept = 0, biased = 0;
   for (const Op *op : fp8->ops()) {
@@ -361,18 +362,23 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
       continue;
     ++biased;
     EXPECT_TRUE(fp8Program.bf16Rounding.count(op)) << op->result()->name();
-    bool gelu = llvm::any_of(op->result()->users(), [](const Op *user) { return user->kind() == OpKind::Gelu; });
+    auto quantizesGelu = [](const Op *user) {
+      return user->kind() == OpKind::Quantize && user->attrs().getString("activation") == "gelu";
+    };
+    bool gelu = llvm::any_of(op->result()->users(), quantizesGelu);
     if (!gelu)
       continue;
     ++kept;
     EXPECT_TRUE(fp8Program.bf16Stored.count(op->result())) << op->result()->name();
     for (const Op *user : op->result()->users())
-      EXPECT_TRUE(user->kind() == OpKind::Gelu || user->kind() == OpKind::GeluBackward) << user->name().str();
+      EXPECT_TRUE(quantizesGelu(user) || user->kind() == OpKind::GeluBackward) << user->name().str();
   }
   EXPECT_EQ(biased, 8); // qkv, proj, fc1, fc2 of the tiny model's two layers
   EXPECT_EQ(kept, 2);
   EXPECT_TRUE(fp8Program.bf16Stored.count(fp8->lookup("h0.mlp.fc1.out")));
-  EXPECT_NE(fp8Program.source.find("gelu(const unsigned short *x, float *out)"), std::string::npos) << "no GELU reads BF16";
+  EXPECT_NE(fp8Program.source.find("quantize(const unsigned short *x,"), std::string::npos) << "no quantize reads BF16";
+  EXPECT_NE(fp8Program.source.find("__NV_E4M3, false, true>(x, scale, q, qT, scratch"), std::string::npos)
+      << "no quantize applies the GELU";
   // fp32 keeps the fp32 epilogue and the GELU gradient kernel.
   auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
   EXPECT_TRUE(plainProgram.bf16Rounding.empty());
