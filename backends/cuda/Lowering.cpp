@@ -504,10 +504,10 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
   e.uses("fp8.cuh");
   if (op.kind() == OpKind::Quantize) {
     // Each block converts a contiguous range (with transpose=true: 64 x 64 tiles, writing q and
-    // its transpose) and leaves its amax and saturation count in scratch; then one block takes
-    // the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes. Under current
-    // scaling a launch before them takes the blocks' amaxes, and each block scales by the
-    // tensor's. x is read in BF16 where it is stored so (an FP8 layer's pre-activation, which
+    // its transpose) and leaves its amax and saturation count in scratch; the last block to
+    // finish takes the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes
+    // (used[0]; used[1] counts the blocks). Under current scaling a launch before them takes the
+    // blocks' amaxes, and each block scales by the tensor's. x is read in BF16 where it is stored so (an FP8 layer's pre-activation, which
     // the quantize applies the GELU to: activation="gelu").
     int64_t count = operandType(op, 0).numElements();
     bool transpose = op.numResults() == 4, current = a.getString("scaling") == "current";
@@ -538,18 +538,16 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                            gelu ? ", true" : ""));
     if (transpose)
       e.launch(next++, params, blocks,
-               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}{}>(x, scale, q, qT, scratch, {})", rows,
-                           cols, tiles, tilesC, blocks, fp8Interpretation(a), flags, scaling));
+               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}{}>(x, scale, q, qT, scratch, scaleInv, amax, "
+                           "saturations, used, {})",
+                           rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), flags, scaling));
     else
       e.launch(next++, params, blocks,
-               fmt::format("quantizeBlocks<{}, {}, {}, {}{}>(x, scale, q, scratch, {})", count, perBlock, blocks,
-                           fp8Interpretation(a), flags, scaling));
-    e.launch(next, params, 1,
-             current ? fmt::format("quantizeTotals<{}, true>(scaleInv, amax, saturations, scratch, used, {})", blocks,
-                                   scaling)
-                     : fmt::format("quantizeTotals<{}>(scaleInv, amax, saturations, scratch, used)", blocks));
+               fmt::format("quantizeBlocks<{}, {}, {}, {}{}>(x, scale, q, scratch, scaleInv, amax, saturations, "
+                           "used, {})",
+                           count, perBlock, blocks, fp8Interpretation(a), flags, scaling));
     e.lowering.scratchFloats.push_back(3 * blocks);
-    e.lowering.persistentFloats.push_back(1);
+    e.lowering.persistentFloats.push_back(2);
     return llvm::Error::success();
   }
   if (op.kind() == OpKind::Fp8Update) {

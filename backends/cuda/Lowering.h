@@ -50,7 +50,8 @@ struct OpLowering {
   std::string header; // the kernel header (backends/cuda/kernels) its launches instantiate
   std::vector<int64_t> scratchFloats; // per scratch buffer, alive during the op
   // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
-  // the scale_inv it quantized with here (what its FP8 GEMMs and read-back multiply by).
+  // the scale_inv it quantized with here (what its FP8 GEMMs and read-back multiply by), and the
+  // count of its blocks that finished.
   std::vector<int64_t> persistentFloats;
   // Attributes the kernels read from memory instead of having them in their source, uploaded
   // once into a buffer of the op's own (doubles), passed last: programs that differ only in

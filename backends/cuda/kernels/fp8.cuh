@@ -69,15 +69,71 @@ __device__ void quantizeAmaxBlocks(const In *x, float *scratch) {
     scratch[2 * Blocks + blockIdx.x] = localMax;
 }
 
+// The tensor's amax and saturation count from the Blocks blocks' in scratch, and the scale_inv
+// the bytes were made with (`used`, which their GEMMs and read-back multiply by): the state's, or
+// under current scaling 1 / the scale of the amax. One block: the last of a quantize's blocks to
+// finish (quantizeFinish). Scratch is read past L1 (__ldcg): other blocks wrote it.
+template <int64 Blocks, bool Current = false>
+__device__ void quantizeTotals(const float *scaleInv, float *amax, float *saturations, const float *scratch,
+                               float *used, float largest = 0.0f, float marginScale = 1.0f) {
+  __shared__ double shared[256];
+  __shared__ float sharedMax[256];
+  double total = 0;
+  float localMax = 0.0f;
+  for (int b = threadIdx.x; b < Blocks; b += blockDim.x) {
+    total += __ldcg((const double *)scratch + b);
+    localMax = amaxMerge(localMax, __ldcg(scratch + 2 * Blocks + b));
+  }
+  localMax = blockAmax(localMax, sharedMax);
+  total = blockSum(total, shared);
+  if (threadIdx.x == 0) {
+    amax[0] = localMax;
+    saturations[0] = (float)total;
+    used[0] = Current ? 1.0f / currentScale(localMax, largest, marginScale) : scaleInv[0];
+  }
+}
+
+// The end of every block of a quantize's converting launch: its saturation count (and, unless
+// launch 0 of current scaling left it, its amax) into scratch, then the last block to arrive
+// takes the totals (quantizeTotals, in the same order whichever block it is). The arrivals are
+// counted in used[1] (an unsigned, zero when the executor allocates it), which that block sets
+// back to zero for the next launch: one launch a quantize, no kernel of one block after it.
+template <int64 Blocks, bool Current>
+__device__ void quantizeFinish(float localMax, int saturated, float *scratch, const float *scaleInv, float *amax,
+                               float *saturations, float *used, float largest, float marginScale) {
+  __shared__ double shared[256];
+  __shared__ float sharedMax[256];
+  __shared__ bool last;
+  if (!Current)
+    localMax = blockAmax(localMax, sharedMax);
+  double total = blockSum((double)saturated, shared);
+  if (threadIdx.x == 0) {
+    ((double *)scratch)[blockIdx.x] = total;
+    if (!Current)
+      scratch[2 * Blocks + blockIdx.x] = localMax;
+    __threadfence(); // the entries are visible to every block before this one counts itself
+    unsigned *arrivals = (unsigned *)(used + 1);
+    last = atomicAdd(arrivals, 1u) == (unsigned)(Blocks - 1);
+    if (last)
+      *arrivals = 0;
+  }
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  quantizeTotals<Blocks, Current>(scaleInv, amax, saturations, scratch, used, largest, marginScale);
+}
+
 // Launch 0 (delayed scaling; launch 1 under current scaling): each of Blocks blocks converts a
 // contiguous range of PerBlock elements to FP8 (x * scale, saturating at `largest`) and leaves
-// its count of saturated values in scratch (as doubles), and its max |x| after 2 * Blocks floats.
-// Current: the scale is currentScale of the tensor's amax, which launch 0 left in scratch.
+// its count of saturated values in scratch (as doubles), and its max |x| after 2 * Blocks floats;
+// the last block takes the totals (quantizeFinish). Current: the scale is currentScale of the
+// tensor's amax, which launch 0 left in scratch.
 template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format, bool Current = false,
           bool Gelu = false, typename In>
-__device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q, float *scratch, float largest,
+__device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q, float *scratch,
+                               const float *scaleInv, float *amax, float *saturations, float *used, float largest,
                                float marginScale = 1.0f) {
-  __shared__ double shared[256];
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
@@ -97,14 +153,8 @@ __device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q
   } else {
     for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(elementValue(x[i]));
   }
-  if (!Current) // (under current scaling launch 0 left them, and the other blocks read them)
-    localMax = blockAmax(localMax, sharedMax);
-  double total = blockSum((double)saturated, shared);
-  if (threadIdx.x == 0) {
-    ((double *)scratch)[blockIdx.x] = total;
-    if (!Current)
-      scratch[2 * Blocks + blockIdx.x] = localMax;
-  }
+  quantizeFinish<Blocks, Current>(localMax, saturated, scratch, scaleInv, amax, saturations, used, largest,
+                                  marginScale);
 }
 
 // quantize {transpose=true}, launch 0 (delayed scaling; launch 1 under current scaling): x as
@@ -112,14 +162,14 @@ __device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q
 // of x (Transformer Engine's cast-transpose). 64 x 64 tiles, Tiles in all and TilesC across the
 // columns, which each of Blocks blocks takes in turn: each thread converts sixteen floats of a
 // row into one 16-byte store of q and of the tile in shared memory, whose columns then go out as
-// rows of qT, sixteen bytes a store (transposeBytes' pattern). Per block, as quantizeBlocks: the
-// saturated count (doubles) in scratch, and max |x| after 2 * Blocks floats. 256 threads.
+// rows of qT, sixteen bytes a store (transposeBytes' pattern). Then, as quantizeBlocks,
+// quantizeFinish. 256 threads.
 template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
           bool Current = false, bool Gelu = false, typename In>
 __device__ void quantizeTransposeBlocks(const In *x, const float *scale, unsigned char *q, unsigned char *qT,
-                                        float *scratch, float largest, float marginScale = 1.0f) {
+                                        float *scratch, const float *scaleInv, float *amax, float *saturations,
+                                        float *used, float largest, float marginScale = 1.0f) {
   __shared__ __align__(16) unsigned char tile[64][80];
-  __shared__ double shared[256];
   __shared__ float sharedMax[256];
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
   float localMax = 0.0f;
@@ -155,37 +205,8 @@ __device__ void quantizeTransposeBlocks(const In *x, const float *scale, unsigne
     }
     __syncthreads(); // (the next tile overwrites this one)
   }
-  if (!Current)
-    localMax = blockAmax(localMax, sharedMax);
-  double total = blockSum((double)saturated, shared);
-  if (threadIdx.x == 0) {
-    ((double *)scratch)[blockIdx.x] = total;
-    if (!Current)
-      scratch[2 * Blocks + blockIdx.x] = localMax;
-  }
-}
-
-// The last launch, one block: the tensor's amax and saturation count, and the scale_inv the bytes
-// were made with (`used`, which their GEMMs and read-back multiply by): the state's, or under
-// current scaling 1 / the scale of the amax.
-template <int64 Blocks, bool Current = false>
-__device__ void quantizeTotals(const float *scaleInv, float *amax, float *saturations, const float *scratch,
-                               float *used, float largest = 0.0f, float marginScale = 1.0f) {
-  __shared__ double shared[256];
-  __shared__ float sharedMax[256];
-  double total = 0;
-  float localMax = 0.0f;
-  for (int b = threadIdx.x; b < Blocks; b += blockDim.x) {
-    total += ((const double *)scratch)[b];
-    localMax = amaxMerge(localMax, scratch[2 * Blocks + b]);
-  }
-  localMax = blockAmax(localMax, sharedMax);
-  total = blockSum(total, shared);
-  if (threadIdx.x == 0) {
-    amax[0] = localMax;
-    saturations[0] = (float)total;
-    used[0] = Current ? 1.0f / currentScale(localMax, largest, marginScale) : scaleInv[0];
-  }
+  quantizeFinish<Blocks, Current>(localMax, saturated, scratch, scaleInv, amax, saturations, used, largest,
+                                  marginScale);
 }
 
 // Transformer Engine's delayed-scaling update, one block: the producer's amax into the current
