@@ -7,6 +7,7 @@
 
 #include "common.cuh"
 #include "elementwise.cuh"
+#include "layout.cuh"
 
 // What a quantize converts: x, or gelu(x) under activation="gelu" (fuse-gelu-quantize); x in
 // fp32 or stored in BF16 (In: float or unsigned short).
@@ -19,6 +20,25 @@ __device__ __forceinline__ float activated(float v) {
 __device__ float amaxMerge(float a, float b) {
   return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
 }
+
+// One thread's conversions: each value read (the GELU applied first under Gelu) times the scale
+// to FP8, saturating at `largest`, its max |value| and how many saturated kept as it goes.
+template <__nv_fp8_interpretation_t Format, bool Gelu>
+struct Fp8Converter {
+  float scale, largest, localMax = 0.0f;
+  int saturated = 0;
+  __device__ unsigned operator()(float read) {
+    float v = activated<Gelu>(read), scaled = v * scale;
+    localMax = amaxMerge(localMax, fabsf(v));
+    saturated += fabsf(scaled) > largest;
+    return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
+  }
+  // Four values as four bytes of one word, the first lowest.
+  __device__ unsigned operator()(float4 v) {
+    unsigned a = (*this)(v.x), b = (*this)(v.y), c = (*this)(v.z), d = (*this)(v.w);
+    return a | b << 8 | c << 16 | d << 24;
+  }
+};
 
 __device__ float blockAmax(float value, float *shared) {
   return blockReduce(value, shared, [](float a, float b) { return amaxMerge(a, b); });
@@ -137,24 +157,16 @@ __device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
-  float localMax = 0.0f;
-  int saturated = 0;
-  auto convert = [&](float read) {
-    float v = activated<Gelu>(read), scaled = v * s;
-    localMax = amaxMerge(localMax, fabsf(v));
-    saturated += fabsf(scaled) > largest;
-    return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
-  };
+  Fp8Converter<Format, Gelu> convert{s, largest};
   if (Count % 4 == 0 && PerBlock % 4 == 0) { // four elements a load, four bytes a store
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      float4 v = load4(x, 4 * i);
-      ((unsigned *)q)[i] = convert(v.x) | convert(v.y) << 8 | convert(v.z) << 16 | convert(v.w) << 24;
+      ((unsigned *)q)[i] = convert(load4(x, 4 * i));
     }
   } else {
     for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(elementValue(x[i]));
   }
-  quantizeFinish<Blocks, Current>(localMax, saturated, scratch, scaleInv, amax, saturations, used, largest,
-                                  marginScale);
+  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scratch, scaleInv, amax, saturations, used,
+                                  largest, marginScale);
 }
 
 // quantize {transpose=true}, launch 0 (delayed scaling; launch 1 under current scaling): x as
@@ -172,41 +184,28 @@ __device__ void quantizeTransposeBlocks(const In *x, const float *scale, unsigne
   __shared__ __align__(16) unsigned char tile[64][80];
   __shared__ float sharedMax[256];
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
-  float localMax = 0.0f;
-  int saturated = 0;
-  auto convert = [&](float read) {
-    float v = activated<Gelu>(read), scaled = v * s;
-    localMax = amaxMerge(localMax, fabsf(v));
-    saturated += fabsf(scaled) > largest;
-    return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
-  };
+  Fp8Converter<Format, Gelu> convert{s, largest};
   int row = threadIdx.x / 4, part = threadIdx.x % 4; // 64 rows of four 16-element parts
   for (int64 t = blockIdx.x; t < Tiles; t += Blocks) {
     int64 tileR = t / TilesC, tileC = t % TilesC;
     int64 r = tileR * 64 + row, c = tileC * 64 + part * 16;
     if (r < Rows && c < Cols) {
-      unsigned w[4];
-      for (int k = 0; k < 4; ++k) {
-        float4 v = load4(x, r * Cols + c + 4 * k);
-        w[k] = convert(v.x) | convert(v.y) << 8 | convert(v.z) << 16 | convert(v.w) << 24;
-      }
-      uint4 packed = make_uint4(w[0], w[1], w[2], w[3]);
+      uint4 packed;
+      packed.x = convert(load4(x, r * Cols + c));
+      packed.y = convert(load4(x, r * Cols + c + 4));
+      packed.z = convert(load4(x, r * Cols + c + 8));
+      packed.w = convert(load4(x, r * Cols + c + 12));
       *(uint4 *)(q + r * Cols + c) = packed;
       *(uint4 *)&tile[row][part * 16] = packed;
     }
     __syncthreads();
     int64 outRow = tileC * 64 + row, outCol = tileR * 64 + part * 16; // row: an input column
-    if (outRow < Cols && outCol < Rows) {
-      unsigned w[4];
-      for (int k = 0; k < 4; ++k)
-        w[k] = tile[part * 16 + 4 * k][row] | tile[part * 16 + 4 * k + 1][row] << 8 |
-               tile[part * 16 + 4 * k + 2][row] << 16 | (unsigned)tile[part * 16 + 4 * k + 3][row] << 24;
-      *(uint4 *)(qT + outRow * Rows + outCol) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    if (outRow < Cols && outCol < Rows)
+      *(uint4 *)(qT + outRow * Rows + outCol) = tileColumn16(tile, row, part * 16);
     __syncthreads(); // (the next tile overwrites this one)
   }
-  quantizeFinish<Blocks, Current>(localMax, saturated, scratch, scaleInv, amax, saturations, used, largest,
-                                  marginScale);
+  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scratch, scaleInv, amax, saturations, used,
+                                  largest, marginScale);
 }
 
 // Transformer Engine's delayed-scaling update, one block: the producer's amax into the current
