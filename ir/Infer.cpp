@@ -571,14 +571,30 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
   } else if (attrs.getInt("margin")) {
     return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
   }
-  if (auto activation = attrs.getString("activation"); activation && *activation != "gelu")
-    return makeError("attribute 'activation' must be \"gelu\" (or absent), got \"{}\"", *activation);
+  auto activation = attrs.getString("activation");
+  if (activation && *activation != "gelu" && *activation != "gelu_backward")
+    return makeError("attribute 'activation' must be \"gelu\" or \"gelu_backward\" (or absent), got \"{}\"",
+                     *activation);
+  bool gradient = activation == "gelu_backward";
+  if (gradient != (ops.size() == 4))
+    return makeError(gradient ? "activation=\"gelu_backward\" needs a fourth operand, h"
+                              : "a fourth operand (h) belongs to activation=\"gelu_backward\"");
+  if (gradient && ops[3] != ops[0])
+    return makeError("h must have the type of x ({}), got {}", ops[0].str(), ops[3].str());
+  bool biasGrad = attrs.getBool("bias_grad").value_or(false);
+  if (biasGrad && !gradient)
+    return makeError("bias_grad=true belongs to activation=\"gelu_backward\"");
   TypeList types{TensorType(*format, ops[0].shape), kScalar, kScalar};
   if (attrs.getBool("transpose").value_or(false)) {
     if (ops[0].rank() < 2)
       return makeError("transpose=true needs an input of rank 2 or more, got {}", ops[0].str());
     int64_t cols = ops[0].dim(-1);
     types.push_back(TensorType(*format, {cols, ops[0].numElements() / std::max<int64_t>(cols, 1)}));
+  }
+  if (biasGrad) {
+    if (ops[0].rank() < 1)
+      return makeError("bias_grad needs x of rank >= 1");
+    types.push_back(TensorType(DType::F32, {ops[0].dim(-1)}));
   }
   return types;
 }

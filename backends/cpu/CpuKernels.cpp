@@ -567,10 +567,22 @@ Fp8Format formatOf(const AttrMap &attrs) {
 
 llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   Tensor activated;
-  if (attrs.getString("activation") == "gelu") { // gelu(x), as the gelu op computes it
+  auto activation = attrs.getString("activation");
+  if (activation == "gelu") { // gelu(x), as the gelu op computes it
     activated = *in[0];
     for (float &v : activated.data)
       v = geluTanh(v);
+  }
+  bool transpose = attrs.getBool("transpose").value_or(false);
+  if (activation == "gelu_backward") { // gelu_backward(x, h) as that op computes it, with its bias_grad
+    llvm::SmallVector<Tensor, 2> results{Tensor::zeros(in[0]->type)};
+    if (attrs.getBool("bias_grad").value_or(false))
+      results.push_back(out.back());
+    if (auto err = evalGeluBackward(attrs, {in[0], in[3]}, results))
+      return err;
+    activated = std::move(results[0]);
+    if (results.size() > 1)
+      out.back() = std::move(results[1]);
   }
   const Tensor &x = activated.data.empty() ? *in[0] : activated;
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
@@ -595,7 +607,7 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   }
   out[1].data[0] = amax;
   out[2].data[0] = float(saturated);
-  if (out.size() == 4) { // transpose=true: q as [R, C] transposed
+  if (transpose) { // q as [R, C] transposed
     int64_t cols = x.type.dim(-1), rows = cols ? x.size() / cols : 0;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)

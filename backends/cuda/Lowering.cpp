@@ -507,46 +507,68 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     // its transpose) and leaves its amax and saturation count in scratch; the last block to
     // finish takes the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes
     // (used[0]; used[1] counts the blocks). Under current scaling a launch before them takes the
-    // blocks' amaxes, and each block scales by the tensor's. x is read in BF16 where it is stored so (an FP8 layer's pre-activation, which
-    // the quantize applies the GELU to: activation="gelu").
+    // blocks' amaxes, and each block scales by the tensor's. x (and h) are read in BF16 where
+    // they are stored so. activation="gelu" applies the GELU as it reads x (fc1's
+    // pre-activation); "gelu_backward" reads the GELU's gradient x and h, and with bias_grad sums
+    // the columns of gelu_backward(x, h) (a launch after adds the tile rows' sums).
     int64_t count = operandType(op, 0).numElements();
-    bool transpose = op.numResults() == 4, current = a.getString("scaling") == "current";
-    bool gelu = a.getString("activation") == "gelu";
+    bool transpose = a.getBool("transpose").value_or(false), current = a.getString("scaling") == "current";
+    auto activation = a.getString("activation");
+    bool gradient = activation == "gelu_backward", biasGrad = a.getBool("bias_grad").value_or(false);
     int64_t cols = operandType(op, 0).dim(-1), rows = cols ? count / cols : 0;
-    int64_t tilesC = (cols + 63) / 64, tiles = (rows + 63) / 64 * tilesC;
+    int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
     if (transpose && (rows % 16 || cols % 16))
       return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                      "quantize {transpose=true} %%%s: the GPU's cast-transpose needs both sides "
                                      "multiples of 16, got [%lld, %lld]",
                                      op.result()->name().c_str(), (long long)rows, (long long)cols);
+    if (biasGrad && !transpose)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "quantize {bias_grad=true} %%%s: the GPU sums the columns in its "
+                                     "cast-transpose only (transpose=true)",
+                                     op.result()->name().c_str());
     int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(1024, transpose ? tiles : (count + 4095) / 4096));
     // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
     int64_t perBlock = (count + blocks - 1) / blocks;
     if (count % 4 == 0)
       perBlock = (perBlock + 3) / 4 * 4;
-    std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, unsigned char *q, "
-                                     "float *amax, float *saturations, {}float *scratch, float *used",
-                                     e.inputType(op.operand(0)), transpose ? "unsigned char *qT, " : "");
-    std::string largest = lit(fp8Largest(a)), marginScale = fp8MarginScale(a);
-    // The flags after the format: current scaling, then the GELU (only as far as one is set).
-    std::string flags = gelu ? fmt::format(", {}, true", boolText(current)) : current ? ", true" : "";
-    std::string scaling = current ? fmt::format("{}, {}", largest, marginScale) : largest;
+    std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, "
+                                     "float *amax, float *saturations, {}{}float *scratch, {}float *used",
+                                     e.inputType(op.operand(0)),
+                                     gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
+                                     transpose ? "unsigned char *qT, " : "", biasGrad ? "float *dbias, " : "",
+                                     biasGrad ? "float *partials, " : "");
+    std::string source = gradient               ? "quantizeGeluGradient(x, h)"
+                         : activation == "gelu" ? "quantizeGelu(x)"
+                                                : "quantizeX(x)";
+    // The largest finite value, then current scaling's margin scale (1 under delayed scaling,
+    // written where the partials follow it).
+    std::string largest = lit(fp8Largest(a));
+    std::string scaling = current    ? fmt::format("{}, {}", largest, fp8MarginScale(a))
+                          : biasGrad ? largest + ", 1.0f"
+                                     : largest;
     int next = 0;
     if (current)
       e.launch(next++, params, blocks,
-               fmt::format("quantizeAmaxBlocks<{}, {}, {}{}>(x, scratch)", count, perBlock, blocks,
-                           gelu ? ", true" : ""));
+               fmt::format("quantizeAmaxBlocks<{}, {}, {}>({}, scratch)", count, perBlock, blocks, source));
     if (transpose)
       e.launch(next++, params, blocks,
-               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}{}>(x, scale, q, qT, scratch, scaleInv, amax, "
-                           "saturations, used, {})",
-                           rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), flags, scaling));
+               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scratch, "
+                           "scaleInv, amax, saturations, used, {}{})",
+                           rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), boolText(current),
+                           boolText(biasGrad), source, scaling, biasGrad ? ", partials" : ""));
     else
       e.launch(next++, params, blocks,
-               fmt::format("quantizeBlocks<{}, {}, {}, {}{}>(x, scale, q, scratch, scaleInv, amax, saturations, "
+               fmt::format("quantizeBlocks<{}, {}, {}, {}, {}>({}, scale, q, scratch, scaleInv, amax, saturations, "
                            "used, {})",
-                           count, perBlock, blocks, fp8Interpretation(a), flags, scaling));
+                           count, perBlock, blocks, fp8Interpretation(a), boolText(current), source, scaling));
     e.lowering.scratchFloats.push_back(3 * blocks);
+    if (biasGrad) {
+      e.uses("reduce.cuh");
+      e.launch(next++, params, columnTotalBlocks(cols),
+               fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
+      e.lowering.scratchFloats.push_back(2 * tilesR * cols);
+    }
     e.lowering.persistentFloats.push_back(2);
     return llvm::Error::success();
   }
@@ -1125,16 +1147,50 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
     const Value *h = op->result();
     bool gradient = false, gelus = intermediate(h);
     for (const Op *user : h->users()) {
-      gradient |= user->kind() == OpKind::GeluBackward;
+      auto activation = user->kind() == OpKind::Quantize ? user->attrs().getString("activation") : std::nullopt;
+      bool gradientOf = (user->kind() == OpKind::GeluBackward && user->operand(1) == h && user->operand(0) != h) ||
+                        (activation == "gelu_backward" && user->operand(3) == h && user->operand(0) != h);
+      gradient |= gradientOf;
       gelus &= (user->kind() == OpKind::Gelu && user->operand(0) == h) ||
-               (user->kind() == OpKind::Quantize && user->attrs().getString("activation") == "gelu" &&
-                user->operand(0) == h) ||
-               (user->kind() == OpKind::GeluBackward && user->operand(1) == h && user->operand(0) != h);
+               (activation == "gelu" && user->operand(0) == h) || gradientOf;
     }
     if (!gradient || !gelus)
       continue;
     program.bf16Rounding.insert(op);
     program.bf16Stored.insert(h);
+  }
+  // A norm's output that only quantizes read (an FP8 layer's input: ln1 for qkv, ln2 for fc1),
+  // written in BF16 as Transformer Engine's norms write their BF16 activations: the quantize
+  // reads two bytes an element instead of four.
+  for (const Op *op : graph.ops()) {
+    bool norm = op->kind() == OpKind::LayerNorm || op->kind() == OpKind::RMSNorm;
+    if (!norm && op->kind() != OpKind::ResidualNorm)
+      continue;
+    const Value *y = op->result(norm ? 0 : 1);
+    bool quantized = !y->users().empty() && intermediate(y);
+    for (const Op *user : y->users())
+      quantized &= user->kind() == OpKind::Quantize && !user->attrs().has("activation") && user->operand(0) == y &&
+                   user->operand(1) != y && user->operand(2) != y;
+    if (!quantized)
+      continue;
+    program.bf16Rounding.insert(op);
+    program.bf16Stored.insert(y);
+  }
+  // The gradient of an FP8 layer's GELU, an FP8 product's (fc2's dgrad) that only the quantize
+  // making fc1's FP8 output gradient of it reads (fuse-gelu-quantize's "gelu_backward"): the
+  // product writes it in BF16, as Transformer Engine's dgrad writes the activations' type, and
+  // the quantize reads two bytes an element instead of four (E5M2 keeps 3 of BF16's 8
+  // significant bits).
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::Quantize || op->attrs().getString("activation") != "gelu_backward")
+      continue;
+    const Value *dy = op->operand(0);
+    const Op *product = dy->def();
+    if (!product || product->kind() != OpKind::MatMul || !isFp8(product->operand(0)->type().dtype) ||
+        !intermediate(dy) || dy->users().size() != 1 || op->operand(3) == dy)
+      continue;
+    program.bf16Rounding.insert(product);
+    program.bf16Stored.insert(dy);
   }
   // Logits a BF16 GEMM writes for the loss and its gradient alone, which read them in BF16.
   for (const Op *op : graph.ops()) {

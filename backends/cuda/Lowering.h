@@ -114,7 +114,9 @@ struct CudaProgram {
   /// epilogue) whose activation only BF16 GEMMs read and whose h only matmul_dgelu reads, and
   /// those matmul_dgelu (the DGELU epilogue), whose result only BF16 GEMMs and column sums read;
   /// a BF16 matmul whose logits only the loss and its gradient read; an FP8 layer's bias add (or
-  /// FP8 matmul_bias) whose h only the GELU and its gradient read; the qkv and dout products
+  /// FP8 matmul_bias) whose h only the GELU and its gradient read; an FP8 matmul whose result
+  /// only a quantize {activation="gelu_backward"} reads, as its GELU's gradient; a norm whose
+  /// output only quantizes read (an FP8 layer's input); the qkv and dout products
   /// cuDNN reads in place (chooseCudnnRows). cuBLASLt's BF16 epilogues take the output, the bias
   /// and h in one type. Unlike bf16Stored's other values these are rounded (the biases added,
   /// h, the GELU's gradient and its column sums, the logits): within BF16's rounding, as PyTorch's

@@ -171,7 +171,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadIR{"junk after return", "graph @g\n%x = input() : f32[2]\nreturn %x\n%y = gelu(%x) : f32[2]\n",
               "nothing may follow 'return'", "4:1"},
         BadIR{"missing colon", "graph @g\n%x = input() f32[2]\nreturn %x\n",
-              "expected ':' and the result types, found identifier 'f32'", "2:14"}));
+              "expected ':' and the result types, found identifier 'f32'", "2:14"},
+        BadIR{"quantize of a GELU's gradient without h",
+              "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
+              "%q, %a, %n = quantize(%x, %s, %s) {activation=\"gelu_backward\", format=\"e5m2\"} : "
+              "f8e5m2[2,4], f32[], f32[]\nreturn %q\n",
+              "activation=\"gelu_backward\" needs a fourth operand, h", "4:1"},
+        BadIR{"quantize's h of another shape",
+              "graph @g\n%x = input() : f32[2,4]\n%h = input() : f32[4,2]\n%s = input() : f32[]\n"
+              "%q, %a, %n = quantize(%x, %s, %s, %h) {activation=\"gelu_backward\", format=\"e5m2\"} : "
+              "f8e5m2[2,4], f32[], f32[]\nreturn %q\n",
+              "h must have the type of x (f32[2,4]), got f32[4,2]", "5:1"},
+        BadIR{"quantize's bias gradient without the GELU's gradient",
+              "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
+              "%q, %a, %n, %d = quantize(%x, %s, %s) {bias_grad=true, format=\"e5m2\"} : "
+              "f8e5m2[2,4], f32[], f32[], f32[4]\nreturn %q\n",
+              "bias_grad=true belongs to activation=\"gelu_backward\"", "4:1"}));
 
 TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {
   auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%a = gelu(%x) : f32[4]\n"

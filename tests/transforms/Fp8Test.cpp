@@ -239,18 +239,28 @@ void expectTheSameStep(const Graph &plain, const Graph &other) {
 }
 
 TEST(FuseGeluQuantize, Fc2QuantizesTheGeluOfItsPreActivationAndNoBitChanges) {
-  auto plain = tinyFp8Program({"legalize-fp8-gemm"});
-  auto fused = tinyFp8Program({"legalize-fp8-gemm", "fuse-gelu-quantize"});
+  // fc2's input from the GELU of fc1's pre-activation; fc1's output gradient from the GELU's
+  // gradient (with fc1's bias gradient, which fuse-gelu-bias-grad put on gelu_backward).
+  auto plain = tinyFp8Program({"legalize-fp8-gemm", "fuse-gelu-bias-grad"});
+  auto fused = tinyFp8Program({"legalize-fp8-gemm", "fuse-gelu-bias-grad", "fuse-gelu-quantize"});
   ASSERT_TRUE(plain && fused);
-  int geluQuantizes = 0, gelus = 0;
+  int geluQuantizes = 0, gradientQuantizes = 0, gelus = 0;
   for (const Op *op : fused->ops()) {
-    gelus += op->kind() == OpKind::Gelu;
-    if (op->kind() == OpKind::Quantize && op->attrs().getString("activation") == "gelu") {
-      ++geluQuantizes;
-      EXPECT_NE(op->result()->name().find("fc2.fp8.input.q"), std::string::npos) << op->result()->name();
+    gelus += op->kind() == OpKind::Gelu || op->kind() == OpKind::GeluBackward;
+    if (op->kind() != OpKind::Quantize || !op->attrs().has("activation"))
+      continue;
+    bool gradient = op->attrs().getString("activation") == "gelu_backward";
+    ++(gradient ? gradientQuantizes : geluQuantizes);
+    EXPECT_NE(op->result()->name().find(gradient ? "fc1.fp8.grad_output.q" : "fc2.fp8.input.q"), std::string::npos)
+        << op->result()->name();
+    if (gradient) {
+      EXPECT_EQ(op->attrs().getBool("bias_grad"), true);
+      ASSERT_EQ(op->numResults(), 5u);
+      EXPECT_NE(op->result(4)->name().find("fc1.bias.grad"), std::string::npos) << op->result(4)->name();
     }
   }
   EXPECT_EQ(geluQuantizes, 2); // one per layer
+  EXPECT_EQ(gradientQuantizes, 2);
   EXPECT_EQ(gelus, 0);
   expectTheSameStep(*plain, *fused);
 }

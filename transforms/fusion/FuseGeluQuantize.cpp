@@ -1,9 +1,17 @@
-// fuse-gelu-quantize: an FP8 layer's input that is a GELU, quantized by the GELU's reader.
-// quantize(gelu(h), scale, scale_inv), the GELU read by the quantize alone, becomes
-// quantize(h, scale, scale_inv) {activation="gelu"}: the quantize applies the GELU as it reads
-// h, and the GELU's fp32 values (fc2's input: four bytes an element, written and read back)
-// are never stored. Transformer Engine's GELU writes fc2's FP8 operand the same way. The same
-// bits on the CPU interpreter (the same GELU, then the same rounding).
+// fuse-gelu-quantize: an FP8 operand that is a GELU, or the gradient of one, quantized by its
+// reader.
+// - quantize(gelu(h), scale, scale_inv), the GELU read by the quantize alone, becomes
+//   quantize(h, scale, scale_inv) {activation="gelu"}: the quantize applies the GELU as it reads
+//   h, and the GELU's fp32 values (fc2's input: four bytes an element, written and read back)
+//   are never stored. Transformer Engine's GELU writes fc2's FP8 operand the same way.
+// - quantize(gelu_backward(dy, h) {bias_grad}, scale, scale_inv) {transpose=true}, the gradient
+//   read by the quantize alone, becomes quantize(dy, scale, scale_inv, h)
+//   {activation="gelu_backward", bias_grad}: fc1's output gradient (the largest gradient of a
+//   layer) is made, summed into fc1's bias gradient and cast to FP8 and its transpose in one pass,
+//   and never stored in fp32 (TE's dgelu + cast-transpose + dbias). The GPU's kernel for it is a
+//   cast-transpose: the fusion asks for transpose=true, which legalize-fp8-gemm has set where the
+//   sides allow it.
+// The same bits on the CPU interpreter (the same GELU or gradient, then the same rounding).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
@@ -17,17 +25,28 @@ public:
     if (quantize->kind() != OpKind::Quantize || quantize->attrs().has("activation"))
       return std::nullopt;
     Op *gelu = definedBy(quantize->operand(0), OpKind::Gelu);
-    if (!gelu || soleUser(graph, gelu->result()) != quantize)
+    Op *gradient = definedBy(quantize->operand(0), OpKind::GeluBackward);
+    Op *producer = gelu ? gelu : gradient;
+    if (!producer || soleUser(graph, producer->result()) != quantize)
+      return std::nullopt;
+    if (gradient && !quantize->attrs().getBool("transpose").value_or(false))
       return std::nullopt;
     FusionMatch m;
-    m.pattern = {gelu, quantize};
+    m.pattern = {producer, quantize};
     Replacement &r = m.replacement;
     r.kind = OpKind::Quantize;
     r.attrs = quantize->attrs();
-    r.attrs.set("activation", std::string("gelu"));
-    r.operands = {gelu->operand(0), quantize->operand(1), quantize->operand(2)};
+    r.attrs.set("activation", std::string(gelu ? "gelu" : "gelu_backward"));
+    r.operands = {producer->operand(0), quantize->operand(1), quantize->operand(2)};
     for (unsigned i = 0; i < quantize->numResults(); ++i)
       r.replaces.push_back(quantize->result(i));
+    if (gradient) {
+      r.operands.push_back(gradient->operand(1));
+      if (gradient->numResults() > 1) { // its bias_grad
+        r.attrs.set("bias_grad", true);
+        r.replaces.push_back(gradient->result(1));
+      }
+    }
     return m;
   }
 };

@@ -9,26 +9,56 @@
 #include "elementwise.cuh"
 #include "layout.cuh"
 
-// What a quantize converts: x, or gelu(x) under activation="gelu" (fuse-gelu-quantize); x in
-// fp32 or stored in BF16 (In: float or unsigned short).
-template <bool Gelu>
-__device__ __forceinline__ float activated(float v) {
-  return Gelu ? geluTanh(v) : v;
-}
+// What a quantize converts, read at element i (one value, or four from a multiple of 4): x,
+// gelu(x) under activation="gelu" (fuse-gelu-quantize: fc2's input from fc1's pre-activation), or
+// gelu_backward(x, h) under activation="gelu_backward" (fc1's output gradient from its GELU's);
+// each operand in fp32 or stored in BF16 (float or unsigned short).
+template <typename In>
+struct QuantizeX {
+  const In *x;
+  __device__ float operator()(int64 i) const { return elementValue(x[i]); }
+  __device__ float4 four(int64 i) const { return load4(x, i); }
+};
+template <typename In>
+struct QuantizeGelu {
+  const In *x;
+  __device__ float operator()(int64 i) const { return geluTanh(elementValue(x[i])); }
+  __device__ float4 four(int64 i) const {
+    float4 v = load4(x, i);
+    return make_float4(geluTanh(v.x), geluTanh(v.y), geluTanh(v.z), geluTanh(v.w));
+  }
+};
+template <typename Dy, typename In>
+struct QuantizeGeluGradient {
+  const Dy *dy;
+  const In *h;
+  __device__ float operator()(int64 i) const { return geluTanhGradient(elementValue(dy[i]), elementValue(h[i])); }
+  __device__ float4 four(int64 i) const {
+    float4 d = load4(dy, i), v = load4(h, i);
+    return make_float4(geluTanhGradient(d.x, v.x), geluTanhGradient(d.y, v.y), geluTanhGradient(d.z, v.z),
+                       geluTanhGradient(d.w, v.w));
+  }
+};
+template <typename In>
+__device__ QuantizeX<In> quantizeX(const In *x) { return {x}; }
+template <typename In>
+__device__ QuantizeGelu<In> quantizeGelu(const In *x) { return {x}; }
+template <typename Dy, typename In>
+__device__ QuantizeGeluGradient<Dy, In> quantizeGeluGradient(const Dy *dy, const In *h) { return {dy, h}; }
 
 // max |x| that a NaN anywhere turns into NaN, as the CPU's amax does.
 __device__ float amaxMerge(float a, float b) {
   return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
 }
 
-// One thread's conversions: each value read (the GELU applied first under Gelu) times the scale
-// to FP8, saturating at `largest`, its max |value| and how many saturated kept as it goes.
-template <__nv_fp8_interpretation_t Format, bool Gelu>
+// One thread's conversions: each value times the scale to FP8, saturating at `largest`, its
+// max |value| and how many saturated kept as it goes.
+template <__nv_fp8_interpretation_t Format>
 struct Fp8Converter {
   float scale, largest, localMax = 0.0f;
   int saturated = 0;
-  __device__ unsigned operator()(float read) {
-    float v = activated<Gelu>(read), scaled = v * scale;
+  __device__ unsigned operator()(float v) {
+    float scaled = v * scale;
     localMax = amaxMerge(localMax, fabsf(v));
     saturated += fabsf(scaled) > largest;
     return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
@@ -67,22 +97,21 @@ __device__ float tensorAmax(const float *scratch, float *sharedMax) {
 }
 
 // Launch 0 of a quantize under current scaling: each block's max |x| over the range
-// quantizeBlocks gives it, into scratch after 2 * Blocks floats.
-template <int64 Count, int64 PerBlock, int64 Blocks, bool Gelu = false, typename In>
-__device__ void quantizeAmaxBlocks(const In *x, float *scratch) {
+// quantizeBlocks gives it, into scratch after 2 * Blocks floats. x: a QuantizeX, QuantizeGelu or
+// QuantizeGeluGradient (as for the kernels below).
+template <int64 Count, int64 PerBlock, int64 Blocks, typename Source>
+__device__ void quantizeAmaxBlocks(Source x, float *scratch) {
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float localMax = 0.0f;
-  auto magnitude = [](float v) { return fabsf(activated<Gelu>(v)); };
   if (Count % 4 == 0 && PerBlock % 4 == 0) {
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      float4 v = load4(x, 4 * i);
-      localMax = amaxMerge(amaxMerge(localMax, magnitude(v.x)),
-                           amaxMerge(magnitude(v.y), amaxMerge(magnitude(v.z), magnitude(v.w))));
+      float4 v = x.four(4 * i);
+      localMax = amaxMerge(amaxMerge(localMax, fabsf(v.x)),
+                           amaxMerge(fabsf(v.y), amaxMerge(fabsf(v.z), fabsf(v.w))));
     }
   } else {
-    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x)
-      localMax = amaxMerge(localMax, magnitude(elementValue(x[i])));
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) localMax = amaxMerge(localMax, fabsf(x(i)));
   }
   localMax = blockAmax(localMax, sharedMax);
   if (threadIdx.x == 0)
@@ -150,20 +179,20 @@ __device__ void quantizeFinish(float localMax, int saturated, float *scratch, co
 // the last block takes the totals (quantizeFinish). Current: the scale is currentScale of the
 // tensor's amax, which launch 0 left in scratch.
 template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format, bool Current = false,
-          bool Gelu = false, typename In>
-__device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q, float *scratch,
+          typename Source>
+__device__ void quantizeBlocks(Source x, const float *scale, unsigned char *q, float *scratch,
                                const float *scaleInv, float *amax, float *saturations, float *used, float largest,
                                float marginScale = 1.0f) {
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
-  Fp8Converter<Format, Gelu> convert{s, largest};
+  Fp8Converter<Format> convert{s, largest};
   if (Count % 4 == 0 && PerBlock % 4 == 0) { // four elements a load, four bytes a store
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      ((unsigned *)q)[i] = convert(load4(x, 4 * i));
+      ((unsigned *)q)[i] = convert(x.four(4 * i));
     }
   } else {
-    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(elementValue(x[i]));
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(x(i));
   }
   quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scratch, scaleInv, amax, saturations, used,
                                   largest, marginScale);
@@ -172,36 +201,60 @@ __device__ void quantizeBlocks(const In *x, const float *scale, unsigned char *q
 // quantize {transpose=true}, launch 0 (delayed scaling; launch 1 under current scaling): x as
 // [Rows, Cols] (multiples of 16) to FP8 in q and, transposed, in qT [Cols, Rows], from one read
 // of x (Transformer Engine's cast-transpose). 64 x 64 tiles, Tiles in all and TilesC across the
-// columns, which each of Blocks blocks takes in turn: each thread converts sixteen floats of a
+// columns, which each of Blocks blocks takes in turn: each thread converts sixteen values of a
 // row into one 16-byte store of q and of the tile in shared memory, whose columns then go out as
 // rows of qT, sixteen bytes a store (transposeBytes' pattern). Then, as quantizeBlocks,
-// quantizeFinish. 256 threads.
+// quantizeFinish. With ColumnSums (bias_grad) each tile's fp32 values go through shared memory
+// too, and one thread a column sums its 64 rows in row order into partials (doubles,
+// [tile row][column]) as geluBackwardColumnSums sums a chunk of 64 rows; columnSumTotals adds the
+// tile rows after. 256 threads.
 template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
-          bool Current = false, bool Gelu = false, typename In>
-__device__ void quantizeTransposeBlocks(const In *x, const float *scale, unsigned char *q, unsigned char *qT,
+          bool Current = false, bool ColumnSums = false, typename Source>
+__device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned char *q, unsigned char *qT,
                                         float *scratch, const float *scaleInv, float *amax, float *saturations,
-                                        float *used, float largest, float marginScale = 1.0f) {
+                                        float *used, float largest, float marginScale = 1.0f,
+                                        float *partials = nullptr) {
   __shared__ __align__(16) unsigned char tile[64][80];
+  __shared__ float values[ColumnSums ? 64 : 1][ColumnSums ? 65 : 1]; // (65: a column's reads in all banks)
   __shared__ float sharedMax[256];
   float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
-  Fp8Converter<Format, Gelu> convert{s, largest};
+  Fp8Converter<Format> convert{s, largest};
   int row = threadIdx.x / 4, part = threadIdx.x % 4; // 64 rows of four 16-element parts
   for (int64 t = blockIdx.x; t < Tiles; t += Blocks) {
     int64 tileR = t / TilesC, tileC = t % TilesC;
     int64 r = tileR * 64 + row, c = tileC * 64 + part * 16;
     if (r < Rows && c < Cols) {
+      float4 v[4];
       uint4 packed;
-      packed.x = convert(load4(x, r * Cols + c));
-      packed.y = convert(load4(x, r * Cols + c + 4));
-      packed.z = convert(load4(x, r * Cols + c + 8));
-      packed.w = convert(load4(x, r * Cols + c + 12));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = x.four(r * Cols + c + 4 * k);
+      packed.x = convert(v[0]);
+      packed.y = convert(v[1]);
+      packed.z = convert(v[2]);
+      packed.w = convert(v[3]);
       *(uint4 *)(q + r * Cols + c) = packed;
       *(uint4 *)&tile[row][part * 16] = packed;
+      if constexpr (ColumnSums) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float *out = &values[row][part * 16 + 4 * k];
+          out[0] = v[k].x, out[1] = v[k].y, out[2] = v[k].z, out[3] = v[k].w;
+        }
+      }
     }
     __syncthreads();
     int64 outRow = tileC * 64 + row, outCol = tileR * 64 + part * 16; // row: an input column
     if (outRow < Cols && outCol < Rows)
       *(uint4 *)(qT + outRow * Rows + outCol) = tileColumn16(tile, row, part * 16);
+    if constexpr (ColumnSums) {
+      int64 column = tileC * 64 + threadIdx.x;
+      if (threadIdx.x < 64 && column < Cols) {
+        int64 rows = Rows - tileR * 64 < 64 ? Rows - tileR * 64 : 64;
+        double sum = 0;
+        for (int k = 0; k < rows; ++k) sum += values[k][threadIdx.x];
+        ((double *)partials)[tileR * Cols + column] = sum;
+      }
+    }
     __syncthreads(); // (the next tile overwrites this one)
   }
   quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scratch, scaleInv, amax, saturations, used,

@@ -742,57 +742,74 @@ TEST(GpuKernels, CastTransposeGivesTheCpusBytesAndCounts) {
   // not multiples of 64 (partial tiles: 48 x 80, and a [3, 16, 112] batch as rows), 33 x 33 tiles
   // (more than the 1024 blocks: each block takes several); delayed scaling at a scale that
   // saturates some values, and current scaling with a margin; E4M3 and E5M2; and each applying
-  // the GELU first (activation="gelu", fuse-gelu-quantize's), where an ulp of tanhf may move a
-  // rare value to the next FP8 code (expectFp8OfGeluMatches).
+  // the GELU first (activation="gelu", fuse-gelu-quantize's), or making the GELU's gradient of x
+  // and h with its column sums (activation="gelu_backward", bias_grad), where an ulp of tanhf may
+  // move a rare value to the next FP8 code (expectFp8OfGeluMatches) and the sums by as much.
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
   for (std::string shape : {"16,16", "48,80", "3,16,112", "2112,2112"})
     for (bool current : {false, true})
       for (const char *format : {"e4m3", "e5m2"})
-      for (bool gelu : {false, true}) {
-        SCOPED_TRACE(fmt::format("[{}], {}, {}{}", shape, current ? "current" : "delayed", format,
-                                 gelu ? ", gelu" : ""));
-        TensorType type = unwrap(parseGraph(fmt::format("graph @g\n%x = input() : f32[{}]\nreturn %x\n", shape),
-                                            "shape.ir"))
-                              ->lookup("x")
-                              ->type();
-        int64_t cols = type.dim(-1), rows = type.numElements() / cols;
-        std::string text = fmt::format(
-            "graph @g\n%x = input() : f32[{0}]\n%s = input() : f32[]\n%si = input() : f32[]\n"
-            "%q, %amax, %sat, %qt = quantize(%x, %s, %si) {{{5}format=\"{1}\", {2}transpose=true}} : "
-            "f8{1}[{0}], f32[], f32[], f8{1}[{3},{4}]\nreturn %q, %amax, %sat, %qt\n",
-            shape, format, current ? "margin=1, scaling=\"current\", " : "", cols, rows,
-            gelu ? "activation=\"gelu\", " : "");
-        auto graph = unwrap(parseGraph(text, "cast-transpose.ir"));
-        ASSERT_TRUE(graph);
-        std::map<std::string, Tensor> leaves;
-        Tensor x = Tensor::zeros(type);
-        float amax = 0;
-        for (float &v : x.data) {
-          v = float(rng.normal() * 4);
-          amax = std::max(amax, std::fabs(v));
+        for (std::string activation : {"", "gelu", "gelu_backward"}) {
+          SCOPED_TRACE(fmt::format("[{}], {}, {}, {}", shape, current ? "current" : "delayed", format, activation));
+          TensorType type =
+              unwrap(parseGraph(fmt::format("graph @g\n%x = input() : f32[{}]\nreturn %x\n", shape), "shape.ir"))
+                  ->lookup("x")
+                  ->type();
+          int64_t cols = type.dim(-1), rows = type.numElements() / cols;
+          bool gradient = activation == "gelu_backward";
+          std::string text = fmt::format(
+              "graph @g\n%x = input() : f32[{0}]\n%s = input() : f32[]\n%si = input() : f32[]\n{6}"
+              "%q, %amax, %sat, %qt{7} = quantize(%x, %s, %si{8}) {{{5}format=\"{1}\", {2}transpose=true}} : "
+              "f8{1}[{0}], f32[], f32[], f8{1}[{3},{4}]{9}\nreturn %q, %amax, %sat, %qt{7}\n",
+              shape, format, current ? "margin=1, scaling=\"current\", " : "", cols, rows,
+              activation.empty() ? ""
+              : gradient         ? "activation=\"gelu_backward\", bias_grad=true, "
+                                 : "activation=\"gelu\", ",
+              gradient ? fmt::format("%h = input() : f32[{}]\n", shape) : "", gradient ? ", %db" : "",
+              gradient ? ", %h" : "", gradient ? fmt::format(", f32[{}]", cols) : "");
+          auto graph = unwrap(parseGraph(text, "cast-transpose.ir"));
+          ASSERT_TRUE(graph);
+          std::map<std::string, Tensor> leaves;
+          Tensor x = Tensor::zeros(type), h = Tensor::zeros(type);
+          for (float &v : x.data)
+            v = float(rng.normal() * 4);
+          for (float &v : h.data)
+            v = float(rng.normal() * 2);
+          // What the quantize converts: x, or here the largest GELU gradient (|dy| times at most 1.13).
+          float amax = 0;
+          for (size_t i = 0; i < x.data.size(); ++i)
+            amax = std::max(amax, std::fabs(x.data[i]) * (gradient ? 1.13f : 1.0f));
+          // Whatever is above half the amax saturates under the delayed scale.
+          float scale = (std::string(format) == "e4m3" ? 448.0f : 57344.0f) * 2 / amax;
+          leaves["x"] = std::move(x);
+          if (gradient)
+            leaves["h"] = std::move(h);
+          leaves["s"] = Tensor{TensorType(DType::F32, {}), {scale}, {}};
+          leaves["si"] = Tensor{TensorType(DType::F32, {}), {1.0f / scale}, {}};
+          std::vector<Tensor> want, got;
+          runOnBoth(*graph, leaves, want, got);
+          ASSERT_EQ(got.size(), gradient ? 5u : 4u);
+          if (!activation.empty()) {
+            expectFp8OfGeluMatches(want[0], got[0]);
+            expectFp8OfGeluMatches(want[3], got[3]);
+            EXPECT_NEAR(got[1].data[0], want[1].data[0], 1e-6 * want[1].data[0]); // amax: an ulp
+            EXPECT_NEAR(got[2].data[0], want[2].data[0], 2 + want[0].data.size() / 16384.0);
+          } else {
+            for (size_t r = 0; r < 4; ++r)
+              EXPECT_EQ(got[r].data, want[r].data) << "result " << r;
+          }
+          if (gradient) { // the column sums: each gradient within an ulp or two of the CPU's
+            double largest = 0;
+            for (float v : want[4].data)
+              largest = std::max(largest, double(std::fabs(v)));
+            for (int64_t c = 0; c < cols; ++c)
+              ASSERT_NEAR(got[4].data[c], want[4].data[c], 1e-5 * largest + 1e-5) << "column " << c;
+          }
+          if (!current && activation != "gelu") {
+            EXPECT_GT(want[2].data[0], 0.0f); // (the delayed scale saturates some)
+          }
         }
-        // Whatever is above half the amax saturates under the delayed scale.
-        float scale = (std::string(format) == "e4m3" ? 448.0f : 57344.0f) * 2 / amax;
-        leaves["x"] = std::move(x);
-        leaves["s"] = Tensor{TensorType(DType::F32, {}), {scale}, {}};
-        leaves["si"] = Tensor{TensorType(DType::F32, {}), {1.0f / scale}, {}};
-        std::vector<Tensor> want, got;
-        runOnBoth(*graph, leaves, want, got);
-        ASSERT_EQ(got.size(), 4u);
-        if (gelu) {
-          expectFp8OfGeluMatches(want[0], got[0]);
-          expectFp8OfGeluMatches(want[3], got[3]);
-          EXPECT_NEAR(got[1].data[0], want[1].data[0], 1e-6 * want[1].data[0]); // amax: an ulp
-          EXPECT_NEAR(got[2].data[0], want[2].data[0], 2 + want[0].data.size() / 16384.0);
-          continue;
-        }
-        for (size_t r = 0; r < 4; ++r)
-          EXPECT_EQ(got[r].data, want[r].data) << "result " << r;
-        if (!current) {
-          EXPECT_GT(want[2].data[0], 0.0f); // (the delayed scale saturates some)
-        }
-      }
 }
 
 TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {

@@ -352,7 +352,8 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
   // Under fp8 with FP8 layers (the tiny model's fp8_min_dim 16: all but the head), each FP8
   // product adds its bias in its epilogue (fuse-fp8-bias: the parameter's BF16 copy, so each is
   // in bf16Rounding), and fc1's writes h in BF16 for fc2's quantize, which applies the GELU
-  // (fuse-gelu-quantize), and the GELU's gradient, which read it so.
+  // (fuse-gelu-quantize), and fc1's output gradient's quantize, which makes the GELU's gradient
+  // of it and of fc2's dgrad, which writes that in BF16 (bf16Rounding too).
   auto [fp8, fp8Program] = gpuTrainingProgram("models/tiny.yaml", "fp8");
   int kept = 0, biased = 0;
   for (const Op *op : fp8->ops()) {
@@ -362,23 +363,34 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
       continue;
     ++biased;
     EXPECT_TRUE(fp8Program.bf16Rounding.count(op)) << op->result()->name();
-    auto quantizesGelu = [](const Op *user) {
-      return user->kind() == OpKind::Quantize && user->attrs().getString("activation") == "gelu";
+    auto quantizesGelu = [](const Op *user, const char *activation) {
+      return user->kind() == OpKind::Quantize && user->attrs().getString("activation") == activation;
     };
-    bool gelu = llvm::any_of(op->result()->users(), quantizesGelu);
+    bool gelu = llvm::any_of(op->result()->users(), [&](const Op *user) { return quantizesGelu(user, "gelu"); });
     if (!gelu)
       continue;
     ++kept;
     EXPECT_TRUE(fp8Program.bf16Stored.count(op->result())) << op->result()->name();
-    for (const Op *user : op->result()->users())
-      EXPECT_TRUE(quantizesGelu(user) || user->kind() == OpKind::GeluBackward) << user->name().str();
+    for (const Op *user : op->result()->users()) {
+      bool gradient = quantizesGelu(user, "gelu_backward");
+      EXPECT_TRUE(quantizesGelu(user, "gelu") || gradient) << user->name().str();
+      if (!gradient)
+        continue;
+      EXPECT_EQ(user->operand(3), op->result());
+      const Value *dy = user->operand(0);
+      EXPECT_TRUE(fp8Program.bf16Stored.count(dy)) << dy->name();
+      EXPECT_TRUE(fp8Program.bf16Rounding.count(dy->def())) << dy->name();
+    }
   }
   EXPECT_EQ(biased, 8); // qkv, proj, fc1, fc2 of the tiny model's two layers
   EXPECT_EQ(kept, 2);
   EXPECT_TRUE(fp8Program.bf16Stored.count(fp8->lookup("h0.mlp.fc1.out")));
+  EXPECT_FALSE(llvm::any_of(fp8->ops(), [](const Op *op) { return op->kind() == OpKind::GeluBackward; }));
   EXPECT_NE(fp8Program.source.find("quantize(const unsigned short *x,"), std::string::npos) << "no quantize reads BF16";
-  EXPECT_NE(fp8Program.source.find("__NV_E4M3, false, true>(x, scale, q, qT, scratch"), std::string::npos)
+  EXPECT_NE(fp8Program.source.find("(quantizeGelu(x), scale, q, qT, scratch"), std::string::npos)
       << "no quantize applies the GELU";
+  EXPECT_NE(fp8Program.source.find("(quantizeGeluGradient(x, h), scale, q, qT, scratch"), std::string::npos)
+      << "no quantize makes the GELU's gradient";
   // fp32 keeps the fp32 epilogue and the GELU gradient kernel.
   auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
   EXPECT_TRUE(plainProgram.bf16Rounding.empty());
