@@ -301,8 +301,9 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     // on) and its normalisation.
     bool layer = isLayerNorm(a);
     int64_t d = outputType(op).dim(-1), rows = rowsOf(outputType(op));
-    e.launch(0, layer ? "const float *x, const float *y, const float *gamma, const float *beta, float *sum, float *normed"
-                      : "const float *x, const float *y, const float *gamma, float *sum, float *normed",
+    // y in BF16 where its product writes it so (CudaProgram::bf16Rounding).
+    std::string y = fmt::format("const float *x, {} *y, const float *gamma, ", e.inputType(op.operand(1)));
+    e.launch(0, y + (layer ? "const float *beta, float *sum, float *normed" : "float *sum, float *normed"),
              normBlocks(rows, d),
              fmt::format("residualNorm<{}, {}, {}>(x, y, gamma, {}, sum, normed, {})", boolText(layer), d, rows,
                          layer ? "beta" : "nullptr", eps));
@@ -322,7 +323,8 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     int64_t perThread = d % 4 == 0 ? 4 : 1, columnBlocks = (d + kThreads * perThread - 1) / (kThreads * perThread);
     bool accumulate = op.numOperands() > 3; // the residual gradient dres, added to dx
     bool sums = op.numResults() > 3;        // dx_sums: dx's column sums too
-    std::string params = std::string("const float *dy, const float *x, const float *gamma, ") +
+    // dy in BF16 where its product writes it so (CudaProgram::bf16Rounding).
+    std::string params = fmt::format("{} *dy, const float *x, const float *gamma, ", e.inputType(op.operand(0))) +
                          (accumulate ? "const float *dres, " : "") +
                          (layer ? "float *dx, float *dgamma, float *dbeta" : "float *dx, float *dgamma") +
                          (sums ? ", float *dsums" : "") + ", float *scratch";
@@ -1172,6 +1174,31 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
       quantized &= user->kind() == OpKind::Quantize && !user->attrs().has("activation") && user->operand(0) == y &&
                    user->operand(1) != y && user->operand(2) != y;
     if (!quantized)
+      continue;
+    program.bf16Rounding.insert(op);
+    program.bf16Stored.insert(y);
+  }
+  // A product on tensor cores (BF16 or FP8) that only a norm reads: the projection's and fc2's
+  // outputs, which the residual norm after them adds to the stream, and the dgrad products of
+  // the layers after a norm (qkv's, fc1's), which its gradient reads twice. They are written in
+  // BF16, as PyTorch's autocast and Transformer Engine write a GEMM's output in the activations'
+  // type: two bytes an element instead of four, written once and read once or twice. A bias is
+  // then added from the parameter's BF16 copy (cuBLASLt's BF16 epilogue).
+  for (const Op *op : graph.ops()) {
+    if ((op->kind() != OpKind::MatMul && op->kind() != OpKind::MatMulBias) || fewRows(*op) != FewRows::None ||
+        (!hasBf16Gemms(op->attrs()) && !isFp8(op->operand(0)->type().dtype)) ||
+        (op->kind() == OpKind::MatMulBias && !isWeight(program, op->operand(2))))
+      continue;
+    const Value *y = op->result();
+    bool normed = !y->users().empty() && intermediate(y);
+    for (const Op *user : y->users()) {
+      bool gradient = user->kind() == OpKind::LayerNormBackward || user->kind() == OpKind::RMSNormBackward;
+      unsigned operand = gradient ? 0 : 1; // dy of a norm's gradient, y of a residual norm
+      normed &= gradient || user->kind() == OpKind::ResidualNorm;
+      for (unsigned p = 0; normed && p < user->numOperands(); ++p)
+        normed &= (user->operand(p) == y) == (p == operand);
+    }
+    if (!normed)
       continue;
     program.bf16Rounding.insert(op);
     program.bf16Stored.insert(y);

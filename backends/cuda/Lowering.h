@@ -116,7 +116,8 @@ struct CudaProgram {
   /// a BF16 matmul whose logits only the loss and its gradient read; an FP8 layer's bias add (or
   /// FP8 matmul_bias) whose h only the GELU and its gradient read; an FP8 matmul whose result
   /// only a quantize {activation="gelu_backward"} reads, as its GELU's gradient; a norm whose
-  /// output only quantizes read (an FP8 layer's input); the qkv and dout products
+  /// output only quantizes read (an FP8 layer's input); a BF16 or FP8 product only a norm reads
+  /// (the residual norm's y, the norm gradient's dy); the qkv and dout products
   /// cuDNN reads in place (chooseCudnnRows). cuBLASLt's BF16 epilogues take the output, the bias
   /// and h in one type. Unlike bf16Stored's other values these are rounded (the biases added,
   /// h, the GELU's gradient and its column sums, the logits): within BF16's rounding, as PyTorch's

@@ -46,7 +46,7 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
       for (const auto &[name, count] : rounding)
         kinds.push_back(fmt::format("{} {}", count, name));
       os << fmt::format("// BF16 outputs that round what the program keeps in fp32 (the GELU epilogues, the logits, "
-                        "FP8 products' biases, h and fc1's output gradient, FP8 layers' norms): {}\n",
+                        "FP8 products' biases, h and fc1's output gradient, FP8 layers' norms, products only norms read): {}\n",
                         fmt::join(kinds, ", "));
     }
     std::vector<std::string> converted; // BF16 GEMM operands a conversion kernel rounds

@@ -78,13 +78,13 @@ __device__ void normalizeHeld(const float (&v)[RowInRegisters<D>::kPerLane], con
   }
 }
 
-// The values of `row` (D features) this thread holds, zero past D.
-template <int64 D>
-__device__ __forceinline__ void loadHeld(const float *row, float (&v)[RowInRegisters<D>::kPerLane]) {
+// The values of `row` (D features; fp32, or stored in BF16) this thread holds, zero past D.
+template <int64 D, typename In>
+__device__ __forceinline__ void loadHeld(const In *row, float (&v)[RowInRegisters<D>::kPerLane]) {
   constexpr int Per = RowInRegisters<D>::kPerLane, Threads = RowInRegisters<D>::kThreads;
   const int lane = threadIdx.x % Threads;
 #pragma unroll
-  for (int c = 0; c < Per; ++c) v[c] = lane + Threads * c < D ? row[lane + Threads * c] : 0.0f;
+  for (int c = 0; c < Per; ++c) v[c] = lane + Threads * c < D ? elementValue(row[lane + Threads * c]) : 0.0f;
 }
 
 template <bool Layer, int64 D, int64 Rows, typename Out>
@@ -98,9 +98,10 @@ __device__ void layerNorm(const float *x, const float *gamma, const float *beta,
 }
 
 // One row, held in registers by the threads that take it: sum = x + y (written where writeSum)
-// and normed = the norm of it. x, y, sum and normed point at the row.
-template <bool Layer, int64 D, typename SumOut, typename Out>
-__device__ void residualNormHeld(const float *x, const float *y, const float *gamma, const float *beta, SumOut sum,
+// and normed = the norm of it. x, y, sum and normed point at the row; y in fp32 or stored in
+// BF16 (a product that only the norm reads, CudaProgram::bf16Rounding).
+template <bool Layer, int64 D, typename SumOut, typename Out, typename Y>
+__device__ void residualNormHeld(const float *x, const Y *y, const float *gamma, const float *beta, SumOut sum,
                                  bool writeSum, Out normed, double eps) {
   constexpr int Per = RowInRegisters<D>::kPerLane, Threads = RowInRegisters<D>::kThreads;
   const int lane = threadIdx.x % Threads;
@@ -109,7 +110,7 @@ __device__ void residualNormHeld(const float *x, const float *y, const float *ga
   for (int c = 0; c < Per; ++c) { // the two rows' loads interleaved
     int j = lane + Threads * c;
     a[c] = j < D ? x[j] : 0.0f;
-    b[c] = j < D ? y[j] : 0.0f;
+    b[c] = j < D ? elementValue(y[j]) : 0.0f;
   }
 #pragma unroll
   for (int c = 0; c < Per; ++c) {
@@ -120,8 +121,8 @@ __device__ void residualNormHeld(const float *x, const float *y, const float *ga
 }
 
 // sum = x + y (the residual stream goes on), normed = the norm of sum.
-template <bool Layer, int64 D, int64 Rows, typename Out>
-__device__ void residualNorm(const float *x, const float *y, const float *gamma, const float *beta,
+template <bool Layer, int64 D, int64 Rows, typename Out, typename Y>
+__device__ void residualNorm(const float *x, const Y *y, const float *gamma, const float *beta,
                              float *sum, Out normed, double eps) {
   int64 row = normRow<D, Rows>();
   if (row < 0)
@@ -143,8 +144,9 @@ __device__ __forceinline__ NormGradSums operator+(NormGradSums a, NormGradSums b
   return {a.squares + b.squares, a.g + b.g, a.gx + b.gx};
 }
 
-template <bool Layer, int64 D, int64 Rows>
-__device__ void normBackwardStats(const float *dy, const float *x, const float *gamma, float *scratch, double eps) {
+// dy in fp32, or stored in BF16 (a product that only the gradient reads, CudaProgram::bf16Rounding).
+template <bool Layer, int64 D, int64 Rows, typename Dy>
+__device__ void normBackwardStats(const Dy *dy, const float *x, const float *gamma, float *scratch, double eps) {
   int64 row = normRow<D, Rows>();
   if (row < 0)
     return;
@@ -193,8 +195,8 @@ struct NormGradColumns {
 
 // Sums (layer_norm_backward {dx_sums}): also each chunk's column sums of dx, a third double a
 // feature (the bias gradient fuse-norm-bias-grad folds in: dx summed as it is written).
-template <int64 D, int64 Rows, int64 Chunk, bool Accumulate, bool Sums, typename Out>
-__device__ void normBackwardTile(const float *dy, const float *x, const float *gamma, const float *dres, Out dx,
+template <int64 D, int64 Rows, int64 Chunk, bool Accumulate, bool Sums, typename Out, typename Dy>
+__device__ void normBackwardTile(const Dy *dy, const float *x, const float *gamma, const float *dres, Out dx,
                                  float *scratch) {
   constexpr int S = Sums ? 3 : 2; // doubles a feature and chunk
   constexpr int V = NormGradColumns<D>::kPerThread;
@@ -232,7 +234,7 @@ __device__ void normBackwardTile(const float *dy, const float *x, const float *g
         rs[u][0] = c.x, rs[u][1] = c.y, rs[u][2] = c.z, rs[u][3] = c.w;
       } else {
         xs[u][0] = x[i];
-        ds[u][0] = dy[i];
+        ds[u][0] = elementValue(dy[i]);
         rs[u][0] = Accumulate ? dres[i] : 0.0f;
       }
 #pragma unroll

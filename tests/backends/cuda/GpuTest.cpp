@@ -113,19 +113,25 @@ bool isLayerNormFused(OpKind kind) {
          kind == OpKind::LayerNormLinearBackward || kind == OpKind::LayerNormMLPBackward;
 }
 
-/// FP8 values (code times scale_inv) of a quantize that applies the GELU first: the GPU's tanhf
-/// and the CPU's differ by an ulp now and then, which moves a value across an FP8 rounding
-/// boundary about once in 2^20 elements. Such elements may be one FP8 step apart (a quarter of
-/// the value at most, E5M2's), a few in 10^5 of them; every other element has the CPU's bits.
+/// FP8 values (code times scale_inv) of a quantize that applies the GELU or its gradient first:
+/// the GPU's tanhf and the CPU's differ by an ulp now and then, which moves a value across an FP8
+/// rounding boundary about once in 2^20 elements. Such elements may be one FP8 step apart (a
+/// quarter of the value at most, E5M2's; near zero one subnormal step, under 1e-5 of the largest
+/// value), a few in 10^5 of them; every other element has the CPU's code. Under current scaling
+/// the amax itself may be such a value, an ulp apart, and with it the scale: each value then
+/// within 1e-6 of the CPU's.
 void expectFp8OfGeluMatches(const Tensor &want, const Tensor &got) {
   ASSERT_EQ(want.data.size(), got.data.size());
+  float largest = 0;
+  for (float w : want.data)
+    largest = std::max(largest, std::fabs(w));
   size_t apart = 0;
   for (size_t i = 0; i < want.data.size(); ++i) {
-    float w = want.data[i], g = got.data[i];
-    if (w == g)
+    float w = want.data[i], g = got.data[i], magnitude = std::max(std::fabs(w), std::fabs(g));
+    if (std::fabs(g - w) <= 1e-6f * magnitude)
       continue;
     ++apart;
-    ASSERT_LE(std::fabs(g - w), 0.25f * std::max(std::fabs(w), std::fabs(g))) << "element " << i;
+    ASSERT_LE(std::fabs(g - w), std::max(0.25f * magnitude, 1e-5f * largest)) << "element " << i;
   }
   EXPECT_LE(apart, 2 + want.data.size() / 16384) << apart << " of " << want.data.size() << " elements differ";
 }
@@ -1079,11 +1085,15 @@ TEST(GpuTraining, Fp8ScalesAndAmaxHistoriesFollowTheCpuEmulationStepByStep) {
       // see above), which an FP8 rounding boundary can turn into one value a step apart (6%
       // in E4M3, 12.5% in E5M2), more so through each E5M2 gradient: close on average, a few
       // percent at worst.
+      // The first layer's input is its norm's output, which the GPU writes in BF16 (an FP8
+      // layer's norm, CudaProgram::bf16Rounding): its amax, and the scale, within BF16's
+      // rounding (half a BF16 step: 2^-8 of the value at most) of the CPU's.
       bool upstream = cs.role == "weight" || (cs.site == "h0.attn.qkv" && cs.role == "input");
       if (upstream) {
-        EXPECT_NEAR(gs.scale, cs.scale, 1e-5 * cs.scale);
+        double bound = cs.role == "weight" ? 1e-5 : 4e-3;
+        EXPECT_NEAR(gs.scale, cs.scale, bound * cs.scale);
         for (size_t i = 0; i < cs.newestAmax.size(); ++i)
-          EXPECT_NEAR(gs.newestAmax[i], cs.newestAmax[i], 1e-5 * cs.newestAmax[i]) << "amax " << i;
+          EXPECT_NEAR(gs.newestAmax[i], cs.newestAmax[i], bound * cs.newestAmax[i]) << "amax " << i;
       } else {
         EXPECT_NEAR(gs.scale, cs.scale, 0.1 * cs.scale);
         double difference = std::fabs(gs.newestAmax[0] / cs.newestAmax[0] - 1);
