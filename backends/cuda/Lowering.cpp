@@ -505,14 +505,15 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   e.uses("fp8.cuh");
   if (op.kind() == OpKind::Quantize) {
-    // Each block converts a contiguous range (with transpose=true: 64 x 64 tiles, writing q and
-    // its transpose) and leaves its amax and saturation count in scratch; the last block to
-    // finish takes the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes
-    // (used[0]; used[1] counts the blocks). Under current scaling a launch before them takes the
-    // blocks' amaxes, and each block scales by the tensor's. x (and h) are read in BF16 where
-    // they are stored so. activation="gelu" applies the GELU as it reads x (fc1's
-    // pre-activation); "gelu_backward" reads the GELU's gradient x and h, and with bias_grad sums
-    // the columns of gelu_backward(x, h) (a launch after adds the tile rows' sums).
+    // Each block converts a contiguous range of 4096 elements (with transpose=true: a 64 x 64
+    // tile, writing q and its transpose) and adds its amax and saturation count into the op's
+    // totals (its persistent floats, after used[0]); the last block to finish writes the
+    // tensor's, and the scale_inv used, kept for the GEMMs that read the bytes (used[0]). Under
+    // current scaling a launch before them takes the tensor's amax, and each block scales by it.
+    // x (and h) are read in BF16 where they are stored so. activation="gelu" applies the GELU as
+    // it reads x (fc1's pre-activation); "gelu_backward" reads the GELU's gradient x and h, and
+    // with bias_grad sums the columns of gelu_backward(x, h) (a launch after adds the tile
+    // rows' sums).
     int64_t count = operandType(op, 0).numElements();
     bool transpose = a.getBool("transpose").value_or(false), current = a.getString("scaling") == "current";
     auto activation = a.getString("activation");
@@ -529,13 +530,14 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                                      "quantize {bias_grad=true} %%%s: the GPU sums the columns in its "
                                      "cast-transpose only (transpose=true)",
                                      op.result()->name().c_str());
-    int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(1024, transpose ? tiles : (count + 4095) / 4096));
+    // As many blocks as tiles (or ranges of 4096): the totals take no pass over the blocks.
+    int64_t blocks = std::max<int64_t>(1, transpose ? tiles : (count + 4095) / 4096);
     // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
     int64_t perBlock = (count + blocks - 1) / blocks;
     if (count % 4 == 0)
       perBlock = (perBlock + 3) / 4 * 4;
     std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, "
-                                     "float *amax, float *saturations, {}{}float *scratch, {}float *used",
+                                     "float *amax, float *saturations, {}{}{}float *used",
                                      e.inputType(op.operand(0)),
                                      gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
                                      transpose ? "unsigned char *qT, " : "", biasGrad ? "float *dbias, " : "",
@@ -552,26 +554,24 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     int next = 0;
     if (current)
       e.launch(next++, params, blocks,
-               fmt::format("quantizeAmaxBlocks<{}, {}, {}>({}, scratch)", count, perBlock, blocks, source));
+               fmt::format("quantizeAmaxBlocks<{}, {}>({}, used)", count, perBlock, source));
     if (transpose)
       e.launch(next++, params, blocks,
-               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scratch, "
-                           "scaleInv, amax, saturations, used, {}{})",
+               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scaleInv, amax, "
+                           "saturations, used, {}{})",
                            rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), boolText(current),
                            boolText(biasGrad), source, scaling, biasGrad ? ", partials" : ""));
     else
       e.launch(next++, params, blocks,
-               fmt::format("quantizeBlocks<{}, {}, {}, {}, {}>({}, scale, q, scratch, scaleInv, amax, saturations, "
-                           "used, {})",
+               fmt::format("quantizeBlocks<{}, {}, {}, {}, {}>({}, scale, q, scaleInv, amax, saturations, used, {})",
                            count, perBlock, blocks, fp8Interpretation(a), boolText(current), source, scaling));
-    e.lowering.scratchFloats.push_back(3 * blocks);
     if (biasGrad) {
       e.uses("reduce.cuh");
       e.launch(next++, params, columnTotalBlocks(cols),
                fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
       e.lowering.scratchFloats.push_back(2 * tilesR * cols);
     }
-    e.lowering.persistentFloats.push_back(2);
+    e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
     return llvm::Error::success();
   }
   if (op.kind() == OpKind::Fp8Update) {

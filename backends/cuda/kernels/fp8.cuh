@@ -87,20 +87,26 @@ __device__ __forceinline__ float currentScale(float amax, float largest, float m
   return scaleFromAmax(amax, largest, marginScale, 1.0f);
 }
 
-// The tensor's amax from the Blocks per-block maxima in scratch (after 2 * Blocks floats), in
-// the same tree in every block that takes it.
-template <int64 Blocks>
-__device__ float tensorAmax(const float *scratch, float *sharedMax) {
-  float localMax = 0.0f;
-  for (int b = threadIdx.x; b < Blocks; b += blockDim.x) localMax = amaxMerge(localMax, scratch[2 * Blocks + b]);
-  return blockAmax(localMax, sharedMax);
+// A quantize's totals over its blocks, kept in the op's persistent floats (zero when the
+// executor allocates them) as unsigned words: used[0] is the scale_inv its bytes were made with
+// (which its GEMMs and the read-back multiply by), then the blocks arrived, the amax so far, the
+// saturated values so far, and under current scaling the tensor's amax launch 0 took. An amax
+// is a maximum of |x| >= 0, whose bits order as its values (a NaN's above all), so atomicMax on
+// the bits gives it in any order of the blocks, as the count's atomicAdd does: the same bits
+// however the blocks run, and no pass over per-block entries.
+enum { kUsedArrived = 1, kUsedAmax = 2, kUsedSaturated = 3, kUsedCurrentAmax = 4, kQuantizeUsedFloats = 5 };
+__device__ __forceinline__ unsigned *quantizeWords(float *used) { return (unsigned *)used; }
+
+// The tensor's amax launch 0 of current scaling took (read past L1: other blocks wrote it).
+__device__ __forceinline__ float currentAmax(float *used) {
+  return __uint_as_float(__ldcg(quantizeWords(used) + kUsedCurrentAmax));
 }
 
 // Launch 0 of a quantize under current scaling: each block's max |x| over the range
-// quantizeBlocks gives it, into scratch after 2 * Blocks floats. x: a QuantizeX, QuantizeGelu or
+// quantizeBlocks gives it, into the tensor's (kUsedCurrentAmax). x: a QuantizeX, QuantizeGelu or
 // QuantizeGeluGradient (as for the kernels below).
-template <int64 Count, int64 PerBlock, int64 Blocks, typename Source>
-__device__ void quantizeAmaxBlocks(Source x, float *scratch) {
+template <int64 Count, int64 PerBlock, typename Source>
+__device__ void quantizeAmaxBlocks(Source x, float *used) {
   __shared__ float sharedMax[256];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
   float localMax = 0.0f;
@@ -115,77 +121,51 @@ __device__ void quantizeAmaxBlocks(Source x, float *scratch) {
   }
   localMax = blockAmax(localMax, sharedMax);
   if (threadIdx.x == 0)
-    scratch[2 * Blocks + blockIdx.x] = localMax;
-}
-
-// The tensor's amax and saturation count from the Blocks blocks' in scratch, and the scale_inv
-// the bytes were made with (`used`, which their GEMMs and read-back multiply by): the state's, or
-// under current scaling 1 / the scale of the amax. One block: the last of a quantize's blocks to
-// finish (quantizeFinish). Scratch is read past L1 (__ldcg): other blocks wrote it.
-template <int64 Blocks, bool Current = false>
-__device__ void quantizeTotals(const float *scaleInv, float *amax, float *saturations, const float *scratch,
-                               float *used, float largest = 0.0f, float marginScale = 1.0f) {
-  __shared__ double shared[256];
-  __shared__ float sharedMax[256];
-  double total = 0;
-  float localMax = 0.0f;
-  for (int b = threadIdx.x; b < Blocks; b += blockDim.x) {
-    total += __ldcg((const double *)scratch + b);
-    localMax = amaxMerge(localMax, __ldcg(scratch + 2 * Blocks + b));
-  }
-  localMax = blockAmax(localMax, sharedMax);
-  total = blockSum(total, shared);
-  if (threadIdx.x == 0) {
-    amax[0] = localMax;
-    saturations[0] = (float)total;
-    used[0] = Current ? 1.0f / currentScale(localMax, largest, marginScale) : scaleInv[0];
-  }
+    atomicMax(quantizeWords(used) + kUsedCurrentAmax, __float_as_uint(localMax));
 }
 
 // The end of every block of a quantize's converting launch: its saturation count (and, unless
-// launch 0 of current scaling left it, its amax) into scratch, then the last block to arrive
-// takes the totals (quantizeTotals, in the same order whichever block it is). The arrivals are
-// counted in used[1] (an unsigned, zero when the executor allocates it), which that block sets
-// back to zero for the next launch: one launch a quantize, no kernel of one block after it.
+// current scaling's launch 0 took the amax, its amax) into the totals; then the last of the
+// Blocks blocks to arrive writes the tensor's amax and count, and the scale_inv used (under
+// current scaling 1 / the scale of the amax), and sets the totals back to zero for the next
+// launch: one launch a quantize, no kernel of one block after it.
 template <int64 Blocks, bool Current>
-__device__ void quantizeFinish(float localMax, int saturated, float *scratch, const float *scaleInv, float *amax,
+__device__ void quantizeFinish(float localMax, int saturated, const float *scaleInv, float *amax,
                                float *saturations, float *used, float largest, float marginScale) {
   __shared__ double shared[256];
   __shared__ float sharedMax[256];
   __shared__ bool last;
+  unsigned *words = quantizeWords(used);
   if (!Current)
     localMax = blockAmax(localMax, sharedMax);
   double total = blockSum((double)saturated, shared);
   if (threadIdx.x == 0) {
-    ((double *)scratch)[blockIdx.x] = total;
     if (!Current)
-      scratch[2 * Blocks + blockIdx.x] = localMax;
-    __threadfence(); // the entries are visible to every block before this one counts itself
-    unsigned *arrivals = (unsigned *)(used + 1);
-    last = atomicAdd(arrivals, 1u) == (unsigned)(Blocks - 1);
-    if (last)
-      *arrivals = 0;
+      atomicMax(words + kUsedAmax, __float_as_uint(localMax));
+    atomicAdd(words + kUsedSaturated, (unsigned)total);
+    __threadfence(); // the totals are complete for the last block before this one counts itself
+    last = atomicAdd(words + kUsedArrived, 1u) == (unsigned)(Blocks - 1);
   }
   __syncthreads();
-  if (!last)
+  if (!last || threadIdx.x != 0)
     return;
   __threadfence();
-  quantizeTotals<Blocks, Current>(scaleInv, amax, saturations, scratch, used, largest, marginScale);
+  float tensorAmax = __uint_as_float(__ldcg(words + (Current ? kUsedCurrentAmax : kUsedAmax)));
+  amax[0] = tensorAmax;
+  saturations[0] = (float)__ldcg(words + kUsedSaturated);
+  used[0] = Current ? 1.0f / currentScale(tensorAmax, largest, marginScale) : scaleInv[0];
+  for (int k = kUsedArrived; k < kQuantizeUsedFloats; ++k) words[k] = 0;
 }
 
 // Launch 0 (delayed scaling; launch 1 under current scaling): each of Blocks blocks converts a
-// contiguous range of PerBlock elements to FP8 (x * scale, saturating at `largest`) and leaves
-// its count of saturated values in scratch (as doubles), and its max |x| after 2 * Blocks floats;
-// the last block takes the totals (quantizeFinish). Current: the scale is currentScale of the
-// tensor's amax, which launch 0 left in scratch.
+// contiguous range of PerBlock elements to FP8 (x * scale, saturating at `largest`), then
+// quantizeFinish. Current: the scale is currentScale of the tensor's amax, which launch 0 took.
 template <int64 Count, int64 PerBlock, int64 Blocks, __nv_fp8_interpretation_t Format, bool Current = false,
           typename Source>
-__device__ void quantizeBlocks(Source x, const float *scale, unsigned char *q, float *scratch,
-                               const float *scaleInv, float *amax, float *saturations, float *used, float largest,
-                               float marginScale = 1.0f) {
-  __shared__ float sharedMax[256];
+__device__ void quantizeBlocks(Source x, const float *scale, unsigned char *q, const float *scaleInv, float *amax,
+                               float *saturations, float *used, float largest, float marginScale = 1.0f) {
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
-  float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
+  float s = Current ? currentScale(currentAmax(used), largest, marginScale) : scale[0];
   Fp8Converter<Format> convert{s, largest};
   if (Count % 4 == 0 && PerBlock % 4 == 0) { // four elements a load, four bytes a store
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
@@ -194,14 +174,14 @@ __device__ void quantizeBlocks(Source x, const float *scale, unsigned char *q, f
   } else {
     for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(x(i));
   }
-  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scratch, scaleInv, amax, saturations, used,
-                                  largest, marginScale);
+  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scaleInv, amax, saturations, used, largest,
+                                  marginScale);
 }
 
 // quantize {transpose=true}, launch 0 (delayed scaling; launch 1 under current scaling): x as
 // [Rows, Cols] (multiples of 16) to FP8 in q and, transposed, in qT [Cols, Rows], from one read
 // of x (Transformer Engine's cast-transpose). 64 x 64 tiles, Tiles in all and TilesC across the
-// columns, which each of Blocks blocks takes in turn: each thread converts sixteen values of a
+// columns, which each of Blocks blocks takes in turn (the lowering gives each block one): each thread converts sixteen values of a
 // row into one 16-byte store of q and of the tile in shared memory, whose columns then go out as
 // rows of qT, sixteen bytes a store (transposeBytes' pattern). Then, as quantizeBlocks,
 // quantizeFinish. With ColumnSums (bias_grad) each tile's fp32 values go through shared memory
@@ -211,13 +191,11 @@ __device__ void quantizeBlocks(Source x, const float *scale, unsigned char *q, f
 template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
           bool Current = false, bool ColumnSums = false, typename Source>
 __device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned char *q, unsigned char *qT,
-                                        float *scratch, const float *scaleInv, float *amax, float *saturations,
-                                        float *used, float largest, float marginScale = 1.0f,
-                                        float *partials = nullptr) {
+                                        const float *scaleInv, float *amax, float *saturations, float *used,
+                                        float largest, float marginScale = 1.0f, float *partials = nullptr) {
   __shared__ __align__(16) unsigned char tile[64][80];
   __shared__ float values[ColumnSums ? 64 : 1][ColumnSums ? 65 : 1]; // (65: a column's reads in all banks)
-  __shared__ float sharedMax[256];
-  float s = Current ? currentScale(tensorAmax<Blocks>(scratch, sharedMax), largest, marginScale) : scale[0];
+  float s = Current ? currentScale(currentAmax(used), largest, marginScale) : scale[0];
   Fp8Converter<Format> convert{s, largest};
   int row = threadIdx.x / 4, part = threadIdx.x % 4; // 64 rows of four 16-element parts
   for (int64 t = blockIdx.x; t < Tiles; t += Blocks) {
@@ -257,8 +235,8 @@ __device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned c
     }
     __syncthreads(); // (the next tile overwrites this one)
   }
-  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scratch, scaleInv, amax, saturations, used,
-                                  largest, marginScale);
+  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scaleInv, amax, saturations, used, largest,
+                                  marginScale);
 }
 
 // Transformer Engine's delayed-scaling update, one block: the producer's amax into the current

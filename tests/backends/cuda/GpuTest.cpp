@@ -1044,10 +1044,14 @@ TEST(GpuTraining, Fp8LossesFollowTheCpuEmulationFor20Steps) {
   auto gpu = unwrap(Trainer::create(tinyFp8(), "", theGpu()));
   ASSERT_TRUE(cpu && gpu);
   // The GPU sums in another order, so a value near an FP8 rounding boundary can round the other
-  // way, and AdamW turns such differences into different steps: close, not equal.
+  // way, and AdamW turns such differences into different steps: close, not equal. The GPU also
+  // rounds to BF16 what the CPU keeps in fp32 where an FP8 program's activations are BF16 under
+  // Transformer Engine (CudaProgram::bf16Rounding: the norms' outputs the quantizes read, the
+  // products the norms read, fc1's h and its GELU's gradient, the biases): 4e-3 over 20 steps
+  // (seen: 2.1e-3 at step 18). One step from the same state stays within 3e-4 (the next test).
   for (int i = 1; i <= 20; ++i) {
     double want = unwrap(cpu->step()).loss, got = unwrap(gpu->step()).loss;
-    EXPECT_NEAR(got, want, 2e-3 * want) << "step " << i;
+    EXPECT_NEAR(got, want, 4e-3 * want) << "step " << i;
   }
 }
 

@@ -401,9 +401,9 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
   EXPECT_TRUE(fp8Program.bf16Stored.count(fp8->lookup("h0.mlp.fc1.out")));
   EXPECT_FALSE(llvm::any_of(fp8->ops(), [](const Op *op) { return op->kind() == OpKind::GeluBackward; }));
   EXPECT_NE(fp8Program.source.find("quantize(const unsigned short *x,"), std::string::npos) << "no quantize reads BF16";
-  EXPECT_NE(fp8Program.source.find("(quantizeGelu(x), scale, q, qT, scratch"), std::string::npos)
+  EXPECT_NE(fp8Program.source.find("(quantizeGelu(x), scale, q, qT, scaleInv"), std::string::npos)
       << "no quantize applies the GELU";
-  EXPECT_NE(fp8Program.source.find("(quantizeGeluGradient(x, h), scale, q, qT, scratch"), std::string::npos)
+  EXPECT_NE(fp8Program.source.find("(quantizeGeluGradient(x, h), scale, q, qT, scaleInv"), std::string::npos)
       << "no quantize makes the GELU's gradient";
   // fp32 keeps the fp32 epilogue and the GELU gradient kernel.
   auto [plain, plainProgram] = gpuTrainingProgram("models/seed.yaml", "fp32");
