@@ -42,6 +42,15 @@ TGC_BM_FN unsigned long long mix64(unsigned long long x) {
   return x ^ (x >> 31);
 }
 
+/// c[0] y^(N-1) + c[1] y^(N-2) + ... + c[N-1] by Horner's rule, each step rounded (uncontracted).
+template <int N>
+TGC_BM_FN double boxMullerHorner(const double (&c)[N], double y) {
+  double p = c[0];
+  for (int i = 1; i < N; ++i)
+    p = TGC_BM_ADD(TGC_BM_MUL(p, y), c[i]);
+  return p;
+}
+
 /// log(u) for u in (0, 1]: u = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) with
 /// s = (m - 1) / (m + 1), |s| <= 0.172, by its series to s^21 (the next term is below 2^-56 of the
 /// sum); e ln 2 in two parts, the first exact for |e| <= 2^11.
@@ -54,17 +63,11 @@ TGC_BM_FN double boxMullerLog(double u) {
   }
   double s = TGC_BM_DIV(TGC_BM_SUB(m, 1.0), TGC_BM_ADD(m, 1.0));
   double z = TGC_BM_MUL(s, s);
-  double p = 0x1.8618618618618p-5; // 1/21
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.af286bca1af28p-5); // 1/19
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.e1e1e1e1e1e1ep-5); // 1/17
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.1111111111111p-4); // 1/15
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.3b13b13b13b14p-4); // 1/13
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.745d1745d1746p-4); // 1/11
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.c71c71c71c71cp-4); // 1/9
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.2492492492492p-3); // 1/7
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.999999999999ap-3); // 1/5
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 0x1.5555555555555p-2); // 1/3
-  p = TGC_BM_ADD(TGC_BM_MUL(p, z), 1.0);
+  // 1/21, 1/19, ..., 1/3, 1
+  const double c[] = {0x1.8618618618618p-5, 0x1.af286bca1af28p-5, 0x1.e1e1e1e1e1e1ep-5, 0x1.1111111111111p-4,
+                      0x1.3b13b13b13b14p-4, 0x1.745d1745d1746p-4, 0x1.c71c71c71c71cp-4, 0x1.2492492492492p-3,
+                      0x1.999999999999ap-3,  0x1.5555555555555p-2, 1.0};
+  double p = boxMullerHorner(c, z);
   double logM = TGC_BM_MUL(TGC_BM_MUL(2.0, s), p);
   double de = double(e);
   // ln 2 = 0x1.62e42fee00000p-1 + 0x1.a39ef35793c76p-33 (fdlibm's split).
@@ -75,33 +78,18 @@ TGC_BM_FN double boxMullerLog(double u) {
 /// cos x and sin x for x in [0, pi/4], by their Taylor series to x^20 and x^21 (x^2 <= 0.617;
 /// the next terms are below 2^-66).
 TGC_BM_FN double boxMullerCos(double x) {
-  double y = TGC_BM_MUL(x, x);
-  double p = 0x1.e542ba4020225p-62;
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.6827863b97d97p-53);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.ae7f3e733b81fp-45);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.93974a8c07c9dp-37);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.1eed8eff8d898p-29);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.27e4fb7789f5cp-22);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.a01a01a01a01ap-16);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.6c16c16c16c17p-10);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.5555555555555p-5);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0.5);
-  return TGC_BM_ADD(TGC_BM_MUL(p, y), 1.0);
+  const double c[] = {0x1.e542ba4020225p-62,  -0x1.6827863b97d97p-53, 0x1.ae7f3e733b81fp-45, -0x1.93974a8c07c9dp-37,
+                      0x1.1eed8eff8d898p-29,  -0x1.27e4fb7789f5cp-22, 0x1.a01a01a01a01ap-16, -0x1.6c16c16c16c17p-10,
+                      0x1.5555555555555p-5,   -0.5,                   1.0};
+  return boxMullerHorner(c, TGC_BM_MUL(x, x));
 }
 
 TGC_BM_FN double boxMullerSin(double x) {
+  const double c[] = {0x1.71b8ef6dcf572p-66, -0x1.2f49b46814157p-57, 0x1.952c77030ad4ap-49, -0x1.ae7f3e733b81fp-41,
+                      0x1.6124613a86d09p-33, -0x1.ae64567f544e4p-26, 0x1.71de3a556c734p-19, -0x1.a01a01a01a01ap-13,
+                      0x1.1111111111111p-7,  -0x1.5555555555555p-3};
   double y = TGC_BM_MUL(x, x);
-  double p = 0x1.71b8ef6dcf572p-66;
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.2f49b46814157p-57);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.952c77030ad4ap-49);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.ae7f3e733b81fp-41);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.6124613a86d09p-33);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.ae64567f544e4p-26);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.71de3a556c734p-19);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.a01a01a01a01ap-13);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), 0x1.1111111111111p-7);
-  p = TGC_BM_ADD(TGC_BM_MUL(p, y), -0x1.5555555555555p-3);
-  return TGC_BM_ADD(TGC_BM_MUL(TGC_BM_MUL(p, y), x), x);
+  return TGC_BM_ADD(TGC_BM_MUL(TGC_BM_MUL(boxMullerHorner(c, y), y), x), x);
 }
 
 /// cos(2 pi u) for u in [0, 1): u = (q + r) / 4 with the quadrant q and r in [0, 1) exact, and

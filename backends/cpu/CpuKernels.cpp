@@ -577,7 +577,7 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   if (activation == "gelu_backward") { // gelu_backward(x, h) as that op computes it, with its bias_grad
     llvm::SmallVector<Tensor, 2> results{Tensor::zeros(in[0]->type)};
     if (attrs.getBool("bias_grad").value_or(false))
-      results.push_back(out.back());
+      results.push_back(std::move(out.back()));
     if (auto err = evalGeluBackward(attrs, {in[0], in[3]}, results))
       return err;
     activated = std::move(results[0]);

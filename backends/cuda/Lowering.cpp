@@ -1134,106 +1134,89 @@ void chooseBf16Rounding(const Graph &graph, CudaProgram &program) {
       markWithReshapes(program.bf16Stored, user->result());
     }
   }
-  // An FP8 layer's pre-activation (its bias add) that only the GELU (or the quantize applying it:
-  // fuse-gelu-quantize) and the GELU's gradient read,
-  // kept for the gradient: in BF16, as under BF16 the GELU epilogue keeps it (the FP8 recipe's
-  // activation memory then stays below BF16's).
+  // Whether `v`, an intermediate, is read by at least one op, and each reads it once, as the
+  // operand `operandOf` gives for it (-1: an op the rule does not take).
+  auto onlyReadAs = [&](const Value *v, auto operandOf) {
+    if (v->users().empty() || !intermediate(v))
+      return false;
+    for (const Op *user : v->users()) {
+      int operand = operandOf(*user);
+      for (unsigned p = 0; p < user->numOperands(); ++p)
+        if ((user->operand(p) == v) != (int(p) == operand))
+          return false;
+    }
+    return true;
+  };
+  auto storeRounded = [&](const Op *producer, const Value *v) {
+    program.bf16Rounding.insert(producer);
+    program.bf16Stored.insert(v);
+  };
+  auto activationOf = [](const Op &op) {
+    return op.kind() == OpKind::Quantize ? op.attrs().getString("activation") : std::nullopt;
+  };
   for (const Op *op : graph.ops()) {
-    // The bias add after the product, or the product adding it (fuse-fp8-bias).
-    if (op->kind() != OpKind::Add && op->kind() != OpKind::MatMulBias)
-      continue;
+    // An FP8 layer's pre-activation (its bias add, or the product adding it: fuse-fp8-bias) that
+    // only the GELU (or the quantize applying it: fuse-gelu-quantize) and the GELU's gradient
+    // (or the quantize making it) read, kept for the gradient: in BF16, as under BF16 the GELU
+    // epilogue keeps it (the FP8 recipe's activation memory then stays below BF16's).
     const Op *product = op->kind() == OpKind::Add ? op->operand(0)->def() : op;
-    if (!product || product->kind() != (op->kind() == OpKind::Add ? OpKind::MatMul : OpKind::MatMulBias) ||
-        !isFp8(product->operand(0)->type().dtype))
-      continue;
-    const Value *h = op->result();
-    bool gradient = false, gelus = intermediate(h);
-    for (const Op *user : h->users()) {
-      auto activation = user->kind() == OpKind::Quantize ? user->attrs().getString("activation") : std::nullopt;
-      bool gradientOf = (user->kind() == OpKind::GeluBackward && user->operand(1) == h && user->operand(0) != h) ||
-                        (activation == "gelu_backward" && user->operand(3) == h && user->operand(0) != h);
-      gradient |= gradientOf;
-      gelus &= (user->kind() == OpKind::Gelu && user->operand(0) == h) ||
-               (activation == "gelu" && user->operand(0) == h) || gradientOf;
+    if ((op->kind() == OpKind::Add || op->kind() == OpKind::MatMulBias) && product &&
+        product->kind() == (op->kind() == OpKind::Add ? OpKind::MatMul : OpKind::MatMulBias) &&
+        isFp8(product->operand(0)->type().dtype)) {
+      const Value *h = op->result();
+      bool gradient = llvm::any_of(h->users(), [&](const Op *user) {
+        return user->kind() == OpKind::GeluBackward || activationOf(*user) == "gelu_backward";
+      });
+      if (gradient && onlyReadAs(h, [&](const Op &user) {
+            return user.kind() == OpKind::Gelu || activationOf(user) == "gelu" ? 0
+                   : user.kind() == OpKind::GeluBackward                     ? 1
+                   : activationOf(user) == "gelu_backward"                     ? 3
+                                                                             : -1;
+          }))
+        storeRounded(op, h);
     }
-    if (!gradient || !gelus)
-      continue;
-    program.bf16Rounding.insert(op);
-    program.bf16Stored.insert(h);
-  }
-  // A norm's output that only quantizes read (an FP8 layer's input: ln1 for qkv, ln2 for fc1),
-  // written in BF16 as Transformer Engine's norms write their BF16 activations: the quantize
-  // reads two bytes an element instead of four.
-  for (const Op *op : graph.ops()) {
+    // A norm's output that only quantizes read (an FP8 layer's input: ln1 for qkv, ln2 for fc1),
+    // written in BF16 as Transformer Engine's norms write their BF16 activations: the quantize
+    // reads two bytes an element instead of four.
     bool norm = op->kind() == OpKind::LayerNorm || op->kind() == OpKind::RMSNorm;
-    if (!norm && op->kind() != OpKind::ResidualNorm)
-      continue;
-    const Value *y = op->result(norm ? 0 : 1);
-    bool quantized = !y->users().empty() && intermediate(y);
-    for (const Op *user : y->users())
-      quantized &= user->kind() == OpKind::Quantize && !user->attrs().has("activation") && user->operand(0) == y &&
-                   user->operand(1) != y && user->operand(2) != y;
-    if (!quantized)
-      continue;
-    program.bf16Rounding.insert(op);
-    program.bf16Stored.insert(y);
-  }
-  // A product on tensor cores (BF16 or FP8) that only a norm reads: the projection's and fc2's
-  // outputs, which the residual norm after them adds to the stream, and the dgrad products of
-  // the layers after a norm (qkv's, fc1's), which its gradient reads twice. They are written in
-  // BF16, as PyTorch's autocast and Transformer Engine write a GEMM's output in the activations'
-  // type: two bytes an element instead of four, written once and read once or twice. A bias is
-  // then added from the parameter's BF16 copy (cuBLASLt's BF16 epilogue).
-  for (const Op *op : graph.ops()) {
-    if ((op->kind() != OpKind::MatMul && op->kind() != OpKind::MatMulBias) || fewRows(*op) != FewRows::None ||
-        (!hasBf16Gemms(op->attrs()) && !isFp8(op->operand(0)->type().dtype)) ||
-        (op->kind() == OpKind::MatMulBias && !isWeight(program, op->operand(2))))
-      continue;
-    const Value *y = op->result();
-    bool normed = !y->users().empty() && intermediate(y);
-    for (const Op *user : y->users()) {
-      bool gradient = user->kind() == OpKind::LayerNormBackward || user->kind() == OpKind::RMSNormBackward;
-      unsigned operand = gradient ? 0 : 1; // dy of a norm's gradient, y of a residual norm
-      normed &= gradient || user->kind() == OpKind::ResidualNorm;
-      for (unsigned p = 0; normed && p < user->numOperands(); ++p)
-        normed &= (user->operand(p) == y) == (p == operand);
+    if (norm || op->kind() == OpKind::ResidualNorm) {
+      const Value *y = op->result(norm ? 0 : 1);
+      if (onlyReadAs(y, [&](const Op &user) {
+            return user.kind() == OpKind::Quantize && !user.attrs().has("activation") ? 0 : -1;
+          }))
+        storeRounded(op, y);
     }
-    if (!normed)
-      continue;
-    program.bf16Rounding.insert(op);
-    program.bf16Stored.insert(y);
-  }
-  // The gradient of an FP8 layer's GELU, an FP8 product's (fc2's dgrad) that only the quantize
-  // making fc1's FP8 output gradient of it reads (fuse-gelu-quantize's "gelu_backward"): the
-  // product writes it in BF16, as Transformer Engine's dgrad writes the activations' type, and
-  // the quantize reads two bytes an element instead of four (E5M2 keeps 3 of BF16's 8
-  // significant bits).
-  for (const Op *op : graph.ops()) {
-    if (op->kind() != OpKind::Quantize || op->attrs().getString("activation") != "gelu_backward")
-      continue;
-    const Value *dy = op->operand(0);
-    const Op *product = dy->def();
-    if (!product || product->kind() != OpKind::MatMul || !isFp8(product->operand(0)->type().dtype) ||
-        !intermediate(dy) || dy->users().size() != 1 || op->operand(3) == dy)
-      continue;
-    program.bf16Rounding.insert(product);
-    program.bf16Stored.insert(dy);
-  }
-  // Logits a BF16 GEMM writes for the loss and its gradient alone, which read them in BF16.
-  for (const Op *op : graph.ops()) {
-    if (op->kind() != OpKind::MatMul || !hasBf16Gemms(op->attrs()) || isFp8(op->operand(0)->type().dtype) ||
-        fewRows(*op) != FewRows::None)
-      continue;
-    const Value *logits = op->result();
-    bool loss = !logits->users().empty() && intermediate(logits);
-    for (const Op *user : logits->users())
-      loss &= (user->kind() == OpKind::CrossEntropy && user->operand(0) == logits && user->operand(1) != logits) ||
-              (user->kind() == OpKind::CrossEntropyBackward && user->operand(1) == logits &&
-               user->operand(0) != logits && user->operand(2) != logits);
-    if (!loss)
-      continue;
-    program.bf16Rounding.insert(op);
-    program.bf16Stored.insert(logits);
+    // The gradient of an FP8 layer's GELU, an FP8 product's (fc2's dgrad) that only the quantize
+    // making fc1's FP8 output gradient of it reads (fuse-gelu-quantize's "gelu_backward"): the
+    // product writes it in BF16, as Transformer Engine's dgrad writes the activations' type, and
+    // the quantize reads two bytes an element instead of four (E5M2 keeps 3 of BF16's 8
+    // significant bits).
+    bool tensorCores = fewRows(*op) == FewRows::None &&
+                       (op->kind() == OpKind::MatMul || op->kind() == OpKind::MatMulBias) &&
+                       (hasBf16Gemms(op->attrs()) || isFp8(op->operand(0)->type().dtype));
+    if (tensorCores && op->kind() == OpKind::MatMul && isFp8(op->operand(0)->type().dtype) &&
+        op->result()->users().size() == 1 && onlyReadAs(op->result(), [&](const Op &user) {
+          return activationOf(user) == "gelu_backward" ? 0 : -1;
+        }))
+      storeRounded(op, op->result());
+    // A product on tensor cores (BF16 or FP8) that only a norm reads: the projection's and fc2's
+    // outputs, which the residual norm after them adds to the stream, and the dgrad products of
+    // the layers after a norm (qkv's, fc1's), which its gradient reads twice. They are written in
+    // BF16, as PyTorch's autocast and Transformer Engine write a GEMM's output in the
+    // activations' type: two bytes an element instead of four, written once and read once or
+    // twice. A bias is then added from the parameter's BF16 copy (cuBLASLt's BF16 epilogue).
+    if (tensorCores && (op->kind() == OpKind::MatMul || isWeight(program, op->operand(2))) &&
+        onlyReadAs(op->result(), [](const Op &user) {
+          bool gradient = user.kind() == OpKind::LayerNormBackward || user.kind() == OpKind::RMSNormBackward;
+          return gradient ? 0 : user.kind() == OpKind::ResidualNorm ? 1 : -1; // dy of a gradient, y of a sum
+        }))
+      storeRounded(op, op->result());
+    // Logits a BF16 GEMM writes for the loss and its gradient alone, which read them in BF16.
+    if (tensorCores && op->kind() == OpKind::MatMul && !isFp8(op->operand(0)->type().dtype) &&
+        onlyReadAs(op->result(), [](const Op &user) {
+          return user.kind() == OpKind::CrossEntropy ? 0 : user.kind() == OpKind::CrossEntropyBackward ? 1 : -1;
+        }))
+      storeRounded(op, op->result());
   }
 }
 
