@@ -1021,11 +1021,20 @@ void countReaders(const Graph &graph, const CudaProgram &program, const Value *v
       ++readers.bf16Gemms;
       continue;
     }
-    // The column sums of a gradient a BF16 epilogue or cuDNN writes read it in BF16.
     const Op *producer = reshapeRoot(v)->def();
+    // The column sums of a gradient a BF16 epilogue or cuDNN writes read it in BF16.
     if (user->kind() == OpKind::ReduceTo && producer &&
         ((producer->kind() == OpKind::AttentionBackward && program.cudnnAttention.count(producer)) ||
          producer->kind() == OpKind::MatMulDGelu)) {
+      ++readers.bf16Gemms;
+      continue;
+    }
+    // A quantize reads a cuDNN result (the attention's out, its gradient's dqkv) in BF16: cuDNN
+    // writes BF16, so the fp32 form holds the same values, and the FP8 bytes, amax and
+    // saturations are the same bits from either (half the bytes read, no widening pass).
+    if (user->kind() == OpKind::Quantize && user->operand(0) == v && producer &&
+        (producer->kind() == OpKind::Attention || producer->kind() == OpKind::AttentionBackward) &&
+        program.cudnnAttention.count(producer)) {
       ++readers.bf16Gemms;
       continue;
     }

@@ -57,18 +57,21 @@ TEST(Cudnn, LoadsWhereTheMachineHasIt) {
   EXPECT_STREQ(api->errorString(0), "CUDNN_STATUS_SUCCESS");
 }
 
-/// The tiny model's BF16 training program as the GPU compiles it.
-std::unique_ptr<Graph> tinyBf16Training() {
+/// The tiny model's training program as the GPU compiles it, in BF16 or (every linear layer
+/// but the head) FP8.
+std::unique_ptr<Graph> tinyTraining(Recipe recipe) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   auto graph = unwrap(buildGPT(c, 4, GPTOutput::Loss));
   PipelineOptions options;
   options.passOptions.train = c.train;
   options.passOptions.precision = c.precision;
-  options.passOptions.precision.recipe = Recipe::Bf16;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, Recipe::Bf16), options));
+  options.passOptions.precision.recipe = recipe;
+  options.passOptions.precision.fp8MinDim = 16;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, recipe), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   return graph;
 }
+std::unique_ptr<Graph> tinyBf16Training() { return tinyTraining(Recipe::Bf16); }
 
 TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWriteBf16) {
   auto graph = tinyBf16Training();
@@ -184,6 +187,43 @@ TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
     }
   }
   EXPECT_EQ(program.source.find("toHeadsBf16<"), std::string::npos);
+}
+
+TEST(CudnnLowering, FP8QuantizesReadCudnnsOutAndDqkvInBf16) {
+  // Under FP8 the projection's input quantize reads the attention's out and the qkv output
+  // gradient's quantize reads dqkv: cuDNN writes both in BF16, which the quantizes read as they
+  // are (the fp32 form would hold the same values), so neither is widened to fp32, nor out
+  // rounded back for the gradient.
+  auto graph = tinyTraining(Recipe::Fp8);
+  ASSERT_TRUE(graph);
+  LoweringOptions options;
+  for (const Op *op : graph->ops())
+    if (cudnnAttentionShape(*graph, *op, options))
+      options.cudnnAttention[op] = 4096;
+  ASSERT_EQ(options.cudnnAttention.size(), 4u);
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  int quantizes = 0;
+  for (const Op *op : graph->ops()) {
+    if (!options.cudnnAttention.count(op))
+      continue;
+    SCOPED_TRACE(op->result()->name());
+    const Value *v = op->result(0); // out, or dqkv
+    EXPECT_TRUE(program.bf16Stored.count(v));
+    EXPECT_FALSE(program.bf16Shadowed.count(v));
+    for (const Op *user : v->users())
+      if (user->kind() == OpKind::Quantize) {
+        ++quantizes;
+        EXPECT_EQ(user->attrs().getString("format"), op->kind() == OpKind::Attention ? "e4m3" : "e5m2");
+      }
+  }
+  EXPECT_EQ(quantizes, 4); // two layers: the projection's input, qkv's output gradient
+  EXPECT_EQ(program.source.find("widenBf16<"), std::string::npos);
+  EXPECT_EQ(program.source.find("roundToBf16("), std::string::npos);
+  // Without cuDNN tgc's kernels write out and dqkv in fp32, which the quantizes read.
+  LoweringOptions tgcOptions;
+  CudaProgram tgcKernels = unwrap(lowerToCuda(*graph, tgcOptions));
+  for (const auto &[op, workspace] : options.cudnnAttention)
+    EXPECT_FALSE(tgcKernels.bf16Stored.count(op->result(0))) << op->result()->name();
 }
 
 } // namespace
