@@ -130,7 +130,7 @@ private:
   struct Regions {
     char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
   };
-  llvm::Error compileKernels(const std::string &arch, int major);
+  llvm::Error compileKernels(const std::string &arch, int major, int multiprocessors);
   /// The attention ops cuDNN runs, each with its plan (one per distinct shape), into `lowering`:
   /// where cuDNN is absent or refuses a shape, tgc's kernels run it, and the description says.
   void planCudnnAttention(int major, LoweringOptions &lowering);
@@ -344,7 +344,7 @@ llvm::Error CudaExecutor::initialize() {
     profile_ = true; // eager, an event pair around each op
   }
   deviceName_ = fmt::format("{} ({})", prop.name, arch);
-  if (auto err = compileKernels(arch, prop.major))
+  if (auto err = compileKernels(arch, prop.major, prop.multiProcessorCount))
     return err;
   programmaticLaunch_ &= program_.programmatic;
   CUDA_CHECK(cudaStreamCreate(&stream_));
@@ -663,8 +663,9 @@ llvm::Error CudaExecutor::runCudnnAttention(size_t i, const std::vector<void *> 
 
 /// The program's kernels: lowered (the attention ops cuDNN takes planned first), then compiled by
 /// NVRTC for `arch` (or taken from the kernel cache) and loaded.
-llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major) {
+llvm::Error CudaExecutor::compileKernels(const std::string &arch, int major, int multiprocessors) {
   LoweringOptions lowering;
+  lowering.multiprocessors = multiprocessors;
   lowering.groupOptimizer = options_.groupOptimizer;
   lowering.storeBf16 = options_.storeBf16;
   lowering.bf16Rounding = options_.bf16Rounding;

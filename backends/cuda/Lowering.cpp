@@ -505,10 +505,10 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   e.uses("fp8.cuh");
   if (op.kind() == OpKind::Quantize) {
-    // Each block converts a contiguous range of 4096 elements (with transpose=true: a 64 x 64
-    // tile, writing q and its transpose) and adds its amax and saturation count into the op's
-    // totals (its persistent floats, after used[0]); the last block to finish writes the
-    // tensor's, and the scale_inv used, kept for the GEMMs that read the bytes (used[0]). Under
+    // Each block converts a contiguous range of 4096 elements (with transpose=true: 64 x 64
+    // tiles in turn, writing q and its transpose) and adds its amax and saturation count into
+    // the op's totals (its persistent floats, after used[0]); the last block to finish writes
+    // the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes (used[0]). Under
     // current scaling a launch before them takes the tensor's amax, and each block scales by it.
     // x (and h) are read in BF16 where they are stored so. activation="gelu" applies the GELU as
     // it reads x (fc1's pre-activation); "gelu_backward" reads the GELU's gradient x and h, and
@@ -530,8 +530,11 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                                      "quantize {bias_grad=true} %%%s: the GPU sums the columns in its "
                                      "cast-transpose only (transpose=true)",
                                      op.result()->name().c_str());
-    // As many blocks as tiles (or ranges of 4096): the totals take no pass over the blocks.
-    int64_t blocks = std::max<int64_t>(1, transpose ? tiles : (count + 4095) / 4096);
+    // A cast-transpose's blocks take tiles in turn, four blocks a multiprocessor (its launch
+    // bounds keep them all resident), as few as take the most tiles any block takes; without
+    // transpose, a block a range of 4096 elements.
+    int64_t resident = 4 * int64_t(e.program_.multiprocessors), most = (tiles + resident - 1) / resident;
+    int64_t blocks = std::max<int64_t>(1, transpose ? (tiles + most - 1) / most : (count + 4095) / 4096);
     // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
     int64_t perBlock = (count + blocks - 1) / blocks;
     if (count % 4 == 0)
@@ -560,7 +563,8 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scaleInv, amax, "
                            "saturations, used, {}{})",
                            rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), boolText(current),
-                           boolText(biasGrad), source, scaling, biasGrad ? ", partials" : ""));
+                           boolText(biasGrad), source, scaling, biasGrad ? ", partials" : ""),
+               128, 4); // fp8.cuh's kQuantizeTransposeThreads
     else
       e.launch(next++, params, blocks,
                fmt::format("quantizeBlocks<{}, {}, {}, {}, {}>({}, scale, q, scaleInv, amax, saturations, used, {})",
@@ -1470,6 +1474,7 @@ bool addsBf16Bias(const CudaProgram &program, const Op &op) {
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
   CudaProgram program;
   program.cudnnAttention = options.cudnnAttention;
+  program.multiprocessors = options.multiprocessors > 0 ? options.multiprocessors : 132;
   std::vector<Op *> ops = graph.ops();
   for (const Op *op : ops) {
     auto kind = loweringKind(*op);

@@ -100,6 +100,9 @@ struct CudaProgram {
   /// awaitPreviousKernel), and kernels may load what no kernel of the step writes before they
   /// await the one before them.
   bool programmatic = false;
+  /// The GPU's multiprocessors (LoweringOptions::multiprocessors): the launches whose blocks
+  /// each take a share of the work (the cast-transposes) have a few blocks for each.
+  int multiprocessors = 0;
   ParameterLayout layout;
   /// Values stored in BF16 (two bytes an element), with their reshapes: only BF16 GEMMs read
   /// them, as operands they would round to BF16 anyway, so their producer rounds instead and
@@ -154,6 +157,8 @@ struct LoweringOptions {
   /// The attention ops (cudnnAttentionShape's) that cuDNN runs, each with the bytes of
   /// workspace its plan needs: the executor builds the plans before it lowers the program.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;
+  /// The GPU's multiprocessors; 0 (no GPU: tgc compile --arch) takes an H100's and H200's 132.
+  int multiprocessors = 0;
 };
 
 /// The attention cuDNN could run for `op`: an attention or its gradient on BF16 tensor cores at

@@ -9,35 +9,82 @@
 #include "elementwise.cuh"
 #include "layout.cuh"
 
+// Four consecutive elements (i a multiple of 4) as one load brings them: a float4, or four BF16
+// values in 8 bytes; value() gives them as floats.
+template <typename T>
+struct Four;
+template <>
+struct Four<float> {
+  float4 v;
+  __device__ void load(const float *x, int64 i) { v = *(const float4 *)(x + i); }
+  __device__ float4 value() const { return v; }
+};
+template <>
+struct Four<unsigned short> {
+  uint2 v;
+  __device__ void load(const unsigned short *x, int64 i) { v = *(const uint2 *)(x + i); }
+  __device__ float4 value() const {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
+  }
+};
+
 // What a quantize converts, read at element i (one value, or four from a multiple of 4): x,
 // gelu(x) under activation="gelu" (fuse-gelu-quantize: fc2's input from fc1's pre-activation), or
 // gelu_backward(x, h) under activation="gelu_backward" (fc1's output gradient from its GELU's);
-// each operand in fp32 or stored in BF16 (float or unsigned short).
+// each operand in fp32 or stored in BF16 (float or unsigned short). raw(i) loads four elements
+// and value(raw) computes them, so that a kernel can have the next loads in flight while it
+// converts what it has.
 template <typename In>
 struct QuantizeX {
   const In *x;
+  using Raw = Four<In>;
   __device__ float operator()(int64 i) const { return elementValue(x[i]); }
-  __device__ float4 four(int64 i) const { return load4(x, i); }
+  __device__ Raw raw(int64 i) const {
+    Raw r;
+    r.load(x, i);
+    return r;
+  }
+  __device__ float4 value(const Raw &r) const { return r.value(); }
+  __device__ float4 four(int64 i) const { return value(raw(i)); }
 };
 template <typename In>
 struct QuantizeGelu {
   const In *x;
+  using Raw = Four<In>;
   __device__ float operator()(int64 i) const { return geluTanh(elementValue(x[i])); }
-  __device__ float4 four(int64 i) const {
-    float4 v = load4(x, i);
+  __device__ Raw raw(int64 i) const {
+    Raw r;
+    r.load(x, i);
+    return r;
+  }
+  __device__ float4 value(const Raw &r) const {
+    float4 v = r.value();
     return make_float4(geluTanh(v.x), geluTanh(v.y), geluTanh(v.z), geluTanh(v.w));
   }
+  __device__ float4 four(int64 i) const { return value(raw(i)); }
 };
 template <typename Dy, typename In>
 struct QuantizeGeluGradient {
   const Dy *dy;
   const In *h;
+  struct Raw {
+    Four<Dy> d;
+    Four<In> h;
+  };
   __device__ float operator()(int64 i) const { return geluTanhGradient(elementValue(dy[i]), elementValue(h[i])); }
-  __device__ float4 four(int64 i) const {
-    float4 d = load4(dy, i), v = load4(h, i);
+  __device__ Raw raw(int64 i) const {
+    Raw r;
+    r.d.load(dy, i);
+    r.h.load(h, i);
+    return r;
+  }
+  __device__ float4 value(const Raw &r) const {
+    float4 d = r.d.value(), v = r.h.value();
     return make_float4(geluTanhGradient(d.x, v.x), geluTanhGradient(d.y, v.y), geluTanhGradient(d.z, v.z),
                        geluTanhGradient(d.w, v.w));
   }
+  __device__ float4 four(int64 i) const { return value(raw(i)); }
 };
 template <typename In>
 __device__ QuantizeX<In> quantizeX(const In *x) { return {x}; }
@@ -51,22 +98,36 @@ __device__ float amaxMerge(float a, float b) {
   return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
 }
 
+// |v|'s bits: they order as the values do, a NaN's above all others (amaxBits).
+__device__ __forceinline__ unsigned absBits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+// The amax of a maximum of absBits: a NaN among them gives the NaN amaxMerge gives.
+__device__ __forceinline__ float amaxOfBits(unsigned bits) {
+  return bits > 0x7f800000u ? __int_as_float(0x7fc00000) : __uint_as_float(bits);
+}
+
 // One thread's conversions: each value times the scale to FP8, saturating at `largest`, its
-// max |value| and how many saturated kept as it goes.
+// max |value| (as bits: an integer maximum a value) and how many saturated kept as it goes.
 template <__nv_fp8_interpretation_t Format>
 struct Fp8Converter {
-  float scale, largest, localMax = 0.0f;
+  float scale, largest;
+  unsigned maxBits = 0;
   int saturated = 0;
+  __device__ float localMax() const { return amaxOfBits(maxBits); }
   __device__ unsigned operator()(float v) {
     float scaled = v * scale;
-    localMax = amaxMerge(localMax, fabsf(v));
+    maxBits = max(maxBits, absBits(v));
     saturated += fabsf(scaled) > largest;
     return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
   }
-  // Four values as four bytes of one word, the first lowest.
+  // Four values as four bytes of one word, the first lowest (two conversions of a pair each:
+  // the same bytes as one at a time).
   __device__ unsigned operator()(float4 v) {
-    unsigned a = (*this)(v.x), b = (*this)(v.y), c = (*this)(v.z), d = (*this)(v.w);
-    return a | b << 8 | c << 16 | d << 24;
+    float4 s = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+    maxBits = max(max(maxBits, max(absBits(v.x), absBits(v.y))), max(absBits(v.z), absBits(v.w)));
+    saturated += (fabsf(s.x) > largest) + (fabsf(s.y) > largest) + (fabsf(s.z) > largest) + (fabsf(s.w) > largest);
+    unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(s.x, s.y), __NV_SATFINITE, Format);
+    unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(s.z, s.w), __NV_SATFINITE, Format);
+    return lo | hi << 16;
   }
 };
 
@@ -99,50 +160,74 @@ __device__ __forceinline__ unsigned *quantizeWords(float *used) { return (unsign
 
 // The tensor's amax launch 0 of current scaling took (read past L1: other blocks wrote it).
 __device__ __forceinline__ float currentAmax(float *used) {
-  return __uint_as_float(__ldcg(quantizeWords(used) + kUsedCurrentAmax));
+  return amaxOfBits(__ldcg(quantizeWords(used) + kUsedCurrentAmax));
+}
+
+// Over the warp, then the block (blockDim.x a multiple of 32): the largest of one value a thread,
+// and the sum of one count a thread, given to thread 0. `shared` holds two words a warp.
+__device__ __forceinline__ unsigned warpMaxBits(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+#endif
+}
+__device__ __forceinline__ unsigned warpCount(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(0xffffffffu, v);
+#else
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+#endif
+}
+__device__ void blockMaxAndCount(unsigned &maxBits, unsigned &count, unsigned (*shared)[2]) {
+  maxBits = warpMaxBits(maxBits);
+  count = warpCount(count);
+  if (threadIdx.x % 32 == 0)
+    shared[threadIdx.x / 32][0] = maxBits, shared[threadIdx.x / 32][1] = count;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < (int)blockDim.x / 32; ++w) maxBits = max(maxBits, shared[w][0]), count += shared[w][1];
 }
 
 // Launch 0 of a quantize under current scaling: each block's max |x| over the range
-// quantizeBlocks gives it, into the tensor's (kUsedCurrentAmax). x: a QuantizeX, QuantizeGelu or
-// QuantizeGeluGradient (as for the kernels below).
+// quantizeBlocks gives it, into the tensor's (kUsedCurrentAmax, as absBits). x: a QuantizeX,
+// QuantizeGelu or QuantizeGeluGradient (as for the kernels below).
 template <int64 Count, int64 PerBlock, typename Source>
 __device__ void quantizeAmaxBlocks(Source x, float *used) {
-  __shared__ float sharedMax[256];
+  __shared__ unsigned shared[32][2];
   int64 begin = blockIdx.x * PerBlock, end = begin + PerBlock < Count ? begin + PerBlock : Count;
-  float localMax = 0.0f;
+  unsigned maxBits = 0, none = 0;
   if (Count % 4 == 0 && PerBlock % 4 == 0) {
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
       float4 v = x.four(4 * i);
-      localMax = amaxMerge(amaxMerge(localMax, fabsf(v.x)),
-                           amaxMerge(fabsf(v.y), amaxMerge(fabsf(v.z), fabsf(v.w))));
+      maxBits = max(max(maxBits, max(absBits(v.x), absBits(v.y))), max(absBits(v.z), absBits(v.w)));
     }
   } else {
-    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) localMax = amaxMerge(localMax, fabsf(x(i)));
+    for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) maxBits = max(maxBits, absBits(x(i)));
   }
-  localMax = blockAmax(localMax, sharedMax);
+  blockMaxAndCount(maxBits, none, shared);
   if (threadIdx.x == 0)
-    atomicMax(quantizeWords(used) + kUsedCurrentAmax, __float_as_uint(localMax));
+    atomicMax(quantizeWords(used) + kUsedCurrentAmax, maxBits);
 }
 
 // The end of every block of a quantize's converting launch: its saturation count (and, unless
-// current scaling's launch 0 took the amax, its amax) into the totals; then the last of the
-// Blocks blocks to arrive writes the tensor's amax and count, and the scale_inv used (under
-// current scaling 1 / the scale of the amax), and sets the totals back to zero for the next
-// launch: one launch a quantize, no kernel of one block after it.
+// current scaling's launch 0 took the amax, its amax as absBits) into the totals; then the last
+// of the Blocks blocks to arrive writes the tensor's amax and count, and the scale_inv used
+// (under current scaling 1 / the scale of the amax), and sets the totals back to zero for the
+// next launch: one launch a quantize, no kernel of one block after it.
 template <int64 Blocks, bool Current>
-__device__ void quantizeFinish(float localMax, int saturated, const float *scaleInv, float *amax,
+__device__ void quantizeFinish(unsigned maxBits, int saturated, const float *scaleInv, float *amax,
                                float *saturations, float *used, float largest, float marginScale) {
-  __shared__ double shared[256];
-  __shared__ float sharedMax[256];
+  __shared__ unsigned shared[32][2];
   __shared__ bool last;
-  unsigned *words = quantizeWords(used);
-  if (!Current)
-    localMax = blockAmax(localMax, sharedMax);
-  double total = blockSum((double)saturated, shared);
+  unsigned *words = quantizeWords(used), count = (unsigned)saturated;
+  blockMaxAndCount(maxBits, count, shared);
   if (threadIdx.x == 0) {
     if (!Current)
-      atomicMax(words + kUsedAmax, __float_as_uint(localMax));
-    atomicAdd(words + kUsedSaturated, (unsigned)total);
+      atomicMax(words + kUsedAmax, maxBits);
+    atomicAdd(words + kUsedSaturated, count);
     __threadfence(); // the totals are complete for the last block before this one counts itself
     last = atomicAdd(words + kUsedArrived, 1u) == (unsigned)(Blocks - 1);
   }
@@ -150,7 +235,7 @@ __device__ void quantizeFinish(float localMax, int saturated, const float *scale
   if (!last || threadIdx.x != 0)
     return;
   __threadfence();
-  float tensorAmax = __uint_as_float(__ldcg(words + (Current ? kUsedCurrentAmax : kUsedAmax)));
+  float tensorAmax = amaxOfBits(__ldcg(words + (Current ? kUsedCurrentAmax : kUsedAmax)));
   amax[0] = tensorAmax;
   saturations[0] = (float)__ldcg(words + kUsedSaturated);
   used[0] = Current ? 1.0f / currentScale(tensorAmax, largest, marginScale) : scaleInv[0];
@@ -174,68 +259,111 @@ __device__ void quantizeBlocks(Source x, const float *scale, unsigned char *q, c
   } else {
     for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) q[i] = (unsigned char)convert(x(i));
   }
-  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scaleInv, amax, saturations, used, largest,
+  quantizeFinish<Blocks, Current>(convert.maxBits, convert.saturated, scaleInv, amax, saturations, used, largest,
                                   marginScale);
+}
+
+// Eight rows of four FP8 bytes (words[j]: row j, the first column lowest) as four columns of
+// eight bytes (column k's rows 0-3 in lo[k], 4-7 in hi[k], the first row lowest).
+__device__ __forceinline__ void transposeBytes8x4(const unsigned (&words)[8], unsigned (&lo)[4], unsigned (&hi)[4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const unsigned *w = words + 4 * half;
+    unsigned *out = half ? hi : lo;
+    unsigned ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362); // a0 b0 a1 b1, a2 b2 a3 b3
+    unsigned cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);
+    out[0] = __byte_perm(ab01, cd01, 0x5410); // a0 b0 c0 d0
+    out[1] = __byte_perm(ab01, cd01, 0x7632);
+    out[2] = __byte_perm(ab23, cd23, 0x5410);
+    out[3] = __byte_perm(ab23, cd23, 0x7632);
+  }
 }
 
 // quantize {transpose=true}, launch 0 (delayed scaling; launch 1 under current scaling): x as
 // [Rows, Cols] (multiples of 16) to FP8 in q and, transposed, in qT [Cols, Rows], from one read
 // of x (Transformer Engine's cast-transpose). 64 x 64 tiles, Tiles in all and TilesC across the
-// columns, which each of Blocks blocks takes in turn (the lowering gives each block one): each thread converts sixteen values of a
-// row into one 16-byte store of q and of the tile in shared memory, whose columns then go out as
-// rows of qT, sixteen bytes a store (transposeBytes' pattern). Then, as quantizeBlocks,
-// quantizeFinish. With ColumnSums (bias_grad) each tile's fp32 values go through shared memory
-// too, and one thread a column sums its 64 rows in row order into partials (doubles,
-// [tile row][column]) as geluBackwardColumnSums sums a chunk of 64 rows; columnSumTotals adds the
-// tile rows after. 256 threads.
+// columns; block b takes tiles b, b + Blocks, ... (the lowering gives each SM a few blocks), with
+// the next tile's loads in flight while it converts one. Each of its 128 threads takes eight
+// rows of four columns: it converts them into eight words of q, transposes the bytes in its
+// registers (transposeBytes8x4) and writes four 8-byte pieces of qT's rows, so that a warp's
+// stores fill whole 32-byte sectors of q and of qT and no shared memory is needed. With
+// ColumnSums (bias_grad) each tile's columns are summed over its 64 rows into partials (doubles,
+// [tile row][column]): each thread its eight rows in row order, then the eight threads' sums in
+// row order; columnSumTotals adds the tile rows after. Then, as quantizeBlocks, quantizeFinish.
+enum { kQuantizeTransposeThreads = 128 };
 template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
           bool Current = false, bool ColumnSums = false, typename Source>
 __device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned char *q, unsigned char *qT,
                                         const float *scaleInv, float *amax, float *saturations, float *used,
                                         float largest, float marginScale = 1.0f, float *partials = nullptr) {
-  __shared__ __align__(16) unsigned char tile[64][80];
-  __shared__ float values[ColumnSums ? 64 : 1][ColumnSums ? 65 : 1]; // (65: a column's reads in all banks)
+  static_assert(Rows % 16 == 0 && Cols % 16 == 0, "the lowering checks both sides");
+  __shared__ double lowerSums[ColumnSums ? 2 : 1][ColumnSums ? 64 : 1]; // rows 32-63's, two tiles apart
   float s = Current ? currentScale(currentAmax(used), largest, marginScale) : scale[0];
   Fp8Converter<Format> convert{s, largest};
-  int row = threadIdx.x / 4, part = threadIdx.x % 4; // 64 rows of four 16-element parts
-  for (int64 t = blockIdx.x; t < Tiles; t += Blocks) {
-    int64 tileR = t / TilesC, tileC = t % TilesC;
-    int64 r = tileR * 64 + row, c = tileC * 64 + part * 16;
-    if (r < Rows && c < Cols) {
-      float4 v[4];
-      uint4 packed;
+  // Warps 0 and 1 take rows 0-31, 2 and 3 rows 32-63; in a warp, eight threads across 32
+  // columns and four down 32 rows.
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int column = 4 * (lane % 8 + 8 * (warp % 2)), firstRow = 8 * (lane / 8 + 4 * (warp / 2));
+  typename Source::Raw raw[8];
+  auto load = [&](int64 t) {
+    int64 r = t / TilesC * 64 + firstRow, c = t % TilesC * 64 + column;
+    if (r < Rows && c < Cols) { // (eight rows and four columns all in, or all out: sides of 16)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = x.four(r * Cols + c + 4 * k);
-      packed.x = convert(v[0]);
-      packed.y = convert(v[1]);
-      packed.z = convert(v[2]);
-      packed.w = convert(v[3]);
-      *(uint4 *)(q + r * Cols + c) = packed;
-      *(uint4 *)&tile[row][part * 16] = packed;
-      if constexpr (ColumnSums) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float *out = &values[row][part * 16 + 4 * k];
-          out[0] = v[k].x, out[1] = v[k].y, out[2] = v[k].z, out[3] = v[k].w;
-        }
-      }
+      for (int j = 0; j < 8; ++j) raw[j] = x.raw((r + j) * Cols + c);
     }
-    __syncthreads();
-    int64 outRow = tileC * 64 + row, outCol = tileR * 64 + part * 16; // row: an input column
-    if (outRow < Cols && outCol < Rows)
-      *(uint4 *)(qT + outRow * Rows + outCol) = tileColumn16(tile, row, part * 16);
+  };
+  int parity = 0;
+  if (blockIdx.x < Tiles)
+    load(blockIdx.x);
+  for (int64 t = blockIdx.x; t < Tiles; t += Blocks, parity ^= 1) {
+    int64 tileR = t / TilesC, r = tileR * 64 + firstRow, c = t % TilesC * 64 + column;
+    bool inside = r < Rows && c < Cols;
+    float4 v[8];
+    if (inside) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = x.value(raw[j]);
+    }
+    if (t + Blocks < Tiles)
+      load(t + Blocks); // in flight while this tile is converted and stored
+    if (inside) {
+      unsigned words[8], lo[4], hi[4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        words[j] = convert(v[j]);
+        *(unsigned *)(q + (r + j) * Cols + c) = words[j];
+      }
+      transposeBytes8x4(words, lo, hi);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) *(uint2 *)(qT + (c + k) * Rows + r) = make_uint2(lo[k], hi[k]);
+    }
     if constexpr (ColumnSums) {
-      int64 column = tileC * 64 + threadIdx.x;
-      if (threadIdx.x < 64 && column < Cols) {
-        int64 rows = Rows - tileR * 64 < 64 ? Rows - tileR * 64 : 64;
+      // Each column's 64 rows in row order: a thread's eight, then (lanes 8 apart) the four
+      // threads of a warp's 32 rows, then rows 32-63's after rows 0-31's.
+      double sums[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
         double sum = 0;
-        for (int k = 0; k < rows; ++k) sum += values[k][threadIdx.x];
-        ((double *)partials)[tileR * Cols + column] = sum;
+        if (inside) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum += (double)(&v[j].x)[k];
+        }
+        double s1 = __shfl_down_sync(0xffffffffu, sum, 8), s2 = __shfl_down_sync(0xffffffffu, sum, 16),
+               s3 = __shfl_down_sync(0xffffffffu, sum, 24);
+        sums[k] = ((sum + s1) + s2) + s3; // (lanes 0-7: their column's 32 rows)
+      }
+      if (warp >= 2 && lane < 8) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) lowerSums[parity][column + k] = sums[k];
+      }
+      __syncthreads(); // (two buffers: the next tile's writes go to the other)
+      if (warp < 2 && lane < 8 && c < Cols) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          ((double *)partials)[tileR * Cols + c + k] = sums[k] + lowerSums[parity][column + k];
       }
     }
-    __syncthreads(); // (the next tile overwrites this one)
   }
-  quantizeFinish<Blocks, Current>(convert.localMax, convert.saturated, scaleInv, amax, saturations, used, largest,
+  quantizeFinish<Blocks, Current>(convert.maxBits, convert.saturated, scaleInv, amax, saturations, used, largest,
                                   marginScale);
 }
 
