@@ -746,11 +746,12 @@ TEST(GpuKernels, CastTransposeGivesTheCpusBytesAndCounts) {
   // fp8.cuh's quantizeTransposeBlocks (quantize {transpose=true}): q, its transpose, the amax and
   // the saturation count, bit for bit against the CPU: one 16 x 16 tile's corner, sides that are
   // not multiples of 64 (partial tiles: 48 x 80, and a [3, 16, 112] batch as rows), 33 x 33 tiles
-  // (more than the 1024 blocks: each block takes several); delayed scaling at a scale that
-  // saturates some values, and current scaling with a margin; E4M3 and E5M2; and each applying
-  // the GELU first (activation="gelu", fuse-gelu-quantize's), or making the GELU's gradient of x
-  // and h with its column sums (activation="gelu_backward", bias_grad), where an ulp of tanhf may
-  // move a rare value to the next FP8 code (expectFp8OfGeluMatches) and the sums by as much.
+  // (more than four blocks a multiprocessor: each block takes several in turn); delayed scaling
+  // at a scale that saturates some values, and current scaling with a margin; E4M3 and E5M2; and
+  // each applying the GELU first (activation="gelu", fuse-gelu-quantize's), or making the GELU's
+  // gradient of x and h with its column sums (activation="gelu_backward", bias_grad), where an
+  // ulp of tanhf may move a rare value to the next FP8 code (expectFp8OfGeluMatches) and the sums
+  // by as much.
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
   for (std::string shape : {"16,16", "48,80", "3,16,112", "2112,2112"})
