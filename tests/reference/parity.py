@@ -339,7 +339,7 @@ def bench(args):
     batches = [tuple(t[rank * share:(rank + 1) * share].to(device) for t in train_batch(cfg, i))
                for i in range(total)]
     torch.cuda.reset_peak_memory_stats()
-    times, loss = [], None
+    times, loss, losses = [], None, []
     for step in range(1, total + 1):
         tokens, targets = batches[step - 1]
         torch.cuda.synchronize()
@@ -359,6 +359,8 @@ def bench(args):
         torch.cuda.synchronize()
         if step > args.warmup:
             times.append((time.perf_counter() - start) * 1000)
+        if args.losses:
+            losses.append(loss.item())
     tokens_per_step = cfg["batch"] * cfg["seq_len"]
     median = statistics.median(times)
     what = f" ({len(fp8)} FP8 linear layers, delayed scaling)" if args.precision == "fp8" else ""
@@ -367,6 +369,10 @@ def bench(args):
         mode += f" + DDP on {ranks} GPUs"
         if rank != 0:
             return
+    if args.losses:
+        with open(args.losses, "w") as f:
+            json.dump({"model": cfg.get("name", ""), "precision": args.precision, "mode": mode, "steps": total,
+                       "torch": torch.__version__, "losses": losses}, f, indent=1)
     print(f"pytorch {args.precision:<5} {mode}{what}, {torch.cuda.get_device_name()}: median {median:.2f} ms, "
           f"mean {statistics.mean(times):.2f} ms, {tokens_per_step / median * 1000:.0f} tokens/s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, final loss {loss.item():.4f}")
@@ -386,6 +392,7 @@ def main():
     parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch", type=int, help="with --bench: the global batch (default: the model file's)")
+    parser.add_argument("--losses", help="with --bench: write every step's loss (warm-up steps too) as JSON here")
     parser.add_argument("--ddp", action="store_true",
                         help="with --bench, under torchrun: DistributedDataParallel, the batch split over the ranks")
     args = parser.parse_args()
