@@ -288,8 +288,10 @@ __device__ __forceinline__ void transposeBytes8x4(const unsigned (&words)[8], un
 // registers (transposeBytes8x4) and writes four 8-byte pieces of qT's rows, so that a warp's
 // stores fill whole 32-byte sectors of q and of qT and no shared memory is needed. With
 // ColumnSums (bias_grad) each tile's columns are summed over its 64 rows into partials (doubles,
-// [tile row][column]): each thread its eight rows in row order, then the eight threads' sums in
-// row order; columnSumTotals adds the tile rows after. Then, as quantizeBlocks, quantizeFinish.
+// [tile row][column]): each thread its eight rows in row order, then the four threads' sums of a
+// warp's 32 rows in row order, then rows 32-63's after rows 0-31's (doubles: the same bits as one
+// pass down the 64 rows wherever the sums are exact, as at gpt-1.3b's shapes); columnSumTotals
+// adds the tile rows after. Then, as quantizeBlocks, quantizeFinish.
 enum { kQuantizeTransposeThreads = 128 };
 template <int64 Rows, int64 Cols, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
           bool Current = false, bool ColumnSums = false, typename Source>
