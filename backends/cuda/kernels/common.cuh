@@ -121,12 +121,13 @@ __device__ __forceinline__ void store4(F32Bf16Out out, int64 i, float4 v) {
   *(uint2 *)(out.h + i) = make_uint2(bf16Pair(v.x, v.y), bf16Pair(v.z, v.w));
 }
 __device__ __forceinline__ float4 load4(const float *x, int64 i) { return *(const float4 *)(x + i); }
-// Four BF16 values (8-byte aligned) as floats.
-__device__ __forceinline__ float4 load4(const unsigned short *x, int64 i) {
-  uint2 q = *(const uint2 *)(x + i);
+// Four BF16 values in 8 bytes (the first lowest) as floats.
+__device__ __forceinline__ float4 bf16Four(uint2 q) {
   return make_float4(__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u), __uint_as_float(q.y << 16),
                      __uint_as_float(q.y & 0xffff0000u));
 }
+// Four BF16 values (8-byte aligned) as floats.
+__device__ __forceinline__ float4 load4(const unsigned short *x, int64 i) { return bf16Four(*(const uint2 *)(x + i)); }
 
 // Programmatic dependent launch (compute capability 9.0 on): the executor launches each kernel
 // so that it may start while the kernel before it in the stream is still running, which hides

@@ -7,26 +7,22 @@
 
 #include "common.cuh"
 #include "elementwise.cuh"
-#include "layout.cuh"
 
-// Four consecutive elements (i a multiple of 4) as one load brings them: a float4, or four BF16
-// values in 8 bytes; value() gives them as floats.
+// Four consecutive elements as one load brings them (at(x, i), i a multiple of 4): a float4, or
+// four BF16 values in 8 bytes; value() gives them as floats.
 template <typename T>
 struct Four;
 template <>
 struct Four<float> {
   float4 v;
-  __device__ void load(const float *x, int64 i) { v = *(const float4 *)(x + i); }
+  __device__ static Four at(const float *x, int64 i) { return {*(const float4 *)(x + i)}; }
   __device__ float4 value() const { return v; }
 };
 template <>
 struct Four<unsigned short> {
   uint2 v;
-  __device__ void load(const unsigned short *x, int64 i) { v = *(const uint2 *)(x + i); }
-  __device__ float4 value() const {
-    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                       __uint_as_float(v.y & 0xffff0000u));
-  }
+  __device__ static Four at(const unsigned short *x, int64 i) { return {*(const uint2 *)(x + i)}; }
+  __device__ float4 value() const { return bf16Four(v); }
 };
 
 // What a quantize converts, read at element i (one value, or four from a multiple of 4): x,
@@ -40,11 +36,7 @@ struct QuantizeX {
   const In *x;
   using Raw = Four<In>;
   __device__ float operator()(int64 i) const { return elementValue(x[i]); }
-  __device__ Raw raw(int64 i) const {
-    Raw r;
-    r.load(x, i);
-    return r;
-  }
+  __device__ Raw raw(int64 i) const { return Raw::at(x, i); }
   __device__ float4 value(const Raw &r) const { return r.value(); }
   __device__ float4 four(int64 i) const { return value(raw(i)); }
 };
@@ -53,11 +45,7 @@ struct QuantizeGelu {
   const In *x;
   using Raw = Four<In>;
   __device__ float operator()(int64 i) const { return geluTanh(elementValue(x[i])); }
-  __device__ Raw raw(int64 i) const {
-    Raw r;
-    r.load(x, i);
-    return r;
-  }
+  __device__ Raw raw(int64 i) const { return Raw::at(x, i); }
   __device__ float4 value(const Raw &r) const {
     float4 v = r.value();
     return make_float4(geluTanh(v.x), geluTanh(v.y), geluTanh(v.z), geluTanh(v.w));
@@ -73,12 +61,7 @@ struct QuantizeGeluGradient {
     Four<In> h;
   };
   __device__ float operator()(int64 i) const { return geluTanhGradient(elementValue(dy[i]), elementValue(h[i])); }
-  __device__ Raw raw(int64 i) const {
-    Raw r;
-    r.d.load(dy, i);
-    r.h.load(h, i);
-    return r;
-  }
+  __device__ Raw raw(int64 i) const { return {Four<Dy>::at(dy, i), Four<In>::at(h, i)}; }
   __device__ float4 value(const Raw &r) const {
     float4 d = r.d.value(), v = r.h.value();
     return make_float4(geluTanhGradient(d.x, v.x), geluTanhGradient(d.y, v.y), geluTanhGradient(d.z, v.z),
@@ -104,6 +87,10 @@ __device__ __forceinline__ unsigned absBits(float v) { return __float_as_uint(v)
 __device__ __forceinline__ float amaxOfBits(unsigned bits) {
   return bits > 0x7f800000u ? __int_as_float(0x7fc00000) : __uint_as_float(bits);
 }
+// maxBits and the absBits of four values, the largest.
+__device__ __forceinline__ unsigned maxAbsBits(unsigned maxBits, float4 v) {
+  return max(max(maxBits, max(absBits(v.x), absBits(v.y))), max(absBits(v.z), absBits(v.w)));
+}
 
 // One thread's conversions: each value times the scale to FP8, saturating at `largest`, its
 // max |value| (as bits: an integer maximum a value) and how many saturated kept as it goes.
@@ -112,7 +99,6 @@ struct Fp8Converter {
   float scale, largest;
   unsigned maxBits = 0;
   int saturated = 0;
-  __device__ float localMax() const { return amaxOfBits(maxBits); }
   __device__ unsigned operator()(float v) {
     float scaled = v * scale;
     maxBits = max(maxBits, absBits(v));
@@ -123,7 +109,7 @@ struct Fp8Converter {
   // the same bytes as one at a time).
   __device__ unsigned operator()(float4 v) {
     float4 s = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
-    maxBits = max(max(maxBits, max(absBits(v.x), absBits(v.y))), max(absBits(v.z), absBits(v.w)));
+    maxBits = maxAbsBits(maxBits, v);
     saturated += (fabsf(s.x) > largest) + (fabsf(s.y) > largest) + (fabsf(s.z) > largest) + (fabsf(s.w) > largest);
     unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(s.x, s.y), __NV_SATFINITE, Format);
     unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(s.z, s.w), __NV_SATFINITE, Format);
@@ -201,8 +187,7 @@ __device__ void quantizeAmaxBlocks(Source x, float *used) {
   unsigned maxBits = 0, none = 0;
   if (Count % 4 == 0 && PerBlock % 4 == 0) {
     for (int64 i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      float4 v = x.four(4 * i);
-      maxBits = max(max(maxBits, max(absBits(v.x), absBits(v.y))), max(absBits(v.z), absBits(v.w)));
+      maxBits = maxAbsBits(maxBits, x.four(4 * i));
     }
   } else {
     for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) maxBits = max(maxBits, absBits(x(i)));

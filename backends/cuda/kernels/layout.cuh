@@ -25,17 +25,6 @@ __device__ void transposeLastTwo(const T *x, Out out) {
   }
 }
 
-// Sixteen bytes of column `col` of a 64 x 64 byte tile (rows padded to 80), from row `firstRow`
-// on: a row of the transposed tile, as one 16-byte store writes it.
-__device__ __forceinline__ uint4 tileColumn16(const unsigned char (*tile)[80], int col, int firstRow) {
-  unsigned w[4];
-  for (int k = 0; k < 4; ++k) {
-    const int r = firstRow + 4 * k;
-    w[k] = tile[r][col] | tile[r + 1][col] << 8 | tile[r + 2][col] << 16 | (unsigned)tile[r + 3][col] << 24;
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // FP8 bytes [..., Rows, Cols] -> [..., Cols, Rows] (Rows and Cols multiples of 16) in 64 x 64
 // tiles, sixteen bytes a load and a store (the 32 x 32 tiles above move one byte a thread).
 // One block of 256 threads per tile; TilesC tiles across a matrix's columns, Tiles a matrix.
@@ -50,8 +39,13 @@ __device__ void transposeBytes(const unsigned char *x, unsigned char *out) {
   if (r < Rows && c < Cols) *(uint4 *)&tile[row][part * 16] = *(const uint4 *)(src + r * Cols + c);
   __syncthreads();
   int64 outRow = tileC * 64 + row, outCol = tileR * 64 + part * 16; // row: an input column
-  if (outRow < Cols && outCol < Rows)
-    *(uint4 *)(dst + outRow * Rows + outCol) = tileColumn16(tile, row, part * 16);
+  if (outRow < Cols && outCol < Rows) {
+    unsigned w[4];
+    for (int k = 0; k < 4; ++k)
+      w[k] = tile[part * 16 + 4 * k][row] | tile[part * 16 + 4 * k + 1][row] << 8 |
+             tile[part * 16 + 4 * k + 2][row] << 16 | (unsigned)tile[part * 16 + 4 * k + 3][row] << 24;
+    *(uint4 *)(dst + outRow * Rows + outCol) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // Any other permutation: out[o] = x[offset(o)]. ExtentsAndStrides lists, for each output
