@@ -7,6 +7,10 @@
 
 #include "llvm/ADT/StringRef.h"
 
+#include <optional>
+#include <string>
+#include <utility>
+
 namespace tgc {
 
 /// gemm_dtype="bf16": the op's GEMMs (its own, or those inside a fused op) read their operands
@@ -43,6 +47,113 @@ inline bool writesCache(const AttrMap &attrs) { return attrs.getBool(kWriteCache
 inline constexpr llvm::StringLiteral kFp8Format = "format";
 inline Fp8Format fp8FormatOf(const AttrMap &attrs) {
   return attrs.getString(kFp8Format) == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
+/// transpose_a / transpose_b on matmul (and the GEMMs a lowering makes): which operands are read
+/// transposed. Only a true flag is stored, so the IR text names what is transposed.
+inline constexpr llvm::StringLiteral kTransposeA = "transpose_a", kTransposeB = "transpose_b";
+struct MatMulLayout {
+  bool transposeA = false, transposeB = false;
+};
+inline MatMulLayout matmulLayout(const AttrMap &attrs) {
+  return {attrs.getBool(kTransposeA).value_or(false), attrs.getBool(kTransposeB).value_or(false)};
+}
+inline void setMatmulLayout(AttrMap &attrs, MatMulLayout layout) {
+  for (auto [key, on] : {std::pair{kTransposeA, layout.transposeA}, std::pair{kTransposeB, layout.transposeB}}) {
+    if (on)
+      attrs.set(key, true);
+    else
+      attrs.erase(key);
+  }
+}
+/// The attributes of a GEMM with `layout` (and nothing else).
+inline AttrMap matmulAttrs(MatMulLayout layout) {
+  AttrMap attrs;
+  setMatmulLayout(attrs, layout);
+  return attrs;
+}
+/// A product by a weight stored [N, K] (a linear layer's y = x w^T): transpose_b alone.
+inline constexpr MatMulLayout kTransposedWeight{false, true};
+
+/// The options of a quantize op (fp8.md): its format (kFp8Format above), its scaling
+/// (scaling="current" with margin M: the tensor's own amax; absent: the delayed scale it is
+/// given), transpose=true (it also writes the transpose, for the wgrad), activation="gelu" or
+/// "gelu_backward" (fuse-gelu-quantize: it quantizes the GELU of its input, or the GELU's
+/// gradient) and bias_grad=true (with gelu_backward: it also sums that gradient's columns).
+/// fp8_update takes the margin too.
+enum class QuantizeActivation { None, Gelu, GeluBackward };
+struct QuantizeOptions {
+  Fp8Format format = Fp8Format::E4M3;
+  bool currentScaling = false;
+  int64_t margin = 0;
+  bool transpose = false;
+  QuantizeActivation activation = QuantizeActivation::None;
+  bool biasGrad = false;
+};
+inline constexpr llvm::StringLiteral kScaling = "scaling", kMargin = "margin", kTranspose = "transpose",
+                                     kActivation = "activation", kBiasGrad = "bias_grad";
+inline const char *fp8FormatName(Fp8Format format) { return format == Fp8Format::E5M2 ? "e5m2" : "e4m3"; }
+inline const char *activationName(QuantizeActivation a) {
+  return a == QuantizeActivation::Gelu ? "gelu" : a == QuantizeActivation::GeluBackward ? "gelu_backward" : "";
+}
+inline QuantizeOptions quantizeOptions(const AttrMap &attrs) {
+  QuantizeOptions q;
+  q.format = fp8FormatOf(attrs);
+  q.currentScaling = attrs.getString(kScaling) == "current";
+  q.margin = attrs.getInt(kMargin).value_or(0);
+  q.transpose = attrs.getBool(kTranspose).value_or(false);
+  auto activation = attrs.getString(kActivation);
+  q.activation = activation == "gelu"            ? QuantizeActivation::Gelu
+                 : activation == "gelu_backward" ? QuantizeActivation::GeluBackward
+                                                 : QuantizeActivation::None;
+  q.biasGrad = attrs.getBool(kBiasGrad).value_or(false);
+  return q;
+}
+/// The margin of a quantize under current scaling, or of an fp8_update.
+inline int64_t fp8Margin(const AttrMap &attrs) { return attrs.getInt(kMargin).value_or(0); }
+inline void setFp8Format(AttrMap &attrs, Fp8Format format) { attrs.set(kFp8Format, std::string(fp8FormatName(format))); }
+inline void setFp8Margin(AttrMap &attrs, int64_t margin) { attrs.set(kMargin, margin); }
+inline void setCurrentScaling(AttrMap &attrs, int64_t margin) {
+  attrs.set(kScaling, std::string("current"));
+  setFp8Margin(attrs, margin);
+}
+inline void setQuantizeTranspose(AttrMap &attrs) { attrs.set(kTranspose, true); }
+inline void setQuantizeActivation(AttrMap &attrs, QuantizeActivation a) {
+  attrs.set(kActivation, std::string(activationName(a)));
+}
+inline void setBiasGrad(AttrMap &attrs) { attrs.set(kBiasGrad, true); }
+
+/// How assign-precision chose to run a linear layer's GEMM in FP8, left on the matmul for
+/// autodiff, which quantizes the output gradient the same way: the layer's site (its scaling
+/// state's name), the gradient's format (E5M2 under hybrid), the amax history's length, and
+/// under current scaling the margin.
+struct Fp8GemmChoice {
+  std::string site;
+  Fp8Format gradFormat = Fp8Format::E5M2;
+  int64_t history = 1;
+  std::optional<int64_t> currentMargin;
+};
+inline constexpr llvm::StringLiteral kFp8Site = "fp8_site", kFp8Grad = "fp8_grad", kFp8History = "fp8_history",
+                                     kFp8CurrentMargin = "fp8_current_margin";
+inline bool hasFp8GemmChoice(const AttrMap &attrs) { return attrs.has(kFp8Site); }
+/// The choice on a matmul, if assign-precision made one; `fallbackSite` names a site left out.
+inline std::optional<Fp8GemmChoice> fp8GemmChoice(const AttrMap &attrs, const std::string &fallbackSite) {
+  auto grad = attrs.getString(kFp8Grad);
+  if (!grad)
+    return std::nullopt;
+  Fp8GemmChoice c;
+  c.site = attrs.getString(kFp8Site).value_or(fallbackSite);
+  c.gradFormat = *grad == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  c.history = attrs.getInt(kFp8History).value_or(1);
+  c.currentMargin = attrs.getInt(kFp8CurrentMargin);
+  return c;
+}
+inline void setFp8GemmChoice(AttrMap &attrs, const Fp8GemmChoice &c) {
+  attrs.set(kFp8Site, c.site);
+  attrs.set(kFp8Grad, std::string(fp8FormatName(c.gradFormat)));
+  attrs.set(kFp8History, c.history);
+  if (c.currentMargin)
+    attrs.set(kFp8CurrentMargin, *c.currentMargin);
 }
 
 } // namespace tgc

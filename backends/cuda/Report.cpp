@@ -1,7 +1,7 @@
 #include "backends/cuda/Report.h"
 
-#include "backends/cuda/Lowering.h"
-#include "backends/cuda/MemoryPlan.h"
+#include "backends/cuda/lowering/Lowering.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,9 +1,9 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
 #include "backends/cpu/Pipeline.h"
-#include "backends/cuda/CublasLt.h"
-#include "backends/cuda/Cudnn.h"
-#include "backends/cuda/Libraries.h"
-#include "backends/cuda/Nccl.h"
+#include "backends/cuda/libraries/CublasLt.h"
+#include "backends/cuda/libraries/Cudnn.h"
+#include "backends/cuda/libraries/Libraries.h"
+#include "backends/cuda/libraries/Nccl.h"
 #include "backends/cuda/Target.h"
 #include "support/BuildInfo.h"
 #include "tools/tgc/Options.h"

@@ -6,7 +6,7 @@
 // goes to /dev/null, their errors stay on standard error. The launcher waits: when a rank fails
 // or is killed, it stops the others (SIGTERM, then SIGKILL after 2 s), which would otherwise
 // wait in a collective for it forever, says which rank ended how, and exits with its status.
-#include "backends/cuda/Nccl.h"
+#include "backends/cuda/libraries/Nccl.h"
 #include "backends/cuda/Target.h"
 #include "support/Error.h"
 #include "tools/tgc/Options.h"

@@ -1,7 +1,7 @@
-// cuBLASLt's run-time loader (backends/cuda/CublasLt.h): what it finds without a GPU and what it
+// cuBLASLt's run-time loader (backends/cuda/libraries/CublasLt.h): what it finds without a GPU and what it
 // says when it finds nothing. cublasLtGetVersion needs no GPU.
 #ifdef TGC_HAVE_CUDA
-#include "backends/cuda/CublasLt.h"
+#include "backends/cuda/libraries/CublasLt.h"
 #include "backends/cuda/Target.h"
 
 #include "llvm/Support/FileSystem.h"

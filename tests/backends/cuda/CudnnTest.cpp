@@ -1,9 +1,9 @@
-// cuDNN's run-time loader (backends/cuda/Cudnn.h) and the lowering of the attention ops cuDNN
+// cuDNN's run-time loader (backends/cuda/libraries/Cudnn.h) and the lowering of the attention ops cuDNN
 // runs, without a GPU: what the loader finds and says, and which launches, BF16 values and
 // buffers the lowering gives cuDNN's attention. (cuDNN's results against the CPU: GpuTest.)
-#include "backends/cuda/Cudnn.h"
-#include "backends/cuda/Lowering.h"
-#include "backends/cuda/MemoryPlan.h"
+#include "backends/cuda/libraries/Cudnn.h"
+#include "backends/cuda/lowering/Lowering.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 #include "backends/cuda/Pipeline.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"

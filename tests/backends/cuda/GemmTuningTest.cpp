@@ -1,7 +1,7 @@
 // The GEMM algorithm choice (GemmTuning.h): the fastest candidate, but the heuristic's first
 // unless another is at least 5% faster; kept in its file and taken from there, unchanged, by
 // later tuners.
-#include "backends/cuda/GemmTuning.h"
+#include "backends/cuda/runtime/GemmTuning.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"

@@ -1,7 +1,8 @@
 // The GPU memory plan: values alive at the same time never share bytes, aliases share their
 // source's, and reuse makes the arena much smaller than one buffer per value.
 #include "backends/cuda/Pipeline.h"
-#include "backends/cuda/MemoryPlan.h"
+#include "backends/cuda/lowering/Lowering.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 #include "ir/Attributes.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"

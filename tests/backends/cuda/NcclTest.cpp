@@ -1,6 +1,6 @@
-// NCCL's run-time loader (backends/cuda/Nccl.h): without a GPU, what it finds and what it says
+// NCCL's run-time loader (backends/cuda/libraries/Nccl.h): without a GPU, what it finds and what it says
 // when it finds nothing. ncclGetVersion needs no GPU.
-#include "backends/cuda/Nccl.h"
+#include "backends/cuda/libraries/Nccl.h"
 #include "tests/TestUtil.h"
 
 #include "llvm/Support/FileSystem.h"

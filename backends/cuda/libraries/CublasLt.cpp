@@ -1,7 +1,6 @@
-#include "backends/cuda/CublasLt.h"
+#include "backends/cuda/libraries/CublasLt.h"
 
-#ifdef TGC_HAVE_CUDA
-#include "backends/cuda/Libraries.h"
+#include "backends/cuda/libraries/Libraries.h"
 
 #include "support/Error.h"
 
@@ -56,4 +55,3 @@ llvm::Expected<const CublasLtApi *> loadCublasLt() {
 }
 
 } // namespace tgc
-#endif

@@ -1,4 +1,4 @@
-#include "backends/cuda/Libraries.h"
+#include "backends/cuda/libraries/Libraries.h"
 
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"

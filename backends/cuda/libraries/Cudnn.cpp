@@ -1,6 +1,6 @@
-#include "backends/cuda/Cudnn.h"
+#include "backends/cuda/libraries/Cudnn.h"
 
-#include "backends/cuda/Libraries.h"
+#include "backends/cuda/libraries/Libraries.h"
 #include "support/Error.h"
 
 #include <dlfcn.h>

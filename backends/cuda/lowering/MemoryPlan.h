@@ -6,7 +6,7 @@
 // bytes and the copy.
 #pragma once
 
-#include "backends/cuda/Lowering.h"
+#include "backends/cuda/CudaProgram.h"
 #include "ir/Graph.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -45,6 +45,8 @@ bool isWeight(const CudaProgram &program, const Value *v);
 bool bf16Ready(const CudaProgram &program, const Value *v);
 /// The value whose memory `v` is: `v`, or the source of the reshapes it is.
 const Value *reshapeRoot(const Value *v);
+/// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
+const Op *quantizeOf(const Value *v);
 
 /// Bytes of the op-local buffers of op `op`, the program's op number `index` (see
 /// MemoryPlan::opLocalOffsets; a BF16-ready operand's copy takes none).

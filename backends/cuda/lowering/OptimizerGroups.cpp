@@ -1,8 +1,9 @@
 // The optimizer's program-level lowering: the per-parameter AdamW ops and the gradient norm's
 // chain of sum_squares and adds, each as one group of launches over the contiguous parameter
-// layout (ParameterLayout), with the arithmetic of the per-op kernels (KernelCalls.h).
-#include "backends/cuda/KernelCalls.h"
-#include "backends/cuda/MemoryPlan.h"
+// layout (ParameterLayout), with the arithmetic of the per-op kernels (Emitter.h).
+#include "backends/cuda/lowering/Emitter.h"
+#include "backends/cuda/lowering/Lowering.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 
 #include <algorithm>
 #include <fmt/format.h>

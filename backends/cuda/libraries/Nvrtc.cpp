@@ -1,6 +1,6 @@
-#include "backends/cuda/Nvrtc.h"
+#include "backends/cuda/libraries/Nvrtc.h"
 
-#include "backends/cuda/KernelHeaders.h"
+#include "backends/cuda/libraries/KernelHeaders.h"
 #include "support/Files.h"
 
 #include "llvm/Support/FileSystem.h"

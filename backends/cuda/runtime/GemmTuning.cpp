@@ -1,4 +1,4 @@
-#include "backends/cuda/GemmTuning.h"
+#include "backends/cuda/runtime/GemmTuning.h"
 
 #include "support/Files.h"
 

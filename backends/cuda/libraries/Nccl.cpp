@@ -1,6 +1,6 @@
-#include "backends/cuda/Nccl.h"
+#include "backends/cuda/libraries/Nccl.h"
 
-#include "backends/cuda/Libraries.h"
+#include "backends/cuda/libraries/Libraries.h"
 
 #include "support/Error.h"
 

@@ -1,4 +1,4 @@
-#include "backends/cuda/MemoryPlan.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 
 #include "ir/Attributes.h"
 
@@ -34,6 +34,13 @@ const Value *reshapeRoot(const Value *v) {
   while (v->def() && v->def()->kind() == OpKind::Reshape)
     v = v->def()->operand(0);
   return v;
+}
+
+const Op *quantizeOf(const Value *v) {
+  const Op *def = v->def();
+  while (def && (def->kind() == OpKind::Reshape || def->kind() == OpKind::Transpose))
+    def = def->operand(0)->def();
+  return def && def->kind() == OpKind::Quantize ? def : nullptr;
 }
 
 bool isWeight(const CudaProgram &program, const Value *v) {

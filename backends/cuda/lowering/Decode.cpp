@@ -1,0 +1,99 @@
+// The generation family (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
+#include "backends/cuda/lowering/Families.h"
+
+#include <fmt/format.h>
+
+namespace tgc {
+
+namespace {
+
+/// The launches that write the caches (kv_write, decode_attention {write_cache}) write only this
+/// step's rows where the caches are written in place (results kOut and vOut, `first` and the one
+/// after it); otherwise launch 0 copies the caches into them first. Returns the next launch.
+unsigned copyCachesUnlessInPlace(const Op &op, Emitter &e, const std::string &params, unsigned first) {
+  if (e.program_.inPlace.count(op.result(first)) && e.program_.inPlace.count(op.result(first + 1)))
+    return 0;
+  int64_t count = op.result(first)->type().numElements();
+  e.launch(0, params, elementwiseBlocks(count), fmt::format("kvCopy<{}>(k, v, kOut, vOut)", count));
+  return 1;
+}
+
+} // namespace
+
+/// Generation's ops (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
+llvm::Error emitDecode(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  e.uses("decode.cuh");
+  if (op.kind() == OpKind::Argmax) {
+    // Parts of 2048 elements a block (a vocabulary of 50k: 25 blocks a row), then a combine.
+    constexpr int64_t kChunk = 2048;
+    int64_t n = operandType(op, 0).dim(-1), rows = operandType(op, 0).numElements() / n, chunks = (n + kChunk - 1) / kChunk;
+    e.lowering.scratchFloats = {2 * rows * chunks};
+    e.launch(0, "const float *x, int *out, float *scratch", rows * chunks,
+             fmt::format("argmaxParts<{}, {}>(x, scratch)", n, kChunk));
+    e.launch(1, "const float *x, int *out, float *scratch", rows, fmt::format("argmaxCombine<{}, {}>(scratch, out)", n, kChunk),
+             32);
+    return llvm::Error::success();
+  }
+  if (op.kind() == OpKind::KvWrite) {
+    const TensorType &cache = outputType(op), &qkv = operandType(op, 2);
+    int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1);
+    bool positioned = op.numOperands() > 3;
+    std::string params = positioned ? "const float *k, const float *v, const float *qkv, const int *positions, "
+                                      "float *kOut, float *vOut"
+                                    : "const float *k, const float *v, const float *qkv, float *kOut, float *vOut";
+    unsigned launch = copyCachesUnlessInPlace(op, e, params, 0);
+    e.launch(launch, params, elementwiseBlocks(B * S * D),
+             fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
+                         boolText(hasBf16Gemms(a)), positioned ? "positions" : "nullptr"));
+    return llvm::Error::success();
+  }
+  // Flash-decoding: each (sequence, head) split into parts of Keys keys, each part a block,
+  // the last block of each combining; parts of 32 keys where the sequences and heads are fewer
+  // than the SMs (more blocks at the short positions of a decode), else 64.
+  const TensorType &out = outputType(op);
+  int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
+  int64_t keys = std::min<int64_t>(T, B * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
+  e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
+  e.lowering.persistentFloats = {B * H}; // the blocks done, per (sequence, head)
+  // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
+  bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
+  const char *cache = bf16Caches ? "unsigned short" : "float";
+  std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
+  const int64_t blocks = B * H * splits;
+  if (!writesCache(a)) {
+    e.launch(0,
+             fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
+                         "float *partial, unsigned *done",
+                         cache),
+             blocks,
+             fmt::format("decodeAttention<{}>(qkv, k, v, positions, out, partial, done, {})", shape,
+                         lit(*a.getFloat("scale"))),
+             128);
+    return llvm::Error::success();
+  }
+  // fuse-kv-write's: the attention reads the caches it writes (kOut, vOut; typed Bf16Out where
+  // stored in BF16), copied first where they are not written in place, as kv_write's.
+  std::string params = fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
+                                   "float *kOut, float *vOut, float *partial, unsigned *done",
+                                   cache);
+  unsigned launch = copyCachesUnlessInPlace(op, e, params, 1);
+  bool inPlace = launch == 0;
+  // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
+  // programmatic launch, in place, with the positions an input (written before the step), they
+  // load before the kernel awaits the one before it (Early).
+  int64_t cacheBytes = bf16Caches ? 2 : 4;
+  const Op *positions = op.operand(3)->def();
+  bool tiles = Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
+  bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
+  e.launch(launch, params, blocks,
+           fmt::format("decodeAttention<{}, true, {}, {}>(qkv, readable(kOut), readable(vOut), positions, out, "
+                       "partial, done, {}, kOut, vOut)",
+                       shape, boolText(tiles), boolText(early), lit(*a.getFloat("scale"))),
+           128);
+  if (early)
+    e.awaitsItself();
+  return llvm::Error::success();
+}
+
+} // namespace tgc

@@ -1,0 +1,103 @@
+// The FP8 family (fp8.cuh): quantize (with its cast-transpose, GELU and bias-gradient forms) and
+// the delayed-scaling update.
+#include "backends/cuda/lowering/Families.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+namespace tgc {
+
+/// FP8 quantization and the delayed-scaling update (fp8.cuh).
+llvm::Error emitFp8(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  e.uses("fp8.cuh");
+  if (op.kind() == OpKind::Quantize) {
+    // Each block converts a contiguous range of 4096 elements (with transpose=true: 64 x 64
+    // tiles in turn, writing q and its transpose) and adds its amax and saturation count into
+    // the op's totals (its persistent floats, after used[0]); the last block to finish writes
+    // the tensor's, and the scale_inv used, kept for the GEMMs that read the bytes (used[0]). Under
+    // current scaling a launch before them takes the tensor's amax, and each block scales by it.
+    // x (and h) are read in BF16 where they are stored so. activation="gelu" applies the GELU as
+    // it reads x (fc1's pre-activation); "gelu_backward" reads the GELU's gradient x and h, and
+    // with bias_grad sums the columns of gelu_backward(x, h) (a launch after adds the tile
+    // rows' sums).
+    int64_t count = operandType(op, 0).numElements();
+    QuantizeOptions options = quantizeOptions(a);
+    bool transpose = options.transpose, current = options.currentScaling, biasGrad = options.biasGrad;
+    bool gradient = options.activation == QuantizeActivation::GeluBackward;
+    int64_t cols = operandType(op, 0).dim(-1), rows = cols ? count / cols : 0;
+    int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
+    if (transpose && (rows % 16 || cols % 16))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "quantize {transpose=true} %%%s: the GPU's cast-transpose needs both sides "
+                                     "multiples of 16, got [%lld, %lld]",
+                                     op.result()->name().c_str(), (long long)rows, (long long)cols);
+    if (biasGrad && !transpose)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "quantize {bias_grad=true} %%%s: the GPU sums the columns in its "
+                                     "cast-transpose only (transpose=true)",
+                                     op.result()->name().c_str());
+    // A cast-transpose's blocks take tiles in turn, four blocks a multiprocessor (its launch
+    // bounds keep them all resident), as few as take the most tiles any block takes; without
+    // transpose, a block a range of 4096 elements.
+    int64_t resident = 4 * int64_t(e.program_.multiprocessors), most = (tiles + resident - 1) / resident;
+    int64_t blocks = std::max<int64_t>(1, transpose ? (tiles + most - 1) / most : (count + 4095) / 4096);
+    // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
+    int64_t perBlock = (count + blocks - 1) / blocks;
+    if (count % 4 == 0)
+      perBlock = (perBlock + 3) / 4 * 4;
+    std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, "
+                                     "float *amax, float *saturations, {}{}{}float *used",
+                                     e.inputType(op.operand(0)),
+                                     gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
+                                     transpose ? "unsigned char *qT, " : "", biasGrad ? "float *dbias, " : "",
+                                     biasGrad ? "float *partials, " : "");
+    std::string source = gradient               ? "quantizeGeluGradient(x, h)"
+                         : options.activation == QuantizeActivation::Gelu ? "quantizeGelu(x)"
+                                                : "quantizeX(x)";
+    // The largest finite value, then current scaling's margin scale (1 under delayed scaling,
+    // written where the partials follow it).
+    std::string largest = lit(fp8Largest(a));
+    std::string scaling = current    ? fmt::format("{}, {}", largest, fp8MarginScale(a))
+                          : biasGrad ? largest + ", 1.0f"
+                                     : largest;
+    int next = 0;
+    if (current)
+      e.launch(next++, params, blocks,
+               fmt::format("quantizeAmaxBlocks<{}, {}>({}, used)", count, perBlock, source));
+    if (transpose)
+      e.launch(next++, params, blocks,
+               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scaleInv, amax, "
+                           "saturations, used, {}{})",
+                           rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), boolText(current),
+                           boolText(biasGrad), source, scaling, biasGrad ? ", partials" : ""),
+               128, 4); // fp8.cuh's kQuantizeTransposeThreads
+    else
+      e.launch(next++, params, blocks,
+               fmt::format("quantizeBlocks<{}, {}, {}, {}, {}>({}, scale, q, scaleInv, amax, saturations, used, {})",
+                           count, perBlock, blocks, fp8Interpretation(a), boolText(current), source, scaling));
+    if (biasGrad) {
+      e.uses("reduce.cuh");
+      e.launch(next++, params, columnTotalBlocks(cols),
+               fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
+      e.lowering.scratchFloats.push_back(2 * tilesR * cols);
+    }
+    e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
+    return llvm::Error::success();
+  }
+  if (op.kind() == OpKind::Fp8Update) {
+    e.launch(0, "const float *history, const float *scale, const float *amax, const float *saturations, "
+             "const float *saturated, float *newHistory, float *newScale, float *newScaleInv, "
+             "float *newSaturations",
+             1,
+             fmt::format("fp8Update<{}, {}>(history, scale, amax, saturations, saturated, newHistory, newScale, "
+                         "newScaleInv, newSaturations, {}, {})",
+                         operandType(op, 0).numElements(), boolText(a.getString("algo") != "most_recent"),
+                         lit(fp8Largest(a)), fp8MarginScale(a)),
+             256); // kFp8UpdateThreads
+    return llvm::Error::success();
+  }
+  return unsupported(op);
+}
+
+} // namespace tgc

@@ -1,0 +1,53 @@
+// The all_reduce ops of a program (OpLowering::Collective) over its ranks: NCCL on a
+// communication stream of their own, started from an event recorded on the main stream at the
+// op's place and joined before its results' first reader, and all of them before the step
+// ends. With one rank each result is its operand (a copy where their buffers differ).
+#pragma once
+
+#include "backends/Communicator.h"
+#include "backends/cuda/CudaProgram.h"
+#include "backends/cuda/libraries/Nccl.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+#include <cuda_runtime.h>
+#include <vector>
+
+namespace tgc {
+
+using BufferMap = llvm::DenseMap<const Value *, void *>;
+
+class Collectives {
+public:
+  Collectives() = default;
+  Collectives(const Collectives &) = delete;
+  Collectives &operator=(const Collectives &) = delete;
+  ~Collectives();
+
+  /// The events of `ops`' all_reduce ops and where each is joined; NCCL where `communicator`
+  /// has more than one rank.
+  llvm::Error prepare(const std::vector<Op *> &ops, const CudaProgram &program, Communicator *communicator);
+  /// Enqueues all_reduce op `i`: on the communication stream after what `stream` has queued,
+  /// or on `stream` itself when `onMainStream` (profiling: then it is timed).
+  llvm::Error run(size_t i, const Op &op, const BufferMap &buffers, cudaStream_t stream, bool onMainStream);
+  /// Whether the all_reduce ops run on a stream of their own (more than one rank).
+  bool concurrent() const { return commStream_ != nullptr; }
+  /// `stream` waits for the all_reduce ops whose results op `i` reads first.
+  llvm::Error joinBefore(size_t i, cudaStream_t stream) const;
+  /// `stream` waits for every all_reduce op.
+  llvm::Error joinAll(const CudaProgram &program, cudaStream_t stream) const;
+  /// Whether joinBefore(i) waits for anything.
+  bool joinsBefore(size_t i) const { return !joinsBefore_[i].empty(); }
+
+private:
+  struct Events {
+    cudaEvent_t ready = nullptr, done = nullptr;
+  };
+  const NcclApi *nccl_ = nullptr;
+  void *comm_ = nullptr;
+  cudaStream_t commStream_ = nullptr;
+  std::vector<Events> events_;                   // per op (events only for all_reduce ops)
+  std::vector<std::vector<size_t>> joinsBefore_; // per op: the all_reduce ops it waits for
+};
+
+} // namespace tgc

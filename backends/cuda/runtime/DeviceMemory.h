@@ -1,0 +1,34 @@
+// The device memory a program owns: every buffer it allocates (the arena, the parameter,
+// gradient and state regions, inputs, ops' persistent buffers and constants, the BF16 weight
+// copy, library workspaces), freed together when the owner goes, and the bytes counted.
+#pragma once
+
+#include "llvm/Support/Error.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tgc {
+
+class DeviceMemory {
+public:
+  DeviceMemory() = default;
+  DeviceMemory(const DeviceMemory &) = delete;
+  DeviceMemory &operator=(const DeviceMemory &) = delete;
+  ~DeviceMemory();
+
+  /// `bytes` of device memory, zeroed when `zero`; counted as `counted` bytes (the arena and the
+  /// regions count what the plan asked for, not the 256-byte minimum allocated).
+  llvm::Expected<void *> allocate(size_t bytes, bool zero, int64_t counted);
+  llvm::Expected<void *> allocate(size_t bytes, bool zero) { return allocate(bytes, zero, int64_t(bytes)); }
+  /// A buffer holding a copy of `bytes` host bytes.
+  llvm::Expected<void *> upload(const void *host, size_t bytes);
+  int64_t bytes() const { return bytes_; }
+
+private:
+  std::vector<void *> owned_;
+  int64_t bytes_ = 0;
+};
+
+} // namespace tgc

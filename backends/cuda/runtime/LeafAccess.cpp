@@ -1,0 +1,178 @@
+// What the host does with a running program's leaves and values: binds them, reads them back
+// (FP8 values as their codes times the scale_inv used, BF16 stores widened), feeds one value
+// into a leaf on the device, queues reads for later, and shares or copies a leaf between two
+// programs on one GPU (a prefill and its decode step).
+#include "backends/cuda/runtime/ProgramRunner.h"
+
+#include "backends/cuda/lowering/MemoryPlan.h"
+#include "backends/cuda/runtime/CudaCheck.h"
+#include "support/Numerics.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tgc {
+
+llvm::Error ProgramRunner::bind(llvm::StringRef name, Tensor tensor) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s has no input, parameter or state named '%s'",
+                                   graph_.name().c_str(), name.str().c_str());
+  if (tensor.type != v->type())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is %s, but a %s was given",
+                                   name.str().c_str(), v->type().str().c_str(), tensor.type.str().c_str());
+  if (isFp8(v->type().dtype))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "'%s' is %s: FP8 tensors come from quantize ops, not from the host",
+                                   name.str().c_str(), v->type().str().c_str());
+  const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
+                                                : (const void *)tensor.ints.data();
+  std::vector<uint16_t> bf16;
+  if (program_.bf16Stored.count(v)) { // a leaf stored in BF16 (a KV cache): rounded as its writes round
+    bf16.resize(tensor.data.size());
+    std::transform(tensor.data.begin(), tensor.data.end(), bf16.begin(), floatToBf16);
+    host = bf16.data();
+  }
+  size_t bytes = storedBytes(v);
+  if (bytes <= HostStaging::kSlotBytes) {
+    // A small input (a decode step's tokens and positions) through pinned staging memory: the
+    // copy is queued behind the steps launched, where one from pageable memory may wait for them.
+    if (auto err = staging_.upload(buffer(v), host, bytes, stream_))
+      return err;
+  } else {
+    // From pageable memory: the call returns once `host` is staged, so the tensor may go.
+    CUDA_CHECK(cudaMemcpyAsync(buffer(v), host, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  if (v->def()->kind() == OpKind::Param)
+    paramsBound_ = true;
+  return llvm::Error::success();
+}
+
+std::pair<const Value *, const Value *> ProgramRunner::sameLeaf(llvm::StringRef name, const Executor &executor) const {
+  const auto *other = dynamic_cast<const ProgramRunner *>(&executor);
+  const Value *v = graph_.lookup(name);
+  const Value *source = other ? other->graph_.lookup(name) : nullptr;
+  if (!other || other->options_.device != options_.device || !v || !source || !isLeaf(v->def()->kind()) ||
+      v->type() != source->type() || !other->buffer(source) ||
+      program_.bf16Stored.count(v) != other->program_.bf16Stored.count(source))
+    return {nullptr, nullptr};
+  return {v, source};
+}
+
+llvm::Expected<bool> ProgramRunner::shareLeaf(llvm::StringRef name, Executor &owner) {
+  auto [v, source] = sameLeaf(name, owner);
+  if (!v || v->def()->kind() != OpKind::State || source->def()->kind() != OpKind::State || shadows_.count(v))
+    return false;
+  // The leaf, the values written in place into it and their aliases all start at its buffer.
+  void *old = buffer(v), *shared = static_cast<const ProgramRunner &>(owner).buffer(source);
+  for (auto &[value, pointer] : buffers_)
+    if (pointer == old)
+      pointer = shared;
+  dropGraphs(); // captured with the old pointer
+  return true;
+}
+
+llvm::Error ProgramRunner::copyLeafFrom(llvm::StringRef name, const Executor &from) {
+  auto [v, source] = sameLeaf(name, from);
+  if (!v)
+    return Executor::copyLeafFrom(name, from); // through the host, with bind's checks
+  void *data = static_cast<const ProgramRunner &>(from).buffer(source);
+  CUDA_CHECK(cudaMemcpyAsync(buffer(v), data, storedBytes(v), cudaMemcpyDeviceToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_)); // `from` may run again (and write its leaf) after this
+  return llvm::Error::success();
+}
+
+
+llvm::Expected<bool> ProgramRunner::fillNormal(llvm::StringRef name, uint64_t stream, double std) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !isLeaf(v->def()->kind()) || v->type().dtype != DType::F32 || program_.bf16Stored.count(v) ||
+      !buffer(v))
+    return false;
+  void *out = buffer(v);
+  int64_t count = v->type().numElements();
+  unsigned long long first = stream; // the kernel's parameter type
+  void *args[] = {&out, &count, &first, &std};
+  unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
+  CUDA_CHECK(cudaLaunchKernel((const void *)fillNormal_, dim3(blocks), dim3(256), args, 0, stream_));
+  afterGeneratedKernel_ = false;
+  if (v->def()->kind() == OpKind::Param)
+    paramsBound_ = true; // the BF16 copies are made from it
+  return true;
+}
+
+llvm::Error ProgramRunner::feed(llvm::StringRef valueName, llvm::StringRef leafName) {
+  const Value *value = graph_.lookup(valueName), *leaf = graph_.lookup(leafName);
+  if (!value || !buffer(value) || !leaf || !isLeaf(leaf->def()->kind()) || leaf->type() != value->type() ||
+      program_.bf16Stored.count(leaf) != program_.bf16Stored.count(value))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s cannot feed %%%s to the leaf %%%s (both must exist, with one type)",
+                                   graph_.name().c_str(), valueName.str().c_str(), leafName.str().c_str());
+  CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), storedBytes(leaf), cudaMemcpyDeviceToDevice, stream_));
+  if (leaf->def()->kind() == OpKind::Param)
+    paramsBound_ = true; // its BF16 copy is made again
+  return llvm::Error::success();
+}
+
+llvm::Expected<unsigned> ProgramRunner::readLater(llvm::StringRef name) {
+  const Value *v = graph_.lookup(name);
+  if (!v || !buffer(v) || program_.bf16Stored.count(v) || isFp8(v->type().dtype))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "graph @%s has no fp32 or i32 value '%s' to read", graph_.name().c_str(),
+                                   name.str().c_str());
+  auto ticket = staging_.readLater(buffer(v), size_t(deviceBytesOf(v->type())), stream_);
+  if (!ticket)
+    return ticket.takeError();
+  if (*ticket >= laterValues_.size())
+    laterValues_.resize(*ticket + 1);
+  laterValues_[*ticket] = v;
+  return *ticket;
+}
+
+llvm::Expected<Tensor> ProgramRunner::collect(unsigned ticket) {
+  auto bytes = staging_.collect(ticket);
+  if (!bytes)
+    return bytes.takeError();
+  Tensor t = Tensor::zeros(laterValues_[ticket]->type());
+  void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();
+  std::memcpy(host, *bytes, size_t(deviceBytesOf(t.type)));
+  return t;
+}
+
+
+llvm::Expected<Tensor> ProgramRunner::read(llvm::StringRef name) const {
+  CUDA_CHECK(cudaStreamSynchronize(stream_)); // the steps launched before it
+  const Value *v = graph_.lookup(name);
+  if (!v || !buffer(v))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "graph @%s has no value '%s'",
+                                   graph_.name().c_str(), name.str().c_str());
+  Tensor t = Tensor::zeros(v->type());
+  if (isFp8(v->type().dtype)) {
+    // What the CPU interpreter holds for an FP8 value: each code times the scale_inv its
+    // quantize used.
+    const Op *quantize = quantizeOf(v);
+    if (!quantize)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "%%%s is FP8 but no quantize op produced it", name.str().c_str());
+    std::vector<uint8_t> codes(t.data.size());
+    float scaleInv = 0;
+    CUDA_CHECK(cudaMemcpy(codes.data(), buffer(v), codes.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&scaleInv, usedScaleInv_.lookup(quantize), 4, cudaMemcpyDeviceToHost));
+    Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    for (size_t i = 0; i < codes.size(); ++i)
+      t.data[i] = fp8ToFloat(codes[i], format) * scaleInv;
+    return t;
+  }
+  if (program_.bf16Stored.count(v)) { // the BF16 a GEMM reads, widened
+    std::vector<uint16_t> bits(t.data.size());
+    CUDA_CHECK(cudaMemcpy(bits.data(), buffer(v), bits.size() * 2, cudaMemcpyDeviceToHost));
+    std::transform(bits.begin(), bits.end(), t.data.begin(), bf16ToFloat);
+    return t;
+  }
+  void *host = isFloat(t.type.dtype) ? (void *)t.data.data() : (void *)t.ints.data();
+  CUDA_CHECK(cudaMemcpy(host, buffer(v), size_t(deviceBytesOf(v->type())), cudaMemcpyDeviceToHost));
+  return t;
+}
+
+
+} // namespace tgc

@@ -1,0 +1,91 @@
+#include "backends/cuda/runtime/Profiler.h"
+
+#include "backends/cuda/runtime/CudaCheck.h"
+#include "support/Trace.h"
+
+#include "llvm/ADT/ScopeExit.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <vector>
+
+namespace tgc {
+
+void Profiler::configure(const std::string &process) {
+  if (const char *env = std::getenv("TGC_GPU_PROFILE")) {
+    launches_ = std::string(env) == "launches";
+    graphs_ = std::string(env) == "graph";
+    ops_ = std::string(env) == "1" || launches_;
+    print_ = ops_ || graphs_;
+    fromEnvironment_ = ops_;
+  }
+  if (TraceLog::instance().enabled() && !launches_) {
+    traceProcess_ = TraceLog::instance().beginProcess(process);
+    ops_ = true; // eager, an event pair around each op
+  }
+}
+
+Profiler::~Profiler() {
+  if (traceProcess_ >= 0)
+    TraceLog::instance().write();
+  if (!print_ || !steps_)
+    return;
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (auto &[name, ms] : ms_) {
+    rows.emplace_back(ms / steps_, name);
+    total += ms / steps_;
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops{}):\n", steps_, total,
+                              graphs_ ? ", each op replayed alone from a CUDA graph" : "");
+  for (auto &[ms, name] : rows) {
+    llvm::errs() << fmt::format("  {:<26}{:>9.3f} ms {:>6.1f}%", name, ms, 100 * ms / total);
+    if (int64_t calls = calls_.lookup(name))
+      llvm::errs() << fmt::format("  {:>4} a step, {:8.2f} us each", calls, 1000 * ms / calls);
+    llvm::errs() << "\n";
+  }
+}
+
+void Profiler::noReplays() {
+  llvm::errs() << "tgc: TGC_GPU_PROFILE=graph replays each op after the step, which would update this "
+                  "program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n";
+  graphs_ = false;
+  ops_ = true;
+}
+
+void Profiler::setTimingOps(bool on) {
+  if (on && !ops_)
+    ms_.clear();
+  ops_ = on || fromEnvironment_; // (TGC_GPU_PROFILE's profile goes on)
+}
+
+llvm::Expected<float> Profiler::time(cudaStream_t stream, llvm::function_ref<llvm::Error()> enqueue) {
+  cudaEvent_t events[2] = {nullptr, nullptr};
+  auto destroy = llvm::make_scope_exit([&] {
+    for (cudaEvent_t event : events)
+      if (event)
+        cudaEventDestroy(event);
+  });
+  for (cudaEvent_t &event : events)
+    CUDA_CHECK(cudaEventCreate(&event));
+  CUDA_CHECK(cudaEventRecord(events[0], stream));
+  if (auto err = enqueue())
+    return std::move(err);
+  CUDA_CHECK(cudaEventRecord(events[1], stream));
+  CUDA_CHECK(cudaEventSynchronize(events[1]));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+  return ms;
+}
+
+void Profiler::trace(const std::string &label, const char *category, const std::string &result, double ms) {
+  if (traceProcess_ < 0 || steps_ >= TraceLog::instance().runsTraced())
+    return;
+  double endUs = TraceLog::instance().nowUs(); // the op just ended: the stream was synchronised
+  TraceLog::instance().add(traceProcess_, {label, category, result, endUs - 1000.0 * ms, 1000.0 * ms, steps_});
+}
+
+} // namespace tgc

@@ -1,0 +1,59 @@
+// What a program's runs measure of themselves: TGC_GPU_PROFILE=1 runs the steps eagerly with an
+// event pair around each op and prints the time per op kind when the program ends;
+// TGC_GPU_PROFILE=launches times each kernel launch of an op on its own ("attention_backward
+// #3"); TGC_GPU_PROFILE=graph keeps the steps as graphs and, after each, replays every op alone
+// from a graph of its own; TGC_TRACE=FILE writes the ops of the first steps in Chrome's trace
+// event format (support/Trace.h). setProfiling (tgc bench) turns the per-op timing on too.
+#pragma once
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Error.h"
+
+#include <cuda_runtime.h>
+#include <map>
+#include <string>
+
+namespace tgc {
+
+class Profiler {
+public:
+  /// Reads TGC_GPU_PROFILE and TGC_TRACE for a program called `process` in a trace.
+  void configure(const std::string &process);
+  Profiler() = default;
+  Profiler(const Profiler &) = delete;
+  Profiler &operator=(const Profiler &) = delete;
+  /// Prints the time per op kind (TGC_GPU_PROFILE) and writes the trace (TGC_TRACE).
+  ~Profiler();
+
+  /// Steps run eagerly, each op timed (TGC_GPU_PROFILE=1 or launches, TGC_TRACE, setProfiling).
+  bool timesOps() const { return ops_; }
+  bool timesLaunches() const { return launches_; }
+  /// Each op replayed alone from a graph after each step (TGC_GPU_PROFILE=graph).
+  bool replaysOps() const { return graphs_; }
+  /// A program that updates its parameters cannot replay its ops: timed as TGC_GPU_PROFILE=1.
+  void noReplays();
+  void setTimingOps(bool on);
+  bool printsPlans() const { return print_; }
+
+  /// Milliseconds `enqueue`'s work on `stream` takes (the stream synchronised after it).
+  static llvm::Expected<float> time(cudaStream_t stream, llvm::function_ref<llvm::Error()> enqueue);
+  void add(const std::string &label, double ms) { ms_[label] += ms; }
+  /// An op the step just ran, for the trace: `label` of category `category`, result `result`.
+  void trace(const std::string &label, const char *category, const std::string &result, double ms);
+  /// Counts `label` as one op of a step (TGC_GPU_PROFILE=graph's calls per step).
+  void countCall(const std::string &label) { ++calls_[label]; }
+  void endStep() { ++steps_; }
+  int64_t steps() const { return steps_; }
+  std::map<std::string, double> byOp() const { return ms_; }
+
+private:
+  bool ops_ = false, launches_ = false, graphs_ = false, print_ = false;
+  bool fromEnvironment_ = false; // ops_ as TGC_GPU_PROFILE set it
+  int traceProcess_ = -1;
+  std::map<std::string, double> ms_;
+  llvm::StringMap<int64_t> calls_;
+  int64_t steps_ = 0;
+};
+
+} // namespace tgc
