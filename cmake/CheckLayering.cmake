@@ -50,6 +50,31 @@ foreach(layer ${layers})
     endforeach()
   endforeach()
 endforeach()
+
+# Inside the CUDA backend, one level down: the lowering (what a program becomes) does not know
+# the runtime (what runs it), the runtime sees of the lowering only its public headers, and the
+# library wrappers know neither.
+set(cuda_parts lowering runtime libraries)
+set(forbidden_lowering backends/cuda/runtime/ backends/cuda/CudaExecutor.h backends/cuda/Compile.h)
+set(forbidden_runtime backends/cuda/lowering/Emitter.h backends/cuda/lowering/Families.h
+    backends/cuda/lowering/StorageRules.h)
+set(forbidden_libraries backends/cuda/lowering/ backends/cuda/runtime/ backends/cuda/CudaProgram.h)
+foreach(part ${cuda_parts})
+  file(GLOB_RECURSE sources RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/backends/cuda/${part}/*.h
+       ${SOURCE_DIR}/backends/cuda/${part}/*.cpp)
+  foreach(source ${sources})
+    file(STRINGS ${SOURCE_DIR}/${source} includes REGEX "^#include \"")
+    foreach(line ${includes})
+      string(REGEX REPLACE "^#include \"([^\"]*)\".*" "\\1" header "${line}")
+      foreach(forbidden ${forbidden_${part}})
+        string(FIND "${header}" "${forbidden}" at)
+        if(at EQUAL 0)
+          string(APPEND errors "${source}: backends/cuda/${part} includes ${header}\n")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+endforeach()
 if(errors)
   message(FATAL_ERROR "wrong-direction includes (the layers, lowest first: ${layers}):\n${errors}")
 endif()
