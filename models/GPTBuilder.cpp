@@ -1,4 +1,5 @@
 #include "models/GPTBuilder.h"
+#include "ir/Attributes.h"
 
 #include "models/ProgramInterface.h"
 
@@ -35,7 +36,7 @@ private:
   /// x @ weight^T (+ bias), weight stored [out, in] as in torch.nn.Linear.
   Value *linear(Value *x, const std::string &name, int64_t in, int64_t out, double std) {
     Value *w = weight(name + ".weight", {out, in}, std, /*decay=*/true);
-    Value *y = op(OpKind::MatMul, {x, w}, name, attrs({{"transpose_b", true}}));
+    Value *y = op(OpKind::MatMul, {x, w}, name, matmulAttrs(kTransposedWeight));
     if (!c_.bias)
       return y;
     Value *bias = constant(name + ".bias", {out}, "zeros");
@@ -106,7 +107,7 @@ Value *GPTBuilder::attention(Value *x, const std::string &p) {
               attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
   };
   Value *q = head(0, "q"), *k = head(1, "k"), *v = head(2, "v");
-  Value *scores = op(OpKind::MatMul, {q, k}, p + ".scores", attrs({{"transpose_b", true}}));
+  Value *scores = op(OpKind::MatMul, {q, k}, p + ".scores", matmulAttrs(kTransposedWeight));
   Value *scaled = op(OpKind::Scale, {scores}, p + ".scores.scaled",
                      attrs({{"factor", 1.0 / std::sqrt(double(Dh))}}));
   Value *masked = op(OpKind::CausalMask, {scaled}, p + ".scores.masked");
@@ -173,7 +174,7 @@ llvm::Error GPTBuilder::build() {
   }
   Value *final = norm(x, "lnf");
   Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_, /*decay=*/true);
-  Value *logits = op(OpKind::MatMul, {final, head}, program::kLogits.str(), attrs({{"transpose_b", true}}));
+  Value *logits = op(OpKind::MatMul, {final, head}, program::kLogits.str(), matmulAttrs(kTransposedWeight));
   if (output_ != GPTOutput::Loss) {
     Value *next = decode || prefill ? op(OpKind::Argmax, {logits}, program::kNext.str()) : nullptr;
     if (auto err = b_.takeError())

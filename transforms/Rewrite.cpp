@@ -25,8 +25,7 @@ bool isLinear(const Op *op) {
   };
   return op && op->kind() == OpKind::MatMul && op->operand(1)->type().rank() == 2 &&
          !fp8(op->operand(0)) && !fp8(op->operand(1)) &&
-         op->attrs().getBool("transpose_b").value_or(false) &&
-         !op->attrs().getBool("transpose_a").value_or(false);
+         matmulLayout(op->attrs()).transposeB && !matmulLayout(op->attrs()).transposeA;
 }
 
 bool isBiasSum(const Op &reduce, const Value *v) {

@@ -32,12 +32,9 @@ Tensor apply(EvalFn kernel, const AttrMap &a, std::initializer_list<const Tensor
   return out;
 }
 
-/// A GEMM inside a fused op: the transpose flags given, and the fused op's gemm_dtype.
-Tensor gemm(const AttrMap &fused, std::initializer_list<const char *> transposes, const Tensor &a,
-            const Tensor &b, const TensorType &type) {
-  AttrMap flags;
-  for (const char *t : transposes)
-    flags.set(t, true);
+/// A GEMM inside a fused op: the layout given, and the fused op's gemm_dtype.
+Tensor gemm(const AttrMap &fused, MatMulLayout layout, const Tensor &a, const Tensor &b, const TensorType &type) {
+  AttrMap flags = matmulAttrs(layout);
   copyGemmPrecision(fused, flags);
   return apply(evalMatMul, flags, {&a, &b}, type);
 }
@@ -47,7 +44,7 @@ Tensor linear(const AttrMap &fused, const Tensor &x, const Tensor &weight, const
   TensorType type = withLastDim(x.type, weight.type.dim(0));
   if (isFp8(x.type.dtype)) // FP8 operands hold what the GEMM reads; the product is fp32
     type.dtype = DType::F32;
-  Tensor y = gemm(fused, {"transpose_b"}, x, weight, type);
+  Tensor y = gemm(fused, kTransposedWeight, x, weight, type);
   return bias ? apply(evalAdd, {}, {&y, bias}, y.type) : y;
 }
 
@@ -75,7 +72,7 @@ LinearGrads linearBackward(const AttrMap &fused, const Tensor &dy, const Tensor 
   LinearGrads g;
   g.dx = gemm(fused, {}, dy, w, x.type);
   Tensor dyRows = asRows(dy), xRows = asRows(x);
-  g.dw = gemm(fused, {"transpose_a"}, dyRows, xRows, w.type);
+  g.dw = gemm(fused, {true, false}, dyRows, xRows, w.type);
   if (bias)
     g.db = apply(evalReduceTo, attrs({{"shape", std::vector<int64_t>{w.type.dim(0)}}}), {&dy},
                  TensorType(dy.type.dtype, {w.type.dim(0)}));
@@ -158,7 +155,7 @@ AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
   };
   AttentionParts p{head(0), head(1), head(2), {}, {}};
   TensorType scoresType(qkv.type.dtype, {B, H, T, T});
-  Tensor scores = gemm(a, {"transpose_b"}, p.q, p.k, scoresType);
+  Tensor scores = gemm(a, kTransposedWeight, p.q, p.k, scoresType);
   Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&scores}, scoresType);
   Tensor masked = apply(evalCausalMask, {}, {&scaled}, scoresType);
   p.probs = apply(evalSoftmax, {}, {&masked}, scoresType);
@@ -187,7 +184,7 @@ llvm::Error evalLayerNormLinear(const AttrMap &a, Operands in, Results out) {
 
 llvm::Error evalLayerNormMLP(const AttrMap &a, Operands in, Results out) {
   FusedLayout layout(OpKind::LayerNormMLP, a);
-  bool swiglu = a.getString("activation") == "swiglu";
+  bool swiglu = a.getString(kActivation) == "swiglu";
   Tensor n = norm(a, *in[layout[FusedSlot::X]], *in[layout[FusedSlot::Gamma]],
                   slot(in, layout, FusedSlot::Beta));
   Tensor h = linear(a, n, *in[layout[FusedSlot::W1]], slot(in, layout, FusedSlot::B1));
@@ -331,7 +328,7 @@ llvm::Error evalResidualNormLinear(const AttrMap &a, Operands in, Results out) {
   bool bias = a.getBool("bias").value_or(false);
   Tensor y = linear(a, residual[1], *in[normOperands], bias ? in[normOperands + 1] : nullptr);
   out[0] = std::move(residual[0]);
-  out[1] = a.getString("activation") == "gelu" ? apply(evalGelu, {}, {&y}, y.type) : std::move(y);
+  out[1] = a.getString(kActivation) == "gelu" ? apply(evalGelu, {}, {&y}, y.type) : std::move(y);
   return llvm::Error::success();
 }
 
@@ -399,7 +396,7 @@ llvm::Error evalLayerNormLinearBackward(const AttrMap &a, Operands in, Results o
 
 llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out) {
   FusedLayout layout(OpKind::LayerNormMLPBackward, a);
-  bool swiglu = a.getString("activation") == "swiglu";
+  bool swiglu = a.getString(kActivation) == "swiglu";
   const Tensor &x = *in[layout[FusedSlot::X]], &gamma = *in[layout[FusedSlot::Gamma]];
   const Tensor &w1 = *in[layout[FusedSlot::W1]], &w2 = *in[layout[FusedSlot::W2]];
   bool layerNorm = layout.has(FusedSlot::Beta), bias = layout.has(FusedSlot::B1);
@@ -440,13 +437,13 @@ llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
   Tensor split = dout;
   split.type = TensorType(dt, {B, T, H, Dh});
   Tensor dcontext = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&split}, p.q.type);
-  Tensor dprobs = gemm(a, {"transpose_b"}, dcontext, p.v, p.probs.type);
-  Tensor dv = gemm(a, {"transpose_a"}, p.probs, dcontext, p.v.type);
+  Tensor dprobs = gemm(a, kTransposedWeight, dcontext, p.v, p.probs.type);
+  Tensor dv = gemm(a, {true, false}, p.probs, dcontext, p.v.type);
   Tensor dmasked = apply(evalSoftmaxBackward, {}, {&dprobs, &p.probs}, p.probs.type);
   Tensor dscaled = apply(evalCausalMask, attrs({{"fill", 0.0}}), {&dmasked}, p.probs.type);
   Tensor dscores = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, p.probs.type);
   Tensor dq = gemm(a, {}, dscores, p.k, p.q.type);
-  Tensor dk = gemm(a, {"transpose_a"}, dscores, p.q, p.k.type);
+  Tensor dk = gemm(a, {true, false}, dscores, p.q, p.k.type);
   // Back to [B, T, D] each, placed at q | k | v of the packed gradient.
   Tensor dqkv = Tensor::zeros(qkv.type);
   int64_t part = 0;

@@ -146,8 +146,8 @@ void dot4(const float *a, const float *b, int64_t stride, int64_t n, float *out)
 
 llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {
   const Tensor &a = *in[0], &b = *in[1];
-  bool ta = attrs.getBool("transpose_a").value_or(false);
-  bool tb = attrs.getBool("transpose_b").value_or(false);
+  MatMulLayout layout = matmulLayout(attrs);
+  bool ta = layout.transposeA, tb = layout.transposeB;
   int64_t m = out[0].type.dim(-2), n = out[0].type.dim(-1);
   int64_t k = ta ? a.type.dim(-2) : a.type.dim(-1);
   int64_t batches = a.size() / (m * k);
@@ -567,16 +567,16 @@ Fp8Format formatOf(const AttrMap &attrs) {
 
 llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   Tensor activated;
-  auto activation = attrs.getString("activation");
-  if (activation == "gelu") { // gelu(x), as the gelu op computes it
+  QuantizeOptions options = quantizeOptions(attrs);
+  if (options.activation == QuantizeActivation::Gelu) { // gelu(x), as the gelu op computes it
     activated = *in[0];
     for (float &v : activated.data)
       v = geluTanh(v);
   }
-  bool transpose = attrs.getBool("transpose").value_or(false);
-  if (activation == "gelu_backward") { // gelu_backward(x, h) as that op computes it, with its bias_grad
+  bool transpose = options.transpose;
+  if (options.activation == QuantizeActivation::GeluBackward) { // gelu_backward(x, h) as that op computes it, with its bias_grad
     llvm::SmallVector<Tensor, 2> results{Tensor::zeros(in[0]->type)};
-    if (attrs.getBool("bias_grad").value_or(false))
+    if (options.biasGrad)
       results.push_back(std::move(out.back()));
     if (auto err = evalGeluBackward(attrs, {in[0], in[3]}, results))
       return err;
@@ -592,10 +592,10 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     float v = x.data[i];
     amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
   }
-  if (attrs.getString("scaling") == "current") {
+  if (options.currentScaling) {
     // Current scaling: the scale of the tensor's own amax, as fp8_update makes one from a
     // history's (1 where the amax is 0, inf or NaN).
-    scale = currentScale(amax, format, int(*attrs.getInt("margin")));
+    scale = currentScale(amax, format, int(options.margin));
     scaleInv = 1.0f / scale;
   }
   int64_t saturated = 0;
@@ -622,7 +622,7 @@ llvm::Error evalFp8Update(const AttrMap &attrs, Operands in, Results out) {
   state.amaxHistory = in[0]->data;
   state.amaxHistory[0] = in[2]->data[0]; // the producer's amax goes into the current slot
   AmaxAlgo algo = attrs.getString("algo") == "most_recent" ? AmaxAlgo::MostRecent : AmaxAlgo::Max;
-  updateScaling(state, formatOf(attrs), int(*attrs.getInt("margin")), algo);
+  updateScaling(state, formatOf(attrs), int(fp8Margin(attrs)), algo);
   out[0].data = std::move(state.amaxHistory);
   out[1].data[0] = state.scale;
   out[2].data[0] = state.scaleInv;

@@ -30,8 +30,7 @@ public:
     if (!unswap || unswap->attrs().getInts("perm") != kSwapHeads)
       return std::nullopt;
     Op *context = producer(unswap, 0, OpKind::MatMul);
-    if (!context || context->attrs().getBool("transpose_a").value_or(false) ||
-        context->attrs().getBool("transpose_b").value_or(false))
+    if (!context || matmulLayout(context->attrs()).transposeA || matmulLayout(context->attrs()).transposeB)
       return std::nullopt;
     Op *softmax = producer(context, 0, OpKind::Softmax);
     Op *mask = softmax ? producer(softmax, 0, OpKind::CausalMask) : nullptr;
@@ -39,8 +38,7 @@ public:
       return std::nullopt;
     Op *scale = producer(mask, 0, OpKind::Scale);
     Op *scores = scale ? producer(scale, 0, OpKind::MatMul) : nullptr;
-    if (!scores || !scores->attrs().getBool("transpose_b").value_or(false) ||
-        scores->attrs().getBool("transpose_a").value_or(false))
+    if (!scores || !matmulLayout(scores->attrs()).transposeB || matmulLayout(scores->attrs()).transposeA)
       return std::nullopt;
     // q, k, v: transpose(reshape(slice(qkv, axis 2, part * D, D)), 0213), one qkv for all.
     Value *qkv = nullptr;

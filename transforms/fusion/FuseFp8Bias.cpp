@@ -20,8 +20,7 @@ public:
     // Legality: an FP8 product x @ w^T (legalize-fp8-gemm's layout) that only this add reads,
     // plus a parameter of one value per column.
     if (!product || !isFp8(product->operand(0)->type().dtype) || product->operand(1)->type().rank() != 2 ||
-        !product->attrs().getBool("transpose_b").value_or(false) ||
-        product->attrs().getBool("transpose_a").value_or(false) || soleUser(graph, product->result()) != add ||
+        !matmulLayout(product->attrs()).transposeB || matmulLayout(product->attrs()).transposeA || soleUser(graph, product->result()) != add ||
         !bias->def() || bias->def()->kind() != OpKind::Param ||
         bias->type() != TensorType(DType::F32, {product->result()->type().dim(-1)}))
       return std::nullopt;
@@ -30,7 +29,7 @@ public:
     Replacement &r = m.replacement;
     r.kind = OpKind::MatMulBias;
     r.attrs = product->attrs();
-    r.attrs.erase("transpose_b"); // matmul_bias's weight is [N, K]
+    setMatmulLayout(r.attrs, {}); // matmul_bias's weight is [N, K]
     r.operands = {product->operand(0), product->operand(1), bias};
     r.replaces = {add->result()};
     return m;

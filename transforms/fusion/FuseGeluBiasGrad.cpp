@@ -21,7 +21,7 @@ public:
     Replacement &r = m.replacement;
     r.kind = OpKind::GeluBackward;
     r.attrs = back->attrs();
-    r.attrs.set("bias_grad", true);
+    setBiasGrad(r.attrs);
     r.operands.append(back->operands().begin(), back->operands().end());
     r.replaces = {back->result(), reduce->result()};
     return m;

@@ -22,28 +22,28 @@ namespace {
 class FuseGeluQuantize : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &graph, Op *quantize) const override {
-    if (quantize->kind() != OpKind::Quantize || quantize->attrs().has("activation"))
+    if (quantize->kind() != OpKind::Quantize || quantizeOptions(quantize->attrs()).activation != QuantizeActivation::None)
       return std::nullopt;
     Op *gelu = definedBy(quantize->operand(0), OpKind::Gelu);
     Op *gradient = definedBy(quantize->operand(0), OpKind::GeluBackward);
     Op *producer = gelu ? gelu : gradient;
     if (!producer || soleUser(graph, producer->result()) != quantize)
       return std::nullopt;
-    if (gradient && !quantize->attrs().getBool("transpose").value_or(false))
+    if (gradient && !quantizeOptions(quantize->attrs()).transpose)
       return std::nullopt;
     FusionMatch m;
     m.pattern = {producer, quantize};
     Replacement &r = m.replacement;
     r.kind = OpKind::Quantize;
     r.attrs = quantize->attrs();
-    r.attrs.set("activation", std::string(gelu ? "gelu" : "gelu_backward"));
+    setQuantizeActivation(r.attrs, gelu ? QuantizeActivation::Gelu : QuantizeActivation::GeluBackward);
     r.operands = {producer->operand(0), quantize->operand(1), quantize->operand(2)};
     for (unsigned i = 0; i < quantize->numResults(); ++i)
       r.replaces.push_back(quantize->result(i));
     if (gradient) {
       r.operands.push_back(gradient->operand(1));
       if (gradient->numResults() > 1) { // its bias_grad
-        r.attrs.set("bias_grad", true);
+        setBiasGrad(r.attrs);
         r.replaces.push_back(gradient->result(1));
       }
     }

@@ -77,7 +77,7 @@ public:
     Replacement &r = m.replacement;
     r.kind = OpKind::LayerNormMLP;
     r.attrs = normAttrs(norm);
-    r.attrs.set("activation", activation);
+    r.attrs.set(kActivation, activation);
     r.attrs.set("bias", bias1 != nullptr);
     copyGemmDType(*fc1, r.attrs);
     r.operands.append(norm->operands().begin(), norm->operands().end());

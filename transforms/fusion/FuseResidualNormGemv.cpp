@@ -47,7 +47,7 @@ public:
     if (bias)
       r.attrs.set("bias", true);
     if (gelu)
-      r.attrs.set("activation", std::string("gelu"));
+      r.attrs.set(kActivation, std::string("gelu"));
     r.operands.append(norm->operands().begin(), norm->operands().end());
     r.operands.push_back(product->operand(1));
     if (bias)

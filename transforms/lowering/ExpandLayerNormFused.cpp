@@ -47,11 +47,9 @@ public:
     return b_.createOp(kind, operands, std::move(a), base_ + "." + suffix.str());
   }
 
-  /// The GEMM flags: the transposes given, and the fused op's gemm_dtype.
-  AttrMap gemmAttrs(std::initializer_list<const char *> transposes) const {
-    AttrMap a;
-    for (const char *t : transposes)
-      a.set(t, true);
+  /// The GEMM flags: the layout given, and the fused op's gemm_dtype.
+  AttrMap gemmAttrs(MatMulLayout layout = {}) const {
+    AttrMap a = matmulAttrs(layout);
     copyGemmDType(fused_, a);
     return a;
   }
@@ -72,8 +70,8 @@ public:
   /// x @ w^T (+ bias): the BIAS epilogue where there is a bias.
   Value *linear(Value *x, Value *w, Value *bias, llvm::StringRef suffix) {
     if (bias)
-      return create(OpKind::MatMulBias, {x, w, bias}, gemmAttrs({}), suffix);
-    return create(OpKind::MatMul, {x, w}, gemmAttrs({"transpose_b"}), suffix);
+      return create(OpKind::MatMulBias, {x, w, bias}, gemmAttrs(), suffix);
+    return create(OpKind::MatMul, {x, w}, gemmAttrs(kTransposedWeight), suffix);
   }
 
   /// fc1's output h and the activation of it.
@@ -81,7 +79,7 @@ public:
     Value *h = nullptr, *act = nullptr;
     Value *gate = nullptr, *up = nullptr, *silu = nullptr; // SwiGLU's
   };
-  bool swiglu() const { return fused_.attrs().getString("activation") == "swiglu"; }
+  bool swiglu() const { return fused_.attrs().getString(kActivation) == "swiglu"; }
 
   /// `kept`: the gradient reads this h (kept, not recomputed).
   Activation fc1(Value *n, bool kept) {
@@ -92,7 +90,7 @@ public:
     // epilogue and a GELU kernel writing BF16 (BENCHMARKS.md, sessions 6 and 16), and a few-row
     // product (a decode step) is a GEMV that applies the GELU itself.
     if (!swiglu() && b1 && (kept || !hasBf16Gemms(fused_.attrs()))) {
-      Op *gemm = createOp(OpKind::MatMulBiasGelu, {n, w1, b1}, gemmAttrs({}), forward("act"));
+      Op *gemm = createOp(OpKind::MatMulBiasGelu, {n, w1, b1}, gemmAttrs(), forward("act"));
       Activation r;
       if (gemm) {
         r.h = gemm->result(1);
@@ -148,12 +146,12 @@ public:
       return g;
     int64_t k = x->type().dim(-1), n = w->type().dim(0), rows = x->type().numElements() / k;
     std::string s = name.str();
-    g.dx = create(OpKind::MatMul, {dy, w}, gemmAttrs({}), s + ".dx");
+    g.dx = create(OpKind::MatMul, {dy, w}, gemmAttrs(), s + ".dx");
     Value *dyRows = create(OpKind::Reshape, {dy}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
                            s + ".dy.rows");
     Value *xRows = create(OpKind::Reshape, {x}, attrs({{"shape", std::vector<int64_t>{rows, k}}}),
                           s + ".x.rows");
-    g.dw = create(OpKind::MatMul, {dyRows, xRows}, gemmAttrs({"transpose_a"}), s + ".dw");
+    g.dw = create(OpKind::MatMul, {dyRows, xRows}, gemmAttrs({true, false}), s + ".dw");
     if (bias)
       g.db = create(OpKind::ReduceTo, {dy}, attrs({{"shape", std::vector<int64_t>{n}}}), s + ".db");
     return g;

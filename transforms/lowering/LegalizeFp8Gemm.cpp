@@ -12,6 +12,7 @@
 // is the same to the bit on the CPU interpreter; the GPU backend runs it, and refuses an FP8
 // matmul in any other layout.
 #include "support/Error.h"
+#include "ir/Attributes.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
@@ -42,13 +43,13 @@ public:
       if (Value *t = transposed.lookup(v))
         return t;
       if (Op *quantize = quantizeOfRows(v)) {
-        if (!quantize->attrs().getBool("transpose").value_or(false)) {
+        if (!quantizeOptions(quantize->attrs()).transpose) {
           // (The rewrite replaces q: v, where it is q, then names the new op's q.)
           bool isQ = v == quantize->result();
           std::string qName = quantize->result()->name();
           Replacement r{OpKind::Quantize, {}, quantize->attrs(), {}, {qName + ".t"}};
           r.operands.append(quantize->operands().begin(), quantize->operands().end());
-          r.attrs.set("transpose", true);
+          setQuantizeTranspose(r.attrs);
           for (unsigned i = 0; i < quantize->numResults(); ++i)
             r.replaces.push_back(quantize->result(i));
           if (auto err = applyReplacement(graph, {quantize}, std::move(r), nullptr, /*sort=*/false)) {
@@ -78,8 +79,8 @@ public:
       if (op->kind() != OpKind::MatMul || !isFp8(op->operand(0)->type().dtype))
         continue;
       AttrMap &attrs = op->attrs();
-      bool ta = attrs.getBool("transpose_a").value_or(false);
-      bool tb = attrs.getBool("transpose_b").value_or(false);
+      MatMulLayout layout = matmulLayout(attrs);
+      bool ta = layout.transposeA, tb = layout.transposeB;
       if (!ta && tb)
         continue;
       // C = op(A) op(B) = A' B'^T with A' = op(A) and B' = op(B)^T, both as stored.
@@ -88,7 +89,6 @@ public:
         if (!a)
           break;
         op->setOperand(0, a);
-        attrs.erase("transpose_a");
       }
       if (!tb) {
         Value *bt = transposeOf(op->operand(1));
@@ -96,7 +96,7 @@ public:
           break;
         op->setOperand(1, bt);
       }
-      attrs.set("transpose_b", true);
+      setMatmulLayout(attrs, kTransposedWeight);
       changed = true;
     }
     if (!failed.empty())

@@ -38,7 +38,7 @@ public:
     bool changed = false;
     Builder b(graph);
     for (Op *op : graph.ops()) {
-      if (!isGemm(op->kind()) || op->attrs().has(kGemmDtype) || op->attrs().has("fp8_site"))
+      if (!isGemm(op->kind()) || op->attrs().has(kGemmDtype) || hasFp8GemmChoice(op->attrs()))
         continue;
       changed = true;
       if (recipe == Recipe::Fp8 && isLinear(op) && choose(*op).fp8) {
@@ -66,19 +66,20 @@ private:
     int64_t history = config_.amaxHistoryLen;
     Fp8ScalingChoice scaling{config_.fp8Scaling == Fp8Scaling::Current, config_.margin};
     Value *input = quantizeWithState(b, linear->operand(0), program::fp8StatePrefix(site, program::Fp8Role::Input),
-                                     "e4m3", history, scaling);
+                                     Fp8Format::E4M3, history, scaling);
     Value *weight = quantizeWithState(b, linear->operand(1), program::fp8StatePrefix(site, program::Fp8Role::Weight),
-                                      "e4m3", history, scaling);
+                                      Fp8Format::E4M3, history, scaling);
     if (!input || !weight)
       return;
     linear->setOperand(0, input);
     linear->setOperand(1, weight);
-    AttrMap &attrs = linear->attrs();
-    attrs.set("fp8_site", site);
-    attrs.set("fp8_grad", std::string(config_.fp8Format == Fp8Formats::Hybrid ? "e5m2" : "e4m3"));
-    attrs.set("fp8_history", history);
+    Fp8GemmChoice choice;
+    choice.site = site;
+    choice.gradFormat = config_.fp8Format == Fp8Formats::Hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    choice.history = history;
     if (scaling.current) // the output gradient's quantize, made by autodiff, scales the same way
-      attrs.set("fp8_current_margin", scaling.margin);
+      choice.currentMargin = scaling.margin;
+    setFp8GemmChoice(linear->attrs(), choice);
   }
 
   PrecisionConfig config_;

@@ -34,8 +34,8 @@ public:
       if (!history || !saturations)
         return stringError(fmt::format("no amax history or saturation count for {}", prefix.str()));
       AttrMap attrs;
-      attrs.set(kFp8Format, *q->attrs().getString(kFp8Format));
-      attrs.set("margin", config_.margin);
+      setFp8Format(attrs, fp8FormatOf(q->attrs()));
+      setFp8Margin(attrs, config_.margin);
       attrs.set("algo", config_.amaxComputeAlgo);
       Op *update = b.createOp(OpKind::Fp8Update,
                               {history, scale, q->result(1), saturations, q->result(2)}, attrs,

@@ -8,7 +8,7 @@
 
 namespace tgc {
 
-Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, const std::string &format,
+Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8Format format,
                          int64_t historyLength, Fp8ScalingChoice scaling) {
   auto state = [&](const char *suffix, TensorType type, const char *init) {
     AttrMap attrs;
@@ -21,11 +21,9 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, const 
   state(".amax_history", TensorType(DType::F32, {historyLength}), "zeros");
   state(".saturations", scalar, "zeros");
   AttrMap attrs;
-  attrs.set(kFp8Format, format);
-  if (scaling.current) {
-    attrs.set("scaling", std::string("current"));
-    attrs.set("margin", scaling.margin);
-  }
+  setFp8Format(attrs, format);
+  if (scaling.current)
+    setCurrentScaling(attrs, scaling.margin);
   return b.create(OpKind::Quantize, {x, scale, scaleInv}, std::move(attrs), prefix + ".q");
 }
 

@@ -4,6 +4,7 @@
 
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
+#include "support/Numerics.h"
 
 namespace tgc {
 
@@ -14,12 +15,12 @@ struct Fp8ScalingChoice {
   int64_t margin = 0;
 };
 
-/// Quantizes `x` to `format` ("e4m3" | "e5m2") with fresh scaling state named
+/// Quantizes `x` to `format` with fresh scaling state named
 /// `<prefix>.scale`, `.scale_inv` (f32[], start at 1), `.amax_history` (f32[L], zeros) and
 /// `.saturations` (f32[], a running count). The fp8-update pass finds the state by these names
 /// (under current scaling it still keeps the history and the count; the cast does not read the
 /// scale). Returns the quantized tensor.
-Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, const std::string &format,
+Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8Format format,
                          int64_t historyLength, Fp8ScalingChoice scaling);
 
 struct GemmChoice {

@@ -60,27 +60,21 @@ llvm::Expected<Grads> gradEmbedding(GradContext &c) {
 llvm::Expected<Grads> gradMatMul(GradContext &c) {
   // C = op_a(A) op_b(B); the four transpose cases, each operand's gradient in its own layout.
   Value *a = c.x(0), *b = c.x(1), *dc = c.dy();
-  bool ta = c.op.attrs().getBool("transpose_a").value_or(false);
-  bool tb = c.op.attrs().getBool("transpose_b").value_or(false);
+  MatMulLayout layout = matmulLayout(c.op.attrs());
+  bool ta = layout.transposeA, tb = layout.transposeB;
   // FP8 forward GEMMs get FP8 backward GEMMs: the output gradient is quantized (E5M2 under
   // hybrid) with scaling state of its own, then meets the saved FP8 operands (TE's dgrad and
   // wgrad). BF16 GEMMs keep BF16 operands in the backward.
-  if (auto format = c.op.attrs().getString("fp8_grad")) {
-    std::string prefix = program::fp8StatePrefix(c.op.attrs().getString("fp8_site").value_or(c.op.result()->name()),
-                                                 program::Fp8Role::GradOutput);
-    auto currentMargin = c.op.attrs().getInt("fp8_current_margin");
-    Value *q = quantizeWithState(c.b, dc, prefix, *format, c.op.attrs().getInt("fp8_history").value_or(1),
-                                 Fp8ScalingChoice{currentMargin.has_value(), currentMargin.value_or(0)});
+  if (auto fp8 = fp8GemmChoice(c.op.attrs(), c.op.result()->name())) {
+    std::string prefix = program::fp8StatePrefix(fp8->site, program::Fp8Role::GradOutput);
+    Value *q = quantizeWithState(c.b, dc, prefix, fp8->gradFormat, fp8->history,
+                                 Fp8ScalingChoice{fp8->currentMargin.has_value(), fp8->currentMargin.value_or(0)});
     if (!q)
       return Grads{nullptr, nullptr};
     dc = q;
   }
   auto mm = [&](Value *l, Value *r, bool tl, bool tr, unsigned i) {
-    AttrMap flags;
-    if (tl)
-      flags.set("transpose_a", true);
-    if (tr)
-      flags.set("transpose_b", true);
+    AttrMap flags = matmulAttrs({tl, tr});
     copyGemmPrecision(c.op.attrs(), flags);
     return c.create(OpKind::MatMul, {l, r}, std::move(flags), i);
   };
@@ -284,7 +278,7 @@ Grads linearWithBiasGrads(GradContext &c, Value *dsum) {
                             x->name() + ".rows");
   Value *dRows = c.b.create(OpKind::Reshape, {dsum}, attrs({{"shape", std::vector<int64_t>{rows, n}}}),
                             dsum->name() + ".rows");
-  AttrMap dgrad, wgrad = attrs({{"transpose_a", true}});
+  AttrMap dgrad, wgrad = matmulAttrs({true, false});
   {
     copyGemmPrecision(c.op.attrs(), dgrad);
     copyGemmPrecision(c.op.attrs(), wgrad);
