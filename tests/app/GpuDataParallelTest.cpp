@@ -1,0 +1,76 @@
+// Data-parallel training on two GPUs through NCCL against one GPU (DataParallelTest.cpp's
+// twin). Skipped where there are fewer than two GPUs.
+#include "tests/backends/cuda/GpuTestUtil.h"
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+/// `steps` steps of `config` as `ranks` data-parallel ranks on GPUs 0 .. ranks - 1 through NCCL
+/// (threads of this process), or on GPU 0 alone when `ranks` is 1.
+std::vector<RankRun> trainOnGpus(const ModelConfig &config, int ranks, int64_t steps) {
+  NcclUniqueId id{};
+  if (ranks > 1) {
+    const NcclApi *api = unwrap(loadNccl());
+    EXPECT_EQ(api->getUniqueId(&id), 0);
+  }
+  std::vector<std::unique_ptr<NcclCommunicator>> communicators(ranks); // each rank's, kept past its trainer
+  return trainRanks(config, ranks, steps, [&](int r) -> llvm::Expected<RankPlace> {
+    if (ranks > 1) {
+      auto made = NcclCommunicator::create(id, r, ranks, r);
+      if (!made)
+        return made.takeError();
+      communicators[r] = std::move(*made);
+    }
+    auto device = detectCudaDevice(r);
+    if (!device)
+      return device.takeError();
+    return RankPlace{*device, communicators[r].get()};
+  });
+}
+
+void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
+  if (auto gpu = detectCudaDevice(1); !gpu) {
+    GTEST_SKIP() << "needs two GPUs: " << llvm::toString(gpu.takeError());
+  }
+  if (auto nccl = loadNccl(); !nccl) {
+    GTEST_SKIP() << llvm::toString(nccl.takeError());
+  }
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
+  config.precision.recipe = recipe;
+  config.precision.fp8MinDim = 0; // under fp8, every linear layer
+  config.train.steps = 50;
+  std::vector<RankRun> one = trainOnGpus(config, 1, 50), two = trainOnGpus(config, 2, 50);
+  ASSERT_EQ(one[0].error, "");
+  ASSERT_EQ(two[0].error, "");
+  ASSERT_EQ(two[1].error, "");
+  ASSERT_EQ(two[0].losses.size(), 50u);
+  EXPECT_EQ(two[0].losses, two[1].losses);
+  double worst = 0;
+  for (size_t i = 0; i < 50; ++i)
+    worst = std::max(worst, std::abs(two[0].losses[i] / one[0].losses[i] - 1));
+  std::printf("%s, 50 steps: loss on 2 GPUs vs 1 at most %.3g apart (relative); first %.6f vs %.6f, last %.6f vs "
+              "%.6f\n",
+              recipeName(recipe).str().c_str(), worst, two[0].losses[0], one[0].losses[0], two[0].losses.back(),
+              one[0].losses.back());
+  EXPECT_LT(worst, tolerance);
+  EXPECT_LT(two[0].losses.back(), two[0].losses.front() - 0.5); // it trains
+  // Every parameter, moment and FP8 scaling tensor: the same bits on both GPUs.
+  int fp8 = 0;
+  for (const auto &[name, t] : two[0].state) {
+    EXPECT_EQ(t.data, two[1].state.at(name).data) << name << " differs between the ranks";
+    fp8 += llvm::StringRef(name).ends_with(".scale");
+  }
+  if (recipe == Recipe::Fp8) {
+    EXPECT_GT(fp8, 10);
+  }
+}
+
+TEST(GpuDataParallel, TwoGpusFollowOneGpuInBf16For50Steps) { expectTwoGpusFollowOne(Recipe::Bf16, 5e-3); }
+TEST(GpuDataParallel, TwoGpusFollowOneGpuInFp8For50StepsWithTheSameScales) {
+  expectTwoGpusFollowOne(Recipe::Fp8, 2e-2);
+}
+
+
+} // namespace

@@ -1,0 +1,225 @@
+// Generation on the GPU against the CPU (GenerateTest.cpp's twin): decode steps through the
+// whole cache, the few-row products, the normalising GEMVs, the attention writing the cache,
+// prefill then decode giving the CPU's tokens. Skipped where there is no GPU.
+#include "tests/backends/cuda/GpuTestUtil.h"
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+class GpuDecode : public testing::TestWithParam<std::string> {};
+
+TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
+  // Under bf16 the caches are stored in BF16 on the GPU (chooseBf16Caches), bound from the
+  // host, written and read as such.
+  SKIP_WITHOUT_GPU();
+  const bool bf16 = GetParam() == "bf16";
+  auto program = tinyGpuProgram(GetParam(), GPTOutput::Decode);
+  ASSERT_TRUE(program);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = initParams(*program, rng.next());
+  for (auto &[name, t] : leaves)
+    for (float &v : t.data)
+      v += float(rng.normal() * 0.1);
+  Interpreter cpu(*program);
+  auto gpu = unwrap(createCudaExecutor(*program));
+  ASSERT_TRUE(gpu);
+  ASSERT_FALSE(bool(cpu.bindAll(leaves)));
+  ASSERT_FALSE(bool(gpu->bindAll(leaves)));
+  const TensorType column = program->lookup("tokens")->type();
+  int64_t T = program->lookup("h0.attn.k_cache")->type().dim(1), vocab = program->lookup("wte")->type().dim(0);
+  for (int64_t pos = 0; pos < T; ++pos) {
+    Tensor tokens = Tensor::zeros(column), positions = Tensor::zeros(column);
+    for (int32_t &t : tokens.ints)
+      t = int32_t(rng.below(vocab));
+    for (size_t b = 0; b < positions.ints.size(); ++b) // each sequence at a position of its own
+      positions.ints[b] = int32_t(pos * (b + 1) % T);
+    std::map<std::string, Tensor> step{{"tokens", tokens}, {"positions", positions}};
+    ASSERT_FALSE(bool(cpu.bindAll(step)));
+    ASSERT_FALSE(bool(gpu->bindAll(step)));
+    std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
+    ASSERT_EQ(got.size(), want.size());
+    Gap gap = gapOf(want, got);
+    ASSERT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "position " << pos;
+  }
+  // The caches as the CPU holds them (a BF16 cache is read back widened: the same values).
+  for (const char *cache : {"h0.attn.k_cache", "h1.attn.v_cache"}) {
+    Gap gap = gapOf(unwrap(cpu.read(cache)).data, unwrap(gpu->read(cache)).data);
+    EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << cache;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, testing::Values("fp32", "bf16"));
+
+TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
+  // gemv.cuh: the products of decode steps against a weight. 1 to 8 rows on the CUDA cores; 9
+  // to 64 on tensor cores (partial and whole m16 tiles) with K in 8 slices (256), 1 slice (96:
+  // each warp all of K, written without shared memory), past 8 loads of weight a lane (2048: the
+  // next weights load while these multiply); 200 columns (a partial block) and 16384 (the most
+  // the tensor-core kernel takes); with and without a bias, and the bias then the GELU
+  // (matmul_bias_gelu, both of its results). 65 rows, or 16385 columns past 8 rows: cuBLASLt.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  struct Shape {
+    int64_t M, K, N;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t M : {1, 3, 8, 9, 24, 32, 64, 65})
+    shapes.push_back({M, 256, 200});
+  shapes.push_back({24, 96, 200});
+  shapes.push_back({32, 2048, 200});
+  shapes.push_back({17, 256, 16384});
+  shapes.push_back({17, 256, 16385});
+  shapes.push_back({8, 256, 16385});
+  for (const Shape &s : shapes)
+    for (const char *kind : {"matmul", "matmul_bias", "matmul_bias_gelu"}) {
+      const int64_t M = s.M, K = s.K, N = s.N;
+      bool bias = std::string(kind) != "matmul", gelu = std::string(kind) == "matmul_bias_gelu";
+      SCOPED_TRACE(fmt::format("{} rows, K {}, N {}, {}", M, K, N, kind));
+      std::string text = fmt::format(
+          "graph @g\n%x = input() : f32[{0},{1}]\n%w = param() {{init=\"normal\", std=1.0}} : f32[{2},{1}]\n{3}"
+          "{4} = {5} {{gemm_dtype=\"bf16\"{6}}} : f32[{0},{2}]{7}\nreturn {4}\n",
+          M, K, N, bias ? fmt::format("%b = param() {{init=\"zeros\"}} : f32[{}]\n", N) : "", gelu ? "%y, %h" : "%y",
+          bias ? fmt::format("{}(%x, %w, %b)", kind) : "matmul(%x, %w)", bias ? "" : ", transpose_b=true",
+          gelu ? fmt::format(", f32[{},{}]", M, N) : "");
+      auto graph = unwrap(parseGraph(text, "gemv.ir"));
+      ASSERT_TRUE(graph);
+      FewRows kernel = M <= 8 ? FewRows::Gemv : M <= 64 && N <= 16384 ? FewRows::Tensor : FewRows::None;
+      for (const Op *op : graph->ops())
+        if (op->kind() != OpKind::Input && op->kind() != OpKind::Param) {
+          EXPECT_EQ(int(fewRows(*op)), int(kernel));
+        }
+      std::map<std::string, Tensor> leaves{{"x", Tensor::zeros(TensorType(DType::F32, {M, K}))},
+                                           {"w", Tensor::zeros(TensorType(DType::F32, {N, K}))}};
+      if (bias)
+        leaves["b"] = Tensor::zeros(TensorType(DType::F32, {N}));
+      for (auto &[name, t] : leaves)
+        for (float &v : t.data)
+          v = float(rng.normal());
+      std::vector<Tensor> want, got;
+      runOnBoth(*graph, leaves, want, got);
+      ASSERT_EQ(got.size(), gelu ? 2u : 1u);
+      for (size_t r = 0; r < got.size(); ++r) {
+        Gap gap = gapOf(want[r].data, got[r].data);
+        // The same BF16 products, summed in another order.
+        EXPECT_LE(gap.worst, 1e-5 * gap.scale) << "result " << r << ": max difference " << gap.worst;
+      }
+    }
+}
+
+
+TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
+  // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
+  // (a partial last lane pass) and 1024 features (the most a warp holds), LayerNorm and RMSNorm,
+  // with a bias and the GELU or neither; 200 columns (a partial block). Both results against the
+  // CPU: the sum exactly, the product within BF16's reach (a norm value summed in another order
+  // can round to the neighbouring BF16 before the product reads it).
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  const int64_t N = 200;
+  for (int64_t M : {1, 3, 8})
+    for (int64_t K : {64, 200, 1024})
+      for (bool layer : {true, false}) {
+        bool gelu = layer; // LayerNorm with a bias and the GELU, RMSNorm with neither
+        SCOPED_TRACE(fmt::format("{} rows of {}, {}", M, K, layer ? "layer_norm, bias, gelu" : "rms_norm"));
+        std::string text = fmt::format(
+            "graph @g\n%a = input() : f32[{0},1,{1}]\n%b = input() : f32[{0},1,{1}]\n"
+            "%gamma = input() : f32[{1}]\n{3}%w = param() {{init=\"normal\", std=1.0}} : f32[{2},{1}]\n{4}"
+            "%s, %y = residual_norm_linear(%a, %b, %gamma, {5}%w{6}) {{{7}eps=1e-05, gemm_dtype=\"bf16\", norm=\"{8}\"}} "
+            ": f32[{0},1,{1}], f32[{0},1,{2}]\nreturn %s, %y\n",
+            M, K, N, layer ? fmt::format("%beta = input() : f32[{}]\n", K) : "",
+            gelu ? fmt::format("%bias = input() : f32[{}]\n", N) : "", layer ? "%beta, " : "", gelu ? ", %bias" : "",
+            gelu ? "activation=\"gelu\", bias=true, " : "", layer ? "layer_norm" : "rms_norm");
+        auto graph = unwrap(parseGraph(text, "norm-gemv.ir"));
+        ASSERT_TRUE(graph);
+        std::map<std::string, Tensor> leaves;
+        for (const Op *op : graph->ops())
+          if (op->kind() == OpKind::Input || op->kind() == OpKind::Param) {
+            Tensor t = Tensor::zeros(op->result()->type());
+            for (float &v : t.data)
+              v = float(rng.normal());
+            leaves[op->result()->name()] = std::move(t);
+          }
+        std::vector<Tensor> want, got;
+        runOnBoth(*graph, leaves, want, got);
+        ASSERT_EQ(got.size(), 2u);
+        EXPECT_EQ(got[0].data, want[0].data); // the sums: one fp32 add each
+        Gap gap = gapOf(want[1].data, got[1].data);
+        EXPECT_LE(gap.worst, 1e-2 * gap.scale) << "max difference " << gap.worst << " at scale " << gap.scale;
+      }
+}
+
+TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
+  // decode.cuh's attention writing the caches (fuse-kv-write's; not in place: they are inputs
+  // here, copied first), 8 sequences of 16 heads over a cache of 512 positions (16 parts of 32
+  // keys each, 2048 in all) at positions anywhere in it, the last included; fp32 (exact caches)
+  // and bf16.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  const int64_t B = 8, T = 512, H = 16, Dh = 16, D = H * Dh;
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    std::string text = fmt::format(
+        "graph @g\n%qkv = input() : f32[{0},1,{3}]\n%k = input() : f32[{0},{1},{2}]\n%v = input() : f32[{0},{1},{2}]\n"
+        "%positions = input() : i32[{0},1]\n%out, %k.new, %v.new = decode_attention(%qkv, %k, %v, %positions) "
+        "{{{4}heads={5}, scale=0.25, write_cache=true}} : f32[{0},1,{2}], f32[{0},{1},{2}], f32[{0},{1},{2}]\n"
+        "return %out, %k.new, %v.new\n",
+        B, T, D, 3 * D, bf16 ? "gemm_dtype=\"bf16\", " : "", H);
+    auto graph = unwrap(parseGraph(text, "decode-attention.ir"));
+    ASSERT_TRUE(graph);
+    std::map<std::string, Tensor> leaves;
+    for (const char *name : {"qkv", "k", "v"}) {
+      Tensor t = Tensor::zeros(graph->lookup(name)->type());
+      for (float &x : t.data)
+        x = float(rng.normal());
+      leaves[name] = std::move(t);
+    }
+    Tensor positions = Tensor::zeros(TensorType(DType::I32, {B, 1}));
+    for (int32_t &p : positions.ints)
+      p = int32_t(rng.below(T));
+    positions.ints[0] = int32_t(T - 1); // every part of the first sequence
+    leaves["positions"] = positions;
+    std::vector<Tensor> want, got;
+    runOnBoth(*graph, leaves, want, got);
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[1].data, want[1].data); // the caches: copied, and this step's rows written
+    EXPECT_EQ(got[2].data, want[2].data);
+    Gap gap = gapOf(want[0].data, got[0].data);
+    EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "max difference " << gap.worst;
+  }
+}
+
+TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
+  // Prompts of four lengths in one batch (the longest needs the 32-position prefill), greedy
+  // and sampled: the GPU's tokens are the CPU interpreter's.
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Fp32;
+  auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
+  ASSERT_TRUE(graph);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> weights = initParams(*graph, rng.next());
+  for (auto &[name, t] : weights)
+    for (float &v : t.data)
+      v += float(rng.normal() * 0.1);
+  auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
+  auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
+  ASSERT_TRUE(cpu && gpu);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t length : {1, 7, 16, 20}) {
+    prompts.emplace_back(length);
+    for (int32_t &t : prompts.back())
+      t = int32_t(rng.below(c.vocab));
+  }
+  for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 0.9, 7}}) {
+    auto want = unwrap(cpu->generate(prompts, c.seqLen - 20 + 1, options));
+    auto got = unwrap(gpu->generate(prompts, c.seqLen - 20 + 1, options));
+    EXPECT_EQ(got, want) << "temperature " << options.temperature;
+    EXPECT_EQ(gpu->stats().prefillLength, 32);
+    EXPECT_TRUE(gpu->stats().cached);
+  }
+}
+
+
+} // namespace

@@ -1,0 +1,99 @@
+// The GPU lowering's table of families (backends/cuda/lowering/Families.cpp): every op of
+// ir/Ops.def has a way onto the GPU, the family's emitter where kernels lower it, and the ops
+// the GPU pipeline expands never reach the lowering. (An op added to the table without a case
+// in Families.cpp already fails the build: its switch has no default, under -Werror=switch.)
+#include "backends/cuda/Pipeline.h"
+#include "backends/cuda/lowering/Families.h"
+#include "backends/cuda/lowering/Lowering.h"
+#include "ir/Parser.h"
+#include "models/GPTBuilder.h"
+#include "transforms/Pass.h"
+#include "tests/TestUtil.h"
+
+#include <set>
+
+using namespace tgc;
+using namespace tgc::test;
+
+namespace {
+
+const std::vector<OpKind> &allKinds() {
+  static const std::vector<OpKind> kinds = {
+#define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) OpKind::Enum,
+#include "ir/Ops.def"
+  };
+  return kinds;
+}
+
+TEST(GpuLowering, EveryOpOfTheTableHasAWayOntoTheGpu) {
+  int families = 0;
+  for (OpKind kind : allKinds()) {
+    GpuLoweringInfo info = gpuLoweringOf(kind);
+    SCOPED_TRACE(opInfo(kind).name.str());
+    ASSERT_NE(info.where, nullptr) << "no entry in Families.cpp";
+    if (info.how == GpuLowering::Family) {
+      EXPECT_NE(info.emit, nullptr) << "a family without an emitter";
+      ++families;
+    }
+    if (info.how == GpuLowering::Leaf || info.how == GpuLowering::Alias || info.how == GpuLowering::Assign ||
+        info.how == GpuLowering::Collective || info.how == GpuLowering::Expanded)
+      EXPECT_EQ(info.emit, nullptr) << "kernels for an op the executor binds, aliases or never sees";
+  }
+  EXPECT_GT(families, 40); // most ops are kernel families' (46 today)
+}
+
+/// The programs the GPU runs: the tiny and odd models' training programs, decode steps and
+/// prefills under each recipe, after gpuPipeline's passes.
+std::vector<std::unique_ptr<Graph>> gpuPrograms() {
+  std::vector<std::unique_ptr<Graph>> programs;
+  for (const char *model : {"models/tiny.yaml", "tests/models/odd.yaml"})
+    for (const char *recipe : {"fp32", "bf16", "fp8"})
+      for (GPTOutput output : {GPTOutput::Loss, GPTOutput::Decode}) {
+        ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
+        c.precision.recipe = *parseRecipe(recipe);
+        c.precision.fp8MinDim = 0;
+        bool training = output == GPTOutput::Loss;
+        auto graph = unwrap(buildGPT(c, c.train.batch, output));
+        PipelineOptions options;
+        options.passOptions.train = c.train;
+        options.passOptions.precision = c.precision;
+        auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training, c.precision.recipe), options));
+        EXPECT_FALSE(bool(pipeline.run(*graph)));
+        programs.push_back(std::move(graph));
+      }
+  return programs;
+}
+
+TEST(GpuLowering, TheGpuPipelineLeavesOnlyOpsTheLoweringTakes) {
+  std::set<std::string> families;
+  for (auto &graph : gpuPrograms()) {
+    SCOPED_TRACE(graph->name());
+    for (const Op *op : graph->ops()) {
+      GpuLoweringInfo info = gpuLoweringOf(op->kind());
+      EXPECT_NE(info.how, GpuLowering::Expanded) << op->name().str() << " reaches the lowering";
+      if (info.how == GpuLowering::Family)
+        families.insert(info.where);
+    }
+    auto program = lowerToCuda(*graph);
+    EXPECT_TRUE(bool(program)) << (program ? "" : llvm::toString(program.takeError()));
+  }
+  // Every family's emitter runs on some program here.
+  EXPECT_EQ(families.size(), 11u);
+}
+
+TEST(GpuLowering, AnOpTheGpuPipelineExpandsIsAnErrorNamingIt) {
+  auto graph = unwrap(parseGraph(R"(graph @g
+%x = input() : f32[4,16]
+%gamma = param() {init="ones"} : f32[16]
+%beta = param() {init="zeros"} : f32[16]
+%w = param() {init="normal", std=0.02} : f32[8,16]
+%y = layer_norm_linear(%x, %gamma, %beta, %w) {bias=false, eps=1e-05, norm="layer_norm"} : f32[4,8]
+return %y
+)", "test.ir"));
+  auto program = lowerToCuda(*graph);
+  ASSERT_FALSE(bool(program));
+  EXPECT_NE(llvm::toString(program.takeError()).find("%y = layer_norm_linear has no GPU lowering yet"),
+            std::string::npos);
+}
+
+} // namespace
