@@ -183,24 +183,9 @@ llvm::Error Generator::ensureWindowed() {
   return llvm::Error::success();
 }
 
-llvm::Expected<std::vector<std::vector<int32_t>>>
-Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
-                    const SamplingOptions &options, const TokenCallback &onTokens) {
-  const int64_t T = config_.seqLen, V = config_.vocab;
-  if (auto err = checkPrompts(prompts, batch_, V))
-    return std::move(err);
-  size_t longest = 0;
-  for (const auto &p : prompts)
-    longest = std::max(longest, p.size());
-  // Positions fed: each prompt's, then every generated token but the last.
-  if (count < 1 || int64_t(longest) + count - 1 > T)
-    return generateWithoutCache(prompts, count, options, onTokens);
-  auto start = std::chrono::steady_clock::now();
-  stats_ = GenerationStats{};
-  stats_.sequences = int64_t(prompts.size());
-  Rng rng(mix64(options.seed));
-  // Prefill: the prompts, padded to the program's positions, in one forward pass.
-  const int64_t P = prefillLength(int64_t(longest));
+llvm::Expected<std::vector<int32_t>> Generator::runPrefill(const std::vector<std::vector<int32_t>> &prompts,
+                                                           int64_t longest, const SamplingOptions &options, Rng &rng) {
+  const int64_t P = prefillLength(longest);
   auto prefill = prefillProgram(P);
   if (!prefill)
     return prefill.takeError();
@@ -222,14 +207,37 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
     return std::move(err);
   if (auto err = first.step())
     return std::move(err);
-  auto next = nextTokens(first, prompts.size(), V, options, rng);
+  auto next = nextTokens(first, prompts.size(), config_.vocab, options, rng);
+  if (!next)
+    return next.takeError();
+  if (!(*prefill)->sharesCaches)
+    for (const std::string &cache : caches_)
+      if (auto err = decode_.executor->copyLeafFrom(cache, first))
+        return std::move(err);
+  return next;
+}
+
+llvm::Expected<std::vector<std::vector<int32_t>>>
+Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
+                    const SamplingOptions &options, const TokenCallback &onTokens) {
+  const int64_t T = config_.seqLen, V = config_.vocab;
+  if (auto err = checkPrompts(prompts, batch_, V))
+    return std::move(err);
+  size_t longest = 0;
+  for (const auto &p : prompts)
+    longest = std::max(longest, p.size());
+  // Positions fed: each prompt's, then every generated token but the last.
+  if (count < 1 || int64_t(longest) + count - 1 > T)
+    return generateWithoutCache(prompts, count, options, onTokens);
+  auto start = std::chrono::steady_clock::now();
+  stats_ = GenerationStats{};
+  stats_.sequences = int64_t(prompts.size());
+  Rng rng(mix64(options.seed));
+  auto next = runPrefill(prompts, int64_t(longest), options, rng);
   if (!next)
     return next.takeError();
   Executor &executor = *decode_.executor;
-  if (!(*prefill)->sharesCaches)
-    for (const std::string &cache : caches_)
-      if (auto err = executor.copyLeafFrom(cache, first))
-        return std::move(err);
+  TensorType column(DType::I32, {batch_, 1});
   std::vector<std::vector<int32_t>> generated(prompts.size());
   auto take = [&](int64_t step, const std::vector<int32_t> &picked) {
     for (size_t b = 0; b < prompts.size(); ++b)

@@ -7,6 +7,7 @@
 #include "backends/Executor.h"
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
+#include "support/Random.h"
 
 #include <algorithm>
 #include <functional>
@@ -88,6 +89,11 @@ private:
   llvm::Error ensureWindowed();
   /// The prefill program of `positions` (a prefillLength), compiled when first needed.
   llvm::Expected<Prefill *> prefillProgram(int64_t positions);
+  /// The prompts (the longest `longest` tokens) through the prefill program, padded to its
+  /// positions, in one forward pass; the KV caches it wrote handed to the decode step. Returns
+  /// each sequence's first new token.
+  llvm::Expected<std::vector<int32_t>> runPrefill(const std::vector<std::vector<int32_t>> &prompts, int64_t longest,
+                                                  const SamplingOptions &options, Rng &rng);
 
   ModelConfig config_;
   int64_t batch_ = 0;

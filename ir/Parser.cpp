@@ -59,6 +59,19 @@ private:
   // Lexing.
   llvm::Error lex(Token &tok);
   llvm::Error advance() { return lex(tok_); }
+  char peek(size_t ahead = 0) const { return pos_ + ahead < text_.size() ? text_[pos_ + ahead] : '\0'; }
+  void bump() {
+    if (text_[pos_++] == '\n') {
+      ++line_;
+      column_ = 1;
+    } else {
+      ++column_;
+    }
+  }
+  /// The string literal at `start` (its opening quote), into `tok`.
+  llvm::Error lexString(Token &tok, size_t start);
+  /// The number (or -inf) at `start`, into `tok`.
+  llvm::Error lexNumber(Token &tok, size_t start);
   llvm::Error error(const Token &at, const std::string &message) const {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s:%u:%u: error: %s",
                                    file_.str().c_str(), at.line, at.column,
@@ -102,15 +115,6 @@ private:
 };
 
 llvm::Error Parser::lex(Token &tok) {
-  auto peek = [&](size_t ahead = 0) { return pos_ + ahead < text_.size() ? text_[pos_ + ahead] : '\0'; };
-  auto bump = [&]() {
-    if (text_[pos_++] == '\n') {
-      ++line_;
-      column_ = 1;
-    } else {
-      ++column_;
-    }
-  };
   // Blanks and comments ('#' or '//' to the end of the line).
   while (pos_ < text_.size()) {
     char c = peek();
@@ -163,58 +167,10 @@ llvm::Error Parser::lex(Token &tok) {
     tok.text = text_.slice(nameStart, pos_);
     return llvm::Error::success();
   }
-  if (c == '"') {
-    bump();
-    while (true) {
-      if (pos_ >= text_.size() || peek() == '\n')
-        return error(tok, "unterminated string");
-      char s = peek();
-      bump();
-      if (s == '"')
-        break;
-      if (s == '\\') {
-        if (pos_ >= text_.size() || (peek() != '"' && peek() != '\\'))
-          return error(tok, "unknown escape in string (only \\\" and \\\\)");
-        s = peek();
-        bump();
-      }
-      tok.str += s;
-    }
-    tok.kind = Tok::String;
-    tok.text = text_.slice(start, pos_);
-    return llvm::Error::success();
-  }
-  bool negative = c == '-';
-  if (llvm::isDigit(c) || (negative && (llvm::isDigit(peek(1)) || llvm::isAlpha(peek(1))))) {
-    if (negative)
-      bump();
-    if (llvm::isAlpha(peek())) { // -inf
-      while (pos_ < text_.size() && llvm::isAlpha(peek()))
-        bump();
-      tok.kind = Tok::Float;
-      tok.text = text_.slice(start, pos_);
-      if (tok.text != "-inf")
-        return error(tok, "expected a number after '-'");
-      return llvm::Error::success();
-    }
-    bool isFloatLit = false;
-    while (pos_ < text_.size()) {
-      char d = peek();
-      if (llvm::isDigit(d)) {
-        bump();
-      } else if (d == '.' || d == 'e' || d == 'E') {
-        isFloatLit = true;
-        bump();
-        if ((d == 'e' || d == 'E') && (peek() == '+' || peek() == '-'))
-          bump();
-      } else {
-        break;
-      }
-    }
-    tok.kind = isFloatLit ? Tok::Float : Tok::Integer;
-    tok.text = text_.slice(start, pos_);
-    return llvm::Error::success();
-  }
+  if (c == '"')
+    return lexString(tok, start);
+  if (llvm::isDigit(c) || (c == '-' && (llvm::isDigit(peek(1)) || llvm::isAlpha(peek(1)))))
+    return lexNumber(tok, start);
   if (llvm::isAlpha(c) || c == '_') {
     while (pos_ < text_.size() && (llvm::isAlnum(peek()) || peek() == '_'))
       bump();
@@ -225,6 +181,60 @@ llvm::Error Parser::lex(Token &tok) {
   if (llvm::isPrint(c))
     return error(tok, fmt::format("unexpected character '{}'", c));
   return error(tok, fmt::format("unexpected byte 0x{:02x}", static_cast<unsigned char>(c)));
+}
+
+llvm::Error Parser::lexString(Token &tok, size_t start) {
+  bump();
+  while (true) {
+    if (pos_ >= text_.size() || peek() == '\n')
+      return error(tok, "unterminated string");
+    char s = peek();
+    bump();
+    if (s == '"')
+      break;
+    if (s == '\\') {
+      if (pos_ >= text_.size() || (peek() != '"' && peek() != '\\'))
+        return error(tok, "unknown escape in string (only \\\" and \\\\)");
+      s = peek();
+      bump();
+    }
+    tok.str += s;
+  }
+  tok.kind = Tok::String;
+  tok.text = text_.slice(start, pos_);
+  return llvm::Error::success();
+}
+
+llvm::Error Parser::lexNumber(Token &tok, size_t start) {
+  bool negative = peek() == '-';
+  if (negative)
+    bump();
+  if (llvm::isAlpha(peek())) { // -inf
+    while (pos_ < text_.size() && llvm::isAlpha(peek()))
+      bump();
+    tok.kind = Tok::Float;
+    tok.text = text_.slice(start, pos_);
+    if (tok.text != "-inf")
+      return error(tok, "expected a number after '-'");
+    return llvm::Error::success();
+  }
+  bool isFloatLit = false;
+  while (pos_ < text_.size()) {
+    char d = peek();
+    if (llvm::isDigit(d)) {
+      bump();
+    } else if (d == '.' || d == 'e' || d == 'E') {
+      isFloatLit = true;
+      bump();
+      if ((d == 'e' || d == 'E') && (peek() == '+' || peek() == '-'))
+        bump();
+    } else {
+      break;
+    }
+  }
+  tok.kind = isFloatLit ? Tok::Float : Tok::Integer;
+  tok.text = text_.slice(start, pos_);
+  return llvm::Error::success();
 }
 
 llvm::Error Parser::parseType(TensorType &type) {

@@ -224,6 +224,10 @@ public:
 
 private:
   using Fields = llvm::StringMap<const YNode *>;
+  // The sections of the description after `model`, each read where `top` has it.
+  void readTrain(Fields &top, TrainConfig &t);
+  void readData(Fields &top, ModelConfig &config);
+  void readPrecision(Fields &top, PrecisionConfig &p);
 
   std::string where(llvm::SMLoc loc) const {
     if (!loc.isValid())
@@ -419,6 +423,68 @@ void ConfigReader::readStrings(const Fields &fields, llvm::StringRef key,
   }
 }
 
+void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
+  Fields train;
+  if (top.count("train") &&
+      readMapping(top["train"], "train",
+                  {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
+                   "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "seed"},
+                  train)) {
+    readInt(train, "batch", t.batch, false);
+    readDouble(train, "lr", t.lr);
+    readInt(train, "steps", t.steps, false);
+    readInt(train, "warmup", t.warmup, false);
+    readDouble(train, "weight_decay", t.weightDecay);
+    readDouble(train, "beta1", t.beta1);
+    readDouble(train, "beta2", t.beta2);
+    readDouble(train, "eps", t.eps);
+    readDouble(train, "grad_clip", t.gradClip);
+    readDouble(train, "min_lr_ratio", t.minLrRatio);
+    readBool(train, "decay_embeddings", t.decayEmbeddings);
+    readBool(train, "recompute", t.recompute);
+    readUInt(train, "seed", t.seed);
+  }
+}
+
+void ConfigReader::readData(Fields &top, ModelConfig &config) {
+  Fields data;
+  // The default progression steps fit the vocabulary (a step is at most vocab - 1), so that a
+  // small vocabulary without a data section describes a model that also reads back.
+  config.data.maxStep = std::min<int64_t>(config.data.maxStep, std::max<int64_t>(1, config.vocab - 1));
+  config.data.minStep = std::min(config.data.minStep, config.data.maxStep);
+  if (top.count("data") &&
+      readMapping(top["data"], "data", {"min_step", "max_step"}, data)) {
+    readInt(data, "min_step", config.data.minStep, 1, config.vocab - 1, false);
+    readInt(data, "max_step", config.data.maxStep, 1, config.vocab - 1, false);
+    if (!failed() && config.data.maxStep < config.data.minStep)
+      fail(data["max_step"], fmt::format("max_step ({}) is below min_step ({})",
+                                         config.data.maxStep, config.data.minStep));
+  }
+}
+
+void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
+  Fields precision;
+  if (top.count("precision") &&
+      readMapping(top["precision"], "precision",
+                  {"recipe", "fp8_format", "fp8_scaling", "margin", "amax_history_len", "amax_compute_algo",
+                   "keep_bf16", "fp8_min_dim"},
+                  precision)) {
+    std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
+    readChoice(precision, "recipe", recipe);
+    readChoice(precision, "fp8_format", format);
+    p.recipe = parseRecipe(recipe).value_or(p.recipe);
+    p.fp8Format = format == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
+    readInt(precision, "margin", p.margin, false);
+    readInt(precision, "amax_history_len", p.amaxHistoryLen, false);
+    readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
+    std::string scaling(fp8ScalingName(p.fp8Scaling));
+    readChoice(precision, "fp8_scaling", scaling);
+    p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
+    readStrings(precision, "keep_bf16", p.keepBf16);
+    readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
+  }
+}
+
 llvm::Expected<ModelConfig> ConfigReader::read() {
   auto fromError = [&]() {
     return llvm::createStringError(llvm::inconvertibleErrorCode(), escapeForMessage(error_).c_str());
@@ -453,7 +519,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     error_ = file_ + ": error: malformed YAML";
   if (failed())
     return fromError();
-  Fields top, model, train, data, precision;
+  Fields top, model;
   if (!readMapping(&root, "the model description",
                    {"name", "model", "train", "data", "precision"}, top))
     return fromError();
@@ -494,58 +560,9 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
     fail(model["heads"], fmt::format("heads ({}) does not divide d_model ({})", config.heads,
                                      config.dModel));
 
-  TrainConfig &t = config.train;
-  if (top.count("train") &&
-      readMapping(top["train"], "train",
-                  {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
-                   "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "seed"},
-                  train)) {
-    readInt(train, "batch", t.batch, false);
-    readDouble(train, "lr", t.lr);
-    readInt(train, "steps", t.steps, false);
-    readInt(train, "warmup", t.warmup, false);
-    readDouble(train, "weight_decay", t.weightDecay);
-    readDouble(train, "beta1", t.beta1);
-    readDouble(train, "beta2", t.beta2);
-    readDouble(train, "eps", t.eps);
-    readDouble(train, "grad_clip", t.gradClip);
-    readDouble(train, "min_lr_ratio", t.minLrRatio);
-    readBool(train, "decay_embeddings", t.decayEmbeddings);
-    readBool(train, "recompute", t.recompute);
-    readUInt(train, "seed", t.seed);
-  }
-  // The default progression steps fit the vocabulary (a step is at most vocab - 1), so that a
-  // small vocabulary without a data section describes a model that also reads back.
-  config.data.maxStep = std::min<int64_t>(config.data.maxStep, std::max<int64_t>(1, config.vocab - 1));
-  config.data.minStep = std::min(config.data.minStep, config.data.maxStep);
-  if (top.count("data") &&
-      readMapping(top["data"], "data", {"min_step", "max_step"}, data)) {
-    readInt(data, "min_step", config.data.minStep, 1, config.vocab - 1, false);
-    readInt(data, "max_step", config.data.maxStep, 1, config.vocab - 1, false);
-    if (!failed() && config.data.maxStep < config.data.minStep)
-      fail(data["max_step"], fmt::format("max_step ({}) is below min_step ({})",
-                                         config.data.maxStep, config.data.minStep));
-  }
-  PrecisionConfig &p = config.precision;
-  if (top.count("precision") &&
-      readMapping(top["precision"], "precision",
-                  {"recipe", "fp8_format", "fp8_scaling", "margin", "amax_history_len", "amax_compute_algo",
-                   "keep_bf16", "fp8_min_dim"},
-                  precision)) {
-    std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
-    readChoice(precision, "recipe", recipe);
-    readChoice(precision, "fp8_format", format);
-    p.recipe = parseRecipe(recipe).value_or(p.recipe);
-    p.fp8Format = format == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
-    readInt(precision, "margin", p.margin, false);
-    readInt(precision, "amax_history_len", p.amaxHistoryLen, false);
-    readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
-    std::string scaling(fp8ScalingName(p.fp8Scaling));
-    readChoice(precision, "fp8_scaling", scaling);
-    p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
-    readStrings(precision, "keep_bf16", p.keepBf16);
-    readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
-  }
+  readTrain(top, config.train);
+  readData(top, config);
+  readPrecision(top, config.precision);
   if (failed())
     return fromError();
 

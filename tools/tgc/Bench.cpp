@@ -162,6 +162,35 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
   return 0;
 }
 
+/// How many of `program`'s linear layers run in FP8 (those with a weight's scaling state), of
+/// how many.
+std::pair<int64_t, int64_t> countFp8Layers(const Graph &program, const ModelConfig &config) {
+  int64_t fp8Layers = 0, linearLayers = 0;
+  for (const Op *op : program.ops()) { // linear weights: [out, in] "*.weight"
+    llvm::StringRef site = op->result() ? llvm::StringRef(op->result()->name()) : "";
+    if (op->kind() != OpKind::Param || op->result()->type().rank() != 2 || !site.consume_back(".weight"))
+      continue;
+    ++linearLayers;
+    fp8Layers += program.lookup(program::fp8StatePrefix(site, program::Fp8Role::Weight) + ".scale") != nullptr;
+  }
+  linearLayers += config.tieEmbeddings; // the head reads wte, which the loop does not count
+  return {fp8Layers, linearLayers};
+}
+
+/// The table's title and column heads.
+void printBenchHeader(const ModelConfig &base, int ranks) {
+  llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens{}, {} warm-up + {} timed steps per precision\n",
+                              base.name, base.train.batch, base.seqLen,
+                              ranks > 1 ? fmt::format(" on {} GPUs ({} sequences each, data parallel through "
+                                                             "NCCL)",
+                                                             ranks, base.train.batch / ranks)
+                                               : "",
+                              int64_t(BenchWarmup), int64_t(BenchSteps));
+  llvm::outs() << fmt::format("{:<6} {:<34} {:>10} {:>10} {:>12} {:>9} {:>11} {:>10}\n", "recipe",
+                              "device", "median ms", "mean ms", "tokens/s", "TFLOP/s", "memory MiB",
+                              "final loss");
+}
+
 } // namespace
 
 int runBench() {
@@ -194,16 +223,7 @@ int runBench() {
   auto setup = joinRanks();
   if (!setup)
     return report(setup.takeError());
-  llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens{}, {} warm-up + {} timed steps per precision\n",
-                              base->name, base->train.batch, base->seqLen,
-                              setup->ranks > 1 ? fmt::format(" on {} GPUs ({} sequences each, data parallel through "
-                                                             "NCCL)",
-                                                             setup->ranks, base->train.batch / setup->ranks)
-                                               : "",
-                              int64_t(BenchWarmup), int64_t(BenchSteps));
-  llvm::outs() << fmt::format("{:<6} {:<34} {:>10} {:>10} {:>12} {:>9} {:>11} {:>10}\n", "recipe",
-                              "device", "median ms", "mean ms", "tokens/s", "TFLOP/s", "memory MiB",
-                              "final loss");
+  printBenchHeader(*base, setup->ranks);
   if (!BenchJson.empty())
     if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
       return report(std::move(err));
@@ -265,15 +285,7 @@ int runBench() {
     result["gpus"] = setup->ranks;
     results.push_back(std::move(result));
     if (recipe == "fp8") {
-      int64_t fp8Layers = 0, linearLayers = 0;
-      for (const Op *op : (*trainer)->program().ops()) { // linear weights: [out, in] "*.weight"
-        llvm::StringRef site = op->result() ? llvm::StringRef(op->result()->name()) : "";
-        if (op->kind() != OpKind::Param || op->result()->type().rank() != 2 || !site.consume_back(".weight"))
-          continue;
-        ++linearLayers;
-        fp8Layers += (*trainer)->program().lookup(program::fp8StatePrefix(site, program::Fp8Role::Weight) + ".scale") != nullptr;
-      }
-      linearLayers += config.tieEmbeddings; // the head reads wte, which the loop does not count
+      auto [fp8Layers, linearLayers] = countFp8Layers((*trainer)->program(), config);
       llvm::outs() << fmt::format("       {} of {} linear layers in FP8 (fp8_min_dim {}; compile "
                                   "--explain-precision says why)\n",
                                   fp8Layers, linearLayers, config.precision.fp8MinDim);

@@ -84,6 +84,40 @@ __device__ __forceinline__ float toCache<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ unsigned short toCache<unsigned short>(float x) { return bf16Bits(x); }
 
+// The parts of one (sequence, head) combined by the last of its blocks to finish: each part's
+// sums rescaled to the largest maximum, divided by the total weight. `parts`, `reduced` and
+// `last` are the block's shared memory.
+template <int Threads, int64 Dh, int64 Splits, typename Out>
+__device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, float *partial, unsigned *done, Out out,
+                                                   float *parts, float *reduced, bool &last) {
+  // The parts are visible once counted.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done + bh, 1u) == counted - 1;
+    if (last) done[bh] = 0; // for the next step
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const volatile float *all = partial + bh * Splits * (Dh + 2);
+  float m = __int_as_float(0xff800000);
+  for (int64 s = threadIdx.x; s < counted; s += Threads) m = fmaxf(m, all[s * (Dh + 2)]);
+  m = blockMax(m, reduced);
+  float l = 0.0f;
+  for (int64 s = threadIdx.x; s < counted; s += Threads) {
+    float w = all[s * (Dh + 2) + 1] > 0.0f ? expf(all[s * (Dh + 2)] - m) : 0.0f;
+    parts[s] = w;
+    l += w * all[s * (Dh + 2) + 1];
+  }
+  l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the parts' writes
+  for (int64 d = threadIdx.x; d < Dh; d += Threads) {
+    float acc = 0.0f;
+    for (int64 s = 0; s < counted; ++s) acc += parts[s] * all[s * (Dh + 2) + 2 + d];
+    out[bh * Dh + d] = acc / l;
+  }
+}
+
 template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, typename Cache,
           typename Out, typename CacheOut>
 __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
@@ -186,32 +220,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
       mine[1] = l;
     }
   }
-  // The last block of this (sequence, head) combines: its parts are visible once counted.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(done + bh, 1u) == counted - 1;
-    if (last) done[bh] = 0; // for the next step
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const volatile float *all = partial + bh * Splits * (Dh + 2);
-  float m = __int_as_float(0xff800000);
-  for (int64 s = threadIdx.x; s < counted; s += Threads) m = fmaxf(m, all[s * (Dh + 2)]);
-  m = blockMax(m, reduced);
-  float l = 0.0f;
-  for (int64 s = threadIdx.x; s < counted; s += Threads) {
-    float w = all[s * (Dh + 2) + 1] > 0.0f ? expf(all[s * (Dh + 2)] - m) : 0.0f;
-    parts[s] = w;
-    l += w * all[s * (Dh + 2) + 1];
-  }
-  l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the parts' writes
-  for (int64 d = threadIdx.x; d < Dh; d += Threads) {
-    float acc = 0.0f;
-    for (int64 s = 0; s < counted; ++s) acc += parts[s] * all[s * (Dh + 2) + 2 + d];
-    out[bh * Dh + d] = acc / l;
-  }
+  combineDecodeParts<Threads, Dh, Splits>(bh, counted, partial, done, out, parts, reduced, last);
 }
 
 // A block a part, numbered split first. (A grid of at most 2048 blocks, each going on to further

@@ -346,6 +346,83 @@ void *causalMask(GraphBuilder &g, void *scores, const Dims &dims, void *negative
   return masked;
 }
 
+/// What an attention's graph shares between its forward and its gradient: the shape, the
+/// layouts of q, k, v, out and the statistics, and the tensors both graphs start from (q, k
+/// transposed, out, the statistics, the scale, -inf, and the scaled scores).
+struct AttentionLayout {
+  int64_t T = 0, H = 0, DH = 0;
+  Dims headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides, transposedDims, transposedStrides;
+  Dims statDims, statStrides, scoreDims;
+  void *q = nullptr, *kT = nullptr, *out = nullptr, *stats = nullptr, *scale = nullptr, *negativeInfinity = nullptr;
+  void *scaled = nullptr;
+};
+
+void forwardGraph(GraphBuilder &g, const AttentionLayout &l) {
+  const Dims &headDims = l.headDims, &qkvStrides = l.qkvStrides, &statDims = l.statDims, &scoreDims = l.scoreDims;
+  void *out = l.out, *stats = l.stats, *negativeInfinity = l.negativeInfinity, *scaled = l.scaled;
+  // cudnn_frontend's SDPA forward: scores, scale, causal mask, softmax (max, exp, sum; the
+  // statistics max + log(sum)), probabilities in BF16 times v.
+  void *v = g.tensor(UidV, cudnn::Bf16, headDims, qkvStrides, false);
+  void *masked = causalMask(g, scaled, scoreDims, negativeInfinity);
+  void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
+  g.reduction(cudnn::ReduceMax, masked, max);
+  g.pointwise(cudnn::Sub, masked, max, shifted);
+  g.pointwise(cudnn::Exp, shifted, nullptr, exps);
+  void *sum = g.intermediate(statDims), *logSum = g.intermediate(statDims);
+  g.reduction(cudnn::ReduceAdd, exps, sum);
+  g.pointwise(cudnn::Log, sum, nullptr, logSum);
+  g.pointwise(cudnn::Add, max, logSum, stats);
+  void *probabilities = g.intermediate(scoreDims, packed(scoreDims), cudnn::Bf16);
+  g.pointwise(cudnn::Div, exps, sum, probabilities);
+  g.matmul(probabilities, v, out);
+}
+
+void backwardGraph(GraphBuilder &g, const AttentionLayout &l, bool doutRows) {
+  const Dims &headDims = l.headDims, &headStrides = l.headStrides, &rowDims = l.rowDims, &rowStrides = l.rowStrides;
+  const Dims &packedStrides = l.packedStrides, &qkvStrides = l.qkvStrides, &transposedDims = l.transposedDims;
+  const Dims &transposedStrides = l.transposedStrides, &statDims = l.statDims, &statStrides = l.statStrides;
+  const Dims &scoreDims = l.scoreDims;
+  const int64_t H = l.H, T = l.T, DH = l.DH;
+  void *q = l.q, *kT = l.kT, *out = l.out, *stats = l.stats, *scale = l.scale;
+  void *negativeInfinity = l.negativeInfinity, *scaled = l.scaled;
+  // cudnn_frontend's SDPA backward without dropout or bias, deterministic (dq straight from its
+  // product): sum(dout * out) per query; the probabilities again from the statistics; dv =
+  // P^T dout; dS = P (dout v^T - sum) * scale; dk = dS^T q; dq = dS k.
+  void *vT = g.tensor(UidV, cudnn::Bf16, transposedDims, transposedStrides, false);
+  void *dout = g.tensor(UidDO, cudnn::Bf16, headDims, doutRows ? rowStrides : headStrides, false);
+  void *dq = g.tensor(UidDQ, cudnn::Bf16, rowDims, packedStrides, false);
+  void *dk = g.tensor(UidDK, cudnn::Bf16, rowDims, packedStrides, false);
+  void *dv = g.tensor(UidDV, cudnn::Bf16, rowDims, packedStrides, false);
+  void *softmaxSum = g.tensor(UidSoftmaxSum, cudnn::Float, statDims, statStrides, false);
+  void *one = g.scalar(UidOne);
+  void *products = g.intermediate(rowDims, {H * T * DH, T * DH, H * DH, 1}, cudnn::Float);
+  void *rowSums = g.intermediate(statDims);
+  g.pointwise(cudnn::Mul, dout, out, products);
+  g.reduction(cudnn::ReduceAdd, products, rowSums);
+  g.pointwise(cudnn::Mul, rowSums, one, softmaxSum);
+  void *centered = g.intermediate(scoreDims);
+  g.pointwise(cudnn::Sub, scaled, stats, centered);
+  void *masked = causalMask(g, centered, scoreDims, negativeInfinity);
+  void *probabilities = g.intermediate(scoreDims);
+  g.pointwise(cudnn::Exp, masked, nullptr, probabilities);
+  Dims transposedScores = {H * T * T, T * T, 1, T};
+  void *probabilitiesT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
+  g.reshape(probabilities, probabilitiesT);
+  g.matmul(probabilitiesT, dout, dv);
+  void *dP = g.intermediate(scoreDims), *dPCentered = g.intermediate(scoreDims);
+  g.matmul(dout, vT, dP);
+  g.pointwise(cudnn::Sub, dP, softmaxSum, dPCentered);
+  void *dScores = g.intermediate(scoreDims), *dScaled = g.intermediate(scoreDims);
+  g.pointwise(cudnn::Mul, dPCentered, probabilities, dScores);
+  g.pointwise(cudnn::Mul, dScores, scale, dScaled);
+  void *dScaledT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
+  g.reshape(dScaled, dScaledT);
+  g.matmul(dScaledT, q, dk);
+  void *k = g.intermediate(headDims, qkvStrides, cudnn::Bf16);
+  g.reshape(kT, k);
+  g.matmul(dScaled, k, dq);
+}
+
 } // namespace
 
 std::string CudnnApi::versionText() const { return versionFromCode(version); } // CUDNN_VERSION
@@ -428,60 +505,14 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   void *scores = g.intermediate(scoreDims), *scaled = g.intermediate(scoreDims);
   g.matmul(q, kT, scores);
   g.pointwise(cudnn::Mul, scores, scale, scaled);
+  AttentionLayout l{T, H, DH, headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides,
+                    transposedDims, transposedStrides, statDims, statStrides, scoreDims,
+                    q, kT, out, stats, scale, negativeInfinity, scaled};
   if (!s.backward) {
-    // cudnn_frontend's SDPA forward: scores, scale, causal mask, softmax (max, exp, sum; the
-    // statistics max + log(sum)), probabilities in BF16 times v.
-    void *v = g.tensor(UidV, cudnn::Bf16, headDims, qkvStrides, false);
-    void *masked = causalMask(g, scaled, scoreDims, negativeInfinity);
-    void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
-    g.reduction(cudnn::ReduceMax, masked, max);
-    g.pointwise(cudnn::Sub, masked, max, shifted);
-    g.pointwise(cudnn::Exp, shifted, nullptr, exps);
-    void *sum = g.intermediate(statDims), *logSum = g.intermediate(statDims);
-    g.reduction(cudnn::ReduceAdd, exps, sum);
-    g.pointwise(cudnn::Log, sum, nullptr, logSum);
-    g.pointwise(cudnn::Add, max, logSum, stats);
-    void *probabilities = g.intermediate(scoreDims, packed(scoreDims), cudnn::Bf16);
-    g.pointwise(cudnn::Div, exps, sum, probabilities);
-    g.matmul(probabilities, v, out);
+    forwardGraph(g, l);
     a->uids_ = {UidQ, UidK, UidV, UidO, UidStats};
   } else {
-    // cudnn_frontend's SDPA backward without dropout or bias, deterministic (dq straight from its
-    // product): sum(dout * out) per query; the probabilities again from the statistics; dv =
-    // P^T dout; dS = P (dout v^T - sum) * scale; dk = dS^T q; dq = dS k.
-    void *vT = g.tensor(UidV, cudnn::Bf16, transposedDims, transposedStrides, false);
-    void *dout = g.tensor(UidDO, cudnn::Bf16, headDims, s.doutRows ? rowStrides : headStrides, false);
-    void *dq = g.tensor(UidDQ, cudnn::Bf16, rowDims, packedStrides, false);
-    void *dk = g.tensor(UidDK, cudnn::Bf16, rowDims, packedStrides, false);
-    void *dv = g.tensor(UidDV, cudnn::Bf16, rowDims, packedStrides, false);
-    void *softmaxSum = g.tensor(UidSoftmaxSum, cudnn::Float, statDims, statStrides, false);
-    void *one = g.scalar(UidOne);
-    void *products = g.intermediate(rowDims, {H * T * DH, T * DH, H * DH, 1}, cudnn::Float);
-    void *rowSums = g.intermediate(statDims);
-    g.pointwise(cudnn::Mul, dout, out, products);
-    g.reduction(cudnn::ReduceAdd, products, rowSums);
-    g.pointwise(cudnn::Mul, rowSums, one, softmaxSum);
-    void *centered = g.intermediate(scoreDims);
-    g.pointwise(cudnn::Sub, scaled, stats, centered);
-    void *masked = causalMask(g, centered, scoreDims, negativeInfinity);
-    void *probabilities = g.intermediate(scoreDims);
-    g.pointwise(cudnn::Exp, masked, nullptr, probabilities);
-    Dims transposedScores = {H * T * T, T * T, 1, T};
-    void *probabilitiesT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
-    g.reshape(probabilities, probabilitiesT);
-    g.matmul(probabilitiesT, dout, dv);
-    void *dP = g.intermediate(scoreDims), *dPCentered = g.intermediate(scoreDims);
-    g.matmul(dout, vT, dP);
-    g.pointwise(cudnn::Sub, dP, softmaxSum, dPCentered);
-    void *dScores = g.intermediate(scoreDims), *dScaled = g.intermediate(scoreDims);
-    g.pointwise(cudnn::Mul, dPCentered, probabilities, dScores);
-    g.pointwise(cudnn::Mul, dScores, scale, dScaled);
-    void *dScaledT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
-    g.reshape(dScaled, dScaledT);
-    g.matmul(dScaledT, q, dk);
-    void *k = g.intermediate(headDims, qkvStrides, cudnn::Bf16);
-    g.reshape(kT, k);
-    g.matmul(dScaled, k, dq);
+    backwardGraph(g, l, s.doutRows);
     a->uids_ = {UidQ, UidK, UidV, UidO, UidDO, UidStats, UidDQ, UidDK, UidDV, UidSoftmaxSum};
   }
   a->uids_.push_back(UidScale);

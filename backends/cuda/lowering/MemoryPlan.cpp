@@ -197,6 +197,48 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
   return layout;
 }
 
+namespace {
+
+/// Something placed in the arena: a value, its BF16 copy, or an op-local buffer alive during
+/// its op only.
+struct Item {
+  int64_t bytes, first, last;
+  const Value *value; // nullptr for an op-local buffer
+  size_t op, local;
+  bool shadow = false; // the BF16 copy of `value`
+};
+
+/// Each of `items` at an offset of the arena, into `plan`: largest first, each at the lowest
+/// offset that overlaps no placed item alive at once.
+void placeItems(std::vector<Item> &items, MemoryPlan &plan) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item &a, const Item &b) { return a.bytes > b.bytes; });
+  std::vector<std::pair<const Item *, int64_t>> placed;
+  for (const Item &item : items) {
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (auto &[p, offset] : placed)
+      if (p->first <= item.last && item.first <= p->last)
+        busy.push_back({offset, offset + p->bytes});
+    std::sort(busy.begin(), busy.end());
+    int64_t offset = 0;
+    for (auto [b, e] : busy) {
+      if (offset + item.bytes <= b)
+        break;
+      offset = std::max(offset, e);
+    }
+    if (item.shadow)
+      plan.shadowOffsets[item.value] = offset;
+    else if (item.value)
+      plan.offsets[item.value] = offset;
+    else
+      plan.opLocalOffsets[item.op][item.local] = offset;
+    plan.arenaBytes = std::max(plan.arenaBytes, offset + item.bytes);
+    placed.push_back({&item, offset});
+  }
+}
+
+} // namespace
+
 MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   MemoryPlan plan;
   const ParameterLayout &layout = program.layout;
@@ -266,13 +308,6 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       if (const Value *o = owner.lookup(ops[i]->result(r)))
         life[o].second = std::max(life[o].second, last);
   }
-  // Everything placed in the arena: values, and op-local buffers alive during their op only.
-  struct Item {
-    int64_t bytes, first, last;
-    const Value *value; // nullptr for an op-local buffer
-    size_t op, local;
-    bool shadow = false; // the BF16 copy of `value`
-  };
   std::vector<Item> items;
   for (const Value *v : planned)
     items.push_back({aligned(storedBytesOf(program, v)), life[v].first, life[v].second, v, 0, 0});
@@ -316,31 +351,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
     }
   }
   items.insert(items.end(), shadowItems.begin(), shadowItems.end());
-  // Largest first, each at the lowest offset that overlaps no placed item alive at once.
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item &a, const Item &b) { return a.bytes > b.bytes; });
-  std::vector<std::pair<const Item *, int64_t>> placed;
-  for (const Item &item : items) {
-    std::vector<std::pair<int64_t, int64_t>> busy;
-    for (auto &[p, offset] : placed)
-      if (p->first <= item.last && item.first <= p->last)
-        busy.push_back({offset, offset + p->bytes});
-    std::sort(busy.begin(), busy.end());
-    int64_t offset = 0;
-    for (auto [b, e] : busy) {
-      if (offset + item.bytes <= b)
-        break;
-      offset = std::max(offset, e);
-    }
-    if (item.shadow)
-      plan.shadowOffsets[item.value] = offset;
-    else if (item.value)
-      plan.offsets[item.value] = offset;
-    else
-      plan.opLocalOffsets[item.op][item.local] = offset;
-    plan.arenaBytes = std::max(plan.arenaBytes, offset + item.bytes);
-    placed.push_back({&item, offset});
-  }
+  placeItems(items, plan);
   // Aliases point into their source's memory.
   for (auto &[v, o] : owner)
     if (v != o)
