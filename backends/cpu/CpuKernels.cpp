@@ -3,6 +3,7 @@
 
 #include "backends/cpu/Fp8Scaling.h"
 #include "backends/cpu/Schedule.h"
+#include "support/ScalarMath.h"
 #include "ir/Attributes.h"
 #include "support/Error.h"
 
@@ -238,12 +239,6 @@ llvm::Error evalScale(const AttrMap &attrs, Operands in, Results out) {
   return unary(in, out, [factor](float x) { return x * factor; });
 }
 
-/// GELU with the tanh approximation, as GPT-2 and TE use.
-float geluTanh(float x) {
-  const float c = 0.7978845608028654f; // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
-}
-
 llvm::Error evalGelu(const AttrMap &, Operands in, Results out) {
   return unary(in, out, geluTanh);
 }
@@ -453,13 +448,7 @@ template <typename F> llvm::Error binaryMap(Operands in, Results out, F f) {
 }
 
 llvm::Error evalGeluBackward(const AttrMap &attrs, Operands in, Results out) {
-  auto err = binaryMap(in, out, [](float dy, float x) {
-    const float c = 0.7978845608028654f;
-    float u = c * (x + 0.044715f * x * x * x);
-    float t = std::tanh(u);
-    float du = c * (1.0f + 3.0f * 0.044715f * x * x);
-    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
-  });
+  auto err = binaryMap(in, out, geluTanhGradient);
   if (err || out.size() < 2)
     return err;
   // bias_grad: dx summed as reduce_to sums it.

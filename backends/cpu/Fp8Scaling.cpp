@@ -1,6 +1,7 @@
 #include "backends/cpu/Fp8Scaling.h"
 
 #include "models/ProgramInterface.h"
+#include "support/ScalarMath.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -9,10 +10,7 @@
 namespace tgc {
 
 float scaleFromAmax(float amax, Fp8Format format, int margin, float fallback) {
-  if (!std::isfinite(amax) || amax <= 0.0f)
-    return fallback;
-  float scale = (fp8Max(format) / amax) / std::exp2(float(margin));
-  return std::isinf(scale) ? FLT_MAX : scale;
+  return scaleFromAmax(amax, fp8Max(format), std::exp2(float(margin)), fallback);
 }
 
 float currentScale(float amax, Fp8Format format, int margin) { return scaleFromAmax(amax, format, margin, 1.0f); }

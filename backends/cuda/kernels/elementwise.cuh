@@ -3,12 +3,8 @@
 // or a BF16 output wrapper (common.cuh).
 #pragma once
 
+#include "ScalarMath.h"
 #include "common.cuh"
-
-__device__ float geluTanh(float x) {
-  const float c = 0.7978845608028654f; // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
 
 template <int64 Count, typename Out>
 __device__ void fill(Out out, float value) {
@@ -55,13 +51,6 @@ __device__ void silu(const float *x, Out out) {
   FOR_EACH_ELEMENT(i, Count) out[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-// d/dx of geluTanh, times dy.
-__device__ __forceinline__ float geluTanhGradient(float dy, float v) {
-  const float c = 0.7978845608028654f;
-  float t = tanhf(c * (v + 0.044715f * v * v * v));
-  float du = c * (1.0f + 3.0f * 0.044715f * v * v);
-  return dy * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-}
 template <int64 Count, typename In, typename Out>
 __device__ void geluBackward(const float *dy, const In *x, Out dx) {
   if (Count % 4 == 0) {

@@ -121,15 +121,8 @@ __device__ float blockAmax(float value, float *shared) {
   return blockReduce(value, shared, [](float a, float b) { return amaxMerge(a, b); });
 }
 
-// (largest / amax) / 2^margin where amax is finite and > 0 (FLT_MAX for an infinite quotient),
-// else `fallback` (the CPU's scaleFromAmax): delayed scaling's scale from a history's amax, the
+// scaleFromAmax (ScalarMath.h, the CPU's too): delayed scaling's scale from a history's amax, the
 // old scale its fallback; current scaling's from the tensor's own, 1 its fallback.
-__device__ __forceinline__ float scaleFromAmax(float amax, float largest, float marginScale, float fallback) {
-  if (!isfinite(amax) || amax <= 0.0f)
-    return fallback;
-  float s = (largest / amax) / marginScale;
-  return isinf(s) ? __int_as_float(0x7f7fffff) : s;
-}
 __device__ __forceinline__ float currentScale(float amax, float largest, float marginScale) {
   return scaleFromAmax(amax, largest, marginScale, 1.0f);
 }

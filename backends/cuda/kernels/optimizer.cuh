@@ -2,6 +2,7 @@
 // the gradient norm over all gradients of the contiguous gradient buffer at once.
 #pragma once
 
+#include "ScalarMath.h"
 #include "common.cuh"
 
 // clip = min(1, maxNorm / (||g|| + 1e-6)); 1 when clipping is off; 0 when ||g|| is not finite,
@@ -20,12 +21,7 @@ __device__ void clipScale(const float *sumSquares, float *clip, double maxNorm) 
 // Linear warm-up, then cosine decay to min_lr. The settings come from memory (schedule: lr,
 // min_lr, warmup, steps), so that programs that differ only in them share one compiled module.
 __device__ void lrSchedule(const int *step, float *lr, const double *schedule) {
-  double peak = schedule[0], minLr = schedule[1], warmup = schedule[2], steps = schedule[3];
-  double s = step[0], rate;
-  if (warmup > 0 && s <= warmup) rate = peak * s / warmup;
-  else if (steps <= warmup) rate = peak;
-  else rate = minLr + 0.5 * (peak - minLr) * (1.0 + cos(3.141592653589793 * fmin(1.0, (s - warmup) / (steps - warmup))));
-  lr[0] = (float)rate;
+  lr[0] = (float)learningRate(schedule[0], schedule[1], schedule[2], schedule[3], step[0]);
 }
 
 // torch.optim.AdamW over Count elements: the bias corrections in double once per thread, the
