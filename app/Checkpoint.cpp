@@ -1,4 +1,5 @@
 #include "app/Checkpoint.h"
+#include "support/Error.h"
 
 #include "ir/Infer.h"
 #include "support/Files.h"
@@ -27,9 +28,7 @@ namespace {
 
 template <typename... Args>
 llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return llvm::createStringError(
-      llvm::inconvertibleErrorCode(),
-      escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
+  return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
 }
 
 // A header larger than this is not a tgc checkpoint (the safetensors reference uses 100 MB).

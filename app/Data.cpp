@@ -1,4 +1,5 @@
 #include "app/Data.h"
+#include "support/Error.h"
 
 #include "support/Random.h"
 
@@ -70,8 +71,7 @@ std::string ArithmeticData::describe() const {
 llvm::Expected<std::unique_ptr<TokenFileData>>
 TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_t seed) {
   auto fail = [&](const std::string &message) {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: error: %s",
-                                   path.str().c_str(), message.c_str());
+    return makeError("{}: error: {}", path.str().c_str(), message.c_str());
   };
   // Windows are drawn anywhere in the file: its size must be known, so a device or a pipe
   // (which could also never end) is refused rather than read.

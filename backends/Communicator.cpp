@@ -1,4 +1,5 @@
 #include "backends/Communicator.h"
+#include "support/Error.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -34,7 +35,7 @@ struct LocalGroup::Shared {
   llvm::Error allReduce(int rank, float *data, size_t count, ReduceOp op) {
     std::unique_lock<std::mutex> lock(mutex);
     if (aborted)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "rank %d: the group was aborted", rank);
+      return makeError("rank {}: the group was aborted", rank);
     buffers[rank] = data;
     counts[rank] = count;
     ops[rank] = op;
@@ -60,10 +61,10 @@ struct LocalGroup::Shared {
     } else {
       arrived.wait(lock, [&] { return generation != mine || aborted; });
       if (generation == mine)
-        return llvm::createStringError(llvm::inconvertibleErrorCode(), "rank %d: the group was aborted", rank);
+        return makeError("rank {}: the group was aborted", rank);
     }
     if (!failure.empty())
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "rank %d: %s", rank, failure.c_str());
+      return makeError("rank {}: {}", rank, failure.c_str());
     return llvm::Error::success();
   }
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "backends/Tensor.h"
+#include "support/Error.h"
 
 #include "llvm/Support/Error.h"
 
@@ -50,7 +51,7 @@ public:
   }
   virtual llvm::Expected<Tensor> collect(unsigned ticket) {
     if (ticket >= later_.size())
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "no read queued as ticket %u", ticket);
+      return makeError("no read queued as ticket {}", ticket);
     return std::move(later_[ticket]);
   }
   /// Leaf `name` takes the current value of `from`'s leaf of that name and type (the KV caches

@@ -1,4 +1,5 @@
 #include "ir/Graph.h"
+#include "support/Error.h"
 
 #include "ir/Infer.h"
 
@@ -223,7 +224,7 @@ Value *Builder::state(llvm::StringRef name, TensorType type, AttrMap init) {
 llvm::Error Builder::takeError() {
   if (error_.empty())
     return llvm::Error::success();
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), std::exchange(error_, ""));
+  return stringError(std::exchange(error_, ""));
 }
 
 } // namespace tgc

@@ -1,4 +1,5 @@
 #include "ir/Parser.h"
+#include "support/Error.h"
 
 #include "ir/Infer.h"
 #include "ir/Verifier.h"
@@ -73,9 +74,7 @@ private:
   /// The number (or -inf) at `start`, into `tok`.
   llvm::Error lexNumber(Token &tok, size_t start);
   llvm::Error error(const Token &at, const std::string &message) const {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s:%u:%u: error: %s",
-                                   file_.str().c_str(), at.line, at.column,
-                                   escapeForMessage(message).c_str());
+    return makeError("{}:{}:{}: error: {}", file_.str().c_str(), at.line, at.column, escapeForMessage(message).c_str());
   }
   llvm::Error expected(llvm::StringRef what) const {
     std::string found = describe(tok_.kind).str();

@@ -1,4 +1,5 @@
 #include "ir/Verifier.h"
+#include "support/Error.h"
 
 #include "ir/Infer.h"
 
@@ -14,9 +15,8 @@ static llvm::Error opError(const Op &op, llvm::StringRef file, const std::string
     where = fmt::format("{}:{}:{}: ", file.empty() ? "<ir>" : file.str(), op.loc().line,
                         op.loc().column);
   std::string subject = op.numResults() ? "%" + op.result(0)->name() + " = " : "";
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), "%serror: %s%s: %s",
-                                 where.c_str(), subject.c_str(), op.name().str().c_str(),
-                                 escapeForMessage(message).c_str());
+  return makeError("{}error: {}{}: {}", where.c_str(), subject.c_str(), op.name().str().c_str(),
+                   escapeForMessage(message).c_str());
 }
 
 llvm::Error verify(const Graph &graph, llvm::StringRef file) {
@@ -55,15 +55,11 @@ llvm::Error verify(const Graph &graph, llvm::StringRef file) {
     }
   }
   if (graph.outputs().empty())
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s: error: graph @%s returns nothing",
-                                   file.empty() ? "<ir>" : file.str().c_str(),
-                                   graph.name().c_str());
+    return makeError("{}: error: graph @{} returns nothing", file.empty() ? "<ir>" : file.str().c_str(),
+                     graph.name().c_str());
   for (const Value *out : graph.outputs())
     if (!defined.count(out))
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "error: graph @%s returns %%%s, which no op defines",
-                                     graph.name().c_str(), out->name().c_str());
+      return makeError("error: graph @{} returns %{}, which no op defines", graph.name().c_str(), out->name().c_str());
   return llvm::Error::success();
 }
 

@@ -486,9 +486,7 @@ void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
 }
 
 llvm::Expected<ModelConfig> ConfigReader::read() {
-  auto fromError = [&]() {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), escapeForMessage(error_).c_str());
-  };
+  auto fromError = [&]() { return stringError(escapeForMessage(error_)); };
   ModelConfig config;
   // Bounded before LLVM's parser (recursive in the nesting) runs.
   llvm::StringRef text = buffer_->getBuffer();

@@ -1,5 +1,6 @@
 #include "ir/Printer.h"
 #include "ir/Verifier.h"
+#include "support/Error.h"
 #include "transforms/Pass.h"
 #include "transforms/Passes.h"
 
@@ -115,9 +116,7 @@ static llvm::Error unknownPass(llvm::StringRef name) {
   std::string known;
   for (const std::string &n : allPassNames())
     known += (known.empty() ? "" : ", ") + n;
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 "error: unknown pass '%s' (passes: %s)", name.str().c_str(),
-                                 known.c_str());
+  return makeError("error: unknown pass '{}' (passes: {})", name.str().c_str(), known.c_str());
 }
 
 llvm::Expected<PassPipeline> PassPipeline::create(llvm::ArrayRef<std::string> names,
@@ -149,20 +148,15 @@ std::vector<std::string> PassPipeline::passNames() const {
 
 llvm::Error PassPipeline::run(Graph &graph) {
   if (auto err = verify(graph))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "invalid input graph: %s",
-                                   llvm::toString(std::move(err)).c_str());
+    return makeError("invalid input graph: {}", llvm::toString(std::move(err)).c_str());
   llvm::raw_ostream &dump = options_.dumpStream ? *options_.dumpStream : llvm::errs();
   for (const auto &pass : passes_) {
     auto changed = pass->run(graph);
     if (!changed)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "pass %s failed: %s",
-                                     pass->name().str().c_str(),
-                                     llvm::toString(changed.takeError()).c_str());
+      return makeError("pass {} failed: {}", pass->name().str().c_str(), llvm::toString(changed.takeError()).c_str());
     if (auto err = verify(graph))
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "pass %s produced an invalid graph: %s",
-                                     pass->name().str().c_str(),
-                                     llvm::toString(std::move(err)).c_str());
+      return makeError("pass {} produced an invalid graph: {}", pass->name().str().c_str(),
+                       llvm::toString(std::move(err)).c_str());
     if (llvm::is_contained(options_.dumpAfter, "all") ||
         llvm::is_contained(options_.dumpAfter, pass->name().str())) {
       dump << "// ----- IR after " << pass->name() << (*changed ? "" : " (unchanged)")

@@ -1,4 +1,5 @@
 #include "transforms/Rewrite.h"
+#include "support/Error.h"
 
 #include "ir/Attributes.h"
 #include "ir/Infer.h"
@@ -49,10 +50,8 @@ llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replace
   if (!types)
     return types.takeError();
   if (types->size() != r.replaces.size() + r.newResults.size())
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "fused %s has %zu results but replaces %zu values and adds %zu",
-                                   opInfo(r.kind).name.str().c_str(), types->size(), r.replaces.size(),
-                                   r.newResults.size());
+    return makeError("fused {} has {} results but replaces {} values and adds {}", opInfo(r.kind).name.str().c_str(),
+                     types->size(), r.replaces.size(), r.newResults.size());
   std::vector<std::string> temporary;
   for (Value *old : r.replaces)
     temporary.push_back(graph.uniqueName(old->name() + ".fused"));
@@ -115,10 +114,9 @@ llvm::Expected<bool> FusionPass::run(Graph &graph) {
       if (auto err = applyReplacement(graph, m->pattern, std::move(m->replacement), &erased, /*sort=*/false))
         return std::move(err);
       if (++rewrites > maxRewrites)
-        return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                       "%s did not reach a fixed point after %zu rewrites (a pattern that keeps "
-                                       "matching its own output?)",
-                                       name().str().c_str(), maxRewrites);
+        return makeError("{} did not reach a fixed point after {} rewrites (a pattern that keeps "
+                         "matching its own output?)",
+                         name().str().c_str(), maxRewrites);
       changed = progress = true;
     }
     if (progress)

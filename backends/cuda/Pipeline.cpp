@@ -1,4 +1,5 @@
 #include "backends/cuda/Pipeline.h"
+#include "support/Error.h"
 
 #include "transforms/Pass.h"
 
@@ -49,11 +50,9 @@ Recipe gpuRecipeFor(int computeCapability) {
 llvm::Error checkGpuRecipe(Recipe recipe, int computeCapability) {
   int cc = computeCapability, needed = recipeCapability(recipe);
   if (cc < needed)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        fmt::format("error: the {} recipe needs a GPU of compute capability {}.{} or later; this "
-                    "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
-                    recipeName(recipe).str(), needed / 10, needed % 10, cc / 10, cc % 10));
+    return stringError(fmt::format("error: the {} recipe needs a GPU of compute capability {}.{} or later; this "
+                                   "one is {}.{} (--precision fp32, or --device cpu to emulate it)",
+                                   recipeName(recipe).str(), needed / 10, needed % 10, cc / 10, cc % 10));
   return llvm::Error::success();
 }
 

@@ -15,6 +15,7 @@
 // (CpuFusedKernels.cpp) written as ops, in the same order, so the result is the same function.
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
+#include "support/Error.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
@@ -170,10 +171,8 @@ public:
       return err;
     Graph &graph = b_.graph();
     if (values.size() != fused_.numResults())
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "expanding %s: %zu values for its %u results",
-                                     fused_.name().str().c_str(), values.size(),
-                                     fused_.numResults());
+      return makeError("expanding {}: {} values for its {} results", fused_.name().str().c_str(), values.size(),
+                       fused_.numResults());
     std::vector<std::string> names;
     for (unsigned i = 0; i < fused_.numResults(); ++i) {
       names.push_back(fused_.result(i)->name());

@@ -6,6 +6,7 @@
 // stay fp32.
 #include "ir/Attributes.h"
 #include "models/ProgramInterface.h"
+#include "support/Error.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 #include "transforms/precision/Precision.h"
@@ -31,8 +32,7 @@ public:
   llvm::Expected<bool> run(Graph &graph) override {
     Recipe recipe = config_.recipe;
     if (recipe == Recipe::Auto)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "assign-precision needs the recipe fp32, bf16 or fp8, not 'auto'");
+      return makeError("assign-precision needs the recipe fp32, bf16 or fp8, not 'auto'");
     if (recipe == Recipe::Fp32)
       return false;
     bool changed = false;

@@ -45,9 +45,7 @@ Value *reduceToShapeOf(GradContext &c, Value *g, Value *target, unsigned i) {
 }
 
 llvm::Expected<Grads> notDifferentiable(GradContext &c) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                 "no gradient rule for %s (it is not differentiable)",
-                                 c.op.name().str().c_str());
+  return makeError("no gradient rule for {} (it is not differentiable)", c.op.name().str().c_str());
 }
 
 
@@ -227,22 +225,19 @@ llvm::Expected<Grads> gradLayerNormLinear(GradContext &c) {
 llvm::Expected<Grads> gradLayerNormMLP(GradContext &c) {
   // h (result 1) is kept for this rule; the fusion leaves nothing else reading it.
   if (c.dys[1])
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "no gradient rule for layer_norm_mlp when another op reads "
-                                   "its fc1 output %%%s",
-                                   c.op.result(1)->name().c_str());
+    return makeError("no gradient rule for layer_norm_mlp when another op reads "
+                     "its fc1 output %{}",
+                     c.op.result(1)->name().c_str());
   return fusedBackward(c, OpKind::LayerNormMLPBackward, {dyOrZeros(c, 0), c.op.result(1)});
 }
 
 llvm::Expected<Grads> gradAttention(GradContext &c) {
   if (isHeadMajor(c.op.attrs()))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "attention with head_major (keep-attention-heads) comes after autodiff");
+    return makeError("attention with head_major (keep-attention-heads) comes after autodiff");
   // lse is kept for this rule; the fusion leaves nothing else reading it.
   if (c.dys[1])
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "no gradient rule for attention when another op reads its lse %%%s",
-                                   c.op.result(1)->name().c_str());
+    return makeError("no gradient rule for attention when another op reads its lse %{}",
+                     c.op.result(1)->name().c_str());
   return Grads{c.create(OpKind::AttentionBackward, {dyOrZeros(c, 0), c.x(0), c.op.result(0), c.op.result(1)},
                         c.op.attrs(), 0)};
 }
@@ -313,8 +308,7 @@ llvm::Expected<Grads> gradMaskedSoftmax(GradContext &c) {
 
 llvm::Expected<Grads> gradCrossEntropy(GradContext &c) {
   if (c.op.numOperands() > 2)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "cross_entropy with its gradient (fuse-cross-entropy-grad) comes after autodiff");
+    return makeError("cross_entropy with its gradient (fuse-cross-entropy-grad) comes after autodiff");
   return Grads{c.create(OpKind::CrossEntropyBackward, {c.dy(), c.x(0), c.x(1)}, {}, 0), nullptr};
 }
 

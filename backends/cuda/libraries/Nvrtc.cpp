@@ -1,4 +1,5 @@
 #include "backends/cuda/libraries/Nvrtc.h"
+#include "support/Error.h"
 
 #include "backends/cuda/libraries/KernelHeaders.h"
 #include "support/Files.h"
@@ -51,9 +52,7 @@ std::string cudaIncludeDir() {
 }
 
 llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringRef arch) {
-  auto fail = [](const std::string &message) {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), message.c_str());
-  };
+  auto fail = [](const std::string &message) { return stringError(message); };
 #ifndef TGC_HAVE_CUDA
   (void)source;
   (void)arch;

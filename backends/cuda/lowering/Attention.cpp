@@ -1,6 +1,7 @@
 // The attention family (attention.cuh): tgc's tensor-core kernels and its thread-per-row
 // fallback, or cuDNN's fused attention between tgc's layout launches.
 #include "backends/cuda/lowering/Families.h"
+#include "support/Error.h"
 
 #include <fmt/format.h>
 
@@ -179,9 +180,8 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   if (attentionOnTensorCores(a, Dh))
     return emitAttentionBf16(op, e, B, T, H, Dh, scale);
   if (isHeadMajor(a))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "error: %%%s: head-major q, k, v need the tensor-core attention kernels",
-                                   op.result()->name().c_str());
+    return makeError("error: %{}: head-major q, k, v need the tensor-core attention kernels",
+                     op.result()->name().c_str());
   // A thread per row of a 64-row tile.
   std::string shape = fmt::format("{}, {}, {}, {}", boolText(bf16), T, H, Dh);
   if (op.kind() == OpKind::Attention) {

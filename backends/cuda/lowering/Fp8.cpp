@@ -1,6 +1,7 @@
 // The FP8 family (fp8.cuh): quantize (with its cast-transpose, GELU and bias-gradient forms) and
 // the delayed-scaling update.
 #include "backends/cuda/lowering/Families.h"
+#include "support/Error.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -28,15 +29,13 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     int64_t cols = operandType(op, 0).dim(-1), rows = cols ? count / cols : 0;
     int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
     if (transpose && (rows % 16 || cols % 16))
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "quantize {transpose=true} %%%s: the GPU's cast-transpose needs both sides "
-                                     "multiples of 16, got [%lld, %lld]",
-                                     op.result()->name().c_str(), (long long)rows, (long long)cols);
+      return makeError("quantize {{transpose=true}} %{}: the GPU's cast-transpose needs both sides "
+                       "multiples of 16, got [{}, {}]",
+                       op.result()->name().c_str(), (long long)rows, (long long)cols);
     if (biasGrad && !transpose)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "quantize {bias_grad=true} %%%s: the GPU sums the columns in its "
-                                     "cast-transpose only (transpose=true)",
-                                     op.result()->name().c_str());
+      return makeError("quantize {{bias_grad=true}} %{}: the GPU sums the columns in its "
+                       "cast-transpose only (transpose=true)",
+                       op.result()->name().c_str());
     // A cast-transpose's blocks take tiles in turn, four blocks a multiprocessor (its launch
     // bounds keep them all resident), as few as take the most tiles any block takes; without
     // transpose, a block a range of 4096 elements.

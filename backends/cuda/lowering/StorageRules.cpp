@@ -4,6 +4,7 @@
 // in place where their GEMMs wrote them (qkvRows, doutRows). Each rule is a legality predicate
 // over the program's readers; lowerToCuda applies them in the order chooseStorage gives.
 #include "backends/cuda/lowering/StorageRules.h"
+#include "support/Error.h"
 
 #include "backends/cuda/lowering/Lowering.h"
 
@@ -279,10 +280,9 @@ void chooseBf16Caches(const Graph &graph, CudaProgram &program) {
 /// gradient alone), read by head-major gradients alone, or returned.
 llvm::Error chooseBf16Heads(const Graph &graph, CudaProgram &program) {
   auto fail = [](const Value *v) {
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "error: %%%s: head-major q, k, v come from an attention (or an input) and go "
-                                   "to its gradient alone on the GPU (they are stored in BF16)",
-                                   v->name().c_str());
+    return makeError("error: %{}: head-major q, k, v come from an attention (or an input) and go "
+                     "to its gradient alone on the GPU (they are stored in BF16)",
+                     v->name().c_str());
   };
   for (const Op *op : graph.ops()) {
     bool forward = op->kind() == OpKind::Attention && op->numResults() > 2;
@@ -387,10 +387,9 @@ llvm::Error chooseFp8Biases(const Graph &graph, CudaProgram &program) {
     if (op->kind() != OpKind::MatMulBias || !isFp8(op->operand(0)->type().dtype))
       continue;
     if (!isWeight(program, op->operand(2)))
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "error: %%%s: an FP8 matmul_bias adds a parameter's BF16 copy (cuBLASLt's FP8 "
-                                     "epilogue); %%%s is not a parameter",
-                                     op->result()->name().c_str(), op->operand(2)->name().c_str());
+      return makeError("error: %{}: an FP8 matmul_bias adds a parameter's BF16 copy (cuBLASLt's FP8 "
+                       "epilogue); %{} is not a parameter",
+                       op->result()->name().c_str(), op->operand(2)->name().c_str());
     program.bf16Rounding.insert(op);
   }
   return llvm::Error::success();
@@ -412,10 +411,9 @@ llvm::Error chooseCudnnRows(const Graph &graph, const LoweringOptions &options, 
       const Value *qkv = op->operand(0), *heads = op->result(2);
       for (const Op *user : heads->users())
         if (!program.cudnnAttention.count(user))
-          return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                         "error: %%%s: cuDNN runs the attention that reads q, k and v in place "
-                                         "but not its gradient %%%s",
-                                         op->result()->name().c_str(), user->result()->name().c_str());
+          return makeError("error: %{}: cuDNN runs the attention that reads q, k and v in place "
+                           "but not its gradient %{}",
+                           op->result()->name().c_str(), user->result()->name().c_str());
       program.bf16Rounding.insert(qkv->def());
       program.bf16Stored.insert(qkv);
       program.qkvRows[heads] = qkv;

@@ -3,6 +3,7 @@
 // into a leaf on the device, queues reads for later, and shares or copies a leaf between two
 // programs on one GPU (a prefill and its decode step).
 #include "backends/cuda/runtime/ProgramRunner.h"
+#include "support/Error.h"
 
 #include "backends/cuda/lowering/MemoryPlan.h"
 #include "backends/cuda/runtime/CudaCheck.h"
@@ -16,16 +17,14 @@ namespace tgc {
 llvm::Error ProgramRunner::bind(llvm::StringRef name, Tensor tensor) {
   const Value *v = graph_.lookup(name);
   if (!v || !isLeaf(v->def()->kind()) || v->def()->kind() == OpKind::Constant)
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "graph @%s has no input, parameter or state named '%s'",
-                                   graph_.name().c_str(), name.str().c_str());
+    return makeError("graph @{} has no input, parameter or state named '{}'", graph_.name().c_str(),
+                     name.str().c_str());
   if (tensor.type != v->type())
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "'%s' is %s, but a %s was given",
-                                   name.str().c_str(), v->type().str().c_str(), tensor.type.str().c_str());
+    return makeError("'{}' is {}, but a {} was given", name.str().c_str(), v->type().str().c_str(),
+                     tensor.type.str().c_str());
   if (isFp8(v->type().dtype))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "'%s' is %s: FP8 tensors come from quantize ops, not from the host",
-                                   name.str().c_str(), v->type().str().c_str());
+    return makeError("'{}' is {}: FP8 tensors come from quantize ops, not from the host", name.str().c_str(),
+                     v->type().str().c_str());
   const void *host = isFloat(tensor.type.dtype) ? (const void *)tensor.data.data()
                                                 : (const void *)tensor.ints.data();
   std::vector<uint16_t> bf16;
@@ -105,9 +104,8 @@ llvm::Error ProgramRunner::feed(llvm::StringRef valueName, llvm::StringRef leafN
   const Value *value = graph_.lookup(valueName), *leaf = graph_.lookup(leafName);
   if (!value || !buffer(value) || !leaf || !isLeaf(leaf->def()->kind()) || leaf->type() != value->type() ||
       program_.bf16Stored.count(leaf) != program_.bf16Stored.count(value))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "graph @%s cannot feed %%%s to the leaf %%%s (both must exist, with one type)",
-                                   graph_.name().c_str(), valueName.str().c_str(), leafName.str().c_str());
+    return makeError("graph @{} cannot feed %{} to the leaf %{} (both must exist, with one type)",
+                     graph_.name().c_str(), valueName.str().c_str(), leafName.str().c_str());
   CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), storedBytes(leaf), cudaMemcpyDeviceToDevice, stream_));
   if (leaf->def()->kind() == OpKind::Param)
     paramsBound_ = true; // its BF16 copy is made again
@@ -117,9 +115,7 @@ llvm::Error ProgramRunner::feed(llvm::StringRef valueName, llvm::StringRef leafN
 llvm::Expected<unsigned> ProgramRunner::readLater(llvm::StringRef name) {
   const Value *v = graph_.lookup(name);
   if (!v || !buffer(v) || program_.bf16Stored.count(v) || isFp8(v->type().dtype))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "graph @%s has no fp32 or i32 value '%s' to read", graph_.name().c_str(),
-                                   name.str().c_str());
+    return makeError("graph @{} has no fp32 or i32 value '{}' to read", graph_.name().c_str(), name.str().c_str());
   auto ticket = staging_.readLater(buffer(v), size_t(deviceBytesOf(v->type())), stream_);
   if (!ticket)
     return ticket.takeError();
@@ -144,16 +140,14 @@ llvm::Expected<Tensor> ProgramRunner::read(llvm::StringRef name) const {
   CUDA_CHECK(cudaStreamSynchronize(stream_)); // the steps launched before it
   const Value *v = graph_.lookup(name);
   if (!v || !buffer(v))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "graph @%s has no value '%s'",
-                                   graph_.name().c_str(), name.str().c_str());
+    return makeError("graph @{} has no value '{}'", graph_.name().c_str(), name.str().c_str());
   Tensor t = Tensor::zeros(v->type());
   if (isFp8(v->type().dtype)) {
     // What the CPU interpreter holds for an FP8 value: each code times the scale_inv its
     // quantize used.
     const Op *quantize = quantizeOf(v);
     if (!quantize)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "%%%s is FP8 but no quantize op produced it", name.str().c_str());
+      return makeError("%{} is FP8 but no quantize op produced it", name.str().c_str());
     std::vector<uint8_t> codes(t.data.size());
     float scaleInv = 0;
     CUDA_CHECK(cudaMemcpy(codes.data(), buffer(v), codes.size(), cudaMemcpyDeviceToHost));
