@@ -26,7 +26,7 @@ struct CudaOptions {
   /// Values only BF16 GEMMs read stored in BF16 (the same bits; off only to test that).
   bool storeBf16 = true;
   /// fc1's GELU and its gradient as cuBLASLt epilogues writing BF16, the logits in BF16, an FP8
-  /// layer's pre-activation in BF16 (Lowering.h CudaProgram::bf16Rounding; with storeBf16):
+  /// layer's pre-activation in BF16 (CudaProgram::bf16Rounding, lowering/StorageRules.cpp; with storeBf16):
   /// these round what fp32 keeps (off to test the other BF16 stores' bits).
   bool bf16Rounding = true;
   /// BF16 attention on cuDNN's fused attention where cuDNN 9 is found and takes the shape

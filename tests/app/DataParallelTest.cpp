@@ -1,6 +1,6 @@
 // Data-parallel training on the CPU reference: ranks as threads of one process (LocalGroup),
 // each a Trainer of its share of the global batch, against one rank training the whole batch.
-// The GPU runs the same program through NCCL (GpuTest.cpp's DataParallel tests, two GPUs).
+// The GPU runs the same program through NCCL (GpuDataParallelTest.cpp, two GPUs).
 #include "app/Trainer.h"
 #include "backends/Communicator.h"
 #include "models/GPTBuilder.h"

@@ -1,6 +1,7 @@
 // FP8 delayed scaling: TE's scale update, the quantize kernel, and the tiny model trained with
 // the fp8 recipe on the CPU (emulated) against its fp32 run.
 #include "backends/cuda/Pipeline.h"
+#include "ir/Attributes.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -247,14 +248,15 @@ TEST(FuseGeluQuantize, Fc2QuantizesTheGeluOfItsPreActivationAndNoBitChanges) {
   int geluQuantizes = 0, gradientQuantizes = 0, gelus = 0;
   for (const Op *op : fused->ops()) {
     gelus += op->kind() == OpKind::Gelu || op->kind() == OpKind::GeluBackward;
-    if (op->kind() != OpKind::Quantize || !op->attrs().has("activation"))
+    QuantizeOptions options = quantizeOptions(op->attrs());
+    if (op->kind() != OpKind::Quantize || options.activation == QuantizeActivation::None)
       continue;
-    bool gradient = op->attrs().getString("activation") == "gelu_backward";
+    bool gradient = options.activation == QuantizeActivation::GeluBackward;
     ++(gradient ? gradientQuantizes : geluQuantizes);
     EXPECT_NE(op->result()->name().find(gradient ? "fc1.fp8.grad_output.q" : "fc2.fp8.input.q"), std::string::npos)
         << op->result()->name();
     if (gradient) {
-      EXPECT_EQ(op->attrs().getBool("bias_grad"), true);
+      EXPECT_TRUE(options.biasGrad);
       ASSERT_EQ(op->numResults(), 5u);
       EXPECT_NE(op->result(4)->name().find("fc1.bias.grad"), std::string::npos) << op->result(4)->name();
     }
@@ -271,12 +273,11 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
   int fp8Gemms = 0, notTN = 0, transposes = 0, castTransposes = 0;
   for (const Op *op : plain->ops())
     if (op->kind() == OpKind::MatMul && isFp8(op->operand(0)->type().dtype))
-      notTN += op->attrs().getBool("transpose_a").value_or(false) ||
-               !op->attrs().getBool("transpose_b").value_or(false);
+      notTN += matmulLayout(op->attrs()).transposeA || !matmulLayout(op->attrs()).transposeB;
   for (const Op *op : legal->ops()) {
     if (op->kind() == OpKind::Transpose && isFp8(op->operand(0)->type().dtype))
       ++transposes;
-    if (op->kind() == OpKind::Quantize && op->attrs().getBool("transpose").value_or(false)) {
+    if (op->kind() == OpKind::Quantize && quantizeOptions(op->attrs()).transpose) {
       ++castTransposes;
       ASSERT_EQ(op->numResults(), 4u);
       EXPECT_TRUE(op->result(3)->hasUses()) << op->result()->name();
@@ -284,8 +285,9 @@ TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
     if (op->kind() != OpKind::MatMul || !isFp8(op->operand(0)->type().dtype))
       continue;
     ++fp8Gemms;
-    EXPECT_FALSE(op->attrs().has("transpose_a")) << op->result()->name();
-    EXPECT_EQ(op->attrs().getBool("transpose_b"), true) << op->result()->name();
+    // The IR text names the transposed operand alone: transpose_b=true, no transpose_a.
+    EXPECT_FALSE(op->attrs().has(kTransposeA)) << op->result()->name();
+    EXPECT_EQ(op->attrs().getBool(kTransposeB), true) << op->result()->name();
   }
   // 8 FP8 linear layers: forward, dgrad and wgrad each; dgrad and wgrad were not TN, and need
   // W^T, and X^T and dY^T: three transposed operands per layer, each made by its quantize (the

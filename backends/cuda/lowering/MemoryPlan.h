@@ -1,7 +1,7 @@
 // The memory plan: every intermediate value of a program gets an offset in one arena, and
 // values whose lifetimes (program order, from definition to last use) do not overlap share
 // memory. Parameters, gradients and state live in three contiguous buffers (ParameterLayout,
-// Lowering.h); inputs keep buffers of their own. A value assigned to a leaf at the end of the
+// CudaProgram.h); inputs keep buffers of their own. A value assigned to a leaf at the end of the
 // step is written straight into it where that is safe (in place), which removes both its arena
 // bytes and the copy.
 #pragma once

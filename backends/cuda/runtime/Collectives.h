@@ -7,6 +7,7 @@
 #include "backends/Communicator.h"
 #include "backends/cuda/CudaProgram.h"
 #include "backends/cuda/libraries/Nccl.h"
+#include "backends/cuda/runtime/DeviceMemory.h"
 
 #include "llvm/ADT/DenseMap.h"
 
@@ -14,8 +15,6 @@
 #include <vector>
 
 namespace tgc {
-
-using BufferMap = llvm::DenseMap<const Value *, void *>;
 
 class Collectives {
 public:

@@ -3,6 +3,9 @@
 // copy, library workspaces), freed together when the owner goes, and the bytes counted.
 #pragma once
 
+#include "ir/Graph.h"
+
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/Error.h"
 
 #include <cstddef>
@@ -10,6 +13,9 @@
 #include <vector>
 
 namespace tgc {
+
+/// Where each value of a program is on the device.
+using BufferMap = llvm::DenseMap<const Value *, void *>;
 
 class DeviceMemory {
 public:

@@ -19,8 +19,6 @@
 
 namespace tgc {
 
-using BufferMap = llvm::DenseMap<const Value *, void *>;
-
 /// One cuBLASLt matmul, planned once.
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;

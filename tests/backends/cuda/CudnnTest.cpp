@@ -1,6 +1,7 @@
 // cuDNN's run-time loader (backends/cuda/libraries/Cudnn.h) and the lowering of the attention ops cuDNN
 // runs, without a GPU: what the loader finds and says, and which launches, BF16 values and
-// buffers the lowering gives cuDNN's attention. (cuDNN's results against the CPU: GpuTest.)
+// buffers the lowering gives cuDNN's attention. (cuDNN's results against the CPU: GpuKernelsTest.cpp.)
+#include "ir/Attributes.h"
 #include "backends/cuda/libraries/Cudnn.h"
 #include "backends/cuda/lowering/Lowering.h"
 #include "backends/cuda/lowering/MemoryPlan.h"
@@ -213,7 +214,7 @@ TEST(CudnnLowering, FP8QuantizesReadCudnnsOutAndDqkvInBf16) {
     for (const Op *user : v->users())
       if (user->kind() == OpKind::Quantize) {
         ++quantizes;
-        EXPECT_EQ(user->attrs().getString("format"), op->kind() == OpKind::Attention ? "e4m3" : "e5m2");
+        EXPECT_EQ(fp8FormatOf(user->attrs()), op->kind() == OpKind::Attention ? Fp8Format::E4M3 : Fp8Format::E5M2);
       }
   }
   EXPECT_EQ(quantizes, 4); // two layers: the projection's input, qkv's output gradient

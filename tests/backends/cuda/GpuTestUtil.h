@@ -172,7 +172,7 @@ inline Op *singleOpProgram(const Op &opRef, Rng &rng, Graph &single, std::map<st
     Value *x = b.input(name, wide), *scale = b.input(name + ".scale", TensorType(DType::F32, {}));
     Value *scaleInv = b.input(name + ".scale_inv", TensorType(DType::F32, {}));
     AttrMap attrs;
-    attrs.set("format", std::string(type.dtype == DType::F8E5M2 ? "e5m2" : "e4m3"));
+    setFp8Format(attrs, type.dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3);
     operands.push_back(b.create(OpKind::Quantize, {x, scale, scaleInv}, attrs, name + ".q"));
     Tensor values = Tensor::zeros(wide);
     for (float &v : values.data)
@@ -206,7 +206,7 @@ inline Op *singleOpProgram(const Op &opRef, Rng &rng, Graph &single, std::map<st
 /// the op's arithmetic (`expanded`: run as expand-layernorm-fused lowers it).
 inline void expectOpResultsMatch(const Op *op, const Op *copy, const std::vector<Tensor> &want,
                                  const std::vector<Tensor> &got, bool expanded) {
-  bool geluQuantize = op->kind() == OpKind::Quantize && op->attrs().has("activation");
+  bool geluQuantize = op->kind() == OpKind::Quantize && quantizeOptions(op->attrs()).activation != QuantizeActivation::None;
   for (size_t r = 0; r < want.size(); ++r) {
     EXPECT_EQ(got[r].ints, want[r].ints) << "result " << r; // argmax: the same indices
     if (geluQuantize && isFp8(copy->result(r)->type().dtype)) {

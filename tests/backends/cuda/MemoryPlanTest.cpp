@@ -379,7 +379,8 @@ TEST(MemoryPlan, Bf16GeluEpiloguesWriteFc1AndItsGradientInBf16) {
     ++biased;
     EXPECT_TRUE(fp8Program.bf16Rounding.count(op)) << op->result()->name();
     auto quantizesGelu = [](const Op *user, const char *activation) {
-      return user->kind() == OpKind::Quantize && user->attrs().getString("activation") == activation;
+      return user->kind() == OpKind::Quantize &&
+             activationName(quantizeOptions(user->attrs()).activation) == std::string(activation);
     };
     bool gelu = llvm::any_of(op->result()->users(), [&](const Op *user) { return quantizesGelu(user, "gelu"); });
     if (!gelu)
