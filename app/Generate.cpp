@@ -134,16 +134,15 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   if (!decode)
     return decode.takeError();
   generator->decode_ = std::move(*decode);
-  // What the other programs bind: the decode program's weights and scaling state (not a
-  // checkpoint's optimizer moments).
-  for (const Op *op : generator->decode_.graph->ops()) {
-    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
-      continue;
-    if (program::isKvCache(op->result()->name()))
+  for (const Op *op : generator->decode_.graph->ops())
+    if ((op->kind() == OpKind::Param || op->kind() == OpKind::State) && program::isKvCache(op->result()->name()))
       generator->caches_.push_back(op->result()->name());
-    else if (auto it = weights.find(op->result()->name()); it != weights.end())
-      generator->weights_.insert(*it);
-  }
+  // What the other programs bind: the weights and every FP8 scaling state, not the optimizer's
+  // moments. A prefill or the windowed program may run a layer in FP8 that the decode step runs
+  // in BF16 (its few rows are no multiple of 16), so the decode step's leaves are not enough.
+  for (const auto &[name, tensor] : weights)
+    if (!program::isOptimizerMoment(name))
+      generator->weights_.emplace(name, tensor);
   return generator;
 }
 

@@ -98,7 +98,7 @@ private:
   ModelConfig config_;
   int64_t batch_ = 0;
   Device device_ = Device::cpu();
-  std::map<std::string, Tensor> weights_; // the decode program's bound tensors, for the others
+  std::map<std::string, Tensor> weights_; // the weights and FP8 scaling state the programs bind
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
   std::map<int64_t, Prefill> prefill_; // by prompt positions
   std::vector<std::string> caches_;            // the KV caches' names
