@@ -22,7 +22,8 @@ def functions(lines):
         # The signature may start lines above (a wrapped parameter list): count from its start,
         # whose indentation the closing brace has.
         start = i
-        while start > 0 and lines[start - 1].strip() and not lines[start - 1].rstrip().endswith((";", "}", "{", "*/", ":")) \
+        lambda_ = lines[i].lstrip().startswith("[") # a lambda argument: its own indentation closes it
+        while not lambda_ and start > 0 and lines[start - 1].strip() and not lines[start - 1].rstrip().endswith((";", "}", "{", "*/", ":")) \
                 and not lines[start - 1].lstrip().startswith(("//", "#")):
             start -= 1
         indent = re.match(r"^(\s*)", lines[start]).group(1)
