@@ -1,5 +1,6 @@
 #include "app/Generate.h"
 
+#include "app/PrecisionProbe.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -130,7 +131,16 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   generator->config_ = config;
   generator->batch_ = batch;
   generator->device_ = device;
-  auto decode = compileInference(config, weights, batch, device, GPTOutput::Decode);
+  // Under fp8 every program runs in FP8 the layers the weights hold FP8 scaling state for (those
+  // training ran in FP8), at any batch, with the scales training left: frozen, as delayed scaling
+  // freezes them, also after current scaling, so that a sequence's tokens do not depend on the
+  // others in its batch and the cached decode gives the tokens of the full window.
+  PrecisionConfig &precision = generator->config_.precision;
+  if (resolveRecipe(precision, device).recipe == Recipe::Fp8) {
+    precision.fp8Layers = fp8LayersOf(weights);
+    precision.fp8Scaling = Fp8Scaling::Delayed;
+  }
+  auto decode = compileInference(generator->config_, weights, batch, device, GPTOutput::Decode);
   if (!decode)
     return decode.takeError();
   generator->decode_ = std::move(*decode);
@@ -138,8 +148,7 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
     if ((op->kind() == OpKind::Param || op->kind() == OpKind::State) && program::isKvCache(op->result()->name()))
       generator->caches_.push_back(op->result()->name());
   // What the other programs bind: the weights and every FP8 scaling state, not the optimizer's
-  // moments. A prefill or the windowed program may run a layer in FP8 that the decode step runs
-  // in BF16 (its few rows are no multiple of 16), so the decode step's leaves are not enough.
+  // moments.
   for (const auto &[name, tensor] : weights)
     if (!program::isOptimizerMoment(name))
       generator->weights_.emplace(name, tensor);

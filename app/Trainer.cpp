@@ -1,6 +1,7 @@
 #include "app/Trainer.h"
 
 #include "app/Init.h"
+#include "app/PrecisionProbe.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -42,7 +43,13 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   auto graph = buildGPT(config, config.train.batch / trainer->ranks_);
   if (!graph)
     return graph.takeError();
-  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/true,
+  Communicator *ranks = trainer->ranks_ > 1 ? communicator : nullptr;
+  auto precision = choosePrecision(config, device, ranks); // auto's FP8 layers, measured
+  if (!precision)
+    return precision.takeError();
+  ModelConfig resolved = config;
+  resolved.precision = std::move(*precision);
+  auto program = compileForDevice(std::move(*graph), resolved, device, /*training=*/true,
                                   trainer->ranks_ > 1 ? communicator : nullptr);
   if (!program)
     return program.takeError();

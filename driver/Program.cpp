@@ -45,6 +45,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
     options.passOptions.dataParallel.bucketBytes = value << 20;
   }
   options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
+  options.passOptions.precision.forwardOnly = !training;
   options.disabled = config.disabledPasses;
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
   if (device == Device::Cuda)

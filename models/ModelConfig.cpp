@@ -5,6 +5,7 @@
 #include "support/Limits.h"
 
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
@@ -140,6 +141,11 @@ llvm::Error overrideChoice(llvm::StringRef key, llvm::StringRef flag, const std:
 llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
   TrainConfig &t = config.train;
   PrecisionConfig &p = config.precision;
+  if (o.fp8LmHead) { // the head's product leaves keep_bf16, or joins it
+    llvm::erase_value(p.keepBf16, "lm_head");
+    if (!*o.fp8LmHead)
+      p.keepBf16.push_back("lm_head");
+  }
   if (auto err = overrideNumber("batch", "batch", o.batch, t.batch))
     return err;
   if (auto err = overrideNumber("steps", "steps", o.steps, t.steps))
@@ -419,6 +425,11 @@ void ConfigReader::readStrings(const Fields &fields, llvm::StringRef key,
       fail(&item, fmt::format("{} holds names or glob patterns", key.str()));
       return;
     }
+    if (auto glob = llvm::GlobPattern::create(item.value); !glob) {
+      fail(&item, fmt::format("'{}' in {} is not a glob pattern: {}", item.value, key.str(),
+                              llvm::toString(glob.takeError())));
+      return;
+    }
     out.push_back(item.value);
   }
 }
@@ -467,7 +478,7 @@ void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
   if (top.count("precision") &&
       readMapping(top["precision"], "precision",
                   {"recipe", "fp8_format", "fp8_scaling", "margin", "amax_history_len", "amax_compute_algo",
-                   "keep_bf16", "fp8_min_dim"},
+                   "keep_bf16", "fp8_min_dim", "fp8_layers"},
                   precision)) {
     std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
     readChoice(precision, "recipe", recipe);
@@ -482,6 +493,8 @@ void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
     p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
     readStrings(precision, "keep_bf16", p.keepBf16);
     readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
+    if (precision.count("fp8_layers"))
+      readStrings(precision, "fp8_layers", p.fp8Layers.emplace());
   }
 }
 
@@ -604,14 +617,15 @@ std::string formatModelConfig(const ModelConfig &c) {
       "  decay_embeddings: {}\n  recompute: {}\n  seed: {}\n"
       "data:\n  min_step: {}\n  max_step: {}\n"
       "precision:\n  recipe: {}\n  fp8_format: {}\n  fp8_scaling: {}\n  margin: {}\n  amax_history_len: {}\n"
-      "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n",
+      "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n{}",
       c.name, c.vocab, c.seqLen, c.dModel, c.heads, c.layers, c.ffn,
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
       c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), fp8ScalingName(p.fp8Scaling).str(), p.margin, p.amaxHistoryLen,
-      p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim);
+      p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim,
+      p.fp8Layers ? fmt::format("  fp8_layers: [{}]\n", quotedList(*p.fp8Layers)) : std::string());
 }
 
 llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file) {

@@ -40,8 +40,11 @@ struct DataConfig {
   int64_t maxStep = 8;
 };
 
-/// The precision recipe of a program (a model file's precision.recipe, tgc's --precision): auto
-/// is resolved by the device's policy (backends/*/Pipeline.h) before any pass runs.
+/// The precision recipe of a program (a model file's precision.recipe, tgc's --precision). fp8 is
+/// Transformer Engine's fp8_autocast: every linear layer FP8 where the rules allow it
+/// (transforms/precision/Precision.h). auto is resolved by the device's policy
+/// (backends/*/Pipeline.h) before any pass runs; on a GPU with FP8 it becomes fp8 with
+/// fp8_layers chosen by measurement (app/PrecisionProbe.h).
 enum class Recipe { Auto, Fp32, Bf16, Fp8 };
 llvm::StringRef recipeName(Recipe recipe); // "auto", "fp32", "bf16", "fp8"
 std::optional<Recipe> parseRecipe(llvm::StringRef name);
@@ -57,6 +60,16 @@ llvm::StringRef fp8FormatName(Fp8Formats formats); // "hybrid", "e4m3"
 enum class Fp8Scaling { Delayed, Current };
 llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current"
 
+/// One GEMM shape timed by --precision auto: the median training step of a one-layer probe of
+/// the model with the layer `site` in BF16 and in FP8, its casts and transposes included.
+struct GemmMeasurement {
+  std::string site; // the probed layer (h0.mlp.fc1); its shape's other layers follow it
+  int64_t m = 0, k = 0, n = 0;
+  double bf16Ms = 0, fp8Ms = 0;
+  bool cached = false; // read from the kernel cache folder, not timed in this process
+  bool fp8() const { return fp8Ms < bf16Ms; }
+};
+
 struct PrecisionConfig {
   Recipe recipe = Recipe::Auto;
   Fp8Formats fp8Format = Fp8Formats::Hybrid;
@@ -67,7 +80,15 @@ struct PrecisionConfig {
   /// GEMM sites (glob patterns: lm_head, h0.*) that stay in BF16 under the fp8 recipe.
   std::vector<std::string> keepBf16 = {"lm_head"};
   /// FP8 only for GEMMs whose K and N are at least this (see transforms/precision/Precision.h).
-  int64_t fp8MinDim = 2048;
+  int64_t fp8MinDim = 0;
+  /// When set, only the GEMM sites these glob patterns name may run in FP8 (h*.mlp.fc1); an
+  /// empty list keeps every one in BF16. --precision auto sets it to what it measured.
+  std::optional<std::vector<std::string>> fp8Layers;
+  /// Set for inference programs: no weight gradient contracts over the rows, so a product of
+  /// any number of rows runs in FP8 (training needs them a multiple of 16).
+  bool forwardOnly = false;
+  /// What auto measured on the GPU behind fp8Layers (not part of a model file).
+  std::vector<GemmMeasurement> measured;
 };
 
 struct ModelConfig {
@@ -110,6 +131,7 @@ struct ConfigOverrides {
   std::optional<double> lr;
   std::optional<uint64_t> seed;
   std::optional<bool> recompute;
+  std::optional<bool> fp8LmHead; // --fp8-lm-head: the LM head out of keep_bf16
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag

@@ -53,6 +53,14 @@ inline std::string fp8StatePrefix(llvm::StringRef site, Fp8Role role) {
 }
 /// The marker that state names of FP8 scaling carry between site and role.
 inline constexpr llvm::StringLiteral kFp8Marker = ".fp8.";
+/// The GEMM site whose FP8 input scale `name` is ("h0.attn.qkv.fp8.input.scale" ->
+/// "h0.attn.qkv"): a checkpoint holds one per layer its training ran in FP8.
+inline std::optional<std::string> fp8SiteOfInputScale(llvm::StringRef name) {
+  std::string suffix = fp8StatePrefix("", Fp8Role::Input) + ".scale";
+  if (!name.consume_back(suffix) || name.empty())
+    return std::nullopt;
+  return name.str();
+}
 
 /// The KV cache of a layer's keys or values in the decode program ("h0.attn.k_cache").
 inline constexpr llvm::StringLiteral kKeyCache = "k_cache", kValueCache = "v_cache";

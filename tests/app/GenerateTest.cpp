@@ -6,6 +6,7 @@
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
 #include "app/Generate.h"
+#include "app/PrecisionProbe.h"
 #include "app/Init.h"
 #include "app/Trainer.h"
 #include "backends/cpu/Interpreter.h"
@@ -299,26 +300,31 @@ TEST(Generator, TokensWithAndWithoutTheCacheAgree) {
 }
 
 TEST(Generator, AnFp8CheckpointGeneratesAtAnyBatch) {
-  // An FP8 run's checkpoint holds the scaling state of the layers training ran in FP8; a batch
-  // whose decode step runs them in BF16 (rows no multiple of 16) still prefills in FP8 and binds
-  // that state (it failed with "the checkpoint has no tensor ..."). Delayed and current scaling,
-  // 1 to 17 sequences, and the held-out evaluation at 5 sequences.
+  // An FP8 run's checkpoint holds the scaling state of the layers training ran in FP8; every
+  // inference program runs those layers in FP8 at any batch (the decode step's rows need not be a
+  // multiple of 16) with the scales frozen, so the cached decode gives the tokens of the full
+  // program over the window, for delayed and current scaling alike, at 1 to 17 sequences; and
+  // the held-out evaluation runs at 5.
   for (Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Current}) {
     ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
     c.precision.recipe = Recipe::Fp8;
     c.precision.fp8Scaling = scaling;
     auto trainer = unwrap(Trainer::create(c));
     ASSERT_TRUE(trainer);
-    for (int step = 0; step < 2; ++step)
+    for (int step = 0; step < 3; ++step)
       ASSERT_TRUE(std::isfinite(unwrap(trainer->step()).loss));
     Checkpoint checkpoint = unwrap(trainer->checkpoint());
-    ASSERT_TRUE(checkpoint.tensors.count("h0.attn.qkv.fp8.input.scale"));
+    std::vector<std::string> layers = fp8LayersOf(checkpoint.tensors);
+    EXPECT_EQ(layers, (std::vector<std::string>{"h0.attn.proj", "h0.attn.qkv", "h0.mlp.fc1", "h0.mlp.fc2",
+                                                "h1.attn.proj", "h1.attn.qkv", "h1.mlp.fc1", "h1.mlp.fc2"}));
     for (int64_t batch : {1, 5, 16, 17}) {
       SCOPED_TRACE(fmt::format("{} scaling, batch {}", fp8ScalingName(scaling).str(), batch));
       auto generator = unwrap(Generator::create(c, checkpoint.tensors, batch));
       ASSERT_TRUE(generator);
       std::vector<std::vector<int32_t>> prompts(size_t(batch), std::vector<int32_t>{3, 8, 13});
       prompts.back() = {5, 7};
+      if (batch > 1)
+        prompts.front() = {9, 10, 11, 12, 13};
       auto cached = unwrap(generator->generate(prompts, 6, {}));
       EXPECT_TRUE(generator->stats().cached);
       ASSERT_EQ(cached.size(), size_t(batch));
@@ -327,16 +333,36 @@ TEST(Generator, AnFp8CheckpointGeneratesAtAnyBatch) {
         for (int32_t t : tokens)
           EXPECT_TRUE(t >= 0 && t < c.vocab) << t;
       }
-      // Where the decode step runs the layers training ran in FP8 in FP8 too (16 rows), with
-      // frozen (delayed) scales, the full program over the window gives the same tokens. (At
-      // other batches the decode step's products run in BF16: precision follows the rows.)
-      if (batch == 16 && scaling == Fp8Scaling::Delayed)
-        EXPECT_EQ(cached, unwrap(generator->generateWithoutCache(prompts, 6, {})));
+      EXPECT_EQ(cached, unwrap(generator->generateWithoutCache(prompts, 6, {})));
+      // A sequence's tokens do not depend on the batch it is in.
+      auto alone = unwrap(unwrap(Generator::create(c, checkpoint.tensors, 1))->generate({prompts.back()}, 6, {}));
+      EXPECT_EQ(alone[0], cached.back());
     }
     auto generator = unwrap(Generator::create(c, checkpoint.tensors, 5));
     ASSERT_TRUE(generator);
     EvalResult result = unwrap(evaluateArithmetic(*generator, c, 5, 8, 5));
     EXPECT_EQ(result.sequences, 5);
   }
+}
+
+TEST(Generator, AnFp8CheckpointRunsInFp8OnlyTheLayersItTrainedInFp8) {
+  // fp8_layers keeps fc1 alone in FP8; the inference programs follow the checkpoint's state,
+  // whatever the recipe's rules would choose at their rows.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Fp8;
+  c.precision.fp8Layers = std::vector<std::string>{"h*.mlp.fc1"};
+  auto trainer = unwrap(Trainer::create(c));
+  ASSERT_TRUE(trainer);
+  ASSERT_TRUE(std::isfinite(unwrap(trainer->step()).loss));
+  Checkpoint checkpoint = unwrap(trainer->checkpoint());
+  EXPECT_EQ(fp8LayersOf(checkpoint.tensors), (std::vector<std::string>{"h0.mlp.fc1", "h1.mlp.fc1"}));
+  ModelConfig saved = unwrap(checkpointModel(checkpoint, "ckpt"));
+  ASSERT_TRUE(saved.precision.fp8Layers);
+  EXPECT_EQ(*saved.precision.fp8Layers, std::vector<std::string>{"h*.mlp.fc1"});
+  c.precision.fp8Layers.reset(); // as a model file without fp8_layers would give
+  auto generator = unwrap(Generator::create(c, checkpoint.tensors, 3));
+  ASSERT_TRUE(generator);
+  auto tokens = unwrap(generator->generate({{1, 2, 3}, {4}, {7, 7}}, 5, {}));
+  EXPECT_EQ(tokens, unwrap(generator->generateWithoutCache({{1, 2, 3}, {4}, {7, 7}}, 5, {})));
 }
 } // namespace

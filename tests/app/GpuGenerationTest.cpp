@@ -223,3 +223,40 @@ TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
 
 
 } // namespace
+
+namespace {
+
+TEST(GpuGeneration, AnFp8CheckpointGeneratesAtAnyBatchWithTheWindowsTokens) {
+  // Trained in FP8 on the GPU (delayed, then current scaling): the decode step runs the layers
+  // training ran in FP8 in FP8 at 1, 5 and 17 sequences too (rows no multiple of 16), with the
+  // scales frozen, so the cached decode gives the full program's tokens over the window, and
+  // the CPU's emulation of the same checkpoint agrees.
+  SKIP_WITHOUT_GPU();
+  if (gpuRecipeFor(theGpu().computeCapability) != Recipe::Fp8)
+    GTEST_SKIP() << "no FP8 tensor cores on this GPU";
+  for (Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Current}) {
+    ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+    c.precision.recipe = Recipe::Fp8;
+    c.precision.fp8Scaling = scaling;
+    auto trainer = unwrap(Trainer::create(c, "", theGpu()));
+    ASSERT_TRUE(trainer);
+    for (int step = 0; step < 50; ++step)
+      ASSERT_TRUE(std::isfinite(unwrap(trainer->step()).loss));
+    Checkpoint checkpoint = unwrap(trainer->checkpoint());
+    for (int64_t batch : {1, 5, 17}) {
+      SCOPED_TRACE(fmt::format("{} scaling, batch {}", fp8ScalingName(scaling).str(), batch));
+      std::vector<std::vector<int32_t>> prompts(size_t(batch), std::vector<int32_t>{3, 8, 13});
+      prompts.back() = {5, 7};
+      auto gpu = unwrap(Generator::create(c, checkpoint.tensors, batch, theGpu()));
+      ASSERT_TRUE(gpu);
+      auto cached = unwrap(gpu->generate(prompts, 8, {}));
+      EXPECT_TRUE(gpu->stats().cached);
+      EXPECT_EQ(cached, unwrap(gpu->generateWithoutCache(prompts, 8, {})));
+      auto cpu = unwrap(Generator::create(c, checkpoint.tensors, batch, Device::cpu()));
+      ASSERT_TRUE(cpu);
+      EXPECT_EQ(cached, unwrap(cpu->generate(prompts, 8, {})));
+    }
+  }
+}
+
+} // namespace

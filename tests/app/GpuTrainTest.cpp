@@ -3,6 +3,9 @@
 // BF16 stores, non-finite steps, the seed model learning, determinism. Skipped without a GPU.
 #include "tests/backends/cuda/GpuTestUtil.h"
 
+#include "app/PrecisionProbe.h"
+#include "transforms/precision/Precision.h"
+
 using namespace tgc;
 using namespace tgc::test;
 
@@ -112,7 +115,7 @@ TEST(GpuTraining, Bf16LossesFollowTheCpuEmulationFor20Steps) {
 
 ModelConfig tinyFp8() {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
-  c.precision.recipe = Recipe::Fp8; // fp8_min_dim 16: every linear layer but the head in FP8
+  c.precision.recipe = Recipe::Fp8; // every linear layer but the head in FP8
   return c;
 }
 
@@ -252,7 +255,6 @@ TEST(GpuTraining, SeedModelLearnsInFp8WithEveryLinearLayerInFp8) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
   PrecisionConfig p = c.precision;
   p.recipe = Recipe::Fp8;
-  p.fp8MinDim = 0; // the policy would keep the seed's small GEMMs in BF16
   expectSeedLearns(p);
 }
 
@@ -294,5 +296,47 @@ TEST(GpuTraining, SameSeedSameLossesBitForBit) {
   EXPECT_EQ(losses(theGpu(), 5, "bf16"), losses(theGpu(), 5, "bf16"));
 }
 
+
+} // namespace
+
+namespace {
+
+TEST(GpuTraining, AutoTimesEachKindOfLayerOnceAndTrainsTheLayersMeasuredFaster) {
+  // The seed model under auto on an FP8 GPU: its four kinds of block layer are timed (the head
+  // stays in keep_bf16), FP8 is chosen where the probe step was faster, every layer of a chosen
+  // kind trains in FP8, and a second choice reads the times back (no probe) and chooses alike.
+  SKIP_WITHOUT_GPU();
+  Device gpu = theGpu();
+  if (gpuRecipeFor(gpu.computeCapability) != Recipe::Fp8)
+    GTEST_SKIP() << "no FP8 tensor cores on this GPU";
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/seed.yaml")));
+  ASSERT_EQ(c.precision.recipe, Recipe::Auto);
+  PrecisionConfig first = unwrap(choosePrecision(c, gpu));
+  EXPECT_EQ(first.recipe, Recipe::Fp8);
+  ASSERT_EQ(first.measured.size(), 4u);
+  std::vector<std::string> chosen;
+  for (const GemmMeasurement &m : first.measured) {
+    EXPECT_GT(m.bf16Ms, 0) << m.site;
+    EXPECT_GT(m.fp8Ms, 0) << m.site;
+    EXPECT_EQ(m.m, c.train.batch * c.seqLen) << m.site;
+    if (m.fp8())
+      chosen.push_back(layerPattern(m.site));
+  }
+  EXPECT_EQ(first.measured[0].site, "h0.attn.qkv");
+  ASSERT_TRUE(first.fp8Layers);
+  EXPECT_EQ(*first.fp8Layers, chosen);
+  PrecisionConfig again = unwrap(choosePrecision(c, gpu));
+  ASSERT_EQ(again.measured.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(again.measured[i].cached) << again.measured[i].site;
+    EXPECT_EQ(again.measured[i].fp8Ms, first.measured[i].fp8Ms);
+  }
+  EXPECT_EQ(again.fp8Layers, first.fp8Layers);
+  auto trainer = unwrap(Trainer::create(c, "", gpu));
+  ASSERT_TRUE(trainer);
+  EXPECT_EQ(trainer->config().precision.fp8Layers, first.fp8Layers);
+  EXPECT_EQ(countFp8Layers(trainer->program(), trainer->config()).first, int64_t(chosen.size()) * c.layers);
+  EXPECT_TRUE(std::isfinite(unwrap(trainer->step()).loss));
+}
 
 } // namespace

@@ -47,7 +47,7 @@ train: {batch: 4, lr: 0.01, steps: 7, warmup: 2, weight_decay: 0.0, beta1: 0.8, 
         eps: 1.0e-7, grad_clip: 0.5, recompute: true, seed: 18446744073709551615}
 data: {min_step: 2, max_step: 5}
 precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
-            amax_compute_algo: most_recent, fp8_scaling: current}
+            amax_compute_algo: most_recent, fp8_scaling: current, fp8_layers: ["h*.mlp.*", h0.attn.qkv]}
 )",
                                    "custom.yaml"));
   EXPECT_EQ(c.name, "custom");
@@ -72,6 +72,16 @@ precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
   EXPECT_EQ(c.precision.fp8Scaling, Fp8Scaling::Current);
   EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, Fp8Scaling::Current);
   EXPECT_EQ(c.headDim(), 8);
+  ASSERT_TRUE(c.precision.fp8Layers);
+  EXPECT_EQ(*c.precision.fp8Layers, (std::vector<std::string>{"h*.mlp.*", "h0.attn.qkv"}));
+  EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Layers, c.precision.fp8Layers);
+  // Absent: every legal layer; [] (none) is another thing, and reads back as such.
+  c.precision.fp8Layers.reset();
+  EXPECT_FALSE(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Layers);
+  c.precision.fp8Layers.emplace();
+  auto none = unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Layers;
+  ASSERT_TRUE(none);
+  EXPECT_TRUE(none->empty());
 }
 
 struct BadModel {
@@ -120,6 +130,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"bad lr", MODEL(GOOD) "train:\n  lr: -1\n", "lr (-1) must be between 1e-12 and 10", "10:7"},
         BadModel{"fp8_min_dim past the largest dimension", MODEL(GOOD) "precision:\n  fp8_min_dim: 2147483648\n",
                  "fp8_min_dim (2147483648) must be between 0 and 2147483647", "10:16"},
+        BadModel{"fp8_layers not a glob", MODEL(GOOD) "precision:\n  fp8_layers: [\"h[0.*\"]\n",
+                 "'h[0.*' in fp8_layers is not a glob pattern", "10:16"},
+        BadModel{"fp8_layers not a list", MODEL(GOOD) "precision:\n  fp8_layers: h0.*\n",
+                 "fp8_layers must be a list", "10:15"},
         BadModel{"bad steps range", MODEL(GOOD) "data:\n  min_step: 5\n  max_step: 2\n",
                  "max_step (2) is below min_step (5)", "11:13"},
         BadModel{"no model", "name: m\n", "missing required section 'model'", "1:1"},

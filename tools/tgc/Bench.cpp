@@ -2,6 +2,7 @@
 // memory on one device.
 #include "app/Generate.h"
 #include "app/Init.h"
+#include "app/PrecisionProbe.h"
 #include "app/Trainer.h"
 #include "models/GPTBuilder.h"
 #include "support/BuildInfo.h"
@@ -21,7 +22,9 @@ namespace {
 
 static cl::opt<std::string> BenchModel(cl::Positional, cl::desc("<model.yaml>"), cl::Required,
                                        cl::sub(benchCommand()), cl::cat(category()));
-static cl::list<std::string> BenchPrecisions("precisions", cl::desc("Comma-separated recipes (default fp32,bf16,fp8)"),
+static cl::list<std::string> BenchPrecisions("precisions",
+                                             cl::desc("Comma-separated recipes (default fp32,bf16,fp8, and auto "
+                                                      "on a GPU: FP8 where it measures faster)"),
                                              cl::CommaSeparated, cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<int64_t> BenchSteps("bench-steps", cl::desc("Timed steps per precision"), cl::init(50),
                                    cl::sub(benchCommand()), cl::cat(category()));
@@ -162,19 +165,15 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
   return 0;
 }
 
-/// How many of `program`'s linear layers run in FP8 (those with a weight's scaling state), of
-/// how many.
-std::pair<int64_t, int64_t> countFp8Layers(const Graph &program, const ModelConfig &config) {
-  int64_t fp8Layers = 0, linearLayers = 0;
-  for (const Op *op : program.ops()) { // linear weights: [out, in] "*.weight"
-    llvm::StringRef site = op->result() ? llvm::StringRef(op->result()->name()) : "";
-    if (op->kind() != OpKind::Param || op->result()->type().rank() != 2 || !site.consume_back(".weight"))
-      continue;
-    ++linearLayers;
-    fp8Layers += program.lookup(program::fp8StatePrefix(site, program::Fp8Role::Weight) + ".scale") != nullptr;
-  }
-  linearLayers += config.tieEmbeddings; // the head reads wte, which the loop does not count
-  return {fp8Layers, linearLayers};
+/// Under an fp8 row: how many linear layers ran in FP8, and what auto measured.
+void printFp8Layers(const Trainer &trainer) {
+  const PrecisionConfig &resolved = trainer.config().precision;
+  auto [fp8Layers, linearLayers] = countFp8Layers(trainer.program(), trainer.config());
+  llvm::outs() << fmt::format("       {} of {} linear layers in FP8 ({}; compile --explain-precision says why)\n",
+                              fp8Layers, linearLayers,
+                              resolved.measured.empty() ? "every legal one" : "those measured faster");
+  for (const GemmMeasurement &m : resolved.measured)
+    llvm::outs() << "         " << describeMeasurement(m) << "\n";
 }
 
 /// The table's title and column heads.
@@ -212,8 +211,6 @@ int runBench() {
     return benchGeneration(*base, recipes, *device);
   }
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
-  if (recipes.empty())
-    recipes = {"fp32", "bf16", "fp8"};
   constexpr int64_t kMostSteps = 1000000; // (and no overflow in the step counts below)
   if (BenchSteps < 1 || BenchSteps > kMostSteps || BenchWarmup < 0 || BenchWarmup > kMostSteps)
     return report(flagError(fmt::format("--bench-steps must be 1 to {} and --warmup 0 to {}, got {} and {}",
@@ -223,6 +220,9 @@ int runBench() {
   auto setup = joinRanks();
   if (!setup)
     return report(setup.takeError());
+  if (recipes.empty()) // auto is fp32 on the CPU: the first row again
+    recipes = setup->device == Device::Cuda ? std::vector<std::string>{"fp32", "bf16", "fp8", "auto"}
+                                            : std::vector<std::string>{"fp32", "bf16", "fp8"};
   printBenchHeader(*base, setup->ranks);
   if (!BenchJson.empty())
     if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
@@ -231,8 +231,8 @@ int runBench() {
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
   for (const std::string &recipe : recipes) {
     std::optional<Recipe> parsed = parseRecipe(recipe);
-    if (!parsed || *parsed == Recipe::Auto)
-      return report(flagError("--precisions takes fp32, bf16 and fp8, got '" + recipe + "'"));
+    if (!parsed)
+      return report(flagError("--precisions takes fp32, bf16, fp8 and auto, got '" + recipe + "'"));
     ModelConfig config = *base;
     config.precision.recipe = *parsed;
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps + 1);
@@ -284,11 +284,8 @@ int runBench() {
                                                {"all_reduce", shares.communication}, {"rest", shares.rest}};
     result["gpus"] = setup->ranks;
     results.push_back(std::move(result));
-    if (recipe == "fp8") {
-      auto [fp8Layers, linearLayers] = countFp8Layers((*trainer)->program(), config);
-      llvm::outs() << fmt::format("       {} of {} linear layers in FP8 (fp8_min_dim {}; compile "
-                                  "--explain-precision says why)\n",
-                                  fp8Layers, linearLayers, config.precision.fp8MinDim);
+    if ((*trainer)->config().precision.recipe == Recipe::Fp8) {
+      printFp8Layers(**trainer);
       auto state = (*trainer)->fp8State();
       if (!state)
         return report(state.takeError());
@@ -296,7 +293,8 @@ int runBench() {
     }
   }
   for (auto &[recipe, summary] : fp8States) {
-    llvm::outs() << fmt::format("FP8 scaling state after the fp8 run ({} quantized tensors):\n", summary.size());
+    llvm::outs() << fmt::format("FP8 scaling state after the {} run ({} quantized tensors):\n", recipe,
+                                summary.size());
     printFp8Summary(summary, llvm::outs());
   }
   if (!BenchJson.empty() && setup->rank == 0) {

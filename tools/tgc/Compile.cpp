@@ -2,6 +2,7 @@
 // CUDA and its NVRTC compilation; one forward pass on the CPU interpreter.
 #include "app/Data.h"
 #include "app/Init.h"
+#include "app/PrecisionProbe.h"
 #include "backends/cpu/Interpreter.h"
 #include "backends/cpu/Pipeline.h"
 #include "backends/cuda/libraries/KernelHeaders.h"
@@ -104,6 +105,27 @@ llvm::Expected<PrecisionConfig> compileRecipe(PrecisionConfig precision) {
   return precision;
 }
 
+/// The precision --explain-precision shows: under auto on a machine whose GPU has FP8 (and is
+/// the --arch given, if one is), the layers measured faster in FP8 there, as tgc train would
+/// choose them; else compileRecipe's, saying that auto measures where it trains.
+llvm::Expected<PrecisionConfig> explainedRecipe(const ModelConfig &config) {
+  auto precision = compileRecipe(config.precision);
+  if (!precision || config.precision.recipe != Recipe::Auto)
+    return precision;
+  auto cc = archCapability();
+  auto device = detectCudaDevice();
+  if (!device) {
+    llvm::consumeError(device.takeError());
+  } else if (cc && (*cc == 0 || *cc == device->computeCapability) &&
+             gpuRecipeFor(device->computeCapability) == Recipe::Fp8) {
+    return choosePrecision(config, *device);
+  }
+  if (precision->recipe == Recipe::Fp8)
+    llvm::errs() << "// auto: the FP8 layers are chosen by timing them on the GPU that trains (no such GPU here): "
+                    "every legal one is shown\n";
+  return precision;
+}
+
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
@@ -200,11 +222,12 @@ int runCompile() {
     auto plain = buildGPT(*config, config->train.batch);
     if (!plain)
       return report(plain.takeError());
-    auto precision = compileRecipe(config->precision);
+    auto precision = explainedRecipe(*config);
     if (!precision)
       return report(precision.takeError());
-    llvm::errs() << fmt::format("// precision of @{}'s linear layers (recipe {}):\n",
-                                config->name, recipeName(precision->recipe).str());
+    llvm::errs() << fmt::format("// precision of @{}'s linear layers (recipe {}{}):\n", config->name,
+                                recipeName(precision->recipe).str(),
+                                config->precision.recipe == Recipe::Auto ? " from auto" : "");
     for (const std::string &line : explainPrecision(**plain, *precision))
       llvm::errs() << "//   " << line << "\n";
   }

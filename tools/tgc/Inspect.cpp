@@ -130,9 +130,10 @@ int runInfo() {
                                 cc >= 80 ? "yes" : "no (needs 8.0)");
   }
   llvm::outs() << "  GPU backend (NVRTC kernels, cuBLASLt): fp32, bf16 (from 8.0) and fp8 (from 8.9)\n"
-                  "  --precision auto: fp32 on the CPU interpreter; on a GPU fp8 from compute "
-                  "capability 8.9, bf16 from 8.0, fp32 below\n"
-                  "  under fp8, a GEMM smaller than fp8_min_dim stays BF16 (compile --explain-precision)\n";
+                  "  --precision fp8: every legal linear layer in FP8, as Transformer Engine's fp8_autocast "
+                  "(keep_bf16, fp8_layers and fp8_min_dim narrow it; compile --explain-precision)\n"
+                  "  --precision auto: fp32 on the CPU interpreter; on a GPU from compute capability 8.9 "
+                  "fp8 for the layers measured faster in FP8 there (the others BF16), bf16 from 8.0, fp32 below\n";
   return 0;
 }
 

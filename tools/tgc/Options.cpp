@@ -92,6 +92,10 @@ cl::opt<std::string> Fp8ScalingFlag("fp8-scaling",
 cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
                                   cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
                                   cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<bool> Fp8LmHead("fp8-lm-head",
+                        cl::desc("Under fp8 and auto, the LM head's product may run in FP8 too (keep_bf16 keeps it "
+                                 "BF16 by default)"),
+                        cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<bool> Recompute("recompute",
                         cl::desc("The backward recomputes the fused layers' norms and activations instead of keeping the forward's (less memory, more time)"),
                         cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
@@ -145,6 +149,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.amaxHistoryLen = AmaxHistoryLen;
   if (given(Recompute))
     o.recompute = Recompute;
+  if (given(Fp8LmHead))
+    o.fp8LmHead = Fp8LmHead;
   if (auto err = applyOverrides(*config, o))
     return std::move(err);
   for (const std::string &name : DisablePass)

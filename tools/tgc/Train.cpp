@@ -1,4 +1,5 @@
 // tgc train: trains a model, printing the loss per step, and saves a checkpoint.
+#include "app/PrecisionProbe.h"
 #include "app/Trainer.h"
 #include "support/Files.h"
 #include "tools/tgc/Options.h"
@@ -137,7 +138,12 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
     resumeFrom = std::move(*checkpoint);
   }
   fileSeed = config.train.seed;
-  auto trainer = Trainer::create(config, DataPath, setup.device, setup.communicator.get());
+  ModelConfig run = config;
+  // A resumed fp8 run keeps the layers it trained in FP8 (auto does not measure again).
+  if (resumeFrom && !run.precision.fp8Layers)
+    if (auto saved = resumeFrom->meta.getString("precision"); saved && *saved == "fp8")
+      run.precision.fp8Layers = fp8LayersOf(resumeFrom->tensors);
+  auto trainer = Trainer::create(run, DataPath, setup.device, setup.communicator.get());
   if (!trainer)
     return trainer.takeError();
   Trainer &t = **trainer;
@@ -352,6 +358,15 @@ int runTrain() {
     notes.push_back("emulated");
   llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),
                               notes.empty() ? "" : " (" + llvm::join(notes, "; ") + ")");
+  if (recipe == Recipe::Fp8) {
+    auto [fp8Layers, linearLayers] = countFp8Layers(t.program(), c);
+    llvm::outs() << fmt::format("FP8: {} of {} linear layers ({})\n", fp8Layers, linearLayers,
+                                !c.precision.measured.empty() ? "auto: those measured faster in FP8"
+                                : c.precision.fp8Layers      ? "those fp8_layers names"
+                                                             : "every legal one");
+    for (const GemmMeasurement &m : c.precision.measured)
+      llvm::outs() << "  " << describeMeasurement(m) << "\n";
+  }
   if (t.ranks() > 1)
     llvm::outs() << fmt::format("data parallel: {} GPUs of this machine, one process each, through NCCL ({} sequences "
                                 "each; rank 0 prints and writes)\n",

@@ -2,6 +2,7 @@
 
 #include "ir/Attributes.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/GlobPattern.h"
 
 #include <fmt/format.h>
@@ -27,21 +28,62 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8For
   return b.create(OpKind::Quantize, {x, scale, scaleInv}, std::move(attrs), prefix + ".q");
 }
 
+const std::string *matchingPattern(const std::vector<std::string> &patterns, llvm::StringRef site) {
+  for (const std::string &pattern : patterns) {
+    auto glob = llvm::GlobPattern::create(pattern);
+    if (!glob) {
+      llvm::consumeError(glob.takeError());
+      continue;
+    }
+    if (glob->match(site))
+      return &pattern;
+  }
+  return nullptr;
+}
+
+std::string layerPattern(llvm::StringRef site) {
+  llvm::StringRef rest = site;
+  if (!rest.consume_front("h"))
+    return site.str();
+  size_t digits = 0;
+  while (digits < rest.size() && llvm::isDigit(rest[digits]))
+    ++digits;
+  if (digits == 0 || digits == rest.size() || rest[digits] != '.')
+    return site.str();
+  return "h*" + rest.drop_front(digits).str();
+}
+
+namespace {
+
+/// The measurement behind auto's choice for the layers of `site`'s kind, if auto measured one.
+std::string measuredReason(const PrecisionConfig &config, llvm::StringRef site) {
+  for (const GemmMeasurement &m : config.measured)
+    if (layerPattern(m.site) == layerPattern(site))
+      return fmt::format("measured{}: {:.3f} ms a probe step in FP8, {:.3f} in BF16", m.cached ? " (cached)" : "",
+                         m.fp8Ms, m.bf16Ms);
+  return "";
+}
+
+} // namespace
+
 GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef site, int64_t m,
                                int64_t k, int64_t n) {
-  for (const std::string &pattern : config.keepBf16) {
-    auto glob = llvm::GlobPattern::create(pattern);
-    if (glob && glob->match(site))
-      return {false, fmt::format("kept in BF16 by keep_bf16 '{}'", pattern)};
-    if (!glob)
-      llvm::consumeError(glob.takeError());
-  }
-  if (m % 16 || k % 16 || n % 16)
-    return {false, fmt::format("{}x{}x{} is not a multiple of 16 (cuBLASLt FP8)", m, k, n)};
+  if (const std::string *pattern = matchingPattern(config.keepBf16, site))
+    return {false, fmt::format("kept in BF16 by keep_bf16 '{}'", *pattern)};
+  if (k % 16 || n % 16)
+    return {false, fmt::format("K={} or N={} is not a multiple of 16 (cuBLASLt FP8)", k, n)};
+  if (!config.forwardOnly && m % 16)
+    return {false, fmt::format("M={} is not a multiple of 16 (the FP8 weight gradient contracts over it)", m)};
   if (k < config.fp8MinDim || n < config.fp8MinDim)
-    return {false, fmt::format("K={} or N={} below fp8_min_dim {}: FP8 would not pay", k, n,
-                               config.fp8MinDim)};
-  return {true, fmt::format("K and N >= fp8_min_dim {}", config.fp8MinDim)};
+    return {false, fmt::format("K={} or N={} below fp8_min_dim {}", k, n, config.fp8MinDim)};
+  std::string measured = measuredReason(config, site);
+  if (config.fp8Layers) {
+    const std::string *pattern = matchingPattern(*config.fp8Layers, site);
+    if (!pattern)
+      return {false, measured.empty() ? "not named by fp8_layers" : measured};
+    return {true, measured.empty() ? fmt::format("fp8_layers '{}'", *pattern) : measured};
+  }
+  return {true, "every legal linear layer (the fp8 recipe)"};
 }
 
 std::string gemmSite(const Op &linear) {

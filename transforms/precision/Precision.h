@@ -28,12 +28,23 @@ struct GemmChoice {
   std::string reason;
 };
 
-/// Under the fp8 recipe, FP8 for the GEMM of `site` (M x K x N) unless a keep_bf16 pattern
-/// names it, a dimension is not a multiple of 16 (cuBLASLt's FP8 requirement), or K or N is
-/// below fp8_min_dim. The default threshold, 2048, comes from fp8.md's H200 measurements: below
-/// it the FP8 GEMM saves less time than a separate cast of its activation costs.
+/// Under the fp8 recipe, FP8 for the GEMM of `site` (M x K x N) where it is legal, as
+/// Transformer Engine's fp8_autocast does: BF16 where a keep_bf16 pattern names it, K or N is not
+/// a multiple of 16 (cuBLASLt's FP8 products), a training program's M is not (its weight
+/// gradient contracts over the rows), K or N is below fp8_min_dim, or fp8_layers is set and names
+/// no pattern for it. auto's choice is fp8_layers (with the times it measured as the reason).
+/// M decides nothing in an inference program (forwardOnly): a layer keeps the precision it
+/// trained in at any batch.
 GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef site, int64_t m,
                                int64_t k, int64_t n);
+
+/// Whether `site` matches one of the glob `patterns` (an invalid pattern matches nothing: the
+/// model reader rejects them).
+const std::string *matchingPattern(const std::vector<std::string> &patterns, llvm::StringRef site);
+
+/// The fp8_layers pattern that names every layer of `site`'s kind: h0.mlp.fc1 -> h*.mlp.fc1;
+/// a site outside the blocks (lm_head) names itself.
+std::string layerPattern(llvm::StringRef site);
 
 /// The name the FP8 state of a linear layer is kept under, and keep_bf16 matches: its weight's
 /// name without ".weight" (h0.attn.qkv); "lm_head" for the head, tied to wte or not.

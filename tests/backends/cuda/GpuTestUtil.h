@@ -52,7 +52,7 @@ inline std::unique_ptr<Graph> tinyGpuProgram(const std::string &recipe, GPTOutpu
     return nullptr;
   PipelineOptions options;
   options.passOptions.train = c.train;
-  options.passOptions.precision = c.precision; // fp8_min_dim 16: every linear layer but the head FP8
+  options.passOptions.precision = c.precision; // under fp8 every linear layer but the head FP8
   options.passOptions.precision.recipe = *parseRecipe(recipe);
   bool training = output == GPTOutput::Loss;
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training, *parseRecipe(recipe)), options));
