@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tgc bench and its PyTorch peer side by side, on the GPU machine (PyTorch and safetensors there):
 #   scripts/bench-gpu.sh [TGC] [MODEL] [OUTDIR]
-# For each precision, tgc's table, then the peer from tgc's initial weights with the same
-# batches, optimizer and steps (bf16 also under torch.compile). fp8 runs twice: under the
-# model's fp8_min_dim policy, and with every linear layer but the head in FP8
-# (--fp8-min-dim 0), tgc and the peer alike.
+# For each precision, tgc's table (fp32, bf16, fp8: every legal linear layer in FP8, and auto:
+# FP8 where it measures faster), then the peer from tgc's initial weights with the same batches,
+# optimizer and steps (bf16 also under torch.compile; fp8 with every linear layer but the head
+# in FP8, as tgc's fp8).
 set -euo pipefail
 tgc=${1:-build/tools/tgc} model=${2:-models/seed.yaml} out=${3:-.}
 steps=50 warmup=10
@@ -17,11 +17,9 @@ peer() {
     --steps "$steps" --warmup "$warmup" "$@"
 }
 {
-  "$tgc" bench "$model" --device cuda --precisions fp32,bf16,fp8 --bench-steps "$steps" --warmup "$warmup"
-  "$tgc" bench "$model" --device cuda --precisions fp8 --fp8-min-dim 0 --bench-steps "$steps" --warmup "$warmup"
+  "$tgc" bench "$model" --device cuda --precisions fp32,bf16,fp8,auto --bench-steps "$steps" --warmup "$warmup"
   peer --precision fp32
   peer --precision bf16
   peer --precision bf16 --compile
   peer --precision fp8
-  peer --precision fp8 --fp8-min-dim 0
 } 2>&1 | tee "$out/bench.txt"

@@ -322,7 +322,7 @@ def bench(args):
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as in tgc
     torch.backends.cudnn.allow_tf32 = False
-    min_dim = args.fp8_min_dim if args.fp8_min_dim is not None else cfg.get("fp8_min_dim", 2048)
+    min_dim = args.fp8_min_dim if args.fp8_min_dim is not None else cfg.get("fp8_min_dim", 0)
     fp8 = fp8_layers(cfg, min_dim, device) if args.precision == "fp8" else {}
     model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}, fp8, sdpa=True).to(device)
     opt = make_optimizer(model, list(weights.keys()), cfg, fused=True)
