@@ -26,8 +26,6 @@ constexpr int kWarmupSteps = 3, kTimedSteps = 11;
 /// The probe's vocabulary when the head is not probed: the head's GEMMs are the same in every
 /// variant, and at 50k entries they would be most of the step and of its noise.
 constexpr int64_t kProbeVocab = 1024;
-/// The site name under which the all-BF16 probe step is kept.
-constexpr const char *kBaseline = "all-bf16";
 
 /// A linear layer whose product FP8 may run (keep_bf16, the multiples of 16 and fp8_min_dim
 /// allow it).
@@ -114,17 +112,17 @@ private:
 
 /// What a probe's times depend on: the GPU, the build, and every setting that changes the
 /// programs compared.
-std::string probeKey(const ModelConfig &probe, const Device &device, const Candidate &c) {
+std::string probeKey(const ModelConfig &probe, const Device &device, const std::string &label) {
   TargetInfo target = detectTarget();
   std::string gpu = device.ordinal < int(target.gpus.size()) ? target.gpus[device.ordinal].name : "gpu";
   const PrecisionConfig &p = probe.precision;
   return fmt::format("{} sm_{} cuda {} tgc {} | d{} h{} ffn{} T{} B{} V{} {} {} bias {} tie {} recompute {} | "
-                     "{} {} {} history {} margin {} | {} {}x{}x{}",
+                     "{} {} {} history {} margin {} | {}",
                      gpu, device.computeCapability, target.runtimeVersion, buildCommit(), probe.dModel, probe.heads,
                      probe.ffn, probe.seqLen, probe.train.batch, probe.vocab, int(probe.norm), int(probe.activation),
                      probe.bias, probe.tieEmbeddings, probe.train.recompute, fp8FormatName(p.fp8Format).str(),
                      fp8ScalingName(p.fp8Scaling).str(), p.amaxComputeAlgo, p.amaxHistoryLen, p.margin,
-                     layerPattern(c.site), c.m, c.k, c.n);
+                     label);
 }
 
 /// The median training step of `probe` with the layers `fp8Layers` names in FP8.
@@ -161,10 +159,88 @@ ModelConfig probeModel(const ModelConfig &config, const PrecisionConfig &resolve
   return probe;
 }
 
+/// The probe steps of sets of kinds in FP8 (bit i: kinds[i]), from the cache or timed; with a
+/// communicator every rank times its own GPU and all take the ranks' mean, so that all choose
+/// alike (every rank asks for the same sets in the same order).
+class SubsetTimer {
+public:
+  SubsetTimer(const ModelConfig &probe, const Device &device, const std::vector<Candidate> &kinds,
+              Communicator *communicator)
+      : probe_(probe), device_(device), kinds_(kinds), communicator_(communicator) {}
+
+  llvm::Expected<bool> time(const std::vector<uint32_t> &sets) {
+    std::vector<float> times;
+    for (uint32_t set : sets) {
+      std::string key = probeKey(probe_, device_, label(set));
+      if (auto kept = cache_.find(key)) {
+        times.push_back(float(*kept));
+        cached_[set] = true;
+        continue;
+      }
+      std::vector<std::string> layers;
+      for (size_t i = 0; i < kinds_.size(); ++i)
+        if (set & (uint32_t(1) << i))
+          layers.push_back(kinds_[i].site);
+      auto ms = probeStepMs(probe_, device_, std::move(layers));
+      if (!ms)
+        return ms.takeError();
+      cache_.keep(key, *ms);
+      times.push_back(float(*ms));
+      cached_[set] = false;
+      changed_ = true;
+    }
+    if (communicator_ && communicator_->ranks() > 1)
+      if (auto err = communicator_->allReduceHost(times.data(), times.size(), ReduceOp::Avg))
+        return std::move(err);
+    for (size_t i = 0; i < sets.size(); ++i)
+      ms_[sets[i]] = times[i];
+    return true;
+  }
+  bool timed(uint32_t set) const { return ms_.count(set); }
+  double ms(uint32_t set) const { return ms_.at(set); }
+  bool cached(uint32_t set) const { return cached_.at(set); }
+  size_t count() const { return ms_.size(); }
+  /// The fastest set timed (the fewer FP8 kinds on a tie).
+  uint32_t fastest() const {
+    uint32_t best = 0;
+    for (const auto &[set, ms] : ms_)
+      if (ms < ms_.at(best))
+        best = set;
+    return best;
+  }
+  void save() const {
+    if (changed_ && (!communicator_ || communicator_->rank() == 0))
+      cache_.save();
+  }
+
+private:
+  /// "fp8 {h*.attn.qkv h*.mlp.fc1} 16384x768x2304 16384x768x3072": the set and its shapes.
+  std::string label(uint32_t set) const {
+    std::string names, shapes;
+    for (size_t i = 0; i < kinds_.size(); ++i) {
+      if (!(set & (uint32_t(1) << i)))
+        continue;
+      names += (names.empty() ? "" : " ") + layerPattern(kinds_[i].site);
+      shapes += fmt::format(" {}x{}x{}", kinds_[i].m, kinds_[i].k, kinds_[i].n);
+    }
+    return "fp8 {" + names + "}" + shapes;
+  }
+
+  const ModelConfig &probe_;
+  const Device &device_;
+  const std::vector<Candidate> &kinds_;
+  Communicator *communicator_;
+  ProbeCache cache_;
+  std::map<uint32_t, double> ms_;
+  std::map<uint32_t, bool> cached_;
+  bool changed_ = false;
+};
+
 } // namespace
 
 std::string describeMeasurement(const GemmMeasurement &m) {
-  return fmt::format("{:<14} ({} x {} x {}): {}, probe step {:.3f} ms with it in FP8, {:.3f} in BF16{}",
+  return fmt::format("{:<14} ({} x {} x {}): {}, probe step {:.3f} ms with every kind in FP8, {:.3f} with this "
+                     "one in BF16{}",
                      layerPattern(m.site), m.m, m.k, m.n, m.fp8() ? "FP8 " : "BF16", m.fp8Ms, m.bf16Ms,
                      m.cached ? " (cached)" : "");
 }
@@ -198,60 +274,54 @@ llvm::Expected<PrecisionConfig> choosePrecision(const ModelConfig &config, const
     return resolved;
   int ranks = communicator ? communicator->ranks() : 1;
   int64_t batch = config.train.batch / ranks;
-  auto all = fp8Candidates(config, batch, resolved);
-  if (!all)
-    return all.takeError();
-  bool headProbed = llvm::any_of(*all, [](const Candidate &c) { return layerPattern(c.site) == c.site; });
+  auto legal = fp8Candidates(config, batch, resolved);
+  if (!legal)
+    return legal.takeError();
+  bool headProbed = llvm::any_of(*legal, [](const Candidate &c) { return layerPattern(c.site) == c.site; });
   ModelConfig probe = probeModel(config, resolved, batch, headProbed);
   auto probed = fp8Candidates(probe, batch, resolved);
   if (!probed)
     return probed.takeError();
-  // One site of each kind (h0.attn.qkv stands for every h*.attn.qkv), then the times: the
-  // all-BF16 step first, each kind's FP8 step after it, cached or measured.
+  // One site of each kind (h0.attn.qkv stands for every h*.attn.qkv).
   std::vector<Candidate> kinds;
   for (const Candidate &c : *probed)
     if (llvm::none_of(kinds, [&](const Candidate &k) { return layerPattern(k.site) == layerPattern(c.site); }))
       kinds.push_back(c);
   resolved.fp8Layers.emplace();
-  if (kinds.empty())
+  if (kinds.empty() || kinds.size() > 16)
     return resolved;
-  ProbeCache cache;
-  std::vector<float> times;
-  std::vector<bool> cached;
-  bool timed = false;
-  auto timeOf = [&](const Candidate &c, std::vector<std::string> layers) -> llvm::Error {
-    std::string key = probeKey(probe, device, c);
-    if (auto kept = cache.find(key)) {
-      times.push_back(float(*kept));
-      cached.push_back(true);
-      return llvm::Error::success();
-    }
-    auto ms = probeStepMs(probe, device, std::move(layers));
-    if (!ms)
-      return ms.takeError();
-    cache.keep(key, *ms);
-    times.push_back(float(*ms));
-    cached.push_back(false);
-    timed = true;
-    return llvm::Error::success();
-  };
-  if (auto err = timeOf(Candidate{kBaseline, batch * config.seqLen, 0, 0}, {}))
-    return std::move(err);
-  for (const Candidate &c : kinds)
-    if (auto err = timeOf(c, {c.site}))
-      return std::move(err);
-  if (communicator && ranks > 1) { // every rank takes the mean of the ranks' times
-    if (auto err = communicator->allReduceHost(times.data(), times.size(), ReduceOp::Avg))
-      return std::move(err);
-  }
+  SubsetTimer timer{probe, device, kinds, communicator};
+  // The kinds interact (a layer's neighbours decide which casts fuse and which copies are
+  // kept), so sets are timed, not kinds alone: none and all in FP8, all but each kind, and
+  // all but every kind whose removal was faster; the fastest set timed is the choice.
+  const uint32_t all = (uint32_t(1) << kinds.size()) - 1;
+  std::vector<uint32_t> sets{0, all};
+  for (size_t i = 0; i < kinds.size() && kinds.size() > 1; ++i)
+    sets.push_back(all & ~(uint32_t(1) << i));
+  auto times = timer.time(sets);
+  if (!times)
+    return times.takeError();
+  uint32_t combined = all;
+  for (size_t i = 0; i < kinds.size() && kinds.size() > 1; ++i)
+    if (timer.ms(all & ~(uint32_t(1) << i)) < timer.ms(all))
+      combined &= ~(uint32_t(1) << i);
+  if (!timer.timed(combined))
+    if (auto more = timer.time({combined}); !more)
+      return more.takeError();
+  uint32_t best = timer.fastest();
   for (size_t i = 0; i < kinds.size(); ++i) {
-    GemmMeasurement m{kinds[i].site, kinds[i].m, kinds[i].k, kinds[i].n, times[0], times[i + 1], cached[i + 1]};
+    uint32_t bit = uint32_t(1) << i, without = kinds.size() > 1 ? all & ~bit : 0;
+    GemmMeasurement m{kinds[i].site, kinds[i].m, kinds[i].k, kinds[i].n, timer.ms(without), timer.ms(all),
+                      timer.cached(all) && timer.cached(without), bool(best & bit)};
     resolved.measured.push_back(m);
-    if (m.fp8())
+    if (m.chosen)
       resolved.fp8Layers->push_back(layerPattern(m.site));
   }
-  if (timed && (!communicator || communicator->rank() == 0))
-    cache.save();
+  resolved.measuredSummary =
+      fmt::format("one-layer probe steps: {:.3f} ms all BF16, {:.3f} all FP8, {:.3f} as chosen ({} of {} kinds "
+                  "FP8; {} sets timed)",
+                  timer.ms(0), timer.ms(all), timer.ms(best), resolved.fp8Layers->size(), kinds.size(), timer.count());
+  timer.save();
   return resolved;
 }
 

@@ -1,15 +1,17 @@
 // --precision auto on a GPU with FP8 tensor cores: FP8 for the linear layers that train faster
 // in FP8 there, as measured, not as a size threshold guesses.
 //
-// Each kind of layer whose product may run in FP8 (transforms/precision/Precision.h: h0.attn.qkv,
-// h0.mlp.fc1, ...) is timed in a one-layer probe of the model (same widths, batch and sequence,
+// The kinds of layer whose product may run in FP8 (transforms/precision/Precision.h: h0.attn.qkv,
+// h0.mlp.fc1, ...) are timed in a one-layer probe of the model (same widths, batch and sequence,
 // the head's vocabulary cut to 1024 unless the head itself is probed): the median training step
-// with every layer in BF16, and with that layer alone in FP8. The difference is what FP8 changes
-// for the layer: its product's three GEMMs and the casts, transposes and scaling updates it adds,
-// in the context the model gives them (a LayerNorm or a GELU before it). FP8 is chosen where
-// the step is faster; every layer of that kind follows. The times are kept in the kernel cache
-// folder (fp8-choices.txt, beside the GEMM algorithms), keyed by GPU, build and the probe's
-// shape, so a warm start times nothing and the same choice is taken every run.
+// with sets of them in FP8, casts, transposes and scaling updates included, in the context the
+// model gives them. The kinds interact (whether a neighbour is FP8 decides which casts fuse and
+// which BF16 copies are kept: gpt2-350m's kinds gain little alone and much together,
+// BENCHMARKS.md), so sets are timed: none and all in FP8, all but each kind, and all but every kind
+// whose removal was faster; the fastest is the choice, never slower in the probe than all-BF16
+// or all-FP8. The times are kept in the kernel cache folder (fp8-choices.txt, beside the GEMM
+// algorithms), keyed by GPU, build and the probe's shape, so a warm start times nothing and the
+// same choice is taken every run.
 #pragma once
 
 #include "backends/Communicator.h"
@@ -34,8 +36,8 @@ namespace tgc {
 llvm::Expected<PrecisionConfig> choosePrecision(const ModelConfig &config, const Device &device,
                                                 Communicator *communicator = nullptr);
 
-/// One line on a measurement: "h*.mlp.fc1 (16384 x 768 x 3072): FP8, probe step 4.05 ms in FP8,
-/// 4.21 in BF16".
+/// One line on a measurement: "h*.mlp.fc1 (16384 x 768 x 3072): FP8, probe step 4.05 ms with
+/// every kind in FP8, 4.21 with this one in BF16".
 std::string describeMeasurement(const GemmMeasurement &m);
 
 /// How many of `program`'s linear layers run in FP8 (those with a weight's scaling state), of

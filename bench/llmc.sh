@@ -47,7 +47,7 @@ with open(sys.argv[1], "wb") as f:
 PY
 for depth in $models; do
   (cd "$work" && LD_LIBRARY_PATH="$cudnn/lib:${LD_LIBRARY_PATH:-}" ./train_gpt2cu -i tokens.bin -j tokens.bin -e "$depth" \
-    -b 16 -t 1024 -d 16384 -x 40 -v 0 -s 0 -h 0 -n 0 -y 0 -l 6e-4 -u 100) > "$out/llmc-$depth.txt" 2>&1 ||
+    -b 16 -t 1024 -d 16384 -x 40 -v 1000 -m 2 -s 0 -h 0 -n 0 -y 0 -l 6e-4 -u 100) > "$out/llmc-$depth.txt" 2>&1 ||
     { tail -20 "$out/llmc-$depth.txt"; exit 1; }
   python3 - "$depth" "$out/llmc-$depth.txt" <<'PY'
 import re, sys, statistics

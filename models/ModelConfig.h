@@ -60,14 +60,17 @@ llvm::StringRef fp8FormatName(Fp8Formats formats); // "hybrid", "e4m3"
 enum class Fp8Scaling { Delayed, Current };
 llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current"
 
-/// One GEMM shape timed by --precision auto: the median training step of a one-layer probe of
-/// the model with the layer `site` in BF16 and in FP8, its casts and transposes included.
+/// One kind of linear layer as --precision auto timed it: the median training step of a
+/// one-layer probe of the model with every kind FP8 may run in FP8 (fp8Ms), and the same with
+/// this kind in BF16 (bf16Ms), casts and transposes included; `chosen`: FP8 in auto's choice
+/// (the fastest set of kinds timed, app/PrecisionProbe.h).
 struct GemmMeasurement {
-  std::string site; // the probed layer (h0.mlp.fc1); its shape's other layers follow it
+  std::string site; // the probed layer (h0.mlp.fc1); every layer of its kind follows it
   int64_t m = 0, k = 0, n = 0;
   double bf16Ms = 0, fp8Ms = 0;
   bool cached = false; // read from the kernel cache folder, not timed in this process
-  bool fp8() const { return fp8Ms < bf16Ms; }
+  bool chosen = false;
+  bool fp8() const { return chosen; }
 };
 
 struct PrecisionConfig {
@@ -87,8 +90,10 @@ struct PrecisionConfig {
   /// Set for inference programs: no weight gradient contracts over the rows, so a product of
   /// any number of rows runs in FP8 (training needs them a multiple of 16).
   bool forwardOnly = false;
-  /// What auto measured on the GPU behind fp8Layers (not part of a model file).
+  /// What auto measured on the GPU behind fp8Layers (not part of a model file), and a line
+  /// on the probe steps of the sets it timed.
   std::vector<GemmMeasurement> measured;
+  std::string measuredSummary;
 };
 
 struct ModelConfig {

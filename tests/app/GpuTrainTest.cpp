@@ -323,6 +323,10 @@ TEST(GpuTraining, AutoTimesEachKindOfLayerOnceAndTrainsTheLayersMeasuredFaster) 
       chosen.push_back(layerPattern(m.site));
   }
   EXPECT_EQ(first.measured[0].site, "h0.attn.qkv");
+  // Six sets timed at least: none and all in FP8, and all but each of the four kinds.
+  EXPECT_NE(first.measuredSummary.find("sets timed"), std::string::npos) << first.measuredSummary;
+  for (const GemmMeasurement &m : first.measured)
+    EXPECT_EQ(m.fp8Ms, first.measured[0].fp8Ms) << "every kind's all-FP8 step is the same probe";
   ASSERT_TRUE(first.fp8Layers);
   EXPECT_EQ(*first.fp8Layers, chosen);
   PrecisionConfig again = unwrap(choosePrecision(c, gpu));

@@ -56,16 +56,16 @@ TEST(Fp8Rules, Fp8LayersNamesTheOnlyLayersFp8MayRunAndTheMeasurementIsTheReason)
   EXPECT_FALSE(chooseGemmPrecision(p, "h0.attn.qkv", 4096, 512, 1536).fp8);
   // auto's choice: fp8_layers from the measurement, which each layer of the kind gives as reason.
   p.fp8Layers = std::vector<std::string>{"h*.mlp.fc1"};
-  p.measured = {GemmMeasurement{"h0.mlp.fc1", 4096, 512, 2048, 2.5, 2.25, false},
-                GemmMeasurement{"h0.attn.qkv", 4096, 512, 1536, 2.5, 2.625, true}};
+  p.measured = {GemmMeasurement{"h0.mlp.fc1", 4096, 512, 2048, 2.5, 2.25, false, true},
+                GemmMeasurement{"h0.attn.qkv", 4096, 512, 1536, 2.125, 2.25, true, false}};
   EXPECT_TRUE(p.measured[0].fp8());
   EXPECT_FALSE(p.measured[1].fp8());
   EXPECT_EQ(chooseGemmPrecision(p, "h7.mlp.fc1", 4096, 512, 2048).reason,
-            "measured: 2.250 ms a probe step in FP8, 2.500 in BF16");
+            "measured: a probe step of 2.250 ms with every kind in FP8, 2.500 with this one in BF16");
   EXPECT_EQ(chooseGemmPrecision(p, "h7.attn.qkv", 4096, 512, 1536).reason,
-            "measured (cached): 2.625 ms a probe step in FP8, 2.500 in BF16");
-  EXPECT_EQ(describeMeasurement(p.measured[0]),
-            "h*.mlp.fc1     (4096 x 512 x 2048): FP8 , probe step 2.250 ms with it in FP8, 2.500 in BF16");
+            "measured (cached): a probe step of 2.250 ms with every kind in FP8, 2.125 with this one in BF16");
+  EXPECT_EQ(describeMeasurement(p.measured[0]), "h*.mlp.fc1     (4096 x 512 x 2048): FP8 , probe step 2.250 ms with "
+                                                "every kind in FP8, 2.500 with this one in BF16");
 }
 
 TEST(Fp8Rules, LayerPatternsNameEveryLayerOfAKind) {

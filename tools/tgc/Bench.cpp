@@ -174,6 +174,8 @@ void printFp8Layers(const Trainer &trainer) {
                               resolved.measured.empty() ? "every legal one" : "those measured faster");
   for (const GemmMeasurement &m : resolved.measured)
     llvm::outs() << "         " << describeMeasurement(m) << "\n";
+  if (!resolved.measuredSummary.empty())
+    llvm::outs() << "         " << resolved.measuredSummary << "\n";
 }
 
 /// The table's title and column heads.

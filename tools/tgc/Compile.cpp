@@ -230,6 +230,8 @@ int runCompile() {
                                 config->precision.recipe == Recipe::Auto ? " from auto" : "");
     for (const std::string &line : explainPrecision(**plain, *precision))
       llvm::errs() << "//   " << line << "\n";
+    if (!precision->measuredSummary.empty())
+      llvm::errs() << "// " << precision->measuredSummary << "\n";
   }
   printGraph(**graph, llvm::outs());
   return 0;

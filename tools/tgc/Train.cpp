@@ -366,6 +366,8 @@ int runTrain() {
                                                              : "every legal one");
     for (const GemmMeasurement &m : c.precision.measured)
       llvm::outs() << "  " << describeMeasurement(m) << "\n";
+    if (!c.precision.measuredSummary.empty())
+      llvm::outs() << "  " << c.precision.measuredSummary << "\n";
   }
   if (t.ranks() > 1)
     llvm::outs() << fmt::format("data parallel: {} GPUs of this machine, one process each, through NCCL ({} sequences "

@@ -59,8 +59,9 @@ namespace {
 std::string measuredReason(const PrecisionConfig &config, llvm::StringRef site) {
   for (const GemmMeasurement &m : config.measured)
     if (layerPattern(m.site) == layerPattern(site))
-      return fmt::format("measured{}: {:.3f} ms a probe step in FP8, {:.3f} in BF16", m.cached ? " (cached)" : "",
-                         m.fp8Ms, m.bf16Ms);
+      return fmt::format("measured{}: a probe step of {:.3f} ms with every kind in FP8, {:.3f} with this one in "
+                         "BF16",
+                         m.cached ? " (cached)" : "", m.fp8Ms, m.bf16Ms);
   return "";
 }
 
