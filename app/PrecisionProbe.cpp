@@ -23,6 +23,12 @@ namespace tgc {
 namespace {
 
 constexpr int kWarmupSteps = 3, kTimedSteps = 11;
+/// The probe's blocks: at most this many of the model's (all of a small model's), so that the
+/// blocks, not the embedding, head and optimizer, are most of the step the sets are compared by.
+constexpr int64_t kProbeLayers = 4;
+/// A set with FP8 replaces all-BF16 only when its probe step is at least this much faster: less
+/// is within the noise of two steps' medians.
+constexpr double kFp8Margin = 0.01;
 /// The probe's vocabulary when the head is not probed: the head's GEMMs are the same in every
 /// variant, and at 50k entries they would be most of the step and of its noise.
 constexpr int64_t kProbeVocab = 1024;
@@ -116,9 +122,9 @@ std::string probeKey(const ModelConfig &probe, const Device &device, const std::
   TargetInfo target = detectTarget();
   std::string gpu = device.ordinal < int(target.gpus.size()) ? target.gpus[device.ordinal].name : "gpu";
   const PrecisionConfig &p = probe.precision;
-  return fmt::format("{} sm_{} cuda {} tgc {} | d{} h{} ffn{} T{} B{} V{} {} {} bias {} tie {} recompute {} | "
+  return fmt::format("{} sm_{} cuda {} tgc {} | L{} d{} h{} ffn{} T{} B{} V{} {} {} bias {} tie {} recompute {} | "
                      "{} {} {} history {} margin {} | {}",
-                     gpu, device.computeCapability, target.runtimeVersion, buildCommit(), probe.dModel, probe.heads,
+                     gpu, device.computeCapability, target.runtimeVersion, buildCommit(), probe.layers, probe.dModel, probe.heads,
                      probe.ffn, probe.seqLen, probe.train.batch, probe.vocab, int(probe.norm), int(probe.activation),
                      probe.bias, probe.tieEmbeddings, probe.train.recompute, fp8FormatName(p.fp8Format).str(),
                      fp8ScalingName(p.fp8Scaling).str(), p.amaxComputeAlgo, p.amaxHistoryLen, p.margin,
@@ -143,13 +149,14 @@ llvm::Expected<double> probeStepMs(ModelConfig probe, const Device &device, std:
   return ms[ms.size() / 2];
 }
 
-/// The one-layer model the kinds of layer are timed in: `config`'s widths, one rank's batch,
+/// The model of at most kProbeLayers blocks the kinds of layer are timed in: `config`'s widths,
+/// one rank's batch,
 /// the arithmetic task, an explicit fp8 recipe.
 ModelConfig probeModel(const ModelConfig &config, const PrecisionConfig &resolved, int64_t batch,
                        bool headProbed) {
   ModelConfig probe = config;
   probe.name = config.name + "-precision-probe";
-  probe.layers = 1;
+  probe.layers = std::min(config.layers, kProbeLayers);
   probe.train.batch = batch;
   probe.data = DataConfig{};
   if (!headProbed)
@@ -180,7 +187,7 @@ public:
       std::vector<std::string> layers;
       for (size_t i = 0; i < kinds_.size(); ++i)
         if (set & (uint32_t(1) << i))
-          layers.push_back(kinds_[i].site);
+          layers.push_back(layerPattern(kinds_[i].site)); // every probe block's layer of the kind
       auto ms = probeStepMs(probe_, device_, std::move(layers));
       if (!ms)
         return ms.takeError();
@@ -200,11 +207,11 @@ public:
   double ms(uint32_t set) const { return ms_.at(set); }
   bool cached(uint32_t set) const { return cached_.at(set); }
   size_t count() const { return ms_.size(); }
-  /// The fastest set timed (the fewer FP8 kinds on a tie).
+  /// The fastest set timed, where it beats all-BF16 (set 0) by kFp8Margin; else all-BF16.
   uint32_t fastest() const {
     uint32_t best = 0;
     for (const auto &[set, ms] : ms_)
-      if (ms < ms_.at(best))
+      if (ms < ms_.at(best) && ms < ms_.at(0) * (1 - kFp8Margin))
         best = set;
     return best;
   }
@@ -318,9 +325,10 @@ llvm::Expected<PrecisionConfig> choosePrecision(const ModelConfig &config, const
       resolved.fp8Layers->push_back(layerPattern(m.site));
   }
   resolved.measuredSummary =
-      fmt::format("one-layer probe steps: {:.3f} ms all BF16, {:.3f} all FP8, {:.3f} as chosen ({} of {} kinds "
+      fmt::format("probe steps ({} blocks): {:.3f} ms all BF16, {:.3f} all FP8, {:.3f} as chosen ({} of {} kinds "
                   "FP8; {} sets timed)",
-                  timer.ms(0), timer.ms(all), timer.ms(best), resolved.fp8Layers->size(), kinds.size(), timer.count());
+                  probe.layers, timer.ms(0), timer.ms(all), timer.ms(best), resolved.fp8Layers->size(), kinds.size(),
+                  timer.count());
   timer.save();
   return resolved;
 }

@@ -2,14 +2,14 @@
 // in FP8 there, as measured, not as a size threshold guesses.
 //
 // The kinds of layer whose product may run in FP8 (transforms/precision/Precision.h: h0.attn.qkv,
-// h0.mlp.fc1, ...) are timed in a one-layer probe of the model (same widths, batch and sequence,
-// the head's vocabulary cut to 1024 unless the head itself is probed): the median training step
+// h0.mlp.fc1, ...) are timed in a probe of the model of at most four blocks (same widths, batch and
+// sequence, the head's vocabulary cut to 1024 unless the head itself is probed): the median training step
 // with sets of them in FP8, casts, transposes and scaling updates included, in the context the
 // model gives them. The kinds interact (whether a neighbour is FP8 decides which casts fuse and
 // which BF16 copies are kept: gpt2-350m's kinds gain little alone and much together,
 // BENCHMARKS.md), so sets are timed: none and all in FP8, all but each kind, and all but every kind
 // whose removal was faster; the fastest is the choice, never slower in the probe than all-BF16
-// or all-FP8. The times are kept in the kernel cache folder (fp8-choices.txt, beside the GEMM
+// or all-FP8 (and FP8 only where it beats all-BF16 by more than the probe's noise). The times are kept in the kernel cache folder (fp8-choices.txt, beside the GEMM
 // algorithms), keyed by GPU, build and the probe's shape, so a warm start times nothing and the
 // same choice is taken every run.
 #pragma once

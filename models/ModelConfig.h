@@ -61,7 +61,7 @@ enum class Fp8Scaling { Delayed, Current };
 llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current"
 
 /// One kind of linear layer as --precision auto timed it: the median training step of a
-/// one-layer probe of the model with every kind FP8 may run in FP8 (fp8Ms), and the same with
+/// probe of the model (at most four blocks) with every kind FP8 may run in FP8 (fp8Ms), and the same with
 /// this kind in BF16 (bf16Ms), casts and transposes included; `chosen`: FP8 in auto's choice
 /// (the fastest set of kinds timed, app/PrecisionProbe.h).
 struct GemmMeasurement {
