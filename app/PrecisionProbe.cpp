@@ -26,8 +26,8 @@ constexpr int kWarmupSteps = 3, kTimedSteps = 11;
 /// The probe's blocks: at most this many of the model's (all of a small model's), so that the
 /// blocks, not the embedding, head and optimizer, are most of the step the sets are compared by.
 constexpr int64_t kProbeLayers = 4;
-/// A set with FP8 replaces all-BF16 only when its probe step is at least this much faster: less
-/// is within the noise of two steps' medians.
+/// A set replaces all-BF16 (or all-FP8) only when its probe step is at least this much faster:
+/// less is within the noise of two steps' medians.
 constexpr double kFp8Margin = 0.01;
 /// The probe's vocabulary when the head is not probed: the head's GEMMs are the same in every
 /// variant, and at 50k entries they would be most of the step and of its noise.
@@ -207,11 +207,13 @@ public:
   double ms(uint32_t set) const { return ms_.at(set); }
   bool cached(uint32_t set) const { return cached_.at(set); }
   size_t count() const { return ms_.size(); }
-  /// The fastest set timed, where it beats all-BF16 (set 0) by kFp8Margin; else all-BF16.
-  uint32_t fastest() const {
-    uint32_t best = 0;
+  /// The choice among the sets timed: all-BF16 (set 0), all-FP8 where it is faster by kFp8Margin,
+  /// and any other set that beats that one by kFp8Margin: a difference within the probe's
+  /// noise keeps the simpler program.
+  uint32_t fastest(uint32_t all) const {
+    uint32_t best = ms_.at(all) < ms_.at(0) * (1 - kFp8Margin) ? all : 0;
     for (const auto &[set, ms] : ms_)
-      if (ms < ms_.at(best) && ms < ms_.at(0) * (1 - kFp8Margin))
+      if (ms < ms_.at(best) * (1 - kFp8Margin))
         best = set;
     return best;
   }
@@ -315,7 +317,7 @@ llvm::Expected<PrecisionConfig> choosePrecision(const ModelConfig &config, const
   if (!timer.timed(combined))
     if (auto more = timer.time({combined}); !more)
       return more.takeError();
-  uint32_t best = timer.fastest();
+  uint32_t best = timer.fastest(all);
   for (size_t i = 0; i < kinds.size(); ++i) {
     uint32_t bit = uint32_t(1) << i, without = kinds.size() > 1 ? all & ~bit : 0;
     GemmMeasurement m{kinds[i].site, kinds[i].m, kinds[i].k, kinds[i].n, timer.ms(without), timer.ms(all),
@@ -324,6 +326,8 @@ llvm::Expected<PrecisionConfig> choosePrecision(const ModelConfig &config, const
     if (m.chosen)
       resolved.fp8Layers->push_back(layerPattern(m.site));
   }
+  if (best == 0) // no FP8 layer: the bf16 recipe's program itself
+    resolved.recipe = Recipe::Bf16;
   resolved.measuredSummary =
       fmt::format("probe steps ({} blocks): {:.3f} ms all BF16, {:.3f} all FP8, {:.3f} as chosen ({} of {} kinds "
                   "FP8; {} sets timed)",

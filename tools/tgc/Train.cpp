@@ -358,7 +358,7 @@ int runTrain() {
     notes.push_back("emulated");
   llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),
                               notes.empty() ? "" : " (" + llvm::join(notes, "; ") + ")");
-  if (recipe == Recipe::Fp8) {
+  if (recipe == Recipe::Fp8 || !c.precision.measured.empty()) {
     auto [fp8Layers, linearLayers] = countFp8Layers(t.program(), c);
     llvm::outs() << fmt::format("FP8: {} of {} linear layers ({})\n", fp8Layers, linearLayers,
                                 !c.precision.measured.empty() ? "auto: those measured faster in FP8"
