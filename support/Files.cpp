@@ -49,7 +49,27 @@ std::error_code syncToDisk(int fd) {
 
 } // namespace
 
-llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents) {
+llvm::Expected<std::string> replaceableTarget(llvm::StringRef requested) {
+  std::string resolved = requested.str();
+  llvm::sys::fs::file_status status;
+  if (!llvm::sys::fs::status(requested, status, /*Follow=*/false) &&
+      status.type() == llvm::sys::fs::file_type::symlink_file) {
+    llvm::SmallString<256> real;
+    if (std::error_code ec = llvm::sys::fs::real_path(requested, real))
+      return fileError(requested, "a link to nothing ({}): the link is left as it is", ec.message());
+    resolved = real.str().str();
+  }
+  if (!llvm::sys::fs::status(resolved, status) && status.type() != llvm::sys::fs::file_type::regular_file)
+    return fileError(requested, "exists and is not a regular file (a device, a pipe or a folder): tgc replaces "
+                                "only regular files");
+  return resolved;
+}
+
+llvm::Error writeFileAtomically(llvm::StringRef requested, llvm::StringRef contents) {
+  auto resolved = replaceableTarget(requested);
+  if (!resolved)
+    return resolved.takeError();
+  llvm::StringRef path = *resolved;
   std::string dir = folderOf(path);
   removeStaleTemporaries(dir, llvm::sys::path::filename(path));
   llvm::SmallString<256> model(dir);

@@ -12,7 +12,13 @@ namespace tgc {
 /// The folder `path` names a file in ("." for a bare name).
 std::string folderOf(llvm::StringRef path);
 
-/// Writes `contents` to `path` through a temporary file in the same folder and a rename.
+/// The file a replacing write of `path` replaces: `path`, or the file its link names. A target
+/// that exists and is not a regular file (a device such as /dev/null, a pipe, a folder), or a
+/// link to nothing, is an error naming it: a rename over it would replace the node itself.
+llvm::Expected<std::string> replaceableTarget(llvm::StringRef path);
+
+/// Writes `contents` to `path` through a temporary file in the same folder and a rename; through
+/// a link, to the file it names (the link kept); refused where replaceableTarget refuses.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents);
 
 /// A file a command reads or writes, by the flag that names it.

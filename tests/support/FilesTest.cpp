@@ -6,6 +6,7 @@
 #include "llvm/Support/Path.h"
 
 #include <chrono>
+#include <sys/stat.h>
 #include <fstream>
 #include <gtest/gtest.h>
 
@@ -50,6 +51,40 @@ TEST(Files, AtomicWritesReplaceAndRemoveOnlyOldTemporaries) {
   auto err = writeFileAtomically(inFolder(dir, "missing/x.st"), "three");
   ASSERT_TRUE(bool(err));
   EXPECT_NE(llvm::toString(std::move(err)).find("missing/x.st: error:"), std::string::npos);
+}
+
+TEST(Files, AtomicWritesReplaceOnlyRegularFilesAndWriteThroughLinks) {
+  std::string dir = freshFolder();
+  // A pipe and a folder are refused and stay what they were (a device node, /dev/null, likewise:
+  // making one needs root).
+  std::string fifo = inFolder(dir, "pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string message = llvm::toString(writeFileAtomically(fifo, "data"));
+  EXPECT_NE(message.find(fifo + ": error: exists and is not a regular file"), std::string::npos) << message;
+  llvm::sys::fs::file_status status;
+  ASSERT_FALSE(llvm::sys::fs::status(fifo, status));
+  EXPECT_EQ(status.type(), llvm::sys::fs::file_type::fifo_file);
+  std::string folder = inFolder(dir, "folder");
+  ASSERT_FALSE(llvm::sys::fs::create_directory(folder));
+  message = llvm::toString(writeFileAtomically(folder, "data"));
+  EXPECT_NE(message.find("is not a regular file"), std::string::npos) << message;
+  ASSERT_FALSE(llvm::sys::fs::status(folder, status));
+  EXPECT_EQ(status.type(), llvm::sys::fs::file_type::directory_file);
+  // A link: the file it names gets the new contents, the link stays a link.
+  std::string target = inFolder(dir, "target"), link = inFolder(dir, "link");
+  ASSERT_FALSE(bool(writeFileAtomically(target, "old")));
+  ASSERT_FALSE(llvm::sys::fs::create_link("target", link));
+  ASSERT_FALSE(bool(writeFileAtomically(link, "new")));
+  EXPECT_EQ(contentsOf(target), "new");
+  ASSERT_FALSE(llvm::sys::fs::status(link, status, /*Follow=*/false));
+  EXPECT_EQ(status.type(), llvm::sys::fs::file_type::symlink_file);
+  // A link to nothing is refused and left alone.
+  std::string dangling = inFolder(dir, "dangling");
+  ASSERT_FALSE(llvm::sys::fs::create_link("missing", dangling));
+  message = llvm::toString(writeFileAtomically(dangling, "data"));
+  EXPECT_NE(message.find("a link to nothing"), std::string::npos) << message;
+  EXPECT_FALSE(llvm::sys::fs::exists(inFolder(dir, "missing")));
+  llvm::sys::fs::remove_directories(dir);
 }
 
 TEST(Files, TheSameFileUnderTwoFlagsIsFoundByInodeOrResolvedPath) {

@@ -178,6 +178,16 @@ void printFp8Layers(const Trainer &trainer) {
     llvm::outs() << "         " << resolved.measuredSummary << "\n";
 }
 
+/// --json, when given: not the model file, and a file the results may replace.
+llvm::Error checkBenchJson() {
+  if (BenchJson.empty())
+    return llvm::Error::success();
+  if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
+    return err;
+  auto target = replaceableTarget(BenchJson);
+  return target ? llvm::Error::success() : target.takeError();
+}
+
 /// The table's title and column heads.
 void printBenchHeader(const ModelConfig &base, int ranks) {
   llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens{}, {} warm-up + {} timed steps per precision\n",
@@ -226,9 +236,8 @@ int runBench() {
     recipes = setup->device == Device::Cuda ? std::vector<std::string>{"fp32", "bf16", "fp8", "auto"}
                                             : std::vector<std::string>{"fp32", "bf16", "fp8"};
   printBenchHeader(*base, setup->ranks);
-  if (!BenchJson.empty())
-    if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
-      return report(std::move(err));
+  if (auto err = checkBenchJson()) // refused before the runs, not after them
+    return report(std::move(err));
   llvm::json::Array results; // --json: one object per recipe
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
   for (const std::string &recipe : recipes) {

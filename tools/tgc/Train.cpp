@@ -113,6 +113,9 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
     if (!path->empty())
       if (auto err = checkWritable(*path))
         return std::move(err);
+  if (!SavePath.empty()) // refused now, not after the training it would have kept
+    if (auto target = replaceableTarget(SavePath); !target)
+      return target.takeError();
   if (SaveEvery < 0 || (SaveEvery > 0 && SavePath.empty()))
     return flagError(fmt::format("--save-every takes a step count >= 0 and needs --save, got {}", int64_t(SaveEvery)));
   if (MaxBadSteps < 0)
