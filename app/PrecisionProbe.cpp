@@ -6,18 +6,13 @@
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "support/BuildInfo.h"
-#include "support/Files.h"
+#include "support/KeptValues.h"
 #include "transforms/Rewrite.h"
 #include "transforms/precision/Precision.h"
-
-#include "llvm/Support/FileSystem.h"
-#include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/Path.h"
 
 #include <algorithm>
 #include <fmt/format.h>
 #include <map>
-#include <mutex>
 
 namespace tgc {
 namespace {
@@ -63,57 +58,19 @@ llvm::Expected<std::vector<Candidate>> fp8Candidates(const ModelConfig &config, 
 /// The probe steps kept in the kernel cache folder: "key\tmilliseconds" per line.
 class ProbeCache {
 public:
-  ProbeCache() : file_(kernelCacheDir() + "/fp8-choices.txt") {
-    auto buffer = llvm::MemoryBuffer::getFile(file_);
-    if (!buffer)
-      return;
-    llvm::SmallVector<llvm::StringRef, 64> lines;
-    (*buffer)->getBuffer().split(lines, '\n', -1, false);
-    for (llvm::StringRef line : lines) {
-      auto [key, time] = line.rsplit('\t');
-      double ms = 0;
-      if (!key.empty() && !time.getAsDouble(ms) && ms > 0)
-        kept_[key.str()] = ms;
-    }
-  }
+  ProbeCache() : kept_(kernelCacheDir() + "/fp8-choices.txt") {}
   std::optional<double> find(const std::string &key) const {
-    std::lock_guard<std::mutex> lock(processMutex());
-    if (auto it = processKept().find(key); it != processKept().end())
-      return it->second;
-    if (auto it = kept_.find(key); it != kept_.end())
-      return it->second;
-    return std::nullopt;
+    auto text = kept_.find(key);
+    double ms = 0;
+    if (!text || llvm::StringRef(*text).getAsDouble(ms) || !(ms > 0))
+      return std::nullopt;
+    return ms;
   }
-  void keep(const std::string &key, double ms) {
-    kept_[key] = ms;
-    std::lock_guard<std::mutex> lock(processMutex());
-    processKept()[key] = ms;
-  }
-  /// Writes the file back atomically; a cache folder that cannot be written only costs the
-  /// measurement again next time.
-  void save() const {
-    std::string text;
-    for (const auto &[key, ms] : kept_)
-      text += fmt::format("{}\t{:.4f}\n", key, ms);
-    if (llvm::sys::fs::create_directories(llvm::sys::path::parent_path(file_)))
-      return;
-    llvm::consumeError(writeFileAtomically(file_, text));
-  }
+  void keep(const std::string &key, double ms) { kept_.keep(key, fmt::format("{:.4f}", ms)); }
+  void save() const { kept_.save(); }
 
 private:
-  using Times = std::map<std::string, double>;
-  /// This process's measurements: the ranks of a run, and later trainers, take them even where
-  /// the folder cannot be written.
-  static Times &processKept() {
-    static Times kept;
-    return kept;
-  }
-  static std::mutex &processMutex() {
-    static std::mutex mutex;
-    return mutex;
-  }
-  std::string file_;
-  Times kept_;
+  KeptValues kept_;
 };
 
 /// What a probe's times depend on: the GPU, the build, and every setting that changes the
@@ -173,12 +130,13 @@ class SubsetTimer {
 public:
   SubsetTimer(const ModelConfig &probe, const Device &device, const std::vector<Candidate> &kinds,
               Communicator *communicator)
-      : probe_(probe), device_(device), kinds_(kinds), communicator_(communicator) {}
+      : probe_(probe), device_(device), kinds_(kinds), communicator_(communicator),
+        keyPrefix_(probeKey(probe, device, "")) {}
 
   llvm::Expected<bool> time(const std::vector<uint32_t> &sets) {
     std::vector<float> times;
     for (uint32_t set : sets) {
-      std::string key = probeKey(probe_, device_, label(set));
+      std::string key = keyPrefix_ + label(set);
       if (auto kept = cache_.find(key)) {
         times.push_back(float(*kept));
         cached_[set] = true;
@@ -239,6 +197,7 @@ private:
   const Device &device_;
   const std::vector<Candidate> &kinds_;
   Communicator *communicator_;
+  std::string keyPrefix_; // probeKey's GPU, build and probe, asked of the driver once
   ProbeCache cache_;
   std::map<uint32_t, double> ms_;
   std::map<uint32_t, bool> cached_;

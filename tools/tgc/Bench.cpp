@@ -295,11 +295,10 @@ int runBench() {
                                                {"all_reduce", shares.communication}, {"rest", shares.rest}};
     result["gpus"] = setup->ranks;
     results.push_back(std::move(result));
-    if (!(*trainer)->config().precision.measured.empty())
+    const PrecisionConfig &resolved = (*trainer)->config().precision;
+    if (resolved.recipe == Recipe::Fp8 || !resolved.measured.empty())
       printFp8Layers(**trainer);
-    if ((*trainer)->config().precision.recipe == Recipe::Fp8) {
-      if ((*trainer)->config().precision.measured.empty())
-        printFp8Layers(**trainer);
+    if (resolved.recipe == Recipe::Fp8) {
       auto state = (*trainer)->fp8State();
       if (!state)
         return report(state.takeError());

@@ -7,8 +7,9 @@
 // does not decide. TGC_GEMM_AUTOTUNE=0 keeps the heuristic's first.
 #pragma once
 
+#include "support/KeptValues.h"
+
 #include "llvm/ADT/STLFunctionalExtras.h"
-#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Error.h"
 
 #include <optional>
@@ -25,10 +26,7 @@ public:
   bool enabled() const { return enabled_; }
 
   /// The choice kept for `key` (this process's, else the file's), if any.
-  std::optional<int> kept(const std::string &key) {
-    auto it = find(key);
-    return it == chosen_.end() ? std::nullopt : std::optional<int>(it->second);
-  }
+  std::optional<int> kept(const std::string &key) const;
 
   /// The candidate (0 .. candidates - 1) the GEMM named by `key` runs: the kept choice, else the
   /// fastest by `milliseconds(i)`, kept for next time.
@@ -37,15 +35,11 @@ public:
 
   /// Writes the choices back if any is new (atomically; a failure to write is not an error for
   /// the run: the choice is made again next time).
-  void save() const;
+  void save() const { choices_.save(); }
 
 private:
-  /// The kept choice for `key`: this process's, else the file's.
-  llvm::StringMap<int>::const_iterator find(const std::string &key);
-
-  std::string file_;
-  llvm::StringMap<int> chosen_;
-  bool enabled_ = true, changed_ = false;
+  KeptValues choices_;
+  bool enabled_ = true;
 };
 
 } // namespace tgc
