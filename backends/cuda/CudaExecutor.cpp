@@ -21,6 +21,7 @@ llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph,
   LoweringOptions lowering;
   lowering.multiprocessors = device->multiprocessors;
   lowering.groupOptimizer = options.groupOptimizer;
+  lowering.groupFp8Updates = options.groupFp8Updates;
   lowering.storeBf16 = options.storeBf16;
   lowering.bf16Rounding = options.bf16Rounding;
   std::string description = device->description;

@@ -23,6 +23,9 @@ struct CudaOptions {
   /// AdamW and the gradient norm as flat launches over the contiguous parameter layout (the
   /// same bits as one kernel per op; off only to test that).
   bool groupOptimizer = true;
+  /// The delayed-scaling updates as a few launches of many blocks, one per update (the same
+  /// bits as one kernel per op; off only to test that).
+  bool groupFp8Updates = true;
   /// Values only BF16 GEMMs read stored in BF16 (the same bits; off only to test that).
   bool storeBf16 = true;
   /// fc1's GELU and its gradient as cuBLASLt epilogues writing BF16, the logits in BF16, an FP8

@@ -145,6 +145,8 @@ struct LoweringOptions {
   /// The per-parameter AdamW ops as one launch over the contiguous layout, and the gradient
   /// norm's sum_squares and adds as one pair of launches (the same bits).
   bool groupOptimizer = true;
+  /// The step's fp8_update ops as launches of up to 48 updates, a block each (the same bits).
+  bool groupFp8Updates = true;
   /// The producers of BF16 GEMM operands write them in BF16: values only BF16 GEMMs read are
   /// stored in BF16 (CudaProgram::bf16Stored), the others get a BF16 copy (bf16Shadowed); the
   /// same bits as converting them at each GEMM.

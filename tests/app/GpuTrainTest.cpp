@@ -87,6 +87,15 @@ TEST(GpuTraining, GroupedOptimizerGivesTheBitsOfOneKernelPerOp) {
     expectTheSameBits(recipe, CudaOptions{}, perOp);
 }
 
+TEST(GpuTraining, GroupedFp8UpdatesGiveTheBitsOfOneKernelPerOp) {
+  // The delayed-scaling updates of a step run as a few launches, a block an update: the same
+  // histories, scales and saturation counts, step for step, as one kernel per fp8_update.
+  SKIP_WITHOUT_GPU();
+  CudaOptions perOp;
+  perOp.groupFp8Updates = false;
+  expectTheSameBits("fp8", CudaOptions{}, perOp);
+}
+
 TEST(GpuTraining, ValuesStoredInBf16GiveTheBitsOfConvertingAtEachGemm) {
   // Values only BF16 GEMMs read, stored in BF16 by their producers, give exactly what storing
   // them in fp32 and converting them at each GEMM gives. (The GELU epilogues that write BF16

@@ -58,6 +58,14 @@ int64_t normBlocks(int64_t rows, int64_t width);
 /// kernels; the replaced ops' kernels go and the grouped kernels come in.
 void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
                     std::vector<std::vector<KernelText>> &kernels);
+/// Rewrites runs of fp8_update ops (only assigns and leaves between them, every result written
+/// into its state) as launches of up to 48 updates each, a block an update (Fp8Groups.cpp).
+void groupFp8Updates(const std::vector<Op *> &ops, CudaProgram &program,
+                     std::vector<std::vector<KernelText>> &kernels);
+/// fp8_update's kernel parameters and its call of fp8.cuh's fp8Update, every pointer's name
+/// followed by `suffix` (a grouped launch's member number; empty for the op's own kernel).
+std::string fp8UpdateParams(const std::string &suffix);
+std::string fp8UpdateCall(const Op &op, const std::string &suffix);
 
 
 constexpr int64_t kChunk = 64; // rows per partial sum of a column reduction

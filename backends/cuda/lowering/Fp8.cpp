@@ -85,15 +85,7 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   if (op.kind() == OpKind::Fp8Update) {
-    e.launch(0, "const float *history, const float *scale, const float *amax, const float *saturations, "
-             "const float *saturated, float *newHistory, float *newScale, float *newScaleInv, "
-             "float *newSaturations",
-             1,
-             fmt::format("fp8Update<{}, {}>(history, scale, amax, saturations, saturated, newHistory, newScale, "
-                         "newScaleInv, newSaturations, {}, {})",
-                         operandType(op, 0).numElements(), boolText(a.getString("algo") != "most_recent"),
-                         lit(fp8Largest(a)), fp8MarginScale(a)),
-             256); // kFp8UpdateThreads
+    e.launch(0, fp8UpdateParams(""), 1, fp8UpdateCall(op, ""), 256); // kFp8UpdateThreads
     return llvm::Error::success();
   }
   return unsupported(op);

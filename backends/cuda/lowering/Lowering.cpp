@@ -133,6 +133,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   }
   if (options.groupOptimizer)
     groupOptimizer(ops, program, kernels);
+  if (options.groupFp8Updates)
+    groupFp8Updates(ops, program, kernels);
   program.source = assembleSource(headers, kernels, program);
   return program;
 }

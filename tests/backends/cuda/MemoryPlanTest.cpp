@@ -213,9 +213,27 @@ void checkLayout(const char *model, const char *recipe) {
   }
   EXPECT_EQ(adamwLaunches, 1);
   EXPECT_EQ(normLaunches, 2);
+  // The delayed-scaling updates: every one run by a grouped launch of a block an update.
+  int updates = 0, updateBlocks = 0, updateLaunches = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpLowering &l = program.lowering[i];
+    if (ops[i]->kind() == OpKind::Fp8Update) {
+      ++updates;
+      EXPECT_TRUE(l.kind == OpLowering::Grouped || !l.arguments.empty()) << ops[i]->result()->name();
+    }
+    if (l.label == "fp8_update (grouped)") {
+      ASSERT_EQ(l.launches.size(), 1u);
+      EXPECT_EQ(l.arguments.size(), size_t(9 * l.launches[0].blocks));
+      updateBlocks += int(l.launches[0].blocks);
+      ++updateLaunches;
+    }
+  }
+  EXPECT_EQ(updateBlocks, updates);
+  EXPECT_EQ(updateLaunches, (updates + 47) / 48);
   // Without grouping, the same layout and one kernel per op.
   LoweringOptions perOp;
   perOp.groupOptimizer = false;
+  perOp.groupFp8Updates = false;
   CudaProgram ungrouped = unwrap(lowerToCuda(*graph, perOp));
   EXPECT_EQ(ungrouped.layout.params, layout.params);
   for (const OpLowering &l : ungrouped.lowering)
