@@ -582,8 +582,8 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
   if (gradient && ops[3] != ops[0])
     return makeError("h must have the type of x ({}), got {}", ops[0].str(), ops[3].str());
   bool biasGrad = attrs.getBool("bias_grad").value_or(false);
-  if (biasGrad && !gradient)
-    return makeError("bias_grad=true belongs to activation=\"gelu_backward\"");
+  if (biasGrad && activation == "gelu")
+    return makeError("bias_grad=true sums x or gelu_backward(x, h), not gelu(x): drop activation=\"gelu\"");
   TypeList types{TensorType(*format, ops[0].shape), kScalar, kScalar};
   if (attrs.getBool("transpose").value_or(false)) {
     if (ops[0].rank() < 2)

@@ -574,6 +574,10 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
       out.back() = std::move(results[1]);
   }
   const Tensor &x = activated.data.empty() ? *in[0] : activated;
+  if (options.biasGrad && options.activation == QuantizeActivation::None) { // x's columns, as reduce_to sums them
+    if (auto err = evalReduceTo(attrs, {&x}, out.take_back()))
+      return err;
+  }
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
   Fp8Format format = formatOf(attrs);
   float max = fp8Max(format), amax = 0.0f;

@@ -182,11 +182,11 @@ INSTANTIATE_TEST_SUITE_P(
               "%q, %a, %n = quantize(%x, %s, %s, %h) {activation=\"gelu_backward\", format=\"e5m2\"} : "
               "f8e5m2[2,4], f32[], f32[]\nreturn %q\n",
               "h must have the type of x (f32[2,4]), got f32[4,2]", "5:1"},
-        BadIR{"quantize's bias gradient without the GELU's gradient",
+        BadIR{"quantize's bias gradient of a GELU",
               "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
-              "%q, %a, %n, %d = quantize(%x, %s, %s) {bias_grad=true, format=\"e5m2\"} : "
+              "%q, %a, %n, %d = quantize(%x, %s, %s) {activation=\"gelu\", bias_grad=true, format=\"e5m2\"} : "
               "f8e5m2[2,4], f32[], f32[], f32[4]\nreturn %q\n",
-              "bias_grad=true belongs to activation=\"gelu_backward\"", "4:1"}));
+              "bias_grad=true sums x or gelu_backward(x, h), not gelu(x): drop activation=\"gelu\"", "4:1"}));
 
 TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {
   auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%a = gelu(%x) : f32[4]\n"

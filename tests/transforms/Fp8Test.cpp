@@ -267,6 +267,32 @@ TEST(FuseGeluQuantize, Fc2QuantizesTheGeluOfItsPreActivationAndNoBitChanges) {
   expectTheSameStep(*plain, *fused);
 }
 
+TEST(FuseQuantizeBiasGrad, TheQkvBiasGradientComesFromItsCastTransposeAndNoBitChanges) {
+  // The qkv projection's bias gradient, summed from the attention's gradient that the qkv
+  // GEMMs' cast-transpose reads: one pass over it instead of two, the same sums on the CPU. Here
+  // (no fuse-norm-bias-grad before it, as the GPU pipeline has) the proj's and fc2's too.
+  std::vector<std::string> before = {"legalize-fp8-gemm", "fuse-gelu-bias-grad", "fuse-gelu-quantize"};
+  auto plain = tinyFp8Program(before);
+  before.push_back("fuse-quantize-bias-grad");
+  auto fused = tinyFp8Program(before);
+  ASSERT_TRUE(plain && fused);
+  int summing = 0, reduces = 0;
+  for (const Op *op : fused->ops()) {
+    reduces += op->kind() == OpKind::ReduceTo && op->result()->name().find("bias.grad") != std::string::npos;
+    QuantizeOptions options = quantizeOptions(op->attrs());
+    if (op->kind() != OpKind::Quantize || !options.biasGrad || options.activation != QuantizeActivation::None)
+      continue;
+    ++summing;
+    EXPECT_TRUE(options.transpose);
+    ASSERT_EQ(op->numResults(), 5u);
+    const std::string &site = op->result()->name(), &sum = op->result(4)->name();
+    EXPECT_EQ(sum, site.substr(0, site.find(".fp8.grad_output.q")) + ".bias.grad") << site;
+  }
+  EXPECT_EQ(summing, 6); // qkv, proj and fc2, each layer (fc1's: its GELU gradient's quantize)
+  EXPECT_EQ(reduces, 0);
+  expectTheSameStep(*plain, *fused);
+}
+
 TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {
   auto plain = tinyFp8Program({}), legal = tinyFp8Program({"legalize-fp8-gemm"});
   ASSERT_TRUE(plain && legal);
