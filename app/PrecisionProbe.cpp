@@ -66,7 +66,9 @@ public:
       return std::nullopt;
     return ms;
   }
-  void keep(const std::string &key, double ms) { kept_.keep(key, fmt::format("{:.4f}", ms)); }
+  // The shortest text that reads back as the same double: a warm start chooses from exactly
+  // the times the cold one chose from.
+  void keep(const std::string &key, double ms) { kept_.keep(key, fmt::format("{}", ms)); }
   void save() const { kept_.save(); }
 
 private:
