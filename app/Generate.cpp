@@ -140,6 +140,16 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
     precision.fp8Layers = fp8LayersOf(weights);
     precision.fp8Scaling = Fp8Scaling::Delayed;
   }
+  // What the other programs bind: the weights and every FP8 scaling state, not the optimizer's
+  // moments.
+  for (const auto &[name, tensor] : weights)
+    if (!program::isOptimizerMoment(name))
+      generator->weights_.emplace(name, tensor);
+  if (!hasCachedGeneration(config)) { // RoPE or GQA: every token from the full window
+    if (auto err = generator->ensureWindowed())
+      return std::move(err);
+    return generator;
+  }
   auto decode = compileInference(generator->config_, weights, batch, device, GPTOutput::Decode);
   if (!decode)
     return decode.takeError();
@@ -147,11 +157,6 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   for (const Op *op : generator->decode_.graph->ops())
     if ((op->kind() == OpKind::Param || op->kind() == OpKind::State) && program::isKvCache(op->result()->name()))
       generator->caches_.push_back(op->result()->name());
-  // What the other programs bind: the weights and every FP8 scaling state, not the optimizer's
-  // moments.
-  for (const auto &[name, tensor] : weights)
-    if (!program::isOptimizerMoment(name))
-      generator->weights_.emplace(name, tensor);
   return generator;
 }
 
@@ -235,7 +240,7 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   for (const auto &p : prompts)
     longest = std::max(longest, p.size());
   // Positions fed: each prompt's, then every generated token but the last.
-  if (count < 1 || int64_t(longest) + count - 1 > T)
+  if (count < 1 || int64_t(longest) + count - 1 > T || !decode_.executor)
     return generateWithoutCache(prompts, count, options, onTokens);
   auto start = std::chrono::steady_clock::now();
   stats_ = GenerationStats{};

@@ -53,7 +53,7 @@ public:
   static llvm::Expected<std::unique_ptr<Generator>>
   create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch,
          Device device = Device::cpu());
-  std::string describe() const { return decode_.executor->describe(); }
+  std::string describe() const { return (decode_.executor ? decode_ : windowed_).executor->describe(); }
   int64_t batch() const { return batch_; }
 
   /// Continues each prompt (at most `batch` of them, of any lengths from 1 to seq_len) by

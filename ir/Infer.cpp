@@ -194,6 +194,17 @@ llvm::Expected<TypeList> inferGelu(Operands ops, const AttrMap &, llvm::ArrayRef
 llvm::Expected<TypeList> inferSilu(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   return inferUnaryFloat(ops[0]);
 }
+llvm::Expected<TypeList> inferRope(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto theta = requireFloatAttr(attrs, "theta");
+  if (!theta)
+    return theta.takeError();
+  if (!(*theta > 1.0))
+    return makeError("attribute 'theta' must be above 1, got {}", *theta);
+  const TensorType &x = ops[0];
+  if (x.rank() < 2 || x.dim(-1) % 2 != 0)
+    return makeError("rope needs x of rank >= 2 whose last axis (the head dimension) is even, got {}", x.str());
+  return inferUnaryFloat(x);
+}
 
 llvm::Error checkNorm(Operands ops, const AttrMap &attrs) {
   const TensorType &x = ops[0];

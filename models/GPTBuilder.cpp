@@ -94,25 +94,40 @@ Value *GPTBuilder::decodeAttention(Value *x, const std::string &p) {
 
 Value *GPTBuilder::attention(Value *x, const std::string &p) {
   int64_t B = batch_, T = length_, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
-  Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
+  int64_t KV = c_.kvHeadCount(), G = H / KV;
+  Value *qkv = linear(x, p + ".qkv", D, c_.qkvWidth(), std_);
   if (output_ == GPTOutput::Prefill)
     writeCaches(qkv, p);
-  // [B, T, 3D] -> q, k, v as [B, H, T, Dh].
-  auto head = [&](int64_t index, const char *name) {
+  // [B, T, D + 2 KV Dh] -> q as [B, H, T, Dh], k and v as [B, KV, T, Dh].
+  auto head = [&](int64_t start, int64_t heads, const char *name) {
     Value *part = op(OpKind::Slice, {qkv}, p + "." + name,
-                     attrs({{"axis", int64_t(2)}, {"start", index * D}, {"size", D}}));
+                     attrs({{"axis", int64_t(2)}, {"start", start}, {"size", heads * Dh}}));
     Value *split = op(OpKind::Reshape, {part}, p + "." + name + ".heads",
-                      attrs({{"shape", std::vector<int64_t>{B, T, H, Dh}}}));
-    return op(OpKind::Transpose, {split}, p + "." + name + ".bhtd",
-              attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+                      attrs({{"shape", std::vector<int64_t>{B, T, heads, Dh}}}));
+    Value *bhtd = op(OpKind::Transpose, {split}, p + "." + name + ".bhtd",
+                     attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+    if (c_.position != PositionKind::Rope || *name == 'v')
+      return bhtd;
+    return op(OpKind::Rope, {bhtd}, p + "." + name + ".rope", attrs({{"theta", c_.ropeTheta}}));
   };
-  Value *q = head(0, "q"), *k = head(1, "k"), *v = head(2, "v");
-  Value *scores = op(OpKind::MatMul, {q, k}, p + ".scores", matmulAttrs(kTransposedWeight));
+  Value *q = head(0, H, "q"), *k = head(D, KV, "k"), *v = head(D + KV * Dh, KV, "v");
+  // Grouped-query attention: query head h reads key and value head h / G (Llama's
+  // repeat_kv). The G query heads of a KV head are consecutive, so [B, H, T, Dh] is
+  // [B, KV, G * T, Dh] and one batched product per KV head takes all G of them; the scores
+  // go back to [B, H, T, T] for the causal mask and the softmax.
+  auto grouped = [&](Value *t, llvm::ArrayRef<int64_t> shape, const std::string &name) {
+    return G == 1 ? t : op(OpKind::Reshape, {t}, name, attrs({{"shape", std::vector<int64_t>(shape.begin(), shape.end())}}));
+  };
+  Value *qg = grouped(q, {B, KV, G * T, Dh}, p + ".q.groups");
+  Value *scores = grouped(op(OpKind::MatMul, {qg, k}, p + ".scores", matmulAttrs(kTransposedWeight)),
+                          {B, H, T, T}, p + ".scores.heads");
   Value *scaled = op(OpKind::Scale, {scores}, p + ".scores.scaled",
                      attrs({{"factor", 1.0 / std::sqrt(double(Dh))}}));
   Value *masked = op(OpKind::CausalMask, {scaled}, p + ".scores.masked");
   Value *probs = op(OpKind::Softmax, {masked}, p + ".probs");
-  Value *context = op(OpKind::MatMul, {probs, v}, p + ".context");
+  Value *probsG = grouped(probs, {B, KV, G * T, T}, p + ".probs.groups");
+  Value *context = grouped(op(OpKind::MatMul, {probsG, v}, p + (G == 1 ? ".context" : ".context.groups")),
+                           {B, H, T, Dh}, p + ".context");
   Value *merged = op(OpKind::Transpose, {context}, p + ".context.bthd",
                      attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
   Value *flat = op(OpKind::Reshape, {merged}, p + ".context.flat",
@@ -150,15 +165,19 @@ llvm::Error GPTBuilder::build() {
     positions_ = b_.input(program::kPositions.str(), TensorType(DType::I32, {B, 1}));
   Value *lastRows = prefill ? b_.input(program::kLastRows.str(), TensorType(DType::I32, {B, 1})) : nullptr;
   bool decayEmbeddings = c_.train.decayEmbeddings;
+  bool learned = c_.position == PositionKind::Learned;
   Value *wte = weight("wte", {V, D}, std_, decayEmbeddings);
-  Value *wpe = weight("wpe", {c_.seqLen, D}, std_ / 2, decayEmbeddings);
+  Value *wpe = learned ? weight("wpe", {c_.seqLen, D}, std_ / 2, decayEmbeddings) : nullptr;
   Value *tok = op(OpKind::Embedding, {wte, tokens}, "tok_emb");
-  Value *posEmb = wpe;
-  if (decode)
-    posEmb = op(OpKind::Embedding, {wpe, positions_}, "pos_emb");
-  else if (T < c_.seqLen) // a prompt shorter than the window: its positions' rows
-    posEmb = op(OpKind::Slice, {wpe}, "pos_emb", attrs({{"axis", int64_t(0)}, {"start", int64_t(0)}, {"size", T}}));
-  Value *x = op(OpKind::Add, {tok, posEmb}, "x0");
+  Value *x = tok; // under RoPE the positions enter in each attention's q and k
+  if (learned) {
+    Value *posEmb = wpe;
+    if (decode)
+      posEmb = op(OpKind::Embedding, {wpe, positions_}, "pos_emb");
+    else if (T < c_.seqLen) // a prompt shorter than the window: its positions' rows
+      posEmb = op(OpKind::Slice, {wpe}, "pos_emb", attrs({{"axis", int64_t(0)}, {"start", int64_t(0)}, {"size", T}}));
+    x = op(OpKind::Add, {tok, posEmb}, "x0");
+  }
   for (int64_t l = 0; l < c_.layers; ++l) {
     std::string p = "h" + std::to_string(l);
     Value *ln1 = norm(x, p + ".ln1");
@@ -194,6 +213,10 @@ llvm::Error GPTBuilder::build() {
 
 } // namespace
 
+bool hasCachedGeneration(const ModelConfig &config) {
+  return config.position == PositionKind::Learned && config.kvHeadCount() == config.heads;
+}
+
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
                                                 GPTOutput output, int64_t length) {
   if (output == GPTOutput::Decode)
@@ -202,6 +225,11 @@ llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64
     length = config.seqLen;
   if (length < 1 || length > config.seqLen)
     return stringError(fmt::format("error: a prompt of {} positions does not fit seq_len {}", length, config.seqLen));
+  if (!hasCachedGeneration(config) && (output == GPTOutput::Decode || output == GPTOutput::Prefill))
+    return stringError(fmt::format("error: model '{}': generation with a KV cache is not built yet for "
+                                   "position: rope or kv_heads < heads (training and the full-window "
+                                   "forward are)",
+                                   config.name));
   auto graph = std::make_unique<Graph>(config.name);
   if (auto err = GPTBuilder(config, batch, output, length, *graph).build())
     return std::move(err);

@@ -21,10 +21,12 @@ namespace tgc {
 int64_t ModelConfig::numParams() const {
   int64_t d = dModel, normParams = norm == NormKind::LayerNorm ? 2 * d : d;
   int64_t fc1Out = activation == ActivationKind::SwiGLU ? 2 * ffn : ffn;
-  int64_t perLayer = 2 * normParams + 3 * d * d + d * d + fc1Out * d + ffn * d;
+  int64_t qkv = qkvWidth();
+  int64_t perLayer = 2 * normParams + qkv * d + d * d + fc1Out * d + ffn * d;
   if (bias)
-    perLayer += 3 * d + d + fc1Out + d;
-  int64_t total = vocab * d + seqLen * d + layers * perLayer + normParams;
+    perLayer += qkv + d + fc1Out + d;
+  int64_t positions = position == PositionKind::Learned ? seqLen * d : 0;
+  int64_t total = vocab * d + positions + layers * perLayer + normParams;
   if (!tieEmbeddings)
     total += vocab * d;
   return total;
@@ -48,6 +50,7 @@ const NumericSetting kNumericSettings[] = {
     {"eps", {1e-30, 1}},              {"grad_clip", {0, 1e9}},
     {"min_lr_ratio", {0, 1}},         {"margin", {0, 64}},
     {"amax_history_len", {1, kPow2(16)}}, {"fp8_min_dim", {0, double(kMaxDim)}},
+    {"kv_heads", {1, kPow2(10)}},     {"rope_theta", {1.0001, 1e9}},
 };
 
 struct ChoiceSetting {
@@ -57,6 +60,7 @@ struct ChoiceSetting {
 const ChoiceSetting kChoiceSettings[] = {
     {"norm", {"layernorm", "rmsnorm"}},
     {"activation", {"gelu", "swiglu"}},
+    {"position", {"learned", "rope"}},
     {"recipe", {"auto", "fp32", "bf16", "fp8"}},
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
@@ -263,6 +267,7 @@ private:
   void readDouble(const Fields &fields, llvm::StringRef key, double &out, double min, double max);
   void readBool(const Fields &fields, llvm::StringRef key, bool &out);
   void readChoice(const Fields &fields, llvm::StringRef key, std::string &out);
+  void readPositions(const Fields &model, ModelConfig &config);
   void readStrings(const Fields &fields, llvm::StringRef key, std::vector<std::string> &out);
 
   std::string file_;
@@ -390,6 +395,27 @@ void ConfigReader::readBool(const Fields &fields, llvm::StringRef key, bool &out
     out = false;
   else
     fail(node, fmt::format("{} must be true or false, got '{}'", key.str(), *text));
+}
+
+/// position, rope_theta and kv_heads (after heads and d_model are read and checked).
+void ConfigReader::readPositions(const Fields &model, ModelConfig &config) {
+  std::string position = "learned";
+  readChoice(model, "position", position);
+  config.position = position == "rope" ? PositionKind::Rope : PositionKind::Learned;
+  readDouble(model, "rope_theta", config.ropeTheta);
+  readInt(model, "kv_heads", config.kvHeads, false);
+  if (failed())
+    return;
+  if (model.count("rope_scaling"))
+    fail(model.lookup("rope_scaling"), "rope_scaling (Llama 3.1's long-context frequencies) is not supported yet: "
+                                       "leave it out for RoPE at its base frequencies");
+  else if (model.count("rope_theta") && config.position != PositionKind::Rope)
+    fail(model.lookup("rope_theta"), "rope_theta belongs to position: rope");
+  else if (config.position == PositionKind::Rope && config.headDim() % 2 != 0)
+    fail(model.lookup("position"), fmt::format("position: rope needs an even head dimension; d_model / heads is {}",
+                                               config.headDim()));
+  else if (model.count("kv_heads") && config.heads % config.kvHeads != 0)
+    fail(model.lookup("kv_heads"), fmt::format("kv_heads ({}) must divide heads ({})", config.kvHeads, config.heads));
 }
 
 void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::string &out) {
@@ -551,7 +577,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   }
   readMapping(top["model"], "model",
               {"vocab", "seq_len", "d_model", "heads", "layers", "ffn", "norm", "activation",
-               "bias", "tie_embeddings", "norm_eps"},
+               "bias", "tie_embeddings", "norm_eps", "position", "rope_theta", "rope_scaling", "kv_heads"},
               model);
   readInt(model, "vocab", config.vocab, true);
   readInt(model, "seq_len", config.seqLen, true);
@@ -570,6 +596,7 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   if (!failed() && config.dModel % config.heads != 0)
     fail(model["heads"], fmt::format("heads ({}) does not divide d_model ({})", config.heads,
                                      config.dModel));
+  readPositions(model, config);
 
   readTrain(top, config.train);
   readData(top, config);
@@ -611,7 +638,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       "name: {}\n"
       "model:\n  vocab: {}\n  seq_len: {}\n  d_model: {}\n  heads: {}\n  layers: {}\n"
       "  ffn: {}\n  norm: {}\n  activation: {}\n  bias: {}\n  tie_embeddings: {}\n"
-      "  norm_eps: {}\n"
+      "  norm_eps: {}\n  position: {}\n{}{}"
       "train:\n  batch: {}\n  lr: {}\n  steps: {}\n  warmup: {}\n  weight_decay: {}\n"
       "  beta1: {}\n  beta2: {}\n  eps: {}\n  grad_clip: {}\n  min_lr_ratio: {}\n"
       "  decay_embeddings: {}\n  recompute: {}\n  seed: {}\n"
@@ -621,7 +648,9 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.name, c.vocab, c.seqLen, c.dModel, c.heads, c.layers, c.ffn,
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
-      num(c.normEps), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
+      num(c.normEps), c.position == PositionKind::Rope ? "rope" : "learned",
+      c.position == PositionKind::Rope ? fmt::format("  rope_theta: {}\n", num(c.ropeTheta)) : std::string(),
+      c.kvHeads > 0 ? fmt::format("  kv_heads: {}\n", c.kvHeads) : std::string(), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
       c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), fp8ScalingName(p.fp8Scaling).str(), p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim,

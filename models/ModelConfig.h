@@ -15,6 +15,9 @@ namespace tgc {
 
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActivationKind { Gelu, SwiGLU };
+/// Where positions come from: a learned table added to the token embeddings (GPT-2's wpe), or
+/// rotary embeddings applied to each head's queries and keys (RoPE, Llama's).
+enum class PositionKind { Learned, Rope };
 
 struct TrainConfig {
   int64_t batch = 16;
@@ -109,6 +112,11 @@ struct ModelConfig {
   bool bias = true;
   bool tieEmbeddings = false;
   double normEps = 1e-5;
+  PositionKind position = PositionKind::Learned;
+  double ropeTheta = 10000.0; // RoPE's base (Llama 2: 10000, Llama 3: 500000)
+  /// Heads of keys and values (grouped-query attention: each serves heads / kvHeads query
+  /// heads; 1 is multi-query attention); 0, a file without kv_heads: as many as heads.
+  int64_t kvHeads = 0;
   TrainConfig train;
   DataConfig data;
   PrecisionConfig precision;
@@ -116,6 +124,9 @@ struct ModelConfig {
   std::vector<std::string> disabledPasses;
 
   int64_t headDim() const { return dModel / heads; }
+  int64_t kvHeadCount() const { return kvHeads > 0 ? kvHeads : heads; }
+  /// The qkv projection's width: the queries' d_model, then the keys' and values' heads.
+  int64_t qkvWidth() const { return dModel + 2 * kvHeadCount() * headDim(); }
   /// Number of trainable parameters of the GPT this describes.
   int64_t numParams() const;
 };

@@ -247,6 +247,33 @@ llvm::Error evalSilu(const AttrMap &, Operands in, Results out) {
   return unary(in, out, [](float x) { return x / (1.0f + std::exp(-x)); });
 }
 
+llvm::Error evalRope(const AttrMap &attrs, Operands in, Results out) {
+  const Tensor &x = *in[0];
+  double theta = attrs.getFloat("theta").value_or(10000.0);
+  bool inverse = attrs.getBool("inverse").value_or(false);
+  int64_t dh = x.type.dim(-1), half = dh / 2, rows = x.type.dim(-2), count = x.size() / dh;
+  // Each position's cos and sin, one per pair.
+  std::vector<float> cosines(size_t(rows * half)), sines(size_t(rows * half));
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      double angle = double(t) * std::pow(theta, -2.0 * double(i) / double(dh));
+      cosines[size_t(t * half + i)] = float(std::cos(angle));
+      sines[size_t(t * half + i)] = float(inverse ? -std::sin(angle) : std::sin(angle));
+    }
+  for (int64_t r = 0; r < count; ++r) {
+    const float *row = x.data.data() + r * dh;
+    float *y = out[0].data.data() + r * dh;
+    int64_t t = r % rows;
+    for (int64_t i = 0; i < half; ++i) {
+      float c = cosines[size_t(t * half + i)], s = sines[size_t(t * half + i)];
+      float a = row[i], b = row[i + half];
+      y[i] = a * c - b * s;
+      y[i + half] = b * c + a * s;
+    }
+  }
+  return llvm::Error::success();
+}
+
 /// Mean (0 for RMSNorm) and 1 / sqrt(variance + eps) of one row, accumulated in double: the
 /// statistics both norms and their gradients start from.
 struct RowStats {

@@ -1,4 +1,5 @@
 // Model descriptions: the standard models load, and bad files get one line naming the place.
+#include "models/GPTBuilder.h"
 #include "models/ModelConfig.h"
 #include "tests/TestUtil.h"
 
@@ -143,7 +144,46 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"too many parameters",
                  MODEL("  vocab: 1048576\n  seq_len: 8\n  d_model: 65536\n  heads: 2\n  layers: 1024\n  ffn: 1048576\n"),
                  "parameters, more than the limit", ""},
-        BadModel{"two documents", MODEL(GOOD) "---\nname: other\n", "only one YAML document", ""}));
+        BadModel{"two documents", MODEL(GOOD) "---\nname: other\n", "only one YAML document", ""},
+        BadModel{"kv_heads not dividing heads", MODEL(GOOD "  kv_heads: 3\n"), "kv_heads (3) must divide heads (2)", "9:13"},
+        BadModel{"no kv head", MODEL(GOOD "  kv_heads: 0\n"), "kv_heads (0) must be between 1 and 1024", "9:13"},
+        BadModel{"rope_theta without rope", MODEL(GOOD "  rope_theta: 500000\n"),
+                 "rope_theta belongs to position: rope", "9:15"},
+        BadModel{"rope scaling", MODEL(GOOD "  position: rope\n  rope_scaling: {factor: 8}\n"),
+                 "rope_scaling (Llama 3.1's long-context frequencies) is not supported yet", "10:18"},
+        BadModel{"rope of an odd head dimension",
+                 MODEL("  vocab: 64\n  seq_len: 8\n  d_model: 18\n  heads: 2\n  layers: 1\n  ffn: 32\n  position: rope\n"),
+                 "position: rope needs an even head dimension; d_model / heads is 9", "9:13"},
+        BadModel{"unknown position", MODEL(GOOD "  position: absolute\n"),
+                 "position must be one of learned | rope, got 'absolute'", "9:13"},
+        BadModel{"rope_theta at 1", MODEL(GOOD "  position: rope\n  rope_theta: 1\n"),
+                 "rope_theta (1) must be between 1.0001 and 1000000000", "10:15"}));
+
+TEST(ModelConfig, ALlamaBlockHasRopeAndFewerKeyValueHeads) {
+  // llama-tiny: rotary positions (no wpe), two KV heads for four query heads, so the qkv
+  // projection is 64 + 2 * 2 * 16 wide; the count of parameters is the builder's.
+  auto c = unwrap(loadModelConfig(sourcePath("models/llama-tiny.yaml")));
+  EXPECT_EQ(c.position, PositionKind::Rope);
+  EXPECT_EQ(c.ropeTheta, 10000.0);
+  EXPECT_EQ(c.kvHeads, 2);
+  EXPECT_EQ(c.qkvWidth(), 128);
+  auto graph = unwrap(buildGPT(c, 2, GPTOutput::Loss));
+  int64_t params = 0;
+  for (const Op *op : graph->ops())
+    if (op->kind() == OpKind::Param)
+      params += op->result()->type().numElements();
+  EXPECT_EQ(c.numParams(), params);
+  EXPECT_EQ(graph->lookup("wpe"), nullptr);
+  // Without kv_heads, every head has its own (and the description says so when written back).
+  auto gpt = unwrap(parseModelConfig(MODEL(GOOD), "m.yaml"));
+  EXPECT_EQ(gpt.kvHeads, 0);
+  EXPECT_EQ(gpt.kvHeadCount(), 2);
+  EXPECT_EQ(gpt.position, PositionKind::Learned);
+  for (const ModelConfig &config : {c, gpt}) {
+    std::string text = formatModelConfig(config);
+    EXPECT_EQ(formatModelConfig(unwrap(parseModelConfig(text, "again.yaml"))), text);
+  }
+}
 
 // The command line's overrides follow the model file's rules (one table, settingRange), and
 // their errors name the flag.

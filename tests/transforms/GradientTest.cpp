@@ -123,6 +123,9 @@ INSTANTIATE_TEST_SUITE_P(
         GradCase{"scale", P("p", "f32[6]") "%y = scale(%p) {factor=-1.5} : f32[6]\n", "f32[6]"},
         GradCase{"gelu", P("p", "f32[3,5]") "%y = gelu(%p) : f32[3,5]\n", "f32[3,5]"},
         GradCase{"silu", P("p", "f32[3,5]") "%y = silu(%p) : f32[3,5]\n", "f32[3,5]"},
+        GradCase{"rope", P("p", "f32[2,3,5,6]") "%y = rope(%p) {theta=100.0} : f32[2,3,5,6]\n", "f32[2,3,5,6]"},
+        GradCase{"rope_inverse", P("p", "f32[7,4]") "%y = rope(%p) {inverse=true, theta=10000.0} : f32[7,4]\n",
+                 "f32[7,4]"},
         GradCase{"layer_norm", P("p", "f32[3,6]") P("q", "f32[6]") P("b", "f32[6]")
                  "%y = layer_norm(%p, %q, %b) {eps=1e-05} : f32[3,6]\n", "f32[3,6]", 3e-3},
         GradCase{"rms_norm", P("p", "f32[3,6]") P("q", "f32[6]")
@@ -180,7 +183,8 @@ return %loss
 }
 
 /// A small model of each shape option, all parameters randomised, checked end to end.
-void checkModel(NormKind norm, ActivationKind act, bool tie, bool bias) {
+void checkModel(NormKind norm, ActivationKind act, bool tie, bool bias,
+                PositionKind position = PositionKind::Learned, int64_t kvHeads = 0) {
   ModelConfig c;
   c.name = "grad";
   c.vocab = 11;
@@ -193,6 +197,9 @@ void checkModel(NormKind norm, ActivationKind act, bool tie, bool bias) {
   c.activation = act;
   c.tieEmbeddings = tie;
   c.bias = bias;
+  c.position = position;
+  c.ropeTheta = 50.0; // (angles that turn far within six positions)
+  c.kvHeads = kvHeads;
   auto graph = unwrap(buildGPT(c, 2));
   ASSERT_TRUE(graph);
   Rng rng(freshSeed());
@@ -214,6 +221,13 @@ TEST(ModelGradients, LayerNormGeluUntiedWithBias) {
 }
 TEST(ModelGradients, RMSNormSwiGLUTiedWithoutBias) {
   checkModel(NormKind::RMSNorm, ActivationKind::SwiGLU, true, false);
+}
+TEST(ModelGradients, LlamaBlockWithRopeAndOneKeyValueHead) {
+  // RoPE on q and k, and both query heads reading one KV head (multi-query attention).
+  checkModel(NormKind::RMSNorm, ActivationKind::SwiGLU, false, false, PositionKind::Rope, 1);
+}
+TEST(ModelGradients, GroupedQueryAttentionWithLearnedPositions) {
+  checkModel(NormKind::LayerNorm, ActivationKind::Gelu, false, true, PositionKind::Learned, 1);
 }
 
 } // namespace

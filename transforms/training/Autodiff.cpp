@@ -137,6 +137,13 @@ llvm::Expected<Grads> gradSilu(GradContext &c) {
   return Grads{c.create(OpKind::SiluBackward, {c.dy(), c.x(0)}, {}, 0)};
 }
 
+llvm::Expected<Grads> gradRope(GradContext &c) {
+  // A rotation's transpose is its inverse: the gradient rotates dy back.
+  AttrMap attrs = c.op.attrs();
+  attrs.set("inverse", !attrs.getBool("inverse").value_or(false));
+  return Grads{c.create(OpKind::Rope, {c.dy()}, std::move(attrs), 0)};
+}
+
 llvm::Expected<Grads> gradLayerNorm(GradContext &c) {
   Op *back = c.b.createOp(OpKind::LayerNormBackward, {c.dy(), c.x(0), c.x(1)}, c.op.attrs(),
                           c.name(0));

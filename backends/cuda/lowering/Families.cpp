@@ -41,6 +41,8 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
   case OpKind::SiluBackward:
   case OpKind::CausalMask:
     return {G::Family, "Elementwise.cpp", emitElementwise};
+  case OpKind::Rope:
+    return {G::NotYet, "none yet: the CPU interpreter runs it"};
   case OpKind::Transpose:
   case OpKind::Concat:
   case OpKind::Slice:

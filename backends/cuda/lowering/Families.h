@@ -22,7 +22,8 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e); // Gemv.cpp: gemv.cu
 
 /// How the GPU runs an op kind: by a kernel family's launches, as a cuBLASLt GEMM, bound or
 /// aliased by the executor, or not at all (a fused op the GPU pipeline expands first).
-enum class GpuLowering { Family, Gemm, Leaf, Alias, Assign, Collective, Expanded };
+// NotYet: an op the CPU interpreter runs and the GPU has no kernel for yet (a clear error).
+enum class GpuLowering { Family, Gemm, Leaf, Alias, Assign, Collective, Expanded, NotYet };
 struct GpuLoweringInfo {
   GpuLowering how = GpuLowering::Expanded;
   const char *where = nullptr; // the emitter's file (Family), the library, or the expanding pass

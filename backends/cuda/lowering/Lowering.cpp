@@ -32,6 +32,7 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
   case GpuLowering::Collective:
     return OpLowering::Collective;
   case GpuLowering::Expanded:
+  case GpuLowering::NotYet:
     return unsupported(op);
   case GpuLowering::Gemm: {
     if (op.kind() != OpKind::MatMul)
