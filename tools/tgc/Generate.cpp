@@ -1,6 +1,7 @@
 // tgc generate and eval: continue a prompt with a trained checkpoint; score greedy
 // continuations of held-out arithmetic progressions.
 #include "app/Generate.h"
+#include "models/GPTBuilder.h"
 #include "support/Files.h"
 #include "support/Limits.h"
 #include "tools/tgc/Options.h"
@@ -145,7 +146,9 @@ int runGenerate() {
                                 total.promptTokens, 1e3 * total.prefillSeconds,
                                 total.promptTokens / std::max(total.prefillSeconds, 1e-9));
   else
-    llvm::errs() << "  past seq_len: the full program recomputed each window (no KV cache)\n";
+    llvm::errs() << (hasCachedGeneration((*generator)->config())
+                         ? "  past seq_len: the full program recomputed each window (no KV cache)\n"
+                         : "  no KV cache for RoPE or grouped-query attention yet: the full program recomputed each window\n");
   if (total.decodeSteps)
     llvm::errs() << fmt::format("  decode:   {} tokens in {:.2f} ms ({:.0f} tokens/s, {:.3f} ms a step of {} sequences)\n",
                                 decoded, 1e3 * total.decodeSeconds, decoded / std::max(total.decodeSeconds, 1e-9),
