@@ -79,9 +79,10 @@ inline constexpr MatMulLayout kTransposedWeight{false, true};
 /// (scaling="current" with margin M: the tensor's own amax; absent: the delayed scale it is
 /// given), transpose=true (it also writes the transpose, for the wgrad), activation="gelu" or
 /// "gelu_backward" (fuse-gelu-quantize: it quantizes the GELU of its input, or the GELU's
-/// gradient) and bias_grad=true (with gelu_backward: it also sums that gradient's columns).
-/// fp8_update takes the margin too.
-enum class QuantizeActivation { None, Gelu, GeluBackward };
+/// gradient), activation="cross_entropy_backward" (fuse-cross-entropy-quantize: it quantizes
+/// the loss's gradient of the logits it is given, and gives the loss) and bias_grad=true (with
+/// gelu_backward: it also sums that gradient's columns). fp8_update takes the margin too.
+enum class QuantizeActivation { None, Gelu, GeluBackward, CrossEntropyBackward };
 struct QuantizeOptions {
   Fp8Format format = Fp8Format::E4M3;
   bool currentScaling = false;
@@ -94,7 +95,17 @@ inline constexpr llvm::StringLiteral kScaling = "scaling", kMargin = "margin", k
                                      kActivation = "activation", kBiasGrad = "bias_grad";
 inline const char *fp8FormatName(Fp8Format format) { return format == Fp8Format::E5M2 ? "e5m2" : "e4m3"; }
 inline const char *activationName(QuantizeActivation a) {
-  return a == QuantizeActivation::Gelu ? "gelu" : a == QuantizeActivation::GeluBackward ? "gelu_backward" : "";
+  switch (a) {
+  case QuantizeActivation::Gelu:
+    return "gelu";
+  case QuantizeActivation::GeluBackward:
+    return "gelu_backward";
+  case QuantizeActivation::CrossEntropyBackward:
+    return "cross_entropy_backward";
+  case QuantizeActivation::None:
+    break;
+  }
+  return "";
 }
 inline QuantizeOptions quantizeOptions(const AttrMap &attrs) {
   QuantizeOptions q;
@@ -103,9 +114,10 @@ inline QuantizeOptions quantizeOptions(const AttrMap &attrs) {
   q.margin = attrs.getInt(kMargin).value_or(0);
   q.transpose = attrs.getBool(kTranspose).value_or(false);
   auto activation = attrs.getString(kActivation);
-  q.activation = activation == "gelu"            ? QuantizeActivation::Gelu
-                 : activation == "gelu_backward" ? QuantizeActivation::GeluBackward
-                                                 : QuantizeActivation::None;
+  q.activation = activation == "gelu"                     ? QuantizeActivation::Gelu
+                 : activation == "gelu_backward"          ? QuantizeActivation::GeluBackward
+                 : activation == "cross_entropy_backward" ? QuantizeActivation::CrossEntropyBackward
+                                                          : QuantizeActivation::None;
   q.biasGrad = attrs.getBool(kBiasGrad).value_or(false);
   return q;
 }

@@ -583,18 +583,30 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
     return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
   }
   auto activation = attrs.getString("activation");
-  if (activation && *activation != "gelu" && *activation != "gelu_backward")
-    return makeError("attribute 'activation' must be \"gelu\" or \"gelu_backward\" (or absent), got \"{}\"",
+  if (activation && *activation != "gelu" && *activation != "gelu_backward" && *activation != "cross_entropy_backward")
+    return makeError("attribute 'activation' must be \"gelu\", \"gelu_backward\" or \"cross_entropy_backward\" "
+                     "(or absent), got \"{}\"",
                      *activation);
-  bool gradient = activation == "gelu_backward";
-  if (gradient != (ops.size() == 4))
-    return makeError(gradient ? "activation=\"gelu_backward\" needs a fourth operand, h"
-                              : "a fourth operand (h) belongs to activation=\"gelu_backward\"");
+  bool gradient = activation == "gelu_backward", loss = activation == "cross_entropy_backward";
+  size_t expected = gradient ? 4 : loss ? 5 : 3;
+  if (ops.size() != expected)
+    return makeError(gradient ? "activation=\"gelu_backward\" takes four operands (x, scale, scale_inv, h), got {}"
+                     : loss   ? "activation=\"cross_entropy_backward\" takes five operands (logits, scale, "
+                                "scale_inv, targets, dloss), got {}"
+                              : "quantize takes three operands (x, scale, scale_inv) without an activation that "
+                                "reads more, got {}",
+                     ops.size());
   if (gradient && ops[3] != ops[0])
     return makeError("h must have the type of x ({}), got {}", ops[0].str(), ops[3].str());
+  if (loss) { // the targets and dloss of cross_entropy(logits, targets, dloss)
+    if (auto lossTypes = inferCrossEntropy({ops[0], ops[3], ops[4]}, attrs, {}); !lossTypes)
+      return lossTypes.takeError();
+  }
   bool biasGrad = attrs.getBool("bias_grad").value_or(false);
-  if (biasGrad && activation == "gelu")
-    return makeError("bias_grad=true sums x or gelu_backward(x, h), not gelu(x): drop activation=\"gelu\"");
+  if (biasGrad && (activation == "gelu" || loss))
+    return makeError("bias_grad=true sums x or gelu_backward(x, h), not gelu(x) or the loss's gradient: drop "
+                     "activation=\"{}\"",
+                     *activation);
   TypeList types{TensorType(*format, ops[0].shape), kScalar, kScalar};
   if (attrs.getBool("transpose").value_or(false)) {
     if (ops[0].rank() < 2)
@@ -607,6 +619,8 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
       return makeError("bias_grad needs x of rank >= 1");
     types.push_back(TensorType(DType::F32, {ops[0].dim(-1)}));
   }
+  if (loss)
+    types.push_back(kScalar);
   return types;
 }
 

@@ -16,6 +16,7 @@ std::unique_ptr<Pass> createFuseDGeluPass();
 std::unique_ptr<Pass> createFuseFp8BiasPass();
 std::unique_ptr<Pass> createFuseGeluQuantizePass();
 std::unique_ptr<Pass> createFuseQuantizeBiasGradPass();
+std::unique_ptr<Pass> createFuseCrossEntropyQuantizePass();
 std::unique_ptr<Pass> createFuseNormBiasGradPass();
 std::unique_ptr<Pass> createFuseGeluBiasGradPass();
 std::unique_ptr<Pass> createFuseCrossEntropyGradPass();

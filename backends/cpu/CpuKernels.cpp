@@ -600,6 +600,13 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     if (results.size() > 1)
       out.back() = std::move(results[1]);
   }
+  if (options.activation == QuantizeActivation::CrossEntropyBackward) { // the loss and its dlogits, as cross_entropy gives them
+    llvm::SmallVector<Tensor, 2> results{Tensor::zeros(out.back().type), Tensor::zeros(in[0]->type)};
+    if (auto err = evalCrossEntropy(attrs, {in[0], in[3], in[4]}, results))
+      return err;
+    out.back() = std::move(results[0]);
+    activated = std::move(results[1]);
+  }
   const Tensor &x = activated.data.empty() ? *in[0] : activated;
   if (options.biasGrad && options.activation == QuantizeActivation::None) { // x's columns, as reduce_to sums them
     if (auto err = evalReduceTo(attrs, {&x}, out.take_back()))

@@ -176,7 +176,18 @@ INSTANTIATE_TEST_SUITE_P(
               "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
               "%q, %a, %n = quantize(%x, %s, %s) {activation=\"gelu_backward\", format=\"e5m2\"} : "
               "f8e5m2[2,4], f32[], f32[]\nreturn %q\n",
-              "activation=\"gelu_backward\" needs a fourth operand, h", "4:1"},
+              "activation=\"gelu_backward\" takes four operands (x, scale, scale_inv, h), got 3", "4:1"},
+        BadIR{"quantize of the loss's gradient without its targets",
+              "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
+              "%q, %a, %n, %l = quantize(%x, %s, %s) {activation=\"cross_entropy_backward\", format=\"e5m2\"} : "
+              "f8e5m2[2,4], f32[], f32[], f32[]\nreturn %q\n",
+              "activation=\"cross_entropy_backward\" takes five operands (logits, scale, scale_inv, targets, "
+              "dloss), got 3", "4:1"},
+        BadIR{"quantize of the loss's gradient with targets of another shape",
+              "graph @g\n%x = input() : f32[2,4]\n%t = input() : i32[4]\n%s = input() : f32[]\n"
+              "%q, %a, %n, %l = quantize(%x, %s, %s, %t, %s) {activation=\"cross_entropy_backward\", "
+              "format=\"e5m2\"} : f8e5m2[2,4], f32[], f32[], f32[]\nreturn %q\n",
+              "targets must be i32[2], got i32[4]", "5:1"},
         BadIR{"quantize's h of another shape",
               "graph @g\n%x = input() : f32[2,4]\n%h = input() : f32[4,2]\n%s = input() : f32[]\n"
               "%q, %a, %n = quantize(%x, %s, %s, %h) {activation=\"gelu_backward\", format=\"e5m2\"} : "
@@ -186,7 +197,8 @@ INSTANTIATE_TEST_SUITE_P(
               "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
               "%q, %a, %n, %d = quantize(%x, %s, %s) {activation=\"gelu\", bias_grad=true, format=\"e5m2\"} : "
               "f8e5m2[2,4], f32[], f32[], f32[4]\nreturn %q\n",
-              "bias_grad=true sums x or gelu_backward(x, h), not gelu(x): drop activation=\"gelu\"", "4:1"}));
+              "bias_grad=true sums x or gelu_backward(x, h), not gelu(x) or the loss's gradient: drop "
+              "activation=\"gelu\"", "4:1"}));
 
 TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {
   auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%a = gelu(%x) : f32[4]\n"

@@ -194,9 +194,11 @@ TEST(GpuPolicy, AutoPicksByComputeCapabilityAndRefusesWhatTheGpuCannotRun) {
 }
 
 /// The tiny fp8 training program, with `extra` passes before the final dce.
-std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra) {
+std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra, bool fp8Head = false) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Fp8;
+  if (fp8Head)
+    c.precision.keepBf16.clear();
   auto graph = unwrap(buildGPT(c, 4));
   if (!graph)
     return nullptr;
@@ -291,6 +293,39 @@ TEST(FuseQuantizeBiasGrad, TheQkvBiasGradientComesFromItsCastTransposeAndNoBitCh
   EXPECT_EQ(summing, 6); // qkv, proj and fc2, each layer (fc1's: its GELU gradient's quantize)
   EXPECT_EQ(reduces, 0);
   expectTheSameStep(*plain, *fused);
+}
+
+TEST(FuseCrossEntropyQuantize, AnFp8HeadsGradientIsMadeByTheQuantizeOfTheLogitsAndNoBitChanges) {
+  // The LM head in FP8: the loss and its dlogits come from the quantize that reads the logits
+  // (no cross_entropy op left, no dlogits in fp32), the same loss, FP8 bytes and scaling state
+  // on the CPU as the loss, then the cast-transpose of its gradient.
+  std::vector<std::string> before = {"legalize-fp8-gemm", "fuse-cross-entropy-grad"};
+  auto plain = tinyFp8Program(before, /*fp8Head=*/true);
+  before.push_back("fuse-cross-entropy-quantize");
+  auto fused = tinyFp8Program(before, /*fp8Head=*/true);
+  ASSERT_TRUE(plain && fused);
+  int fusedQuantizes = 0, losses = 0;
+  for (const Op *op : fused->ops()) {
+    losses += op->kind() == OpKind::CrossEntropy || op->kind() == OpKind::CrossEntropyBackward;
+    if (op->kind() != OpKind::Quantize ||
+        quantizeOptions(op->attrs()).activation != QuantizeActivation::CrossEntropyBackward)
+      continue;
+    ++fusedQuantizes;
+    EXPECT_EQ(op->result()->name(), "lm_head.fp8.grad_output.q");
+    EXPECT_EQ(op->operand(0)->name(), "logits");
+    ASSERT_EQ(op->numResults(), 5u);
+    EXPECT_EQ(op->result(4), fused->outputs()[0]); // the loss the step returns
+  }
+  EXPECT_EQ(fusedQuantizes, 1);
+  EXPECT_EQ(losses, 0);
+  expectTheSameStep(*plain, *fused);
+  // With the head in BF16 (keep_bf16's default) nothing matches.
+  auto bf16Head = tinyFp8Program({"legalize-fp8-gemm", "fuse-cross-entropy-grad", "fuse-cross-entropy-quantize"});
+  ASSERT_TRUE(bf16Head);
+  int kept = 0;
+  for (const Op *op : bf16Head->ops())
+    kept += op->kind() == OpKind::CrossEntropy;
+  EXPECT_EQ(kept, 1);
 }
 
 TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {

@@ -69,6 +69,43 @@ struct QuantizeGeluGradient {
   }
   __device__ float4 four(int64 i) const { return value(raw(i)); }
 };
+// The loss's gradient of logits x ([rows, Cols], fp32 or BF16) at element i: (exp(x - lse) -
+// onehot(target)) * g, lse the row's log-sum-exp (launch 0 of the quantize took it), g = dloss
+// / rows: what loss.cuh's crossEntropyRowGradient writes, the same bits (the LM head's FP8
+// output gradient, fuse-cross-entropy-quantize). raw(i) loads the four logits with their row's
+// lse and target.
+template <int64 Cols, typename In>
+struct QuantizeCrossEntropyGradient {
+  const In *x;
+  const float *lse;
+  const int *targets;
+  float g;
+  struct Raw {
+    Four<In> v;
+    float lse;
+    int target, column;
+  };
+  __device__ float operator()(int64 i) const {
+    int64 r = i / Cols;
+    return (expf(elementValue(x[i]) - lse[r]) - (i % Cols == targets[r] ? 1.0f : 0.0f)) * g;
+  }
+  __device__ Raw raw(int64 i) const {
+    int64 r = i / Cols;
+    return {Four<In>::at(x, i), lse[r], targets[r], (int)(i % Cols)};
+  }
+  __device__ float4 value(const Raw &r) const {
+    float4 v = r.v.value();
+    int k = r.target - r.column; // the target's place among the four, if it is one of them
+    return make_float4((expf(v.x - r.lse) - (k == 0 ? 1.0f : 0.0f)) * g, (expf(v.y - r.lse) - (k == 1 ? 1.0f : 0.0f)) * g,
+                       (expf(v.z - r.lse) - (k == 2 ? 1.0f : 0.0f)) * g, (expf(v.w - r.lse) - (k == 3 ? 1.0f : 0.0f)) * g);
+  }
+  __device__ float4 four(int64 i) const { return value(raw(i)); }
+};
+template <int64 Cols, int64 Rows, typename In>
+__device__ QuantizeCrossEntropyGradient<Cols, In> quantizeCrossEntropyGradient(const In *x, const float *lse,
+                                                                              const int *targets, const float *dloss) {
+  return {x, lse, targets, (float)((double)dloss[0] / Rows)};
+}
 template <typename In>
 __device__ QuantizeX<In> quantizeX(const In *x) { return {x}; }
 template <typename In>

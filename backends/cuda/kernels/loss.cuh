@@ -53,6 +53,20 @@ __device__ void crossEntropyRows(const In *logits, const int *targets, float *sc
         (double)total.max + log((double)total.sum) - elementValue(row[targets[blockIdx.x]]);
 }
 
+// Launch 0 of an FP8 head's gradient quantize (fuse-cross-entropy-quantize), one block per row:
+// the row's loss into scratch as crossEntropyRows writes it, and its log-sum-exp, as
+// crossEntropyBackward takes it, into lse (the quantize's cast-transpose reads it).
+template <int64 Vocab, typename In>
+__device__ void crossEntropyRowsAndLse(const In *logits, const int *targets, float *scratch, float *lse) {
+  const In *row = logits + (int64)blockIdx.x * Vocab;
+  MaxExpSum total = rowMaxExpSum<Vocab>(row);
+  if (threadIdx.x == 0) {
+    double logSum = (double)total.max + log((double)total.sum);
+    ((double *)scratch)[blockIdx.x] = logSum - elementValue(row[targets[blockIdx.x]]);
+    lse[blockIdx.x] = (float)logSum;
+  }
+}
+
 // Launch 1, one block: the mean of the rows' losses.
 template <int64 Rows>
 __device__ void crossEntropyMean(float *loss, const float *scratch) {

@@ -21,17 +21,23 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     // x (and h) are read in BF16 where they are stored so. activation="gelu" applies the GELU as
     // it reads x (fc1's pre-activation); "gelu_backward" reads the GELU's gradient x and h, and
     // with bias_grad sums the columns of gelu_backward(x, h) (a launch after adds the tile
-    // rows' sums).
+    // rows' sums). "cross_entropy_backward" reads logits x: two launches before take each row's
+    // loss and log-sum-exp and the mean loss, and the cast-transpose makes the gradient.
     int64_t count = operandType(op, 0).numElements();
     QuantizeOptions options = quantizeOptions(a);
     bool transpose = options.transpose, current = options.currentScaling, biasGrad = options.biasGrad;
     bool gradient = options.activation == QuantizeActivation::GeluBackward;
+    bool loss = options.activation == QuantizeActivation::CrossEntropyBackward;
     int64_t cols = operandType(op, 0).dim(-1), rows = cols ? count / cols : 0;
     int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
     if (transpose && (rows % 16 || cols % 16))
       return makeError("quantize {{transpose=true}} %{}: the GPU's cast-transpose needs both sides "
                        "multiples of 16, got [{}, {}]",
                        op.result()->name().c_str(), (long long)rows, (long long)cols);
+    if (loss && !transpose)
+      return makeError("quantize {{activation=\"cross_entropy_backward\"}} %{}: the GPU makes the loss's "
+                       "gradient in its cast-transpose only (transpose=true)",
+                       op.result()->name().c_str());
     if (biasGrad && !transpose)
       return makeError("quantize {{bias_grad=true}} %{}: the GPU sums the columns in its "
                        "cast-transpose only (transpose=true)",
@@ -48,12 +54,16 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, "
                                      "float *amax, float *saturations, {}{}{}float *used",
                                      e.inputType(op.operand(0)),
-                                     gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
-                                     transpose ? "unsigned char *qT, " : "", biasGrad ? "float *dbias, " : "",
-                                     biasGrad ? "float *partials, " : "");
-    std::string source = gradient               ? "quantizeGeluGradient(x, h)"
+                                     gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3)))
+                                     : loss   ? "const int *targets, const float *dloss, "
+                                              : "",
+                                     transpose ? "unsigned char *qT, " : "",
+                                     biasGrad ? "float *dbias, " : loss ? "float *loss, " : "",
+                                     biasGrad ? "float *partials, " : loss ? "float *rowLosses, float *lse, " : "");
+    std::string source = gradient ? "quantizeGeluGradient(x, h)"
+                         : loss   ? fmt::format("quantizeCrossEntropyGradient<{}, {}>(x, lse, targets, dloss)", cols, rows)
                          : options.activation == QuantizeActivation::Gelu ? "quantizeGelu(x)"
-                                                : "quantizeX(x)";
+                                                                          : "quantizeX(x)";
     // The largest finite value, then current scaling's margin scale (1 under delayed scaling,
     // written where the partials follow it).
     std::string largest = lit(fp8Largest(a));
@@ -61,6 +71,13 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                           : biasGrad ? largest + ", 1.0f"
                                      : largest;
     int next = 0;
+    if (loss) { // each row's loss and log-sum-exp (one block a row), then the mean of the losses
+      e.uses("loss.cuh");
+      e.rowwise(next++, params, rows, fmt::format("crossEntropyRowsAndLse<{}>(x, targets, rowLosses, lse)", cols));
+      e.launch(next++, params, 1, fmt::format("crossEntropyMean<{}>(loss, rowLosses)", rows));
+      e.lowering.scratchFloats.push_back(2 * rows); // the rows' losses, in doubles
+      e.lowering.scratchFloats.push_back(rows);
+    }
     if (current)
       e.launch(next++, params, blocks,
                fmt::format("quantizeAmaxBlocks<{}, {}>({}, used)", count, perBlock, source));

@@ -213,12 +213,16 @@ Rounded productIntoNorm(const Op &op, const StorageQuery &q) {
   return chosen ? Rounded{{&op, op.result()}} : Rounded{};
 }
 
-/// Logits a BF16 GEMM writes for the loss and its gradient alone, which read them in BF16.
+/// Logits a BF16 or FP8 GEMM writes for the loss and its gradient alone, which read them in
+/// BF16 (an FP8 head's loss and gradient in the quantize that makes the gradient's bytes).
 Rounded bf16Logits(const Op &op, const StorageQuery &q) {
-  if (!onTensorCores(op) || op.kind() != OpKind::MatMul || isFp8(op.operand(0)->type().dtype))
+  if (!onTensorCores(op) || op.kind() != OpKind::MatMul)
     return {};
   bool chosen = q.onlyReadAs(op.result(), [](const Op &user) {
-    return user.kind() == OpKind::CrossEntropy ? 0 : user.kind() == OpKind::CrossEntropyBackward ? 1 : -1;
+    return user.kind() == OpKind::CrossEntropy                                    ? 0
+           : user.kind() == OpKind::CrossEntropyBackward                          ? 1
+           : activationOf(user) == QuantizeActivation::CrossEntropyBackward ? 0
+                                                                                  : -1;
   });
   return chosen ? Rounded{{&op, op.result()}} : Rounded{};
 }

@@ -424,4 +424,53 @@ TEST(GpuKernels, CastTransposeGivesTheCpusBytesAndCounts) {
 }
 
 
+TEST(GpuKernels, TheLossGradientsCastTransposeFollowsTheCpu) {
+  // quantize {activation="cross_entropy_backward", transpose=true} (fuse-cross-entropy-quantize,
+  // an FP8 LM head): the rows' log-sum-exp and the mean loss (loss.cuh), then the gradient's FP8
+  // bytes and their transpose from the logits, tile by tile. A [2, 152, 1008] batch (partial
+  // tiles both ways), delayed scaling at a scale that saturates the target's entries, and
+  // current scaling; E5M2 and E4M3. The CPU takes the softmax in double, the GPU in float: a
+  // rare value may land on the next FP8 code, the loss and amax within float's rounding.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  const int64_t B = 2, T = 152, V = 1008;
+  for (bool current : {false, true})
+    for (const char *format : {"e5m2", "e4m3"}) {
+      SCOPED_TRACE(fmt::format("{}, {}", current ? "current" : "delayed", format));
+      std::string text = fmt::format(
+          "graph @g\n%x = input() : f32[{0},{1},{2}]\n%t = input() : i32[{0},{1}]\n%s = input() : f32[]\n"
+          "%si = input() : f32[]\n%dl = input() : f32[]\n"
+          "%q, %amax, %sat, %qt, %loss = quantize(%x, %s, %si, %t, %dl) {{activation=\"cross_entropy_backward\", "
+          "{3}format=\"{4}\", transpose=true}} : f8{4}[{0},{1},{2}], f32[], f32[], f8{4}[{2},{5}], f32[]\n"
+          "return %q, %amax, %sat, %qt, %loss\n",
+          B, T, V, current ? "margin=1, scaling=\"current\", " : "", format, B * T);
+      auto graph = unwrap(parseGraph(text, "loss-cast-transpose.ir"));
+      ASSERT_TRUE(graph);
+      Tensor x = Tensor::zeros(TensorType(DType::F32, {B, T, V})), t = Tensor::zeros(TensorType(DType::I32, {B, T}));
+      for (float &v : x.data)
+        v = float(rng.normal() * 3);
+      for (int32_t &v : t.ints)
+        v = int32_t(rng.below(uint64_t(V)));
+      // The gradient's largest entries are the targets' (p - 1) / rows, most near -1 / rows: the
+      // delayed scale saturates those above 0.75 / rows.
+      float scale = (std::string(format) == "e4m3" ? 448.0f : 57344.0f) * float(B * T) / 0.75f;
+      std::map<std::string, Tensor> leaves{{"x", std::move(x)}, {"t", std::move(t)}};
+      leaves["s"] = Tensor{TensorType(DType::F32, {}), {scale}, {}};
+      leaves["si"] = Tensor{TensorType(DType::F32, {}), {1.0f / scale}, {}};
+      leaves["dl"] = Tensor{TensorType(DType::F32, {}), {1.0f}, {}};
+      std::vector<Tensor> want, got;
+      runOnBoth(*graph, leaves, want, got);
+      ASSERT_EQ(got.size(), 5u);
+      expectFp8OfGeluMatches(want[0], got[0]);
+      expectFp8OfGeluMatches(want[3], got[3]);
+      EXPECT_NEAR(got[1].data[0], want[1].data[0], 1e-5 * want[1].data[0]); // amax
+      EXPECT_NEAR(got[2].data[0], want[2].data[0], 2 + want[0].data.size() / 16384.0); // saturated
+      EXPECT_NEAR(got[4].data[0], want[4].data[0], 1e-6 * want[4].data[0]); // the loss
+      EXPECT_GT(want[4].data[0], 1.0f);
+      if (!current) {
+        EXPECT_GT(want[2].data[0], 0.0f); // (the delayed scale saturates some)
+      }
+    }
+}
+
 } // namespace
