@@ -224,7 +224,10 @@ std::pair<int64_t, int64_t> countFp8Layers(const Graph &program, const ModelConf
     ++linearLayers;
     fp8Layers += program.lookup(program::fp8StatePrefix(site, program::Fp8Role::Weight) + ".scale") != nullptr;
   }
-  linearLayers += config.tieEmbeddings; // the head reads wte, which the loop does not count
+  if (config.tieEmbeddings) { // the head reads wte, which the loop does not count: its state is lm_head's
+    ++linearLayers;
+    fp8Layers += program.lookup(program::fp8StatePrefix("lm_head", program::Fp8Role::Weight) + ".scale") != nullptr;
+  }
   return {fp8Layers, linearLayers};
 }
 

@@ -100,10 +100,11 @@ TEST(DataParallel, FourRanksFollowOneRankInFp8WithTheSameScalingStateEverywhere)
   // The first step's loss is the same. After it the runs part a little: a rank's gradients are
   // 4x one rank's (the mean over a quarter of the rows), and quantized with the first step's
   // scale of 1 the smallest of them fall below E5M2's subnormals less often (measured: 3e-5 at
-  // step 2, at most 3e-4 over 12 steps; fp32 stays within 2e-5). Their amaxes are 4x too, so
-  // from the second step the scales follow and the FP8 codes are the same.
+  // step 2, at most 3e-4 over 12 steps with the head in BF16, 1.1e-3 with it in FP8, whose
+  // dlogits at scale 1 are mostly below them; fp32 stays within 2e-5). Their amaxes are 4x too,
+  // so from the second step the scales follow and the FP8 codes are the same.
   EXPECT_EQ(ranks[0].losses[0], single[0].losses[0]);
-  EXPECT_LT(maxRelativeDifference(ranks[0].losses, single[0].losses), 1e-3);
+  EXPECT_LT(maxRelativeDifference(ranks[0].losses, single[0].losses), 2e-3);
   for (const auto &[name, t] : ranks[0].state)
     if (llvm::StringRef(name).ends_with(".amax_history") && llvm::StringRef(name).contains("fwd")) {
       // The forward's amaxes: the maximum over the ranks is the whole batch's maximum.

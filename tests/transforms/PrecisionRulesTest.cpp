@@ -24,6 +24,8 @@ TEST(Fp8Rules, EveryLegalLayerUnlessARuleSaysOtherwise) {
   PrecisionConfig p = fp8Rules();
   EXPECT_TRUE(chooseGemmPrecision(p, "h0.attn.qkv", 4096, 512, 1536).fp8);
   EXPECT_EQ(chooseGemmPrecision(p, "h0.attn.qkv", 4096, 512, 1536).reason, "every legal linear layer (the fp8 recipe)");
+  EXPECT_TRUE(chooseGemmPrecision(p, "lm_head", 4096, 512, 1024).fp8); // keep_bf16 is empty by default
+  p.keepBf16 = {"lm_head"};
   GemmChoice head = chooseGemmPrecision(p, "lm_head", 4096, 512, 1024);
   EXPECT_FALSE(head.fp8);
   EXPECT_EQ(head.reason, "kept in BF16 by keep_bf16 'lm_head'");
@@ -51,7 +53,10 @@ TEST(Fp8Rules, Fp8LayersNamesTheOnlyLayersFp8MayRunAndTheMeasurementIsTheReason)
   EXPECT_EQ(chooseGemmPrecision(p, "h3.mlp.fc2", 4096, 2048, 512).reason, "not named by fp8_layers");
   // The legality rules still come first: fp8_layers cannot put an illegal product in FP8.
   p.fp8Layers = std::vector<std::string>{"*"};
+  EXPECT_FALSE(chooseGemmPrecision(p, "lm_head", 4096, 520, 1024).fp8); // K = 520
+  p.keepBf16 = {"lm_head"};
   EXPECT_FALSE(chooseGemmPrecision(p, "lm_head", 4096, 512, 1024).fp8);
+  p.keepBf16.clear();
   p.fp8Layers.emplace(); // none
   EXPECT_FALSE(chooseGemmPrecision(p, "h0.attn.qkv", 4096, 512, 1536).fp8);
   // auto's choice: fp8_layers from the measurement, which each layer of the kind gives as reason.
@@ -94,8 +99,11 @@ int quantizesOf(const PrecisionConfig &precision) {
 
 TEST(Fp8Rules, TheTrainingProgramQuantizesWhatTheRulesChoose) {
   // Three quantizes per FP8 layer (input, weight, output gradient): the tiny model's eight
-  // block layers under fp8; fc1's two alone under fp8_layers [h*.mlp.fc1]; none under [].
+  // block layers and its head under fp8, the blocks' alone with keep_bf16 [lm_head]; fc1's two
+  // alone under fp8_layers [h*.mlp.fc1]; none under [].
   PrecisionConfig p = fp8Rules();
+  EXPECT_EQ(quantizesOf(p), 3 * 9);
+  p.keepBf16 = {"lm_head"};
   EXPECT_EQ(quantizesOf(p), 3 * 8);
   p.fp8Layers = std::vector<std::string>{"h*.mlp.fc1"};
   EXPECT_EQ(quantizesOf(p), 3 * 2);

@@ -93,8 +93,8 @@ cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
                                   cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
                                   cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<bool> Fp8LmHead("fp8-lm-head",
-                        cl::desc("Under fp8 and auto, the LM head's product may run in FP8 too (keep_bf16 keeps it "
-                                 "BF16 by default)"),
+                        cl::desc("Under fp8 and auto, the LM head's product may run in FP8 (the default unless the "
+                                 "model file's keep_bf16 names lm_head); --fp8-lm-head=false keeps it BF16"),
                         cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<bool> Recompute("recompute",
                         cl::desc("The backward recomputes the fused layers' norms and activations instead of keeping the forward's (less memory, more time)"),
