@@ -145,7 +145,7 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   for (const auto &[name, tensor] : weights)
     if (!program::isOptimizerMoment(name))
       generator->weights_.emplace(name, tensor);
-  if (!hasCachedGeneration(config)) { // RoPE or GQA: every token from the full window
+  if (!hasCachedGeneration(config, device != Device::Cpu)) { // RoPE or GQA on the GPU: every token from the full window
     if (auto err = generator->ensureWindowed())
       return std::move(err);
     return generator;

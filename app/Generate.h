@@ -54,6 +54,7 @@ public:
   create(const ModelConfig &config, const std::map<std::string, Tensor> &weights, int64_t batch,
          Device device = Device::cpu());
   const ModelConfig &config() const { return config_; }
+  const Device &device() const { return device_; }
   std::string describe() const { return (decode_.executor ? decode_ : windowed_).executor->describe(); }
   int64_t batch() const { return batch_; }
 

@@ -203,6 +203,19 @@ llvm::Expected<TypeList> inferRope(Operands ops, const AttrMap &attrs, llvm::Arr
   const TensorType &x = ops[0];
   if (x.rank() < 2 || x.dim(-1) % 2 != 0)
     return makeError("rope needs x of rank >= 2 whose last axis (the head dimension) is even, got {}", x.str());
+  if (ops.size() > 1) { // a decode step's positions, within the cache's length
+    if (x.rank() < 3 || ops[1] != TensorType(DType::I32, {x.dim(0), 1}))
+      return makeError("rope's positions must be i32[{}, 1], one per sequence of x [B, ..., S, Dh] ({}), got {}",
+                       x.rank() ? x.dim(0) : 0, x.str(), ops[1].str());
+    auto length = requireIntAttr(attrs, "length");
+    if (!length)
+      return length.takeError();
+    if (*length < x.dim(-2) || *length > (int64_t(1) << 24))
+      return makeError("rope's length (the positions it may rotate) must be from {} to 2^24, got {}", x.dim(-2),
+                       *length);
+  } else if (attrs.getInt("length")) {
+    return makeError("rope's attribute 'length' belongs to a positions operand");
+  }
   return inferUnaryFloat(x);
 }
 

@@ -134,9 +134,12 @@ llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::Array
     return std::move(err);
   if (k.rank() != 3 || k != v)
     return makeError("the caches must be one [B, T, D] type, got {} and {}", k.str(), v.str());
-  if (qkv.rank() != 3 || qkv.dtype != k.dtype || qkv.dim(0) != k.dim(0) || qkv.dim(2) != 3 * k.dim(2) ||
+  // qkv [B, S, Dq + 2C]: the queries, then keys and values as wide as a cache row (C = D, or
+  // kv_heads * head_dim under grouped-query attention, with Dq >= C).
+  if (qkv.rank() != 3 || qkv.dtype != k.dtype || qkv.dim(0) != k.dim(0) || qkv.dim(2) < 3 * k.dim(2) ||
       qkv.dim(1) > k.dim(1))
-    return makeError("qkv [B, S, 3D] with S <= T does not match the caches {}: {}", k.str(), qkv.str());
+    return makeError("qkv [B, S, Dq + 2D] with S <= T and Dq >= D does not match the caches {}: {}", k.str(),
+                     qkv.str());
   if (ops.size() > 3)
     if (auto err = checkPositions(ops[3], k.dim(0)))
       return std::move(err);
@@ -147,14 +150,21 @@ llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs
   const TensorType &qkv = ops[0], &k = ops[1], &v = ops[2];
   if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
-  if (k.rank() != 3 || k != v || qkv != TensorType(k.dtype, {k.dim(0), 1, 3 * k.dim(2)}))
-    return makeError("qkv [B, 1, 3D] and the caches [B, T, D] do not match: {}, {} and {}", qkv.str(),
+  // qkv [B, 1, Dq + 2C], the caches [B, T, C]: C = Dq, or kv_heads of the heads' width.
+  int64_t queries = qkv.rank() == 3 && k.rank() == 3 ? qkv.dim(2) - 2 * k.dim(2) : 0;
+  if (k.rank() != 3 || k != v || queries < k.dim(2) ||
+      qkv != TensorType(k.dtype, {k.dim(0), 1, queries + 2 * k.dim(2)}))
+    return makeError("qkv [B, 1, Dq + 2D] and the caches [B, T, D] do not match: {}, {} and {}", qkv.str(),
                      k.str(), v.str());
-  if (auto err = checkAttentionAttrs(attrs, k.dim(2)))
+  if (auto err = checkAttentionAttrs(attrs, queries))
     return std::move(err);
+  int64_t heads = *attrs.getInt("heads"), kvHeads = attrs.getInt("kv_heads").value_or(heads);
+  if (kvHeads < 1 || heads % kvHeads || k.dim(2) != kvHeads * (queries / heads))
+    return makeError("kv_heads ({}) must divide heads ({}) and the caches hold kv_heads x {}, got {}", kvHeads, heads,
+                     queries / heads, k.dim(2));
   if (auto err = checkPositions(ops[3], k.dim(0)))
     return std::move(err);
-  TensorType out(k.dtype, {k.dim(0), 1, k.dim(2)});
+  TensorType out(k.dtype, {k.dim(0), 1, queries});
   if (writesCache(attrs))
     return TypeList{out, k, v};
   return TypeList{out};

@@ -51,6 +51,7 @@ private:
   }
   Value *attention(Value *x, const std::string &p);
   Value *decodeAttention(Value *x, const std::string &p);
+  Value *rotatedQkv(Value *qkv, const std::string &p);
   std::pair<Value *, Value *> writeCaches(Value *qkv, const std::string &p);
   Value *mlp(Value *x, const std::string &p);
 
@@ -66,7 +67,8 @@ private:
 /// The layer's KV caches with qkv's keys and values written (at positions_ when decoding,
 /// from row 0 for a prompt), assigned back when the step ends.
 std::pair<Value *, Value *> GPTBuilder::writeCaches(Value *qkv, const std::string &p) {
-  TensorType cacheType(DType::F32, {batch_, c_.seqLen, c_.dModel});
+  // A row per position of the keys (and of the values) of every KV head: kv_heads x head_dim.
+  TensorType cacheType(DType::F32, {batch_, c_.seqLen, c_.kvHeadCount() * c_.headDim()});
   AttrMap zeros = attrs({{"init", std::string("zeros")}});
   Value *k = b_.state(p + "." + program::kKeyCache.str(), cacheType, zeros);
   Value *v = b_.state(p + "." + program::kValueCache.str(), cacheType, zeros);
@@ -83,12 +85,41 @@ std::pair<Value *, Value *> GPTBuilder::writeCaches(Value *qkv, const std::strin
   return {keys, values};
 }
 
+/// qkv [B, S, D + 2 KV Dh] with its queries and keys rotated (RoPE), each sequence's rows from
+/// positions_[b] in a decode step, from 0 in a prompt: what the caches keep and the attention
+/// over them reads (Llama's cache holds rotated keys).
+Value *GPTBuilder::rotatedQkv(Value *qkv, const std::string &p) {
+  int64_t B = batch_, S = length_, D = c_.dModel, Dh = c_.headDim(), KV = c_.kvHeadCount();
+  auto rotated = [&](int64_t start, int64_t heads, const char *name) {
+    std::string n = p + "." + name;
+    Value *part = op(OpKind::Slice, {qkv}, n, attrs({{"axis", int64_t(2)}, {"start", start}, {"size", heads * Dh}}));
+    Value *split = op(OpKind::Reshape, {part}, n + ".heads", attrs({{"shape", std::vector<int64_t>{B, S, heads, Dh}}}));
+    Value *bhsd = op(OpKind::Transpose, {split}, n + ".bhtd", attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+    llvm::SmallVector<Value *, 2> operands{bhsd};
+    AttrMap a = attrs({{"theta", c_.ropeTheta}});
+    if (positions_) {
+      operands.push_back(positions_);
+      a.set("length", c_.seqLen);
+    }
+    Value *turned = op(OpKind::Rope, operands, n + ".rope", std::move(a));
+    Value *bshd = op(OpKind::Transpose, {turned}, n + ".rope.bthd", attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
+    return op(OpKind::Reshape, {bshd}, n + ".rope.flat", attrs({{"shape", std::vector<int64_t>{B, S, heads * Dh}}}));
+  };
+  Value *q = rotated(0, c_.heads, "q"), *k = rotated(D, KV, "k");
+  Value *v = op(OpKind::Slice, {qkv}, p + ".v", attrs({{"axis", int64_t(2)}, {"start", D + KV * Dh}, {"size", KV * Dh}}));
+  return op(OpKind::Concat, {q, k, v}, p + ".qkv.rope", attrs({{"axis", int64_t(2)}}));
+}
+
 Value *GPTBuilder::decodeAttention(Value *x, const std::string &p) {
-  int64_t D = c_.dModel, H = c_.heads, Dh = c_.headDim();
-  Value *qkv = linear(x, p + ".qkv", D, 3 * D, std_);
+  int64_t D = c_.dModel, H = c_.heads, Dh = c_.headDim(), KV = c_.kvHeadCount();
+  Value *qkv = linear(x, p + ".qkv", D, c_.qkvWidth(), std_);
+  if (c_.position == PositionKind::Rope)
+    qkv = rotatedQkv(qkv, p);
   auto [keys, values] = writeCaches(qkv, p);
-  Value *context = op(OpKind::DecodeAttention, {qkv, keys, values, positions_}, p + ".context.flat",
-                      attrs({{"heads", H}, {"scale", 1.0 / std::sqrt(double(Dh))}}));
+  AttrMap a = attrs({{"heads", H}, {"scale", 1.0 / std::sqrt(double(Dh))}});
+  if (KV < H)
+    a.set("kv_heads", KV);
+  Value *context = op(OpKind::DecodeAttention, {qkv, keys, values, positions_}, p + ".context.flat", std::move(a));
   return linear(context, p + ".proj", D, D, std_ / std::sqrt(2.0 * c_.layers));
 }
 
@@ -96,8 +127,14 @@ Value *GPTBuilder::attention(Value *x, const std::string &p) {
   int64_t B = batch_, T = length_, D = c_.dModel, H = c_.heads, Dh = c_.headDim();
   int64_t KV = c_.kvHeadCount(), G = H / KV;
   Value *qkv = linear(x, p + ".qkv", D, c_.qkvWidth(), std_);
-  if (output_ == GPTOutput::Prefill)
+  // A prompt's caches keep its rotated keys: under RoPE the heads are read from the rotated qkv.
+  bool rotateHeads = c_.position == PositionKind::Rope;
+  if (output_ == GPTOutput::Prefill) {
+    if (rotateHeads)
+      qkv = rotatedQkv(qkv, p + ".cached");
+    rotateHeads = false;
     writeCaches(qkv, p);
+  }
   // [B, T, D + 2 KV Dh] -> q as [B, H, T, Dh], k and v as [B, KV, T, Dh].
   auto head = [&](int64_t start, int64_t heads, const char *name) {
     Value *part = op(OpKind::Slice, {qkv}, p + "." + name,
@@ -106,7 +143,7 @@ Value *GPTBuilder::attention(Value *x, const std::string &p) {
                       attrs({{"shape", std::vector<int64_t>{B, T, heads, Dh}}}));
     Value *bhtd = op(OpKind::Transpose, {split}, p + "." + name + ".bhtd",
                      attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
-    if (c_.position != PositionKind::Rope || *name == 'v')
+    if (!rotateHeads || *name == 'v')
       return bhtd;
     return op(OpKind::Rope, {bhtd}, p + "." + name + ".rope", attrs({{"theta", c_.ropeTheta}}));
   };
@@ -213,8 +250,8 @@ llvm::Error GPTBuilder::build() {
 
 } // namespace
 
-bool hasCachedGeneration(const ModelConfig &config) {
-  return config.position == PositionKind::Learned && config.kvHeadCount() == config.heads;
+bool hasCachedGeneration(const ModelConfig &config, bool gpu) {
+  return !gpu || (config.position == PositionKind::Learned && config.kvHeadCount() == config.heads);
 }
 
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
@@ -225,11 +262,6 @@ llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64
     length = config.seqLen;
   if (length < 1 || length > config.seqLen)
     return stringError(fmt::format("error: a prompt of {} positions does not fit seq_len {}", length, config.seqLen));
-  if (!hasCachedGeneration(config) && (output == GPTOutput::Decode || output == GPTOutput::Prefill))
-    return stringError(fmt::format("error: model '{}': generation with a KV cache is not built yet for "
-                                   "position: rope or kv_heads < heads (training and the full-window "
-                                   "forward are)",
-                                   config.name));
   auto graph = std::make_unique<Graph>(config.name);
   if (auto err = GPTBuilder(config, batch, output, length, *graph).build())
     return std::move(err);

@@ -243,6 +243,7 @@ llvm::Error evalKvWrite(const AttrMap &a, Operands in, Results out) {
   const Tensor &qkv = *in[2];
   bool bf16 = hasBf16Gemms(a);
   int64_t B = in[0]->type.dim(0), T = in[0]->type.dim(1), D = in[0]->type.dim(2), S = qkv.type.dim(1);
+  int64_t W = qkv.type.dim(2), keys = W - 2 * D; // the queries' width: keys at [W - 2D, W - D)
   for (int r = 0; r < 2; ++r)
     out[r].data = in[r]->data;
   for (int64_t b = 0; b < B; ++b) {
@@ -254,9 +255,9 @@ llvm::Error evalKvWrite(const AttrMap &a, Operands in, Results out) {
       first = *pos;
     }
     for (int64_t s = 0; s < S; ++s)
-      for (int r = 0; r < 2; ++r) // keys are qkv's columns [D, 2D), values [2D, 3D)
+      for (int r = 0; r < 2; ++r) // keys are qkv's columns [W - 2D, W - D), values [W - D, W)
         for (int64_t d = 0; d < D; ++d) {
-          float x = qkv.data[((b * S + s) * 3 + 1 + r) * D + d];
+          float x = qkv.data[(b * S + s) * W + keys + r * D + d];
           out[r].data[(b * T + first + s) * D + d] = bf16 ? roundToBf16(x) : x;
         }
   }
@@ -269,8 +270,9 @@ namespace {
 /// double), probabilities times values (a GEMM again). `out` is zero.
 llvm::Error attendOverCache(const AttrMap &a, const Tensor &qkv, const Tensor &k, const Tensor &v,
                             const Tensor &positions, Tensor &out) {
-  int64_t B = k.type.dim(0), T = k.type.dim(1), D = k.type.dim(2);
-  int64_t H = *a.getInt("heads"), Dh = D / H;
+  // The queries [0, Dq) of qkv's row; query head h reads cache head h / (heads / kv_heads).
+  int64_t B = k.type.dim(0), T = k.type.dim(1), C = k.type.dim(2), W = qkv.type.dim(2), Dq = W - 2 * C;
+  int64_t H = *a.getInt("heads"), Dh = Dq / H, G = H / a.getInt("kv_heads").value_or(H);
   float scale = float(*a.getFloat("scale"));
   bool bf16 = hasBf16Gemms(a);
   auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
@@ -281,19 +283,19 @@ llvm::Error attendOverCache(const AttrMap &a, const Tensor &qkv, const Tensor &k
     int64_t pos = *position;
     Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
     for (int64_t h = 0; h < H; ++h) {
-      const float *qh = &qkv.data[b * 3 * D + h * Dh];
+      const float *qh = &qkv.data[b * W + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
-        const float *kj = &k.data[(b * T + j) * D + h * Dh];
+        const float *kj = &k.data[(b * T + j) * C + h / G * Dh];
         float dot = 0.0f;
         for (int64_t d = 0; d < Dh; ++d)
           dot += r(qh[d]) * r(kj[d]);
         scores.data[j] = dot * scale;
       }
       Tensor probs = apply(evalSoftmax, {}, {&scores}, scores.type);
-      float *o = &out.data[b * D + h * Dh];
+      float *o = &out.data[b * Dq + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
         float p = r(probs.data[j]);
-        const float *vj = &v.data[(b * T + j) * D + h * Dh];
+        const float *vj = &v.data[(b * T + j) * C + h / G * Dh];
         for (int64_t d = 0; d < Dh; ++d)
           o[d] += p * r(vj[d]);
       }

@@ -5,6 +5,7 @@
 #include "backends/cpu/Schedule.h"
 #include "support/ScalarMath.h"
 #include "ir/Attributes.h"
+#include "ir/Rope.h"
 #include "support/Error.h"
 
 #include <algorithm>
@@ -249,23 +250,23 @@ llvm::Error evalSilu(const AttrMap &, Operands in, Results out) {
 
 llvm::Error evalRope(const AttrMap &attrs, Operands in, Results out) {
   const Tensor &x = *in[0];
-  double theta = attrs.getFloat("theta").value_or(10000.0);
-  bool inverse = attrs.getBool("inverse").value_or(false);
   int64_t dh = x.type.dim(-1), half = dh / 2, rows = x.type.dim(-2), count = x.size() / dh;
-  // Each position's cos and sin, one per pair.
-  std::vector<float> cosines(size_t(rows * half)), sines(size_t(rows * half));
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      double angle = double(t) * std::pow(theta, -2.0 * double(i) / double(dh));
-      cosines[size_t(t * half + i)] = float(std::cos(angle));
-      sines[size_t(t * half + i)] = float(inverse ? -std::sin(angle) : std::sin(angle));
-    }
+  // Each position's cos, then sin: of rows 0 .. S - 1, or with positions of the cache's length.
+  const Tensor *positions = in.size() > 1 ? in[1] : nullptr;
+  int64_t length = positions ? *attrs.getInt("length") : rows, perSequence = count / x.type.dim(0);
+  std::vector<float> table = ropeTable(ropeOptions(attrs), length, dh);
   for (int64_t r = 0; r < count; ++r) {
     const float *row = x.data.data() + r * dh;
     float *y = out[0].data.data() + r * dh;
     int64_t t = r % rows;
+    if (positions) {
+      int64_t b = r / perSequence, first = positions->ints[size_t(b)];
+      if (first < 0 || first + rows > length)
+        return makeError("position {} of sequence {} is outside rope's length [0, {})", first, b, length);
+      t += first;
+    }
     for (int64_t i = 0; i < half; ++i) {
-      float c = cosines[size_t(t * half + i)], s = sines[size_t(t * half + i)];
+      float c = table[size_t(t * half + i)], s = table[size_t((length + t) * half + i)];
       float a = row[i], b = row[i + half];
       y[i] = a * c - b * s;
       y[i + half] = b * c + a * s;

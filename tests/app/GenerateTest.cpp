@@ -13,6 +13,7 @@
 #include "support/Random.h"
 #include "tests/TestUtil.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -192,11 +193,15 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tests/models/tiny-variants.yaml", "fp32", 1e-5},
                     // The attention's probabilities are rounded to BF16 in both, from values that
                     // differ in the last bits: one can land on the neighbouring BF16.
-                    Case{"models/tiny.yaml", "bf16", 1e-2}),
+                    Case{"models/tiny.yaml", "bf16", 1e-2},
+                    // RoPE (the caches hold rotated keys) and two KV heads for four query heads
+                    Case{"models/llama-tiny.yaml", "fp32", 1e-5}, Case{"models/llama-tiny.yaml", "bf16", 1e-2}),
     [](const testing::TestParamInfo<Case> &info) {
-      return std::string(info.param.model).find("variants") != std::string::npos
-                 ? std::string("variants_") + info.param.recipe
-                 : std::string("tiny_") + info.param.recipe;
+      std::string model = info.param.model; // tiny_fp32, tiny_variants_fp32, llama_tiny_bf16, ...
+      model = model.substr(model.rfind('/') + 1);
+      model = model.substr(0, model.find('.'));
+      std::replace(model.begin(), model.end(), '-', '_');
+      return model + "_" + info.param.recipe;
     });
 
 TEST(KvCacheOps, RowsWrittenAttendedAndPositionsChecked) {
@@ -260,8 +265,10 @@ TEST(KvCacheOps, ArgmaxTakesTheFirstOfTiesAndNeverNaN) {
   EXPECT_EQ(unwrap(interp.run()).at(0).ints, (std::vector<int32_t>{1, 2, 0}));
 }
 
-TEST(Generator, TokensWithAndWithoutTheCacheAgree) {
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+class CachedGenerator : public testing::TestWithParam<const char *> {};
+
+TEST_P(CachedGenerator, TokensWithAndWithoutTheCacheAgree) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath(GetParam())));
   auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
   ASSERT_TRUE(graph);
   Rng rng(freshSeed());
@@ -298,6 +305,11 @@ TEST(Generator, TokensWithAndWithoutTheCacheAgree) {
   EXPECT_EQ(std::vector<int32_t>(longer[0].begin(), longer[0].begin() + 28),
             unwrap(generator->generate(prompts, 28, {}))[0]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, CachedGenerator, testing::Values("models/tiny.yaml", "models/llama-tiny.yaml"),
+                         [](const testing::TestParamInfo<const char *> &info) {
+                           return std::string(info.param).find("llama") != std::string::npos ? "llama" : "tiny";
+                         });
 
 TEST(Generator, AnFp8CheckpointGeneratesAtAnyBatch) {
   // An FP8 run's checkpoint holds the scaling state of the layers training ran in FP8; every

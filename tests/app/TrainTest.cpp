@@ -289,19 +289,24 @@ TEST(Checkpoint, AnEditedModelDescriptionIsRefused) {
 
 TEST(Training, MatchesPyTorchLosses) {
   // tests/reference/parity.py trained the same model from the same initial weights on the same
-  // batches with torch.optim.AdamW; these are its per-step losses.
-  auto golden = llvm::json::parse(readSource("tests/reference/tiny-parity-losses.json"));
-  ASSERT_TRUE(bool(golden)) << llvm::toString(golden.takeError());
-  const llvm::json::Array *losses = golden->getAsObject()->getArray("losses");
-  ASSERT_TRUE(losses);
-  ASSERT_EQ(losses->size(), 20u);
-  auto trainer = unwrap(Trainer::create(parityConfig()));
-  ASSERT_TRUE(trainer);
-  std::vector<double> ours = trainLosses(*trainer, 20);
-  ASSERT_EQ(ours.size(), 20u);
-  for (size_t i = 0; i < 20; ++i) {
-    double want = *(*losses)[i].getAsNumber();
-    EXPECT_NEAR(ours[i], want, 1e-4 * want) << "step " << i + 1;
+  // batches with torch.optim.AdamW; these are its per-step losses: the GPT block, and the Llama
+  // block (RMSNorm, SwiGLU, RoPE, two KV heads for four query heads).
+  for (const char *model : {"tiny-parity", "llama-tiny-parity"}) {
+    SCOPED_TRACE(model);
+    auto golden = llvm::json::parse(readSource(fmt::format("tests/reference/{}-losses.json", model)));
+    ASSERT_TRUE(bool(golden)) << llvm::toString(golden.takeError());
+    const llvm::json::Array *losses = golden->getAsObject()->getArray("losses");
+    ASSERT_TRUE(losses);
+    ASSERT_EQ(losses->size(), 20u);
+    auto trainer =
+        unwrap(Trainer::create(unwrap(loadModelConfig(sourcePath(fmt::format("tests/reference/{}.yaml", model))))));
+    ASSERT_TRUE(trainer);
+    std::vector<double> ours = trainLosses(*trainer, 20);
+    ASSERT_EQ(ours.size(), 20u);
+    for (size_t i = 0; i < 20; ++i) {
+      double want = *(*losses)[i].getAsNumber();
+      EXPECT_NEAR(ours[i], want, 1e-4 * want) << "step " << i + 1;
+    }
   }
 }
 

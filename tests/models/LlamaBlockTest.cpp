@@ -120,3 +120,26 @@ TEST(GroupedQueryAttention, IsMultiHeadAttentionWithEachKeyValueHeadRepeated) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(GroupedQueryAttention, TheKvCacheHoldsTheKeyValueHeadsOnly) {
+  // A decode step's caches are [B, T, kv_heads x head_dim]: with one KV head for four query
+  // heads, a quarter of multi-head attention's; its rope turns q and k at the step's positions.
+  for (int64_t kv : {1, 2, 4}) {
+    auto decode = unwrap(buildGPT(llamaShaped(kv), 3, GPTOutput::Decode));
+    ASSERT_TRUE(decode);
+    int caches = 0, ropes = 0;
+    for (const Op *op : decode->ops()) {
+      ropes += op->kind() == OpKind::Rope && op->numOperands() == 2 && op->operand(1)->name() == "positions";
+      if (op->kind() != OpKind::State)
+        continue;
+      ++caches;
+      EXPECT_EQ(op->result()->type(), TensorType(DType::F32, {3, 8, kv * 4})) << op->result()->name();
+    }
+    EXPECT_EQ(caches, 2 * 2); // keys and values, two layers
+    EXPECT_EQ(ropes, 2 * 2);  // q and k, two layers
+  }
+}
+
+} // namespace

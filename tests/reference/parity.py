@@ -158,9 +158,10 @@ def fp8_layers(cfg, min_dim, device):
     multiples of 16 and K and N reach fp8_min_dim. Scaling state for each."""
     d, ffn, m = cfg["d_model"], cfg["ffn"], cfg["batch"] * cfg["seq_len"]
     up = 2 * ffn if cfg["activation"] == "swiglu" else ffn
+    qkv = d + 2 * kv_heads(cfg) * (d // cfg["heads"])
     shapes = {}
     for l in range(cfg["layers"]):
-        shapes.update({f"h{l}.attn.qkv": (d, 3 * d), f"h{l}.attn.proj": (d, d), f"h{l}.mlp.fc1": (d, up),
+        shapes.update({f"h{l}.attn.qkv": (d, qkv), f"h{l}.attn.proj": (d, d), f"h{l}.mlp.fc1": (d, up),
                        f"h{l}.mlp.fc2": (ffn, d)})
     history = cfg.get("amax_history_len", 1024)
     layers = {}
@@ -171,6 +172,24 @@ def fp8_layers(cfg, min_dim, device):
                         "weight": DelayedScaling(E4M3_MAX, history, device),
                         "grad_output": DelayedScaling(E5M2_MAX, history, device)}
     return layers
+
+
+def kv_heads(cfg):
+    """Heads of keys and values (tgc's kv_heads; absent: every query head its own)."""
+    return cfg.get("kv_heads", 0) or cfg["heads"]
+
+
+def rope(x, theta):
+    """Llama's rotary embedding, rotate-half pairing, on x [B, H, T, Dh]: position t's pair
+    (i, i + Dh/2) rotated by t * theta^(-2i/Dh), the angles in double and their cos and sin
+    rounded to float (tgc's ir/Rope.h)."""
+    T, Dh = x.shape[-2], x.shape[-1]
+    half = Dh // 2
+    inv = torch.tensor([theta ** (-2.0 * i / Dh) for i in range(half)], dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = angle.cos().float().to(x.device), angle.sin().float().to(x.device)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
 class GPT(torch.nn.Module):
@@ -205,16 +224,26 @@ class GPT(torch.nn.Module):
     def forward(self, tokens):
         c = self.cfg
         B, T = tokens.shape
-        D, H = c["d_model"], c["heads"]
-        x = self.w("wte")[tokens] + self.w("wpe")[:T]
+        D, H, KV = c["d_model"], c["heads"], kv_heads(c)
+        Dh, use_rope = D // H, c.get("position") == "rope"
+        x = self.w("wte")[tokens]
+        if not use_rope:
+            x = x + self.w("wpe")[:T]
         mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu(1)
         for l in range(c["layers"]):
             h = f"h{l}"
             qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
-            q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in qkv.split(D, dim=2))
-            if self.sdpa:
-                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+            q, k, v = qkv.split([D, KV * Dh, KV * Dh], dim=2)
+            q = q.view(B, T, H, Dh).transpose(1, 2)
+            k, v = (t.view(B, T, KV, Dh).transpose(1, 2) for t in (k, v))
+            if use_rope:
+                q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+            if self.sdpa:  # query head h reads KV head h // (H / KV), as enable_gqa does
+                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
+                ctx = ctx.transpose(1, 2).reshape(B, T, D)
             else:
+                if KV != H:  # Llama's repeat_kv
+                    k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
                 scores = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
                 probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
                 ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)

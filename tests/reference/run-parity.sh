@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Runs the PyTorch peer next to tgc, on a machine with PyTorch and safetensors:
 #   tests/reference/run-parity.sh TGC OUTDIR [TRAINED_CHECKPOINT]
-# Writes OUTDIR/tiny-parity-losses.json (PyTorch's losses for 20 steps of tiny-parity from
-# tgc's initial weights; commit it as tests/reference/) and OUTDIR/generate.txt (greedy tokens
-# of tgc and of PyTorch from the same trained checkpoint, which must agree).
+# Writes OUTDIR/tiny-parity-losses.json and OUTDIR/llama-tiny-parity-losses.json (PyTorch's
+# losses for 20 steps of tiny-parity and of the Llama block's llama-tiny-parity from tgc's
+# initial weights; commit them as tests/reference/) and OUTDIR/generate.txt (greedy tokens of
+# tgc and of PyTorch from the same trained checkpoint, which must agree).
 set -euo pipefail
 tgc=$1 out=$2 trained=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-"$tgc" train "$here/tiny-parity.yaml" --steps 0 --save "$scratch/init.safetensors" > /dev/null
-python3 "$here/parity.py" "$scratch/init.safetensors" --config "$here/tiny-parity.yaml" --steps 20 \
-  --out "$out/tiny-parity-losses.json"
+for model in tiny-parity llama-tiny-parity; do
+  "$tgc" train "$here/$model.yaml" --device cpu --steps 0 --save "$scratch/$model-init.safetensors" > /dev/null
+  python3 "$here/parity.py" "$scratch/$model-init.safetensors" --config "$here/$model.yaml" --steps 20 \
+    --out "$out/$model-losses.json"
+done
 if [ -n "$trained" ]; then
   status=0
   for prompt in "5 12 19" "1 2 3 4" "60 62" "7 14 21 28 35 42 49 56" "3"; do

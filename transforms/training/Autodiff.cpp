@@ -138,9 +138,12 @@ llvm::Expected<Grads> gradSilu(GradContext &c) {
 }
 
 llvm::Expected<Grads> gradRope(GradContext &c) {
-  // A rotation's transpose is its inverse: the gradient rotates dy back.
+  // A rotation's transpose is its inverse: the gradient rotates dy back (at the same positions;
+  // the positions themselves have none).
   AttrMap attrs = c.op.attrs();
   attrs.set("inverse", !attrs.getBool("inverse").value_or(false));
+  if (c.op.numOperands() > 1)
+    return Grads{c.create(OpKind::Rope, {c.dy(), c.x(1)}, std::move(attrs), 0), nullptr};
   return Grads{c.create(OpKind::Rope, {c.dy()}, std::move(attrs), 0)};
 }
 

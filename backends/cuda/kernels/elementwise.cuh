@@ -28,6 +28,20 @@ __device__ void binary(const float *x, const float *y, Out out) {
   }
 }
 
+// rope (ir/Ops.def): pair p of Pairs is row p / Half's pair (i, i + Half), i = p % Half, at
+// position t = row % Rows; table holds Rows * Half cosines, then the sines (ir/Rope.h's, as
+// doubles). Each product and sum rounded on its own (no FMA): the CPU's bits.
+template <int64 Pairs, int64 Half, int64 Rows, typename In>
+__device__ void rope(const In *x, float *out, const double *table) {
+  FOR_EACH_ELEMENT(p, Pairs) {
+    int64 r = p / Half, i = p % Half, t = r % Rows;
+    float c = (float)table[t * Half + i], s = (float)table[(Rows + t) * Half + i];
+    float a = elementValue(x[r * 2 * Half + i]), b = elementValue(x[r * 2 * Half + i + Half]);
+    out[r * 2 * Half + i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    out[r * 2 * Half + i + Half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
 template <int64 Count, typename Out>
 __device__ void scale(const float *x, Out out, float factor) {
   FOR_EACH_ELEMENT(i, Count) out[i] = x[i] * factor;

@@ -1,5 +1,6 @@
 // The generation family (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
 #include "backends/cuda/lowering/Families.h"
+#include "support/Error.h"
 
 #include <fmt/format.h>
 
@@ -35,6 +36,14 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
              32);
     return llvm::Error::success();
   }
+  // The GPU's kernels read qkv as [B, S, 3D]: grouped-query attention's narrower keys and values
+  // (kv_heads < heads) are the CPU interpreter's so far.
+  const TensorType &cacheType = operandType(op, op.kind() == OpKind::KvWrite ? 0 : 1);
+  if (op.kind() != OpKind::Argmax &&
+      operandType(op, op.kind() == OpKind::KvWrite ? 2 : 0).dim(2) != 3 * cacheType.dim(2))
+    return makeError("{} %{}: the GPU's KV cache for grouped-query attention (kv_heads < heads) is not built yet "
+                     "(generation there recomputes the window)",
+                     op.name().str(), op.result()->name());
   if (op.kind() == OpKind::KvWrite) {
     const TensorType &cache = outputType(op), &qkv = operandType(op, 2);
     int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1);

@@ -1,6 +1,8 @@
 // The elementwise family (elementwise.cuh; embedding.cuh's lookup): one launch over the
 // elements, or two where gelu_backward also sums its columns into the bias gradient.
 #include "backends/cuda/lowering/Families.h"
+#include "ir/Rope.h"
+#include "support/Error.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -62,6 +64,20 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
                   fmt::format("causalMask<{}, {}>(scores, out, {})", n, outputType(op).dim(-1),
                               lit(a.getFloat("fill").value_or(-HUGE_VAL))));
     break;
+  case OpKind::Rope: {
+    // Each pair of a row rotated by its position's cos and sin: the CPU's table (ir/Rope.h), as
+    // the op's constants (doubles holding the floats exactly).
+    if (op.numOperands() > 1)
+      return makeError("rope %{} at positions (a decode step's): the GPU's KV-cache generation for RoPE is "
+                       "not built yet (generation there recomputes the window)",
+                       op.result()->name());
+    int64_t dh = outputType(op).dim(-1), rows = outputType(op).dim(-2);
+    std::vector<float> table = ropeTable(ropeOptions(a), rows, dh);
+    e.lowering.constants.assign(table.begin(), table.end());
+    e.elementwise(std::string(e.inputType(op.operand(0))) + " *x, float *out, const double *table", n / 2,
+                  fmt::format("rope<{}, {}, {}>(x, out, table)", n / 2, dh / 2, rows));
+    break;
+  }
   case OpKind::Embedding:
     e.elementwise("const float *table, const int *ids, float *out", n,
                   fmt::format("embedding<{}, {}, {}>(table, ids, out)", n, operandType(op, 0).dim(0),

@@ -40,9 +40,8 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
   case OpKind::GeluBackward:
   case OpKind::SiluBackward:
   case OpKind::CausalMask:
-    return {G::Family, "Elementwise.cpp", emitElementwise};
   case OpKind::Rope:
-    return {G::NotYet, "none yet: the CPU interpreter runs it"};
+    return {G::Family, "Elementwise.cpp", emitElementwise};
   case OpKind::Transpose:
   case OpKind::Concat:
   case OpKind::Slice:

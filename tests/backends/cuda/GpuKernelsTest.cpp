@@ -69,6 +69,18 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"fuse-attention", "autodiff", "dce"});
     compile(*c, GPTOutput::Loss, Recipe::Fp32, {"autodiff", "concat-pads", "adamw", "dce"});
   }
+  // Llama's block: RoPE on q and k (head dimension 16, 16 positions), one KV head for five query
+  // heads (MQA), and two for four (GQA, head dimension 20), in each recipe.
+  ModelConfig llama = variant;
+  llama.position = PositionKind::Rope;
+  llama.ropeTheta = 10000;
+  llama.kvHeads = 1;
+  ModelConfig gqa = llama;
+  gqa.heads = 4;
+  gqa.kvHeads = 2;
+  for (const ModelConfig *c : {&llama, &gqa})
+    for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16, Recipe::Fp8})
+      compile(*c, GPTOutput::Loss, recipe, gpuPipeline(true, recipe));
   // FP8 with current scaling (each quantize scales by its own amax, with a margin).
   ModelConfig current = odd;
   current.precision.fp8Scaling = Fp8Scaling::Current;
