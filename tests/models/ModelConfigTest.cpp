@@ -185,6 +185,22 @@ TEST(ModelConfig, ALlamaBlockHasRopeAndFewerKeyValueHeads) {
   }
 }
 
+TEST(ModelConfig, TheLlamaShapedModelFilesHaveTheirCheckpointsParameterCounts) {
+  // TinyLlama-1.1B and Llama-3.2-1B as their Hugging Face checkpoints count them (the tied head
+  // once): the shapes of every tensor, the KV heads' narrower k and v projections included.
+  struct Expected {
+    const char *file;
+    int64_t params, cacheRow; // and a KV cache row: kv_heads x head_dim
+  };
+  for (Expected e : {Expected{"models/tinyllama.yaml", 1100048384, 4 * 64},
+                     Expected{"models/llama-3.2-1b.yaml", 1235814400, 8 * 64}}) {
+    ModelConfig c = unwrap(loadModelConfig(sourcePath(e.file)));
+    EXPECT_EQ(c.numParams(), e.params) << e.file;
+    EXPECT_EQ(c.kvHeadCount() * c.headDim(), e.cacheRow) << e.file;
+    EXPECT_EQ(c.position, PositionKind::Rope) << e.file;
+  }
+}
+
 // The command line's overrides follow the model file's rules (one table, settingRange), and
 // their errors name the flag.
 TEST(ModelConfig, OverridesAreCheckedAsTheModelFileIs) {
