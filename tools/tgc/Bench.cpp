@@ -87,9 +87,13 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
   const int64_t batch = BatchSize.getNumOccurrences() ? int64_t(BatchSize) : 1, P = BenchPromptLength;
   if (P < 1 || P > base.seqLen)
     return report(flagError(fmt::format("--prompt-length must be between 1 and seq_len = {}, got {}", base.seqLen, P)));
-  const int64_t count = BenchTokens ? int64_t(BenchTokens) : std::min<int64_t>(240, base.seqLen - P + 1);
+  // (--tokens 0 given is refused, as a count below 1 is: the default is only when it is absent)
+  const int64_t count =
+      BenchTokens.getNumOccurrences() ? int64_t(BenchTokens) : std::min<int64_t>(240, base.seqLen - P + 1);
   const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
-  if (count < 1 || P + count - 1 > base.seqLen)
+  if (count < 1)
+    return report(flagError(fmt::format("--tokens must be at least 1, got {}", count)));
+  if (P + count - 1 > base.seqLen)
     return report(flagError(fmt::format("--prompt-length {} and --tokens {} must fit seq_len {} (prompt + tokens - 1 "
                                         "positions)", P, count, base.seqLen)));
   if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
@@ -205,6 +209,8 @@ void printBenchHeader(const ModelConfig &base, int ranks) {
 } // namespace
 
 int runBench() {
+  if (auto err = checkNotEmpty({&BenchJson}))
+    return report(std::move(err));
   auto base = loadConfig(BenchModel); // with --batch and --fp8-min-dim applied
   if (!base)
     return report(base.takeError());

@@ -174,6 +174,8 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
 } // namespace
 
 int runCompile() {
+  if (auto err = checkNotEmpty({&EmitCuda}))
+    return report(std::move(err));
   auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());

@@ -88,6 +88,8 @@ llvm::Expected<std::vector<std::vector<int32_t>>> readPrompts(int64_t vocab) {
 } // namespace
 
 int runGenerate() {
+  if (auto err = checkNotEmpty({&PromptsFile}))
+    return report(std::move(err));
   if (Tokens < 1 || Tokens > 100000)
     return report(flagError(fmt::format("--tokens must be between 1 and 100000, got {}", int64_t(Tokens))));
   if (!(Temperature >= 0 && Temperature <= 100))

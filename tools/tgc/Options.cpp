@@ -119,6 +119,13 @@ int report(llvm::Error err) {
 
 llvm::Error flagError(const std::string &message) { return stringError(message); }
 
+llvm::Error checkNotEmpty(std::initializer_list<const cl::opt<std::string> *> flags) {
+  for (const cl::opt<std::string> *flag : flags)
+    if (flag->getNumOccurrences() > 0 && flag->getValue().empty())
+      return flagError(fmt::format("error: --{} needs a file name, got an empty one", flag->ArgStr.str()));
+  return llvm::Error::success();
+}
+
 llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
   auto config = loadModelConfig(path);
   if (!config)

@@ -72,6 +72,9 @@ llvm::Expected<RankSetup> joinRanks();
 /// Prints one line for the error ("tgc: error: ...") and returns the exit code.
 int report(llvm::Error err);
 llvm::Error flagError(const std::string &message);
+/// An error for the first of `flags` given with an empty value (--save "" names no file: it is
+/// refused, not taken as absent).
+llvm::Error checkNotEmpty(std::initializer_list<const cl::opt<std::string> *> flags);
 /// The model file with the command line's overrides applied (checked by the model layer's
 /// rules) and --disable-pass checked.
 llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path);

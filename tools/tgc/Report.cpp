@@ -143,6 +143,8 @@ llvm::Expected<llvm::json::Value> parseJson(llvm::StringRef text, llvm::StringRe
 } // namespace
 
 int runReport() {
+  if (auto err = checkNotEmpty({&ReportBench, &ReportOut}))
+    return report(std::move(err));
   if (auto err = checkDistinctFiles({{"the log", ReportLog}, {"--bench", ReportBench}, {"-o", ReportOut}}))
     return report(std::move(err));
   auto log = readFileAtMost(ReportLog, uint64_t(1) << 30, "a log");

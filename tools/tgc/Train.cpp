@@ -4,6 +4,7 @@
 #include "support/Files.h"
 #include "tools/tgc/Options.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
@@ -307,12 +308,22 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
                                   summary.size());
       printFp8Summary(summary, llvm::outs());
     }
-    bool stopping = stopSignal != 0;
+    // A stop: SIGINT or SIGTERM, or standard output closed (a pipe's reader gone): the step
+    // just finished is saved, the last one too, and stderr says why the run ended.
+    bool outputClosed = llvm::outs().has_error(), stopping = stopSignal != 0 || outputClosed;
     if (!SavePath.empty() && ((SaveEvery > 0 && record->step % SaveEvery == 0 && record->step < out.total) ||
-                              (stopping && record->step < out.total))) {
+                              stopping)) {
       if (auto err = save(t, stopping ? " before stopping" : ""))
         return report(std::move(err));
       lastSaved = record->step;
+    }
+    if (outputClosed) { // said on stderr: standard output has no reader
+      llvm::errs() << fmt::format("tgc: standard output closed ({}) after step {}: training stopped{}\n",
+                                  llvm::outs().error().message(), record->step,
+                                  SavePath.empty() ? " (no --save: nothing written)"
+                                                   : fmt::format(", {} holds step {}", SavePath.getValue(), record->step));
+      llvm::outs().clear_error();
+      return 74; // EX_IOERR, as a write to a closed pipe ends other tools
     }
     if (stopping) {
       llvm::outs() << fmt::format("stopped by {} after step {}{}\n", stopSignal == SIGINT ? "SIGINT" : "SIGTERM",
@@ -326,6 +337,8 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
 } // namespace
 
 int runTrain() {
+  if (auto err = checkNotEmpty({&SavePath, &ResumePath, &LogPath, &DataPath}))
+    return report(std::move(err));
   auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());
@@ -405,8 +418,11 @@ int runTrain() {
   stopSignal = 0;
   auto previousInt = std::signal(SIGINT, onStopSignal), previousTerm = std::signal(SIGTERM, onStopSignal);
   int status = trainLoop(t, out, losses, totalMs);
-  std::signal(SIGINT, previousInt);
-  std::signal(SIGTERM, previousTerm);
+  // The handlers stay through the final save: a signal now is answered once the save is done.
+  auto restore = llvm::make_scope_exit([&] {
+    std::signal(SIGINT, previousInt);
+    std::signal(SIGTERM, previousTerm);
+  });
   if (status)
     return status;
   if (!losses.empty()) {

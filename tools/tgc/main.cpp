@@ -6,6 +6,7 @@
 #include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/InitLLVM.h"
 
+#include <csignal>
 #include <new>
 #include <system_error>
 #include <unistd.h>
@@ -40,6 +41,10 @@ int runSubcommand() {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  // A closed pipe under standard output (tgc train ... | head) is a write error the commands
+  // see and answer (training saves its last step), not LLVM's SIGPIPE exit in the middle of a
+  // write.
+  std::signal(SIGPIPE, SIG_IGN);
   for (const Subcommand &s : kSubcommands)
     cl::HideUnrelatedOptions(category(), *s.command);
   cl::HideUnrelatedOptions(category());
@@ -78,6 +83,8 @@ int main(int argc, char **argv) {
     if (llvm::outs().has_error()) {
       std::string message = llvm::outs().error().message();
       llvm::outs().clear_error();
+      if (status != 0) // the command has said why it ended (training: standard output closed)
+        return status;
       llvm::errs() << "tgc: error: writing to standard output failed: " << message << "\n";
       return 1;
     }
