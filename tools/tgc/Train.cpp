@@ -82,20 +82,9 @@ llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program, int64_t c
                                copies > 1 ? "their" : "its", space->available / 1048576.0));
 }
 
-/// The saves --keep-saves keeps: FILE.step-N beside FILE, by N.
-std::vector<std::pair<int64_t, std::string>> keptSaves(llvm::StringRef path) {
-  std::vector<std::pair<int64_t, std::string>> kept;
-  std::string prefix = (llvm::sys::path::filename(path) + ".step-").str();
-  std::error_code ec;
-  for (llvm::sys::fs::directory_iterator it(folderOf(path), ec), end; it != end && !ec; it.increment(ec)) {
-    llvm::StringRef name = llvm::sys::path::filename(it->path());
-    int64_t step = 0;
-    if (name.consume_front(prefix) && !name.getAsInteger(10, step))
-      kept.emplace_back(step, it->path());
-  }
-  std::sort(kept.begin(), kept.end());
-  return kept;
-}
+/// The FILE.step-N copies this run kept (--keep-saves), oldest first: rotation removes only
+/// these, never another run's saves or the checkpoint this one resumed from.
+std::vector<std::string> keptThisRun;
 
 } // namespace
 
@@ -183,9 +172,12 @@ llvm::Error save(Trainer &t, llvm::StringRef why = "") {
   if (llvm::sys::fs::create_hard_link(SavePath, kept))
     if (std::error_code ec = llvm::sys::fs::copy_file(SavePath, kept))
       return flagError(fmt::format("{}: error: cannot keep the save: {}", kept, ec.message()));
-  auto all = keptSaves(SavePath);
-  for (size_t i = 0; i + size_t(KeepSaves) < all.size(); ++i)
-    llvm::sys::fs::remove(all[i].second);
+  keptThisRun.push_back(kept);
+  while (keptThisRun.size() > size_t(KeepSaves)) {
+    if (keptThisRun.front() != ResumePath.getValue())
+      llvm::sys::fs::remove(keptThisRun.front());
+    keptThisRun.erase(keptThisRun.begin());
+  }
   return llvm::Error::success();
 }
 
