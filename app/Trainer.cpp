@@ -179,7 +179,11 @@ std::string architectureDifference(const ModelConfig &a, const ModelConfig &b) {
                b.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm"),
         differ("activation", a.activation == ActivationKind::Gelu ? "gelu" : "swiglu",
                b.activation == ActivationKind::Gelu ? "gelu" : "swiglu"),
-        differ("bias", a.bias, b.bias), differ("tie_embeddings", a.tieEmbeddings, b.tieEmbeddings)})
+        differ("bias", a.bias, b.bias), differ("tie_embeddings", a.tieEmbeddings, b.tieEmbeddings),
+        differ("norm_eps", a.normEps, b.normEps),
+        differ("position", a.position == PositionKind::Rope ? "rope" : "learned",
+               b.position == PositionKind::Rope ? "rope" : "learned"),
+        differ("rope_theta", a.ropeTheta, b.ropeTheta), differ("kv_heads", a.kvHeadCount(), b.kvHeadCount())})
     if (!d.empty())
       return d;
   return "";
@@ -201,6 +205,12 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
     return stringError(fmt::format("{}: error: the checkpoint was trained in {}, this run is {}: resume it with "
                                    "--precision {}",
                                    path.str(), saved->str(), recipeName(config_.precision.recipe).str(), saved->str()));
+  // The arithmetic task's steps: another range is another task (the data stream differs).
+  if (dataPath_.empty() && (saved->data.minStep != config_.data.minStep || saved->data.maxStep != config_.data.maxStep))
+    return stringError(fmt::format("{}: error: the checkpoint was trained on steps k in [{}, {}], this run's model file "
+                                   "says [{}, {}]: resume it with the same data: section",
+                                   path.str(), saved->data.minStep, saved->data.maxStep, config_.data.minStep,
+                                   config_.data.maxStep));
   if (const llvm::json::Object *data = checkpoint.meta.getObject("data")) {
     auto savedPath = data->getString("path");
     auto savedSource = data->getString("source");
