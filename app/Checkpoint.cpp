@@ -6,11 +6,13 @@
 #include "support/Limits.h"
 #include "support/Memory.h"
 
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
+#include "llvm/Support/xxhash.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +31,64 @@ namespace {
 template <typename... Args>
 llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
   return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
+}
+
+// The checksums a checkpoint carries in its tgc metadata: each tensor's bytes (xxHash64, by
+// name), and the metadata's own (over its JSON without this entry, the tensors' included), so
+// that a flipped bit in a weight, a moment or the step is an error naming it, not a quietly
+// different model. A checkpoint written before them is read without the check.
+constexpr llvm::StringLiteral kTensorDigests = "tensor_xxh64", kMetaDigest = "meta_xxh64";
+
+std::string digestOf(const void *bytes, size_t size) {
+  return fmt::format("{:016x}", llvm::xxHash64(llvm::StringRef(static_cast<const char *>(bytes), size)));
+}
+/// `object` without the keys `dropped`, entry by entry: LLVM 16's json::Object copy brings an
+/// erased key back (its map's tombstone keeps the key's string), so objects are never copied
+/// whole after an erase, nor erased from.
+llvm::json::Object copyExcept(const llvm::json::Object &object, llvm::ArrayRef<llvm::StringRef> dropped = {}) {
+  llvm::json::Object copy;
+  for (const auto &[key, value] : object)
+    if (!llvm::is_contained(dropped, llvm::StringRef(key)))
+      copy[key] = value;
+  return copy;
+}
+std::string jsonText(const llvm::json::Object &object) {
+  std::string text;
+  llvm::raw_string_ostream(text) << llvm::json::Value(copyExcept(object));
+  return text;
+}
+
+/// `checkpoint`'s metadata with the checksums of its tensors and of itself.
+llvm::json::Object metaWithDigests(const Checkpoint &checkpoint) {
+  llvm::json::Object meta = copyExcept(checkpoint.meta, {kMetaDigest, kTensorDigests}), digests;
+  for (const auto &[name, tensor] : checkpoint.tensors)
+    digests[name] = digestOf(tensor.data.data(), tensor.data.size() * 4);
+  meta[kTensorDigests] = std::move(digests);
+  std::string text = jsonText(meta);
+  meta[kMetaDigest] = digestOf(text.data(), text.size());
+  return meta;
+}
+
+/// Checks the metadata's checksum, where it has one, and takes the tensors' out of `meta`
+/// (into `digests`): the checkpoint's metadata is then what its writer gave.
+llvm::Error takeDigests(llvm::json::Object &meta, std::map<std::string, std::string> &digests, llvm::StringRef path) {
+  std::optional<llvm::StringRef> own = meta.getString(kMetaDigest);
+  if (!own)
+    return meta.get(kMetaDigest) ? fail(path, "the 'tgc' metadata's checksum is not a string") : llvm::Error::success();
+  std::string expected = own->str();
+  std::string text = jsonText(copyExcept(meta, {kMetaDigest}));
+  if (digestOf(text.data(), text.size()) != expected)
+    return fail(path, "the 'tgc' metadata does not match its checksum: it was changed or damaged after the "
+                      "checkpoint was written");
+  if (const llvm::json::Object *tensors = meta.getObject(kTensorDigests))
+    for (const auto &[name, value] : *tensors) {
+      auto digest = value.getAsString();
+      if (!digest)
+        return fail(path, "the checksum of tensor '{}' is not a string", name.str());
+      digests[name.str()] = digest->str();
+    }
+  meta = copyExcept(meta, {kMetaDigest, kTensorDigests});
+  return llvm::Error::success();
 }
 
 // A header larger than this is not a tgc checkpoint (the safetensors reference uses 100 MB).
@@ -51,8 +111,7 @@ llvm::Expected<std::string> formatCheckpoint(const Checkpoint &checkpoint, llvm:
                                       {"data_offsets", llvm::json::Array{offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string metaText;
-  llvm::raw_string_ostream(metaText) << llvm::json::Value(llvm::json::Object(checkpoint.meta));
+  std::string metaText = jsonText(metaWithDigests(checkpoint));
   header["__metadata__"] = llvm::json::Object{{"format", "pt"}, {"tgc", metaText}};
   std::string headerText;
   llvm::raw_string_ostream(headerText) << llvm::json::Value(std::move(header));
@@ -159,6 +218,7 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
   Checkpoint checkpoint;
   std::vector<std::tuple<uint64_t, uint64_t, std::string>> extents; // [begin, end) of each tensor
   std::map<std::string, TensorType> types;
+  std::map<std::string, std::string> digests; // the tensors' checksums, where the file has them
   for (auto &[key, value] : *header) {
     std::string name = key.str();
     if (name == "__metadata__") {
@@ -175,6 +235,8 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
         return fail(path, "the 'tgc' metadata is not a JSON object");
       }
       checkpoint.meta = std::move(*metaJson->getAsObject());
+      if (auto err = takeDigests(checkpoint.meta, digests, path))
+        return err;
       continue;
     }
     const llvm::json::Object *entry = value.getAsObject();
@@ -235,6 +297,10 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
       continue;
     Tensor tensor = Tensor::zeros(types.at(name));
     std::memcpy(tensor.data.data(), data + begin, end - begin);
+    if (auto it = digests.find(name); it != digests.end() && digestOf(data + begin, end - begin) != it->second)
+      return fail(path, "tensor '{}' does not match its checksum: its bytes were changed or damaged after the "
+                        "checkpoint was written",
+                  name);
     checkpoint.tensors.emplace(name, std::move(tensor));
   }
   return checkpoint;

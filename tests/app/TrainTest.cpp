@@ -173,6 +173,33 @@ TEST(Checkpoint, RoundTripsTensorsAndMetadata) {
   llvm::sys::fs::remove(path);
 }
 
+TEST(Checkpoint, AChangedBitInATensorOrInTheMetadataIsRefusedByName) {
+  // Each tensor's bytes and the metadata carry checksums: one bit flipped in a weight (the last
+  // byte of the data: "w"'s, its tensors in name order), or the step edited, is an error that
+  // names what changed; the metadata read back is what was written, without the checksums.
+  Checkpoint c;
+  c.tensors["b"] = Tensor{TensorType(DType::F32, {1}), {0.25f}, {}};
+  c.tensors["w"] = Tensor{TensorType(DType::F32, {2, 3}), {1, 2, 3, 4, 5, -6.5f}, {}};
+  c.meta["step"] = 7;
+  std::string bytes = unwrap(formatCheckpoint(c, "c.st"));
+  Checkpoint back = unwrap(parseCheckpoint(bytes, "c.st"));
+  EXPECT_EQ(back.meta, c.meta);
+  std::string flipped = bytes;
+  flipped.back() ^= 0x01;
+  EXPECT_EQ(errorOf(parseCheckpoint(flipped, "c.st")),
+            "c.st: error: tensor 'w' does not match its checksum: its bytes were changed or damaged after the "
+            "checkpoint was written");
+  // A tensor the reader does not take is not read, nor checked.
+  EXPECT_EQ(unwrap(parseCheckpoint(flipped, "c.st", [](llvm::StringRef n) { return n == "b"; })).tensors.size(), 1u);
+  std::string edited = bytes;
+  size_t at = edited.find("\\\"step\\\":7");
+  ASSERT_NE(at, std::string::npos) << bytes.substr(0, 300);
+  edited[at + 9] = '8'; // the 7
+  EXPECT_EQ(errorOf(parseCheckpoint(edited, "c.st")),
+            "c.st: error: the 'tgc' metadata does not match its checksum: it was changed or damaged after the "
+            "checkpoint was written");
+}
+
 TEST(Checkpoint, BadFilesAreClearErrors) {
   auto trainer = unwrap(Trainer::create(parityConfig()));
   ASSERT_TRUE(trainer);
