@@ -1,8 +1,11 @@
 #include "support/Memory.h"
 
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <limits>
 #include <vector>
@@ -21,25 +24,43 @@ std::optional<int64_t> readNumber(const std::string &path) {
   return std::nullopt;
 }
 
+/// The process's cgroup path from /proc/self/cgroup's lines: v2's "0::PATH", or under v1 the
+/// line whose controllers include memory ("4:memory:PATH", "7:cpu,memory:PATH").
+std::optional<std::string> ownCgroup(const std::string &selfCgroup, bool v2) {
+  std::ifstream self(selfCgroup);
+  for (std::string line; std::getline(self, line);) {
+    auto [id, rest] = llvm::StringRef(line).split(':');
+    auto [controllers, path] = rest.split(':');
+    if (v2 ? id == "0" && controllers.empty() : llvm::is_contained(llvm::split(controllers, ','), "memory"))
+      return path.str();
+  }
+  return std::nullopt;
+}
+
+/// The least any limit leaves from `hierarchy`/PATH up to `hierarchy` itself: every ancestor's
+/// limit binds the processes under it (systemd slices, batch schedulers put jobs in children).
+/// A folder without the files (a path the container does not show) is passed over.
+std::optional<int64_t> leastLeft(const std::string &hierarchy, const std::optional<std::string> &path,
+                                 const char *limitFile, const char *usedFile) {
+  std::vector<std::string> folders;
+  for (llvm::StringRef p = path ? llvm::StringRef(*path) : ""; !p.empty() && p != "/"; p = p.rsplit('/').first)
+    folders.push_back(hierarchy + p.str());
+  folders.push_back(hierarchy);
+  std::optional<int64_t> least;
+  for (const std::string &folder : folders) {
+    auto limit = readNumber(folder + "/" + limitFile), used = readNumber(folder + "/" + usedFile);
+    if (limit && used && *limit < (int64_t(1) << 60)) // v1 says "no limit" with a huge number, v2 "max"
+      least = std::min(least.value_or(INT64_MAX), std::max<int64_t>(0, *limit - *used));
+  }
+  return least;
+}
+
 } // namespace
 
 std::optional<int64_t> cgroupAvailableMemory(const std::string &root, const std::string &selfCgroup) {
-  std::vector<std::string> folders;
-  std::ifstream self(selfCgroup);
-  for (std::string line; std::getline(self, line);)
-    if (llvm::StringRef(line).starts_with("0::"))
-      folders.push_back(root + line.substr(3));
-  folders.push_back(root);
-  for (const std::string &folder : folders) {
-    auto limit = readNumber(folder + "/memory.max"), used = readNumber(folder + "/memory.current");
-    if (limit && used)
-      return std::max<int64_t>(0, *limit - *used);
-  }
-  auto limit = readNumber(root + "/memory/memory.limit_in_bytes");
-  auto used = readNumber(root + "/memory/memory.usage_in_bytes");
-  if (limit && used && *limit < (int64_t(1) << 60)) // v1 says "no limit" with a huge number
-    return std::max<int64_t>(0, *limit - *used);
-  return std::nullopt;
+  if (auto v2 = leastLeft(root, ownCgroup(selfCgroup, true), "memory.max", "memory.current"))
+    return v2;
+  return leastLeft(root + "/memory", ownCgroup(selfCgroup, false), "memory.limit_in_bytes", "memory.usage_in_bytes");
 }
 
 std::optional<int64_t> availableHostMemory() {

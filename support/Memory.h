@@ -13,9 +13,10 @@ namespace tgc {
 /// its usage where one is set), if the machine can say.
 std::optional<int64_t> availableHostMemory();
 
-/// What a container's memory limit leaves, if one is set: cgroup v2 (memory.max less
-/// memory.current, in the process's own cgroup as `selfCgroup` names it under `root`, or at
-/// `root`), else cgroup v1 (memory/memory.limit_in_bytes less memory/memory.usage_in_bytes).
+/// What a container's memory limits leave, if one is set: the least over the process's own
+/// cgroup (as `selfCgroup` names it under `root`), its ancestors and `root`, of cgroup v2's
+/// memory.max less memory.current, else of cgroup v1's memory/memory.limit_in_bytes less
+/// memory.usage_in_bytes (its memory controller's line).
 std::optional<int64_t> cgroupAvailableMemory(const std::string &root, const std::string &selfCgroup);
 
 } // namespace tgc

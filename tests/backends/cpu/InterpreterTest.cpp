@@ -318,6 +318,23 @@ TEST(Interpreter, ContainerMemoryLimitsAreRead) {
   EXPECT_FALSE(cgroupAvailableMemory(dir, self).has_value());
   write(dir + "/memory/memory.limit_in_bytes", "1000\n");
   EXPECT_EQ(cgroupAvailableMemory(dir, self), 900);
+  // v1: the process's own cgroup (its memory controller's line) and its ancestors, the least.
+  ASSERT_FALSE(llvm::sys::fs::create_directories(dir + "/memory/slice/job"));
+  write(self, "5:cpu,cpuacct:/slice/job\n4:memory:/slice/job\n");
+  write(dir + "/memory/slice/job/memory.limit_in_bytes", "700\n");
+  write(dir + "/memory/slice/job/memory.usage_in_bytes", "100\n");
+  EXPECT_EQ(cgroupAvailableMemory(dir, self), 600);
+  write(dir + "/memory/slice/memory.limit_in_bytes", "400\n"); // the slice above binds it more
+  write(dir + "/memory/slice/memory.usage_in_bytes", "300\n");
+  EXPECT_EQ(cgroupAvailableMemory(dir, self), 100);
+  // v2: a limit on an ancestor of the process's cgroup binds too.
+  ASSERT_FALSE(llvm::sys::fs::create_directories(dir + "/user.slice/job"));
+  write(self, "0::/user.slice/job\n");
+  write(dir + "/user.slice/job/memory.max", "max\n");
+  write(dir + "/user.slice/job/memory.current", "5\n");
+  write(dir + "/user.slice/memory.max", "3000\n");
+  write(dir + "/user.slice/memory.current", "1000\n");
+  EXPECT_EQ(cgroupAvailableMemory(dir, self), 2000);
 }
 
 TEST(Interpreter, PeakBytesFollowTheRunsSchedule) {
