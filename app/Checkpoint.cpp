@@ -205,11 +205,13 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
   if (auto deep = findDeepNesting(headerText, kMaxJsonDepth))
     return fail(path, "malformed safetensors header: nested deeper than {} levels at byte {}", kMaxJsonDepth,
                 8 + *deep);
-  if (auto key = duplicateTopLevelKey(headerText))
-    return fail(path, "tensor '{}' appears twice in the header", *key);
+  // Malformed JSON first: a flipped brace would otherwise shift the depths the duplicate scan
+  // counts and name a duplicate that is not there.
   auto parsed = llvm::json::parse(headerText);
   if (!parsed)
     return fail(path, "malformed safetensors header: {}", llvm::toString(parsed.takeError()));
+  if (auto key = duplicateTopLevelKey(headerText))
+    return fail(path, "tensor '{}' appears twice in the header", *key);
   llvm::json::Object *header = parsed->getAsObject();
   if (!header)
     return fail(path, "malformed safetensors header: not a JSON object");

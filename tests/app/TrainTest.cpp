@@ -276,6 +276,13 @@ TEST(Checkpoint, TheSafetensorsLayoutIsCheckedStrictly) {
   check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + "}", 12), "4 bytes after the last tensor's data");
   check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + ", " + tensor("a", 2, 8) + "}", 16),
         "tensor 'a' appears twice in the header");
+  // A flipped brace ('{' to 'z', one bit) is malformed JSON, whatever keys it moves.
+  for (const char *flipped : {"a", "b"}) {
+    std::string header = "{" + meta + ", " + tensor("a", 2, 0) + ", " + tensor("b", 3, 8) + "}";
+    size_t brace = header.find('{', header.find(fmt::format("\"{}\":", flipped)));
+    header[brace] = 'z';
+    check(safetensors(header, 20), "malformed safetensors header");
+  }
   // A header length a byte short still parses (its padding is spaces) but shifts the data.
   check(safetensors("{" + meta + ", " + tensor("a", 2, 0) + "}", 8, -1), "1 bytes after the last tensor's data");
   // Nesting a recursive parser would not survive: refused before parsing.
@@ -314,27 +321,37 @@ TEST(Checkpoint, AnEditedModelDescriptionIsRefused) {
   EXPECT_EQ(unwrap(checkpointModel(c, "x.st")).heads, 2);
 }
 
-TEST(Training, MatchesPyTorchLosses) {
-  // tests/reference/parity.py trained the same model from the same initial weights on the same
-  // batches with torch.optim.AdamW; these are its per-step losses: the GPT block, and the Llama
-  // block (RMSNorm, SwiGLU, RoPE, two KV heads for four query heads).
-  for (const char *model : {"tiny-parity", "llama-tiny-parity"}) {
-    SCOPED_TRACE(model);
-    auto golden = llvm::json::parse(readSource(fmt::format("tests/reference/{}-losses.json", model)));
-    ASSERT_TRUE(bool(golden)) << llvm::toString(golden.takeError());
-    const llvm::json::Array *losses = golden->getAsObject()->getArray("losses");
-    ASSERT_TRUE(losses);
-    ASSERT_EQ(losses->size(), 20u);
-    auto trainer =
-        unwrap(Trainer::create(unwrap(loadModelConfig(sourcePath(fmt::format("tests/reference/{}.yaml", model))))));
-    ASSERT_TRUE(trainer);
-    std::vector<double> ours = trainLosses(*trainer, 20);
-    ASSERT_EQ(ours.size(), 20u);
-    for (size_t i = 0; i < 20; ++i) {
-      double want = *(*losses)[i].getAsNumber();
-      EXPECT_NEAR(ours[i], want, 1e-4 * want) << "step " << i + 1;
-    }
+// tests/reference/parity.py trained the same model from the same initial weights on the same
+// batches with torch.optim.AdamW; `golden` holds its per-step losses.
+void expectPyTorchLosses(const std::string &model, const std::string &golden) {
+  auto parsed = llvm::json::parse(golden);
+  ASSERT_TRUE(bool(parsed)) << llvm::toString(parsed.takeError());
+  const llvm::json::Array *losses = parsed->getAsObject()->getArray("losses");
+  ASSERT_TRUE(losses);
+  ASSERT_EQ(losses->size(), 20u);
+  auto trainer =
+      unwrap(Trainer::create(unwrap(loadModelConfig(sourcePath(fmt::format("tests/reference/{}.yaml", model))))));
+  ASSERT_TRUE(trainer);
+  std::vector<double> ours = trainLosses(*trainer, 20);
+  ASSERT_EQ(ours.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    double want = *(*losses)[i].getAsNumber();
+    EXPECT_NEAR(ours[i], want, 1e-4 * want) << "step " << i + 1;
   }
+}
+
+TEST(Training, MatchesPyTorchLosses) {
+  expectPyTorchLosses("tiny-parity", readSource("tests/reference/tiny-parity-losses.json"));
+}
+
+TEST(Training, LlamaBlockMatchesPyTorchLosses) {
+  // The Llama block (RMSNorm, SwiGLU, RoPE, two KV heads for four query heads). Its losses come
+  // from a machine with PyTorch (tests/reference/run-parity.sh writes them); until they are
+  // committed this test says it did not run rather than passing.
+  std::string path = "tests/reference/llama-tiny-parity-losses.json";
+  if (!llvm::sys::fs::exists(sourcePath(path)))
+    GTEST_SKIP() << path << " is not recorded yet: run tests/reference/run-parity.sh where PyTorch is";
+  expectPyTorchLosses("llama-tiny-parity", readSource(path));
 }
 
 // The tiny model trained to the end (it learns the task): Fp8Training's
