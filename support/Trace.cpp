@@ -1,5 +1,6 @@
 #include "support/Trace.h"
 
+#include "support/Environment.h"
 #include "support/Files.h"
 
 #include "llvm/Support/JSON.h"
@@ -19,8 +20,8 @@ TraceLog::TraceLog() {
   nowUs(); // time 0: before any executor exists, so that no event starts before it
   if (const char *path = std::getenv("TGC_TRACE"))
     path_ = path;
-  if (const char *runs = std::getenv("TGC_TRACE_STEPS"))
-    runs_ = std::max<int64_t>(1, std::atoll(runs));
+  // Each traced event is held in memory until the trace is written: a bound on the steps.
+  runs_ = environmentCount("TGC_TRACE_STEPS", runs_, kMostTracedRuns, "the steps a trace holds");
 }
 
 int TraceLog::beginProcess(const std::string &what) {

@@ -40,6 +40,7 @@ public:
 private:
   TraceLog();
   std::string path_;
+  static constexpr int64_t kMostTracedRuns = 100; // TGC_TRACE_STEPS' bound
   int64_t runs_ = 3;
   std::mutex mutex_;
   std::vector<std::string> processes_;

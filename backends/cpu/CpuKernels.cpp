@@ -6,6 +6,7 @@
 #include "support/ScalarMath.h"
 #include "ir/Attributes.h"
 #include "ir/Rope.h"
+#include "support/Environment.h"
 #include "support/Error.h"
 
 #include <algorithm>
@@ -62,15 +63,21 @@ llvm::Error evalArgmax(const AttrMap &, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-/// Runs body(i) for i in [0, n), on several threads when `work` is large enough to pay for
-/// them. TGC_THREADS caps the thread count (default: the cores of the machine).
-template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
+/// The interpreter's thread count, read once for every parallelFor (a template: a static of its
+/// own would be one per instantiation): TGC_THREADS, at most the machine's cores, as more
+/// threads than cores only wait on each other.
+static unsigned interpreterThreads() {
   static const unsigned threads = [] {
-    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    if (const char *env = std::getenv("TGC_THREADS"))
-      cores = unsigned(std::clamp(std::atoi(env), 1, 256));
-    return cores;
+    int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    return unsigned(environmentCount("TGC_THREADS", cores, cores, "this machine's cores"));
   }();
+  return threads;
+}
+
+/// Runs body(i) for i in [0, n), on several threads when `work` is large enough to pay for
+/// them (interpreterThreads of them at most).
+template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
+  const unsigned threads = interpreterThreads();
   unsigned count = work < (1 << 20) ? 1u : unsigned(std::min<int64_t>(threads, n));
   if (count <= 1) {
     for (int64_t i = 0; i < n; ++i)
