@@ -265,6 +265,10 @@ int runForward() {
   auto graph = compileModel(*config, false, false, {});
   if (!graph)
     return report(graph.takeError());
+  // The recipe the program was compiled in (compileModel's): bf16 and fp8 are emulated bit-exactly.
+  auto precision = compileRecipe(config->precision);
+  if (!precision)
+    return report(precision.takeError());
   uint64_t seed = config->train.seed;
   if (auto err = checkHostMemory(**graph))
     return report(std::move(err));
@@ -290,8 +294,9 @@ int runForward() {
       "model {}: {} parameters, batch {} x {} tokens, seed {}\n", config->name,
       config->numParams(), batch, config->seqLen, seed);
   llvm::outs() << fmt::format("loss {:.6f}   ln(vocab) {:.6f}   forward {:.1f} ms on the CPU "
-                              "interpreter (fp32)\n",
-                              (*outputs)[0].data[0], std::log(double(config->vocab)), ms);
+                              "interpreter ({})\n",
+                              (*outputs)[0].data[0], std::log(double(config->vocab)), ms,
+                              recipeName(precision->recipe).str());
   if (Profile) {
     std::vector<std::pair<double, std::string>> rows;
     for (const auto &[name, opMs] : interpreter.profileByOp())
