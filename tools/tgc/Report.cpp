@@ -164,6 +164,16 @@ int runReport() {
     if (!record)
       return report(fileError(ReportLog, "line {}: not a JSON object", i + 1));
     if (const llvm::json::Object *r = record->getObject("run")) {
+      // A resumed run continuing this log: the steps past where it resumed are its own now
+      // (the first run's were not saved, or are done again).
+      if (std::optional<double> resumed = r->getNumber("resumed_at")) {
+        auto after = [&](const std::pair<double, double> &point) { return point.first > *resumed; };
+        for (Series *series : {&loss, &lr, &norm, &speed, &stepMs})
+          llvm::erase_if(series->points, after);
+        for (auto *byTensor : {&amax, &scale})
+          for (auto &[name, series] : *byTensor)
+            llvm::erase_if(series.points, after);
+      }
       run = *r;
     } else if (const llvm::json::Object *fp8 = record->getObject("fp8")) {
       double step = fp8->getNumber("step").value_or(0);

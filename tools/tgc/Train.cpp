@@ -2,6 +2,7 @@
 #include "app/PrecisionProbe.h"
 #include "app/Trainer.h"
 #include "support/Files.h"
+#include "support/Limits.h"
 #include "tools/tgc/Options.h"
 
 #include "llvm/ADT/ScopeExit.h"
@@ -16,6 +17,7 @@
 #include <csignal>
 #include <fmt/format.h>
 #include <optional>
+#include <unistd.h>
 
 namespace tgc::cli {
 
@@ -328,6 +330,52 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
 
 } // namespace
 
+/// Where a resumed run's --log continues: the log of the run it resumes (its first record that
+/// run's, of the same model and seed) keeps its records, and the new ones follow from the end of
+/// its last whole line (a line a killed run left half-written is dropped); tgc report keeps,
+/// of the steps past the resumed run's resumed_at, the resumed run's. nullopt: a new log (no
+/// --resume, or no log there yet). Another run's log is refused, before anything is written.
+llvm::Expected<std::optional<uint64_t>> continuedLog(const Trainer &t) {
+  uint64_t size = 0;
+  if (ResumePath.empty() || llvm::sys::fs::file_size(LogPath, size) || size == 0)
+    return std::nullopt;
+  auto text = readFileAtMost(LogPath, uint64_t(1) << 30, "a log");
+  if (!text)
+    return text.takeError();
+  llvm::StringRef bytes = (*text)->getBuffer();
+  auto first = llvm::json::parse(bytes.split('\n').first);
+  const llvm::json::Object *record = first ? first->getAsObject() : nullptr;
+  const llvm::json::Object *run = record ? record->getObject("run") : nullptr;
+  if (!first)
+    llvm::consumeError(first.takeError());
+  const ModelConfig &c = t.config();
+  std::string seed = std::to_string(c.train.seed);
+  if (!run || run->getString("model") != llvm::StringRef(c.name) || run->getString("seed") != llvm::StringRef(seed))
+    return flagError(fmt::format("{}: error: not the log of the run --resume continues (its first record is not a "
+                                 "run of model {} with seed {}): give --log a new file, or that run's log",
+                                 LogPath.getValue(), c.name, seed));
+  size_t lastNewline = bytes.rfind('\n');
+  return uint64_t(lastNewline == llvm::StringRef::npos ? 0 : lastNewline + 1);
+}
+
+/// The --log stream: a new file, or the resumed run's log continued from byte `keep`.
+llvm::Expected<std::unique_ptr<llvm::raw_fd_ostream>> openLog(std::optional<uint64_t> keep) {
+  std::error_code ec;
+  if (!keep) {
+    auto log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
+    if (ec)
+      return flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message()));
+    return std::move(log);
+  }
+  int fd = -1;
+  ec = llvm::sys::fs::openFileForWrite(LogPath, fd, llvm::sys::fs::CD_OpenExisting, llvm::sys::fs::OF_Append);
+  if (!ec && (ec = llvm::sys::fs::resize_file(fd, *keep)))
+    ::close(fd);
+  if (ec)
+    return flagError(fmt::format("{}: error: cannot continue the log: {}", LogPath.getValue(), ec.message()));
+  return std::make_unique<llvm::raw_fd_ostream>(fd, /*shouldClose=*/true);
+}
+
 int runTrain() {
   if (auto err = checkNotEmpty({&SavePath, &ResumePath, &LogPath, &DataPath}))
     return report(std::move(err));
@@ -389,10 +437,15 @@ int runTrain() {
                                                   c.train.seed, fileSeed)
                                     : "");
   if (!LogPath.empty()) {
-    std::error_code ec;
-    out.log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
-    if (ec)
-      return report(flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message())));
+    auto keep = continuedLog(t);
+    if (!keep)
+      return report(keep.takeError());
+    auto log = openLog(*keep);
+    if (!log)
+      return report(log.takeError());
+    out.log = std::move(*log);
+    if (*keep)
+      llvm::outs() << fmt::format("log: {} continues after its {} bytes\n", LogPath.getValue(), **keep);
     // The first record describes the run (commit, model, device, recipe, op counts); each
     // later one is a step.
     llvm::json::Object run = runDescription(t);
