@@ -140,6 +140,100 @@ llvm::Expected<llvm::json::Value> parseJson(llvm::StringRef text, llvm::StringRe
   return value;
 }
 
+/// What a training log holds: its (last) run record and its series by step.
+struct RunLog {
+  llvm::json::Object run;
+  Series loss{"loss", {}}, lr{"learning rate", {}}, norm{"gradient norm", {}}, speed{"tokens/s", {}},
+      stepMs{"step ms", {}};
+  std::map<std::string, Series> amax, scale;
+
+  /// A resumed run continuing this log: the steps past where it resumed are its own now
+  /// (the first run's were not saved, or are done again).
+  void dropStepsAfter(double resumed) {
+    auto after = [&](const std::pair<double, double> &point) { return point.first > resumed; };
+    for (Series *series : {&loss, &lr, &norm, &speed, &stepMs})
+      llvm::erase_if(series->points, after);
+    for (auto *byTensor : {&amax, &scale})
+      for (auto &[name, series] : *byTensor)
+        llvm::erase_if(series.points, after);
+  }
+
+  void addFp8(const llvm::json::Object &fp8) {
+    double step = fp8.getNumber("step").value_or(0);
+    if (const llvm::json::Array *tensors = fp8.getArray("tensors"))
+      for (const llvm::json::Value &t : *tensors)
+        if (const llvm::json::Object *o = t.getAsObject()) {
+          std::string name = o->getString("tensor").value_or("?").str();
+          amax[name].name = scale[name].name = name;
+          amax[name].points.emplace_back(step, o->getNumber("amax").value_or(NAN));
+          scale[name].points.emplace_back(step, o->getNumber("scale").value_or(NAN));
+        }
+  }
+
+  void addStep(double step, const llvm::json::Object &record) {
+    loss.points.emplace_back(step, record.getNumber("loss").value_or(NAN));
+    lr.points.emplace_back(step, record.getNumber("lr").value_or(NAN));
+    norm.points.emplace_back(step, record.getNumber("grad_norm").value_or(NAN));
+    speed.points.emplace_back(step, record.getNumber("tokens_per_s").value_or(NAN));
+    stepMs.points.emplace_back(step, record.getNumber("step_ms").value_or(NAN));
+  }
+};
+
+llvm::Expected<RunLog> readRunLog(llvm::StringRef path) {
+  auto log = readFileAtMost(path, uint64_t(1) << 30, "a log");
+  if (!log)
+    return log.takeError();
+  RunLog out;
+  llvm::SmallVector<llvm::StringRef, 0> lines;
+  (*log)->getBuffer().split(lines, '\n', -1, false);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    auto value = parseJson(lines[i], path, i + 1);
+    if (!value)
+      return value.takeError();
+    const llvm::json::Object *record = value->getAsObject();
+    if (!record)
+      return fileError(path, "line {}: not a JSON object", i + 1);
+    if (const llvm::json::Object *r = record->getObject("run")) {
+      if (std::optional<double> resumed = r->getNumber("resumed_at"))
+        out.dropStepsAfter(*resumed);
+      out.run = *r;
+    } else if (const llvm::json::Object *fp8 = record->getObject("fp8")) {
+      out.addFp8(*fp8);
+    } else if (auto step = record->getNumber("step")) {
+      out.addStep(*step, *record);
+    } else {
+      return fileError(path, "line {}: neither a run, a step nor an FP8 record", i + 1);
+    }
+  }
+  if (out.loss.points.empty())
+    return fileError(path, "no step records: not a tgc train --log file");
+  return out;
+}
+
+/// The bench file's precisions side by side, as bar charts.
+llvm::Expected<std::string> benchSection(llvm::StringRef path) {
+  auto text = readFileAtMost(path, uint64_t(64) << 20, "a bench file");
+  if (!text)
+    return text.takeError();
+  auto value = parseJson((*text)->getBuffer(), path, 1);
+  if (!value)
+    return value.takeError();
+  const llvm::json::Object *bench = value->getAsObject();
+  const llvm::json::Array *results = bench ? bench->getArray("results") : nullptr;
+  if (!results)
+    return fileError(path, "no 'results': not a tgc bench --json file");
+  std::vector<std::pair<std::string, double>> ms, tokens, memory;
+  for (const llvm::json::Value &r : *results)
+    if (const llvm::json::Object *o = r.getAsObject()) {
+      std::string recipe = o->getString("recipe").value_or("?").str();
+      ms.emplace_back(recipe, o->getNumber("median_ms").value_or(0));
+      tokens.emplace_back(recipe, o->getNumber("tokens_per_s").value_or(0));
+      memory.emplace_back(recipe, o->getNumber("memory_mib").value_or(0));
+    }
+  return "<h2>Precisions side by side (tgc bench)</h2>\n" + barChart("median step time, ms", ms) +
+         barChart("tokens/s", tokens) + barChart("device memory, MiB", memory);
+}
+
 } // namespace
 
 int runReport() {
@@ -147,57 +241,10 @@ int runReport() {
     return report(std::move(err));
   if (auto err = checkDistinctFiles({{"the log", ReportLog}, {"--bench", ReportBench}, {"-o", ReportOut}}))
     return report(std::move(err));
-  auto log = readFileAtMost(ReportLog, uint64_t(1) << 30, "a log");
-  if (!log)
-    return report(log.takeError());
-  llvm::json::Object run;
-  Series loss{"loss", {}}, lr{"learning rate", {}}, norm{"gradient norm", {}}, speed{"tokens/s", {}},
-      stepMs{"step ms", {}};
-  std::map<std::string, Series> amax, scale;
-  llvm::SmallVector<llvm::StringRef, 0> lines;
-  (*log)->getBuffer().split(lines, '\n', -1, false);
-  for (size_t i = 0; i < lines.size(); ++i) {
-    auto value = parseJson(lines[i], ReportLog, i + 1);
-    if (!value)
-      return report(value.takeError());
-    const llvm::json::Object *record = value->getAsObject();
-    if (!record)
-      return report(fileError(ReportLog, "line {}: not a JSON object", i + 1));
-    if (const llvm::json::Object *r = record->getObject("run")) {
-      // A resumed run continuing this log: the steps past where it resumed are its own now
-      // (the first run's were not saved, or are done again).
-      if (std::optional<double> resumed = r->getNumber("resumed_at")) {
-        auto after = [&](const std::pair<double, double> &point) { return point.first > *resumed; };
-        for (Series *series : {&loss, &lr, &norm, &speed, &stepMs})
-          llvm::erase_if(series->points, after);
-        for (auto *byTensor : {&amax, &scale})
-          for (auto &[name, series] : *byTensor)
-            llvm::erase_if(series.points, after);
-      }
-      run = *r;
-    } else if (const llvm::json::Object *fp8 = record->getObject("fp8")) {
-      double step = fp8->getNumber("step").value_or(0);
-      if (const llvm::json::Array *tensors = fp8->getArray("tensors"))
-        for (const llvm::json::Value &t : *tensors)
-          if (const llvm::json::Object *o = t.getAsObject()) {
-            std::string name = o->getString("tensor").value_or("?").str();
-            amax[name].name = scale[name].name = name;
-            amax[name].points.emplace_back(step, o->getNumber("amax").value_or(NAN));
-            scale[name].points.emplace_back(step, o->getNumber("scale").value_or(NAN));
-          }
-    } else if (auto step = record->getNumber("step")) {
-      loss.points.emplace_back(*step, record->getNumber("loss").value_or(NAN));
-      lr.points.emplace_back(*step, record->getNumber("lr").value_or(NAN));
-      norm.points.emplace_back(*step, record->getNumber("grad_norm").value_or(NAN));
-      speed.points.emplace_back(*step, record->getNumber("tokens_per_s").value_or(NAN));
-      stepMs.points.emplace_back(*step, record->getNumber("step_ms").value_or(NAN));
-    } else {
-      return report(fileError(ReportLog, "line {}: neither a run, a step nor an FP8 record", i + 1));
-    }
-  }
-  if (loss.points.empty())
-    return report(fileError(ReportLog, "no step records: not a tgc train --log file"));
-
+  auto runLog = readRunLog(ReportLog);
+  if (!runLog)
+    return report(runLog.takeError());
+  auto &[run, loss, lr, norm, speed, stepMs, amax, scale] = *runLog;
   std::string model = run.getString("model").value_or("a model").str();
   std::string html = fmt::format("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tgc report: {}</title>"
                                  "<style>body{{font-family:sans-serif;margin:24px;color:#222}}figure{{display:inline-"
@@ -237,26 +284,10 @@ int runReport() {
     html += lineChart("scale of each quantized tensor", "scale (log scale)", s, true);
   }
   if (!ReportBench.empty()) {
-    auto text = readFileAtMost(ReportBench, uint64_t(64) << 20, "a bench file");
-    if (!text)
-      return report(text.takeError());
-    auto value = parseJson((*text)->getBuffer(), ReportBench, 1);
-    if (!value)
-      return report(value.takeError());
-    const llvm::json::Object *bench = value->getAsObject();
-    const llvm::json::Array *results = bench ? bench->getArray("results") : nullptr;
-    if (!results)
-      return report(fileError(ReportBench, "no 'results': not a tgc bench --json file"));
-    std::vector<std::pair<std::string, double>> ms, tokens, memory;
-    for (const llvm::json::Value &r : *results)
-      if (const llvm::json::Object *o = r.getAsObject()) {
-        std::string recipe = o->getString("recipe").value_or("?").str();
-        ms.emplace_back(recipe, o->getNumber("median_ms").value_or(0));
-        tokens.emplace_back(recipe, o->getNumber("tokens_per_s").value_or(0));
-        memory.emplace_back(recipe, o->getNumber("memory_mib").value_or(0));
-      }
-    html += "<h2>Precisions side by side (tgc bench)</h2>\n";
-    html += barChart("median step time, ms", ms) + barChart("tokens/s", tokens) + barChart("device memory, MiB", memory);
+    auto section = benchSection(ReportBench);
+    if (!section)
+      return report(section.takeError());
+    html += *section;
   }
   html += "</body></html>\n";
   if (auto err = writeFileAtomically(ReportOut, html))
