@@ -6,6 +6,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/xxhash.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -132,6 +133,12 @@ double ArithmeticData::lossFloor() const {
   // Every later position is determined. Averaged over seq_len positions.
   double steps = double(config_.maxStep - config_.minStep + 1);
   return std::log(steps) / double(seqLen_);
+}
+
+std::string TokenFileData::digest() const {
+  if (digest_.empty())
+    digest_ = fmt::format("{:016x}", llvm::xxHash64(buffer_->getBuffer()));
+  return digest_;
 }
 
 } // namespace tgc

@@ -29,6 +29,9 @@ public:
   virtual std::string describe() const = 0;
   /// The lowest loss a perfect model reaches on average, if known (else 0).
   virtual double lossFloor() const { return 0; }
+  /// A digest of what the stream is drawn from (a file's bytes), which a checkpoint keeps so
+  /// that a resumed run reads the same data; empty where describe() says it all.
+  virtual std::string digest() const { return ""; }
 };
 
 class ArithmeticData : public DataSource {
@@ -67,6 +70,8 @@ public:
                                                              int64_t seqLen, uint64_t seed);
   Batch trainBatch(int64_t index, int64_t batchSize) const override;
   std::string describe() const override { return description_; }
+  /// xxHash64 of the file's bytes, in hex: computed at the first call (a save, a resume).
+  std::string digest() const override;
 
 private:
   int32_t token(uint64_t i) const {
@@ -80,6 +85,7 @@ private:
   int64_t seqLen_ = 0;
   uint64_t seed_ = 0;
   std::string description_;
+  mutable std::string digest_;
 };
 
 } // namespace tgc

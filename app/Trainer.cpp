@@ -133,9 +133,10 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
   checkpoint.meta["model_sha256"] = sha256Hex(model);
   checkpoint.meta["step"] = stepsDone_;
   checkpoint.meta["seed"] = std::to_string(config_.train.seed); // u64 does not fit JSON's int64
-  checkpoint.meta["data"] = llvm::json::Object{{"source", data_->describe()},
-                                               {"path", dataPath_},
-                                               {"position", stepsDone_}};
+  llvm::json::Object data{{"source", data_->describe()}, {"path", dataPath_}, {"position", stepsDone_}};
+  if (std::string digest = data_->digest(); !digest.empty())
+    data["xxh64"] = digest;
+  checkpoint.meta["data"] = std::move(data);
   checkpoint.meta["precision"] = recipeName(config_.precision.recipe).str();
   return checkpoint;
 }
@@ -224,6 +225,12 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
                                      "with the same data ({})",
                                      path.str(), savedSource ? savedSource->str() : "other data",
                                      data_->describe(), savedFromFile ? "--data " + savedPath->str() : "no --data"));
+    // Same size, other bytes: another file (checkpoints written before the digest have none).
+    auto savedDigest = data->getString("xxh64");
+    if (savedFromFile && savedDigest && *savedDigest != data_->digest())
+      return stringError(fmt::format("{}: error: the checkpoint was trained on a file of other bytes than {} (xxHash64 "
+                                     "{}, this one {}): resume it with the same data (--data {})",
+                                     path.str(), dataPath_, savedDigest->str(), data_->digest(), savedPath->str()));
   }
   for (const Op *op : program_->ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
