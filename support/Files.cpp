@@ -1,4 +1,5 @@
 #include "support/Files.h"
+#include "support/Trace.h"
 
 #include "support/Error.h"
 
@@ -123,8 +124,12 @@ std::string fileIdentity(llvm::StringRef path) {
 
 } // namespace
 
-llvm::Error checkDistinctFiles(llvm::ArrayRef<NamedFile> files,
+llvm::Error checkDistinctFiles(llvm::ArrayRef<NamedFile> given,
                                llvm::ArrayRef<std::pair<llvm::StringRef, llvm::StringRef>> allowed) {
+  std::vector<NamedFile> files(given.begin(), given.end());
+  // The trace is written when an executor ends, over whatever file it names.
+  if (TraceLog::instance().enabled())
+    files.push_back({"TGC_TRACE", TraceLog::instance().path()});
   std::vector<std::string> ids;
   for (const NamedFile &f : files)
     ids.push_back(f.path.empty() ? "" : fileIdentity(f.path));

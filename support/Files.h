@@ -30,7 +30,8 @@ struct NamedFile {
 /// An error naming the first two of `files` that are the same file: by device and inode where
 /// both exist (so that a symbolic or hard link, or another spelling, is caught), by the
 /// resolved folder and name where they do not exist yet. `allowed` lists pairs of flags that
-/// may name one file (a checkpoint read whole before it is replaced atomically).
+/// may name one file (a checkpoint read whole before it is replaced atomically). The file
+/// TGC_TRACE names, where tracing is on, is one of them: the trace replaces it at the end.
 llvm::Error checkDistinctFiles(llvm::ArrayRef<NamedFile> files,
                                llvm::ArrayRef<std::pair<llvm::StringRef, llvm::StringRef>> allowed = {});
 

@@ -259,6 +259,8 @@ int runOpt() {
 }
 
 int runForward() {
+  if (auto err = checkDistinctFiles({{"the model file", ModelPath}}))
+    return report(std::move(err));
   auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());

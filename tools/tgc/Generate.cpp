@@ -90,6 +90,8 @@ llvm::Expected<std::vector<std::vector<int32_t>>> readPrompts(int64_t vocab) {
 int runGenerate() {
   if (auto err = checkNotEmpty({&PromptsFile}))
     return report(std::move(err));
+  if (auto err = checkDistinctFiles({{"the checkpoint", CheckpointPath}, {"--prompts", PromptsFile}}))
+    return report(std::move(err));
   if (Tokens < 1 || Tokens > 100000)
     return report(flagError(fmt::format("--tokens must be between 1 and 100000, got {}", int64_t(Tokens))));
   if (!(Temperature >= 0 && Temperature <= 100))
@@ -160,6 +162,8 @@ int runGenerate() {
 }
 
 int runEval() {
+  if (auto err = checkDistinctFiles({{"the checkpoint", CheckpointPath}}))
+    return report(std::move(err));
   auto trained = loadTrained(CheckpointPath);
   if (!trained)
     return report(trained.takeError());
