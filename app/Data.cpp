@@ -4,12 +4,15 @@
 #include "support/Random.h"
 
 #include "llvm/Support/FileSystem.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/xxhash.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace tgc {
 
@@ -81,49 +84,100 @@ TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_
     return fail("cannot read: " + ec.message());
   if (status.type() != llvm::sys::fs::file_type::regular_file)
     return fail("not a regular file (a device, a pipe or a folder): training data must be a file of known size");
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
-  if (!buffer)
-    return fail("cannot read: " + buffer.getError().message());
   auto data = std::make_unique<TokenFileData>();
-  data->buffer_ = std::move(*buffer);
+  if (std::error_code ec = llvm::sys::fs::openFileForRead(path, data->fd_))
+    return fail("cannot read: " + ec.message());
+  data->path_ = path.str();
+  data->bytes_ = status.getSize();
+  data->vocab_ = vocab;
   data->seqLen_ = seqLen;
   data->seed_ = seed;
-  llvm::StringRef bytes = data->buffer_->getBuffer();
   llvm::StringRef ext = llvm::sys::path::extension(path);
   data->u16_ = ext == ".bin" || ext == ".u16" || ext == ".tokens";
   if (data->u16_) {
-    if (bytes.size() % 2)
-      return fail(fmt::format("a uint16 token file must have an even size, got {} bytes", bytes.size()));
-    data->tokens_ = bytes.size() / 2;
-    for (uint64_t i = 0; i < data->tokens_; ++i) // one pass over the mapping, nothing kept
-      if (int32_t id = data->token(i); id >= vocab)
-        return fail(fmt::format("token {} at index {} is outside the model's vocabulary of {}", id, i, vocab));
+    if (data->bytes_ % 2)
+      return fail(fmt::format("a uint16 token file must have an even size, got {} bytes", data->bytes_));
+    data->tokens_ = data->bytes_ / 2;
   } else {
     if (vocab < 256)
       return fail(fmt::format("byte-level text needs a vocabulary of at least 256, the model has {} "
                               "(token files end in .bin, .u16 or .tokens)", vocab));
-    data->tokens_ = bytes.size();
+    data->tokens_ = data->bytes_;
   }
   if (int64_t(data->tokens_) < seqLen + 1)
     return fail(fmt::format("{} tokens, fewer than one training window of seq_len + 1 = {}", data->tokens_,
                             seqLen + 1));
+  if (auto err = data->scan())
+    return std::move(err);
   data->description_ = fmt::format("{} ({} tokens, {})", path.str(), data->tokens_,
                                    data->u16_ ? "uint16 ids" : "bytes");
   return std::move(data);
 }
 
-Batch TokenFileData::trainBatch(int64_t index, int64_t batchSize) const {
+TokenFileData::~TokenFileData() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+llvm::Error TokenFileData::scan() {
+  constexpr uint64_t kPiece = uint64_t(16) << 20;
+  const uint64_t width = u16_ ? 2 : 1;
+  std::vector<int32_t> tokens;
+  std::string pieceDigests;
+  for (uint64_t first = 0; first < tokens_; first += kPiece / width) {
+    tokens.resize(size_t(std::min(kPiece / width, tokens_ - first)));
+    if (auto err = readTokens(first, tokens))
+      return err;
+    // The digest of the bytes: tokens are the bytes decoded, so their values are hashed.
+    uint64_t piece = llvm::xxHash64(llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(tokens.data()),
+                                                            tokens.size() * sizeof(int32_t)));
+    pieceDigests.append(reinterpret_cast<const char *>(&piece), sizeof(piece));
+  }
+  digest_ = fmt::format("{:016x}", llvm::xxHash64(pieceDigests));
+  return llvm::Error::success();
+}
+
+llvm::Error TokenFileData::readTokens(uint64_t first, llvm::MutableArrayRef<int32_t> out) const {
+  const uint64_t width = u16_ ? 2 : 1, offset = first * width, size = out.size() * width;
+  std::vector<unsigned char> bytes(size);
+  uint64_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd_, bytes.data() + done, size - done, off_t(offset + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return makeError("{}: error: reading bytes {}-{} failed: {}", path_.c_str(), offset, offset + size,
+                       std::strerror(errno));
+    if (n == 0) {
+      struct stat now {};
+      std::string size = ::fstat(fd_, &now) == 0 ? fmt::format("{} bytes now", now.st_size) : "shorter now";
+      return makeError("{}: error: the file is {}, {} when the run began: it was cut short while training read it "
+                       "(byte {} is gone)",
+                       path_.c_str(), size, bytes_, offset + done);
+    }
+    done += uint64_t(n);
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = u16_ ? int32_t(bytes[2 * i]) | (int32_t(bytes[2 * i + 1]) << 8) : int32_t(bytes[i]);
+    if (out[i] >= vocab_)
+      return makeError("{}: error: token {} at index {} is outside the model's vocabulary of {}", path_.c_str(),
+                       out[i], first + i, vocab_);
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<Batch> TokenFileData::batch(int64_t index, int64_t batchSize) const {
   Batch batch;
   batch.batch = batchSize;
   batch.seqLen = seqLen_;
   Rng rng(mix64(seed_ ^ 0x7e47f11eULL) + uint64_t(index) * 0x9e3779b97f4a7c15ULL);
   uint64_t windows = tokens_ - uint64_t(seqLen_);
+  std::vector<int32_t> window(size_t(seqLen_ + 1));
   for (int64_t b = 0; b < batchSize; ++b) {
-    uint64_t start = rng.below(windows);
-    for (int64_t i = 0; i < seqLen_; ++i) {
-      batch.tokens.push_back(token(start + uint64_t(i)));
-      batch.targets.push_back(token(start + uint64_t(i) + 1));
-    }
+    if (auto err = readTokens(rng.below(windows), window))
+      return std::move(err);
+    batch.tokens.insert(batch.tokens.end(), window.begin(), window.end() - 1);
+    batch.targets.insert(batch.targets.end(), window.begin() + 1, window.end());
   }
   return batch;
 }
@@ -133,12 +187,6 @@ double ArithmeticData::lossFloor() const {
   // Every later position is determined. Averaged over seq_len positions.
   double steps = double(config_.maxStep - config_.minStep + 1);
   return std::log(steps) / double(seqLen_);
-}
-
-std::string TokenFileData::digest() const {
-  if (digest_.empty())
-    digest_ = fmt::format("{:016x}", llvm::xxHash64(buffer_->getBuffer()));
-  return digest_;
 }
 
 } // namespace tgc

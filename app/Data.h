@@ -6,7 +6,7 @@
 #include "models/ModelConfig.h"
 
 #include "llvm/Support/Error.h"
-#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/ADT/ArrayRef.h"
 
 #include <cstdint>
 #include <memory>
@@ -24,8 +24,9 @@ struct Batch {
 class DataSource {
 public:
   virtual ~DataSource() = default;
-  /// Batch number `index` of the training stream.
-  virtual Batch trainBatch(int64_t index, int64_t batchSize) const = 0;
+  /// Batch number `index` of the training stream; an error where its source can no longer be
+  /// read (a file that shrank during the run).
+  virtual llvm::Expected<Batch> batch(int64_t index, int64_t batchSize) const = 0;
   virtual std::string describe() const = 0;
   /// The lowest loss a perfect model reaches on average, if known (else 0).
   virtual double lossFloor() const { return 0; }
@@ -45,7 +46,10 @@ public:
   static bool isEvalPair(int64_t a, int64_t k);
   /// Batch number `index` of the training stream: a pure function of (seed, index), so a
   /// resumed run continues the same stream from its data position.
-  Batch trainBatch(int64_t index, int64_t batchSize) const override;
+  Batch trainBatch(int64_t index, int64_t batchSize) const;
+  llvm::Expected<Batch> batch(int64_t index, int64_t batchSize) const override {
+    return trainBatch(index, batchSize);
+  }
   /// `count` held-out (a, k) pairs, drawn deterministically.
   std::vector<std::pair<int64_t, int64_t>> evalPairs(int64_t count) const;
   /// The first `length` tokens of the progression (a, k).
@@ -60,32 +64,35 @@ private:
   uint64_t seed_;
 };
 
-/// Random windows of seq_len + 1 tokens from a token sequence in a file, mapped into memory
-/// and decoded a window at a time (a file larger than the memory trains as well as a small one).
+/// Random windows of seq_len + 1 tokens from a token sequence in a file, read a window at a time
+/// (a file larger than the memory trains as well as a small one). Read, not mapped: a file cut
+/// short during the run is an error at the next batch, where a mapping would end in SIGBUS.
 class TokenFileData : public DataSource {
 public:
   /// `.bin`, `.u16` and `.tokens` files hold little-endian uint16 token ids; anything else is
   /// text, one token per byte (vocab >= 256).
   static llvm::Expected<std::unique_ptr<TokenFileData>> open(llvm::StringRef path, int64_t vocab,
                                                              int64_t seqLen, uint64_t seed);
-  Batch trainBatch(int64_t index, int64_t batchSize) const override;
+  llvm::Expected<Batch> batch(int64_t index, int64_t batchSize) const override;
   std::string describe() const override { return description_; }
-  /// xxHash64 of the file's bytes, in hex: computed at the first call (a save, a resume).
-  std::string digest() const override;
+  /// The file's bytes by xxHash64 (of the xxHash64s of its 16 MiB pieces), in hex, from the
+  /// pass over the file that open() makes.
+  std::string digest() const override { return digest_; }
+  ~TokenFileData() override;
 
 private:
-  int32_t token(uint64_t i) const {
-    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(buffer_->getBufferStart());
-    return u16_ ? int32_t(bytes[2 * i]) | (int32_t(bytes[2 * i + 1]) << 8) : int32_t(bytes[i]);
-  }
+  /// Reads tokens [first, first + out.size()) into `out`, each checked against the vocabulary.
+  llvm::Error readTokens(uint64_t first, llvm::MutableArrayRef<int32_t> out) const;
+  /// One pass over the file: every token checked, the digest computed.
+  llvm::Error scan();
 
-  std::unique_ptr<llvm::MemoryBuffer> buffer_; // the file, mapped
+  int fd_ = -1;
+  std::string path_;
   bool u16_ = false;
-  uint64_t tokens_ = 0;
-  int64_t seqLen_ = 0;
+  uint64_t bytes_ = 0, tokens_ = 0;
+  int64_t vocab_ = 0, seqLen_ = 0;
   uint64_t seed_ = 0;
-  std::string description_;
-  mutable std::string digest_;
+  std::string description_, digest_;
 };
 
 } // namespace tgc

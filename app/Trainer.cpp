@@ -83,8 +83,14 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
 }
 
 llvm::Expected<StepRecord> Trainer::step() {
+  auto batch = nextBatch();
+  if (!batch)
+    return batch.takeError();
+  return step(std::move(*batch));
+}
+
+llvm::Expected<StepRecord> Trainer::step(Batch b) {
   const int64_t batch = config_.train.batch / ranks_, seqLen = config_.seqLen;
-  Batch b = data_->trainBatch(stepsDone_, config_.train.batch);
   if (ranks_ > 1) { // this rank's rows of the global batch
     auto rows = [&](std::vector<int32_t> &all) {
       all.erase(all.begin(), all.begin() + rank_ * batch * seqLen);

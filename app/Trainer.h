@@ -43,8 +43,13 @@ public:
                                                          Device device = Device::cpu(),
                                                          Communicator *communicator = nullptr);
 
-  /// Runs the next step.
+  /// Runs the next step: nextBatch() then step(batch).
   llvm::Expected<StepRecord> step();
+  /// The next step's batch (the whole global batch). An error here (the data cannot be read)
+  /// leaves the trainer at its last finished step, which can still be saved.
+  llvm::Expected<Batch> nextBatch() const { return data_->batch(stepsDone_, config_.train.batch); }
+  /// Runs the next step on `batch`, from nextBatch().
+  llvm::Expected<StepRecord> step(Batch batch);
   int64_t stepsDone() const { return stepsDone_; }
   const ModelConfig &config() const { return config_; }
   const Graph &program() const { return *program_; }

@@ -253,17 +253,34 @@ struct StepOutput {
 };
 
 /// Trains `t` to its last step; 0, or the exit status of an error or a stop by signal.
+/// An error between steps (the data cannot be read, the log cannot be written): the trainer is
+/// at a step boundary, so the last step this run finished is saved (with --save) before the
+/// error is reported, and the error line says where the work is.
+int stopKeepingWork(Trainer &t, bool stepped, llvm::Error err) {
+  std::string message = llvm::toString(std::move(err));
+  if (!SavePath.empty() && stepped) {
+    if (auto saveErr = save(t, " before stopping"))
+      message += fmt::format("; saving step {} failed too: {}", t.stepsDone(), llvm::toString(std::move(saveErr)));
+    else
+      message += fmt::format("; training stopped, {} holds step {}", SavePath.getValue(), t.stepsDone());
+  }
+  return report(flagError(message));
+}
+
 int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &totalMs) {
   const ModelConfig &c = t.config();
   int64_t lastSaved = -1, badSteps = 0;
   while (t.stepsDone() < out.total) {
-    auto record = t.step();
-    if (!record)
+    auto batch = t.nextBatch();
+    if (!batch)
+      return stopKeepingWork(t, !losses.empty(), batch.takeError());
+    auto record = t.step(std::move(*batch));
+    if (!record) // failed inside the step: the weights may be half updated, so nothing is saved
       return report(record.takeError());
     losses.push_back(record->loss);
     totalMs += record->stepMs;
     if (auto err = out.write(*record))
-      return report(std::move(err));
+      return stopKeepingWork(t, true, std::move(err));
     // A loss or gradient that is not finite: the program skipped the update where the
     // gradients are not (the weights are the last good ones), and the step counts as bad.
     if (record->notFinite()) {
@@ -292,7 +309,7 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
     int64_t fp8Every = LogFp8Every > 0 ? int64_t(LogFp8Every) : out.every;
     if (out.log && c.precision.recipe == Recipe::Fp8 && (record->step % fp8Every == 0 || record->step == 1))
       if (auto err = out.writeFp8State(t, record->step))
-        return report(std::move(err));
+        return stopKeepingWork(t, true, std::move(err));
     if (Fp8SummaryEvery > 0 && record->step % Fp8SummaryEvery == 0) {
       auto state = t.fp8State();
       if (!state)
