@@ -308,4 +308,12 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
   return checkpoint;
 }
 
+int64_t checkpointsAtOnce(int64_t start, int64_t total, int64_t saveEvery, int64_t keep) {
+  int64_t saves = 1; // the last step's
+  if (saveEvery > 0 && total > start + 1)
+    saves += (total - 1) / saveEvery - start / saveEvery;
+  // Before each save after the first, the earlier ones still on disk: the last, or the kept.
+  return 1 + std::min(saves - 1, std::max<int64_t>(keep, 1));
+}
+
 } // namespace tgc

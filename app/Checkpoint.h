@@ -33,4 +33,10 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
 /// it), or success.
 llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path);
 
+/// How many checkpoints a run's saves hold on disk at once, at most: a save is written beside
+/// the checkpoints still there (the last save, or with `keep` > 1 the last `keep` kept as
+/// FILE.step-N) before the rename and the rotation free one. The run trains steps (start,
+/// total], saves every `saveEvery` steps (0: never) before the last and once at the end.
+int64_t checkpointsAtOnce(int64_t start, int64_t total, int64_t saveEvery, int64_t keep);
+
 } // namespace tgc

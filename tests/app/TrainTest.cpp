@@ -389,3 +389,13 @@ TEST(Training, AStepWhoseGradientsAreNotFiniteChangesNoWeight) {
 }
 
 } // namespace
+
+TEST(CheckpointsAtOnce, CountTheSaveBeingWrittenAndTheOnesStillThere) {
+  EXPECT_EQ(checkpointsAtOnce(0, 3, 0, 1), 1);   // one save, at the end
+  EXPECT_EQ(checkpointsAtOnce(0, 3, 5, 1), 1);   // --save-every past the run: still one
+  EXPECT_EQ(checkpointsAtOnce(0, 10, 5, 1), 2);  // steps 5 and 10: the second beside the first
+  EXPECT_EQ(checkpointsAtOnce(0, 3, 1, 3), 3);   // three saves, each kept: two kept and one written
+  EXPECT_EQ(checkpointsAtOnce(0, 100, 1, 3), 4); // three kept and one written
+  EXPECT_EQ(checkpointsAtOnce(8, 10, 5, 4), 1);  // resumed at 8: only the last save is left
+  EXPECT_EQ(checkpointsAtOnce(4, 10, 5, 4), 2);  // resumed at 4: steps 5 and 10
+}

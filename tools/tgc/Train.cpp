@@ -69,19 +69,23 @@ llvm::Error checkWritable(llvm::StringRef path) {
 /// Fails before training when the folder of `path` has no room for the checkpoints kept (the
 /// parameters and the state, in fp32, and a header; --keep-saves of them), rather than after
 /// the run.
-llvm::Error checkFreeSpace(llvm::StringRef path, const Graph &program, int64_t copies) {
+llvm::Error checkFreeSpace(llvm::StringRef path, const Trainer &t, int64_t keep) {
   int64_t bytes = 1 << 20; // the header, generously
-  for (const Op *op : program.ops())
+  for (const Op *op : t.program().ops())
     if (op->kind() == OpKind::Param || op->kind() == OpKind::State)
       bytes += op->result()->type().numElements() * 4;
-  bytes *= copies;
+  int64_t copies = checkpointsAtOnce(t.stepsDone(), t.config().train.steps, SaveEvery, keep);
   auto space = llvm::sys::fs::disk_space(folderOf(path));
-  if (!space || int64_t(space->available) >= bytes)
+  if (!space || int64_t(space->available) >= bytes * copies)
     return llvm::Error::success();
-  return flagError(fmt::format("{}: error: the checkpoint{} need{} {:.1f} MiB and {} folder has {:.1f} MiB free: "
-                               "nothing was trained",
-                               path.str(), copies > 1 ? "s kept" : "", copies > 1 ? "" : "s", bytes / 1048576.0,
-                               copies > 1 ? "their" : "its", space->available / 1048576.0));
+  return flagError(fmt::format("{}: error: the saves need {:.1f} MiB free ({} checkpoint{} of {:.1f} MiB at once{}) "
+                               "and its folder has {:.1f} MiB: nothing was trained",
+                               path.str(), bytes * copies / 1048576.0, copies, copies > 1 ? "s" : "",
+                               bytes / 1048576.0,
+                               copies == 1  ? ""
+                               : keep > 1   ? fmt::format(": the one written and the {} --keep-saves keeps", copies - 1)
+                                            : ": the one written and the last save, until it replaces it",
+                               space->available / 1048576.0));
 }
 
 /// The FILE.step-N copies this run kept (--keep-saves), oldest first: rotation removes only
@@ -151,7 +155,7 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
                                    ResumePath.getValue(), t.stepsDone(), t.config().train.steps, t.stepsDone()));
   }
   if (!SavePath.empty())
-    if (auto err = checkFreeSpace(SavePath, t.program(), KeepSaves))
+    if (auto err = checkFreeSpace(SavePath, t, KeepSaves))
       return std::move(err);
   return std::move(*trainer);
 }
