@@ -6,6 +6,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
+#include "llvm/Support/xxhash.h"
 
 #include "llvm/ADT/STLExtras.h"
 
@@ -24,17 +25,32 @@ std::string folderOf(llvm::StringRef path) {
   return dir.empty() ? "." : dir.str().str();
 }
 
+std::string temporaryPrefix(llvm::StringRef name) {
+  return fmt::format(".tgc-{:016x}.tmp-", llvm::xxHash64(name));
+}
+
+llvm::Error checkNameFits(llvm::StringRef path, llvm::StringRef suffix) {
+  std::string dir = folderOf(path);
+  long most = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  size_t length = llvm::sys::path::filename(path).size() + suffix.size();
+  if (most <= 0 || length <= size_t(most))
+    return llvm::Error::success();
+  return fileError(path, "the file name{} is {} bytes, and its folder takes names of at most {}", 
+                   suffix.empty() ? "" : " with '" + suffix.str() + "'", length, most);
+}
+
 namespace {
 
-/// Temporaries of earlier saves to `path` that were killed before their rename (NAME.tmp-XXXXXX,
-/// untouched for ten minutes: not a save running now): removed, so that they do not pile up.
+/// Temporaries of earlier saves to `name` that were killed before their rename (untouched for
+/// ten minutes: not a save running now): removed, so that they do not pile up. Both spellings:
+/// temporaryPrefix's, and NAME.tmp-XXXXXX of earlier versions.
 void removeStaleTemporaries(llvm::StringRef dir, llvm::StringRef name) {
-  std::string prefix = (name + ".tmp-").str();
+  std::string prefixes[] = {temporaryPrefix(name), (name + ".tmp-").str()};
   auto now = std::chrono::system_clock::now();
   std::error_code ec;
   for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
     llvm::StringRef file = llvm::sys::path::filename(it->path());
-    if (!file.starts_with(prefix) || file.size() != prefix.size() + 6)
+    if (!llvm::any_of(prefixes, [&](const std::string &p) { return file.starts_with(p) && file.size() == p.size() + 6; }))
       continue;
     llvm::sys::fs::file_status status;
     if (!llvm::sys::fs::status(it->path(), status) && status.type() == llvm::sys::fs::file_type::regular_file &&
@@ -74,7 +90,8 @@ llvm::Error writeFileAtomically(llvm::StringRef requested, llvm::StringRef conte
   std::string dir = folderOf(path);
   removeStaleTemporaries(dir, llvm::sys::path::filename(path));
   llvm::SmallString<256> model(dir);
-  llvm::sys::path::append(model, llvm::sys::path::filename(path) + ".tmp-%%%%%%");
+  // A short name of its own, so that a target whose name is near the folder's limit still has one.
+  llvm::sys::path::append(model, temporaryPrefix(llvm::sys::path::filename(path)) + "%%%%%%");
   auto temp = llvm::sys::fs::TempFile::create(model);
   if (!temp)
     return fileError(path, "cannot create a temporary file next to it: {}",

@@ -17,6 +17,13 @@ std::string folderOf(llvm::StringRef path);
 /// link to nothing, is an error naming it: a rename over it would replace the node itself.
 llvm::Expected<std::string> replaceableTarget(llvm::StringRef path);
 
+/// The start of the names of writeFileAtomically's temporaries for a file called `name`: a
+/// hidden name of fixed length (32 bytes with its 6 random ones), whatever the length of `name`.
+std::string temporaryPrefix(llvm::StringRef name);
+
+/// An error where the name of `path`, with `suffix` appended, is longer than its folder takes.
+llvm::Error checkNameFits(llvm::StringRef path, llvm::StringRef suffix = "");
+
 /// Writes `contents` to `path` through a temporary file in the same folder and a rename; through
 /// a link, to the file it names (the link kept); refused where replaceableTarget refuses.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents);

@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <sys/stat.h>
+#include <fmt/format.h>
 #include <fstream>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 using namespace tgc;
 
@@ -20,7 +22,7 @@ std::string freshFolder() {
   return path.str().str();
 }
 
-std::string inFolder(const std::string &dir, const char *name) { return dir + "/" + name; }
+std::string inFolder(const std::string &dir, const std::string &name) { return dir + "/" + name; }
 
 std::string contentsOf(const std::string &path) {
   auto buffer = llvm::MemoryBuffer::getFile(path);
@@ -33,24 +35,45 @@ TEST(Files, AtomicWritesReplaceAndRemoveOnlyOldTemporaries) {
   std::string dir = freshFolder(), path = inFolder(dir, "ck.st");
   ASSERT_FALSE(bool(writeFileAtomically(path, "one")));
   // A temporary a killed save left an hour ago goes; one of a save running now stays.
-  std::string stale = inFolder(dir, "ck.st.tmp-abcdef"), running = inFolder(dir, "ck.st.tmp-ghijkl");
+  // (Both spellings: the short hidden one, and NAME.tmp-XXXXXX of earlier versions.)
+  std::string stale = inFolder(dir, temporaryPrefix("ck.st") + "abcdef"), running = inFolder(dir, "ck.st.tmp-ghijkl"),
+              staleOld = inFolder(dir, "ck.st.tmp-abcdef");
   std::ofstream(stale) << "half";
+  std::ofstream(staleOld) << "half";
   std::ofstream(running) << "half";
   std::ofstream(inFolder(dir, "other.st.tmp-abcdef")) << "not ours";
-  int fd;
-  ASSERT_FALSE(llvm::sys::fs::openFileForWrite(stale, fd, llvm::sys::fs::CD_OpenExisting));
   auto anHourAgo = llvm::sys::toTimePoint(std::time(nullptr) - 3600);
-  ASSERT_FALSE(llvm::sys::fs::setLastAccessAndModificationTime(fd, anHourAgo));
-  llvm::sys::fs::closeFile(fd);
+  for (const std::string &old : {stale, staleOld}) {
+    int fd;
+    ASSERT_FALSE(llvm::sys::fs::openFileForWrite(old, fd, llvm::sys::fs::CD_OpenExisting));
+    ASSERT_FALSE(llvm::sys::fs::setLastAccessAndModificationTime(fd, anHourAgo));
+    llvm::sys::fs::closeFile(fd);
+  }
   ASSERT_FALSE(bool(writeFileAtomically(path, "two")));
   EXPECT_EQ(contentsOf(path), "two");
   EXPECT_FALSE(llvm::sys::fs::exists(stale));
+  EXPECT_FALSE(llvm::sys::fs::exists(staleOld));
   EXPECT_TRUE(llvm::sys::fs::exists(running));
   EXPECT_TRUE(llvm::sys::fs::exists(inFolder(dir, "other.st.tmp-abcdef")));
   // A folder that is not there: an error naming the file, nothing written.
   auto err = writeFileAtomically(inFolder(dir, "missing/x.st"), "three");
   ASSERT_TRUE(bool(err));
   EXPECT_NE(llvm::toString(std::move(err)).find("missing/x.st: error:"), std::string::npos);
+}
+
+TEST(Files, ANameAtTheFoldersLimitIsWrittenAndOneBeyondItRefused) {
+  std::string dir = freshFolder();
+  long most = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  ASSERT_GT(most, 40);
+  std::string longest = inFolder(dir, std::string(size_t(most), 'a'));
+  EXPECT_FALSE(bool(checkNameFits(longest)));
+  ASSERT_FALSE(bool(writeFileAtomically(longest, "fits"))); // its temporary's name is short
+  EXPECT_EQ(contentsOf(longest), "fits");
+  auto err = checkNameFits(longest, ".step-10");
+  ASSERT_TRUE(bool(err));
+  EXPECT_NE(llvm::toString(std::move(err)).find(fmt::format("the file name with '.step-10' is {} bytes, and its "
+                                                            "folder takes names of at most {}", most + 8, most)),
+            std::string::npos);
 }
 
 TEST(Files, AtomicWritesReplaceOnlyRegularFilesAndWriteThroughLinks) {

@@ -55,7 +55,9 @@ static cl::opt<int64_t> LogEvery("log-every", cl::desc("Print every N steps (def
                                  cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
 
 /// Fails early, before any training, when the checkpoint could not be written there.
-llvm::Error checkWritable(llvm::StringRef path) {
+llvm::Error checkWritable(llvm::StringRef path, llvm::StringRef suffix = "") {
+  if (auto err = checkNameFits(path, suffix))
+    return err;
   std::string dir = folderOf(path);
   if (!llvm::sys::fs::is_directory(dir))
     return flagError(fmt::format("{}: error: folder '{}' does not exist", path.str(), dir));
@@ -105,9 +107,11 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
                                      {"--save", SavePath}, {"--log", LogPath}},
                                     {{"--resume", "--save"}}))
     return std::move(err);
+  // --keep-saves also names each save FILE.step-N: the longest such name must fit too.
+  std::string keptSuffix = KeepSaves > 1 ? fmt::format(".step-{}", config.train.steps) : "";
   for (const std::string *path : {&SavePath.getValue(), &LogPath.getValue()})
     if (!path->empty())
-      if (auto err = checkWritable(*path))
+      if (auto err = checkWritable(*path, path == &SavePath.getValue() ? keptSuffix : ""))
         return std::move(err);
   if (!SavePath.empty()) // refused now, not after the training it would have kept
     if (auto target = replaceableTarget(SavePath); !target)
