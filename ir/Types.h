@@ -1,6 +1,8 @@
 // Element types, tensor types and op attributes of the tgc IR.
 #pragma once
 
+#include "support/Error.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
@@ -80,10 +82,6 @@ private:
 /// An attribute map written inline, as passes and kernels build them: attrs({{"axis", 2}}).
 AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list);
 
-/// `text` with control characters and non-ASCII bytes escaped (\n, \x7f), so that error
-/// messages quoting user input stay on one line (and a terminal shows escape sequences rather
-/// than obeying them); past 2000 bytes, the start and how much was left out.
-std::string escapeForMessage(llvm::StringRef text);
 
 /// Where an op came from in IR text (line 0 means built in memory).
 struct Location {

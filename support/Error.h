@@ -11,6 +11,12 @@
 
 namespace tgc {
 
+/// `text` with control characters and non-ASCII bytes escaped (\n, \x7f), so that error
+/// messages quoting user input stay on one line (and a terminal shows escape sequences rather
+/// than obeying them); past 2000 bytes, the start and how much was left out. Text it made is
+/// left as it is (all it writes is printable ASCII), so a message may pass through it twice.
+std::string escapeForMessage(llvm::StringRef text);
+
 /// An error whose message is fmt's `format` of `args`.
 template <typename... Args>
 llvm::Error makeError(fmt::format_string<Args...> format, Args &&...args) {
@@ -22,10 +28,10 @@ inline llvm::Error stringError(std::string message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-/// An error about the file `path`: "<path>: error: <message>".
+/// An error about the file `path`: "<path>: error: <message>", the path escaped.
 template <typename... Args>
 llvm::Error fileError(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return stringError(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...));
+  return stringError(escapeForMessage(path) + ": error: " + fmt::format(format, std::forward<Args>(args)...));
 }
 
 } // namespace tgc

@@ -1,6 +1,7 @@
 #include "support/Trace.h"
 
 #include "support/Environment.h"
+#include "support/Error.h"
 #include "support/Files.h"
 
 #include "llvm/Support/JSON.h"
@@ -70,7 +71,7 @@ void TraceLog::write() {
   llvm::raw_string_ostream(text) << llvm::json::Value(
       llvm::json::Object{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}});
   if (auto err = writeFileAtomically(path_, text))
-    llvm::errs() << "tgc: warning: TGC_TRACE: " << llvm::toString(std::move(err)) << "\n";
+    llvm::errs() << "tgc: warning: TGC_TRACE: " << escapeForMessage(llvm::toString(std::move(err))) << "\n";
 }
 
 } // namespace tgc

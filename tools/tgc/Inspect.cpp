@@ -26,8 +26,11 @@ int runInspect() {
   if (!trained)
     return report(trained.takeError());
   auto &[config, checkpoint] = *trained;
-  if (auto err = checkFinite(checkpoint, CheckpointPath)) // on stderr: --json stays JSON
-    llvm::errs() << "tgc: warning: " << llvm::toString(std::move(err)).substr(CheckpointPath.size() + 9) << "\n";
+  // On stderr, so that --json stays JSON; of "PATH: error: what", the what.
+  if (auto err = checkFinite(checkpoint, CheckpointPath)) {
+    std::string message = llvm::toString(std::move(err));
+    llvm::errs() << "tgc: warning: " << message.substr(message.find(": error: ") + 9) << "\n";
+  }
   PrecisionConfig precision = resolveRecipeForCpu(config.precision);
   auto summary = summarizeFp8State(checkpoint.tensors, precision, /*newest=*/8);
   int64_t step = checkpoint.meta.getInteger("step").value_or(0);

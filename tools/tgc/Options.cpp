@@ -108,9 +108,10 @@ cl::opt<std::string> DeviceFlag("device", cl::desc("auto | cpu | cuda"), cl::ini
                                    cl::sub(trainCommand()), cl::sub(generateCommand()), cl::sub(evalCommand()), cl::sub(benchCommand()),
                                    cl::cat(category()));
 
-/// Prints one line for the error and returns the exit code.
+/// Prints one line for the error (control bytes escaped) and returns the exit code.
 int report(llvm::Error err) {
-  std::string message = llvm::toString(std::move(err));
+  // Every path and name a message quotes, escaped once here (a second time changes nothing).
+  std::string message = escapeForMessage(llvm::toString(std::move(err)));
   if (message.find("error: ") == std::string::npos)
     message = "error: " + message;
   llvm::errs() << "tgc: " << message << "\n";

@@ -340,7 +340,8 @@ int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &
       llvm::errs() << fmt::format("tgc: standard output closed ({}) after step {}: training stopped{}\n",
                                   llvm::outs().error().message(), record->step,
                                   SavePath.empty() ? " (no --save: nothing written)"
-                                                   : fmt::format(", {} holds step {}", SavePath.getValue(), record->step));
+                                                   : fmt::format(", {} holds step {}",
+                                                                 escapeForMessage(SavePath.getValue()), record->step));
       llvm::outs().clear_error();
       return 74; // EX_IOERR, as a write to a closed pipe ends other tools
     }
