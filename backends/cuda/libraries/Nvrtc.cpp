@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <fmt/format.h>
+#include <mutex>
 #include <vector>
 
 #ifdef TGC_HAVE_CUDA
@@ -123,9 +124,19 @@ llvm::Expected<CompiledModule> compileCuda(llvm::StringRef source, llvm::StringR
   nvrtcGetCUBIN(program, module.cubin.data());
   nvrtcDestroyProgram(&program);
   // The cache is an optimisation: a folder that cannot be written costs a recompile, nothing
-  // else.
-  if (!llvm::sys::fs::create_directories(kernelCacheDir()))
-    llvm::consumeError(writeFileAtomically(cachePath, module.cubin));
+  // else, and is said once a process (a run would otherwise compile every kernel each time).
+  llvm::Error written = llvm::errorCodeToError(llvm::sys::fs::create_directories(kernelCacheDir()));
+  if (!written)
+    written = writeFileAtomically(cachePath, module.cubin);
+  if (written) {
+    static std::once_flag said;
+    std::string why = llvm::toString(std::move(written));
+    std::call_once(said, [&] {
+      llvm::errs() << fmt::format("tgc: warning: the kernel cache {} cannot be written ({}): kernels are compiled "
+                                  "again each run; set TGC_CACHE_DIR to a folder tgc can write\n",
+                                  escapeForMessage(kernelCacheDir()), escapeForMessage(why));
+    });
+  }
   return module;
 #endif
 }
