@@ -1,9 +1,10 @@
 #include "ir/Graph.h"
+#include "ir/Infer.h"
 #include "support/Error.h"
 
-#include "ir/Infer.h"
-
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SetVector.h"
 
 #include <algorithm>
 #include <cassert>
@@ -115,24 +116,38 @@ Op *Graph::createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs
 }
 
 void Graph::replaceAllUsesWith(Value *from, Value *to) {
-  for (Op *user : std::vector<Op *>(from->users_))
-    for (unsigned i = 0; i < user->numOperands(); ++i)
-      if (user->operand(i) == from)
-        user->setOperand(i, to);
+  if (from == to)
+    return;
+  // Each use moves at once (users_ holds one entry a use), rather than one setOperand at a
+  // time, whose search of the use list made merging into a value of many users quadratic.
+  for (Op *user : from->users_)
+    for (Value *&operand : user->operands_)
+      if (operand == from)
+        operand = to;
+  to->users_.insert(to->users_.end(), from->users_.begin(), from->users_.end());
+  from->users_.clear();
   for (Value *&out : outputs_)
     if (out == from)
       out = to;
 }
 
-void Graph::eraseOp(Op *op) {
-  for (const auto &result : op->results_) {
-    assert(!result->hasUses() && "erasing an op whose results are still used");
-    names_.erase(result->name());
+void Graph::eraseOp(Op *op) { eraseOps({op}); }
+
+void Graph::eraseOps(llvm::ArrayRef<Op *> ops) {
+  llvm::DenseSet<const Op *> gone(ops.begin(), ops.end());
+  auto isGone = [&](const Op *op) { return gone.contains(op); };
+  llvm::SetVector<Value *> operands;
+  for (Op *op : ops) {
+    for (const auto &result : op->results_) {
+      assert(llvm::all_of(result->users_, isGone) && "erasing an op whose results are still used");
+      names_.erase(result->name());
+    }
+    operands.insert(op->operands_.begin(), op->operands_.end());
   }
-  for (Value *v : op->operands_)
-    v->removeUse(op);
-  auto pos = std::find_if(ops_.begin(), ops_.end(), [&](auto &o) { return o.get() == op; });
-  ops_.erase(pos);
+  // One sweep of each use list and of the op list, whatever the number of ops erased.
+  for (Value *v : operands)
+    llvm::erase_if(v->users_, isGone);
+  llvm::erase_if(ops_, [&](const std::unique_ptr<Op> &o) { return isGone(o.get()); });
 }
 
 Op *Builder::createOp(OpKind kind, llvm::ArrayRef<Value *> operands, AttrMap attrs,

@@ -127,6 +127,9 @@ public:
   void replaceAllUsesWith(Value *from, Value *to);
   /// Removes an op whose results have no uses.
   void eraseOp(Op *op);
+  /// Removes `ops`, whose results have no uses but by each other, in one sweep (erasing them
+  /// one at a time costs a search of the op list each).
+  void eraseOps(llvm::ArrayRef<Op *> ops);
   /// Reorders the ops so that every operand is defined above its users, moving as little as
   /// possible: among the ops that are ready, the one that came first goes first.
   void sortTopologically();

@@ -16,7 +16,7 @@ public:
     // deterministic.
     using Key = std::tuple<OpKind, std::vector<std::string>, std::string>;
     std::map<Key, Op *> seen;
-    bool changed = false;
+    std::vector<Op *> merged;
     for (Op *op : graph.ops()) {
       if (isLeaf(op->kind()) || hasSideEffects(op->kind()))
         continue;
@@ -31,10 +31,10 @@ public:
         continue;
       for (unsigned i = 0; i < op->numResults(); ++i)
         graph.replaceAllUsesWith(op->result(i), it->second->result(i));
-      graph.eraseOp(op);
-      changed = true;
+      merged.push_back(op);
     }
-    return changed;
+    graph.eraseOps(merged);
+    return !merged.empty();
   }
 };
 

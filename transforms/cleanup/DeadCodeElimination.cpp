@@ -3,28 +3,34 @@
 // assigns.
 #include "transforms/Passes.h"
 
+#include "llvm/ADT/DenseSet.h"
+
 namespace tgc {
 namespace {
 
 class DeadCodeElimination : public Pass {
 public:
   llvm::Expected<bool> run(Graph &graph) override {
-    bool changed = false;
-    std::vector<Op *> ops = graph.ops();
-    // Walking backwards frees a whole dead chain in one sweep.
+    llvm::DenseSet<const Value *> outputs(graph.outputs().begin(), graph.outputs().end());
+    llvm::DenseSet<const Op *> dead;
+    std::vector<Op *> ops = graph.ops(), erased;
+    // Walking backwards frees a whole dead chain in one sweep: an op's users come after it, so
+    // each is known to be dead or not when the op is reached.
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       Op *op = *it;
       if (isLeaf(op->kind()) || hasSideEffects(op->kind()))
         continue;
       bool used = false;
       for (unsigned i = 0; i < op->numResults() && !used; ++i)
-        used = op->result(i)->hasUses() || llvm::is_contained(graph.outputs(), op->result(i));
+        used = outputs.contains(op->result(i)) ||
+               llvm::any_of(op->result(i)->users(), [&](const Op *user) { return !dead.contains(user); });
       if (used)
         continue;
-      graph.eraseOp(op);
-      changed = true;
+      dead.insert(op);
+      erased.push_back(op);
     }
-    return changed;
+    graph.eraseOps(erased);
+    return !erased.empty();
   }
 };
 
