@@ -17,6 +17,8 @@
 #include <csignal>
 #include <fmt/format.h>
 #include <optional>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace tgc::cli {
@@ -384,21 +386,30 @@ llvm::Expected<std::optional<uint64_t>> continuedLog(const Trainer &t) {
   return uint64_t(lastNewline == llvm::StringRef::npos ? 0 : lastNewline + 1);
 }
 
-/// The --log stream: a new file, or the resumed run's log continued from byte `keep`.
+/// The --log stream: a new file, or the resumed run's log continued from byte `keep`. A log
+/// file is locked for the run (flock, released when tgc exits): a second run given the same
+/// --log is refused rather than interleaving its records with the first's. Devices and pipes
+/// (--log /dev/stdout) are written as they are, neither locked nor cut.
 llvm::Expected<std::unique_ptr<llvm::raw_fd_ostream>> openLog(std::optional<uint64_t> keep) {
-  std::error_code ec;
-  if (!keep) {
-    auto log = std::make_unique<llvm::raw_fd_ostream>(LogPath, ec);
-    if (ec)
-      return flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message()));
-    return std::move(log);
-  }
   int fd = -1;
-  ec = llvm::sys::fs::openFileForWrite(LogPath, fd, llvm::sys::fs::CD_OpenExisting, llvm::sys::fs::OF_Append);
-  if (!ec && (ec = llvm::sys::fs::resize_file(fd, *keep)))
-    ::close(fd);
+  std::error_code ec =
+      llvm::sys::fs::openFileForWrite(LogPath, fd, llvm::sys::fs::CD_OpenAlways, llvm::sys::fs::OF_Append);
   if (ec)
-    return flagError(fmt::format("{}: error: cannot continue the log: {}", LogPath.getValue(), ec.message()));
+    return flagError(fmt::format("{}: error: cannot write: {}", LogPath.getValue(), ec.message()));
+  struct stat status {};
+  if (::fstat(fd, &status) == 0 && S_ISREG(status.st_mode)) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return flagError(fmt::format("{}: error: another tgc run is writing this log now: give --log another file, "
+                                   "or let that run end first",
+                                   LogPath.getValue()));
+    }
+    if ((ec = llvm::sys::fs::resize_file(fd, keep.value_or(0)))) {
+      ::close(fd);
+      return flagError(fmt::format("{}: error: cannot {} the log: {}", LogPath.getValue(),
+                                   keep ? "continue" : "start", ec.message()));
+    }
+  }
   return std::make_unique<llvm::raw_fd_ostream>(fd, /*shouldClose=*/true);
 }
 
