@@ -1,16 +1,11 @@
-// tgc report: one self-contained HTML page (inline SVG, no script, nothing fetched) drawing a
-// training log (tgc train --log) and optionally a benchmark (tgc bench --json).
-#include "support/Error.h"
+// tgc report: one self-contained HTML page drawing a training log (tgc train --log) and
+// optionally a benchmark (tgc bench --json); the page itself is ReportPage's.
 #include "support/Files.h"
 #include "support/Limits.h"
 #include "tools/tgc/Options.h"
+#include "tools/tgc/ReportPage.h"
 
-#include "llvm/Support/JSON.h"
-
-#include <algorithm>
-#include <cmath>
 #include <fmt/format.h>
-#include <map>
 
 namespace tgc::cli {
 
@@ -23,217 +18,6 @@ static cl::opt<std::string> ReportBench("bench", cl::desc("A tgc bench --json fi
 static cl::opt<std::string> ReportOut("o", cl::desc("The HTML file to write"), cl::value_desc("report.html"),
                                       cl::Required, cl::sub(reportCommand()), cl::cat(category()));
 
-std::string escapeHtml(llvm::StringRef text) {
-  std::string out;
-  for (char c : escapeForMessage(text)) {
-    switch (c) {
-    case '<': out += "&lt;"; break;
-    case '>': out += "&gt;"; break;
-    case '&': out += "&amp;"; break;
-    case '"': out += "&quot;"; break;
-    default: out += c;
-    }
-  }
-  return out;
-}
-
-const char *const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-
-struct Series {
-  std::string name;
-  std::vector<std::pair<double, double>> points; // (step, value)
-  bool dashed = false;
-};
-
-/// A line chart of `series` against the step, 5 ticks an axis; log-scaled values when `logY`
-/// (points at or below 0 are left out there).
-std::string lineChart(const std::string &title, const std::string &unit, std::vector<Series> series, bool logY) {
-  // The legend goes under the plot, three names a row (up to 12 rows).
-  constexpr size_t kLegendColumns = 3, kLegendRows = 12;
-  size_t legendRows = series.size() > 1 ? std::min(kLegendRows, (series.size() + 2) / kLegendColumns) : 0;
-  constexpr double W = 640, L = 64, R = 16, T = 12, B = 36;
-  const double plotBottom = 232, H = plotBottom + 13 * double(legendRows) + (legendRows ? 6 : 0);
-  if (logY)
-    for (Series &s : series)
-      s.points.erase(std::remove_if(s.points.begin(), s.points.end(), [](auto &p) { return !(p.second > 0); }),
-                     s.points.end());
-  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
-  for (const Series &s : series)
-    for (auto [x, y] : s.points) {
-      if (!std::isfinite(y))
-        continue;
-      double v = logY ? std::log10(y) : y;
-      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, v), y1 = std::max(y1, v);
-    }
-  std::string svg = fmt::format("<figure><figcaption>{}</figcaption><svg viewBox=\"0 0 {} {}\" width=\"{}\" "
-                                "height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\">",
-                                escapeHtml(title), W, H, W, H);
-  if (!(x0 <= x1 && y0 <= y1))
-    return svg + "<text x=\"20\" y=\"40\">no data</text></svg></figure>\n";
-  if (x1 == x0)
-    x1 = x0 + 1;
-  if (y1 - y0 < 1e-12)
-    y0 -= 0.5, y1 += 0.5;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto py = [&](double v) { return T + (1 - (v - y0) / (y1 - y0)) * (plotBottom - T - B); };
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#ccc\"/>", L, T,
-                     W - L - R, plotBottom - T - B);
-  for (int i = 0; i <= 4; ++i) {
-    double v = y0 + (y1 - y0) * i / 4, x = x0 + (x1 - x0) * i / 4;
-    svg += fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>", L, W - R, py(v),
-                       py(v));
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\">{:.4g}</text>", L - 4,
-                       py(v) + 4, logY ? std::pow(10, v) : v);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{:.0f}</text>", px(x),
-                       plotBottom - B + 14, x);
-  }
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">step</text>", (L + W - R) / 2,
-                     plotBottom - 8);
-  svg += fmt::format("<text x=\"12\" y=\"{}\" font-size=\"11\" transform=\"rotate(-90 12 {})\" "
-                     "text-anchor=\"middle\">{}</text>",
-                     (T + plotBottom - B) / 2, (T + plotBottom - B) / 2, escapeHtml(unit));
-  for (size_t k = 0; k < series.size(); ++k) {
-    const Series &s = series[k];
-    std::string path;
-    for (auto [x, y] : s.points)
-      if (std::isfinite(y))
-        path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", px(x), py(logY ? std::log10(y) : y));
-    const char *color = kColors[k % std::size(kColors)];
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{} points=\"{}\"/>", color,
-                       s.dashed ? " stroke-dasharray=\"5,4\"" : "", path);
-    if (legendRows && k < kLegendColumns * legendRows)
-      svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"{}\">{}{}</text>",
-                         L + 190 * double(k % kLegendColumns), plotBottom + 10 + 13 * double(k / kLegendColumns), color,
-                         s.dashed ? "- - " : "&#8212; ", escapeHtml(s.name));
-  }
-  return svg + "</svg></figure>\n";
-}
-
-/// Bars of one measure per recipe.
-std::string barChart(const std::string &title, const std::vector<std::pair<std::string, double>> &bars) {
-  constexpr double W = 420, H = 40 + 28.0, Bar = 22;
-  double most = 0;
-  for (auto &[name, v] : bars)
-    most = std::max(most, v);
-  double height = H + Bar * bars.size();
-  std::string svg = fmt::format("<figure><figcaption>{}</figcaption><svg viewBox=\"0 0 {} {}\" width=\"{}\" "
-                                "height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\">",
-                                escapeHtml(title), W, height, W, height);
-  for (size_t k = 0; k < bars.size(); ++k) {
-    double width = most > 0 ? bars[k].second / most * (W - 180) : 0, y = 16 + Bar * k;
-    svg += fmt::format("<text x=\"4\" y=\"{:.0f}\" font-size=\"12\">{}</text><rect x=\"60\" y=\"{:.0f}\" "
-                       "width=\"{:.1f}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1f}\" y=\"{:.0f}\" "
-                       "font-size=\"12\">{:.4g}</text>",
-                       y + 14, escapeHtml(bars[k].first), y, width, Bar - 6, kColors[k % std::size(kColors)],
-                       66 + width, y + 14, bars[k].second);
-  }
-  return svg + "</svg></figure>\n";
-}
-
-llvm::Expected<llvm::json::Value> parseJson(llvm::StringRef text, llvm::StringRef path, size_t line) {
-  if (findDeepNesting(text, kMaxJsonDepth))
-    return fileError(path, "line {}: nested deeper than {} levels", line, kMaxJsonDepth);
-  auto value = llvm::json::parse(text);
-  if (!value)
-    return fileError(path, "line {}: not JSON: {}", line, llvm::toString(value.takeError()));
-  return value;
-}
-
-/// What a training log holds: its (last) run record and its series by step.
-struct RunLog {
-  llvm::json::Object run;
-  Series loss{"loss", {}}, lr{"learning rate", {}}, norm{"gradient norm", {}}, speed{"tokens/s", {}},
-      stepMs{"step ms", {}};
-  std::map<std::string, Series> amax, scale;
-
-  /// A resumed run continuing this log: the steps past where it resumed are its own now
-  /// (the first run's were not saved, or are done again).
-  void dropStepsAfter(double resumed) {
-    auto after = [&](const std::pair<double, double> &point) { return point.first > resumed; };
-    for (Series *series : {&loss, &lr, &norm, &speed, &stepMs})
-      llvm::erase_if(series->points, after);
-    for (auto *byTensor : {&amax, &scale})
-      for (auto &[name, series] : *byTensor)
-        llvm::erase_if(series.points, after);
-  }
-
-  void addFp8(const llvm::json::Object &fp8) {
-    double step = fp8.getNumber("step").value_or(0);
-    if (const llvm::json::Array *tensors = fp8.getArray("tensors"))
-      for (const llvm::json::Value &t : *tensors)
-        if (const llvm::json::Object *o = t.getAsObject()) {
-          std::string name = o->getString("tensor").value_or("?").str();
-          amax[name].name = scale[name].name = name;
-          amax[name].points.emplace_back(step, o->getNumber("amax").value_or(NAN));
-          scale[name].points.emplace_back(step, o->getNumber("scale").value_or(NAN));
-        }
-  }
-
-  void addStep(double step, const llvm::json::Object &record) {
-    loss.points.emplace_back(step, record.getNumber("loss").value_or(NAN));
-    lr.points.emplace_back(step, record.getNumber("lr").value_or(NAN));
-    norm.points.emplace_back(step, record.getNumber("grad_norm").value_or(NAN));
-    speed.points.emplace_back(step, record.getNumber("tokens_per_s").value_or(NAN));
-    stepMs.points.emplace_back(step, record.getNumber("step_ms").value_or(NAN));
-  }
-};
-
-llvm::Expected<RunLog> readRunLog(llvm::StringRef path) {
-  auto log = readFileAtMost(path, uint64_t(1) << 30, "a log");
-  if (!log)
-    return log.takeError();
-  RunLog out;
-  llvm::SmallVector<llvm::StringRef, 0> lines;
-  (*log)->getBuffer().split(lines, '\n', -1, false);
-  for (size_t i = 0; i < lines.size(); ++i) {
-    auto value = parseJson(lines[i], path, i + 1);
-    if (!value)
-      return value.takeError();
-    const llvm::json::Object *record = value->getAsObject();
-    if (!record)
-      return fileError(path, "line {}: not a JSON object", i + 1);
-    if (const llvm::json::Object *r = record->getObject("run")) {
-      if (std::optional<double> resumed = r->getNumber("resumed_at"))
-        out.dropStepsAfter(*resumed);
-      out.run = *r;
-    } else if (const llvm::json::Object *fp8 = record->getObject("fp8")) {
-      out.addFp8(*fp8);
-    } else if (auto step = record->getNumber("step")) {
-      out.addStep(*step, *record);
-    } else {
-      return fileError(path, "line {}: neither a run, a step nor an FP8 record", i + 1);
-    }
-  }
-  if (out.loss.points.empty())
-    return fileError(path, "no step records: not a tgc train --log file");
-  return out;
-}
-
-/// The bench file's precisions side by side, as bar charts.
-llvm::Expected<std::string> benchSection(llvm::StringRef path) {
-  auto text = readFileAtMost(path, uint64_t(64) << 20, "a bench file");
-  if (!text)
-    return text.takeError();
-  auto value = parseJson((*text)->getBuffer(), path, 1);
-  if (!value)
-    return value.takeError();
-  const llvm::json::Object *bench = value->getAsObject();
-  const llvm::json::Array *results = bench ? bench->getArray("results") : nullptr;
-  if (!results)
-    return fileError(path, "no 'results': not a tgc bench --json file");
-  std::vector<std::pair<std::string, double>> ms, tokens, memory;
-  for (const llvm::json::Value &r : *results)
-    if (const llvm::json::Object *o = r.getAsObject()) {
-      std::string recipe = o->getString("recipe").value_or("?").str();
-      ms.emplace_back(recipe, o->getNumber("median_ms").value_or(0));
-      tokens.emplace_back(recipe, o->getNumber("tokens_per_s").value_or(0));
-      memory.emplace_back(recipe, o->getNumber("memory_mib").value_or(0));
-    }
-  return "<h2>Precisions side by side (tgc bench)</h2>\n" + barChart("median step time, ms", ms) +
-         barChart("tokens/s", tokens) + barChart("device memory, MiB", memory);
-}
-
 } // namespace
 
 int runReport() {
@@ -241,59 +25,26 @@ int runReport() {
     return report(std::move(err));
   if (auto err = checkDistinctFiles({{"the log", ReportLog}, {"--bench", ReportBench}, {"-o", ReportOut}}))
     return report(std::move(err));
-  auto runLog = readRunLog(ReportLog);
-  if (!runLog)
-    return report(runLog.takeError());
-  auto &[run, loss, lr, norm, speed, stepMs, amax, scale] = *runLog;
-  std::string model = run.getString("model").value_or("a model").str();
-  std::string html = fmt::format("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tgc report: {}</title>"
-                                 "<style>body{{font-family:sans-serif;margin:24px;color:#222}}figure{{display:inline-"
-                                 "block;margin:8px}}figcaption{{font-weight:bold;margin-bottom:4px}}td{{padding:2px "
-                                 "10px}}</style></head><body>\n<h1>tgc report: {}</h1>\n<table>\n",
-                                 escapeHtml(model), escapeHtml(model));
-  for (const char *key : {"commit", "device", "recipe", "parameters", "batch", "seq_len", "steps", "seed", "data"})
-    if (const llvm::json::Value *v = run.get(key)) {
-      std::string text;
-      llvm::raw_string_ostream(text) << *v;
-      if (auto s = v->getAsString())
-        text = s->str();
-      html += fmt::format("<tr><td>{}</td><td>{}</td></tr>\n", key, escapeHtml(text));
-    }
-  html += "</table>\n";
-  std::vector<Series> lossSeries{loss};
-  double last = loss.points.back().first, first = loss.points.front().first;
-  if (auto vocab = run.getNumber("vocab"))
-    lossSeries.push_back({"random guess ln(V)", {{first, std::log(*vocab)}, {last, std::log(*vocab)}}, true});
-  if (auto floor = run.getNumber("loss_floor"); floor && *floor > 0)
-    lossSeries.push_back({"task floor", {{first, *floor}, {last, *floor}}, true});
-  html += lineChart("Loss", "loss (log scale)", lossSeries, /*logY=*/true);
-  html += lineChart("Learning rate", "lr", {lr}, false);
-  html += lineChart("Gradient norm", "norm (log scale)", {norm}, true);
-  html += lineChart("Throughput", "tokens/s", {speed}, false);
-  html += lineChart("Step time", "ms", {stepMs}, false);
-  if (!amax.empty()) {
-    std::vector<Series> a, s;
-    for (auto &[name, series] : amax)
-      a.push_back(series);
-    for (auto &[name, series] : scale)
-      s.push_back(series);
-    html += "<h2>FP8 scaling state</h2>\n";
-    if (a.size() > 36)
-      html += fmt::format("<p>{} quantized tensors: the legends name the first 36.</p>\n", a.size());
-    html += lineChart("amax of each quantized tensor (newest of its history)", "amax (log scale)", a, true);
-    html += lineChart("scale of each quantized tensor", "scale (log scale)", s, true);
-  }
+  auto text = readFileAtMost(ReportLog, uint64_t(1) << 30, "a log");
+  if (!text)
+    return report(text.takeError());
+  auto log = tgc::report::parseRunLog((*text)->getBuffer(), ReportLog);
+  if (!log)
+    return report(log.takeError());
+  std::string bench;
   if (!ReportBench.empty()) {
-    auto section = benchSection(ReportBench);
+    auto benchText = readFileAtMost(ReportBench, uint64_t(64) << 20, "a bench file");
+    if (!benchText)
+      return report(benchText.takeError());
+    auto section = tgc::report::parseBenchSection((*benchText)->getBuffer(), ReportBench);
     if (!section)
       return report(section.takeError());
-    html += *section;
+    bench = std::move(*section);
   }
-  html += "</body></html>\n";
-  if (auto err = writeFileAtomically(ReportOut, html))
+  if (auto err = writeFileAtomically(ReportOut, tgc::report::renderReportPage(*log, bench)))
     return report(std::move(err));
-  llvm::outs() << fmt::format("wrote {} ({} steps{}{})\n", ReportOut.getValue(), loss.points.size(),
-                              amax.empty() ? "" : fmt::format(", {} FP8 tensors", amax.size()),
+  llvm::outs() << fmt::format("wrote {} ({} steps{}{})\n", ReportOut.getValue(), log->loss.points.size(),
+                              log->amax.empty() ? "" : fmt::format(", {} FP8 tensors", log->amax.size()),
                               ReportBench.empty() ? "" : ", the bench");
   return 0;
 }
