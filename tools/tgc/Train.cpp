@@ -522,6 +522,13 @@ int runTrain() {
   if (!SavePath.empty())
     if (auto err = save(t))
       return report(std::move(err));
+  // A signal after the last step (in the summary or the final save): answered now, the save done.
+  if (int signal = stopSignal) {
+    llvm::errs() << fmt::format("tgc: {} after the last step: {}\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
+                                SavePath.empty() ? "the run was over (no --save: nothing written)"
+                                                 : "the final save finished first");
+    return 128 + signal;
+  }
   return 0;
 }
 
