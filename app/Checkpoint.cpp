@@ -271,6 +271,12 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
   }
   if (checkpoint.meta.empty())
     return fail(path, "no tgc metadata: not a tgc checkpoint");
+  // A checkpoint with checksums lists every tensor it was written with: one without a checksum
+  // was added later, and is refused before any tensor is read (it may be gigabytes).
+  if (!digests.empty())
+    for (const auto &[name, type] : types)
+      if (!digests.count(name))
+        return fail(path, "tensor '{}' has no checksum: it is not one the checkpoint was written with", name);
   // The format's layout: the tensors' bytes one after another, from the first byte after the
   // header to the last of the file, with no gap, overlap or trailing bytes (a header length a
   // byte off shifts every tensor, and is caught here).

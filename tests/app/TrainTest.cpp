@@ -200,6 +200,31 @@ TEST(Checkpoint, AChangedBitInATensorOrInTheMetadataIsRefusedByName) {
             "checkpoint was written");
 }
 
+TEST(Checkpoint, ATensorAddedAfterItWasWrittenIsRefusedBeforeAnyIsRead) {
+  Checkpoint c;
+  c.tensors["w"] = Tensor{TensorType(DType::F32, {2}), {1, 2}, {}};
+  c.meta["step"] = 1;
+  std::string bytes = unwrap(formatCheckpoint(c, "c.st"));
+  // The header rewritten with one more tensor after w's bytes (safetensors' layout kept).
+  uint64_t headerSize = 0;
+  for (int i = 0; i < 8; ++i)
+    headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  auto parsed = llvm::json::parse(llvm::StringRef(bytes).substr(8, headerSize));
+  ASSERT_TRUE(bool(parsed)) << llvm::toString(parsed.takeError());
+  llvm::json::Value header = std::move(*parsed);
+  header.getAsObject()->try_emplace("extra", llvm::json::Object{{"dtype", "F32"},
+                                                               {"shape", llvm::json::Array{3}},
+                                                               {"data_offsets", llvm::json::Array{8, 20}}});
+  std::string text;
+  llvm::raw_string_ostream(text) << header;
+  std::string added(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    added[i] = char((text.size() >> (8 * i)) & 0xff);
+  added += text + bytes.substr(8 + headerSize) + std::string(12, '\0');
+  EXPECT_EQ(errorOf(parseCheckpoint(added, "c.st")),
+            "c.st: error: tensor 'extra' has no checksum: it is not one the checkpoint was written with");
+}
+
 TEST(Checkpoint, BadFilesAreClearErrors) {
   auto trainer = unwrap(Trainer::create(parityConfig()));
   ASSERT_TRUE(trainer);
