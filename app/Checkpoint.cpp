@@ -190,6 +190,46 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path, const std::funct
   return parseCheckpoint((*buffer)->getBuffer(), path, wanted);
 }
 
+namespace {
+
+/// A tensor's header entry: its type and the [begin, end) of its bytes in the data.
+struct TensorEntry {
+  TensorType type;
+  uint64_t begin = 0, end = 0;
+};
+
+llvm::Expected<TensorEntry> parseTensorEntry(const std::string &name, const llvm::json::Value &value,
+                                             uint64_t dataSize, llvm::StringRef path) {
+  const llvm::json::Object *entry = value.getAsObject();
+  if (!entry)
+    return fail(path, "tensor '{}': entry is not an object", name);
+  auto dtype = entry->getString("dtype");
+  if (!dtype || *dtype != "F32")
+    return fail(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", name, dtype ? dtype->str() : "missing");
+  const llvm::json::Array *shapeArray = entry->getArray("shape");
+  const llvm::json::Array *offsets = entry->getArray("data_offsets");
+  if (!shapeArray || !offsets || offsets->size() != 2)
+    return fail(path, "tensor '{}': missing shape or data_offsets", name);
+  TensorEntry out{TensorType(DType::F32, {})};
+  for (const llvm::json::Value &d : *shapeArray) {
+    auto dim = d.getAsInteger();
+    if (!dim || *dim <= 0 || *dim > kMaxDim || out.type.rank() == kMaxRank)
+      return fail(path, "tensor '{}': bad shape", name);
+    out.type.shape.push_back(*dim);
+  }
+  if (auto err = checkTypeLimits(out.type))
+    return fail(path, "tensor '{}': {}", name, llvm::toString(std::move(err)));
+  auto begin = (*offsets)[0].getAsUINT64(), end = (*offsets)[1].getAsUINT64();
+  if (!begin || !end || *begin > *end || *end > dataSize || *end - *begin != uint64_t(out.type.numElements()) * 4)
+    return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data (truncated file?)", name,
+                out.type.str(), dataSize);
+  out.begin = *begin;
+  out.end = *end;
+  return out;
+}
+
+} // namespace
+
 llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRef path,
                                            const std::function<bool(llvm::StringRef)> &wanted) {
   if (bytes.size() < 8)
@@ -241,33 +281,11 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
         return err;
       continue;
     }
-    const llvm::json::Object *entry = value.getAsObject();
+    auto entry = parseTensorEntry(name, value, dataSize, path);
     if (!entry)
-      return fail(path, "tensor '{}': entry is not an object", name);
-    auto dtype = entry->getString("dtype");
-    if (!dtype || *dtype != "F32")
-      return fail(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", name,
-                  dtype ? dtype->str() : "missing");
-    const llvm::json::Array *shapeArray = entry->getArray("shape");
-    const llvm::json::Array *offsets = entry->getArray("data_offsets");
-    if (!shapeArray || !offsets || offsets->size() != 2)
-      return fail(path, "tensor '{}': missing shape or data_offsets", name);
-    TensorType type(DType::F32, {});
-    for (const llvm::json::Value &d : *shapeArray) {
-      auto dim = d.getAsInteger();
-      if (!dim || *dim <= 0 || *dim > kMaxDim || type.rank() == kMaxRank)
-        return fail(path, "tensor '{}': bad shape", name);
-      type.shape.push_back(*dim);
-    }
-    if (auto err = checkTypeLimits(type))
-      return fail(path, "tensor '{}': {}", name, llvm::toString(std::move(err)));
-    auto begin = (*offsets)[0].getAsUINT64(), end = (*offsets)[1].getAsUINT64();
-    if (!begin || !end || *begin > *end || *end > dataSize ||
-        *end - *begin != uint64_t(type.numElements()) * 4)
-      return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data "
-                  "(truncated file?)", name, type.str(), dataSize);
-    extents.emplace_back(*begin, *end, name);
-    types.emplace(name, type);
+      return entry.takeError();
+    extents.emplace_back(entry->begin, entry->end, name);
+    types.emplace(name, entry->type);
   }
   if (checkpoint.meta.empty())
     return fail(path, "no tgc metadata: not a tgc checkpoint");
