@@ -92,26 +92,58 @@ TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_
   data->vocab_ = vocab;
   data->seqLen_ = seqLen;
   data->seed_ = seed;
-  llvm::StringRef ext = llvm::sys::path::extension(path);
-  data->u16_ = ext == ".bin" || ext == ".u16" || ext == ".tokens";
-  if (data->u16_) {
-    if (data->bytes_ % 2)
-      return fail(fmt::format("a uint16 token file must have an even size, got {} bytes", data->bytes_));
-    data->tokens_ = data->bytes_ / 2;
-  } else {
-    if (vocab < 256)
-      return fail(fmt::format("byte-level text needs a vocabulary of at least 256, the model has {} "
-                              "(token files end in .bin, .u16 or .tokens)", vocab));
-    data->tokens_ = data->bytes_;
-  }
+  if (auto err = data->readLayout(vocab))
+    return fail(llvm::toString(std::move(err)));
   if (int64_t(data->tokens_) < seqLen + 1)
     return fail(fmt::format("{} tokens, fewer than one training window of seq_len + 1 = {}", data->tokens_,
                             seqLen + 1));
   if (auto err = data->scan())
     return std::move(err);
-  data->description_ = fmt::format("{} ({} tokens, {})", path.str(), data->tokens_,
-                                   data->u16_ ? "uint16 ids" : "bytes");
+  const char *kinds[] = {"bytes", "uint16 ids", "uint32 ids"};
+  data->description_ = fmt::format("{} ({} tokens, {}{})", path.str(), data->tokens_, data->llmc_ ? "llm.c " : "",
+                                   kinds[data->width_ == 1 ? 0 : data->width_ == 2 ? 1 : 2]);
   return std::move(data);
+}
+
+llvm::Error TokenFileData::readLayout(int64_t vocab) {
+  llvm::StringRef ext = llvm::sys::path::extension(path_);
+  if (ext == ".bin") { // llm.c's: 256 int32s (magic, version, token count, ...), then the tokens
+    constexpr uint64_t kHeader = 256 * 4;
+    int32_t header[3] = {};
+    if (bytes_ < kHeader || ::pread(fd_, header, sizeof(header), 0) != ssize_t(sizeof(header)))
+      return stringError(fmt::format("{} bytes, shorter than llm.c's 1024-byte header (.bin is llm.c's token file; "
+                                     "raw token files end in .u16 or .u32)",
+                                     bytes_));
+    // The formats llm.c writes (dev/data/data_common.py): GPT-2's and Llama 3's.
+    if (header[0] == 20240520 && header[1] == 1)
+      width_ = 2;
+    else if (header[0] == 20240801 && header[1] == 7)
+      width_ = 4;
+    else
+      return stringError(fmt::format("not an llm.c token file: magic {} version {} (llm.c writes 20240520 version 1, "
+                                     "uint16, and 20240801 version 7, uint32; raw token files end in .u16 or .u32)",
+                                     header[0], header[1]));
+    if (header[2] < 0 || kHeader + uint64_t(header[2]) * width_ != bytes_)
+      return stringError(fmt::format("its llm.c header says {} tokens of {} bytes, and the file holds {} bytes after "
+                                     "the header{}",
+                                     header[2], width_, bytes_ - kHeader,
+                                     kHeader + uint64_t(std::max(header[2], 0)) * width_ > bytes_ ? " (cut short?)"
+                                                                                                 : ""));
+    llmc_ = true;
+    offset_ = kHeader;
+    tokens_ = uint64_t(header[2]);
+    return llvm::Error::success();
+  }
+  width_ = ext == ".u16" || ext == ".tokens" ? 2 : ext == ".u32" ? 4 : 1;
+  if (width_ == 1 && vocab < 256)
+    return stringError(fmt::format("byte-level text needs a vocabulary of at least 256, the model has {} "
+                                   "(token files end in .bin for llm.c's, .u16 or .u32)",
+                                   vocab));
+  if (bytes_ % width_)
+    return stringError(fmt::format("a uint{} token file's size is a multiple of {}, got {} bytes", 8 * width_, width_,
+                                   bytes_));
+  tokens_ = bytes_ / width_;
+  return llvm::Error::success();
 }
 
 TokenFileData::~TokenFileData() {
@@ -121,7 +153,7 @@ TokenFileData::~TokenFileData() {
 
 llvm::Error TokenFileData::scan() {
   constexpr uint64_t kPiece = uint64_t(16) << 20;
-  const uint64_t width = u16_ ? 2 : 1;
+  const uint64_t width = width_;
   std::vector<int32_t> tokens;
   std::string pieceDigests;
   for (uint64_t first = 0; first < tokens_; first += kPiece / width) {
@@ -138,7 +170,7 @@ llvm::Error TokenFileData::scan() {
 }
 
 llvm::Error TokenFileData::readTokens(uint64_t first, llvm::MutableArrayRef<int32_t> out) const {
-  const uint64_t width = u16_ ? 2 : 1, offset = first * width, size = out.size() * width;
+  const uint64_t width = width_, offset = offset_ + first * width, size = out.size() * width;
   std::vector<unsigned char> bytes(size);
   uint64_t done = 0;
   while (done < size) {
@@ -158,10 +190,13 @@ llvm::Error TokenFileData::readTokens(uint64_t first, llvm::MutableArrayRef<int3
     done += uint64_t(n);
   }
   for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = u16_ ? int32_t(bytes[2 * i]) | (int32_t(bytes[2 * i + 1]) << 8) : int32_t(bytes[i]);
-    if (out[i] >= vocab_)
-      return makeError("{}: error: token {} at index {} is outside the model's vocabulary of {}", path_.c_str(),
-                       out[i], first + i, vocab_);
+    uint64_t id = 0; // little-endian, `width` bytes
+    for (uint64_t b = 0; b < width; ++b)
+      id |= uint64_t(bytes[width * i + b]) << (8 * b);
+    if (id >= uint64_t(vocab_))
+      return makeError("{}: error: token {} at index {} is outside the model's vocabulary of {}", path_.c_str(), id,
+                       first + i, vocab_);
+    out[i] = int32_t(id);
   }
   return llvm::Error::success();
 }

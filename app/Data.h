@@ -69,8 +69,9 @@ private:
 /// short during the run is an error at the next batch, where a mapping would end in SIGBUS.
 class TokenFileData : public DataSource {
 public:
-  /// `.bin`, `.u16` and `.tokens` files hold little-endian uint16 token ids; anything else is
-  /// text, one token per byte (vocab >= 256).
+  /// `.bin` is llm.c's token file (its 1024-byte header, then uint16 or uint32 ids, as the
+  /// header says); `.u16` and `.tokens` files hold little-endian uint16 ids, `.u32` uint32 ids;
+  /// anything else is text, one token per byte (vocab >= 256).
   static llvm::Expected<std::unique_ptr<TokenFileData>> open(llvm::StringRef path, int64_t vocab,
                                                              int64_t seqLen, uint64_t seed);
   llvm::Expected<Batch> batch(int64_t index, int64_t batchSize) const override;
@@ -85,10 +86,13 @@ private:
   llvm::Error readTokens(uint64_t first, llvm::MutableArrayRef<int32_t> out) const;
   /// One pass over the file: every token checked, the digest computed.
   llvm::Error scan();
+  /// Where the tokens are and how wide, from the extension (and llm.c's header).
+  llvm::Error readLayout(int64_t vocab);
 
   int fd_ = -1;
   std::string path_;
-  bool u16_ = false;
+  bool llmc_ = false;
+  uint64_t width_ = 1, offset_ = 0; // bytes a token; where the first is
   uint64_t bytes_ = 0, tokens_ = 0;
   int64_t vocab_ = 0, seqLen_ = 0;
   uint64_t seed_ = 0;

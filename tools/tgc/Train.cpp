@@ -36,7 +36,7 @@ static cl::opt<std::string> ResumePath("resume", cl::desc("Continue from a check
                                        cl::cat(category()));
 static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per step"),
                                     cl::value_desc("file.jsonl"), cl::sub(trainCommand()), cl::cat(category()));
-static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, or uint16 tokens (.bin, .u16, .tokens)"),
+static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, llm.c's token files (.bin), or raw uint16 (.u16, .tokens) or uint32 (.u32) ids"),
                                      cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<int64_t> SaveEvery("save-every", cl::desc("With --save, also save every N steps (the last one kept)"),
                                   cl::init(0), cl::sub(trainCommand()), cl::cat(category()));
