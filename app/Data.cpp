@@ -74,9 +74,7 @@ std::string ArithmeticData::describe() const {
 
 llvm::Expected<std::unique_ptr<TokenFileData>>
 TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_t seed) {
-  auto fail = [&](const std::string &message) {
-    return makeError("{}: error: {}", path.str().c_str(), message.c_str());
-  };
+  auto fail = [&](const std::string &message) { return fileError(path, "{}", message); };
   // Windows are drawn anywhere in the file: its size must be known, so a device or a pipe
   // (which could also never end) is refused rather than read.
   llvm::sys::fs::file_status status;
@@ -99,9 +97,9 @@ TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_
                             seqLen + 1));
   if (auto err = data->scan())
     return std::move(err);
-  const char *kinds[] = {"bytes", "uint16 ids", "uint32 ids"};
-  data->description_ = fmt::format("{} ({} tokens, {}{})", path.str(), data->tokens_, data->llmc_ ? "llm.c " : "",
-                                   kinds[data->width_ == 1 ? 0 : data->width_ == 2 ? 1 : 2]);
+  const char *kind = data->width_ == 1 ? "bytes" : data->width_ == 2 ? "uint16 ids" : "uint32 ids";
+  data->description_ =
+      fmt::format("{} ({} tokens, {}{})", path.str(), data->tokens_, data->llmc_ ? "llm.c " : "", kind);
   return std::move(data);
 }
 
@@ -152,12 +150,11 @@ TokenFileData::~TokenFileData() {
 }
 
 llvm::Error TokenFileData::scan() {
-  constexpr uint64_t kPiece = uint64_t(16) << 20;
-  const uint64_t width = width_;
+  const uint64_t kPieceTokens = (uint64_t(16) << 20) / width_; // 16 MiB of the file
   std::vector<int32_t> tokens;
   std::string pieceDigests;
-  for (uint64_t first = 0; first < tokens_; first += kPiece / width) {
-    tokens.resize(size_t(std::min(kPiece / width, tokens_ - first)));
+  for (uint64_t first = 0; first < tokens_; first += kPieceTokens) {
+    tokens.resize(size_t(std::min(kPieceTokens, tokens_ - first)));
     if (auto err = readTokens(first, tokens))
       return err;
     // The digest of the bytes: tokens are the bytes decoded, so their values are hashed.
@@ -178,14 +175,13 @@ llvm::Error TokenFileData::readTokens(uint64_t first, llvm::MutableArrayRef<int3
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
-      return makeError("{}: error: reading bytes {}-{} failed: {}", path_.c_str(), offset, offset + size,
-                       std::strerror(errno));
+      return fileError(path_, "reading bytes {}-{} failed: {}", offset, offset + size, std::strerror(errno));
     if (n == 0) {
       struct stat now {};
-      std::string size = ::fstat(fd_, &now) == 0 ? fmt::format("{} bytes now", now.st_size) : "shorter now";
-      return makeError("{}: error: the file is {}, {} when the run began: it was cut short while training read it "
-                       "(byte {} is gone)",
-                       path_.c_str(), size, bytes_, offset + done);
+      std::string sizeNow = ::fstat(fd_, &now) == 0 ? fmt::format("{} bytes now", now.st_size) : "shorter now";
+      return fileError(path_, "the file is {}, {} when the run began: it was cut short while training read it (byte "
+                              "{} is gone)",
+                       sizeNow, bytes_, offset + done);
     }
     done += uint64_t(n);
   }
@@ -194,8 +190,7 @@ llvm::Error TokenFileData::readTokens(uint64_t first, llvm::MutableArrayRef<int3
     for (uint64_t b = 0; b < width; ++b)
       id |= uint64_t(bytes[width * i + b]) << (8 * b);
     if (id >= uint64_t(vocab_))
-      return makeError("{}: error: token {} at index {} is outside the model's vocabulary of {}", path_.c_str(), id,
-                       first + i, vocab_);
+      return fileError(path_, "token {} at index {} is outside the model's vocabulary of {}", id, first + i, vocab_);
     out[i] = int32_t(id);
   }
   return llvm::Error::success();

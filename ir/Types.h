@@ -82,7 +82,6 @@ private:
 /// An attribute map written inline, as passes and kernels build them: attrs({{"axis", 2}}).
 AttrMap attrs(std::initializer_list<std::pair<const char *, Attr>> list);
 
-
 /// Where an op came from in IR text (line 0 means built in memory).
 struct Location {
   unsigned line = 0;

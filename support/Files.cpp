@@ -1,7 +1,7 @@
 #include "support/Files.h"
-#include "support/Trace.h"
 
 #include "support/Error.h"
+#include "support/Trace.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -35,7 +35,7 @@ llvm::Error checkNameFits(llvm::StringRef path, llvm::StringRef suffix) {
   size_t length = llvm::sys::path::filename(path).size() + suffix.size();
   if (most <= 0 || length <= size_t(most))
     return llvm::Error::success();
-  return fileError(path, "the file name{} is {} bytes, and its folder takes names of at most {}", 
+  return fileError(path, "the file name{} is {} bytes, and its folder takes names of at most {}",
                    suffix.empty() ? "" : " with '" + suffix.str() + "'", length, most);
 }
 

@@ -262,7 +262,6 @@ struct StepOutput {
   }
 };
 
-/// Trains `t` to its last step; 0, or the exit status of an error or a stop by signal.
 /// An error between steps (the data cannot be read, the log cannot be written): the trainer is
 /// at a step boundary, so the last step this run finished is saved (with --save) before the
 /// error is reported, and the error line says where the work is.
@@ -277,6 +276,7 @@ int stopKeepingWork(Trainer &t, bool stepped, llvm::Error err) {
   return report(flagError(message));
 }
 
+/// Trains `t` to its last step; 0, or the exit status of an error or a stop by signal.
 int trainLoop(Trainer &t, StepOutput &out, std::vector<double> &losses, double &totalMs) {
   const ModelConfig &c = t.config();
   int64_t lastSaved = -1, badSteps = 0;
