@@ -370,13 +370,9 @@ TEST(Training, MatchesPyTorchLosses) {
 }
 
 TEST(Training, LlamaBlockMatchesPyTorchLosses) {
-  // The Llama block (RMSNorm, SwiGLU, RoPE, two KV heads for four query heads). Its losses come
-  // from a machine with PyTorch (tests/reference/run-parity.sh writes them); until they are
-  // committed this test says it did not run rather than passing.
-  std::string path = "tests/reference/llama-tiny-parity-losses.json";
-  if (!llvm::sys::fs::exists(sourcePath(path)))
-    GTEST_SKIP() << path << " is not recorded yet: run tests/reference/run-parity.sh where PyTorch is";
-  expectPyTorchLosses("llama-tiny-parity", readSource(path));
+  // The Llama block (RMSNorm, SwiGLU, RoPE, two KV heads for four query heads) against PyTorch's
+  // losses from the same initial weights (tests/reference/run-parity.sh wrote them).
+  expectPyTorchLosses("llama-tiny-parity", readSource("tests/reference/llama-tiny-parity-losses.json"));
 }
 
 // The tiny model trained to the end (it learns the task): Fp8Training's

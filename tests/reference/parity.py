@@ -307,7 +307,8 @@ def train(args):
         opt.step()
         losses.append(loss.item())
         print(f"step {step:3d} loss {loss.item():.6f}", file=sys.stderr)
-    out = {"model": cfg["name"] if "name" in cfg else "tiny-parity", "steps": args.steps,
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    out = {"model": name, "steps": args.steps,
            "torch": torch.__version__, "losses": losses}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
