@@ -28,9 +28,33 @@ inline bool sameGemmPrecision(const AttrMap &a, const AttrMap &b) {
 }
 
 /// head_major=true on attention and attention_backward: the forward also returns q, k and v
-/// head-major ([3, B, H, T, Dh]), which its gradient reads instead of qkv (keep-attention-heads).
+/// head-major (attentionHeadsType), which its gradient reads instead of qkv (keep-attention-heads).
 inline constexpr llvm::StringLiteral kHeadMajor = "head_major";
 inline bool isHeadMajor(const AttrMap &attrs) { return attrs.getBool(kHeadMajor).value_or(false); }
+
+/// The attention ops' heads: `heads` query heads and `kv_heads` key/value heads (absent: as
+/// many; fewer is grouped-query attention, query head h reading KV head h / (heads / kv_heads),
+/// Llama's repeat_kv), and rope_theta where q and k are rotated (RoPE, ir/Rope.h's table at
+/// positions 0..T-1) inside the op. The packed qkv row is q (heads) | k (kv_heads) | v (kv_heads).
+struct AttentionHeads {
+  int64_t heads = 0, kvHeads = 0;
+  std::optional<double> ropeTheta;
+  int64_t group() const { return heads / kvHeads; }
+  /// qkv's row width at head dimension dh.
+  int64_t width(int64_t dh) const { return (heads + 2 * kvHeads) * dh; }
+  bool grouped() const { return kvHeads != heads; }
+};
+inline AttentionHeads attentionHeads(const AttrMap &attrs) {
+  int64_t heads = attrs.getInt("heads").value_or(0);
+  return {heads, attrs.getInt("kv_heads").value_or(heads), attrs.getFloat("rope_theta")};
+}
+/// The head-major copy of q, k and v: q [B, H, T, Dh], then k and v [B, KV, T, Dh], one after
+/// the other; typed [3, B, H, T, Dh] where KV = H, else [(H + 2 KV) B, T, Dh].
+inline TensorType attentionHeadsType(DType dtype, const AttentionHeads &h, int64_t B, int64_t T, int64_t dh) {
+  if (!h.grouped())
+    return TensorType(dtype, {3, B, h.heads, T, dh});
+  return TensorType(dtype, {(h.heads + 2 * h.kvHeads) * B, T, dh});
+}
 /// Whether the GPU runs an attention of this head dimension on tensor cores (attention.cuh's
 /// BF16 kernels, which read q, k and v head-major in BF16): under gemm_dtype, head dimensions
 /// that are multiples of 16 up to 256.

@@ -108,16 +108,28 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
   const TensorType &qkv = ops[0];
   if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
-  if (qkv.rank() != 3 || qkv.dim(-1) % 3)
-    return makeError("qkv must be [batch, seq, 3 * d_model], got {}", qkv.str());
-  int64_t d = qkv.dim(-1) / 3;
-  if (auto err = checkAttentionAttrs(attrs, d))
+  AttentionHeads h = attentionHeads(attrs);
+  if (auto err = checkGemmDType(attrs))
     return std::move(err);
-  int64_t heads = *attrs.getInt("heads");
+  auto heads = requireIntAttr(attrs, "heads");
+  if (!heads)
+    return heads.takeError();
+  if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
+    return scale.takeError();
+  if (h.heads < 1 || h.kvHeads < 1 || h.heads % h.kvHeads)
+    return makeError("kv_heads ({}) must divide heads ({})", h.kvHeads, h.heads);
+  // qkv [B, T, (H + 2 KV) Dh]: the queries' D = H Dh, then the keys' and the values' KV Dh.
+  int64_t per = h.heads + 2 * h.kvHeads;
+  if (qkv.rank() != 3 || qkv.dim(-1) % per)
+    return makeError("qkv must be [batch, seq, (heads + 2 kv_heads) head_dim] for {} heads and {} KV heads, got {}",
+                     h.heads, h.kvHeads, qkv.str());
+  int64_t dh = qkv.dim(-1) / per, d = h.heads * dh;
+  if (h.ropeTheta && (dh % 2 || !(*h.ropeTheta > 1.0)))
+    return makeError("rope_theta ({}) must exceed 1 and the head dimension ({}) be even", *h.ropeTheta, dh);
   TypeList types{TensorType(qkv.dtype, {qkv.dim(0), qkv.dim(1), d}),
-                 TensorType(qkv.dtype, {qkv.dim(0), heads, qkv.dim(1)})};
+                 TensorType(qkv.dtype, {qkv.dim(0), h.heads, qkv.dim(1)})};
   if (isHeadMajor(attrs))
-    types.push_back(TensorType(qkv.dtype, {3, qkv.dim(0), heads, qkv.dim(1), d / heads}));
+    types.push_back(attentionHeadsType(qkv.dtype, h, qkv.dim(0), qkv.dim(1), dh));
   return types;
 }
 
@@ -312,11 +324,16 @@ llvm::Expected<TypeList> inferLayerNormMLPBackward(Operands ops, const AttrMap &
 
 llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   TensorType qkv = ops[1];
-  if (isHeadMajor(attrs)) { // [3, B, H, T, Dh] -> the packed [B, T, 3 H Dh] it holds
-    const TensorType &h = ops[1];
-    if (h.rank() != 5 || h.dim(0) != 3)
-      return makeError("head-major qkv must be [3, batch, heads, seq, head_dim], got {}", h.str());
-    qkv = TensorType(h.dtype, {h.dim(1), h.dim(3), 3 * h.dim(2) * h.dim(4)});
+  if (isHeadMajor(attrs)) { // the head-major copy -> the packed [B, T, (H + 2 KV) Dh] it holds
+    const TensorType &t = ops[1];
+    AttentionHeads h = attentionHeads(attrs);
+    int64_t per = h.heads + 2 * h.kvHeads;
+    if (!h.grouped() && (t.rank() != 5 || t.dim(0) != 3))
+      return makeError("head-major qkv must be [3, batch, heads, seq, head_dim], got {}", t.str());
+    if (h.grouped() && (t.rank() != 3 || h.heads < 1 || t.dim(0) % per))
+      return makeError("head-major qkv must be [(heads + 2 kv_heads) batch, seq, head_dim], got {}", t.str());
+    qkv = h.grouped() ? TensorType(t.dtype, {t.dim(0) / per, t.dim(1), per * t.dim(2)})
+                      : TensorType(t.dtype, {t.dim(1), t.dim(3), 3 * t.dim(2) * t.dim(4)});
   }
   auto forward = inferAttention(qkv, attrs, {});
   if (!forward)

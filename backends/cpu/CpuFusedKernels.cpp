@@ -136,38 +136,69 @@ Tensor activateBackward(const Tensor &da, const Tensor &h, bool swiglu) {
 
 /// The intermediate tensors of causal attention on a packed qkv, as the unfused graph has them.
 struct AttentionParts {
-  Tensor q, k, v; // [B, H, T, Dh]
+  Tensor q;       // [B, H, T, Dh], rotated under rope_theta
+  Tensor k, v;    // [B, KV, T, Dh], k rotated under rope_theta
   Tensor probs;   // [B, H, T, T]
   Tensor lse;     // [B, H, T]: each query's log-sum-exp of its masked, scaled scores
 };
 
 const std::vector<int64_t> kSwapHeads{0, 2, 1, 3};
 
-AttentionParts attentionForward(const AttrMap &a, const Tensor &qkv) {
-  int64_t B = qkv.type.dim(0), T = qkv.type.dim(1), D = qkv.type.dim(2) / 3;
-  int64_t H = *a.getInt("heads"), Dh = D / H;
-  auto head = [&](int64_t index) {
-    Tensor part = lastAxisSlice(qkv, index * D, D);
-    TensorType split(qkv.type.dtype, {B, T, H, Dh});
-    part.type = split; // reshape: same data
-    return apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part},
-                 TensorType(qkv.type.dtype, {B, H, T, Dh}));
+/// The shape of one attention op's tensors: AttentionHeads plus batch, length, head dimension.
+struct AttentionDims {
+  AttentionHeads h;
+  int64_t B, T, Dh;
+  DType dtype;
+  TensorType heads(int64_t count, int64_t rows) const { return TensorType(dtype, {B, count, rows, Dh}); }
+  /// A [B, H, T, X] tensor seen as [B, KV, G T, X]: the G query heads of a KV head are
+  /// consecutive, so one batched product per KV head takes them all (as the builder's graph).
+  TensorType groupedType(int64_t last) const { return TensorType(dtype, {B, h.kvHeads, h.group() * T, last}); }
+  Tensor grouped(Tensor t) const {
+    t.type = groupedType(t.type.dim(3));
+    return t;
+  }
+  Tensor ungrouped(Tensor t) const {
+    t.type = TensorType(dtype, {B, h.heads, T, t.type.dim(3)});
+    return t;
+  }
+};
+
+AttentionDims attentionDims(const AttrMap &a, const TensorType &qkv) {
+  AttentionHeads h = attentionHeads(a);
+  return {h, qkv.dim(0), qkv.dim(1), qkv.dim(2) / (h.heads + 2 * h.kvHeads), qkv.dtype};
+}
+
+/// q, k and v head-major from the packed qkv, q and k rotated under rope_theta.
+void splitHeads(const AttentionDims &s, const Tensor &qkv, AttentionParts &p) {
+  auto head = [&](int64_t start, int64_t count, bool rotate) {
+    Tensor part = lastAxisSlice(qkv, start * s.Dh, count * s.Dh);
+    part.type = TensorType(s.dtype, {s.B, s.T, count, s.Dh}); // reshape: same data
+    Tensor t = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part}, s.heads(count, s.T));
+    if (!rotate || !s.h.ropeTheta)
+      return t;
+    return apply(evalRope, attrs({{"theta", *s.h.ropeTheta}}), {&t}, t.type);
   };
-  AttentionParts p{head(0), head(1), head(2), {}, {}};
-  TensorType scoresType(qkv.type.dtype, {B, H, T, T});
-  Tensor scores = gemm(a, kTransposedWeight, p.q, p.k, scoresType);
+  p.q = head(0, s.h.heads, true);
+  p.k = head(s.h.heads, s.h.kvHeads, true);
+  p.v = head(s.h.heads + s.h.kvHeads, s.h.kvHeads, false);
+}
+
+/// The probabilities and lse of q, k (scores, scale, causal mask, softmax).
+void attend(const AttrMap &a, const AttentionDims &s, AttentionParts &p) {
+  int64_t T = s.T;
+  TensorType scoresType(s.dtype, {s.B, s.h.heads, T, T});
+  Tensor scores = s.ungrouped(gemm(a, kTransposedWeight, s.grouped(p.q), p.k, s.groupedType(T)));
   Tensor scaled = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&scores}, scoresType);
   Tensor masked = apply(evalCausalMask, {}, {&scaled}, scoresType);
   p.probs = apply(evalSoftmax, {}, {&masked}, scoresType);
-  p.lse = Tensor::zeros(TensorType(qkv.type.dtype, {B, H, T}));
-  for (int64_t row = 0; row < B * H * T; ++row) {
+  p.lse = Tensor::zeros(TensorType(s.dtype, {s.B, s.h.heads, T}));
+  for (int64_t row = 0; row < s.B * s.h.heads * T; ++row) {
     const float *x = &masked.data[row * T];
     double max = *std::max_element(x, x + T), sum = 0;
     for (int64_t j = 0; j < T; ++j)
       sum += std::exp(double(x[j]) - max);
     p.lse.data[row] = float(max + std::log(sum));
   }
-  return p;
 }
 
 } // namespace
@@ -194,34 +225,38 @@ llvm::Error evalLayerNormMLP(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-/// qkv [B, T, 3 H Dh] as [3, B, H, T, Dh] (head-major), or back.
-static Tensor headMajor(const Tensor &qkv, int64_t H, bool back) {
-  const TensorType &t = qkv.type;
-  int64_t B = back ? t.dim(1) : t.dim(0), T = back ? t.dim(3) : t.dim(1);
-  int64_t Dh = back ? t.dim(4) : t.dim(2) / (3 * H);
-  Tensor out = Tensor::zeros(back ? TensorType(t.dtype, {B, T, 3 * H * Dh}) : TensorType(t.dtype, {3, B, H, T, Dh}));
-  for (int64_t part = 0; part < 3; ++part)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < T; ++i) {
-          int64_t packed = ((b * T + i) * 3 + part) * H * Dh + h * Dh;
-          int64_t major = (((part * B + b) * H + h) * T + i) * Dh;
-          std::copy_n(&qkv.data[back ? major : packed], Dh, &out.data[back ? packed : major]);
-        }
+/// The head-major copy (attentionHeadsType): q's data, then k's, then v's.
+static Tensor joinHeads(const AttentionParts &p, const TensorType &type) {
+  Tensor out = Tensor::zeros(type);
+  auto at = out.data.begin();
+  for (const Tensor *t : {&p.q, &p.k, &p.v})
+    at = std::copy(t->data.begin(), t->data.end(), at);
   return out;
+}
+static void splitCopy(const AttentionDims &s, const Tensor &copy, AttentionParts &p) {
+  p.q = Tensor::zeros(s.heads(s.h.heads, s.T));
+  p.k = Tensor::zeros(s.heads(s.h.kvHeads, s.T));
+  p.v = p.k;
+  auto at = copy.data.begin();
+  for (Tensor *t : {&p.q, &p.k, &p.v}) {
+    std::copy_n(at, t->data.size(), t->data.begin());
+    at += std::ptrdiff_t(t->data.size());
+  }
 }
 
 llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
-  AttentionParts p = attentionForward(a, *in[0]);
+  AttentionDims s = attentionDims(a, in[0]->type);
+  AttentionParts p;
+  splitHeads(s, *in[0], p);
+  attend(a, s, p);
   const TensorType type = out[0].type; // a copy: out[0] is reassigned below
-  int64_t B = type.dim(0), T = type.dim(1), H = *a.getInt("heads"), Dh = type.dim(2) / H;
-  Tensor context = gemm(a, {}, p.probs, p.v, p.q.type);
+  Tensor context = s.ungrouped(gemm(a, {}, s.grouped(p.probs), p.v, s.groupedType(s.Dh)));
   out[0] = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&context},
-                 TensorType(type.dtype, {B, T, H, Dh}));
+                 TensorType(type.dtype, {s.B, s.T, s.h.heads, s.Dh}));
   out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
   out[1] = std::move(p.lse);
   if (out.size() > 2) // head_major
-    out[2] = headMajor(*in[0], H, false);
+    out[2] = joinHeads(p, out[2].type);
   return llvm::Error::success();
 }
 
@@ -426,37 +461,43 @@ llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out)
 }
 
 // The reference recomputes the probabilities from qkv as the unfused graph has them; the
-// forward's out and lse (operands 2 and 3) are what the GPU's kernels read instead.
+// forward's out and lse (operands 2 and 3) are what the GPU's kernels read instead. Under
+// rope_theta the gradients of the rotated q and k are rotated back (rope's own gradient).
 llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
-  Tensor packed;
+  const TensorType &qkvType = out[0].type;
+  AttentionDims s = attentionDims(a, qkvType);
+  AttentionParts p;
   if (isHeadMajor(a))
-    packed = headMajor(*in[1], *a.getInt("heads"), true);
-  const Tensor &dout = *in[0], &qkv = isHeadMajor(a) ? packed : *in[1];
-  AttentionParts p = attentionForward(a, qkv);
-  int64_t B = qkv.type.dim(0), T = qkv.type.dim(1), D = qkv.type.dim(2) / 3;
-  int64_t H = *a.getInt("heads"), Dh = D / H;
-  DType dt = qkv.type.dtype;
-  Tensor split = dout;
+    splitCopy(s, *in[1], p);
+  else
+    splitHeads(s, *in[1], p);
+  attend(a, s, p);
+  int64_t B = s.B, T = s.T, H = s.h.heads, Dh = s.Dh;
+  DType dt = s.dtype;
+  Tensor split = *in[0];
   split.type = TensorType(dt, {B, T, H, Dh});
   Tensor dcontext = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&split}, p.q.type);
-  Tensor dprobs = gemm(a, kTransposedWeight, dcontext, p.v, p.probs.type);
-  Tensor dv = gemm(a, {true, false}, p.probs, dcontext, p.v.type);
+  Tensor dprobs = s.ungrouped(gemm(a, kTransposedWeight, s.grouped(dcontext), p.v, s.groupedType(T)));
+  Tensor dv = gemm(a, {true, false}, s.grouped(p.probs), s.grouped(dcontext), p.v.type);
   Tensor dmasked = apply(evalSoftmaxBackward, {}, {&dprobs, &p.probs}, p.probs.type);
   Tensor dscaled = apply(evalCausalMask, attrs({{"fill", 0.0}}), {&dmasked}, p.probs.type);
   Tensor dscores = apply(evalScale, attrs({{"factor", *a.getFloat("scale")}}), {&dscaled}, p.probs.type);
-  Tensor dq = gemm(a, {}, dscores, p.k, p.q.type);
-  Tensor dk = gemm(a, {true, false}, dscores, p.q, p.k.type);
-  // Back to [B, T, D] each, placed at q | k | v of the packed gradient.
-  Tensor dqkv = Tensor::zeros(qkv.type);
-  int64_t part = 0;
+  Tensor dq = s.ungrouped(gemm(a, {}, s.grouped(dscores), p.k, s.groupedType(Dh)));
+  Tensor dk = gemm(a, {true, false}, s.grouped(dscores), s.grouped(p.q), p.k.type);
+  if (s.h.ropeTheta)
+    for (Tensor *d : {&dq, &dk})
+      *d = apply(evalRope, attrs({{"theta", *s.h.ropeTheta}, {"inverse", true}}), {d}, d->type);
+  // Back to [B, T, heads Dh] each, placed at q | k | v of the packed gradient.
+  Tensor dqkv = Tensor::zeros(qkvType);
+  int64_t start = 0, width = qkvType.dim(2);
   for (const Tensor *d : {&dq, &dk, &dv}) {
-    Tensor merged = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {d},
-                          TensorType(dt, {B, T, H, Dh}));
-    merged.type = TensorType(dt, {B, T, D});
-    Tensor placed = apply(evalPad, attrs({{"axis", int64_t(2)}, {"start", part * D}, {"size", 3 * D}}),
-                          {&merged}, qkv.type);
-    dqkv = apply(evalAdd, {}, {&dqkv, &placed}, qkv.type);
-    ++part;
+    int64_t count = d->type.dim(1);
+    Tensor merged = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {d}, TensorType(dt, {B, T, count, Dh}));
+    merged.type = TensorType(dt, {B, T, count * Dh});
+    Tensor placed = apply(evalPad, attrs({{"axis", int64_t(2)}, {"start", start}, {"size", width}}), {&merged},
+                          qkvType);
+    dqkv = apply(evalAdd, {}, {&dqkv, &placed}, qkvType);
+    start += count * Dh;
   }
   out[0] = std::move(dqkv);
   return llvm::Error::success();

@@ -191,10 +191,12 @@ namespace {
 int64_t opScratchBytes(const Op &op) {
   if (op.kind() != OpKind::Attention && op.kind() != OpKind::AttentionBackward)
     return 0;
-  const TensorType &qkv = op.operand(op.kind() == OpKind::Attention ? 0 : 1)->type();
+  bool forward = op.kind() == OpKind::Attention;
+  // The packed qkv: the forward's operand, the gradient's result (its operand may be head-major).
+  const TensorType &qkv = forward ? op.operand(0)->type() : op.result(0)->type();
   int64_t B = qkv.dim(0), T = qkv.dim(1), H = *op.attrs().getInt("heads");
   int64_t scores = B * H * T * T * int64_t(sizeof(float)), heads = qkv.numElements() * int64_t(sizeof(float));
-  return op.kind() == OpKind::Attention ? 4 * scores + heads : 8 * scores + 3 * heads;
+  return forward ? 4 * scores + heads : 8 * scores + 3 * heads;
 }
 
 } // namespace

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fmt/format.h>
 
 using namespace tgc;
 using namespace tgc::test;
@@ -152,6 +153,35 @@ TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
 // the loss's gradient into the loss; the attention's gradient reads its forward's head-major q, k, v.
 const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                                "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads"};
+
+// The Llama block (RoPE, two KV heads for four query heads, RMSNorm, SwiGLU): its attention is
+// one attention op with kv_heads and rope_theta, bit for bit the unfused graph's, in fp32 and
+// BF16, with the GPU's passes (the gradient reading the head-major copy) and without; and the
+// same with one KV head (multi-query), and with learned positions (no rope_theta).
+TEST(Fusion, LlamaBlockAttentionMatchesUnfused) {
+  for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16})
+    for (auto [kvHeads, rope] : {std::pair{2, true}, std::pair{1, true}, std::pair{2, false}}) {
+      SCOPED_TRACE(fmt::format("{} KV heads, rope {}, recipe {}", kvHeads, rope, int(recipe)));
+      ModelConfig c = loadModel("models/llama-tiny.yaml");
+      c.precision.recipe = recipe;
+      c.kvHeads = kvHeads;
+      c.position = rope ? PositionKind::Rope : PositionKind::Learned;
+      c.seqLen = 12;
+      auto fused = gradientProgram(c, 2, fusionPasses());
+      ASSERT_TRUE(fused);
+      int attentions = 0;
+      for (const Op *op : fused->ops())
+        if (op->kind() == OpKind::Attention) {
+          ++attentions;
+          EXPECT_EQ(op->attrs().getInt("kv_heads"), std::optional<int64_t>(kvHeads));
+          EXPECT_EQ(op->attrs().getFloat("rope_theta").has_value(), rope);
+        }
+      EXPECT_EQ(attentions, 2);
+      EXPECT_EQ(countOps(*fused)["rope"], 0);
+      compareFusedWithPlain(c, 2, fusionPasses());
+      compareFusedWithPlain(c, 2, fusionPasses(), kGpuLowering);
+    }
+}
 
 TEST(Fusion, GpuExpansionOfLayerNormFusionsMatchesUnfused) {
   compareFusedWithPlain(loadModel("models/tiny.yaml"), 2, fusionPasses(), kGpuLowering);

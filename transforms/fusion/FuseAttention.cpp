@@ -1,7 +1,10 @@
 // fuse-attention: the builder's causal attention over a packed qkv (three slices, heads split
 // and transposed, scaled scores, causal mask, softmax, weighted sum, heads merged) becomes one
-// attention op. Every intermediate must be read only inside the pattern.
+// attention op; with fewer KV heads (the products grouped per KV head) and with q and k
+// rotated by rope, one attention op with kv_heads and rope_theta. Every intermediate must be
+// read only inside the pattern.
 #include "ir/Attributes.h"
+#include "ir/Rope.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
@@ -10,67 +13,140 @@ namespace {
 
 const std::vector<int64_t> kSwapHeads{0, 2, 1, 3};
 
+/// The ops a match takes, and the producers it walks through.
+struct Walk {
+  const Graph &graph;
+  llvm::SmallVector<Op *, 24> ops;
+  // The op defining operand `i` of `user`, if it is of `kind` and read only by `user`.
+  Op *producer(Op *user, unsigned i, OpKind kind) {
+    Op *def = definedBy(user->operand(i), kind);
+    if (!def || soleUser(graph, user->operand(i)) != user)
+      return nullptr;
+    ops.push_back(def);
+    return def;
+  }
+};
+
+/// q, k, v: transpose(reshape(slice(qkv, axis 2, start, heads Dh)), 0213), one qkv for all, the
+/// slices side by side from 0; q and k rotated by one rope (positions 0..T-1) or neither.
+struct HeadSlices {
+  Value *qkv = nullptr;
+  std::optional<double> theta;
+  int64_t heads = 0, kvHeads = 0, dh = 0, start = 0;
+
+  bool match(Walk &w, Op *user, unsigned i, bool query, bool rotatable) {
+    Op *rope = rotatable ? definedBy(user->operand(i), OpKind::Rope) : nullptr;
+    if (rope) {
+      RopeOptions options = ropeOptions(rope->attrs());
+      if (!w.producer(user, i, OpKind::Rope) || rope->numOperands() != 1 || options.inverse ||
+          (theta && *theta != options.theta) || (!theta && !query))
+        return false;
+      theta = options.theta;
+      user = rope;
+      i = 0;
+    } else if (theta && rotatable) {
+      return false; // k unrotated where q was rotated
+    }
+    Op *swap = w.producer(user, i, OpKind::Transpose);
+    Op *split = swap ? w.producer(swap, 0, OpKind::Reshape) : nullptr;
+    Op *slice = split ? w.producer(split, 0, OpKind::Slice) : nullptr;
+    if (!slice || swap->attrs().getInts("perm") != kSwapHeads || slice->attrs().getInt("axis") != 2 ||
+        split->result()->type().rank() != 4 || (qkv && slice->operand(0) != qkv))
+      return false;
+    int64_t count = split->result()->type().dim(2), width = split->result()->type().dim(3);
+    if (query) {
+      heads = count;
+      dh = width;
+    } else if (width != dh || (kvHeads && count != kvHeads)) {
+      return false;
+    }
+    if (!query)
+      kvHeads = count;
+    if (slice->attrs().getInt("start") != start || slice->attrs().getInt("size") != count * dh)
+      return false;
+    start += count * dh;
+    qkv = slice->operand(0);
+    return true;
+  }
+};
+
 class FuseAttention : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &graph, Op *merge) const override {
     // merge = reshape(transpose(matmul(probs, v), 0213)) : [B, T, D]
     if (merge->kind() != OpKind::Reshape || merge->result()->type().rank() != 3)
       return std::nullopt;
-    llvm::SmallVector<Op *, 20> ops{merge};
-    auto single = [&](Value *v, Op *user) { return soleUser(graph, v) == user; };
-    // The op defining operand `i` of `user`, if it is of `kind` and read only by `user`.
-    auto producer = [&](Op *user, unsigned i, OpKind kind) -> Op * {
-      Op *def = definedBy(user->operand(i), kind);
-      if (!def || !single(user->operand(i), user))
-        return nullptr;
-      ops.push_back(def);
-      return def;
-    };
+    Walk w{graph, {merge}};
+    auto producer = [&](Op *user, unsigned i, OpKind kind) { return w.producer(user, i, kind); };
     Op *unswap = producer(merge, 0, OpKind::Transpose);
     if (!unswap || unswap->attrs().getInts("perm") != kSwapHeads)
       return std::nullopt;
-    Op *context = producer(unswap, 0, OpKind::MatMul);
+    // Under grouped-query attention each product is one per KV head: its [B, H, T, X] operand
+    // reshaped to [B, KV, G T, X] before, its result back to [B, H, T, X] after (the builder's
+    // graph); `grouped` says which form the two products take (both the same).
+    std::optional<bool> grouped;
+    auto product = [&](Op *user, unsigned i) -> Op * {
+      Op *ungroup = definedBy(user->operand(i), OpKind::Reshape);
+      bool isGrouped = ungroup != nullptr;
+      if (grouped && *grouped != isGrouped)
+        return nullptr;
+      grouped = isGrouped;
+      if (!isGrouped)
+        return producer(user, i, OpKind::MatMul);
+      ungroup = producer(user, i, OpKind::Reshape);
+      return ungroup ? producer(ungroup, 0, OpKind::MatMul) : nullptr;
+    };
+    // Operand 0 of a product, through the reshape to [B, KV, G T, X] where grouped.
+    auto groupedOperand = [&](Op *mm, OpKind kind) -> Op * {
+      if (!*grouped)
+        return producer(mm, 0, kind);
+      Op *group = producer(mm, 0, OpKind::Reshape);
+      return group ? producer(group, 0, kind) : nullptr;
+    };
+    Op *context = product(unswap, 0);
     if (!context || matmulLayout(context->attrs()).transposeA || matmulLayout(context->attrs()).transposeB)
       return std::nullopt;
-    Op *softmax = producer(context, 0, OpKind::Softmax);
+    Op *softmax = groupedOperand(context, OpKind::Softmax);
     Op *mask = softmax ? producer(softmax, 0, OpKind::CausalMask) : nullptr;
     if (!mask || mask->attrs().has("fill"))
       return std::nullopt;
     Op *scale = producer(mask, 0, OpKind::Scale);
-    Op *scores = scale ? producer(scale, 0, OpKind::MatMul) : nullptr;
+    Op *scores = scale ? product(scale, 0) : nullptr;
     if (!scores || !matmulLayout(scores->attrs()).transposeB || matmulLayout(scores->attrs()).transposeA)
       return std::nullopt;
-    // q, k, v: transpose(reshape(slice(qkv, axis 2, part * D, D)), 0213), one qkv for all.
-    Value *qkv = nullptr;
-    int64_t heads = 0;
+    Op *groupedQ = *grouped ? producer(scores, 0, OpKind::Reshape) : scores;
+    HeadSlices h;
+    if (!groupedQ || !h.match(w, groupedQ, 0, true, true) || !h.match(w, scores, 1, false, true) ||
+        !h.match(w, context, 1, false, false))
+      return std::nullopt;
+    Value *qkv = h.qkv;
+    int64_t heads = h.heads, kvHeads = h.kvHeads;
     const int64_t D = merge->result()->type().dim(2);
-    auto head = [&](Op *user, unsigned i, int64_t part) {
-      Op *swap = producer(user, i, OpKind::Transpose);
-      Op *split = swap ? producer(swap, 0, OpKind::Reshape) : nullptr;
-      Op *slice = split ? producer(split, 0, OpKind::Slice) : nullptr;
-      if (!slice || swap->attrs().getInts("perm") != kSwapHeads ||
-          slice->attrs().getInt("axis") != 2 || slice->attrs().getInt("start") != part * D ||
-          slice->attrs().getInt("size") != D || split->result()->type().rank() != 4)
-        return false;
-      if (qkv && slice->operand(0) != qkv)
-        return false;
-      qkv = slice->operand(0);
-      heads = split->result()->type().dim(2);
-      return true;
-    };
-    if (!head(scores, 0, 0) || !head(scores, 1, 1) || !head(context, 1, 2))
+    // Legality: qkv is [B, T, (H + 2 KV) Dh] with D = H Dh, the grouping reshapes are the
+    // [B, KV, G T, X] ones, and rope's theta is one the op takes.
+    const TensorType &packed = qkv->type(), &out = merge->result()->type();
+    if (packed.rank() != 3 || packed.dim(2) != h.start || heads * h.dh != D || heads % kvHeads ||
+        packed.dim(0) != out.dim(0) || packed.dim(1) != out.dim(1) || (h.theta && !(*h.theta > 1.0)))
       return std::nullopt;
-    // Legality: qkv is [B, T, 3D] and the heads split D evenly, as the attention op assumes.
-    const TensorType &packed = qkv->type();
-    if (packed.rank() != 3 || packed.dim(2) != 3 * D || packed.dim(0) != merge->result()->type().dim(0) ||
-        packed.dim(1) != merge->result()->type().dim(1))
+    if (*grouped != (kvHeads != heads))
       return std::nullopt;
+    if (*grouped) {
+      int64_t T = packed.dim(1);
+      const TensorType &q = scores->operand(0)->type(), &p = context->operand(0)->type();
+      if (q.rank() != 4 || q.dim(1) != kvHeads || q.dim(2) != heads / kvHeads * T || p.rank() != 4 ||
+          p.dim(1) != kvHeads || p.dim(2) != heads / kvHeads * T)
+        return std::nullopt;
+    }
 
     FusionMatch m;
-    m.pattern.assign(ops.rbegin(), ops.rend());
+    m.pattern.assign(w.ops.rbegin(), w.ops.rend());
     m.replacement.kind = OpKind::Attention;
     m.replacement.operands = {qkv};
     m.replacement.attrs.set("heads", heads);
+    if (kvHeads != heads)
+      m.replacement.attrs.set("kv_heads", kvHeads);
+    if (h.theta)
+      m.replacement.attrs.set("rope_theta", *h.theta);
     m.replacement.attrs.set("scale", *scale->attrs().getFloat("factor"));
     if (!sameGemmPrecision(scores->attrs(), context->attrs()))
       return std::nullopt;
