@@ -123,7 +123,8 @@ TEST(GpuTraining, Bf16LossesFollowTheCpuEmulationFor20Steps) {
 }
 
 TEST(GpuTraining, LlamaBlocksFollowTheCpuAtOddShapes) {
-  // RoPE (elementwise.cuh's rope, by the CPU's table) and grouped-query attention, forward and backward, in
+  // The fused attention with RoPE (rotated by the CPU's table as q and k go to the kernels) and
+  // grouped-query attention, forward and backward (cuDNN's forward where it is found), in
   // three training steps against the CPU: head dimensions 64 and 128, one KV head (MQA), two and
   // four (every query head its own) for four query heads, 37 positions (no tile divides them).
   // The losses and gradient norms within the tolerances of the 20-step tests above.

@@ -69,17 +69,81 @@ __device__ void attentionDelta(const float *dout, const float *out, float *delta
 
 enum { kAttentionThreads = 128 }; // (an enumerator: no warning where only the other kernels are used)
 
-// src ([B, T, PARTS * H * DH] floats) rounded to BF16 into dst as [PARTS][B][H][T][DH]: qkv's
-// three parts, or dout's one. Four elements a thread.
-template <int B, int T, int PARTS, int H, int DH>
-__device__ void toHeadsBf16(const float *src, unsigned short *dst) {
-  FOR_EACH_ELEMENT(i, (int64)B * T * PARTS * H * DH / 4) {
+// Rows of the packed qkv, [B, T, (H + 2 KV) DH] (q: H heads | k: KV | v: KV), and their
+// head-major copy: q [B][H][T][DH], then k and v [B][KV][T][DH] (ir/Attributes.h's
+// attentionHeadsType). Query head h reads KV head h / (H / KV) (grouped-query attention; KV = H
+// is multi-head attention, the copy [3][B][H][T][DH]).
+template <int B, int T, int H, int KV, int DH>
+struct AttentionHeads {
+  static constexpr int G = H / KV, D = H * DH, W = (H + 2 * KV) * DH, HALF = DH / 2;
+  static constexpr int64 QPART = (int64)B * H * T * DH, KPART = (int64)B * KV * T * DH;
+  // The copy's head `hh` of sequence b: q heads 0 .. H - 1, k heads H .. H + KV - 1, then v.
+  static __device__ __forceinline__ int64 copyAt(int64 b, int hh) {
+    return hh < H ? (b * H + hh) * T * DH
+                  : hh < H + KV ? QPART + (b * KV + hh - H) * T * DH : QPART + KPART + (b * KV + hh - H - KV) * T * DH;
+  }
+  // The copy's k of query head h (v follows at + KPART).
+  static __device__ __forceinline__ int64 keysOf(int64 b, int h) { return QPART + (b * KV + h / G) * T * DH; }
+};
+
+// The RoPE rotation of pair (x, y) at position t, pair index i (elementwise.cuh's rope, the
+// CPU's bits: each product and sum rounded on its own); INVERSE turns back (rope's gradient).
+template <int T, int HALF, bool INVERSE>
+__device__ __forceinline__ void ropePair(float &x, float &y, const double *table, int t, int i) {
+  float c = (float)table[(int64)t * HALF + i], s = (float)table[((int64)T + t) * HALF + i];
+  if (INVERSE)
+    s = -s;
+  float a = x, b = y;
+  x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+// src ([B, T, PARTS * H * DH] floats, or qkv's (H + 2 KV) heads) rounded to BF16 into dst
+// head-major: qkv's three parts (AttentionHeads' copy; under ROPE q and k rotated first, by
+// table: ir/Rope.h's cos and sin of positions 0 .. T - 1), or dout's one. Four elements a
+// thread (under ROPE, a rotated head's four pairs a thread).
+template <int B, int T, int PARTS, int H, int DH, int KV = H, bool ROPE = false>
+__device__ void toHeadsBf16(const float *src, unsigned short *dst, const double *table = nullptr) {
+  using A = AttentionHeads<B, T, H, KV, DH>;
+  constexpr int HEADS = PARTS == 1 ? H : H + 2 * KV;
+  FOR_EACH_ELEMENT(i, (int64)B * T * HEADS * DH / 4) {
     int64 r = i / (DH / 4);
-    int d = 4 * (int)(i % (DH / 4)), h = (int)(r % H), part = (int)(r / H % PARTS);
-    int64 bt = r / H / PARTS, b = bt / T, t = bt % T;
+    int d = 4 * (int)(i % (DH / 4)), hh = (int)(r % HEADS);
+    int64 bt = r / HEADS, b = bt / T;
+    int t = (int)(bt % T);
+    int64 at = A::copyAt(b, hh) + (int64)t * DH + d;
     float4 x = *(const float4 *)(src + 4 * i);
-    *(uint2 *)(dst + ((((int64)part * B + b) * H + h) * T + t) * DH + d) =
-        make_uint2(packBf16(x.x, x.y), packBf16(x.z, x.w));
+    if constexpr (ROPE && PARTS == 3) {
+      if (hh < H + KV) {
+        if (d >= A::HALF)
+          continue; // its pairs' thread writes these
+        float4 y = *(const float4 *)(src + 4 * i + A::HALF);
+        ropePair<T, A::HALF, false>(x.x, y.x, table, t, d);
+        ropePair<T, A::HALF, false>(x.y, y.y, table, t, d + 1);
+        ropePair<T, A::HALF, false>(x.z, y.z, table, t, d + 2);
+        ropePair<T, A::HALF, false>(x.w, y.w, table, t, d + 3);
+        *(uint2 *)(dst + at + A::HALF) = make_uint2(packBf16(y.x, y.y), packBf16(y.z, y.w));
+      }
+    }
+    *(uint2 *)(dst + at) = make_uint2(packBf16(x.x, x.y), packBf16(x.z, x.w));
+  }
+}
+
+// The packed rows src ([B, T, (H + 2 KV) DH]: fp32, or BF16 bits) into out with q and k rotated
+// (INVERSE: back, the gradient's), v as it is: the thread-per-row kernels' rotated operand, and
+// the gradients of the rotated q and k turned back. A pair a thread; src may be out.
+template <int B, int T, int H, int KV, int DH, bool INVERSE, typename In, typename Out>
+__device__ void ropeRows(const In *src, Out out, const double *table) {
+  using A = AttentionHeads<B, T, H, KV, DH>;
+  FOR_EACH_ELEMENT(p, (int64)B * T * (H + 2 * KV) * A::HALF) {
+    int64 r = p / A::HALF, bt = r / (H + 2 * KV);
+    int i = (int)(p % A::HALF), hh = (int)(r % (H + 2 * KV)), t = (int)(bt % T);
+    int64 at = r * DH + i;
+    float x = elementValue(src[at]), y = elementValue(src[at + A::HALF]);
+    if (hh < H + KV)
+      ropePair<T, A::HALF, INVERSE>(x, y, table, t, i);
+    out[at] = x;
+    out[at + A::HALF] = y;
   }
 }
 
@@ -179,15 +243,15 @@ __device__ __forceinline__ void accumulateBf16(float (*acc)[4], const float (*p)
 // The forward for 64 queries (a block: four warps of 16): out = softmax(mask(scale q k^T)) v,
 // over key tiles of R rows, and each query's log-sum-exp for the gradient. heads is
 // toHeadsBf16's q | k | v.
-template <int B, int T, int H, int DH, typename Out>
+template <int B, int T, int H, int DH, int KV = H, typename Out>
 __device__ void attentionForwardBf16(const unsigned short *heads, Out out, float *lse, float scale) {
+  using A = AttentionHeads<B, T, H, KV, DH>;
   constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
-  constexpr int64 PART = (int64)B * H * T * DH;
   __shared__ __align__(16) TilePair<R, DH> stages[2]; // keys, values
   const int tile = TILES - 1 - blockIdx.x % TILES; // the longest rows of tiles first
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, c = 2 * (threadIdx.x % 4);
-  const unsigned short *q = heads + (int64)bh * T * DH, *k = q + PART, *v = q + 2 * PART;
+  const unsigned short *q = heads + (int64)bh * T * DH, *k = heads + A::keysOf(b, h), *v = k + A::KPART;
   const int row0 = tile * kAttentionRows + warp * 16 + threadIdx.x % 32 / 4, row1 = row0 + 8;
   const int last = (min(T, (tile + 1) * kAttentionRows) - 1) / R; // the last key tile
   const float scaleLog2 = scale * 1.4426950408889634f;
@@ -259,20 +323,39 @@ __device__ void attentionForwardBf16(const unsigned short *heads, Out out, float
   }
 }
 
+// Under ROPE, the gradient of rotated q (or k) in C fragments turned back (rope's gradient) at
+// rows row0 and row1: column d's pair d + DH / 2 is fragment n + DH / 16 of the same lane.
+template <int T, int DH, bool ROPE>
+__device__ __forceinline__ void rotateFragmentsBack(float (*acc)[4], int row0, int row1, int c, const double *table) {
+  if constexpr (ROPE) {
+#pragma unroll
+    for (int n = 0; n < DH / 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int row = e < 2 ? row0 : row1;
+        if (row < T)
+          ropePair<T, DH / 2, true>(acc[n][e], acc[n + DH / 16][e], table, row, n * 8 + c + (e & 1));
+      }
+  }
+}
+
 // dk and dv for 64 keys (four warps of 16): each query tile of R rows from the keys' own on,
 // p^T and dp^T = v dout^T recomputed from the forward's lse and delta (attentionDelta).
-template <int B, int T, int H, int DH, typename Out>
+// Under grouped-query attention a block takes the keys of one KV head and walks the queries of
+// its G query heads in turn (their sums in that order: the same bits every run).
+template <int B, int T, int H, int DH, int KV = H, bool ROPE = false, typename Out>
 __device__ void attentionKeyValueGradBf16(const unsigned short *dout, const unsigned short *heads, Out dqkv,
-                                          float scale, const float *lse, const float *delta) {
+                                          float scale, const float *lse, const float *delta,
+                                          const double *table = nullptr) {
+  using A = AttentionHeads<B, T, H, KV, DH>;
   constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
-  constexpr int64 PART = (int64)B * H * T * DH;
   constexpr int SUB = DH <= 64 ? 32 : 16; // queries a step: fewer registers live next to dk and dv
   __shared__ __align__(16) TilePair<R, DH> stages[2]; // queries, dout
   const int tile = blockIdx.x % TILES; // the earliest keys have the most queries: first
-  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
+  const int bkv = blockIdx.x / TILES, b = bkv / KV, kvh = bkv % KV;
   const int warp = threadIdx.x / 32, c = 2 * (threadIdx.x % 4);
-  const unsigned short *q = heads + (int64)bh * T * DH, *dy = dout + (int64)bh * T * DH;
-  const float *rowLse = lse + (int64)bh * T, *rowDelta = delta + (int64)bh * T;
+  const unsigned short *q = nullptr, *dy = nullptr;
+  const float *rowLse = nullptr, *rowDelta = nullptr;
   const int key0 = tile * kAttentionRows + warp * 16 + threadIdx.x % 32 / 4, key1 = key0 + 8;
   const int first = tile * kAttentionRows / R, last = (T - 1) / R; // query tiles
   const float scaleLog2 = scale * 1.4426950408889634f;
@@ -287,48 +370,57 @@ __device__ void attentionKeyValueGradBf16(const unsigned short *dout, const unsi
     }
     commitCopies();
   };
-  copyStage(0, first);
   unsigned ka[DH / 16][4], va[DH / 16][4];
-  loadRowFragments<T, DH>(ka, q + PART, key0);
-  loadRowFragments<T, DH>(va, q + 2 * PART, key0);
+  const unsigned short *keys = heads + A::QPART + (int64)bkv * T * DH;
+  loadRowFragments<T, DH>(ka, keys, key0);
+  loadRowFragments<T, DH>(va, keys + A::KPART, key0);
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
-  for (int qt = first; qt <= last; ++qt) {
-    const int current = (qt - first) & 1;
-    TilePair<R, DH> &stage = stages[current];
-    if (qt < last)
-      copyStage(current ^ 1, qt + 1);
-    else
-      commitCopies();
-    waitForAllButLatestCopies();
-    __syncthreads();
-    const bool edge = qt * R < tile * kAttentionRows + kAttentionRows || qt * R + R > T; // diagonal or last
+  for (int g = 0; g < A::G; ++g) {
+    const int64 bh = (int64)b * H + kvh * A::G + g;
+    q = heads + bh * T * DH;
+    dy = dout + bh * T * DH;
+    rowLse = lse + bh * T;
+    rowDelta = delta + bh * T;
+    copyStage(0, first);
+    for (int qt = first; qt <= last; ++qt) {
+      const int current = (qt - first) & 1;
+      TilePair<R, DH> &stage = stages[current];
+      if (qt < last)
+        copyStage(current ^ 1, qt + 1);
+      else
+        commitCopies();
+      waitForAllButLatestCopies();
+      __syncthreads();
+      const bool edge = qt * R < tile * kAttentionRows + kAttentionRows || qt * R + R > T; // diagonal or last
 #pragma unroll
-    for (int part = 0; part < R / SUB; ++part) {
-      float p[SUB / 8][4], dp[SUB / 8][4];
-      scoresBf16<DH, SUB / 8>(p, ka, stage.first + SUB * part);   // s^T: keys x queries
-      scoresBf16<DH, SUB / 8>(dp, va, stage.second + SUB * part); // dp^T = v dout^T
+      for (int part = 0; part < R / SUB; ++part) {
+        float p[SUB / 8][4], dp[SUB / 8][4];
+        scoresBf16<DH, SUB / 8>(p, ka, stage.first + SUB * part);   // s^T: keys x queries
+        scoresBf16<DH, SUB / 8>(dp, va, stage.second + SUB * part); // dp^T = v dout^T
 #pragma unroll
-      for (int j = 0; j < SUB / 8; ++j)
+        for (int j = 0; j < SUB / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          int i = SUB * part + j * 8 + c + e, query = qt * R + i;
-          bool inside = query < T;
-          float l = lses[current][i] * 1.4426950408889634f, dl = deltas[current][i];
+          for (int e = 0; e < 2; ++e) {
+            int i = SUB * part + j * 8 + c + e, query = qt * R + i;
+            bool inside = query < T;
+            float l = lses[current][i] * 1.4426950408889634f, dl = deltas[current][i];
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            int at = 2 * half + e, key = half ? key1 : key0;
-            float prob = exp2Approx(fmaf(p[j][at], scaleLog2, -l));
-            if (edge && (key > query || !inside))
-              prob = 0.0f;
-            p[j][at] = prob;
-            dp[j][at] = prob * (dp[j][at] - dl) * scale; // ds^T
+            for (int half = 0; half < 2; ++half) {
+              int at = 2 * half + e, key = half ? key1 : key0;
+              float prob = exp2Approx(fmaf(p[j][at], scaleLog2, -l));
+              if (edge && (key > query || !inside))
+                prob = 0.0f;
+              p[j][at] = prob;
+              dp[j][at] = prob * (dp[j][at] - dl) * scale; // ds^T
+            }
           }
-        }
-      accumulateBf16<DH, SUB / 8>(dv, p, stage.second + SUB * part);
-      accumulateBf16<DH, SUB / 8>(dk, dp, stage.first + SUB * part);
+        accumulateBf16<DH, SUB / 8>(dv, p, stage.second + SUB * part);
+        accumulateBf16<DH, SUB / 8>(dk, dp, stage.first + SUB * part);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
+  rotateFragmentsBack<T, DH, ROPE>(dk, key0, key1, c, table);
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n)
 #pragma unroll
@@ -336,23 +428,23 @@ __device__ void attentionKeyValueGradBf16(const unsigned short *dout, const unsi
       int key = e < 2 ? key0 : key1, d = n * 8 + c + (e & 1);
       if (key >= T)
         continue;
-      int64 at = ((int64)b * T + key) * 3 * D + h * DH + d;
-      dqkv[at + D] = dk[n][e];
-      dqkv[at + 2 * D] = dv[n][e];
+      int64 at = ((int64)b * T + key) * A::W + D + kvh * DH + d;
+      dqkv[at] = dk[n][e];
+      dqkv[at + KV * DH] = dv[n][e];
     }
 }
 
 // dq for 64 queries: ds = p (dp - delta) scale against every key tile up to theirs, times k.
-template <int B, int T, int H, int DH, typename Out>
+template <int B, int T, int H, int DH, int KV = H, bool ROPE = false, typename Out>
 __device__ void attentionQueryGradBf16(const unsigned short *dout, const unsigned short *heads, Out dqkv, float scale,
-                                       const float *lse, const float *delta) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
-  constexpr int64 PART = (int64)B * H * T * DH;
+                                       const float *lse, const float *delta, const double *table = nullptr) {
+  using A = AttentionHeads<B, T, H, KV, DH>;
+  constexpr int TILES = (T + kAttentionRows - 1) / kAttentionRows, R = attentionTileRows<DH>();
   __shared__ __align__(16) TilePair<R, DH> stages[2]; // keys, values
   const int tile = TILES - 1 - blockIdx.x % TILES;
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
   const int warp = threadIdx.x / 32, c = 2 * (threadIdx.x % 4);
-  const unsigned short *q = heads + (int64)bh * T * DH, *k = q + PART, *v = q + 2 * PART;
+  const unsigned short *q = heads + (int64)bh * T * DH, *k = heads + A::keysOf(b, h), *v = k + A::KPART;
   const int row0 = tile * kAttentionRows + warp * 16 + threadIdx.x % 32 / 4, row1 = row0 + 8;
   const int last = (min(T, (tile + 1) * kAttentionRows) - 1) / R;
   const float scaleLog2 = scale * 1.4426950408889634f;
@@ -389,13 +481,14 @@ __device__ void attentionQueryGradBf16(const unsigned short *dout, const unsigne
     accumulateBf16<DH, R / 8>(dq, ds, stage.first);
     __syncthreads();
   }
+  rotateFragmentsBack<T, DH, ROPE>(dq, row0, row1, c, table);
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
       if (row < T)
-        dqkv[((int64)b * T + row) * 3 * D + h * DH + d] = dq[n][e];
+        dqkv[((int64)b * T + row) * A::W + h * DH + d] = dq[n][e];
     }
 }
 // ---- A thread per query (or key), CUDA-core products ----
@@ -414,10 +507,11 @@ __device__ void loadSimtTile(float (*tile)[DH], const float *src, int64 stride, 
 // Keys and values k0 .. k0 + 31 of one head into shared memory, once every thread is done with
 // the previous ones.
 template <bool ROUND, int T, int DH>
-__device__ void loadKeyValueTiles(float (*ks)[DH], float (*vs)[DH], const float *q, int D, int k0) {
+__device__ void loadKeyValueTiles(float (*ks)[DH], float (*vs)[DH], const float *keys, const float *values, int W,
+                                  int k0) {
   __syncthreads();
-  loadSimtTile<ROUND, T, DH>(ks, q + D, 3 * D, k0);
-  loadSimtTile<ROUND, T, DH>(vs, q + 2 * D, 3 * D, k0);
+  loadSimtTile<ROUND, T, DH>(ks, keys, W, k0);
+  loadSimtTile<ROUND, T, DH>(vs, values, W, k0);
   __syncthreads();
 }
 
@@ -429,22 +523,24 @@ __device__ __forceinline__ float dotSimt(const float *a, const float *b) {
   return s;
 }
 
-template <bool ROUND, int T, int H, int DH, typename Out>
+// qkv's rows hold H query heads, then KV key heads and KV value heads (AttentionHeads); query
+// head h reads KV head h / (H / KV). Rotated (RoPE) q and k come rotated (ropeRows first).
+template <bool ROUND, int T, int H, int DH, int KV = H, typename Out>
 __device__ void attentionForwardSimt(const float *qkv, Out out, float *lse, float scale) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
+  constexpr int D = H * DH, W = (H + 2 * KV) * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float ks[32][DH], vs[32][DH];
   const int tile = TILES - 1 - blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
   const int row = tile * kAttentionRows + threadIdx.x;
-  const float *q = qkv + (int64)b * T * 3 * D + h * DH;
+  const float *q = qkv + (int64)b * T * W + h * DH, *keys = qkv + (int64)b * T * W + D + h / (H / KV) * DH;
   float qr[DH], o[DH];
   for (int d = 0; d < DH; ++d) {
-    qr[d] = row < T ? gemmOperand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
+    qr[d] = row < T ? gemmOperand<ROUND>(q[(int64)row * W + d]) : 0.0f;
     o[d] = 0.0f;
   }
   float m = __int_as_float(0xff800000), l = 0.0f;
-  const int keys = min(T, (tile + 1) * kAttentionRows);
-  for (int k0 = 0; k0 < keys; k0 += 32) {
-    loadKeyValueTiles<ROUND, T, DH>(ks, vs, q, D, k0);
+  const int last = min(T, (tile + 1) * kAttentionRows);
+  for (int k0 = 0; k0 < last; k0 += 32) {
+    loadKeyValueTiles<ROUND, T, DH>(ks, vs, keys, keys + KV * DH, W, k0);
     for (int j = 0; j < 32 && k0 + j <= row && k0 + j < T; ++j) {
       float s = dotSimt<DH>(qr, ks[j]) * scale;
       if (s > m) {
@@ -468,68 +564,75 @@ __device__ void attentionForwardSimt(const float *qkv, Out out, float *lse, floa
   lse[(int64)bh * T + row] = m + logf(l);
 }
 
-template <bool ROUND, int T, int H, int DH, typename Out>
+// A block per 64 keys of one KV head, walking the queries of its H / KV query heads in turn.
+template <bool ROUND, int T, int H, int DH, int KV = H, typename Out>
 __device__ void attentionKeyValueGradSimt(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
+  constexpr int D = H * DH, W = (H + 2 * KV) * DH, G = H / KV, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float qs[32][DH], dos[32][DH], lses[32], deltas[32];
-  const int tile = blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
+  const int tile = blockIdx.x % TILES, bkv = blockIdx.x / TILES, b = bkv / KV, kvh = bkv % KV;
   const int key = tile * kAttentionRows + threadIdx.x;
-  const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
+  const float *keys = qkv + (int64)b * T * W + D + kvh * DH;
   float kr[DH], vr[DH], dk[DH], dv[DH];
   for (int d = 0; d < DH; ++d) {
-    kr[d] = key < T ? gemmOperand<ROUND>(q[(int64)key * 3 * D + D + d]) : 0.0f;
-    vr[d] = key < T ? gemmOperand<ROUND>(q[(int64)key * 3 * D + 2 * D + d]) : 0.0f;
+    kr[d] = key < T ? gemmOperand<ROUND>(keys[(int64)key * W + d]) : 0.0f;
+    vr[d] = key < T ? gemmOperand<ROUND>(keys[(int64)key * W + KV * DH + d]) : 0.0f;
     dk[d] = dv[d] = 0.0f;
   }
-  for (int q0 = tile * kAttentionRows; q0 < T; q0 += 32) {
-    __syncthreads();
-    loadSimtTile<ROUND, T, DH>(qs, q, 3 * D, q0);
-    loadSimtTile<ROUND, T, DH>(dos, dy, D, q0);
-    if (threadIdx.x < 32) {
-      int row = q0 + threadIdx.x;
-      lses[threadIdx.x] = row < T ? lse[(int64)bh * T + row] : 0.0f;
-      deltas[threadIdx.x] = row < T ? delta[(int64)bh * T + row] : 0.0f;
-    }
-    __syncthreads();
-    for (int j = 0; j < 32; ++j) {
-      int query = q0 + j;
-      if (query < key || query >= T)
-        continue;
-      float p = expf(dotSimt<DH>(kr, qs[j]) * scale - lses[j]);
-      float ds = p * (dotSimt<DH>(vr, dos[j]) - deltas[j]) * scale;
-      for (int d = 0; d < DH; ++d) {
-        dv[d] += gemmOperand<ROUND>(p) * dos[j][d];
-        dk[d] += gemmOperand<ROUND>(ds) * qs[j][d];
+  for (int g = 0; g < G; ++g) {
+    const int h = kvh * G + g;
+    const int64 bh = (int64)b * H + h;
+    const float *q = qkv + (int64)b * T * W + h * DH, *dy = dout + (int64)b * T * D + h * DH;
+    for (int q0 = tile * kAttentionRows; q0 < T; q0 += 32) {
+      __syncthreads();
+      loadSimtTile<ROUND, T, DH>(qs, q, W, q0);
+      loadSimtTile<ROUND, T, DH>(dos, dy, D, q0);
+      if (threadIdx.x < 32) {
+        int row = q0 + threadIdx.x;
+        lses[threadIdx.x] = row < T ? lse[bh * T + row] : 0.0f;
+        deltas[threadIdx.x] = row < T ? delta[bh * T + row] : 0.0f;
+      }
+      __syncthreads();
+      for (int j = 0; j < 32; ++j) {
+        int query = q0 + j;
+        if (query < key || query >= T)
+          continue;
+        float p = expf(dotSimt<DH>(kr, qs[j]) * scale - lses[j]);
+        float ds = p * (dotSimt<DH>(vr, dos[j]) - deltas[j]) * scale;
+        for (int d = 0; d < DH; ++d) {
+          dv[d] += gemmOperand<ROUND>(p) * dos[j][d];
+          dk[d] += gemmOperand<ROUND>(ds) * qs[j][d];
+        }
       }
     }
   }
   if (key >= T)
     return;
-  int64 at = ((int64)b * T + key) * 3 * D + h * DH;
+  int64 at = ((int64)b * T + key) * W + D + kvh * DH;
   for (int d = 0; d < DH; ++d) {
-    dqkv[at + D + d] = dk[d];
-    dqkv[at + 2 * D + d] = dv[d];
+    dqkv[at + d] = dk[d];
+    dqkv[at + KV * DH + d] = dv[d];
   }
 }
 
-template <bool ROUND, int T, int H, int DH, typename Out>
+template <bool ROUND, int T, int H, int DH, int KV = H, typename Out>
 __device__ void attentionQueryGradSimt(const float *dout, const float *qkv, Out dqkv, float scale, const float *lse, const float *delta) {
-  constexpr int D = H * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
+  constexpr int D = H * DH, W = (H + 2 * KV) * DH, TILES = (T + kAttentionRows - 1) / kAttentionRows;
   __shared__ float ks[32][DH], vs[32][DH];
   const int tile = TILES - 1 - blockIdx.x % TILES, bh = blockIdx.x / TILES, b = bh / H, h = bh % H;
   const int row = tile * kAttentionRows + threadIdx.x;
-  const float *q = qkv + (int64)b * T * 3 * D + h * DH, *dy = dout + (int64)b * T * D + h * DH;
+  const float *q = qkv + (int64)b * T * W + h * DH, *dy = dout + (int64)b * T * D + h * DH;
+  const float *keys = qkv + (int64)b * T * W + D + h / (H / KV) * DH;
   float qr[DH], dr[DH], dq[DH];
   for (int d = 0; d < DH; ++d) {
-    qr[d] = row < T ? gemmOperand<ROUND>(q[(int64)row * 3 * D + d]) : 0.0f;
+    qr[d] = row < T ? gemmOperand<ROUND>(q[(int64)row * W + d]) : 0.0f;
     dr[d] = row < T ? gemmOperand<ROUND>(dy[(int64)row * D + d]) : 0.0f;
     dq[d] = 0.0f;
   }
   const float rowLse = row < T ? lse[(int64)bh * T + row] : 0.0f;
   const float rowDelta = row < T ? delta[(int64)bh * T + row] : 0.0f;
-  const int keys = min(T, (tile + 1) * kAttentionRows);
-  for (int k0 = 0; k0 < keys; k0 += 32) {
-    loadKeyValueTiles<ROUND, T, DH>(ks, vs, q, D, k0);
+  const int last = min(T, (tile + 1) * kAttentionRows);
+  for (int k0 = 0; k0 < last; k0 += 32) {
+    loadKeyValueTiles<ROUND, T, DH>(ks, vs, keys, keys + KV * DH, W, k0);
     for (int j = 0; j < 32 && k0 + j <= row && k0 + j < T; ++j) {
       float p = expf(dotSimt<DH>(qr, ks[j]) * scale - rowLse);
       float ds = p * (dotSimt<DH>(dr, vs[j]) - rowDelta) * scale;
@@ -539,5 +642,5 @@ __device__ void attentionQueryGradSimt(const float *dout, const float *qkv, Out 
   }
   if (row < T)
     for (int d = 0; d < DH; ++d)
-      dqkv[((int64)b * T + row) * 3 * D + h * DH + d] = dq[d];
+      dqkv[((int64)b * T + row) * W + h * DH + d] = dq[d];
 }

@@ -352,17 +352,18 @@ void *causalMask(GraphBuilder &g, void *scores, const Dims &dims, void *negative
 struct AttentionLayout {
   int64_t T = 0, H = 0, DH = 0;
   Dims headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides, transposedDims, transposedStrides;
+  Dims kvDims, kvStrides; // k and v: [B][KV][T][DH] (grouped-query attention's forward), else as q
   Dims statDims, statStrides, scoreDims;
   void *q = nullptr, *kT = nullptr, *out = nullptr, *stats = nullptr, *scale = nullptr, *negativeInfinity = nullptr;
   void *scaled = nullptr;
 };
 
 void forwardGraph(GraphBuilder &g, const AttentionLayout &l) {
-  const Dims &headDims = l.headDims, &qkvStrides = l.qkvStrides, &statDims = l.statDims, &scoreDims = l.scoreDims;
+  const Dims &statDims = l.statDims, &scoreDims = l.scoreDims;
   void *out = l.out, *stats = l.stats, *negativeInfinity = l.negativeInfinity, *scaled = l.scaled;
   // cudnn_frontend's SDPA forward: scores, scale, causal mask, softmax (max, exp, sum; the
   // statistics max + log(sum)), probabilities in BF16 times v.
-  void *v = g.tensor(UidV, cudnn::Bf16, headDims, qkvStrides, false);
+  void *v = g.tensor(UidV, cudnn::Bf16, l.kvDims, l.kvStrides, false);
   void *masked = causalMask(g, scaled, scoreDims, negativeInfinity);
   void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
   g.reduction(cudnn::ReduceMax, masked, max);
@@ -475,8 +476,9 @@ llvm::Expected<const CudnnApi *> loadCudnn() {
 }
 
 std::string CudnnAttentionShape::key() const {
-  return fmt::format("{} B {} T {} H {} DH {} scale {}{}{}", backward ? "backward" : "forward", B, T, H, DH, scale,
-                     qkvRows ? " qkv rows" : "", doutRows ? " dout rows" : "");
+  return fmt::format("{} B {} T {} H {}{} DH {} scale {}{}{}", backward ? "backward" : "forward", B, T, H,
+                     KV && KV != H ? fmt::format(" KV {}", KV) : "", DH, scale, qkvRows ? " qkv rows" : "",
+                     doutRows ? " dout rows" : "");
 }
 
 llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const CudnnApi &api, void *handle,
@@ -493,8 +495,11 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   Dims rowDims = {B, H, T, DH}, rowStrides = {T * D, DH, D, 1};          // out: [B][T][H * DH]
   Dims packedStrides = {T * 3 * D, DH, 3 * D, 1};                        // dq, dk, dv: rows of dqkv
   Dims qkvStrides = s.qkvRows ? packedStrides : headStrides;
-  Dims transposedDims = {B, H, DH, T},
-       transposedStrides = {qkvStrides[0], qkvStrides[1], qkvStrides[3], qkvStrides[2]};
+  // Grouped-query attention (the forward alone: Cudnn.h): k and v of KV heads, head-major.
+  const int64_t KV = s.KV ? s.KV : H;
+  Dims kvDims = {B, KV, T, DH}, kvStrides = KV == H ? qkvStrides : packed(kvDims);
+  Dims transposedDims = {B, KV, DH, T},
+       transposedStrides = {kvStrides[0], kvStrides[1], kvStrides[3], kvStrides[2]};
   Dims statDims = {B, H, T, 1}, statStrides = {H * T, T, 1, 1};
   Dims scoreDims = {B, H, T, T};
   void *q = g.tensor(UidQ, cudnn::Bf16, headDims, qkvStrides, false);
@@ -506,7 +511,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   g.matmul(q, kT, scores);
   g.pointwise(cudnn::Mul, scores, scale, scaled);
   AttentionLayout l{T, H, DH, headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides,
-                    transposedDims, transposedStrides, statDims, statStrides, scoreDims,
+                    transposedDims, transposedStrides, kvDims, kvStrides, statDims, statStrides, scoreDims,
                     q, kT, out, stats, scale, negativeInfinity, scaled};
   if (!s.backward) {
     forwardGraph(g, l);

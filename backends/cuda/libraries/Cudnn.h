@@ -61,6 +61,9 @@ llvm::Expected<const CudnnApi *> loadCudnn();
 /// [B][T][3 * H * DH] BF16 dqkv.
 struct CudnnAttentionShape {
   int64_t B = 0, T = 0, H = 0, DH = 0;
+  /// Key and value heads: H, or fewer (grouped-query attention: query head h reads KV head
+  /// h / (H / KV); cuDNN's forward takes k and v of KV heads).
+  int64_t KV = 0;
   double scale = 1;
   bool backward = false;
   /// q, k and v read where the qkv GEMM wrote them (BF16 rows), not from a head-major copy.

@@ -1,6 +1,7 @@
 // The attention family (attention.cuh): tgc's tensor-core kernels and its thread-per-row
 // fallback, or cuDNN's fused attention between tgc's layout launches.
 #include "backends/cuda/lowering/Families.h"
+#include "ir/Rope.h"
 #include "support/Error.h"
 
 #include <fmt/format.h>
@@ -9,6 +10,39 @@ namespace tgc {
 
 namespace {
 
+/// One attention's shape as its kernels take it: B, T, the query heads H, the KV heads KV, the
+/// head dimension, and RoPE (the rotation table is then the op's constants).
+struct AttentionLaunch {
+  int64_t B, T, H, KV, Dh;
+  bool rope;
+  int64_t D() const { return H * Dh; }
+  int64_t W() const { return (H + 2 * KV) * Dh; }
+  /// The template arguments KV and ROPE after the kernels' usual ones: none for multi-head
+  /// attention without RoPE (the kernels' defaults, GPT-2's programs as before).
+  std::string kvArg() const { return KV != H ? fmt::format(", {}", KV) : ""; }
+  std::string kvRopeArgs() const {
+    return rope ? fmt::format(", {}, true", KV) : kvArg();
+  }
+  std::string table() const { return rope ? ", table" : ""; }
+};
+
+AttentionLaunch attentionLaunch(const Op &op) {
+  const TensorType &qkv = op.kind() == OpKind::Attention ? operandType(op, 0) : outputType(op);
+  AttentionHeads h = attentionHeads(op.attrs());
+  return {qkv.dim(0), qkv.dim(1), h.heads, h.kvHeads, qkv.dim(2) / (h.heads + 2 * h.kvHeads), h.ropeTheta.has_value()};
+}
+
+/// Under RoPE, the op's constants: ir/Rope.h's table of positions 0 .. T - 1 (doubles holding
+/// the floats exactly), read by the kernels that rotate q and k; ", const double *table" for
+/// the launches' parameters, which the constants end.
+std::string ropeConstants(const Op &op, const AttentionLaunch &s, Emitter &e) {
+  if (!s.rope)
+    return "";
+  std::vector<float> table = ropeTable({*attentionHeads(op.attrs()).ropeTheta, false}, s.T, s.Dh);
+  e.lowering.constants.assign(table.begin(), table.end());
+  return ", const double *table";
+}
+
 /// The gradient's first launch: sum(dout * out) per query (attentionDelta), eight threads a row.
 void emitAttentionDelta(Emitter &e, unsigned launch, const std::string &params, bool round, int64_t B, int64_t T,
                         int64_t H, int64_t Dh) {
@@ -16,75 +50,88 @@ void emitAttentionDelta(Emitter &e, unsigned launch, const std::string &params, 
            fmt::format("attentionDelta<{}, {}, {}, {}, {}>(dout, out, delta)", boolText(round), B, T, H, Dh));
 }
 
-/// Launch `launch`: `from` ([B, T, parts * H * Dh] floats) rounded to BF16 head-major into `to`
-/// (toHeadsBf16): q, k and v for the attention's tensor-core kernels and cuDNN's, or dout.
-void emitToHeads(Emitter &e, unsigned launch, const std::string &params, int64_t B, int64_t T, int64_t H,
-                 int64_t Dh, int parts, const std::string &from, const std::string &to) {
-  e.launch(launch, params, elementwiseBlocks(B * T * parts * H * Dh / 4),
-           fmt::format("toHeadsBf16<{}, {}, {}, {}, {}>({}, (unsigned short *){})", B, T, parts, H, Dh, from, to));
+/// Launch `launch`: `from` rounded to BF16 head-major into `to` (toHeadsBf16): qkv's q, k and v
+/// (parts 3; under RoPE q and k rotated) for the attention's tensor-core kernels and cuDNN's,
+/// or dout (parts 1).
+void emitToHeads(Emitter &e, unsigned launch, const std::string &params, const AttentionLaunch &s, int parts,
+                 const std::string &from, const std::string &to) {
+  int64_t count = parts == 1 ? s.B * s.T * s.D() : s.B * s.T * s.W();
+  std::string extra = parts == 1 ? "" : s.rope ? fmt::format(", {}, true", s.KV) : s.kvArg();
+  e.launch(launch, params, elementwiseBlocks(count / 4),
+           fmt::format("toHeadsBf16<{}, {}, {}, {}, {}{}>({}, (unsigned short *){}{})", s.B, s.T, parts, s.H, s.Dh,
+                       extra, from, to, parts == 1 ? "" : s.table()));
 }
 
 /// The tensor-core attention: the operands first rounded to BF16 in head-major order
 /// (toHeadsBf16, into scratch, or with head_major into the forward's third result, which the
 /// gradient then reads), then the forward; or the gradient's kernels (sum(dout * out) per query,
-/// dk and dv by key tiles, dq by query tiles). Blocks of 64 rows, four warps of 16.
-llvm::Error emitAttentionBf16(const Op &op, Emitter &e, int64_t B, int64_t T, int64_t H, int64_t Dh,
-                              const std::string &scale) {
-  int64_t D = H * Dh, blocks = (T + 63) / 64 * B * H;
+/// dk and dv by key tiles of each KV head, dq by query tiles; under RoPE dq and dk turned back
+/// as they are written). Blocks of 64 rows, four warps of 16.
+llvm::Error emitAttentionBf16(const Op &op, Emitter &e, const AttentionLaunch &s, const std::string &scale) {
+  int64_t B = s.B, T = s.T, H = s.H, Dh = s.Dh, tiles = (T + 63) / 64;
   std::string shape = fmt::format("{}, {}, {}, {}", B, T, H, Dh);
   auto toHeads = [&](unsigned launch, const std::string &params, const char *from, const char *to, int parts) {
-    emitToHeads(e, launch, params, B, T, H, Dh, parts, from, to);
+    emitToHeads(e, launch, params, s, parts, from, to);
   };
   bool headMajor = isHeadMajor(op.attrs()); // keep-attention-heads: the copy is a result, or an operand
-  int64_t copyFloats = 3 * B * T * D / 2;     // the BF16 q, k, v
+  int64_t copyFloats = B * T * s.W() / 2;    // the BF16 q, k, v
+  std::string table = ropeConstants(op, s, e);
   if (op.kind() == OpKind::Attention) {
     // heads: a result stored in BF16 (chooseBf16Heads: a Bf16Out), or scratch.
-    const char *params = "const float *qkv, float *out, float *lse, float *heads";
+    std::string params = "const float *qkv, float *out, float *lse, float *heads" + table;
     const char *heads = headMajor ? "heads.p" : "heads";
     if (!headMajor)
       e.lowering.scratchFloats = {copyFloats};
     toHeads(0, params, "qkv", heads, 3);
-    e.launch(1, params, blocks,
-             fmt::format("attentionForwardBf16<{}>((const unsigned short *){}, out, lse, {})", shape, heads, scale),
+    e.launch(1, params, tiles * B * H,
+             fmt::format("attentionForwardBf16<{}{}>((const unsigned short *){}, out, lse, {})", shape, s.kvArg(),
+                         heads, scale),
              128);
     return llvm::Error::success();
   }
   // With the head-major copy as the operand (in qkv's place), launch 0 (qkv's conversion) is not
   // emitted and the copy needs no scratch; the others keep their numbers.
-  e.lowering.scratchFloats = {B * T * D / 2, B * H * T};
+  e.lowering.scratchFloats = {B * T * s.D() / 2, B * H * T};
   if (!headMajor)
     e.lowering.scratchFloats.insert(e.lowering.scratchFloats.begin(), copyFloats);
-  const char *params = headMajor ? "const float *dout, const float *heads, const float *out, const float *lse, "
-                                   "float *dqkv, float *doutHeads, float *delta"
-                                 : "const float *dout, const float *qkv, const float *out, const float *lse, "
-                                   "float *dqkv, float *heads, float *doutHeads, float *delta";
+  std::string params = std::string(headMajor ? "const float *dout, const float *heads, const float *out, const float *lse, "
+                                               "float *dqkv, float *doutHeads, float *delta"
+                                             : "const float *dout, const float *qkv, const float *out, const float *lse, "
+                                               "float *dqkv, float *heads, float *doutHeads, float *delta") +
+                       table;
   std::string operands = "(const unsigned short *)doutHeads, (const unsigned short *)heads";
   if (!headMajor)
     toHeads(0, params, "qkv", "heads", 3);
   toHeads(1, params, "dout", "doutHeads", 1);
   emitAttentionDelta(e, 2, params, true, B, T, H, Dh);
   // Three blocks an SM at head dimension 64 (168 registers, from 173, with no spills).
-  e.launch(3, params, blocks,
-           fmt::format("attentionKeyValueGradBf16<{}>({}, dqkv, {}, lse, delta)", shape, operands, scale), 128,
-           Dh <= 64 ? 3 : 0);
-  e.launch(4, params, blocks,
-           fmt::format("attentionQueryGradBf16<{}>({}, dqkv, {}, lse, delta)", shape, operands, scale), 128);
+  e.launch(3, params, tiles * B * s.KV,
+           fmt::format("attentionKeyValueGradBf16<{}{}>({}, dqkv, {}, lse, delta{})", shape, s.kvRopeArgs(), operands,
+                       scale, s.table()),
+           128, Dh <= 64 ? 3 : 0);
+  e.launch(4, params, tiles * B * H,
+           fmt::format("attentionQueryGradBf16<{}{}>({}, dqkv, {}, lse, delta{})", shape, s.kvRopeArgs(), operands,
+                       scale, s.table()),
+           128);
   return llvm::Error::success();
 }
 
 /// cuDNN's fused attention (CudnnAttention) between tgc's launches. The forward: q, k, v to
-/// BF16 head-major (as the tensor-core kernels take them) unless cuDNN reads them in place
-/// (CudaProgram::qkvRows), cuDNN, and out from BF16 where it is not stored in BF16. The
-/// gradient: dout to BF16 head-major unless its GEMM wrote it in BF16 (doutRows), out to BF16
-/// where it is not stored so, cuDNN writing dq, dk and dv into dqkv's BF16 form, then dqkv's
-/// fp32 form from it.
-llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, int64_t H, int64_t Dh) {
-  int64_t D = H * Dh, headBytes = B * T * D * 2; // one of q, k, v head-major in BF16
+/// BF16 head-major (as the tensor-core kernels take them; under RoPE q and k rotated) unless
+/// cuDNN reads them in place (CudaProgram::qkvRows), cuDNN, and out from BF16 where it is not
+/// stored in BF16. The gradient: dout to BF16 head-major unless its GEMM wrote it in BF16
+/// (doutRows), out to BF16 where it is not stored so, cuDNN writing dq, dk and dv into dqkv's
+/// BF16 form, then dqkv's fp32 form from it (under RoPE, dq and dk turned back on the way).
+llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &s) {
+  int64_t B = s.B, T = s.T, D = s.D(), W = s.W();
+  int64_t headBytes = B * T * D * 2, kvBytes = B * T * s.KV * s.Dh * 2; // q, and one of k and v, in BF16
+  int64_t copyBytes = headBytes + 2 * kvBytes;
   OpLowering &l = e.lowering;
   l.cudnnAttention = true;
   bool headMajor = isHeadMajor(op.attrs());
+  std::string table = ropeConstants(op, s, e);
   auto toHeads = [&](unsigned launch, const std::string &params, const std::string &from, const std::string &to,
-                     int parts) { emitToHeads(e, launch, params, B, T, H, Dh, parts, from, to); };
+                     int parts) { emitToHeads(e, launch, params, s, parts, from, to); };
   auto widen = [&](unsigned launch, const std::string &params, int64_t count, const std::string &from,
                    const char *to) {
     e.launch(launch, params, elementwiseBlocks(count / 4),
@@ -93,8 +140,8 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   using Buffer = OpLowering::LibraryBuffer;
   // q, k and v: head-major, or in place in qkv's BF16 rows (CudaProgram::qkvRows), D apart.
   auto qkvBuffers = [&](unsigned pointer, bool rows) {
-    for (int part = 0; part < 3; ++part)
-      l.libraryBuffers.push_back(Buffer{pointer, part * (rows ? D * 2 : headBytes)});
+    for (int64_t offset : rows ? std::vector<int64_t>{0, 2 * D, 4 * D} : std::vector<int64_t>{0, headBytes, headBytes + kvBytes})
+      l.libraryBuffers.push_back(Buffer{pointer, offset});
   };
   int64_t workspaceFloats = (e.program_.cudnnAttention.lookup(&op) + 3) / 4;
   if (op.kind() == OpKind::Attention) {
@@ -102,13 +149,13 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
     std::string params = headMajor ? "const float *qkv, float *out, float *lse, float *heads"
                                    : "const float *qkv, float *out, float *lse";
     bool rows = headMajor && e.program_.qkvRows.count(op.result(2)); // heads is qkv's memory
-    unsigned heads = rows ? 0 : headMajor ? e.resultPointer(2) : e.addScratch(3 * headBytes / 4);
+    unsigned heads = rows ? 0 : headMajor ? e.resultPointer(2) : e.addScratch(copyBytes / 4);
     bool outStored = e.program_.bf16Stored.count(op.result(0)), outCopy = e.program_.bf16Shadowed.count(op.result(0));
     unsigned outBuffer = outStored ? e.resultPointer(0)
                          : outCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
                                    : e.addScratch(headBytes / 4);
     unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
-    params += e.scratchParams();
+    params += e.scratchParams() + table;
     unsigned launch = 0;
     if (!rows)
       toHeads(launch++, params, "qkv", headMajor ? "heads.p" : e.scratchName(heads), 3);
@@ -127,17 +174,19 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   std::string params = fmt::format("const float *dout, const float *{}, const float *out, const float *lse, float *dqkv",
                                    headMajor ? "heads" : "qkv");
   const Value *dqkv = op.result(0), *out = op.operand(2);
-  bool dqkvStored = e.program_.bf16Stored.count(dqkv), dqkvCopy = e.program_.bf16Shadowed.count(dqkv);
+  // Under RoPE cuDNN's dq and dk are turned back on their way to dqkv: they go through scratch.
+  bool dqkvStored = !s.rope && e.program_.bf16Stored.count(dqkv);
+  bool dqkvCopy = !s.rope && e.program_.bf16Shadowed.count(dqkv);
   bool outStored = e.program_.bf16Stored.count(out);
   bool rows = headMajor && e.program_.qkvRows.count(op.operand(1)), doutRows = e.program_.doutRows.count(&op);
-  unsigned heads = headMajor ? 1 : e.addScratch(3 * headBytes / 4);
-  unsigned doutHeads = doutRows ? 0 : e.addScratch(headBytes / 4), rowSums = e.addScratch(B * H * T);
+  unsigned heads = headMajor ? 1 : e.addScratch(copyBytes / 4);
+  unsigned doutHeads = doutRows ? 0 : e.addScratch(headBytes / 4), rowSums = e.addScratch(B * s.H * T);
   unsigned outBuffer = outStored ? 2 : e.addScratch(headBytes / 4);
   unsigned dqkvBuffer = dqkvStored ? e.resultPointer(0)
                         : dqkvCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
-                                   : e.addScratch(3 * headBytes / 4);
+                                   : e.addScratch(B * T * W / 2);
   unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
-  params += e.scratchParams();
+  params += e.scratchParams() + table;
   unsigned launch = 0;
   if (!headMajor)
     toHeads(launch++, params, "qkv", e.scratchName(heads), 3);
@@ -151,14 +200,62 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
   l.libraryBuffers.push_back(Buffer{outBuffer, 0});
   l.libraryBuffers.push_back(Buffer{doutHeads, 0});
   l.libraryBuffers.push_back(Buffer{3, 0}); // lse
-  for (int part = 0; part < 3; ++part)
-    l.libraryBuffers.push_back(Buffer{dqkvBuffer, part * D * 2});
+  for (int64_t offset : {int64_t(0), 2 * D, 2 * (D + s.KV * s.Dh)}) // dq, dk, dv in dqkv's BF16 rows
+    l.libraryBuffers.push_back(Buffer{dqkvBuffer, offset});
   l.libraryBuffers.push_back(Buffer{rowSums, 0});
   l.libraryBuffers.push_back(Buffer{workspace, 0});
-  if (dqkvCopy) // the fp32 form from the BF16 copy cuDNN wrote
-    widen(launch, params, 3 * B * T * D, "dqkv.h", "dqkv.f");
+  if (s.rope)
+    e.launch(launch, params, elementwiseBlocks(B * T * W / 2),
+             fmt::format("ropeRows<{}, {}, {}, {}, {}, true>((const unsigned short *){}, dqkv, table)", B, T, s.H, s.KV,
+                         s.Dh, e.scratchName(dqkvBuffer)));
+  else if (dqkvCopy) // the fp32 form from the BF16 copy cuDNN wrote
+    widen(launch, params, B * T * W, "dqkv.h", "dqkv.f");
   else if (!dqkvStored)
-    widen(launch, params, 3 * B * T * D, e.scratchName(dqkvBuffer), "dqkv");
+    widen(launch, params, B * T * W, e.scratchName(dqkvBuffer), "dqkv");
+  return llvm::Error::success();
+}
+
+/// A thread per row of a 64-row tile (fp32, or head dimensions the tensor cores do not take);
+/// under RoPE the kernels read a rotated copy of qkv (ropeRows into scratch), and the gradient
+/// writes dqkv of the rotated q and k into scratch, turned back into dqkv last.
+llvm::Error emitAttentionSimt(const Op &op, Emitter &e, const AttentionLaunch &s, const std::string &scale) {
+  int64_t B = s.B, T = s.T, H = s.H, Dh = s.Dh, tiles = (T + 63) / 64;
+  bool bf16 = hasBf16Gemms(op.attrs());
+  std::string table = ropeConstants(op, s, e);
+  std::string shape = fmt::format("{}, {}, {}, {}{}", boolText(bf16), T, H, Dh, s.kvArg());
+  std::string rotate = fmt::format("ropeRows<{}, {}, {}, {}, {}, false>(qkv, rotated, table)", B, T, H, s.KV, Dh);
+  const char *source = s.rope ? "rotated" : "qkv";
+  if (op.kind() == OpKind::Attention) {
+    std::string params = "const float *qkv, float *out, float *lse";
+    unsigned launch = 0;
+    if (s.rope) {
+      e.lowering.scratchFloats = {B * T * s.W()};
+      params += ", float *rotated" + table;
+      e.launch(launch++, params, elementwiseBlocks(B * T * s.W() / 2), rotate);
+    }
+    e.launch(launch, params, tiles * B * H,
+             fmt::format("attentionForwardSimt<{}>({}, out, lse, {})", shape, source, scale), 64);
+    return llvm::Error::success();
+  }
+  e.lowering.scratchFloats = {B * H * T};
+  std::string params =
+      "const float *dout, const float *qkv, const float *out, const float *lse, float *dqkv, float *delta";
+  if (s.rope) {
+    e.lowering.scratchFloats.insert(e.lowering.scratchFloats.end(), {B * T * s.W(), B * T * s.W()});
+    params += ", float *rotated, float *grads" + table;
+  }
+  const char *grads = s.rope ? "grads" : "dqkv";
+  unsigned launch = 0;
+  emitAttentionDelta(e, launch++, params, bf16, B, T, H, Dh);
+  if (s.rope)
+    e.launch(launch++, params, elementwiseBlocks(B * T * s.W() / 2), rotate);
+  e.launch(launch++, params, tiles * B * s.KV,
+           fmt::format("attentionKeyValueGradSimt<{}>(dout, {}, {}, {}, lse, delta)", shape, source, grads, scale), 64);
+  e.launch(launch++, params, tiles * B * H,
+           fmt::format("attentionQueryGradSimt<{}>(dout, {}, {}, {}, lse, delta)", shape, source, grads, scale), 64);
+  if (s.rope)
+    e.launch(launch, params, elementwiseBlocks(B * T * s.W() / 2),
+             fmt::format("ropeRows<{}, {}, {}, {}, {}, true>((const float *)grads, dqkv, table)", B, T, H, s.KV, Dh));
   return llvm::Error::success();
 }
 
@@ -168,36 +265,17 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, int64_t B, int64_t T, i
 /// head dimensions that are multiples of 16 up to 256, else a thread per row.
 llvm::Error emitAttention(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
-  // The packed qkv's shape: the forward's operand, the gradient's result.
-  const TensorType &qkv = op.kind() == OpKind::Attention ? operandType(op, 0) : outputType(op);
-  int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3, H = *a.getInt("heads"), Dh = D / H;
-  bool bf16 = hasBf16Gemms(a);
+  AttentionLaunch s = attentionLaunch(op);
   std::string scale = lit(*a.getFloat("scale"));
-  int64_t blocks = (T + 63) / 64 * B * H;
   e.uses("attention.cuh");
   if (e.program_.cudnnAttention.count(&op))
-    return emitCudnnAttention(op, e, B, T, H, Dh);
-  if (attentionOnTensorCores(a, Dh))
-    return emitAttentionBf16(op, e, B, T, H, Dh, scale);
+    return emitCudnnAttention(op, e, s);
+  if (attentionOnTensorCores(a, s.Dh))
+    return emitAttentionBf16(op, e, s, scale);
   if (isHeadMajor(a))
     return makeError("error: %{}: head-major q, k, v need the tensor-core attention kernels",
                      op.result()->name().c_str());
-  // A thread per row of a 64-row tile.
-  std::string shape = fmt::format("{}, {}, {}, {}", boolText(bf16), T, H, Dh);
-  if (op.kind() == OpKind::Attention) {
-    e.launch(0, "const float *qkv, float *out, float *lse", blocks,
-             fmt::format("attentionForwardSimt<{}>(qkv, out, lse, {})", shape, scale), 64);
-    return llvm::Error::success();
-  }
-  e.lowering.scratchFloats = {B * H * T};
-  const char *params =
-      "const float *dout, const float *qkv, const float *out, const float *lse, float *dqkv, float *delta";
-  emitAttentionDelta(e, 0, params, bf16, B, T, H, Dh);
-  e.launch(1, params, blocks, fmt::format("attentionKeyValueGradSimt<{}>(dout, qkv, dqkv, {}, lse, delta)", shape, scale),
-           64);
-  e.launch(2, params, blocks, fmt::format("attentionQueryGradSimt<{}>(dout, qkv, dqkv, {}, lse, delta)", shape, scale),
-           64);
-  return llvm::Error::success();
+  return emitAttentionSimt(op, e, s, scale);
 }
 
 } // namespace tgc

@@ -333,8 +333,9 @@ bool writesBf16Instead(const Op *gemm, OpKind kind) {
 } // namespace
 
 bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOptions &options) {
+  AttentionHeads h = attentionHeads(forward.attrs());
   if (!options.storeBf16 || !options.bf16Rounding || forward.kind() != OpKind::Attention ||
-      forward.numResults() != 3)
+      forward.numResults() != 3 || h.grouped() || h.ropeTheta) // (qkv's rows: 3 D wide, q and k as written)
     return false;
   // qkv from a BF16 GEMM adding a parameter's bias (the executor's BF16 copy holds it), read by
   // this attention alone; its head-major copy read by head-major gradients alone, as q, k, v.
@@ -365,14 +366,20 @@ std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const
     return std::nullopt;
   const AttrMap &a = op.attrs();
   const TensorType &qkv = op.kind() == OpKind::Attention ? op.operand(0)->type() : op.result(0)->type();
+  AttentionHeads h = attentionHeads(a);
   CudnnAttentionShape shape;
   shape.B = qkv.dim(0);
   shape.T = qkv.dim(1);
-  shape.H = *a.getInt("heads");
-  shape.DH = qkv.dim(2) / 3 / shape.H;
+  shape.H = h.heads;
+  shape.KV = h.kvHeads;
+  shape.DH = qkv.dim(2) / (h.heads + 2 * h.kvHeads);
   shape.scale = *a.getFloat("scale");
   shape.backward = op.kind() == OpKind::AttentionBackward;
   if (!hasBf16Gemms(a) || !attentionOnTensorCores(a, shape.DH) || shape.DH % 8 || shape.DH > 128)
+    return std::nullopt;
+  // The gradient of grouped-query attention sums each KV head's G query heads' dk and dv:
+  // tgc's kernels do that (cuDNN's graph would need its full-head dk and dv in memory).
+  if (shape.backward && h.grouped())
     return std::nullopt;
   if (!shape.backward) {
     shape.qkvRows = cudnnReadsQkvRows(graph, op, options);

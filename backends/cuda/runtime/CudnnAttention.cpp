@@ -122,9 +122,10 @@ llvm::Error CudnnAttentionRunner::choose(CudnnAttention &plan, GemmTuner &tuner,
   // Buffers of the shape's sizes (zeros), on the handle's stream (the default one until the
   // executor's exists), for the candidates' trial runs; freed after.
   const CudnnAttentionShape &s = plan.shape();
-  int64_t rows = s.B * s.T * s.H * s.DH * 2, stats = s.B * s.H * s.T * 4; // bytes of one of q, k, v; of the stats
+  int64_t rows = s.B * s.T * s.H * s.DH * 2, stats = s.B * s.H * s.T * 4; // bytes of q (and of out); of the stats
+  int64_t kvRows = s.B * s.T * (s.KV ? s.KV : s.H) * s.DH * 2;            // of k, and of v
   std::vector<int64_t> sizes = s.backward ? std::vector<int64_t>{3 * rows, rows, rows, stats, 3 * rows, stats}
-                                          : std::vector<int64_t>{3 * rows, rows, stats};
+                                          : std::vector<int64_t>{rows + 2 * kvRows, rows, stats};
   int64_t total = plan.largestWorkspaceBytes() + 256;
   for (int64_t bytes : sizes)
     total += (bytes + 255) / 256 * 256;
@@ -139,7 +140,8 @@ llvm::Error CudnnAttentionRunner::choose(CudnnAttention &plan, GemmTuner &tuner,
     next += (bytes + 255) / 256 * 256;
   }
   int64_t D = s.H * s.DH, part = s.qkvRows ? 2 * D : rows; // bytes from q to k, k to v
-  std::vector<void *> pointers = {at[0], at[0] + part, at[0] + 2 * part, at[1]};
+  int64_t kvPart = s.qkvRows || s.backward ? part : kvRows; // (a grouped attention's forward alone)
+  std::vector<void *> pointers = {at[0], at[0] + part, at[0] + part + kvPart, at[1]};
   if (s.backward)
     pointers.insert(pointers.end(), {at[2], at[3], at[4], at[4] + 2 * D, at[4] + 4 * D, at[5]});
   else

@@ -187,10 +187,12 @@ TEST(GpuKernels, LayerNormLinearAndMLPAndTheirGradientsMatchTheCpu) {
 }
 
 /// attention and its gradient at shapes the tiny model does not have: several 64-row tiles, a
-/// last tile cut short, head dimensions from 12 to 128; on tensor cores (BF16), a thread per
-/// row (BF16 at head dimension 12, which the tensor-core kernels do not take) and in fp32. Run
-/// by tgc's kernels, and by cuDNN's fused attention where cuDNN is found (BF16, head dimensions
-/// that are multiples of 8: every shape here but 12).
+/// last tile cut short, head dimensions from 12 to 128, fewer KV heads than query heads
+/// (grouped-query attention, down to one: MQA) and q and k rotated inside the op (rope_theta);
+/// on tensor cores (BF16), a thread per row (BF16 at head dimension 12, which the tensor-core
+/// kernels do not take) and in fp32. Run by tgc's kernels, and by cuDNN's fused attention where
+/// cuDNN is found (BF16, head dimensions that are multiples of 8: every shape here but 12; the
+/// gradient of grouped-query attention stays tgc's).
 class GpuAttention : public testing::TestWithParam<std::string> {};
 
 TEST_P(GpuAttention, AndItsGradientMatchTheCpuAtSeveralShapes) {
@@ -200,20 +202,27 @@ TEST_P(GpuAttention, AndItsGradientMatchTheCpuAtSeveralShapes) {
     if (auto api = loadCudnn(); !api)
       GTEST_SKIP() << llvm::toString(api.takeError());
   struct Shape {
-    int64_t B, T, H, Dh;
+    int64_t B, T, H, Dh, KV = 0; // KV 0: H
+    bool rope = false;
   };
   Rng rng(freshSeed());
   for (const char *dtype : {"bf16", "fp32"})
     for (Shape s : {Shape{2, 128, 2, 64}, Shape{1, 300, 2, 64}, Shape{1, 200, 2, 128}, Shape{3, 96, 1, 32}, Shape{2, 64, 3, 16},
-                    Shape{1, 1, 1, 16}, Shape{2, 70, 2, 12}}) { // head dimension 12: no tensor cores
-      SCOPED_TRACE(fmt::format("{}: B {} T {} H {} Dh {}", dtype, s.B, s.T, s.H, s.Dh));
-      int64_t D = s.H * s.Dh;
+                    Shape{1, 1, 1, 16}, Shape{2, 70, 2, 12}, // head dimension 12: no tensor cores
+                    Shape{2, 130, 4, 64, 2, true}, Shape{1, 200, 4, 128, 1, true}, Shape{2, 96, 4, 32, 1},
+                    Shape{1, 100, 2, 64, 2, true}, Shape{2, 70, 4, 12, 2, true}}) {
+      int64_t KV = s.KV ? s.KV : s.H, D = s.H * s.Dh;
+      SCOPED_TRACE(fmt::format("{}: B {} T {} H {} KV {} Dh {}{}", dtype, s.B, s.T, s.H, KV, s.Dh, s.rope ? " rope" : ""));
       Graph graph("attention");
       Builder b(graph);
-      Value *qkv = b.input("qkv", TensorType(DType::F32, {s.B, s.T, 3 * D}));
+      Value *qkv = b.input("qkv", TensorType(DType::F32, {s.B, s.T, D + 2 * KV * s.Dh}));
       Value *dout = b.input("dout", TensorType(DType::F32, {s.B, s.T, D}));
       AttrMap attrs;
       attrs.set("heads", s.H);
+      if (KV != s.H)
+        attrs.set("kv_heads", KV);
+      if (s.rope)
+        attrs.set("rope_theta", 500.0); // (angles that turn far within the rows here)
       attrs.set("scale", 1.0 / std::sqrt(double(s.Dh)));
       if (std::string(dtype) == "bf16")
         attrs.set("gemm_dtype", std::string("bf16"));
@@ -241,6 +250,10 @@ TEST_P(GpuAttention, AndItsGradientMatchTheCpuAtSeveralShapes) {
       ASSERT_TRUE(gpu);
       bool byCudnn = llvm::StringRef(gpu->describe()).contains("attention by cuDNN");
       EXPECT_EQ(byCudnn, cudnn && std::string(dtype) == "bf16" && s.Dh % 8 == 0) << gpu->describe();
+      if (byCudnn) { // the forward, and the gradient where every query head has its own KV head
+        EXPECT_TRUE(llvm::StringRef(gpu->describe()).contains(KV == s.H ? "(2 of 2 ops)" : "(1 of 1 ops)"))
+            << gpu->describe();
+      }
       ASSERT_FALSE(bool(gpu->bindAll(inputs)));
       auto got = unwrap(gpu->run());
       ASSERT_EQ(got.size(), 3u); // out, lse, dqkv
