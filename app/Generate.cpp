@@ -145,11 +145,6 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
   for (const auto &[name, tensor] : weights)
     if (!program::isOptimizerMoment(name))
       generator->weights_.emplace(name, tensor);
-  if (!hasCachedGeneration(config, device != Device::Cpu)) { // RoPE or GQA on the GPU: every token from the full window
-    if (auto err = generator->ensureWindowed())
-      return std::move(err);
-    return generator;
-  }
   auto decode = compileInference(generator->config_, weights, batch, device, GPTOutput::Decode);
   if (!decode)
     return decode.takeError();

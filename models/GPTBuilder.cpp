@@ -250,10 +250,6 @@ llvm::Error GPTBuilder::build() {
 
 } // namespace
 
-bool hasCachedGeneration(const ModelConfig &config, bool gpu) {
-  return !gpu || (config.position == PositionKind::Learned && config.kvHeadCount() == config.heads);
-}
-
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
                                                 GPTOutput output, int64_t length) {
   if (output == GPTOutput::Decode)

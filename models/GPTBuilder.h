@@ -22,10 +22,6 @@ enum class GPTOutput {
 
 /// Parameter names follow PyTorch conventions (h0.attn.qkv.weight, lm_head.weight, ...).
 /// `length` is the prefill program's prompt length (1..seq_len; 0: seq_len).
-/// Whether generation runs the decode and prefill programs (a KV cache) for this model: always
-/// on the CPU; on the GPU not yet under position: rope or kv_heads < heads (`gpu`), whose
-/// generation there recomputes the window instead.
-bool hasCachedGeneration(const ModelConfig &config, bool gpu);
 
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
                                                 GPTOutput output = GPTOutput::Loss, int64_t length = 0);

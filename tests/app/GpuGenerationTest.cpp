@@ -12,10 +12,22 @@ class GpuDecode : public testing::TestWithParam<std::string> {};
 
 TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
   // Under bf16 the caches are stored in BF16 on the GPU (chooseBf16Caches), bound from the
-  // host, written and read as such.
+  // host, written and read as such. "llama-": the Llama block's step (RoPE at each sequence's
+  // position, two KV heads for four query heads: caches of the KV heads, kv_write then the
+  // attention reading KV head h / 2).
   SKIP_WITHOUT_GPU();
-  const bool bf16 = GetParam() == "bf16";
-  auto program = tinyGpuProgram(GetParam(), GPTOutput::Decode);
+  std::string recipe = GetParam();
+  const char *model = "models/tiny.yaml";
+  if (llvm::StringRef(GetParam()).starts_with("llama-")) {
+    model = "models/llama-tiny.yaml";
+    recipe = recipe.substr(6);
+  }
+  const bool bf16 = recipe == "bf16";
+  // BF16: the GPU rounds some intermediates the CPU keeps in fp32 (StorageRules' rounding rules),
+  // within BF16's rounding each; the Llama block's two SwiGLU layers and rotations compound them
+  // to 1.1% of the logits' scale at worst (measured on the H200), GPT-2's to under 1%.
+  const double bound = !bf16 ? 1e-5 : model == std::string("models/tiny.yaml") ? 1e-2 : 2e-2;
+  auto program = tinyGpuProgram(recipe, GPTOutput::Decode, model);
   ASSERT_TRUE(program);
   Rng rng(freshSeed());
   std::map<std::string, Tensor> leaves = initParams(*program, rng.next());
@@ -41,16 +53,21 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
     std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
     ASSERT_EQ(got.size(), want.size());
     Gap gap = gapOf(want, got);
-    ASSERT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "position " << pos;
+    ASSERT_LE(gap.worst, bound * gap.scale) << "position " << pos;
   }
   // The caches as the CPU holds them (a BF16 cache is read back widened: the same values).
   for (const char *cache : {"h0.attn.k_cache", "h1.attn.v_cache"}) {
     Gap gap = gapOf(unwrap(cpu.read(cache)).data, unwrap(gpu->read(cache)).data);
-    EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << cache;
+    EXPECT_LE(gap.worst, bound * gap.scale) << cache;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, testing::Values("fp32", "bf16"));
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, testing::Values("fp32", "bf16", "llama-fp32", "llama-bf16"),
+                         [](const testing::TestParamInfo<std::string> &info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   // gemv.cuh: the products of decode steps against a weight. 1 to 8 rows on the CUDA cores; 9
@@ -192,32 +209,36 @@ TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
 
 TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
   // Prompts of four lengths in one batch (the longest needs the 32-position prefill), greedy
-  // and sampled: the GPU's tokens are the CPU interpreter's.
+  // and sampled: the GPU's tokens are the CPU interpreter's; for the GPT-2 block and the Llama
+  // block (its caches of two KV heads, q and k rotated at each sequence's positions).
   SKIP_WITHOUT_GPU();
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
-  c.precision.recipe = Recipe::Fp32;
-  auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
-  ASSERT_TRUE(graph);
-  Rng rng(freshSeed());
-  std::map<std::string, Tensor> weights = initParams(*graph, rng.next());
-  for (auto &[name, t] : weights)
-    for (float &v : t.data)
-      v += float(rng.normal() * 0.1);
-  auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
-  auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
-  ASSERT_TRUE(cpu && gpu);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int64_t length : {1, 7, 16, 20}) {
-    prompts.emplace_back(length);
-    for (int32_t &t : prompts.back())
-      t = int32_t(rng.below(c.vocab));
-  }
-  for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 0.9, 7}}) {
-    auto want = unwrap(cpu->generate(prompts, c.seqLen - 20 + 1, options));
-    auto got = unwrap(gpu->generate(prompts, c.seqLen - 20 + 1, options));
-    EXPECT_EQ(got, want) << "temperature " << options.temperature;
-    EXPECT_EQ(gpu->stats().prefillLength, 32);
-    EXPECT_TRUE(gpu->stats().cached);
+  for (const char *model : {"models/tiny.yaml", "models/llama-tiny.yaml"}) {
+    SCOPED_TRACE(model);
+    ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
+    c.precision.recipe = Recipe::Fp32;
+    auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
+    ASSERT_TRUE(graph);
+    Rng rng(freshSeed());
+    std::map<std::string, Tensor> weights = initParams(*graph, rng.next());
+    for (auto &[name, t] : weights)
+      for (float &v : t.data)
+        v += float(rng.normal() * 0.1);
+    auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
+    auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
+    ASSERT_TRUE(cpu && gpu);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t length : {1, 7, 16, 20}) {
+      prompts.emplace_back(length);
+      for (int32_t &t : prompts.back())
+        t = int32_t(rng.below(c.vocab));
+    }
+    for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 0.9, 7}}) {
+      auto want = unwrap(cpu->generate(prompts, c.seqLen - 20 + 1, options));
+      auto got = unwrap(gpu->generate(prompts, c.seqLen - 20 + 1, options));
+      EXPECT_EQ(got, want) << "temperature " << options.temperature;
+      EXPECT_EQ(gpu->stats().prefillLength, 32);
+      EXPECT_TRUE(gpu->stats().cached);
+    }
   }
 }
 

@@ -150,10 +150,7 @@ int runGenerate() {
                                 total.promptTokens, 1e3 * total.prefillSeconds,
                                 total.promptTokens / std::max(total.prefillSeconds, 1e-9));
   else
-    llvm::errs() << (hasCachedGeneration((*generator)->config(), (*generator)->device() != Device::Cpu)
-                         ? "  past seq_len: the full program recomputed each window (no KV cache)\n"
-                         : "  no KV cache for RoPE or grouped-query attention on the GPU yet: the full program "
-                           "recomputed each window\n");
+    llvm::errs() << "  past seq_len: the full program recomputed each window (no KV cache)\n";
   if (total.decodeSteps)
     llvm::errs() << fmt::format("  decode:   {} tokens in {:.2f} ms ({:.0f} tokens/s, {:.3f} ms a step of {} sequences)\n",
                                 decoded, 1e3 * total.decodeSeconds, decoded / std::max(total.decodeSeconds, 1e-9),

@@ -12,7 +12,10 @@ namespace {
 class FuseKvWrite : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &, Op *attention) const override {
-    if (attention->kind() != OpKind::DecodeAttention || writesCache(attention->attrs()))
+    // (Under grouped-query attention G heads share a cache row: the GPU's blocks of one head
+    // would read the row another writes. Those keep the kv_write.)
+    if (attention->kind() != OpKind::DecodeAttention || writesCache(attention->attrs()) ||
+        attentionHeads(attention->attrs()).grouped())
       return std::nullopt;
     Op *write = definedBy(attention->operand(1), OpKind::KvWrite);
     // Legality: both caches are this write's results, written from the attention's own qkv at

@@ -13,18 +13,19 @@ __device__ void kvCopy(const float *k, const float *v, float *kOut, float *vOut)
   }
 }
 
-// Rows first .. first + S - 1 of each sequence's caches from qkv [B, S, 3D] (keys are columns
-// [D, 2D), values [2D, 3D)); first is positions[b], or 0 for a prompt. A position outside the
+// Rows first .. first + S - 1 of each sequence's caches ([B, T, D]) from qkv [B, S, Q + 2D]
+// (keys are columns [Q, Q + D), values [Q + D, Q + 2D); Q, the queries' width, is D but under
+// grouped-query attention); first is positions[b], or 0 for a prompt. A position outside the
 // cache (which the CPU reports as an error) writes nothing.
 // Under gemm_dtype="bf16" (Bf16) the rows are rounded to BF16, as the CPU writes them; a cache
 // stored in BF16 (Out = Bf16Out) holds them in two bytes.
-template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, typename Out>
+template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, int64 Q = D, typename Out>
 __device__ void kvWriteRows(const float *qkv, const int *positions, Out kOut, Out vOut) {
   FOR_EACH_ELEMENT(i, B * S * D) {
     int64 d = i % D, s = (i / D) % S, b = i / (S * D);
     int64 row = (Positioned ? positions[b] : 0) + s;
     if (row < 0 || row >= T) continue;
-    const float *source = qkv + (b * S + s) * 3 * D + D + d;
+    const float *source = qkv + (b * S + s) * (Q + 2 * D) + Q + d;
     kOut[(b * T + row) * D + d] = gemmOperand<Bf16>(source[0]);
     vOut[(b * T + row) * D + d] = gemmOperand<Bf16>(source[D]);
   }
@@ -118,12 +119,16 @@ __device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, floa
   }
 }
 
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, typename Cache,
-          typename Out, typename CacheOut>
+// Query head h of KV heads reads cache head h / (H / KV) (grouped-query attention; the caches
+// [B, T, KV Dh], qkv's rows [H Dh | KV Dh | KV Dh]); writing the caches (Write) is multi-head
+// attention's alone, each head's block writing its own row.
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, int64 KV,
+          typename Cache, typename Out, typename CacheOut>
 __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
                                     const int *positions, Out out, float *partial, unsigned *done, float scale,
                                     CacheOut kOut, CacheOut vOut, bool &waited) {
-  constexpr int64 D = H * Dh;
+  static_assert(!Write || KV == H, "the cache written by grouped heads' blocks would race");
+  constexpr int64 D = KV * Dh, W = H * Dh + 2 * D, G = H / KV; // D: a cache row's width
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
   constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow, PerKey = PerRow % 4 == 0 ? 4 : 1;
   constexpr int64 Chunk = 16 / sizeof(Cache); // elements of a 16-byte load
@@ -131,7 +136,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   __shared__ float q[Dh], weights[Keys], sums[Groups][Dh], reduced[Threads / 32], parts[Splits];
   __shared__ __align__(16) Cache tileK[Tiles ? Keys : 1][Dh], tileV[Tiles ? Keys : 1][Dh];
   __shared__ bool last;
-  int64 block = bh * Splits + split, h = bh % H, b = bh / H;
+  int64 block = bh * Splits + split, h = bh % H, b = bh / H, kh = h / G;
   int64 position = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
   // The parts that hold keys: those up to the position's (at least one, which a position before
   // the cache leaves empty).
@@ -142,7 +147,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   float *mine = partial + block * (Dh + 2);
   if (Tiles) {
     for (int64 i = threadIdx.x; i < (end - first) * (Dh / Chunk); i += Threads) {
-      int64 j = i / (Dh / Chunk), d = i % (Dh / Chunk) * Chunk, at = (b * T + first + j) * D + h * Dh + d;
+      int64 j = i / (Dh / Chunk), d = i % (Dh / Chunk) * Chunk, at = (b * T + first + j) * D + kh * Dh + d;
       *(uint4 *)&tileK[j][d] = *(const uint4 *)(k + at);
       *(uint4 *)&tileV[j][d] = *(const uint4 *)(v + at);
     }
@@ -153,7 +158,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     __syncthreads(); // the tiles are whole before this step's row replaces its stale copy in them
   }
   if (Write && positions[b] >= 0 && positions[b] < T && first <= positions[b] && positions[b] < end) {
-    const float *fresh = qkv + b * 3 * D + D + h * Dh;
+    const float *fresh = qkv + b * W + H * Dh + h * Dh;
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
       int64 at = (b * T + positions[b]) * D + h * Dh + d;
       float key = gemmOperand<Bf16>(fresh[d]), value = gemmOperand<Bf16>(fresh[D + d]);
@@ -169,14 +174,14 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   if (first >= end) { // a position before the cache: an empty part
     for (int64 d = threadIdx.x; d < Dh + 2; d += Threads) mine[d] = d == 0 ? __int_as_float(0xff800000) : 0.0f;
   } else {
-    for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * 3 * D + h * Dh + d]);
+    for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * W + h * Dh + d]);
     __syncthreads();
     int64 n = end - first;
     for (int64 from = 0; from < n * PerKey; from += Threads) { // every lane takes each turn: the shuffles
       int64 t = from + threadIdx.x, j = t / PerKey, d0 = (t % PerKey) * (Dh / PerKey);
       float dot = 0.0f;
       if (j < n) {
-        const Cache *key = Tiles ? &tileK[j][0] : k + (b * T + first + j) * D + h * Dh;
+        const Cache *key = Tiles ? &tileK[j][0] : k + (b * T + first + j) * D + kh * Dh;
 #pragma unroll 4
         for (int64 d = d0; d < d0 + Dh / PerKey; d += Vec) {
           float part[Vec];
@@ -204,7 +209,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
 #pragma unroll 4
       for (int64 j = g; j < n; j += Groups) {
         float part[Vec];
-        loadFloats<Vec>(Tiles ? &tileV[j][d] : v + (b * T + first + j) * D + h * Dh + d, part);
+        loadFloats<Vec>(Tiles ? &tileV[j][d] : v + (b * T + first + j) * D + kh * Dh + d, part);
         for (int e = 0; e < Vec; ++e) acc[e] += weights[j] * gemmOperand<Bf16>(part[e]);
       }
       for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
@@ -226,13 +231,13 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
 // A block a part, numbered split first. (A grid of at most 2048 blocks, each going on to further
 // parts, made the step 19% slower with 1000-token prompts at batch 32: 0.948 -> 1.132 ms.)
 template <bool Bf16, int64 B, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write = false,
-          bool Tiles = false, bool Early = false, typename Cache, typename Out, typename CacheOut = float *>
+          bool Tiles = false, bool Early = false, int64 KV = H, typename Cache, typename Out, typename CacheOut = float *>
 __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
                                 float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
                                 CacheOut vOut = nullptr) {
   static_assert(Tiles || !Early, "only tiles load early");
   bool waited = !Early; // otherwise the kernel awaited the one before it first
-  decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write, Tiles>(blockIdx.x / (B * H), blockIdx.x % (B * H), qkv, k,
+  decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write, Tiles, KV>(blockIdx.x / (B * H), blockIdx.x % (B * H), qkv, k,
                                                                   v, positions, out, partial, done, scale, kOut, vOut,
                                                                   waited);
 }

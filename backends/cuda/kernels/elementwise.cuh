@@ -42,6 +42,25 @@ __device__ void rope(const In *x, float *out, const double *table) {
   }
 }
 
+// rope at positions (a decode step's, or a prompt's continued): row r of sequence b = r /
+// PerSequence is at position positions[b] + r % Rows of a table of Length positions; a position
+// outside the table (which the CPU reports as an error) is left unrotated.
+template <int64 Pairs, int64 Half, int64 Rows, int64 PerSequence, int64 Length, typename In>
+__device__ void ropeAt(const In *x, const int *positions, float *out, const double *table) {
+  FOR_EACH_ELEMENT(p, Pairs) {
+    int64 r = p / Half, i = p % Half, t = positions[r / PerSequence] + r % Rows;
+    float a = elementValue(x[r * 2 * Half + i]), b = elementValue(x[r * 2 * Half + i + Half]);
+    if (t >= 0 && t < Length) {
+      float c = (float)table[t * Half + i], s = (float)table[(Length + t) * Half + i];
+      out[r * 2 * Half + i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      out[r * 2 * Half + i + Half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    } else {
+      out[r * 2 * Half + i] = a;
+      out[r * 2 * Half + i + Half] = b;
+    }
+  }
+}
+
 template <int64 Count, typename Out>
 __device__ void scale(const float *x, Out out, float factor) {
   FOR_EACH_ELEMENT(i, Count) out[i] = x[i] * factor;

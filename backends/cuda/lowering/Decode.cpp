@@ -36,25 +36,20 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
              32);
     return llvm::Error::success();
   }
-  // The GPU's kernels read qkv as [B, S, 3D]: grouped-query attention's narrower keys and values
-  // (kv_heads < heads) are the CPU interpreter's so far.
-  const TensorType &cacheType = operandType(op, op.kind() == OpKind::KvWrite ? 0 : 1);
-  if (op.kind() != OpKind::Argmax &&
-      operandType(op, op.kind() == OpKind::KvWrite ? 2 : 0).dim(2) != 3 * cacheType.dim(2))
-    return makeError("{} %{}: the GPU's KV cache for grouped-query attention (kv_heads < heads) is not built yet "
-                     "(generation there recomputes the window)",
-                     op.name().str(), op.result()->name());
+  // qkv's rows: the queries' Q, then the keys' and the values' D, a cache row's width (Q = D but
+  // under grouped-query attention).
   if (op.kind() == OpKind::KvWrite) {
     const TensorType &cache = outputType(op), &qkv = operandType(op, 2);
-    int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1);
+    int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1), Q = qkv.dim(2) - 2 * D;
     bool positioned = op.numOperands() > 3;
     std::string params = positioned ? "const float *k, const float *v, const float *qkv, const int *positions, "
                                       "float *kOut, float *vOut"
                                     : "const float *k, const float *v, const float *qkv, float *kOut, float *vOut";
     unsigned launch = copyCachesUnlessInPlace(op, e, params, 0);
     e.launch(launch, params, elementwiseBlocks(B * S * D),
-             fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
-                         boolText(hasBf16Gemms(a)), positioned ? "positions" : "nullptr"));
+             fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}{}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
+                         boolText(hasBf16Gemms(a)), Q != D ? fmt::format(", {}", Q) : "",
+                         positioned ? "positions" : "nullptr"));
     return llvm::Error::success();
   }
   // Flash-decoding: each (sequence, head) split into parts of Keys keys, each part a block,
@@ -62,6 +57,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   // than the SMs (more blocks at the short positions of a decode), else 64.
   const TensorType &out = outputType(op);
   int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
+  AttentionHeads heads = attentionHeads(a);
   int64_t keys = std::min<int64_t>(T, B * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
   e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * H}; // the blocks done, per (sequence, head)
@@ -70,13 +66,17 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   const char *cache = bf16Caches ? "unsigned short" : "float";
   std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
   const int64_t blocks = B * H * splits;
+  if (writesCache(a) && heads.grouped())
+    return makeError("decode_attention %{}: write_cache under grouped-query attention (fuse-kv-write leaves those)",
+                     op.result()->name());
   if (!writesCache(a)) {
     e.launch(0,
              fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
                          "float *partial, unsigned *done",
                          cache),
              blocks,
-             fmt::format("decodeAttention<{}>(qkv, k, v, positions, out, partial, done, {})", shape,
+             fmt::format("decodeAttention<{}{}>(qkv, k, v, positions, out, partial, done, {})", shape,
+                         heads.grouped() ? fmt::format(", false, false, false, {}", heads.kvHeads) : "",
                          lit(*a.getFloat("scale"))),
              128);
     return llvm::Error::success();

@@ -66,12 +66,19 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
     break;
   case OpKind::Rope: {
     // Each pair of a row rotated by its position's cos and sin: the CPU's table (ir/Rope.h), as
-    // the op's constants (doubles holding the floats exactly).
-    if (op.numOperands() > 1)
-      return makeError("rope %{} at positions (a decode step's): the GPU's KV-cache generation for RoPE is "
-                       "not built yet (generation there recomputes the window)",
-                       op.result()->name());
+    // the op's constants (doubles holding the floats exactly); at positions (a decode step's),
+    // the table of the cache's length, each sequence's rows from its position.
     int64_t dh = outputType(op).dim(-1), rows = outputType(op).dim(-2);
+    if (op.numOperands() > 1) {
+      int64_t length = *a.getInt("length"), perSequence = n / dh / outputType(op).dim(0);
+      std::vector<float> table = ropeTable(ropeOptions(a), length, dh);
+      e.lowering.constants.assign(table.begin(), table.end());
+      e.elementwise(std::string(e.inputType(op.operand(0))) + " *x, const int *positions, float *out, const double *table",
+                    n / 2,
+                    fmt::format("ropeAt<{}, {}, {}, {}, {}>(x, positions, out, table)", n / 2, dh / 2, rows, perSequence,
+                                length));
+      break;
+    }
     std::vector<float> table = ropeTable(ropeOptions(a), rows, dh);
     e.lowering.constants.assign(table.begin(), table.end());
     e.elementwise(std::string(e.inputType(op.operand(0))) + " *x, float *out, const double *table", n / 2,

@@ -45,8 +45,9 @@ inline Device theGpu() { return unwrap(detectCudaDevice()); }
 
 /// The tiny model's training program (or its generation step with a KV cache) as the GPU
 /// compiles it.
-inline std::unique_ptr<Graph> tinyGpuProgram(const std::string &recipe, GPTOutput output = GPTOutput::Loss) {
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+inline std::unique_ptr<Graph> tinyGpuProgram(const std::string &recipe, GPTOutput output = GPTOutput::Loss,
+                                             const char *model = "models/tiny.yaml") {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   auto graph = unwrap(buildGPT(c, 4, output));
   if (!graph)
     return nullptr;
