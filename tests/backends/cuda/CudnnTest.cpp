@@ -60,8 +60,8 @@ TEST(Cudnn, LoadsWhereTheMachineHasIt) {
 
 /// The tiny model's training program as the GPU compiles it, in BF16 or (every linear layer
 /// but the head) FP8.
-std::unique_ptr<Graph> tinyTraining(Recipe recipe) {
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+std::unique_ptr<Graph> tinyTraining(Recipe recipe, const char *model = "models/tiny.yaml") {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   auto graph = unwrap(buildGPT(c, 4, GPTOutput::Loss));
   PipelineOptions options;
   options.passOptions.train = c.train;
@@ -134,6 +134,39 @@ TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWrite
   EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
   EXPECT_NE(tgcKernels.source.find("attentionForwardBf16<"), std::string::npos);
   EXPECT_NE(program.source.find("toHeadsBf16<"), std::string::npos);
+}
+
+TEST(CudnnLowering, TheLlamaBlocksAttentionGivesCudnnKeyValueHeadsAfterRotatingThem) {
+  // llama-tiny (head dimension 16, two KV heads for four query heads, RoPE): cuDNN's forward
+  // reads q of four heads then k and v of two from the head-major copy the rotating conversion
+  // wrote; the grouped gradient is not cuDNN's (tgc's kernels sum each KV head's dk and dv).
+  auto graph = tinyTraining(Recipe::Bf16, "models/llama-tiny.yaml");
+  ASSERT_TRUE(graph);
+  LoweringOptions options;
+  for (const Op *op : graph->ops())
+    if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
+      EXPECT_EQ(op->kind(), OpKind::Attention);
+      EXPECT_FALSE(shape->qkvRows); // q and k are rotated first
+      EXPECT_EQ(shape->KV, 2);
+      options.cudnnAttention[op] = 4096;
+    }
+  ASSERT_EQ(options.cudnnAttention.size(), 2u);
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  const int64_t B = 4, T = 32, D = 64, Dh = 16, KV = 2, qBytes = B * T * D * 2, kvBytes = B * T * KV * Dh * 2;
+  std::vector<Op *> ops = graph->ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!options.cudnnAttention.count(ops[i]))
+      continue;
+    const OpLowering &l = program.lowering[i];
+    SCOPED_TRACE(ops[i]->result()->name());
+    ASSERT_EQ(l.libraryBuffers.size(), 5u + 1);
+    EXPECT_EQ(l.libraryBuffers[1].offset, qBytes);           // k after q's four heads
+    EXPECT_EQ(l.libraryBuffers[2].offset, qBytes + kvBytes); // v after k's two
+    EXPECT_EQ(l.libraryAt, 1u);                              // after the rotating conversion
+  }
+  EXPECT_NE(program.source.find("toHeadsBf16<4, 32, 3, 4, 16, 2, true>"), std::string::npos);
+  EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
+  EXPECT_NE(program.source.find("attentionKeyValueGradBf16<4, 32, 4, 16, 2, true>"), std::string::npos);
 }
 
 TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
