@@ -194,6 +194,16 @@ llvm::Expected<TypeList> inferGelu(Operands ops, const AttrMap &, llvm::ArrayRef
 llvm::Expected<TypeList> inferSilu(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   return inferUnaryFloat(ops[0]);
 }
+llvm::Expected<TypeList> inferSwiglu(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+  const TensorType &h = ops[0];
+  if (auto err = requireFloat(h, "h"))
+    return std::move(err);
+  if (h.rank() < 1 || h.dim(-1) % 2)
+    return makeError("h must be [..., 2 F] (gate | up), got {}", h.str());
+  TensorType out = h;
+  out.shape.back() /= 2;
+  return TypeList{out};
+}
 llvm::Expected<TypeList> inferRope(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   auto theta = requireFloatAttr(attrs, "theta");
   if (!theta)
@@ -448,6 +458,14 @@ llvm::Expected<TypeList> inferGeluBackward(Operands ops, const AttrMap &attrs, l
 }
 llvm::Expected<TypeList> inferSiluBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   return inferSameAsOperands(ops);
+}
+llvm::Expected<TypeList> inferSwigluBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  auto forward = inferSwiglu(ops.drop_front(), attrs, {});
+  if (!forward)
+    return forward.takeError();
+  if (ops[0] != (*forward)[0])
+    return makeError("dy must be {}, swiglu's output, got {}", (*forward)[0].str(), ops[0].str());
+  return TypeList{ops[1]};
 }
 llvm::Expected<TypeList> inferSoftmaxBackward(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
   return inferSameAsOperands(ops);

@@ -503,6 +503,17 @@ llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+// swiglu and its gradient: the kernels of the ops they replace, in their order (activate and
+// activateBackward, as layer_norm_mlp {swiglu} computes them).
+llvm::Error evalSwiglu(const AttrMap &, Operands in, Results out) {
+  out[0] = activate(*in[0], true);
+  return llvm::Error::success();
+}
+llvm::Error evalSwigluBackward(const AttrMap &, Operands in, Results out) {
+  out[0] = activateBackward(*in[0], *in[1], true);
+  return llvm::Error::success();
+}
+
 llvm::Error evalCrossEntropyBackward(const AttrMap &, Operands in, Results out) {
   // The log-probabilities recomputed, then nll_loss's and log_softmax's gradients: the unfused
   // graph's arithmetic, so that a BF16 LM head rounds the same dlogits either way.

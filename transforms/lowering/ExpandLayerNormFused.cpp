@@ -78,7 +78,6 @@ public:
   /// fc1's output h and the activation of it.
   struct Activation {
     Value *h = nullptr, *act = nullptr;
-    Value *gate = nullptr, *up = nullptr, *silu = nullptr; // SwiGLU's
   };
   bool swiglu() const { return fused_.attrs().getString(kActivation) == "swiglu"; }
 
@@ -108,33 +107,14 @@ public:
     r.h = h;
     if (!h)
       return r;
-    if (!swiglu()) {
-      r.act = create(OpKind::Gelu, {h}, {}, forward("act"));
-      return r;
-    }
-    // [gate | up] halves of h.
-    int64_t f = r.h->type().dim(-1) / 2, axis = int64_t(r.h->type().rank()) - 1;
-    auto half = [&](int64_t start, llvm::StringRef suffix) {
-      return create(OpKind::Slice, {r.h}, attrs({{"axis", axis}, {"start", start}, {"size", f}}),
-                    forward(suffix));
-    };
-    r.gate = half(0, "gate");
-    r.up = half(f, "up");
-    r.silu = create(OpKind::Silu, {r.gate}, {}, forward("silu"));
-    r.act = create(OpKind::Mul, {r.silu, r.up}, {}, forward("act"));
+    // SwiGLU: one op reading h's [gate | up] halves where they lie.
+    r.act = create(swiglu() ? OpKind::Swiglu : OpKind::Gelu, {h}, {}, forward("act"));
     return r;
   }
 
   /// d(activation) -> dh.
   Value *activationGrad(Value *dact, const Activation &fwd) {
-    if (!swiglu())
-      return create(OpKind::GeluBackward, {dact, fwd.h}, {}, "dh");
-    Value *dsilu = create(OpKind::Mul, {dact, fwd.up}, {}, "dsilu");
-    Value *dup = create(OpKind::Mul, {dact, fwd.silu}, {}, "dup");
-    Value *dgate = create(OpKind::SiluBackward, {dsilu, fwd.gate}, {}, "dgate");
-    int64_t axis = fwd.h ? int64_t(fwd.h->type().rank()) - 1 : 0;
-    // concat where the reference adds two pads: the same values (concat-pads).
-    return create(OpKind::Concat, {dgate, dup}, attrs({{"axis", axis}}), "dh");
+    return create(swiglu() ? OpKind::SwigluBackward : OpKind::GeluBackward, {dact, fwd.h}, {}, "dh");
   }
 
   /// The gradients of y = x @ w^T (+ b) from dy, as autodiff writes them.

@@ -84,6 +84,29 @@ __device__ void silu(const float *x, Out out) {
   FOR_EACH_ELEMENT(i, Count) out[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
+// swiglu (ir/Ops.def): h's rows [gate | up] of 2F -> silu(gate) * up, silu's and mul's
+// arithmetic; h in fp32 or stored in BF16.
+template <int64 Count, int64 F, typename In, typename Out>
+__device__ void swiglu(const In *h, Out out) {
+  FOR_EACH_ELEMENT(i, Count) {
+    int64 at = i / F * 2 * F + i % F;
+    float g = elementValue(h[at]), u = elementValue(h[at + F]);
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+// Its gradient: dh's gate half silu_backward(dy * up, gate), its up half dy * silu(gate).
+template <int64 Count, int64 F, typename In, typename Out>
+__device__ void swigluBackward(const float *dy, const In *h, Out dh) {
+  FOR_EACH_ELEMENT(i, Count) {
+    int64 at = i / F * 2 * F + i % F;
+    float g = elementValue(h[at]), u = elementValue(h[at + F]), d = dy[i];
+    float s = 1.0f / (1.0f + expf(-g));
+    dh[at] = d * u * s * (1.0f + g * (1.0f - s));
+    dh[at + F] = d * (g / (1.0f + expf(-g)));
+  }
+}
+
 template <int64 Count, typename In, typename Out>
 __device__ void geluBackward(const float *dy, const In *x, Out dx) {
   if (Count % 4 == 0) {

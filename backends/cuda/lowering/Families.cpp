@@ -37,8 +37,10 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
   case OpKind::Scale:
   case OpKind::Gelu:
   case OpKind::Silu:
+  case OpKind::Swiglu:
   case OpKind::GeluBackward:
   case OpKind::SiluBackward:
+  case OpKind::SwigluBackward:
   case OpKind::CausalMask:
   case OpKind::Rope:
     return {G::Family, "Elementwise.cpp", emitElementwise};
