@@ -190,7 +190,15 @@ std::string architectureDifference(const ModelConfig &a, const ModelConfig &b) {
         differ("norm_eps", a.normEps, b.normEps),
         differ("position", a.position == PositionKind::Rope ? "rope" : "learned",
                b.position == PositionKind::Rope ? "rope" : "learned"),
-        differ("rope_theta", a.ropeTheta, b.ropeTheta), differ("kv_heads", a.kvHeadCount(), b.kvHeadCount())})
+        differ("rope_theta", a.ropeTheta, b.ropeTheta), differ("kv_heads", a.kvHeadCount(), b.kvHeadCount()),
+        differ("rope_scaling", a.ropeScaling.has_value(), b.ropeScaling.has_value()),
+        differ("rope_factor", a.ropeScaling ? a.ropeScaling->factor : 0.0, b.ropeScaling ? b.ropeScaling->factor : 0.0),
+        differ("rope_low_freq_factor", a.ropeScaling ? a.ropeScaling->lowFreq : 0.0,
+               b.ropeScaling ? b.ropeScaling->lowFreq : 0.0),
+        differ("rope_high_freq_factor", a.ropeScaling ? a.ropeScaling->highFreq : 0.0,
+               b.ropeScaling ? b.ropeScaling->highFreq : 0.0),
+        differ("rope_original_length", a.ropeScaling ? a.ropeScaling->originalLength : 0.0,
+               b.ropeScaling ? b.ropeScaling->originalLength : 0.0)})
     if (!d.empty())
       return d;
   return "";

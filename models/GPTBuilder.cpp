@@ -96,7 +96,7 @@ Value *GPTBuilder::rotatedQkv(Value *qkv, const std::string &p) {
     Value *split = op(OpKind::Reshape, {part}, n + ".heads", attrs({{"shape", std::vector<int64_t>{B, S, heads, Dh}}}));
     Value *bhsd = op(OpKind::Transpose, {split}, n + ".bhtd", attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
     llvm::SmallVector<Value *, 2> operands{bhsd};
-    AttrMap a = attrs({{"theta", c_.ropeTheta}});
+    AttrMap a = ropeAttrs({c_.ropeTheta, false, c_.ropeScaling});
     if (positions_) {
       operands.push_back(positions_);
       a.set("length", c_.seqLen);
@@ -145,7 +145,7 @@ Value *GPTBuilder::attention(Value *x, const std::string &p) {
                      attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}));
     if (!rotateHeads || *name == 'v')
       return bhtd;
-    return op(OpKind::Rope, {bhtd}, p + "." + name + ".rope", attrs({{"theta", c_.ropeTheta}}));
+    return op(OpKind::Rope, {bhtd}, p + "." + name + ".rope", ropeAttrs({c_.ropeTheta, false, c_.ropeScaling}));
   };
   Value *q = head(0, H, "q"), *k = head(D, KV, "k"), *v = head(D + KV * Dh, KV, "v");
   // Grouped-query attention: query head h reads key and value head h / G (Llama's

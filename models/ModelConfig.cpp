@@ -51,6 +51,8 @@ const NumericSetting kNumericSettings[] = {
     {"min_lr_ratio", {0, 1}},         {"margin", {0, 64}},
     {"amax_history_len", {1, kPow2(16)}}, {"fp8_min_dim", {0, double(kMaxDim)}},
     {"kv_heads", {1, kPow2(10)}},     {"rope_theta", {1.0001, 1e9}},
+    {"rope_factor", {1, 1024}},       {"rope_low_freq_factor", {1e-3, 1e3}},
+    {"rope_high_freq_factor", {1e-3, 1e3}}, {"rope_original_length", {1, kPow2(24)}},
 };
 
 struct ChoiceSetting {
@@ -61,6 +63,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"norm", {"layernorm", "rmsnorm"}},
     {"activation", {"gelu", "swiglu"}},
     {"position", {"learned", "rope"}},
+    {"rope_scaling", {"llama3"}},
     {"recipe", {"auto", "fp32", "bf16", "fp8"}},
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
@@ -268,6 +271,7 @@ private:
   void readBool(const Fields &fields, llvm::StringRef key, bool &out);
   void readChoice(const Fields &fields, llvm::StringRef key, std::string &out);
   void readPositions(const Fields &model, ModelConfig &config);
+  void readRopeScaling(const Fields &model, ModelConfig &config);
   void readStrings(const Fields &fields, llvm::StringRef key, std::vector<std::string> &out);
 
   std::string file_;
@@ -406,16 +410,45 @@ void ConfigReader::readPositions(const Fields &model, ModelConfig &config) {
   readInt(model, "kv_heads", config.kvHeads, false);
   if (failed())
     return;
-  if (model.count("rope_scaling"))
-    fail(model.lookup("rope_scaling"), "rope_scaling (Llama 3.1's long-context frequencies) is not supported yet: "
-                                       "leave it out for RoPE at its base frequencies");
-  else if (model.count("rope_theta") && config.position != PositionKind::Rope)
+  readRopeScaling(model, config);
+  if (failed())
+    return;
+  if (model.count("rope_theta") && config.position != PositionKind::Rope)
     fail(model.lookup("rope_theta"), "rope_theta belongs to position: rope");
   else if (config.position == PositionKind::Rope && config.headDim() % 2 != 0)
     fail(model.lookup("position"), fmt::format("position: rope needs an even head dimension; d_model / heads is {}",
                                                config.headDim()));
   else if (model.count("kv_heads") && config.heads % config.kvHeads != 0)
     fail(model.lookup("kv_heads"), fmt::format("kv_heads ({}) must divide heads ({})", config.kvHeads, config.heads));
+}
+
+/// rope_scaling: llama3 and its four numbers (Hugging Face's defaults for Llama 3.2 where left
+/// out: factor 32, low 1, high 4, original length 8192); the numbers alone are an error.
+void ConfigReader::readRopeScaling(const Fields &model, ModelConfig &config) {
+  const char *keys[] = {"rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_length"};
+  if (!model.count("rope_scaling")) {
+    for (const char *key : keys)
+      if (model.count(key))
+        fail(model.lookup(key), fmt::format("{} belongs to rope_scaling: llama3", key));
+    return;
+  }
+  std::string type;
+  readChoice(model, "rope_scaling", type);
+  if (failed())
+    return;
+  if (config.position != PositionKind::Rope) {
+    fail(model.lookup("rope_scaling"), "rope_scaling belongs to position: rope");
+    return;
+  }
+  RopeScaling s{32.0, 1.0, 4.0, 8192.0};
+  readDouble(model, "rope_factor", s.factor);
+  readDouble(model, "rope_low_freq_factor", s.lowFreq);
+  readDouble(model, "rope_high_freq_factor", s.highFreq);
+  readDouble(model, "rope_original_length", s.originalLength);
+  if (!failed() && !(s.highFreq > s.lowFreq))
+    fail(model.count("rope_high_freq_factor") ? model.lookup("rope_high_freq_factor") : model.lookup("rope_scaling"),
+         fmt::format("rope_high_freq_factor ({}) must exceed rope_low_freq_factor ({})", s.highFreq, s.lowFreq));
+  config.ropeScaling = s;
 }
 
 void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::string &out) {
@@ -577,7 +610,8 @@ llvm::Expected<ModelConfig> ConfigReader::read() {
   }
   readMapping(top["model"], "model",
               {"vocab", "seq_len", "d_model", "heads", "layers", "ffn", "norm", "activation",
-               "bias", "tie_embeddings", "norm_eps", "position", "rope_theta", "rope_scaling", "kv_heads"},
+               "bias", "tie_embeddings", "norm_eps", "position", "rope_theta", "rope_scaling", "rope_factor",
+               "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_length", "kv_heads"},
               model);
   readInt(model, "vocab", config.vocab, true);
   readInt(model, "seq_len", config.seqLen, true);
@@ -630,6 +664,17 @@ static std::string quotedList(const std::vector<std::string> &items) {
   return out;
 }
 
+/// The model file's rope_scaling lines, where there is a scaling.
+static std::string ropeScalingText(const ModelConfig &c) {
+  if (!c.ropeScaling)
+    return "";
+  const RopeScaling &s = *c.ropeScaling;
+  return fmt::format("  rope_scaling: llama3\n  rope_factor: {}\n  rope_low_freq_factor: {}\n"
+                     "  rope_high_freq_factor: {}\n  rope_original_length: {}\n",
+                     formatDouble(s.factor), formatDouble(s.lowFreq), formatDouble(s.highFreq),
+                     formatDouble(s.originalLength));
+}
+
 std::string formatModelConfig(const ModelConfig &c) {
   auto num = [](double v) { return formatDouble(v); };
   const TrainConfig &t = c.train;
@@ -649,7 +694,8 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
       num(c.normEps), c.position == PositionKind::Rope ? "rope" : "learned",
-      c.position == PositionKind::Rope ? fmt::format("  rope_theta: {}\n", num(c.ropeTheta)) : std::string(),
+      c.position == PositionKind::Rope ? fmt::format("  rope_theta: {}\n", num(c.ropeTheta)) + ropeScalingText(c)
+                                       : std::string(),
       c.kvHeads > 0 ? fmt::format("  kv_heads: {}\n", c.kvHeads) : std::string(), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
       num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
       c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), fp8ScalingName(p.fp8Scaling).str(), p.margin, p.amaxHistoryLen,

@@ -2,6 +2,8 @@
 // errors that name file:line:col.
 #pragma once
 
+#include "ir/Rope.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -117,6 +119,8 @@ struct ModelConfig {
   double normEps = 1e-5;
   PositionKind position = PositionKind::Learned;
   double ropeTheta = 10000.0; // RoPE's base (Llama 2: 10000, Llama 3: 500000)
+  /// rope_scaling: llama3 (Llama 3.1/3.2's long-context frequencies, ir/Rope.h), or none.
+  std::optional<RopeScaling> ropeScaling;
   /// Heads of keys and values (grouped-query attention: each serves heads / kvHeads query
   /// heads; 1 is multi-query attention); 0, a file without kv_heads: as many as heads.
   int64_t kvHeads = 0;

@@ -5,6 +5,7 @@
 #include "backends/cpu/CpuKernels.h"
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
+#include "ir/Rope.h"
 #include "support/Error.h"
 #include "support/Numerics.h"
 
@@ -147,6 +148,7 @@ const std::vector<int64_t> kSwapHeads{0, 2, 1, 3};
 /// The shape of one attention op's tensors: AttentionHeads plus batch, length, head dimension.
 struct AttentionDims {
   AttentionHeads h;
+  RopeOptions rope; // under rope_theta
   int64_t B, T, Dh;
   DType dtype;
   TensorType heads(int64_t count, int64_t rows) const { return TensorType(dtype, {B, count, rows, Dh}); }
@@ -165,7 +167,7 @@ struct AttentionDims {
 
 AttentionDims attentionDims(const AttrMap &a, const TensorType &qkv) {
   AttentionHeads h = attentionHeads(a);
-  return {h, qkv.dim(0), qkv.dim(1), qkv.dim(2) / (h.heads + 2 * h.kvHeads), qkv.dtype};
+  return {h, ropeOptions(a, "rope_theta"), qkv.dim(0), qkv.dim(1), qkv.dim(2) / (h.heads + 2 * h.kvHeads), qkv.dtype};
 }
 
 /// q, k and v head-major from the packed qkv, q and k rotated under rope_theta.
@@ -176,7 +178,7 @@ void splitHeads(const AttentionDims &s, const Tensor &qkv, AttentionParts &p) {
     Tensor t = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part}, s.heads(count, s.T));
     if (!rotate || !s.h.ropeTheta)
       return t;
-    return apply(evalRope, attrs({{"theta", *s.h.ropeTheta}}), {&t}, t.type);
+    return apply(evalRope, ropeAttrs(s.rope), {&t}, t.type);
   };
   p.q = head(0, s.h.heads, true);
   p.k = head(s.h.heads, s.h.kvHeads, true);
@@ -486,7 +488,7 @@ llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
   Tensor dk = gemm(a, {true, false}, s.grouped(dscores), s.grouped(p.q), p.k.type);
   if (s.h.ropeTheta)
     for (Tensor *d : {&dq, &dk})
-      *d = apply(evalRope, attrs({{"theta", *s.h.ropeTheta}, {"inverse", true}}), {d}, d->type);
+      *d = apply(evalRope, ropeAttrs({s.rope.theta, true, s.rope.scaling}), {d}, d->type);
   // Back to [B, T, heads Dh] each, placed at q | k | v of the packed gradient.
   Tensor dqkv = Tensor::zeros(qkvType);
   int64_t start = 0, width = qkvType.dim(2);

@@ -3,6 +3,7 @@
 #include "app/Init.h"
 #include "backends/cpu/Interpreter.h"
 #include "ir/Parser.h"
+#include "ir/Rope.h"
 #include "models/GPTBuilder.h"
 #include "support/Random.h"
 #include "tests/TestUtil.h"
@@ -48,6 +49,34 @@ TEST(Rope, RotatesEachPairByItsPositionsAngleAndTheInverseUndoesIt) {
     EXPECT_EQ(out[0].data[i], x.data[i]);
   for (size_t i = 0; i < x.data.size(); ++i)
     EXPECT_NEAR(out[1].data[i], x.data[i], 1e-6);
+}
+
+TEST(Rope, Llama3ScalingSlowsTheLowFrequenciesAndKeepsTheHighOnes) {
+  // Llama-3.2-1B's: theta 500000, head dimension 64, factor 32, low 1, high 4, 8192 positions.
+  // Pairs whose wavelength 2 pi / f is under 8192 / 4 = 2048 keep theta^(-2i/64); over 8192 / 1
+  // they turn 32 times slower; between, the blend (Hugging Face's _compute_llama3_parameters).
+  RopeOptions plain{500000.0, false, std::nullopt}, scaled{500000.0, false, RopeScaling{32.0, 1.0, 4.0, 8192.0}};
+  int between = 0;
+  for (int64_t i = 0; i < 32; ++i) {
+    double f = ropeFrequency(plain, i, 64), g = ropeFrequency(scaled, i, 64), wavelength = 2 * M_PI / f;
+    EXPECT_EQ(f, std::pow(500000.0, -2.0 * double(i) / 64.0));
+    if (wavelength < 2048) {
+      EXPECT_EQ(g, f) << i;
+    } else if (wavelength > 8192) {
+      EXPECT_DOUBLE_EQ(g, f / 32) << i;
+    } else {
+      ++between;
+      double smooth = (8192 / wavelength - 1) / 3;
+      EXPECT_DOUBLE_EQ(g, (1 - smooth) * f / 32 + smooth * f) << i;
+      EXPECT_LT(g, f);
+      EXPECT_GT(g, f / 32);
+    }
+  }
+  EXPECT_GT(between, 0);
+  EXPECT_EQ(ropeFrequency(scaled, 31, 64), std::pow(500000.0, -62.0 / 64.0) / 32);
+  // The table: position 100's angle of the last pair is 100 f / 32.
+  std::vector<float> table = ropeTable(scaled, 128, 64);
+  EXPECT_EQ(table[size_t(100 * 32 + 31)], float(std::cos(100.0 * std::pow(500000.0, -62.0 / 64.0) / 32)));
 }
 
 /// The model with `kvHeads` key and value heads, RoPE on.

@@ -1,4 +1,5 @@
 // Model descriptions: the standard models load, and bad files get one line naming the place.
+#include "app/Trainer.h"
 #include "models/GPTBuilder.h"
 #include "models/ModelConfig.h"
 #include "tests/TestUtil.h"
@@ -149,8 +150,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"no kv head", MODEL(GOOD "  kv_heads: 0\n"), "kv_heads (0) must be between 1 and 1024", "9:13"},
         BadModel{"rope_theta without rope", MODEL(GOOD "  rope_theta: 500000\n"),
                  "rope_theta belongs to position: rope", "9:15"},
-        BadModel{"rope scaling", MODEL(GOOD "  position: rope\n  rope_scaling: {factor: 8}\n"),
-                 "rope_scaling (Llama 3.1's long-context frequencies) is not supported yet", "10:18"},
+        BadModel{"rope scaling of another kind", MODEL(GOOD "  position: rope\n  rope_scaling: yarn\n"),
+                 "rope_scaling must be one of llama3, got 'yarn'", "10:17"},
+        BadModel{"rope scaling as a mapping", MODEL(GOOD "  position: rope\n  rope_scaling: {factor: 8}\n"),
+                 "'rope_scaling' must be a single value", "10:18"},
+        BadModel{"rope scaling without rope", MODEL(GOOD "  rope_scaling: llama3\n"),
+                 "rope_scaling belongs to position: rope", "9:17"},
+        BadModel{"a rope factor alone", MODEL(GOOD "  position: rope\n  rope_factor: 8\n"),
+                 "rope_factor belongs to rope_scaling: llama3", "10:16"},
+        BadModel{"rope frequency factors the wrong way",
+                 MODEL(GOOD "  position: rope\n  rope_scaling: llama3\n  rope_low_freq_factor: 4\n"
+                            "  rope_high_freq_factor: 1\n"),
+                 "rope_high_freq_factor (1) must exceed rope_low_freq_factor (4)", "12:26"},
         BadModel{"rope of an odd head dimension",
                  MODEL("  vocab: 64\n  seq_len: 8\n  d_model: 18\n  heads: 2\n  layers: 1\n  ffn: 32\n  position: rope\n"),
                  "position: rope needs an even head dimension; d_model / heads is 9", "9:13"},
@@ -183,6 +194,24 @@ TEST(ModelConfig, ALlamaBlockHasRopeAndFewerKeyValueHeads) {
     std::string text = formatModelConfig(config);
     EXPECT_EQ(formatModelConfig(unwrap(parseModelConfig(text, "again.yaml"))), text);
   }
+}
+
+TEST(ModelConfig, Llama3RopeScalingReadsAndWritesBack) {
+  // Llama-3.2-1B's file: rope_scaling llama3 with Hugging Face's numbers; written back and read
+  // again the same; a resume across another factor is named.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/llama-3.2-1b.yaml")));
+  ASSERT_TRUE(c.ropeScaling.has_value());
+  EXPECT_EQ(*c.ropeScaling, (RopeScaling{32.0, 1.0, 4.0, 8192.0}));
+  std::string text = formatModelConfig(c);
+  EXPECT_NE(text.find("rope_scaling: llama3"), std::string::npos) << text;
+  ModelConfig again = unwrap(parseModelConfig(text, "again.yaml"));
+  EXPECT_EQ(formatModelConfig(again), text);
+  again.ropeScaling->factor = 8.0;
+  EXPECT_NE(architectureDifference(c, again).find("rope_factor 32 vs 8"), std::string::npos)
+      << architectureDifference(c, again);
+  // Left out, the numbers are Llama 3.2's.
+  auto defaults = unwrap(parseModelConfig(MODEL(GOOD "  position: rope\n  rope_scaling: llama3\n"), "m.yaml"));
+  EXPECT_EQ(*defaults.ropeScaling, (RopeScaling{32.0, 1.0, 4.0, 8192.0}));
 }
 
 TEST(ModelConfig, TheLlamaShapedModelFilesHaveTheirCheckpointsParameterCounts) {

@@ -179,13 +179,30 @@ def kv_heads(cfg):
     return cfg.get("kv_heads", 0) or cfg["heads"]
 
 
-def rope(x, theta):
+def rope_frequency(cfg, i, Dh):
+    """Pair i's frequency: theta^(-2i/Dh), under rope_scaling: llama3 scaled as Hugging Face's
+    _compute_llama3_parameters scales it (tgc's ir/Rope.h ropeFrequency)."""
+    f = cfg["rope_theta"] ** (-2.0 * i / Dh)
+    if cfg.get("rope_scaling") != "llama3":
+        return f
+    factor, low, high = cfg["rope_factor"], cfg["rope_low_freq_factor"], cfg["rope_high_freq_factor"]
+    original = cfg["rope_original_length"]
+    wavelength = 2 * math.pi / f
+    if wavelength < original / high:
+        return f
+    if wavelength > original / low:
+        return f / factor
+    smooth = (original / wavelength - low) / (high - low)
+    return (1 - smooth) * f / factor + smooth * f
+
+
+def rope(x, cfg):
     """Llama's rotary embedding, rotate-half pairing, on x [B, H, T, Dh]: position t's pair
-    (i, i + Dh/2) rotated by t * theta^(-2i/Dh), the angles in double and their cos and sin
+    (i, i + Dh/2) rotated by t * rope_frequency(i), the angles in double and their cos and sin
     rounded to float (tgc's ir/Rope.h)."""
     T, Dh = x.shape[-2], x.shape[-1]
     half = Dh // 2
-    inv = torch.tensor([theta ** (-2.0 * i / Dh) for i in range(half)], dtype=torch.float64)
+    inv = torch.tensor([rope_frequency(cfg, i, Dh) for i in range(half)], dtype=torch.float64)
     angle = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     cos, sin = angle.cos().float().to(x.device), angle.sin().float().to(x.device)
     a, b = x[..., :half], x[..., half:]
@@ -237,7 +254,7 @@ class GPT(torch.nn.Module):
             q = q.view(B, T, H, Dh).transpose(1, 2)
             k, v = (t.view(B, T, KV, Dh).transpose(1, 2) for t in (k, v))
             if use_rope:
-                q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+                q, k = rope(q, c), rope(k, c)
             if self.sdpa:  # query head h reads KV head h // (H / KV), as enable_gqa does
                 ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
                 ctx = ctx.transpose(1, 2).reshape(B, T, D)

@@ -160,12 +160,15 @@ const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-r
 // same with one KV head (multi-query), and with learned positions (no rope_theta).
 TEST(Fusion, LlamaBlockAttentionMatchesUnfused) {
   for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16})
-    for (auto [kvHeads, rope] : {std::pair{2, true}, std::pair{1, true}, std::pair{2, false}}) {
+    for (auto [kvHeads, rope] : {std::pair{2, 1}, std::pair{1, 1}, std::pair{2, 0}, std::pair{2, 2}}) {
+      // rope 2: with Llama 3's scaling (its frequencies reach the attention op's table too)
       SCOPED_TRACE(fmt::format("{} KV heads, rope {}, recipe {}", kvHeads, rope, int(recipe)));
       ModelConfig c = loadModel("models/llama-tiny.yaml");
       c.precision.recipe = recipe;
       c.kvHeads = kvHeads;
       c.position = rope ? PositionKind::Rope : PositionKind::Learned;
+      if (rope == 2)
+        c.ropeScaling = RopeScaling{4.0, 1.0, 4.0, 64.0}; // (wavelengths of 1.6 to 6e3 positions: all three cases)
       c.seqLen = 12;
       auto fused = gradientProgram(c, 2, fusionPasses());
       ASSERT_TRUE(fused);
@@ -174,7 +177,8 @@ TEST(Fusion, LlamaBlockAttentionMatchesUnfused) {
         if (op->kind() == OpKind::Attention) {
           ++attentions;
           EXPECT_EQ(op->attrs().getInt("kv_heads"), std::optional<int64_t>(kvHeads));
-          EXPECT_EQ(op->attrs().getFloat("rope_theta").has_value(), rope);
+          EXPECT_EQ(op->attrs().getFloat("rope_theta").has_value(), rope != 0);
+          EXPECT_EQ(op->attrs().getFloat("rope_factor"), rope == 2 ? std::optional<double>(4.0) : std::nullopt);
         }
       EXPECT_EQ(attentions, 2);
       EXPECT_EQ(countOps(*fused)["rope"], 0);

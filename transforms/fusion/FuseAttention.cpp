@@ -31,7 +31,7 @@ struct Walk {
 /// slices side by side from 0; q and k rotated by one rope (positions 0..T-1) or neither.
 struct HeadSlices {
   Value *qkv = nullptr;
-  std::optional<double> theta;
+  std::optional<RopeOptions> rope;
   int64_t heads = 0, kvHeads = 0, dh = 0, start = 0;
 
   bool match(Walk &w, Op *user, unsigned i, bool query, bool rotatable) {
@@ -39,12 +39,13 @@ struct HeadSlices {
     if (rope) {
       RopeOptions options = ropeOptions(rope->attrs());
       if (!w.producer(user, i, OpKind::Rope) || rope->numOperands() != 1 || options.inverse ||
-          (theta && *theta != options.theta) || (!theta && !query))
+          (this->rope && (this->rope->theta != options.theta || this->rope->scaling != options.scaling)) ||
+          (!this->rope && !query))
         return false;
-      theta = options.theta;
+      this->rope = options;
       user = rope;
       i = 0;
-    } else if (theta && rotatable) {
+    } else if (this->rope && rotatable) {
       return false; // k unrotated where q was rotated
     }
     Op *swap = w.producer(user, i, OpKind::Transpose);
@@ -126,7 +127,7 @@ public:
     // [B, KV, G T, X] ones, and rope's theta is one the op takes.
     const TensorType &packed = qkv->type(), &out = merge->result()->type();
     if (packed.rank() != 3 || packed.dim(2) != h.start || heads * h.dh != D || heads % kvHeads ||
-        packed.dim(0) != out.dim(0) || packed.dim(1) != out.dim(1) || (h.theta && !(*h.theta > 1.0)))
+        packed.dim(0) != out.dim(0) || packed.dim(1) != out.dim(1) || (h.rope && !(h.rope->theta > 1.0)))
       return std::nullopt;
     if (*grouped != (kvHeads != heads))
       return std::nullopt;
@@ -145,8 +146,10 @@ public:
     m.replacement.attrs.set("heads", heads);
     if (kvHeads != heads)
       m.replacement.attrs.set("kv_heads", kvHeads);
-    if (h.theta)
-      m.replacement.attrs.set("rope_theta", *h.theta);
+    if (h.rope) {
+      m.replacement.attrs.set("rope_theta", h.rope->theta);
+      setRopeScaling(m.replacement.attrs, h.rope->scaling);
+    }
     m.replacement.attrs.set("scale", *scale->attrs().getFloat("factor"));
     if (!sameGemmPrecision(scores->attrs(), context->attrs()))
       return std::nullopt;

@@ -38,7 +38,7 @@ AttentionLaunch attentionLaunch(const Op &op) {
 std::string ropeConstants(const Op &op, const AttentionLaunch &s, Emitter &e) {
   if (!s.rope)
     return "";
-  std::vector<float> table = ropeTable({*attentionHeads(op.attrs()).ropeTheta, false}, s.T, s.Dh);
+  std::vector<float> table = ropeTable(ropeOptions(op.attrs(), "rope_theta"), s.T, s.Dh);
   e.lowering.constants.assign(table.begin(), table.end());
   return ", const double *table";
 }
