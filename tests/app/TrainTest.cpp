@@ -369,6 +369,20 @@ TEST(Training, MatchesPyTorchLosses) {
   expectPyTorchLosses("tiny-parity", readSource("tests/reference/tiny-parity-losses.json"));
 }
 
+TEST(Training, ResumeNamesAnotherRopeScaling) {
+  // A checkpoint of Llama-3.2-1B's shape does not resume under another rope_factor, nor
+  // without the scaling: the field is named.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/llama-3.2-1b.yaml")));
+  ModelConfig other = c;
+  other.ropeScaling->factor = 8.0;
+  EXPECT_NE(architectureDifference(c, other).find("rope_factor 32 vs 8"), std::string::npos)
+      << architectureDifference(c, other);
+  other.ropeScaling.reset();
+  EXPECT_NE(architectureDifference(c, other).find("rope_scaling true vs false"), std::string::npos)
+      << architectureDifference(c, other);
+  EXPECT_EQ(architectureDifference(c, c), "");
+}
+
 TEST(Training, LlamaBlockMatchesPyTorchLosses) {
   // The Llama block (RMSNorm, SwiGLU, RoPE, two KV heads for four query heads) against PyTorch's
   // losses from the same initial weights (tests/reference/run-parity.sh wrote them).
