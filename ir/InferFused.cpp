@@ -90,8 +90,9 @@ llvm::Expected<TypeList> inferLayerNormMLP(Operands ops, const AttrMap &attrs, l
   return TypeList{x, h};
 }
 
-/// The attributes of the attention ops: gemm_dtype, scale, and heads dividing d_model.
-llvm::Error checkAttentionAttrs(const AttrMap &attrs, int64_t dModel) {
+/// The attributes of the attention ops: gemm_dtype, scale, and heads (dividing d_model where
+/// it is given: the query width the op's operands fix).
+llvm::Error checkAttentionAttrs(const AttrMap &attrs, std::optional<int64_t> dModel = std::nullopt) {
   if (auto err = checkGemmDType(attrs))
     return err;
   auto heads = requireIntAttr(attrs, "heads");
@@ -99,8 +100,8 @@ llvm::Error checkAttentionAttrs(const AttrMap &attrs, int64_t dModel) {
     return heads.takeError();
   if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
     return scale.takeError();
-  if (*heads < 1 || dModel % *heads)
-    return makeError("heads ({}) must divide d_model ({})", *heads, dModel);
+  if (*heads < 1 || (dModel && *dModel % *heads))
+    return makeError("heads ({}) must divide d_model ({})", *heads, dModel.value_or(0));
   return llvm::Error::success();
 }
 
@@ -108,15 +109,10 @@ llvm::Expected<TypeList> inferAttention(Operands ops, const AttrMap &attrs, llvm
   const TensorType &qkv = ops[0];
   if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
-  AttentionHeads h = attentionHeads(attrs);
-  if (auto err = checkGemmDType(attrs))
+  if (auto err = checkAttentionAttrs(attrs)) // (the query width follows from the heads here)
     return std::move(err);
-  auto heads = requireIntAttr(attrs, "heads");
-  if (!heads)
-    return heads.takeError();
-  if (auto scale = requireFloatAttr(attrs, "scale"); !scale)
-    return scale.takeError();
-  if (h.heads < 1 || h.kvHeads < 1 || h.heads % h.kvHeads)
+  AttentionHeads h = attentionHeads(attrs);
+  if (h.kvHeads < 1 || h.heads % h.kvHeads)
     return makeError("kv_heads ({}) must divide heads ({})", h.kvHeads, h.heads);
   // qkv [B, T, (H + 2 KV) Dh]: the queries' D = H Dh, then the keys' and the values' KV Dh.
   int64_t per = h.heads + 2 * h.kvHeads;

@@ -86,18 +86,6 @@ struct AttentionHeads {
   static __device__ __forceinline__ int64 keysOf(int64 b, int h) { return QPART + (b * KV + h / G) * T * DH; }
 };
 
-// The RoPE rotation of pair (x, y) at position t, pair index i (elementwise.cuh's rope, the
-// CPU's bits: each product and sum rounded on its own); INVERSE turns back (rope's gradient).
-template <int T, int HALF, bool INVERSE>
-__device__ __forceinline__ void ropePair(float &x, float &y, const double *table, int t, int i) {
-  float c = (float)table[(int64)t * HALF + i], s = (float)table[((int64)T + t) * HALF + i];
-  if (INVERSE)
-    s = -s;
-  float a = x, b = y;
-  x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
-
 // src ([B, T, PARTS * H * DH] floats, or qkv's (H + 2 KV) heads) rounded to BF16 into dst
 // head-major: qkv's three parts (AttentionHeads' copy; under ROPE q and k rotated first, by
 // table: ir/Rope.h's cos and sin of positions 0 .. T - 1), or dout's one. Four elements a

@@ -142,6 +142,20 @@ __device__ __forceinline__ void awaitPreviousKernel() {
 #endif
 }
 
+// The RoPE rotation of pair (x, y) at position t, pair index i, by ir/Rope.h's table of LENGTH
+// positions (cosines, then sines, as doubles holding floats), each product and sum rounded on
+// its own (no FMA): the CPU's bits. INVERSE turns back (rope's gradient) by the same table.
+// The rope kernels (elementwise.cuh) and the attention's rotations (attention.cuh) share it.
+template <int64 LENGTH, int64 HALF, bool INVERSE>
+__device__ __forceinline__ void ropePair(float &x, float &y, const double *table, int64 t, int64 i) {
+  float c = (float)table[t * HALF + i], s = (float)table[(LENGTH + t) * HALF + i];
+  if (INVERSE)
+    s = -s;
+  float a = x, b = y;
+  x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 // A grid-stride loop over `count` elements (launches cap their grid at 8192 blocks).
 #define FOR_EACH_ELEMENT(i, count) \
   for (int64 i = blockIdx.x * (int64)blockDim.x + threadIdx.x; i < (count); i += (int64)gridDim.x * blockDim.x)

@@ -34,11 +34,11 @@ __device__ void binary(const float *x, const float *y, Out out) {
 template <int64 Pairs, int64 Half, int64 Rows, typename In>
 __device__ void rope(const In *x, float *out, const double *table) {
   FOR_EACH_ELEMENT(p, Pairs) {
-    int64 r = p / Half, i = p % Half, t = r % Rows;
-    float c = (float)table[t * Half + i], s = (float)table[(Rows + t) * Half + i];
+    int64 r = p / Half, i = p % Half;
     float a = elementValue(x[r * 2 * Half + i]), b = elementValue(x[r * 2 * Half + i + Half]);
-    out[r * 2 * Half + i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    out[r * 2 * Half + i + Half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    ropePair<Rows, Half, false>(a, b, table, r % Rows, i);
+    out[r * 2 * Half + i] = a;
+    out[r * 2 * Half + i + Half] = b;
   }
 }
 
@@ -50,14 +50,10 @@ __device__ void ropeAt(const In *x, const int *positions, float *out, const doub
   FOR_EACH_ELEMENT(p, Pairs) {
     int64 r = p / Half, i = p % Half, t = positions[r / PerSequence] + r % Rows;
     float a = elementValue(x[r * 2 * Half + i]), b = elementValue(x[r * 2 * Half + i + Half]);
-    if (t >= 0 && t < Length) {
-      float c = (float)table[t * Half + i], s = (float)table[(Length + t) * Half + i];
-      out[r * 2 * Half + i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      out[r * 2 * Half + i + Half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-    } else {
-      out[r * 2 * Half + i] = a;
-      out[r * 2 * Half + i + Half] = b;
-    }
+    if (t >= 0 && t < Length)
+      ropePair<Length, Half, false>(a, b, table, t, i);
+    out[r * 2 * Half + i] = a;
+    out[r * 2 * Half + i + Half] = b;
   }
 }
 

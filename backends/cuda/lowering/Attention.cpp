@@ -56,10 +56,9 @@ void emitAttentionDelta(Emitter &e, unsigned launch, const std::string &params, 
 void emitToHeads(Emitter &e, unsigned launch, const std::string &params, const AttentionLaunch &s, int parts,
                  const std::string &from, const std::string &to) {
   int64_t count = parts == 1 ? s.B * s.T * s.D() : s.B * s.T * s.W();
-  std::string extra = parts == 1 ? "" : s.rope ? fmt::format(", {}, true", s.KV) : s.kvArg();
   e.launch(launch, params, elementwiseBlocks(count / 4),
            fmt::format("toHeadsBf16<{}, {}, {}, {}, {}{}>({}, (unsigned short *){}{})", s.B, s.T, parts, s.H, s.Dh,
-                       extra, from, to, parts == 1 ? "" : s.table()));
+                       parts == 1 ? "" : s.kvRopeArgs(), from, to, parts == 1 ? "" : s.table()));
 }
 
 /// The tensor-core attention: the operands first rounded to BF16 in head-major order

@@ -56,8 +56,8 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   // the last block of each combining; parts of 32 keys where the sequences and heads are fewer
   // than the SMs (more blocks at the short positions of a decode), else 64.
   const TensorType &out = outputType(op);
-  int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = *a.getInt("heads"), Dh = D / H;
   AttentionHeads heads = attentionHeads(a);
+  int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
   int64_t keys = std::min<int64_t>(T, B * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
   e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * H}; // the blocks done, per (sequence, head)
