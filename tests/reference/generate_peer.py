@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch peer of `tgc bench --generate`: greedy generation with a static KV cache.
 
-The same GPT as tests/reference/parity.py, from a tgc checkpoint, in BF16 on the GPU, written
+The same GPT as tests/reference/parity.py (GPT-2- or Llama-shaped: RoPE, grouped-query
+attention with a cache of KV heads), from a tgc checkpoint, in BF16 on the GPU, written
 as gpt-fast writes it: the caches are buffers [B, H, seq_len, Dh], a prompt runs as one forward
 pass (prefill, F.scaled_dot_product_attention, causal) that fills them, then each step runs one
 token per sequence against the whole cache under a mask of the positions written so far. With
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parity import Rng, load, mix64, read_config  # noqa: E402
+from parity import Rng, kv_heads, load, mix64, read_config, rope, rope_tables  # noqa: E402
 
 
 class Generator(torch.nn.Module):
@@ -33,10 +34,15 @@ class Generator(torch.nn.Module):
         self.cfg = cfg
         self.w = {name: t.to(device, torch.bfloat16) for name, t in weights.items()}
         L, H, T, D = cfg["layers"], cfg["heads"], cfg["seq_len"], cfg["d_model"]
-        for l in range(L):
+        for l in range(L):  # the caches hold KV heads (grouped-query attention: fewer than H)
             for kind in ("k", "v"):
-                self.register_buffer(f"{kind}{l}", torch.zeros(batch, H, T, D // H, dtype=torch.bfloat16, device=device))
+                self.register_buffer(f"{kind}{l}", torch.zeros(batch, kv_heads(cfg), T, D // H, dtype=torch.bfloat16,
+                                                               device=device))
         self.register_buffer("causal", torch.ones(T, T, dtype=torch.bool, device=device).tril())
+        if cfg.get("position") == "rope":
+            cos, sin = rope_tables(cfg, T)
+            self.register_buffer("rope_cos", cos.to(device))
+            self.register_buffer("rope_sin", sin.to(device))
 
     def linear(self, x, name):
         return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
@@ -53,20 +59,28 @@ class Generator(torch.nn.Module):
         the last position."""
         c = self.cfg
         B, S = tokens.shape
-        D, H = c["d_model"], c["heads"]
-        x = self.w["wte"][tokens] + self.w["wpe"][positions]
+        D, H, KV = c["d_model"], c["heads"], kv_heads(c)
+        Dh, use_rope, gqa = D // H, c.get("position") == "rope", KV != H
+        x = self.w["wte"][tokens]
+        if not use_rope:
+            x = x + self.w["wpe"][positions]
         mask = self.causal[positions][None, None]  # [1, 1, S, T]
         for l in range(c["layers"]):
             h = f"h{l}"
             qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
-            q, k, v = (t.view(B, S, H, D // H).transpose(1, 2) for t in qkv.split(D, dim=2))
+            q, k, v = qkv.split([D, KV * Dh, KV * Dh], dim=2)
+            q = q.view(B, S, H, Dh).transpose(1, 2)
+            k, v = (t.view(B, S, KV, Dh).transpose(1, 2) for t in (k, v))
+            if use_rope:  # in BF16, at the positions written
+                cos, sin = self.rope_cos[positions].to(q.dtype), self.rope_sin[positions].to(q.dtype)
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
             kc, vc = getattr(self, f"k{l}"), getattr(self, f"v{l}")
             kc[:, :, positions] = k
             vc[:, :, positions] = v
             if S > 1:  # a prompt: causal attention over its own positions (from 0)
-                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             else:
-                ctx = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+                ctx = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=gqa)
             x = x + self.linear(ctx.transpose(1, 2).reshape(B, S, D), h + ".attn.proj")
             u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
             if c["activation"] == "swiglu":

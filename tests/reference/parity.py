@@ -196,15 +196,20 @@ def rope_frequency(cfg, i, Dh):
     return (1 - smooth) * f / factor + smooth * f
 
 
-def rope(x, cfg):
-    """Llama's rotary embedding, rotate-half pairing, on x [B, H, T, Dh]: position t's pair
-    (i, i + Dh/2) rotated by t * rope_frequency(i), the angles in double and their cos and sin
-    rounded to float (tgc's ir/Rope.h)."""
-    T, Dh = x.shape[-2], x.shape[-1]
+def rope_tables(cfg, T):
+    """Llama's rotary angles for positions 0..T-1: t * rope_frequency(i) for the Dh/2 pairs, in
+    double, their cos and sin rounded to float (tgc's ir/Rope.h), each [T, Dh/2]."""
+    Dh = cfg["d_model"] // cfg["heads"]
     half = Dh // 2
     inv = torch.tensor([rope_frequency(cfg, i, Dh) for i in range(half)], dtype=torch.float64)
     angle = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = angle.cos().float().to(x.device), angle.sin().float().to(x.device)
+    return angle.cos().float(), angle.sin().float()
+
+
+def rope(x, cos, sin):
+    """The rotary embedding, rotate-half pairing, on x [B, H, T, Dh]: position t's pair
+    (i, i + Dh/2) rotated by the angle whose cos and sin are row t of the tables."""
+    half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
@@ -219,6 +224,10 @@ class GPT(torch.nn.Module):
         self.sdpa = sdpa  # PyTorch's fused attention (FlashAttention or cuDNN), as a user would write it
         self.p = torch.nn.ParameterDict(
             {name.replace(".", "__"): torch.nn.Parameter(t.clone()) for name, t in weights.items()})
+        if cfg.get("position") == "rope":  # the tables made once, as Hugging Face's models keep them
+            cos, sin = rope_tables(cfg, cfg["seq_len"])
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     def w(self, name):
         return self.p[name.replace(".", "__")]
@@ -254,7 +263,8 @@ class GPT(torch.nn.Module):
             q = q.view(B, T, H, Dh).transpose(1, 2)
             k, v = (t.view(B, T, KV, Dh).transpose(1, 2) for t in (k, v))
             if use_rope:
-                q, k = rope(q, c), rope(k, c)
+                cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
             if self.sdpa:  # query head h reads KV head h // (H / KV), as enable_gqa does
                 ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
                 ctx = ctx.transpose(1, 2).reshape(B, T, D)
@@ -309,11 +319,16 @@ def train(args):
     cfg = read_config(meta["model"])
     with open(args.config) as f:
         cfg.update(read_config(f.read()))
-    model = GPT(cfg, weights)
+    if args.batch:
+        cfg["batch"] = args.batch
+    # --device cuda: fp32 on the GPU (no TF32), for models the CPU is too slow for.
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = GPT(cfg, weights).to(device)
     opt = make_optimizer(model, list(weights.keys()), cfg, foreach=False)
     losses = []
     for step in range(1, args.steps + 1):
-        tokens, targets = train_batch(cfg, step - 1)
+        tokens, targets = (t.to(device) for t in train_batch(cfg, step - 1))
         logits = model(tokens)
         loss = F.cross_entropy(logits.view(-1, cfg["vocab"]), targets.view(-1))
         opt.zero_grad()
@@ -438,13 +453,15 @@ def main():
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp8"], default="fp32")
     parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--batch", type=int, help="with --bench: the global batch (default: the model file's)")
+    parser.add_argument("--batch", type=int, help="the (global) batch (default: the model file's)")
+    parser.add_argument("--device", default="cpu", help="where the losses are computed (cpu, cuda)")
     parser.add_argument("--losses", help="with --bench: write every step's loss (warm-up steps too) as JSON here")
     parser.add_argument("--ddp", action="store_true",
                         help="with --bench, under torchrun: DistributedDataParallel, the batch split over the ranks")
     args = parser.parse_args()
     torch.manual_seed(0)
     if not args.bench:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # (deterministic cuBLAS)
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)
     if args.bench:

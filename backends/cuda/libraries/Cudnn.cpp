@@ -352,7 +352,8 @@ void *causalMask(GraphBuilder &g, void *scores, const Dims &dims, void *negative
 struct AttentionLayout {
   int64_t T = 0, H = 0, DH = 0;
   Dims headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides, transposedDims, transposedStrides;
-  Dims kvDims, kvStrides; // k and v: [B][KV][T][DH] (grouped-query attention's forward), else as q
+  Dims kvDims, kvStrides; // k and v: [B][KV][T][DH] (grouped-query attention), else as q
+  Dims kvRowDims, kvRowStrides; // dk and dv: [B][KV][T][DH] in dqkv's rows
   Dims statDims, statStrides, scoreDims;
   void *q = nullptr, *kT = nullptr, *out = nullptr, *stats = nullptr, *scale = nullptr, *negativeInfinity = nullptr;
   void *scaled = nullptr;
@@ -380,7 +381,7 @@ void forwardGraph(GraphBuilder &g, const AttentionLayout &l) {
 
 void backwardGraph(GraphBuilder &g, const AttentionLayout &l, bool doutRows) {
   const Dims &headDims = l.headDims, &headStrides = l.headStrides, &rowDims = l.rowDims, &rowStrides = l.rowStrides;
-  const Dims &packedStrides = l.packedStrides, &qkvStrides = l.qkvStrides, &transposedDims = l.transposedDims;
+  const Dims &packedStrides = l.packedStrides, &transposedDims = l.transposedDims;
   const Dims &transposedStrides = l.transposedStrides, &statDims = l.statDims, &statStrides = l.statStrides;
   const Dims &scoreDims = l.scoreDims;
   const int64_t H = l.H, T = l.T, DH = l.DH;
@@ -392,8 +393,14 @@ void backwardGraph(GraphBuilder &g, const AttentionLayout &l, bool doutRows) {
   void *vT = g.tensor(UidV, cudnn::Bf16, transposedDims, transposedStrides, false);
   void *dout = g.tensor(UidDO, cudnn::Bf16, headDims, doutRows ? rowStrides : headStrides, false);
   void *dq = g.tensor(UidDQ, cudnn::Bf16, rowDims, packedStrides, false);
-  void *dk = g.tensor(UidDK, cudnn::Bf16, rowDims, packedStrides, false);
-  void *dv = g.tensor(UidDV, cudnn::Bf16, rowDims, packedStrides, false);
+  void *dk = g.tensor(UidDK, cudnn::Bf16, l.kvRowDims, l.kvRowStrides, false);
+  void *dv = g.tensor(UidDV, cudnn::Bf16, l.kvRowDims, l.kvRowStrides, false);
+  // Grouped-query attention: each query head's dk and dv are virtual BF16 intermediates
+  // [B][H][T][DH], summed over a KV head's G query heads by a reduction into dk and dv (how
+  // cudnn_frontend builds it for dense layouts; no full-head buffer in memory).
+  bool grouped = l.kvRowDims[1] != H;
+  auto fullHead = [&](void *kvGrad) { return grouped ? g.intermediate(headDims, headStrides, cudnn::Bf16) : kvGrad; };
+  void *dkFull = fullHead(dk), *dvFull = fullHead(dv);
   void *softmaxSum = g.tensor(UidSoftmaxSum, cudnn::Float, statDims, statStrides, false);
   void *one = g.scalar(UidOne);
   void *products = g.intermediate(rowDims, {H * T * DH, T * DH, H * DH, 1}, cudnn::Float);
@@ -409,7 +416,9 @@ void backwardGraph(GraphBuilder &g, const AttentionLayout &l, bool doutRows) {
   Dims transposedScores = {H * T * T, T * T, 1, T};
   void *probabilitiesT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
   g.reshape(probabilities, probabilitiesT);
-  g.matmul(probabilitiesT, dout, dv);
+  g.matmul(probabilitiesT, dout, dvFull);
+  if (grouped)
+    g.reduction(cudnn::ReduceAdd, dvFull, dv);
   void *dP = g.intermediate(scoreDims), *dPCentered = g.intermediate(scoreDims);
   g.matmul(dout, vT, dP);
   g.pointwise(cudnn::Sub, dP, softmaxSum, dPCentered);
@@ -418,8 +427,10 @@ void backwardGraph(GraphBuilder &g, const AttentionLayout &l, bool doutRows) {
   g.pointwise(cudnn::Mul, dScores, scale, dScaled);
   void *dScaledT = g.intermediate(scoreDims, transposedScores, cudnn::Bf16);
   g.reshape(dScaled, dScaledT);
-  g.matmul(dScaledT, q, dk);
-  void *k = g.intermediate(headDims, qkvStrides, cudnn::Bf16);
+  g.matmul(dScaledT, q, dkFull);
+  if (grouped)
+    g.reduction(cudnn::ReduceAdd, dkFull, dk);
+  void *k = g.intermediate(l.kvDims, l.kvStrides, cudnn::Bf16);
   g.reshape(kT, k);
   g.matmul(dScaled, k, dq);
 }
@@ -493,10 +504,10 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   // same memory) and the gradient v too.
   Dims headDims = {B, H, T, DH}, headStrides = packed(headDims);
   Dims rowDims = {B, H, T, DH}, rowStrides = {T * D, DH, D, 1};          // out: [B][T][H * DH]
-  Dims packedStrides = {T * 3 * D, DH, 3 * D, 1};                        // dq, dk, dv: rows of dqkv
+  // Grouped-query attention: k and v of KV heads, head-major; dqkv's rows (H + 2 KV) DH wide.
+  const int64_t KV = s.KV ? s.KV : H, W = D + 2 * KV * DH;
+  Dims packedStrides = {T * W, DH, W, 1}; // dq, dk, dv: rows of dqkv
   Dims qkvStrides = s.qkvRows ? packedStrides : headStrides;
-  // Grouped-query attention (the forward alone: Cudnn.h): k and v of KV heads, head-major.
-  const int64_t KV = s.KV ? s.KV : H;
   Dims kvDims = {B, KV, T, DH}, kvStrides = KV == H ? qkvStrides : packed(kvDims);
   Dims transposedDims = {B, KV, DH, T},
        transposedStrides = {kvStrides[0], kvStrides[1], kvStrides[3], kvStrides[2]};
@@ -511,7 +522,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   g.matmul(q, kT, scores);
   g.pointwise(cudnn::Mul, scores, scale, scaled);
   AttentionLayout l{T, H, DH, headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides,
-                    transposedDims, transposedStrides, kvDims, kvStrides, statDims, statStrides, scoreDims,
+                    transposedDims, transposedStrides, kvDims, kvStrides, kvDims, packedStrides, statDims, statStrides, scoreDims,
                     q, kT, out, stats, scale, negativeInfinity, scaled};
   if (!s.backward) {
     forwardGraph(g, l);

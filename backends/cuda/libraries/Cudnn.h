@@ -62,7 +62,8 @@ llvm::Expected<const CudnnApi *> loadCudnn();
 struct CudnnAttentionShape {
   int64_t B = 0, T = 0, H = 0, DH = 0;
   /// Key and value heads: H, or fewer (grouped-query attention: query head h reads KV head
-  /// h / (H / KV); cuDNN's forward takes k and v of KV heads).
+  /// h / (H / KV); k and v of KV heads, dk and dv summed over each KV head's query heads; the
+  /// rows of dqkv (H + 2 KV) DH wide).
   int64_t KV = 0;
   double scale = 1;
   bool backward = false;

@@ -377,10 +377,6 @@ std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const
   shape.backward = op.kind() == OpKind::AttentionBackward;
   if (!hasBf16Gemms(a) || !attentionOnTensorCores(a, shape.DH) || shape.DH % 8 || shape.DH > 128)
     return std::nullopt;
-  // The gradient of grouped-query attention sums each KV head's G query heads' dk and dv:
-  // tgc's kernels do that (cuDNN's graph would need its full-head dk and dv in memory).
-  if (shape.backward && h.grouped())
-    return std::nullopt;
   if (!shape.backward) {
     shape.qkvRows = cudnnReadsQkvRows(graph, op, options);
   } else {

@@ -139,11 +139,12 @@ llvm::Error CudnnAttentionRunner::choose(CudnnAttention &plan, GemmTuner &tuner,
     at.push_back(next);
     next += (bytes + 255) / 256 * 256;
   }
-  int64_t D = s.H * s.DH, part = s.qkvRows ? 2 * D : rows; // bytes from q to k, k to v
-  int64_t kvPart = s.qkvRows || s.backward ? part : kvRows; // (a grouped attention's forward alone)
+  // Bytes from q to k, k to v: head-major, or in the rows of qkv (not grouped: 3 D wide).
+  int64_t D = s.H * s.DH, KD = (s.KV ? s.KV : s.H) * s.DH;
+  int64_t part = s.qkvRows ? 2 * D : rows, kvPart = s.qkvRows ? part : kvRows;
   std::vector<void *> pointers = {at[0], at[0] + part, at[0] + part + kvPart, at[1]};
-  if (s.backward)
-    pointers.insert(pointers.end(), {at[2], at[3], at[4], at[4] + 2 * D, at[4] + 4 * D, at[5]});
+  if (s.backward) // dq, dk, dv in dqkv's rows
+    pointers.insert(pointers.end(), {at[2], at[3], at[4], at[4] + 2 * D, at[4] + 2 * (D + KD), at[5]});
   else
     pointers.push_back(at[2]);
   auto buffers = plan.buffers(pointers, next);

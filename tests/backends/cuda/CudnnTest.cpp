@@ -139,18 +139,21 @@ TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWrite
 TEST(CudnnLowering, TheLlamaBlocksAttentionGivesCudnnKeyValueHeadsAfterRotatingThem) {
   // llama-tiny (head dimension 16, two KV heads for four query heads, RoPE): cuDNN's forward
   // reads q of four heads then k and v of two from the head-major copy the rotating conversion
-  // wrote; the grouped gradient is not cuDNN's (tgc's kernels sum each KV head's dk and dv).
+  // wrote; its gradient writes dq, dk and dv into the rows of dqkv, (4 + 2 * 2) * 16 wide, which
+  // go back through the inverse rotation to dqkv's fp32 form.
   auto graph = tinyTraining(Recipe::Bf16, "models/llama-tiny.yaml");
   ASSERT_TRUE(graph);
   LoweringOptions options;
+  int forwards = 0;
   for (const Op *op : graph->ops())
     if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
-      EXPECT_EQ(op->kind(), OpKind::Attention);
+      forwards += op->kind() == OpKind::Attention;
       EXPECT_FALSE(shape->qkvRows); // q and k are rotated first
       EXPECT_EQ(shape->KV, 2);
       options.cudnnAttention[op] = 4096;
     }
-  ASSERT_EQ(options.cudnnAttention.size(), 2u);
+  EXPECT_EQ(forwards, 2);
+  ASSERT_EQ(options.cudnnAttention.size(), 4u); // two layers' forwards and gradients
   CudaProgram program = unwrap(lowerToCuda(*graph, options));
   const int64_t B = 4, T = 32, D = 64, Dh = 16, KV = 2, qBytes = B * T * D * 2, kvBytes = B * T * KV * Dh * 2;
   std::vector<Op *> ops = graph->ops();
@@ -159,14 +162,21 @@ TEST(CudnnLowering, TheLlamaBlocksAttentionGivesCudnnKeyValueHeadsAfterRotatingT
       continue;
     const OpLowering &l = program.lowering[i];
     SCOPED_TRACE(ops[i]->result()->name());
-    ASSERT_EQ(l.libraryBuffers.size(), 5u + 1);
+    bool forward = ops[i]->kind() == OpKind::Attention;
+    ASSERT_EQ(l.libraryBuffers.size(), (forward ? 5u : 10u) + 1);
     EXPECT_EQ(l.libraryBuffers[1].offset, qBytes);           // k after q's four heads
     EXPECT_EQ(l.libraryBuffers[2].offset, qBytes + kvBytes); // v after k's two
-    EXPECT_EQ(l.libraryAt, 1u);                              // after the rotating conversion
+    if (forward) {
+      EXPECT_EQ(l.libraryAt, 1u); // after the rotating conversion
+      continue;
+    }
+    EXPECT_EQ(l.libraryBuffers[7].offset, 2 * D);             // dk: D BF16 elements into a row
+    EXPECT_EQ(l.libraryBuffers[8].offset, 2 * (D + KV * Dh)); // dv after dk's two heads
   }
   EXPECT_NE(program.source.find("toHeadsBf16<4, 32, 3, 4, 16, 2, true>"), std::string::npos);
   EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
-  EXPECT_NE(program.source.find("attentionKeyValueGradBf16<4, 32, 4, 16, 2, true>"), std::string::npos);
+  EXPECT_EQ(program.source.find("attentionKeyValueGradBf16<"), std::string::npos);
+  EXPECT_NE(program.source.find("ropeRows<4, 32, 4, 2, 16, true>"), std::string::npos); // dq, dk turned back
 }
 
 TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
