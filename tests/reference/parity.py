@@ -423,6 +423,26 @@ def bench(args):
             times.append((time.perf_counter() - start) * 1000)
         if args.losses:
             losses.append(loss.item())
+    if args.profile:  # one more step under PyTorch's profiler: its kernels and ops by CUDA time
+        from torch.profiler import ProfilerActivity, profile
+        tokens, targets = batches[-1]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision != "fp32"):
+                loss = F.cross_entropy(forward(tokens).float().view(-1, cfg["vocab"]), targets.view(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+            opt.step()
+            torch.cuda.synchronize()
+        def table(averages, sort, **kwargs):  # (PyTorch 2.4 renamed cuda_* to device_*)
+            try:
+                return averages.table(sort_by=sort.replace("cuda", "device"), **kwargs)
+            except (AttributeError, KeyError, ValueError):
+                return averages.table(sort_by=sort, **kwargs)
+        with open(args.profile, "w") as f:
+            f.write(table(prof.key_averages(group_by_input_shape=True), "cuda_time_total", row_limit=80,
+                          max_name_column_width=60, max_shapes_column_width=80))
+            f.write(table(prof.key_averages(), "self_cuda_time_total", row_limit=60, max_name_column_width=90))
     tokens_per_step = cfg["batch"] * cfg["seq_len"]
     median = statistics.median(times)
     what = f" ({len(fp8)} FP8 linear layers, delayed scaling)" if args.precision == "fp8" else ""
@@ -454,6 +474,7 @@ def main():
     parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch", type=int, help="the (global) batch (default: the model file's)")
+    parser.add_argument("--profile", help="with --bench: write PyTorch's profile of one more step here")
     parser.add_argument("--device", default="cpu", help="where the losses are computed (cpu, cuda)")
     parser.add_argument("--losses", help="with --bench: write every step's loss (warm-up steps too) as JSON here")
     parser.add_argument("--ddp", action="store_true",

@@ -91,12 +91,13 @@ __device__ void swiglu(const In *h, Out out) {
   }
 }
 
-// Its gradient: dh's gate half silu_backward(dy * up, gate), its up half dy * silu(gate).
-template <int64 Count, int64 F, typename In, typename Out>
-__device__ void swigluBackward(const float *dy, const In *h, Out dh) {
+// Its gradient: dh's gate half silu_backward(dy * up, gate), its up half dy * silu(gate); dy
+// and h in fp32 or stored in BF16.
+template <int64 Count, int64 F, typename Dy, typename In, typename Out>
+__device__ void swigluBackward(const Dy *dy, const In *h, Out dh) {
   FOR_EACH_ELEMENT(i, Count) {
     int64 at = i / F * 2 * F + i % F;
-    float g = elementValue(h[at]), u = elementValue(h[at + F]), d = dy[i];
+    float g = elementValue(h[at]), u = elementValue(h[at + F]), d = elementValue(dy[i]);
     float s = 1.0f / (1.0f + expf(-g));
     dh[at] = d * u * s * (1.0f + g * (1.0f - s));
     dh[at + F] = d * (g / (1.0f + expf(-g)));

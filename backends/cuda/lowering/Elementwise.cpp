@@ -64,7 +64,7 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
                   fmt::format("swiglu<{}, {}>(h, out)", n, outputType(op).dim(-1)));
     break;
   case OpKind::SwigluBackward: // a thread per element of dy: the pair of dh's it makes
-    e.elementwise(fmt::format("const float *dy, {} *h, float *dh", e.inputType(op.operand(1))), n / 2,
+    e.elementwise(fmt::format("{} *dy, {} *h, float *dh", e.inputType(op.operand(0)), e.inputType(op.operand(1))), n / 2,
                   fmt::format("swigluBackward<{}, {}>(dy, h, dh)", n / 2, outputType(op).dim(-1) / 2));
     break;
   case OpKind::CausalMask:

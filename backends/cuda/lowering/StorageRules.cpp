@@ -213,6 +213,20 @@ Rounded productIntoNorm(const Op &op, const StorageQuery &q) {
   return chosen ? Rounded{{&op, op.result()}} : Rounded{};
 }
 
+/// fc1's output h [gate | up] that only SwiGLU and its gradient read (each once), and fc2's
+/// dgrad that only SwiGLU's gradient reads (as dy): written in BF16, as PyTorch's autocast
+/// writes fc1's output and the gradient of SwiGLU's: half the bytes kept for the gradient and
+/// read.
+Rounded productIntoSwiglu(const Op &op, const StorageQuery &q) {
+  if (!onTensorCores(op) || op.kind() != OpKind::MatMul)
+    return {};
+  bool chosen = q.onlyReadAs(op.result(), [](const Op &user) {
+    return user.kind() == OpKind::Swiglu ? 0 : user.kind() == OpKind::SwigluBackward ? 1 : -1;
+  });
+  chosen |= q.onlyReadAs(op.result(), [](const Op &user) { return user.kind() == OpKind::SwigluBackward ? 0 : -1; });
+  return chosen ? Rounded{{&op, op.result()}} : Rounded{};
+}
+
 /// Logits a BF16 or FP8 GEMM writes for the loss and its gradient alone, which read them in
 /// BF16 (an FP8 head's loss and gradient in the quantize that makes the gradient's bytes).
 Rounded bf16Logits(const Op &op, const StorageQuery &q) {
@@ -243,6 +257,7 @@ const RoundingRule kRoundingRules[] = {
     {"fp8-gelu-gradient", fp8GeluGradient},    // fc2's FP8 dgrad, into fc1's gradient quantize
     {"product-into-norm", productIntoNorm},    // proj and fc2 into the residual norm; dgrads into norm gradients
     {"bf16-logits", bf16Logits},               // the head's logits, for the loss alone
+    {"product-into-swiglu", productIntoSwiglu}, // fc1's h for SwiGLU and its gradient; fc2's dgrad for it
 };
 
 } // namespace

@@ -271,3 +271,36 @@ TEST(CudnnLowering, FP8QuantizesReadCudnnsOutAndDqkvInBf16) {
 }
 
 } // namespace
+
+TEST(CudnnLowering, EveryGemmOperandOfTheLlamaBlocksBf16StepIsBf16Already) {
+  // With cuDNN's attention, every operand of a BF16 GEMM in llama-tiny's step is a parameter
+  // (its BF16 copy) or a value its producer writes in BF16 (alone, or beside its fp32 form):
+  // no GEMM converts an operand first (GemmRunner::run's conversions), as none does in
+  // PyTorch's autocast step: SwiGLU and its gradient, the norms' gradients, the RoPE'd dqkv.
+  auto graph = tinyTraining(Recipe::Bf16, "models/llama-tiny.yaml");
+  ASSERT_TRUE(graph);
+  LoweringOptions options;
+  for (const Op *op : graph->ops())
+    if (cudnnAttentionShape(*graph, *op, options))
+      options.cudnnAttention[op] = 4096;
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  int gemms = 0;
+  for (const Op *op : graph->ops()) {
+    if (!isBf16Gemm(*op))
+      continue;
+    ++gemms;
+    for (unsigned k = 0; k < 2; ++k) {
+      const Value *v = op->operand(k);
+      EXPECT_TRUE(isWeight(program, v) || program.bf16Stored.count(v) || program.bf16Shadowed.count(v))
+          << op->result()->name() << " converts " << v->name() << " (from "
+          << reshapeRoot(v)->def()->name().str() << ")";
+    }
+  }
+  EXPECT_EQ(gemms, 2 * 4 * 3 + 3); // qkv, proj, fc1, fc2 each way; the head's three
+  // fc1's h, SwiGLU's input, and fc2's dgrad, its gradient's dy, in BF16 as their GEMMs write
+  // them (a rounding, as autocast's).
+  for (const char *name : {"h0.mlp.fc1", "h1.mlp.fc1", "h0.res1.grad.fc2.dx", "h1.res1.grad.fc2.dx"}) {
+    EXPECT_TRUE(program.bf16Stored.count(graph->lookup(name))) << name;
+    EXPECT_TRUE(program.bf16Rounding.count(graph->lookup(name)->def())) << name;
+  }
+}
