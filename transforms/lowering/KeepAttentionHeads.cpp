@@ -3,7 +3,8 @@
 // Here the forward returns its head-major copy as a third result and the gradient reads that in
 // qkv's place: one conversion a layer less, and the fp32 qkv need not live until the backward
 // (the copy, stored in BF16, is half its size). The values are the same: the copy holds what the
-// gradient would have made.
+// gradient would have made (under RoPE, q and k rotated, as the gradient's conversion rotates
+// them).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
@@ -22,10 +23,11 @@ public:
       Op *forward = back->operand(2)->def();
       // Legality: the gradient of this forward (its out and lse, the same qkv), which the GPU
       // runs on tensor cores (the kernels that read head-major operands).
-      int64_t heads = back->attrs().getInt("heads").value_or(0);
+      // qkv's rows hold H query heads and 2 KV key and value heads (grouped-query attention).
+      AttentionHeads h = attentionHeads(back->attrs());
       if (forward->kind() != OpKind::Attention || forward->numResults() != 2 || forward->operand(0) != qkv ||
-          back->operand(3) != forward->result(1) || heads <= 0 ||
-          !attentionOnTensorCores(back->attrs(), qkv->type().dim(-1) / 3 / heads))
+          back->operand(3) != forward->result(1) || h.heads <= 0 || h.kvHeads <= 0 ||
+          !attentionOnTensorCores(back->attrs(), qkv->type().dim(-1) / (h.heads + 2 * h.kvHeads)))
         continue;
       // Each op is replaced in its place (the forward's results keep their names, the copy is
       // out.heads), so the order holds without a sort.

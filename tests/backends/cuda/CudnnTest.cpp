@@ -139,8 +139,8 @@ TEST(CudnnLowering, TheAttentionOpsCudnnRunsKeepOnlyTheirConversionsAndReadWrite
 TEST(CudnnLowering, TheLlamaBlocksAttentionGivesCudnnKeyValueHeadsAfterRotatingThem) {
   // llama-tiny (head dimension 16, two KV heads for four query heads, RoPE): cuDNN's forward
   // reads q of four heads then k and v of two from the head-major copy the rotating conversion
-  // wrote; its gradient writes dq, dk and dv into the rows of dqkv, (4 + 2 * 2) * 16 wide, which
-  // go back through the inverse rotation to dqkv's fp32 form.
+  // wrote and keeps for the gradient; the gradient writes dq, dk and dv into the rows of dqkv,
+  // (4 + 2 * 2) * 16 wide, which go back through the inverse rotation.
   auto graph = tinyTraining(Recipe::Bf16, "models/llama-tiny.yaml");
   ASSERT_TRUE(graph);
   LoweringOptions options;
@@ -170,6 +170,11 @@ TEST(CudnnLowering, TheLlamaBlocksAttentionGivesCudnnKeyValueHeadsAfterRotatingT
       EXPECT_EQ(l.libraryAt, 1u); // after the rotating conversion
       continue;
     }
+    // q, k and v from the forward's rotated head-major copy (keep-attention-heads): the inverse
+    // rotation of dq and dk is the gradient's one launch.
+    EXPECT_TRUE(isHeadMajor(ops[i]->attrs()));
+    EXPECT_EQ(l.launches.size(), 1u);
+    EXPECT_EQ(l.libraryAt, 0u);
     EXPECT_EQ(l.libraryBuffers[7].offset, 2 * D);             // dk: D BF16 elements into a row
     EXPECT_EQ(l.libraryBuffers[8].offset, 2 * (D + KV * Dh)); // dv after dk's two heads
   }
