@@ -59,14 +59,18 @@ llvm::Error emitElementwise(const Op &op, Emitter &e) {
   case OpKind::SiluBackward:
     e.elementwise("const float *dy, const float *x, float *dx", n, fmt::format("siluBackward<{}>(dy, x, dx)", n));
     break;
-  case OpKind::Swiglu:
-    e.elementwise(std::string(e.inputType(op.operand(0))) + " *h, float *out", n,
-                  fmt::format("swiglu<{}, {}>(h, out)", n, outputType(op).dim(-1)));
+  case OpKind::Swiglu: { // four outputs a thread where F divides by four
+    int64_t f = outputType(op).dim(-1);
+    e.elementwise(std::string(e.inputType(op.operand(0))) + " *h, float *out", f % 4 ? n : n / 4,
+                  fmt::format("swiglu<{}, {}>(h, out)", n, f));
     break;
-  case OpKind::SwigluBackward: // a thread per element of dy: the pair of dh's it makes
-    e.elementwise(fmt::format("{} *dy, {} *h, float *dh", e.inputType(op.operand(0)), e.inputType(op.operand(1))), n / 2,
-                  fmt::format("swigluBackward<{}, {}>(dy, h, dh)", n / 2, outputType(op).dim(-1) / 2));
+  }
+  case OpKind::SwigluBackward: { // a thread per element of dy (four where F divides by four)
+    int64_t f = outputType(op).dim(-1) / 2;
+    e.elementwise(fmt::format("{} *dy, {} *h, float *dh", e.inputType(op.operand(0)), e.inputType(op.operand(1))),
+                  f % 4 ? n / 2 : n / 8, fmt::format("swigluBackward<{}, {}>(dy, h, dh)", n / 2, f));
     break;
+  }
   case OpKind::CausalMask:
     e.elementwise("const float *scores, float *out", n,
                   fmt::format("causalMask<{}, {}>(scores, out, {})", n, outputType(op).dim(-1),
