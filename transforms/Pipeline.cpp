@@ -45,7 +45,7 @@ std::vector<std::string> fusionPasses() {
   // Larger patterns first: attention and the MLP before LayerNorm+Linear takes their norms;
   // softmax, residual-norm and the bias epilogues then fuse what those left (with them
   // disabled, say, or on the GPU, which does not lower all of them).
-  return {"fuse-attention",       "fuse-softmax",       "fuse-layernorm-mlp",
+  return {"fuse-attention",       "fuse-softmax",       "fuse-layernorm-mlp",  "fuse-swiglu",
           "fuse-layernorm-linear", "fuse-residual-norm", "fuse-bias-activation",
           "fuse-bias",             "fuse-cross-entropy"};
 }

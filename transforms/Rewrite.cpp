@@ -125,4 +125,24 @@ llvm::Expected<bool> FusionPass::run(Graph &graph) {
   return changed;
 }
 
+std::optional<SwigluPattern> matchSwiglu(const Graph &graph, Op *mul) {
+  if (!mul || mul->kind() != OpKind::Mul)
+    return std::nullopt;
+  Op *silu = definedBy(mul->operand(0), OpKind::Silu);
+  Op *up = definedBy(mul->operand(1), OpKind::Slice);
+  Op *gate = silu ? definedBy(silu->operand(0), OpKind::Slice) : nullptr;
+  if (!silu || !up || !gate || gate->operand(0) != up->operand(0) || soleUser(graph, mul->operand(0)) != mul ||
+      soleUser(graph, mul->operand(1)) != mul || soleUser(graph, silu->operand(0)) != silu)
+    return std::nullopt;
+  Value *h = gate->operand(0);
+  int64_t width = h->type().dim(-1), axis = int64_t(h->type().rank()) - 1;
+  auto isHalf = [&](Op *slice, int64_t start) {
+    return slice->attrs().getInt("axis") == axis && slice->attrs().getInt("start") == start &&
+           slice->attrs().getInt("size") == width / 2 && width % 2 == 0;
+  };
+  if (!isHalf(gate, 0) || !isHalf(up, width / 2) || h->users().size() != 2 || isGraphOutput(graph, h))
+    return std::nullopt;
+  return SwigluPattern{mul, silu, gate, up, h};
+}
+
 } // namespace tgc

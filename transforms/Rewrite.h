@@ -62,6 +62,15 @@ public:
 /// Carries a GEMM's gemm_dtype (set by assign-precision) over to the op that absorbs it.
 void copyGemmDType(const Op &gemm, AttrMap &fused);
 
+/// The builder's SwiGLU of fc1's output h [..., 2F]: mul(silu(slice(h, gate)), slice(h, up)),
+/// gate h's first half along its last axis, up its second; each intermediate read once, inside
+/// the pattern, and h read by the two slices alone.
+struct SwigluPattern {
+  Op *mul, *silu, *gate, *up;
+  Value *h;
+};
+std::optional<SwigluPattern> matchSwiglu(const Graph &graph, Op *mul);
+
 /// The norm ops a fused op can absorb, and the attributes that describe one.
 bool isNorm(const Op *op);
 AttrMap normAttrs(const Op *norm);

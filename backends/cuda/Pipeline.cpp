@@ -12,7 +12,7 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // fused where its GEMMs run in BF16 (the bf16 and fp8 recipes: tensor-core kernels); in fp32
   // cuBLASLt's GEMMs and the softmax kernels are faster than the fused op's fp32 kernels (a
   // thread per row), so fp32 leaves it unfused.
-  std::vector<std::string> lowered = {"fuse-softmax",       "fuse-layernorm-mlp",
+  std::vector<std::string> lowered = {"fuse-softmax",       "fuse-layernorm-mlp",   "fuse-swiglu",
                                       "fuse-layernorm-linear", "fuse-residual-norm",
                                       "fuse-bias-activation", "fuse-bias", "fuse-cross-entropy"};
   if (recipe != Recipe::Fp32)

@@ -446,3 +446,54 @@ TEST(Fp8Training, TinyModelLearnsTheTaskInFp32AndInFp8WithinTenPercentOfIt) {
 }
 
 } // namespace
+
+/// llama-tiny's FP8 training program with every linear layer FP8 (F 96: fc1's N 192 and fc2's K
+/// 96, and the 2 x 16 rows, multiples of 16), by the CPU's or the GPU's pipeline, without the
+/// passes `skipped`.
+std::unique_ptr<Graph> llamaFp8Program(bool gpu, const std::vector<std::string> &skipped) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/llama-tiny.yaml")));
+  c.precision.recipe = Recipe::Fp8;
+  c.precision.fp8MinDim = 0;
+  c.ffn = 96;
+  c.seqLen = 16;
+  auto graph = unwrap(buildGPT(c, 2));
+  if (!graph)
+    return nullptr;
+  std::vector<std::string> passes;
+  for (const std::string &p : gpu ? gpuPipeline(true, Recipe::Fp8) : trainingPipeline())
+    if (!llvm::is_contained(skipped, p))
+      passes.push_back(p);
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = c.precision;
+  auto pipeline = unwrap(PassPipeline::create(passes, options));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  return graph;
+}
+
+TEST(FuseSwiglu, TheFp8MlpsSwigluIsOneOpEachWayAndNoBitChanges) {
+  // The quantizes between an FP8 MLP's norm and GEMMs leave it unfused: fuse-swiglu makes its
+  // SwiGLU one op, and autodiff its gradient one swiglu_backward, in place of the slices, silu,
+  // mul and their gradients (the muls, silu_backward, the halves' concat): the same step, bit
+  // for bit (outputs, parameters, moments, scaling state), by the CPU's and the GPU's passes.
+  for (bool gpu : {false, true}) {
+    SCOPED_TRACE(gpu ? "the GPU's pipeline" : "the CPU's pipeline");
+    auto plain = llamaFp8Program(gpu, {"fuse-swiglu"}), fused = llamaFp8Program(gpu, {});
+    ASSERT_TRUE(plain && fused);
+    auto counts = countOps(*fused);
+    EXPECT_EQ(countOps(*plain)["swiglu"], 0);
+    EXPECT_GT(counts["quantize"], 8);
+    EXPECT_EQ(counts["swiglu"], 2);
+    EXPECT_EQ(counts["swiglu_backward"], 2);
+    EXPECT_EQ(counts["silu"] + counts["silu_backward"] + counts["mul"] + counts["slice"] + counts["concat"], 0);
+    expectTheSameStep(*plain, *fused);
+  }
+  // Under BF16 layer_norm_mlp takes the pattern first: nothing is left for fuse-swiglu.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/llama-tiny.yaml")));
+  c.precision.recipe = Recipe::Bf16;
+  auto graph = unwrap(buildGPT(c, 2));
+  auto pipeline = unwrap(PassPipeline::create({"fuse-layernorm-mlp", "fuse-swiglu"}, PipelineOptions{}));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  EXPECT_EQ(countOps(*graph)["swiglu"], 0);
+  EXPECT_EQ(countOps(*graph)["layer_norm_mlp"], 2);
+}

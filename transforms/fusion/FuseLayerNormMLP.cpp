@@ -26,26 +26,10 @@ public:
       h1 = gelu->operand(0);
       if (!single(h1, gelu))
         return std::nullopt;
-    } else if (Op *mul = definedBy(act, OpKind::Mul); mul && single(act, fc2)) {
-      // swiglu: mul(silu(slice(h1, gate)), slice(h1, up)), gate = first half, up = second.
-      Op *silu = definedBy(mul->operand(0), OpKind::Silu);
-      Op *up = definedBy(mul->operand(1), OpKind::Slice);
-      Op *gate = silu ? definedBy(silu->operand(0), OpKind::Slice) : nullptr;
-      if (!silu || !up || !gate || gate->operand(0) != up->operand(0) ||
-          !single(mul->operand(0), mul) || !single(mul->operand(1), mul) ||
-          !single(silu->operand(0), silu))
-        return std::nullopt;
-      h1 = gate->operand(0);
-      int64_t width = h1->type().dim(-1), axis = int64_t(h1->type().rank()) - 1;
-      auto isHalf = [&](Op *slice, int64_t start) {
-        return slice->attrs().getInt("axis") == axis && slice->attrs().getInt("start") == start &&
-               slice->attrs().getInt("size") == width / 2 && width % 2 == 0;
-      };
-      if (!isHalf(gate, 0) || !isHalf(up, width / 2) || h1->users().size() != 2 ||
-          isGraphOutput(graph, h1))
-        return std::nullopt;
+    } else if (auto swiglu = matchSwiglu(graph, definedBy(act, OpKind::Mul)); swiglu && single(act, fc2)) {
       activation = "swiglu";
-      ops.append({mul, silu, up, gate});
+      h1 = swiglu->h;
+      ops.append({swiglu->mul, swiglu->silu, swiglu->up, swiglu->gate});
     } else {
       return std::nullopt;
     }

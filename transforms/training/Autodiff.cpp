@@ -137,6 +137,10 @@ llvm::Expected<Grads> gradSilu(GradContext &c) {
   return Grads{c.create(OpKind::SiluBackward, {c.dy(), c.x(0)}, {}, 0)};
 }
 
+llvm::Expected<Grads> gradSwiglu(GradContext &c) {
+  return Grads{c.create(OpKind::SwigluBackward, {c.dy(), c.x(0)}, {}, 0)};
+}
+
 llvm::Expected<Grads> gradRope(GradContext &c) {
   // A rotation's transpose is its inverse: the gradient rotates dy back (at the same positions;
   // the positions themselves have none).
