@@ -103,10 +103,12 @@ inline constexpr MatMulLayout kTransposedWeight{false, true};
 /// (scaling="current" with margin M: the tensor's own amax; absent: the delayed scale it is
 /// given), transpose=true (it also writes the transpose, for the wgrad), activation="gelu" or
 /// "gelu_backward" (fuse-gelu-quantize: it quantizes the GELU of its input, or the GELU's
-/// gradient), activation="cross_entropy_backward" (fuse-cross-entropy-quantize: it quantizes
-/// the loss's gradient of the logits it is given, and gives the loss) and bias_grad=true (with
-/// gelu_backward: it also sums that gradient's columns). fp8_update takes the margin too.
-enum class QuantizeActivation { None, Gelu, GeluBackward, CrossEntropyBackward };
+/// gradient), "swiglu" or "swiglu_backward" (the same for SwiGLU: swiglu(h) [..., F] of h
+/// [..., 2F], or swiglu_backward(dy, h) [..., 2F]), activation="cross_entropy_backward"
+/// (fuse-cross-entropy-quantize: it quantizes the loss's gradient of the logits it is given, and
+/// gives the loss) and bias_grad=true (with gelu_backward: it also sums that gradient's
+/// columns). fp8_update takes the margin too.
+enum class QuantizeActivation { None, Gelu, GeluBackward, Swiglu, SwigluBackward, CrossEntropyBackward };
 struct QuantizeOptions {
   Fp8Format format = Fp8Format::E4M3;
   bool currentScaling = false;
@@ -124,12 +126,20 @@ inline const char *activationName(QuantizeActivation a) {
     return "gelu";
   case QuantizeActivation::GeluBackward:
     return "gelu_backward";
+  case QuantizeActivation::Swiglu:
+    return "swiglu";
+  case QuantizeActivation::SwigluBackward:
+    return "swiglu_backward";
   case QuantizeActivation::CrossEntropyBackward:
     return "cross_entropy_backward";
   case QuantizeActivation::None:
     break;
   }
   return "";
+}
+/// The activations whose quantize reads a second operand h (operand 3): the gradients'.
+inline bool readsHidden(QuantizeActivation a) {
+  return a == QuantizeActivation::GeluBackward || a == QuantizeActivation::SwigluBackward;
 }
 inline QuantizeOptions quantizeOptions(const AttrMap &attrs) {
   QuantizeOptions q;
@@ -140,6 +150,8 @@ inline QuantizeOptions quantizeOptions(const AttrMap &attrs) {
   auto activation = attrs.getString(kActivation);
   q.activation = activation == "gelu"                     ? QuantizeActivation::Gelu
                  : activation == "gelu_backward"          ? QuantizeActivation::GeluBackward
+                 : activation == "swiglu"                 ? QuantizeActivation::Swiglu
+                 : activation == "swiglu_backward"        ? QuantizeActivation::SwigluBackward
                  : activation == "cross_entropy_backward" ? QuantizeActivation::CrossEntropyBackward
                                                           : QuantizeActivation::None;
   q.biasGrad = attrs.getBool(kBiasGrad).value_or(false);

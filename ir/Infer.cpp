@@ -614,36 +614,50 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
     return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
   }
   auto activation = attrs.getString("activation");
-  if (activation && *activation != "gelu" && *activation != "gelu_backward" && *activation != "cross_entropy_backward")
-    return makeError("attribute 'activation' must be \"gelu\", \"gelu_backward\" or \"cross_entropy_backward\" "
-                     "(or absent), got \"{}\"",
+  if (activation && *activation != "gelu" && *activation != "gelu_backward" && *activation != "swiglu" &&
+      *activation != "swiglu_backward" && *activation != "cross_entropy_backward")
+    return makeError("attribute 'activation' must be \"gelu\", \"gelu_backward\", \"swiglu\", \"swiglu_backward\" "
+                     "or \"cross_entropy_backward\" (or absent), got \"{}\"",
                      *activation);
-  bool gradient = activation == "gelu_backward", loss = activation == "cross_entropy_backward";
+  bool gradient = activation == "gelu_backward" || activation == "swiglu_backward";
+  bool loss = activation == "cross_entropy_backward";
   size_t expected = gradient ? 4 : loss ? 5 : 3;
   if (ops.size() != expected)
-    return makeError(gradient ? "activation=\"gelu_backward\" takes four operands (x, scale, scale_inv, h), got {}"
-                     : loss   ? "activation=\"cross_entropy_backward\" takes five operands (logits, scale, "
-                                "scale_inv, targets, dloss), got {}"
-                              : "quantize takes three operands (x, scale, scale_inv) without an activation that "
+    return makeError(gradient ? "activation=\"{}\" takes four operands (x, scale, scale_inv, h), got {}"
+                     : loss   ? "activation=\"{}\" takes five operands (logits, scale, scale_inv, targets, dloss), got {}"
+                              : "{}quantize takes three operands (x, scale, scale_inv) without an activation that "
                                 "reads more, got {}",
-                     ops.size());
-  if (gradient && ops[3] != ops[0])
+                     activation.value_or(""), ops.size());
+  // What is quantized: x, or SwiGLU's h [..., 2F] -> [..., F], or its gradient of dy [..., F]
+  // and h [..., 2F] -> [..., 2F].
+  TensorType quantized = ops[0];
+  if (activation == "swiglu" || activation == "swiglu_backward") {
+    const TensorType &h = activation == "swiglu" ? ops[0] : ops[3];
+    if (h.rank() < 1 || h.dim(-1) % 2)
+      return makeError("swiglu's h needs an even last dimension, got {}", h.str());
+    Shape half = h.shape;
+    half.back() /= 2;
+    if (activation == "swiglu_backward" && ops[0].shape != half)
+      return makeError("dy must be h's half ({}), got {}", TensorType(ops[0].dtype, half).str(), ops[0].str());
+    quantized = activation == "swiglu" ? TensorType(h.dtype, half) : h;
+  } else if (gradient && ops[3] != ops[0]) {
     return makeError("h must have the type of x ({}), got {}", ops[0].str(), ops[3].str());
+  }
   if (loss) { // the targets and dloss of cross_entropy(logits, targets, dloss)
     if (auto lossTypes = inferCrossEntropy({ops[0], ops[3], ops[4]}, attrs, {}); !lossTypes)
       return lossTypes.takeError();
   }
   bool biasGrad = attrs.getBool("bias_grad").value_or(false);
-  if (biasGrad && (activation == "gelu" || loss))
-    return makeError("bias_grad=true sums x or gelu_backward(x, h), not gelu(x) or the loss's gradient: drop "
-                     "activation=\"{}\"",
+  if (biasGrad && activation && activation != "gelu_backward")
+    return makeError("bias_grad=true sums x or gelu_backward(x, h), not gelu(x), SwiGLU or its gradient, or the "
+                     "loss's gradient: drop activation=\"{}\"",
                      *activation);
-  TypeList types{TensorType(*format, ops[0].shape), kScalar, kScalar};
+  TypeList types{TensorType(*format, quantized.shape), kScalar, kScalar};
   if (attrs.getBool("transpose").value_or(false)) {
-    if (ops[0].rank() < 2)
-      return makeError("transpose=true needs an input of rank 2 or more, got {}", ops[0].str());
-    int64_t cols = ops[0].dim(-1);
-    types.push_back(TensorType(*format, {cols, ops[0].numElements() / std::max<int64_t>(cols, 1)}));
+    if (quantized.rank() < 2)
+      return makeError("transpose=true needs an input of rank 2 or more, got {}", quantized.str());
+    int64_t cols = quantized.dim(-1);
+    types.push_back(TensorType(*format, {cols, quantized.numElements() / std::max<int64_t>(cols, 1)}));
   }
   if (biasGrad) {
     if (ops[0].rank() < 1)

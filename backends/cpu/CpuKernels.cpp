@@ -608,6 +608,18 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     if (results.size() > 1)
       out.back() = std::move(results[1]);
   }
+  if (options.activation == QuantizeActivation::Swiglu) { // swiglu(h), as the swiglu op computes it
+    llvm::SmallVector<Tensor, 1> results{Tensor::zeros(TensorType(in[0]->type.dtype, out[0].type.shape))};
+    if (auto err = evalSwiglu(attrs, {in[0]}, results))
+      return err;
+    activated = std::move(results[0]);
+  }
+  if (options.activation == QuantizeActivation::SwigluBackward) { // swiglu_backward(dy, h), as that op computes it
+    llvm::SmallVector<Tensor, 1> results{Tensor::zeros(in[3]->type)};
+    if (auto err = evalSwigluBackward(attrs, {in[0], in[3]}, results))
+      return err;
+    activated = std::move(results[0]);
+  }
   if (options.activation == QuantizeActivation::CrossEntropyBackward) { // the loss and its dlogits, as cross_entropy gives them
     llvm::SmallVector<Tensor, 2> results{Tensor::zeros(out.back().type), Tensor::zeros(in[0]->type)};
     if (auto err = evalCrossEntropy(attrs, {in[0], in[3], in[4]}, results))

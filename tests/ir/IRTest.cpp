@@ -188,6 +188,16 @@ INSTANTIATE_TEST_SUITE_P(
               "%q, %a, %n, %l = quantize(%x, %s, %s, %t, %s) {activation=\"cross_entropy_backward\", "
               "format=\"e5m2\"} : f8e5m2[2,4], f32[], f32[], f32[]\nreturn %q\n",
               "targets must be i32[2], got i32[4]", "5:1"},
+        BadIR{"quantize of a SwiGLU whose h has an odd last dimension",
+              "graph @g\n%h = input() : f32[4,7]\n%s = input() : f32[]\n"
+              "%q, %a, %n = quantize(%h, %s, %s) {activation=\"swiglu\", format=\"e4m3\"} : "
+              "f8e4m3[4,3], f32[], f32[]\nreturn %q\n",
+              "swiglu's h needs an even last dimension, got f32[4,7]", "4:1"},
+        BadIR{"quantize of SwiGLU's gradient whose dy is not h's half",
+              "graph @g\n%dy = input() : f32[4,4]\n%h = input() : f32[4,6]\n%s = input() : f32[]\n"
+              "%q, %a, %n = quantize(%dy, %s, %s, %h) {activation=\"swiglu_backward\", format=\"e5m2\"} : "
+              "f8e5m2[4,6], f32[], f32[]\nreturn %q\n",
+              "dy must be h's half (f32[4,3]), got f32[4,4]", "5:1"},
         BadIR{"quantize's h of another shape",
               "graph @g\n%x = input() : f32[2,4]\n%h = input() : f32[4,2]\n%s = input() : f32[]\n"
               "%q, %a, %n = quantize(%x, %s, %s, %h) {activation=\"gelu_backward\", format=\"e5m2\"} : "
@@ -197,7 +207,8 @@ INSTANTIATE_TEST_SUITE_P(
               "graph @g\n%x = input() : f32[2,4]\n%s = input() : f32[]\n"
               "%q, %a, %n, %d = quantize(%x, %s, %s) {activation=\"gelu\", bias_grad=true, format=\"e5m2\"} : "
               "f8e5m2[2,4], f32[], f32[], f32[4]\nreturn %q\n",
-              "bias_grad=true sums x or gelu_backward(x, h), not gelu(x) or the loss's gradient: drop "
+              "bias_grad=true sums x or gelu_backward(x, h), not gelu(x), SwiGLU or its gradient, or the loss's "
+              "gradient: drop "
               "activation=\"gelu\"", "4:1"}));
 
 TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {

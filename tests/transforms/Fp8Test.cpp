@@ -1,6 +1,7 @@
 // FP8 delayed scaling: TE's scale update, the quantize kernel, and the tiny model trained with
 // the fp8 recipe on the CPU (emulated) against its fp32 run.
 #include "backends/cuda/Pipeline.h"
+#include "backends/cuda/lowering/Lowering.h"
 #include "ir/Attributes.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
@@ -474,8 +475,9 @@ std::unique_ptr<Graph> llamaFp8Program(bool gpu, const std::vector<std::string> 
 TEST(FuseSwiglu, TheFp8MlpsSwigluIsOneOpEachWayAndNoBitChanges) {
   // The quantizes between an FP8 MLP's norm and GEMMs leave it unfused: fuse-swiglu makes its
   // SwiGLU one op, and autodiff its gradient one swiglu_backward, in place of the slices, silu,
-  // mul and their gradients (the muls, silu_backward, the halves' concat): the same step, bit
-  // for bit (outputs, parameters, moments, scaling state), by the CPU's and the GPU's passes.
+  // mul and their gradients (the muls, silu_backward, the halves' concat), and on the GPU the
+  // quantizes apply them: the same step, bit for bit (outputs, parameters, moments, scaling
+  // state), by the CPU's and the GPU's passes.
   for (bool gpu : {false, true}) {
     SCOPED_TRACE(gpu ? "the GPU's pipeline" : "the CPU's pipeline");
     auto plain = llamaFp8Program(gpu, {"fuse-swiglu"}), fused = llamaFp8Program(gpu, {});
@@ -483,8 +485,16 @@ TEST(FuseSwiglu, TheFp8MlpsSwigluIsOneOpEachWayAndNoBitChanges) {
     auto counts = countOps(*fused);
     EXPECT_EQ(countOps(*plain)["swiglu"], 0);
     EXPECT_GT(counts["quantize"], 8);
-    EXPECT_EQ(counts["swiglu"], 2);
-    EXPECT_EQ(counts["swiglu_backward"], 2);
+    // On the GPU fuse-gelu-quantize then has fc2's input quantize apply SwiGLU and fc1's output
+    // gradient's apply its gradient.
+    int activated[2] = {0, 0};
+    for (const Op *op : fused->ops()) {
+      activated[0] += quantizeOptions(op->attrs()).activation == QuantizeActivation::Swiglu;
+      activated[1] += quantizeOptions(op->attrs()).activation == QuantizeActivation::SwigluBackward;
+    }
+    EXPECT_EQ(counts["swiglu"] + activated[0], 2);
+    EXPECT_EQ(counts["swiglu_backward"] + activated[1], 2);
+    EXPECT_EQ(activated[0] + activated[1], gpu ? 4 : 0);
     EXPECT_EQ(counts["silu"] + counts["silu_backward"] + counts["mul"] + counts["slice"] + counts["concat"], 0);
     expectTheSameStep(*plain, *fused);
   }
@@ -496,4 +506,25 @@ TEST(FuseSwiglu, TheFp8MlpsSwigluIsOneOpEachWayAndNoBitChanges) {
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   EXPECT_EQ(countOps(*graph)["swiglu"], 0);
   EXPECT_EQ(countOps(*graph)["layer_norm_mlp"], 2);
+}
+
+TEST(FuseSwiglu, TheQuantizesApplyingSwigluReadHAndDyInBf16OnTheGpu) {
+  // fc1's FP8 product writes h in BF16 for the quantizes that apply SwiGLU and its gradient
+  // (product-into-swiglu), fc2's FP8 dgrad writes dy in BF16 for the gradient's: they read two
+  // bytes an element, and h is kept for the backward in half the memory.
+  auto graph = llamaFp8Program(/*gpu=*/true, {});
+  ASSERT_TRUE(graph);
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  int read = 0;
+  for (const Op *op : graph->ops()) {
+    QuantizeActivation a = quantizeOptions(op->attrs()).activation;
+    if (a != QuantizeActivation::Swiglu && a != QuantizeActivation::SwigluBackward)
+      continue;
+    for (unsigned k : a == QuantizeActivation::Swiglu ? std::vector<unsigned>{0} : std::vector<unsigned>{0, 3}) {
+      EXPECT_TRUE(program.bf16Stored.count(op->operand(k))) << op->result()->name() << " reads " << op->operand(k)->name();
+      EXPECT_TRUE(program.bf16Rounding.count(op->operand(k)->def())) << op->operand(k)->name();
+      ++read;
+    }
+  }
+  EXPECT_EQ(read, 2 * (1 + 2));
 }

@@ -11,7 +11,12 @@
 //   and never stored in fp32 (TE's dgelu + cast-transpose + dbias). The GPU's kernel for it is a
 //   cast-transpose: the fusion asks for transpose=true, which legalize-fp8-gemm has set where the
 //   sides allow it.
-// The same bits on the CPU interpreter (the same GELU or gradient, then the same rounding).
+// - The same for SwiGLU (fuse-swiglu's, an FP8 MLP's): quantize(swiglu(h)) becomes quantize(h)
+//   {activation="swiglu"} (h [..., 2F] read once, fc2's FP8 input [..., F] written), and
+//   quantize(swiglu_backward(dy, h)) {transpose=true} becomes quantize(dy, scale, scale_inv, h)
+//   {activation="swiglu_backward"}: fc1's output gradient [..., 2F] and its transpose in FP8,
+//   never in fp32.
+// The same bits on the CPU interpreter (the same activation or gradient, then the same rounding).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
@@ -24,9 +29,13 @@ public:
   std::optional<FusionMatch> match(const Graph &graph, Op *quantize) const override {
     if (quantize->kind() != OpKind::Quantize || quantizeOptions(quantize->attrs()).activation != QuantizeActivation::None)
       return std::nullopt;
-    Op *gelu = definedBy(quantize->operand(0), OpKind::Gelu);
-    Op *gradient = definedBy(quantize->operand(0), OpKind::GeluBackward);
-    Op *producer = gelu ? gelu : gradient;
+    Value *x = quantize->operand(0);
+    Op *gelu = definedBy(x, OpKind::Gelu), *swiglu = definedBy(x, OpKind::Swiglu);
+    Op *gradient = definedBy(x, OpKind::GeluBackward), *swigluGradient = definedBy(x, OpKind::SwigluBackward);
+    Op *activation = gelu ? gelu : swiglu;
+    if (!gradient)
+      gradient = swigluGradient;
+    Op *producer = activation ? activation : gradient;
     if (!producer || soleUser(graph, producer->result()) != quantize)
       return std::nullopt;
     if (gradient && !quantizeOptions(quantize->attrs()).transpose)
@@ -36,7 +45,10 @@ public:
     Replacement &r = m.replacement;
     r.kind = OpKind::Quantize;
     r.attrs = quantize->attrs();
-    setQuantizeActivation(r.attrs, gelu ? QuantizeActivation::Gelu : QuantizeActivation::GeluBackward);
+    setQuantizeActivation(r.attrs, gelu            ? QuantizeActivation::Gelu
+                                   : swiglu         ? QuantizeActivation::Swiglu
+                                   : swigluGradient ? QuantizeActivation::SwigluBackward
+                                                    : QuantizeActivation::GeluBackward);
     r.operands = {producer->operand(0), quantize->operand(1), quantize->operand(2)};
     for (unsigned i = 0; i < quantize->numResults(); ++i)
       r.replaces.push_back(quantize->result(i));

@@ -27,7 +27,8 @@ struct Four<unsigned short> {
 
 // What a quantize converts, read at element i (one value, or four from a multiple of 4): x,
 // gelu(x) under activation="gelu" (fuse-gelu-quantize: fc2's input from fc1's pre-activation), or
-// gelu_backward(x, h) under activation="gelu_backward" (fc1's output gradient from its GELU's);
+// gelu_backward(x, h) under activation="gelu_backward" (fc1's output gradient from its GELU's;
+// SwiGLU's the same below);
 // each operand in fp32 or stored in BF16 (float or unsigned short). raw(i) loads four elements
 // and value(raw) computes them, so that a kernel can have the next loads in flight while it
 // converts what it has.
@@ -66,6 +67,63 @@ struct QuantizeGeluGradient {
     float4 d = r.d.value(), v = r.h.value();
     return make_float4(geluTanhGradient(d.x, v.x), geluTanhGradient(d.y, v.y), geluTanhGradient(d.z, v.z),
                        geluTanhGradient(d.w, v.w));
+  }
+  __device__ float4 four(int64 i) const { return value(raw(i)); }
+};
+// swiglu(h) at element i of [rows, F] under activation="swiglu" (fc2's input from fc1's h
+// [rows, 2F]: gate and up, i's row's halves), as elementwise.cuh's swiglu computes it.
+template <int64 F, typename In>
+struct QuantizeSwiglu {
+  const In *h;
+  struct Raw {
+    Four<In> g, u;
+  };
+  __device__ static int64 gateAt(int64 i) { return i / F * 2 * F + i % F; }
+  __device__ float operator()(int64 i) const {
+    return swigluValue(elementValue(h[gateAt(i)]), elementValue(h[gateAt(i) + F]));
+  }
+  __device__ Raw raw(int64 i) const { return {Four<In>::at(h, gateAt(i)), Four<In>::at(h, gateAt(i) + F)}; }
+  __device__ float4 value(const Raw &r) const {
+    float4 g = r.g.value(), u = r.u.value();
+    return make_float4(swigluValue(g.x, u.x), swigluValue(g.y, u.y), swigluValue(g.z, u.z), swigluValue(g.w, u.w));
+  }
+  __device__ float4 four(int64 i) const { return value(raw(i)); }
+};
+// swiglu_backward(dy, h) at element i of [rows, 2F] under activation="swiglu_backward" (fc1's
+// output gradient): the gate half's from dy, gate and up, the up half's from dy and gate, as
+// elementwise.cuh's swigluBackward computes them (four elements lie in one half: F % 4 == 0).
+template <int64 F, typename Dy, typename In>
+struct QuantizeSwigluGradient {
+  const Dy *dy;
+  const In *h;
+  struct Raw {
+    Four<Dy> d;
+    Four<In> g, u;
+    bool up;
+  };
+  __device__ float operator()(int64 i) const {
+    int64 r = i / (2 * F), c = i % (2 * F), j = c < F ? c : c - F;
+    float d = elementValue(dy[r * F + j]), g = elementValue(h[r * 2 * F + j]);
+    return c < F ? swigluGateGradient(d, g, elementValue(h[r * 2 * F + j + F])) : swigluUpGradient(d, g);
+  }
+  __device__ Raw raw(int64 i) const {
+    int64 r = i / (2 * F), c = i % (2 * F), j = c < F ? c : c - F;
+    Raw out;
+    out.up = c >= F;
+    out.d = Four<Dy>::at(dy, r * F + j);
+    out.g = Four<In>::at(h, r * 2 * F + j);
+    if (!out.up) // (the up half's gradient reads no up)
+      out.u = Four<In>::at(h, r * 2 * F + j + F);
+    return out;
+  }
+  __device__ float4 value(const Raw &r) const {
+    float4 d = r.d.value(), g = r.g.value();
+    if (r.up)
+      return make_float4(swigluUpGradient(d.x, g.x), swigluUpGradient(d.y, g.y), swigluUpGradient(d.z, g.z),
+                         swigluUpGradient(d.w, g.w));
+    float4 u = r.u.value();
+    return make_float4(swigluGateGradient(d.x, g.x, u.x), swigluGateGradient(d.y, g.y, u.y),
+                       swigluGateGradient(d.z, g.z, u.z), swigluGateGradient(d.w, g.w, u.w));
   }
   __device__ float4 four(int64 i) const { return value(raw(i)); }
 };
@@ -112,6 +170,10 @@ template <typename In>
 __device__ QuantizeGelu<In> quantizeGelu(const In *x) { return {x}; }
 template <typename Dy, typename In>
 __device__ QuantizeGeluGradient<Dy, In> quantizeGeluGradient(const Dy *dy, const In *h) { return {dy, h}; }
+template <int64 F, typename In>
+__device__ QuantizeSwiglu<F, In> quantizeSwiglu(const In *h) { return {h}; }
+template <int64 F, typename Dy, typename In>
+__device__ QuantizeSwigluGradient<F, Dy, In> quantizeSwigluGradient(const Dy *dy, const In *h) { return {dy, h}; }
 
 // max |x| that a NaN anywhere turns into NaN, as the CPU's amax does.
 __device__ float amaxMerge(float a, float b) {

@@ -23,12 +23,18 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     // with bias_grad sums the columns of gelu_backward(x, h) (a launch after adds the tile
     // rows' sums). "cross_entropy_backward" reads logits x: two launches before take each row's
     // loss and log-sum-exp and the mean loss, and the cast-transpose makes the gradient.
-    int64_t count = operandType(op, 0).numElements();
+    // The elements quantized: q's (SwiGLU's are half of h's; its gradient's, h's).
+    int64_t count = outputType(op).numElements();
     QuantizeOptions options = quantizeOptions(a);
     bool transpose = options.transpose, current = options.currentScaling, biasGrad = options.biasGrad;
-    bool gradient = options.activation == QuantizeActivation::GeluBackward;
+    bool gradient = readsHidden(options.activation);
+    bool swiglu = options.activation == QuantizeActivation::Swiglu || options.activation == QuantizeActivation::SwigluBackward;
     bool loss = options.activation == QuantizeActivation::CrossEntropyBackward;
-    int64_t cols = operandType(op, 0).dim(-1), rows = cols ? count / cols : 0;
+    int64_t cols = outputType(op).dim(-1), rows = cols ? count / cols : 0;
+    int64_t f = options.activation == QuantizeActivation::Swiglu ? cols : cols / 2; // SwiGLU's F
+    if (swiglu && f % 4) // (four elements of a half at a time)
+      return makeError("quantize {{activation=\"{}\"}} %{}: the GPU's needs SwiGLU's F a multiple of 4, got {}",
+                       activationName(options.activation), op.result()->name().c_str(), (long long)f);
     int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
     if (transpose && (rows % 16 || cols % 16))
       return makeError("quantize {{transpose=true}} %{}: the GPU's cast-transpose needs both sides "
@@ -60,10 +66,13 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                                      transpose ? "unsigned char *qT, " : "",
                                      biasGrad ? "float *dbias, " : loss ? "float *loss, " : "",
                                      biasGrad ? "float *partials, " : loss ? "float *rowLosses, float *lse, " : "");
-    std::string source = gradient ? "quantizeGeluGradient(x, h)"
-                         : loss   ? fmt::format("quantizeCrossEntropyGradient<{}, {}>(x, lse, targets, dloss)", cols, rows)
-                         : options.activation == QuantizeActivation::Gelu ? "quantizeGelu(x)"
-                                                                          : "quantizeX(x)";
+    std::string source =
+        options.activation == QuantizeActivation::GeluBackward     ? std::string("quantizeGeluGradient(x, h)")
+        : options.activation == QuantizeActivation::SwigluBackward ? fmt::format("quantizeSwigluGradient<{}>(x, h)", f)
+        : options.activation == QuantizeActivation::Swiglu         ? fmt::format("quantizeSwiglu<{}>(x)", f)
+        : loss ? fmt::format("quantizeCrossEntropyGradient<{}, {}>(x, lse, targets, dloss)", cols, rows)
+        : options.activation == QuantizeActivation::Gelu ? std::string("quantizeGelu(x)")
+                                                         : std::string("quantizeX(x)");
     // The largest finite value, then current scaling's margin scale (1 under delayed scaling,
     // written where the partials follow it).
     std::string largest = lit(fp8Largest(a));

@@ -220,10 +220,17 @@ Rounded productIntoNorm(const Op &op, const StorageQuery &q) {
 Rounded productIntoSwiglu(const Op &op, const StorageQuery &q) {
   if (!onTensorCores(op) || op.kind() != OpKind::MatMul)
     return {};
+  // (Or the FP8 quantizes that apply them: fuse-gelu-quantize's activation="swiglu" and
+  // "swiglu_backward", which read h as x and as their operand 3, dy as x.)
   bool chosen = q.onlyReadAs(op.result(), [](const Op &user) {
-    return user.kind() == OpKind::Swiglu ? 0 : user.kind() == OpKind::SwigluBackward ? 1 : -1;
+    return user.kind() == OpKind::Swiglu || activationOf(user) == QuantizeActivation::Swiglu ? 0
+           : user.kind() == OpKind::SwigluBackward                                          ? 1
+           : activationOf(user) == QuantizeActivation::SwigluBackward                       ? 3
+                                                                                            : -1;
   });
-  chosen |= q.onlyReadAs(op.result(), [](const Op &user) { return user.kind() == OpKind::SwigluBackward ? 0 : -1; });
+  chosen |= q.onlyReadAs(op.result(), [](const Op &user) {
+    return user.kind() == OpKind::SwigluBackward || activationOf(user) == QuantizeActivation::SwigluBackward ? 0 : -1;
+  });
   return chosen ? Rounded{{&op, op.result()}} : Rounded{};
 }
 
