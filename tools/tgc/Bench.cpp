@@ -170,6 +170,33 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
 }
 
 /// Under an fp8 row: how many linear layers ran in FP8, and what auto measured.
+/// The FP8 scaling state after a bench run of `recipe`. A large model has hundreds of quantized
+/// tensors: the bench shows those with the most saturated values (in the table's order), and
+/// says where every one is shown.
+void printBenchFp8State(const std::string &recipe, std::vector<Fp8TensorSummary> summary) {
+  constexpr size_t kShown = 16;
+  size_t total = summary.size();
+  if (total > kShown) {
+    std::vector<size_t> order(total);
+    for (size_t i = 0; i < total; ++i)
+      order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return summary[a].saturations > summary[b].saturations; });
+    order.resize(kShown);
+    std::sort(order.begin(), order.end());
+    std::vector<Fp8TensorSummary> shown;
+    for (size_t i : order)
+      shown.push_back(summary[i]);
+    summary = std::move(shown);
+  }
+  llvm::outs() << fmt::format("FP8 scaling state after the {} run ({} quantized tensors{}):\n", recipe, total,
+                              total > kShown ? fmt::format("; the {} with the most saturated values, `tgc train "
+                                                           "--fp8-summary-every N` shows every one",
+                                                           kShown)
+                                             : "");
+  printFp8Summary(summary, llvm::outs());
+}
+
 void printFp8Layers(const Trainer &trainer) {
   const PrecisionConfig &resolved = trainer.config().precision;
   auto [fp8Layers, linearLayers] = countFp8Layers(trainer.program(), trainer.config());
@@ -311,11 +338,8 @@ int runBench() {
       fp8States.emplace_back(recipe, summarizeFp8State(*state, config.precision));
     }
   }
-  for (auto &[recipe, summary] : fp8States) {
-    llvm::outs() << fmt::format("FP8 scaling state after the {} run ({} quantized tensors):\n", recipe,
-                                summary.size());
-    printFp8Summary(summary, llvm::outs());
-  }
+  for (auto &[recipe, summary] : fp8States)
+    printBenchFp8State(recipe, std::move(summary));
   if (!BenchJson.empty() && setup->rank == 0) {
     std::string text;
     llvm::raw_string_ostream(text) << llvm::json::Value(llvm::json::Object{{"bench_steps", int64_t(BenchSteps)},
