@@ -247,11 +247,16 @@ TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
 /// fc1's product applying the GELU (fuse-gemv-gelu).
 void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
   std::vector<std::string> lowering = kGpuLowering;
-  lowering.insert(lowering.end(), {"fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu"});
+  lowering.insert(lowering.end(), {"fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu", "unit-transposes"});
   auto plain = gradientProgram(c, batch, {}, GPTOutput::Decode);
   auto fused = gradientProgram(c, batch, fusionPasses(), GPTOutput::Decode, lowering);
   ASSERT_TRUE(plain && fused);
   OpCounts counts = countOps(*fused);
+  // A step's per-head transposes move only its one position: reshapes (RoPE's of q and k).
+  EXPECT_EQ(counts["transpose"], 0);
+  if (c.position == PositionKind::Rope) {
+    EXPECT_EQ(countOps(*plain)["transpose"], 4 * c.layers);
+  }
   // (Grouped-query attention keeps its kv_write: G heads read each cache row.)
   EXPECT_EQ(counts["kv_write"], c.kvHeadCount() < c.heads ? c.layers : 0);
   EXPECT_EQ(counts["decode_attention"], c.layers);
