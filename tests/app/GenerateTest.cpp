@@ -1,6 +1,7 @@
 // Generation with a KV cache against the full inference program: the decode program, fed one
 // token a step, gives each position the logits the full program gives that position, for the
 // model variants and in fp32 and bf16; the generator's tokens agree with and without the cache.
+#include "tests/RandomWeights.h"
 #include "backends/cpu/Pipeline.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
@@ -31,15 +32,6 @@ std::unique_ptr<Graph> inferenceProgram(const ModelConfig &c, int64_t batch, GPT
   auto pipeline = unwrap(PassPipeline::create(forwardPipeline(), options));
   EXPECT_FALSE(bool(pipeline.run(*graph)));
   return graph;
-}
-
-/// Random weights away from the init (norm weights and biases too), by name.
-std::map<std::string, Tensor> randomWeights(const Graph &g, Rng &rng) {
-  std::map<std::string, Tensor> weights = initParams(g, rng.next());
-  for (auto &[name, t] : weights)
-    for (float &v : t.data)
-      v += float(rng.normal() * 0.1);
-  return weights;
 }
 
 struct Case {

@@ -1,6 +1,7 @@
 // Generation on the GPU against the CPU (GenerateTest.cpp's twin): decode steps through the
 // whole cache, the few-row products, the normalising GEMVs, the attention writing the cache,
 // prefill then decode giving the CPU's tokens. Skipped where there is no GPU.
+#include "tests/RandomWeights.h"
 #include "tests/backends/cuda/GpuTestUtil.h"
 
 using namespace tgc;
@@ -30,10 +31,7 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
   auto program = tinyGpuProgram(recipe, GPTOutput::Decode, model);
   ASSERT_TRUE(program);
   Rng rng(freshSeed());
-  std::map<std::string, Tensor> leaves = initParams(*program, rng.next());
-  for (auto &[name, t] : leaves)
-    for (float &v : t.data)
-      v += float(rng.normal() * 0.1);
+  std::map<std::string, Tensor> leaves = randomWeights(*program, rng);
   Interpreter cpu(*program);
   auto gpu = unwrap(createCudaExecutor(*program));
   ASSERT_TRUE(gpu);
@@ -219,10 +217,7 @@ TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
     auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
     ASSERT_TRUE(graph);
     Rng rng(freshSeed());
-    std::map<std::string, Tensor> weights = initParams(*graph, rng.next());
-    for (auto &[name, t] : weights)
-      for (float &v : t.data)
-        v += float(rng.normal() * 0.1);
+    std::map<std::string, Tensor> weights = randomWeights(*graph, rng);
     auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
     auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
     ASSERT_TRUE(cpu && gpu);

@@ -194,6 +194,17 @@ TEST(GpuPolicy, AutoPicksByComputeCapabilityAndRefusesWhatTheGpuCannotRun) {
             std::string::npos);
 }
 
+/// `graph` (built from `c`) through `passes`, with c's training and precision settings.
+std::unique_ptr<Graph> runPasses(std::unique_ptr<Graph> graph, const ModelConfig &c,
+                                 const std::vector<std::string> &passes) {
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = c.precision;
+  auto pipeline = unwrap(PassPipeline::create(passes, options));
+  EXPECT_FALSE(bool(pipeline.run(*graph)));
+  return graph;
+}
+
 /// The tiny fp8 training program, with `extra` passes before the final dce.
 std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra, bool fp8Head = false) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
@@ -205,12 +216,7 @@ std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra, bool fp8He
     return nullptr;
   std::vector<std::string> passes = trainingPipeline();
   passes.insert(passes.end() - 1, extra.begin(), extra.end());
-  PipelineOptions options;
-  options.passOptions.train = c.train;
-  options.passOptions.precision = c.precision;
-  auto pipeline = unwrap(PassPipeline::create(passes, options));
-  EXPECT_FALSE(bool(pipeline.run(*graph)));
-  return graph;
+  return runPasses(std::move(graph), c, passes);
 }
 
 /// One training step of `plain` and `other` on the same random parameters and batch: the same
@@ -464,12 +470,7 @@ std::unique_ptr<Graph> llamaFp8Program(bool gpu, const std::vector<std::string> 
   for (const std::string &p : gpu ? gpuPipeline(true, Recipe::Fp8) : trainingPipeline())
     if (!llvm::is_contained(skipped, p))
       passes.push_back(p);
-  PipelineOptions options;
-  options.passOptions.train = c.train;
-  options.passOptions.precision = c.precision;
-  auto pipeline = unwrap(PassPipeline::create(passes, options));
-  EXPECT_FALSE(bool(pipeline.run(*graph)));
-  return graph;
+  return runPasses(std::move(graph), c, passes);
 }
 
 TEST(FuseSwiglu, TheFp8MlpsSwigluIsOneOpEachWayAndNoBitChanges) {

@@ -1,6 +1,7 @@
 // Fused and unfused programs on the CPU interpreter: the same loss, logits and gradients of
 // every parameter, bit for bit, on fresh random inputs each run, with all fusions on and with
 // each one off.
+#include "tests/RandomWeights.h"
 #include "backends/cpu/Pipeline.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -59,10 +60,7 @@ std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
 std::map<std::string, Tensor> randomInputs(const Graph &g, const ModelConfig &c, int64_t batch,
                                            uint64_t seed) {
   Rng rng(seed);
-  std::map<std::string, Tensor> leaves = initParams(g, rng.next());
-  for (auto &[name, t] : leaves)
-    for (float &v : t.data)
-      v += float(rng.normal() * 0.1);
+  std::map<std::string, Tensor> leaves = randomWeights(g, rng);
   for (const char *name : {"tokens", "targets"}) {
     Tensor t = Tensor::zeros(TensorType(DType::I32, {batch, c.seqLen}));
     for (int32_t &v : t.ints)
@@ -269,10 +267,7 @@ void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
   bool geluWithBias = c.activation == ActivationKind::Gelu && c.bias;
   EXPECT_EQ(counts["matmul_bias_gelu"], geluWithBias && (!bf16 || batch > 8) ? c.layers : 0);
   Rng rng(freshSeed());
-  std::map<std::string, Tensor> leaves = initParams(*plain, rng.next());
-  for (auto &[name, t] : leaves)
-    for (float &v : t.data)
-      v += float(rng.normal() * 0.1);
+  std::map<std::string, Tensor> leaves = randomWeights(*plain, rng);
   Interpreter a(*plain), b(*fused);
   ASSERT_FALSE(bool(a.bindAll(leaves)));
   ASSERT_FALSE(bool(b.bindAll(leaves)));

@@ -29,15 +29,17 @@ public:
   std::optional<FusionMatch> match(const Graph &graph, Op *quantize) const override {
     if (quantize->kind() != OpKind::Quantize || quantizeOptions(quantize->attrs()).activation != QuantizeActivation::None)
       return std::nullopt;
-    Value *x = quantize->operand(0);
-    Op *gelu = definedBy(x, OpKind::Gelu), *swiglu = definedBy(x, OpKind::Swiglu);
-    Op *gradient = definedBy(x, OpKind::GeluBackward), *swigluGradient = definedBy(x, OpKind::SwigluBackward);
-    Op *activation = gelu ? gelu : swiglu;
-    if (!gradient)
-      gradient = swigluGradient;
-    Op *producer = activation ? activation : gradient;
-    if (!producer || soleUser(graph, producer->result()) != quantize)
+    // The op the quantize reads and the activation that applies it as it reads.
+    static constexpr std::pair<OpKind, QuantizeActivation> kProducers[] = {
+        {OpKind::Gelu, QuantizeActivation::Gelu},
+        {OpKind::GeluBackward, QuantizeActivation::GeluBackward},
+        {OpKind::Swiglu, QuantizeActivation::Swiglu},
+        {OpKind::SwigluBackward, QuantizeActivation::SwigluBackward}};
+    Op *producer = quantize->operand(0)->def();
+    auto it = llvm::find_if(kProducers, [&](const auto &p) { return producer && producer->kind() == p.first; });
+    if (it == std::end(kProducers) || soleUser(graph, producer->result()) != quantize)
       return std::nullopt;
+    bool gradient = readsHidden(it->second); // the gradients read h too, in a cast-transpose
     if (gradient && !quantizeOptions(quantize->attrs()).transpose)
       return std::nullopt;
     FusionMatch m;
@@ -45,18 +47,15 @@ public:
     Replacement &r = m.replacement;
     r.kind = OpKind::Quantize;
     r.attrs = quantize->attrs();
-    setQuantizeActivation(r.attrs, gelu            ? QuantizeActivation::Gelu
-                                   : swiglu         ? QuantizeActivation::Swiglu
-                                   : swigluGradient ? QuantizeActivation::SwigluBackward
-                                                    : QuantizeActivation::GeluBackward);
+    setQuantizeActivation(r.attrs, it->second);
     r.operands = {producer->operand(0), quantize->operand(1), quantize->operand(2)};
     for (unsigned i = 0; i < quantize->numResults(); ++i)
       r.replaces.push_back(quantize->result(i));
     if (gradient) {
-      r.operands.push_back(gradient->operand(1));
-      if (gradient->numResults() > 1) { // its bias_grad
+      r.operands.push_back(producer->operand(1));
+      if (producer->numResults() > 1) { // its bias_grad
         setBiasGrad(r.attrs);
-        r.replaces.push_back(gradient->result(1));
+        r.replaces.push_back(producer->result(1));
       }
     }
     return m;

@@ -353,7 +353,6 @@ struct AttentionLayout {
   int64_t T = 0, H = 0, DH = 0;
   Dims headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides, transposedDims, transposedStrides;
   Dims kvDims, kvStrides; // k and v: [B][KV][T][DH] (grouped-query attention), else as q
-  Dims kvRowDims, kvRowStrides; // dk and dv: [B][KV][T][DH] in dqkv's rows
   Dims statDims, statStrides, scoreDims;
   void *q = nullptr, *kT = nullptr, *out = nullptr, *stats = nullptr, *scale = nullptr, *negativeInfinity = nullptr;
   void *scaled = nullptr;
@@ -393,12 +392,12 @@ void backwardGraph(GraphBuilder &g, const AttentionLayout &l, bool doutRows) {
   void *vT = g.tensor(UidV, cudnn::Bf16, transposedDims, transposedStrides, false);
   void *dout = g.tensor(UidDO, cudnn::Bf16, headDims, doutRows ? rowStrides : headStrides, false);
   void *dq = g.tensor(UidDQ, cudnn::Bf16, rowDims, packedStrides, false);
-  void *dk = g.tensor(UidDK, cudnn::Bf16, l.kvRowDims, l.kvRowStrides, false);
-  void *dv = g.tensor(UidDV, cudnn::Bf16, l.kvRowDims, l.kvRowStrides, false);
+  void *dk = g.tensor(UidDK, cudnn::Bf16, l.kvDims, packedStrides, false); // in dqkv's rows too
+  void *dv = g.tensor(UidDV, cudnn::Bf16, l.kvDims, packedStrides, false);
   // Grouped-query attention: each query head's dk and dv are virtual BF16 intermediates
   // [B][H][T][DH], summed over a KV head's G query heads by a reduction into dk and dv (how
   // cudnn_frontend builds it for dense layouts; no full-head buffer in memory).
-  bool grouped = l.kvRowDims[1] != H;
+  bool grouped = l.kvDims[1] != H;
   auto fullHead = [&](void *kvGrad) { return grouped ? g.intermediate(headDims, headStrides, cudnn::Bf16) : kvGrad; };
   void *dkFull = fullHead(dk), *dvFull = fullHead(dv);
   void *softmaxSum = g.tensor(UidSoftmaxSum, cudnn::Float, statDims, statStrides, false);
@@ -522,7 +521,7 @@ llvm::Expected<std::unique_ptr<CudnnAttention>> CudnnAttention::create(const Cud
   g.matmul(q, kT, scores);
   g.pointwise(cudnn::Mul, scores, scale, scaled);
   AttentionLayout l{T, H, DH, headDims, headStrides, rowDims, rowStrides, packedStrides, qkvStrides,
-                    transposedDims, transposedStrides, kvDims, kvStrides, kvDims, packedStrides, statDims, statStrides, scoreDims,
+                    transposedDims, transposedStrides, kvDims, kvStrides, statDims, statStrides, scoreDims,
                     q, kT, out, stats, scale, negativeInfinity, scaled};
   if (!s.backward) {
     forwardGraph(g, l);
