@@ -136,7 +136,19 @@ static llvm::Error checkPositions(const TensorType &positions, int64_t batch) {
   return llvm::Error::success();
 }
 
-llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::ArrayRef<TensorType>) {
+/// rope_theta on the cache ops (fuse-cache-rope): heads of an even width, a base above 1.
+static llvm::Error checkCacheRope(const AttrMap &attrs, int64_t rowWidth, int64_t kvHeads) {
+  std::optional<double> theta = attrs.getFloat("rope_theta");
+  if (!theta)
+    return llvm::Error::success();
+  if (kvHeads < 1 || rowWidth % kvHeads || (rowWidth / kvHeads) % 2 || !(*theta > 1.0))
+    return makeError("rope_theta ({}) must exceed 1 and the cache's {} KV heads share its row of {} in heads of "
+                     "an even width",
+                     *theta, kvHeads, rowWidth);
+  return llvm::Error::success();
+}
+
+llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   const TensorType &k = ops[0], &v = ops[1], &qkv = ops[2];
   if (auto err = requireFloat(k, "k_cache"))
     return std::move(err);
@@ -151,6 +163,8 @@ llvm::Expected<TypeList> inferKvWrite(Operands ops, const AttrMap &, llvm::Array
   if (ops.size() > 3)
     if (auto err = checkPositions(ops[3], k.dim(0)))
       return std::move(err);
+  if (auto err = checkCacheRope(attrs, k.dim(2), attrs.getInt("kv_heads").value_or(0)))
+    return std::move(err);
   return TypeList{k, v};
 }
 
@@ -171,6 +185,8 @@ llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs
     return makeError("kv_heads ({}) must divide heads ({}) and the caches hold kv_heads x {}, got {}", kvHeads, heads,
                      queries / heads, k.dim(2));
   if (auto err = checkPositions(ops[3], k.dim(0)))
+    return std::move(err);
+  if (auto err = checkCacheRope(attrs, k.dim(2), kvHeads))
     return std::move(err);
   TensorType out(k.dtype, {k.dim(0), 1, queries});
   if (writesCache(attrs))

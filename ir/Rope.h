@@ -74,6 +74,14 @@ inline double ropeFrequency(const RopeOptions &options, int64_t i, int64_t dh) {
   return (1.0 - smooth) * frequency / s.factor + smooth * frequency;
 }
 
+/// Pair (a, b) = (x[i], x[i + dh/2]) of a head rotated by the cos and sin of its position's
+/// entry: each product and sum rounded on its own, as the GPU's ropePair computes it.
+inline void rotatePair(float &a, float &b, float c, float s) {
+  float x = a, y = b;
+  a = x * c - y * s;
+  b = y * c + x * s;
+}
+
 /// rows * dh/2 cosines, then rows * dh/2 sines (negated under inverse): entry t * dh/2 + i is
 /// the angle t * ropeFrequency(i) of position t's pair (i, i + dh/2).
 inline std::vector<float> ropeTable(const RopeOptions &options, int64_t rows, int64_t dh) {

@@ -23,6 +23,7 @@ std::unique_ptr<Pass> createFuseNormBiasGradPass();
 std::unique_ptr<Pass> createFuseGeluBiasGradPass();
 std::unique_ptr<Pass> createFuseCrossEntropyGradPass();
 std::unique_ptr<Pass> createKeepAttentionHeadsPass();
+std::unique_ptr<Pass> createFuseCacheRopePass();
 std::unique_ptr<Pass> createFuseKvWritePass();
 std::unique_ptr<Pass> createFuseResidualNormGemvPass();
 std::unique_ptr<Pass> createFuseGemvGeluPass();

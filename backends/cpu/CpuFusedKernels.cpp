@@ -274,10 +274,42 @@ llvm::Expected<int64_t> positionOf(const Tensor &positions, int64_t b, int64_t r
 }
 } // namespace
 
+namespace {
+/// Under rope_theta (fuse-cache-rope): qkv [B, S, Dq + 2C] with the queries and keys of row s
+/// of sequence b rotated at position positions[b] + s (s without positions) of a table of the
+/// cache's T positions, heads C / kv_heads wide (kv_heads: the op's, else its heads): what the
+/// rope ops the pass took computed, the same bits. Without rope_theta, qkv as it is.
+llvm::Expected<Tensor> rotatedForCache(const AttrMap &a, const Tensor &qkv, const Tensor *positions, int64_t C,
+                                       int64_t T) {
+  if (!a.has("rope_theta"))
+    return qkv;
+  int64_t B = qkv.type.dim(0), S = qkv.type.dim(1), W = qkv.type.dim(2);
+  int64_t dh = C / a.getInt("kv_heads").value_or(a.getInt("heads").value_or(1)), half = dh / 2;
+  std::vector<float> table = ropeTable(ropeOptions(a, "rope_theta"), T, dh);
+  Tensor rotated = qkv;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t first = positions ? positions->ints[size_t(b)] : 0;
+    if (first < 0 || first + S > T)
+      return makeError("position {} of sequence {} is outside rope's length [0, {})", first, b, T);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t head = 0; head < (W - C) / dh; ++head) { // the queries' heads, then the keys'
+        float *x = &rotated.data[size_t((b * S + s) * W + head * dh)];
+        int64_t t = first + s;
+        for (int64_t i = 0; i < half; ++i)
+          rotatePair(x[i], x[i + half], table[size_t(t * half + i)], table[size_t((T + t) * half + i)]);
+      }
+  }
+  return rotated;
+}
+} // namespace
+
 llvm::Error evalKvWrite(const AttrMap &a, Operands in, Results out) {
   // Under gemm_dtype="bf16" the cache holds BF16 values: the keys and values are rounded as
   // they are written, as the attention over the cache would round them when reading.
-  const Tensor &qkv = *in[2];
+  auto rotated = rotatedForCache(a, *in[2], in.size() > 3 ? in[3] : nullptr, in[0]->type.dim(2), in[0]->type.dim(1));
+  if (!rotated)
+    return rotated.takeError();
+  const Tensor &qkv = *rotated;
   bool bf16 = hasBf16Gemms(a);
   int64_t B = in[0]->type.dim(0), T = in[0]->type.dim(1), D = in[0]->type.dim(2), S = qkv.type.dim(1);
   int64_t W = qkv.type.dim(2), keys = W - 2 * D; // the queries' width: keys at [W - 2D, W - D)
@@ -343,12 +375,16 @@ llvm::Error attendOverCache(const AttrMap &a, const Tensor &qkv, const Tensor &k
 } // namespace
 
 llvm::Error evalDecodeAttention(const AttrMap &a, Operands in, Results out) {
+  // Under rope_theta the query is rotated at its position first (and the key kv_write writes).
+  auto qkv = rotatedForCache(a, *in[0], in[3], in[1]->type.dim(2), in[1]->type.dim(1));
+  if (!qkv)
+    return qkv.takeError();
   if (!writesCache(a))
-    return attendOverCache(a, *in[0], *in[1], *in[2], *in[3], out[0]);
+    return attendOverCache(a, *qkv, *in[1], *in[2], *in[3], out[0]);
   // fuse-kv-write's: the kv_write first, then the attention over the caches it wrote.
   if (llvm::Error err = evalKvWrite(a, {in[1], in[2], in[0], in[3]}, out.drop_front()))
     return err;
-  return attendOverCache(a, *in[0], out[1], out[2], *in[3], out[0]);
+  return attendOverCache(a, *qkv, out[1], out[2], *in[3], out[0]);
 }
 
 llvm::Error evalResidualNorm(const AttrMap &a, Operands in, Results out) {

@@ -273,10 +273,10 @@ llvm::Error evalRope(const AttrMap &attrs, Operands in, Results out) {
       t += first;
     }
     for (int64_t i = 0; i < half; ++i) {
-      float c = table[size_t(t * half + i)], s = table[size_t((length + t) * half + i)];
       float a = row[i], b = row[i + half];
-      y[i] = a * c - b * s;
-      y[i + half] = b * c + a * s;
+      rotatePair(a, b, table[size_t(t * half + i)], table[size_t((length + t) * half + i)]);
+      y[i] = a;
+      y[i + half] = b;
     }
   }
   return llvm::Error::success();

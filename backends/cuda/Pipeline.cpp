@@ -27,7 +27,8 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // residual gradient's add after it and the bias gradient that sums its dx, a BF16 GELU
   // gradient the product before it (fuse-dgelu), each other GELU gradient the bias gradient
   // before it, the loss its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
-  // cuBLASLt's TN layout. In a decode step, the attention writes the caches it reads, and the
+  // cuBLASLt's TN layout. In a decode step, the cache ops rotate the qkv they read (instead of rope ops
+  // before them), the attention writes the caches it reads, and the
   // GEMVs of few rows normalise their own input (and apply the GELU after them), or, past 8
   // rows, apply the GELU after them; an FP8 product adds its bias in its epilogue, and fc2's
   // quantize applies the GELU before it; a cast-transpose of a gradient sums its columns where
@@ -36,7 +37,7 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // (a decode step's per-head ones around RoPE) becomes a reshape.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                    "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
-                                   "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
+                                   "fuse-cache-rope", "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
                                    "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
                                    "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "unit-transposes"});
   return passes;

@@ -32,8 +32,8 @@ std::vector<std::string> without(const std::vector<std::string> &all, const std:
 std::unique_ptr<Graph> gradientProgram(const ModelConfig &c, int64_t batch,
                                        const std::vector<std::string> &fusions,
                                        GPTOutput output = GPTOutput::Loss,
-                                       const std::vector<std::string> &lowering = {}) {
-  auto graph = unwrap(buildGPT(c, batch, output));
+                                       const std::vector<std::string> &lowering = {}, int64_t length = 0) {
+  auto graph = unwrap(buildGPT(c, batch, output, length));
   if (!graph)
     return nullptr;
   // assign-precision where the pipelines put it (a no-op for fp32).
@@ -239,21 +239,26 @@ TEST(Fusion, GpuExpansionLeavesNoLayerNormFusedOp) {
 }
 
 /// Two decode steps (the second reads the cache rows the first wrote) of the unfused program
-/// and of the one with every fusion and the GPU's lowering passes, bit for bit: the attention
+/// and of the one with every fusion and the GPU's lowering passes, bit for bit: the cache ops
+/// rotating the qkv they read (fuse-cache-rope), the attention
 /// writing its caches (fuse-kv-write; the Llama block's grouped heads keep the kv_write), the GEMVs normalising their rows
 /// (fuse-residual-norm-gemv, which needs BF16 products of at most 8 rows) and, past 8 rows,
 /// fc1's product applying the GELU (fuse-gemv-gelu).
 void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
   std::vector<std::string> lowering = kGpuLowering;
-  lowering.insert(lowering.end(), {"fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu", "unit-transposes"});
+  lowering.insert(lowering.end(),
+                  {"fuse-cache-rope", "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu", "unit-transposes"});
   auto plain = gradientProgram(c, batch, {}, GPTOutput::Decode);
   auto fused = gradientProgram(c, batch, fusionPasses(), GPTOutput::Decode, lowering);
   ASSERT_TRUE(plain && fused);
   OpCounts counts = countOps(*fused);
-  // A step's per-head transposes move only its one position: reshapes (RoPE's of q and k).
-  EXPECT_EQ(counts["transpose"], 0);
+  // RoPE's ops (three slices, four transposes, two ropes and a concat a layer) are the cache
+  // ops' own rotations.
+  for (const char *kind : {"transpose", "rope", "slice", "concat"})
+    EXPECT_EQ(counts[kind], 0) << kind;
   if (c.position == PositionKind::Rope) {
     EXPECT_EQ(countOps(*plain)["transpose"], 4 * c.layers);
+    EXPECT_EQ(countOps(*plain)["rope"], 2 * c.layers);
   }
   // (Grouped-query attention keeps its kv_write: G heads read each cache row.)
   EXPECT_EQ(counts["kv_write"], c.kvHeadCount() < c.heads ? c.layers : 0);
@@ -298,15 +303,67 @@ void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
 
 TEST(Fusion, GpuDecodeStepMatchesUnfused) {
   for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16}) {
-    for (const char *model : {"models/tiny.yaml", "tests/models/tiny-variants.yaml", "models/llama-tiny.yaml"}) {
-      SCOPED_TRACE(model);
-      ModelConfig c = loadModel(model);
+    // (The last: llama-tiny multi-head, so that its attention writes the caches and rotates the
+    // key it writes, with Llama 3's RoPE scaling.)
+    for (int model = 0; model < 4; ++model) {
+      const char *paths[] = {"models/tiny.yaml", "tests/models/tiny-variants.yaml", "models/llama-tiny.yaml",
+                             "models/llama-tiny.yaml"};
+      SCOPED_TRACE(paths[model] + std::string(model == 3 ? ", multi-head, RoPE scaled" : ""));
+      ModelConfig c = loadModel(paths[model]);
+      if (model == 3) {
+        c.kvHeads = c.heads;
+        c.ropeScaling = RopeScaling{8.0, 1.0, 4.0, 8.0};
+      }
       c.precision.recipe = recipe;
       for (int64_t batch : {3, 12}) {
         SCOPED_TRACE("batch " + std::to_string(batch));
         compareDecodeSteps(c, batch);
       }
     }
+  }
+}
+
+/// A prompt of 5 positions through llama-tiny (grouped heads, and every head its own KV head),
+/// unfused and with every fusion and the GPU's lowering passes, bit for bit: its logits and the
+/// caches it writes, where the attention and kv_write rotate the qkv they read (fuse-cache-rope).
+TEST(Fusion, GpuPromptMatchesUnfused) {
+  std::vector<std::string> lowering = kGpuLowering;
+  lowering.insert(lowering.end(), {"fuse-cache-rope", "fuse-kv-write", "unit-transposes"});
+  for (int64_t kvHeads : {0, 2}) {
+    SCOPED_TRACE("kv_heads " + std::to_string(kvHeads));
+    ModelConfig c = loadModel("models/llama-tiny.yaml");
+    c.kvHeads = kvHeads;
+    c.precision.recipe = Recipe::Bf16;
+    const int64_t batch = 3, length = 5;
+    auto plain = gradientProgram(c, batch, {}, GPTOutput::Prefill, {}, length);
+    auto fused = gradientProgram(c, batch, fusionPasses(), GPTOutput::Prefill, lowering, length);
+    ASSERT_TRUE(plain && fused);
+    OpCounts counts = countOps(*fused);
+    EXPECT_EQ(counts["rope"], 0);
+    EXPECT_EQ(counts["attention"], c.layers);
+    Rng rng(freshSeed());
+    std::map<std::string, Tensor> leaves = randomWeights(*plain, rng);
+    leaves["tokens"] = Tensor::zeros(TensorType(DType::I32, {batch, length}));
+    leaves["last_rows"] = Tensor::zeros(TensorType(DType::I32, {batch, 1}));
+    for (int64_t i = 0; i < batch * length; ++i)
+      leaves["tokens"].ints[i] = int32_t(rng.below(c.vocab));
+    for (int64_t b = 0; b < batch; ++b)
+      leaves["last_rows"].ints[b] = int32_t(b * length + rng.below(length));
+    Interpreter a(*plain), f(*fused);
+    ASSERT_FALSE(bool(a.bindAll(leaves)));
+    ASSERT_FALSE(bool(f.bindAll(leaves)));
+    auto want = unwrap(a.run()), got = unwrap(f.run());
+    ASSERT_EQ(want.size(), got.size());
+    std::map<std::string, Tensor> wantNamed, gotNamed;
+    for (size_t i = 0; i < want.size(); ++i) {
+      wantNamed[plain->outputs()[i]->name()] = std::move(want[i]);
+      gotNamed[fused->outputs()[i]->name()] = std::move(got[i]);
+    }
+    for (const char *cache : {"h0.attn.k_cache", "h1.attn.k_cache", "h1.attn.v_cache"}) {
+      wantNamed[cache] = unwrap(a.read(cache));
+      gotNamed[cache] = unwrap(f.read(cache));
+    }
+    expectSameOutputs(gotNamed, wantNamed);
   }
 }
 

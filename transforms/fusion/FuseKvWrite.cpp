@@ -3,6 +3,7 @@
 // value from qkv and writes them into the caches itself, one launch a layer less, and returns
 // the caches kv_write returned (the same values, so its other readers and assigns read those).
 #include "ir/Attributes.h"
+#include "ir/Rope.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
@@ -24,6 +25,14 @@ public:
     if (!write || write->numOperands() != 4 || attention->operand(1) != write->result(0) ||
         attention->operand(2) != write->result(1) || write->operand(2) != attention->operand(0) ||
         write->operand(3) != attention->operand(3) || !sameGemmPrecision(write->attrs(), attention->attrs()))
+      return std::nullopt;
+    // Under fuse-cache-rope both rotate, by the same table (the attention then rotates the key
+    // it writes), or neither does.
+    auto rope = [](const Op *op) {
+      RopeOptions o = ropeOptions(op->attrs(), "rope_theta");
+      return std::make_tuple(op->attrs().has("rope_theta"), o.theta, o.scaling);
+    };
+    if (rope(write) != rope(attention))
       return std::nullopt;
     FusionMatch m;
     m.pattern = {write, attention};

@@ -13,21 +13,38 @@ __device__ void kvCopy(const float *k, const float *v, float *kOut, float *vOut)
   }
 }
 
+// Element d of the heads of Dh that start at x (a qkv row's queries, or its keys), rotated at
+// position t by rope's table of T positions where Rope (fuse-cache-rope): element d's pair is
+// (d, d + Dh / 2) of its head, turned as ropePair turns it (the rope op's bits); a position
+// outside the table (which the CPU reports as an error) leaves it as it is.
+template <bool Rope, int64 T, int64 Dh>
+__device__ __forceinline__ float rotatedElement(const float *x, int64 d, int64 t, const double *table) {
+  if (!Rope || t < 0 || t >= T)
+    return x[d];
+  constexpr int64 Half = Dh / 2;
+  int64 head = d - d % Dh, i = d % Half;
+  float a = x[head + i], b = x[head + i + Half];
+  ropePair<T, Half, false>(a, b, table, t, i);
+  return d % Dh < Half ? a : b;
+}
+
 // Rows first .. first + S - 1 of each sequence's caches ([B, T, D]) from qkv [B, S, Q + 2D]
 // (keys are columns [Q, Q + D), values [Q + D, Q + 2D); Q, the queries' width, is D but under
 // grouped-query attention); first is positions[b], or 0 for a prompt. A position outside the
 // cache (which the CPU reports as an error) writes nothing.
 // Under gemm_dtype="bf16" (Bf16) the rows are rounded to BF16, as the CPU writes them; a cache
-// stored in BF16 (Out = Bf16Out) holds them in two bytes.
-template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, int64 Q = D, typename Out>
-__device__ void kvWriteRows(const float *qkv, const int *positions, Out kOut, Out vOut) {
+// stored in BF16 (Out = Bf16Out) holds them in two bytes. With Dh (rope_theta: heads of Dh),
+// each key is rotated at its row first (rotatedElement, table the op's constants).
+template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, int64 Q = D, int64 Dh = 0, typename Out>
+__device__ void kvWriteRows(const float *qkv, const int *positions, Out kOut, Out vOut,
+                            const double *table = nullptr) {
   FOR_EACH_ELEMENT(i, B * S * D) {
     int64 d = i % D, s = (i / D) % S, b = i / (S * D);
     int64 row = (Positioned ? positions[b] : 0) + s;
     if (row < 0 || row >= T) continue;
-    const float *source = qkv + (b * S + s) * (Q + 2 * D) + Q + d;
-    kOut[(b * T + row) * D + d] = gemmOperand<Bf16>(source[0]);
-    vOut[(b * T + row) * D + d] = gemmOperand<Bf16>(source[D]);
+    const float *keys = qkv + (b * S + s) * (Q + 2 * D) + Q;
+    kOut[(b * T + row) * D + d] = gemmOperand<Bf16>(rotatedElement<(Dh > 0), T, (Dh > 0 ? Dh : 2)>(keys, d, row, table));
+    vOut[(b * T + row) * D + d] = gemmOperand<Bf16>(keys[D + d]);
   }
 }
 
@@ -122,11 +139,13 @@ __device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, floa
 // Query head h of KV heads reads cache head h / (H / KV) (grouped-query attention; the caches
 // [B, T, KV Dh], qkv's rows [H Dh | KV Dh | KV Dh]); writing the caches (Write) is multi-head
 // attention's alone, each head's block writing its own row.
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, int64 KV,
+// With Rope (rope_theta), the query, and under Write the key it writes, are rotated at the
+// position first (rotatedElement; table: the op's constants).
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, int64 KV, bool Rope,
           typename Cache, typename Out, typename CacheOut>
 __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
                                     const int *positions, Out out, float *partial, unsigned *done, float scale,
-                                    CacheOut kOut, CacheOut vOut, bool &waited) {
+                                    CacheOut kOut, CacheOut vOut, bool &waited, const double *table) {
   static_assert(!Write || KV == H, "the cache written by grouped heads' blocks would race");
   constexpr int64 D = KV * Dh, W = H * Dh + 2 * D, G = H / KV; // D: a cache row's width
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
@@ -161,7 +180,8 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     const float *fresh = qkv + b * W + H * Dh + h * Dh;
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
       int64 at = (b * T + positions[b]) * D + h * Dh + d;
-      float key = gemmOperand<Bf16>(fresh[d]), value = gemmOperand<Bf16>(fresh[D + d]);
+      float key = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(fresh, d, positions[b], table));
+      float value = gemmOperand<Bf16>(fresh[D + d]);
       kOut[at] = key;
       vOut[at] = value;
       if (Tiles) {
@@ -174,7 +194,8 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   if (first >= end) { // a position before the cache: an empty part
     for (int64 d = threadIdx.x; d < Dh + 2; d += Threads) mine[d] = d == 0 ? __int_as_float(0xff800000) : 0.0f;
   } else {
-    for (int64 d = threadIdx.x; d < Dh; d += Threads) q[d] = gemmOperand<Bf16>(qkv[b * W + h * Dh + d]);
+    for (int64 d = threadIdx.x; d < Dh; d += Threads)
+      q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + b * W + h * Dh, d, positions[b], table));
     __syncthreads();
     int64 n = end - first;
     for (int64 from = 0; from < n * PerKey; from += Threads) { // every lane takes each turn: the shuffles
@@ -231,15 +252,16 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
 // A block a part, numbered split first. (A grid of at most 2048 blocks, each going on to further
 // parts, made the step 19% slower with 1000-token prompts at batch 32: 0.948 -> 1.132 ms.)
 template <bool Bf16, int64 B, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write = false,
-          bool Tiles = false, bool Early = false, int64 KV = H, typename Cache, typename Out, typename CacheOut = float *>
+          bool Tiles = false, bool Early = false, int64 KV = H, bool Rope = false, typename Cache, typename Out,
+          typename CacheOut = float *>
 __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
                                 float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
-                                CacheOut vOut = nullptr) {
+                                CacheOut vOut = nullptr, const double *table = nullptr) {
   static_assert(Tiles || !Early, "only tiles load early");
   bool waited = !Early; // otherwise the kernel awaited the one before it first
-  decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write, Tiles, KV>(blockIdx.x / (B * H), blockIdx.x % (B * H), qkv, k,
-                                                                  v, positions, out, partial, done, scale, kOut, vOut,
-                                                                  waited);
+  decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write, Tiles, KV, Rope>(blockIdx.x / (B * H), blockIdx.x % (B * H),
+                                                                        qkv, k, v, positions, out, partial, done, scale,
+                                                                        kOut, vOut, waited, table);
 }
 
 // Whether (v, i) beats (best, index) for argmax: larger, or equal at a lower index; NaN never

@@ -1,5 +1,6 @@
 // The generation family (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
 #include "backends/cuda/lowering/Families.h"
+#include "ir/Rope.h"
 #include "support/Error.h"
 
 #include <fmt/format.h>
@@ -17,6 +18,16 @@ unsigned copyCachesUnlessInPlace(const Op &op, Emitter &e, const std::string &pa
   int64_t count = op.result(first)->type().numElements();
   e.launch(0, params, elementwiseBlocks(count), fmt::format("kvCopy<{}>(k, v, kOut, vOut)", count));
   return 1;
+}
+
+/// Under rope_theta (fuse-cache-rope), the op's constants: ir/Rope.h's table of the cache's T
+/// positions for heads of Dh, and ", const double *table" for its launches' parameters.
+std::string cacheRopeTable(const Op &op, Emitter &e, int64_t T, int64_t Dh) {
+  if (!op.attrs().has("rope_theta"))
+    return "";
+  std::vector<float> table = ropeTable(ropeOptions(op.attrs(), "rope_theta"), T, Dh);
+  e.lowering.constants.assign(table.begin(), table.end());
+  return ", const double *table";
 }
 
 } // namespace
@@ -41,15 +52,18 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   if (op.kind() == OpKind::KvWrite) {
     const TensorType &cache = outputType(op), &qkv = operandType(op, 2);
     int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1), Q = qkv.dim(2) - 2 * D;
-    bool positioned = op.numOperands() > 3;
+    bool positioned = op.numOperands() > 3, rope = a.has("rope_theta");
+    int64_t Dh = rope ? D / *a.getInt("kv_heads") : 0;
     std::string params = positioned ? "const float *k, const float *v, const float *qkv, const int *positions, "
                                       "float *kOut, float *vOut"
                                     : "const float *k, const float *v, const float *qkv, float *kOut, float *vOut";
+    params += cacheRopeTable(op, e, T, Dh);
     unsigned launch = copyCachesUnlessInPlace(op, e, params, 0);
     e.launch(launch, params, elementwiseBlocks(B * S * D),
-             fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}{}>(qkv, {}, kOut, vOut)", B, S, T, D, boolText(positioned),
-                         boolText(hasBf16Gemms(a)), Q != D ? fmt::format(", {}", Q) : "",
-                         positioned ? "positions" : "nullptr"));
+             fmt::format("kvWriteRows<{}, {}, {}, {}, {}, {}{}{}>(qkv, {}, kOut, vOut{})", B, S, T, D, boolText(positioned),
+                         boolText(hasBf16Gemms(a)), Q != D || rope ? fmt::format(", {}", Q) : "",
+                         rope ? fmt::format(", {}", Dh) : "", positioned ? "positions" : "nullptr",
+                         rope ? ", table" : ""));
     return llvm::Error::success();
   }
   // Flash-decoding: each (sequence, head) split into parts of Keys keys, each part a block,
@@ -69,23 +83,28 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   if (writesCache(a) && heads.grouped())
     return makeError("decode_attention %{}: write_cache under grouped-query attention (fuse-kv-write leaves those)",
                      op.result()->name());
+  // Under rope_theta the query (and the key written) rotated: the table after the parameters,
+  // Rope after KV in the template's arguments.
+  std::string table = cacheRopeTable(op, e, T, Dh), rope = table.empty() ? "" : ", true";
   if (!writesCache(a)) {
     e.launch(0,
              fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
-                         "float *partial, unsigned *done",
-                         cache),
+                         "float *partial, unsigned *done{1}",
+                         cache, table),
              blocks,
-             fmt::format("decodeAttention<{}{}>(qkv, k, v, positions, out, partial, done, {})", shape,
-                         heads.grouped() ? fmt::format(", false, false, false, {}", heads.kvHeads) : "",
-                         lit(*a.getFloat("scale"))),
+             fmt::format("decodeAttention<{}{}>(qkv, k, v, positions, out, partial, done, {}{})", shape,
+                         heads.grouped() || !rope.empty()
+                             ? fmt::format(", false, false, false, {}{}", heads.kvHeads, rope)
+                             : "",
+                         lit(*a.getFloat("scale")), rope.empty() ? "" : ", (float *)nullptr, (float *)nullptr, table"),
              128);
     return llvm::Error::success();
   }
   // fuse-kv-write's: the attention reads the caches it writes (kOut, vOut; typed Bf16Out where
   // stored in BF16), copied first where they are not written in place, as kv_write's.
   std::string params = fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
-                                   "float *kOut, float *vOut, float *partial, unsigned *done",
-                                   cache);
+                                   "float *kOut, float *vOut, float *partial, unsigned *done{1}",
+                                   cache, table);
   unsigned launch = copyCachesUnlessInPlace(op, e, params, 1);
   bool inPlace = launch == 0;
   // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
@@ -96,9 +115,11 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   bool tiles = Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
   bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
   e.launch(launch, params, blocks,
-           fmt::format("decodeAttention<{}, true, {}, {}>(qkv, readable(kOut), readable(vOut), positions, out, "
-                       "partial, done, {}, kOut, vOut)",
-                       shape, boolText(tiles), boolText(early), lit(*a.getFloat("scale"))),
+           fmt::format("decodeAttention<{}, true, {}, {}{}>(qkv, readable(kOut), readable(vOut), positions, out, "
+                       "partial, done, {}, kOut, vOut{})",
+                       shape, boolText(tiles), boolText(early),
+                       rope.empty() ? "" : fmt::format(", {}{}", heads.kvHeads, rope), lit(*a.getFloat("scale")),
+                       rope.empty() ? "" : ", table"),
            128);
   if (early)
     e.awaitsItself();

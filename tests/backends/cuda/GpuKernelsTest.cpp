@@ -82,6 +82,17 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   for (const ModelConfig *c : {&llama, &gqa})
     for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16, Recipe::Fp8})
       compile(*c, GPTOutput::Loss, recipe, gpuPipeline(true, recipe));
+  // Their decode steps and prompts, the cache ops rotating what they read (fuse-cache-rope),
+  // and multi-head with Llama 3's RoPE scaling: its attention writes the caches and rotates the
+  // key it writes.
+  ModelConfig mha = llama;
+  mha.kvHeads = 0;
+  mha.ropeScaling = RopeScaling{8.0, 1.0, 4.0, 8.0};
+  for (const ModelConfig *c : {&llama, &gqa, &mha})
+    for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16}) {
+      compile(*c, GPTOutput::Decode, recipe, gpuPipeline(false, recipe));
+      compile(*c, GPTOutput::Prefill, recipe, gpuPipeline(false, recipe));
+    }
   // FP8 with current scaling (each quantize scales by its own amax, with a margin).
   ModelConfig current = odd;
   current.precision.fp8Scaling = Fp8Scaling::Current;
