@@ -271,9 +271,11 @@ llvm::Expected<TypeList> inferResidualNormLinear(Operands ops, const AttrMap &at
   if (attrs.has("bias") && !attrs.getBool("bias"))
     return makeError("attribute 'bias' must be true or false");
   if (attrs.has("activation"))
-    if (auto activation = requireChoice(attrs, "activation", {"gelu"}); !activation)
+    if (auto activation = requireChoice(attrs, "activation", {"gelu", "swiglu"}); !activation)
       return activation.takeError();
-  bool bias = attrs.getBool("bias").value_or(false);
+  bool bias = attrs.getBool("bias").value_or(false), swiglu = attrs.getString("activation") == "swiglu";
+  if (swiglu && bias)
+    return makeError("activation \"swiglu\" takes a product without a bias");
   size_t normOperands = isLayerNorm(attrs) ? 4 : 3, expected = normOperands + 1 + bias;
   if (ops.size() != expected)
     return makeError("expects {} operands for its attributes, got {}", expected, ops.size());
@@ -294,7 +296,14 @@ llvm::Expected<TypeList> inferResidualNormLinear(Operands ops, const AttrMap &at
   auto y = inferMatMul(linear, product, {});
   if (!y)
     return y.takeError();
-  return TypeList{(*sum)[0], (*y)[0]};
+  if (!swiglu)
+    return TypeList{(*sum)[0], (*y)[0]};
+  // SwiGLU of the product's halves [gate | up]: half as wide.
+  TensorType h = (*y)[0];
+  if (h.dim(-1) % 2)
+    return makeError("activation \"swiglu\" needs an even number of outputs, got {}", h.str());
+  h.shape.back() /= 2;
+  return TypeList{(*sum)[0], h};
 }
 
 llvm::Expected<TypeList> inferCrossEntropy(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

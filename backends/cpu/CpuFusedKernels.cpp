@@ -403,7 +403,10 @@ llvm::Error evalResidualNormLinear(const AttrMap &a, Operands in, Results out) {
   bool bias = a.getBool("bias").value_or(false);
   Tensor y = linear(a, residual[1], *in[normOperands], bias ? in[normOperands + 1] : nullptr);
   out[0] = std::move(residual[0]);
-  out[1] = a.getString(kActivation) == "gelu" ? apply(evalGelu, {}, {&y}, y.type) : std::move(y);
+  if (a.getString(kActivation) == "swiglu")
+    out[1] = activate(y, true);
+  else
+    out[1] = a.getString(kActivation) == "gelu" ? apply(evalGelu, {}, {&y}, y.type) : std::move(y);
   return llvm::Error::success();
 }
 

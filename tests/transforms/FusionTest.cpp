@@ -266,6 +266,7 @@ void compareDecodeSteps(const ModelConfig &c, int64_t batch) {
   bool bf16 = c.precision.recipe == Recipe::Bf16;
   if (bf16 && batch <= 8) {
     EXPECT_GE(counts["residual_norm_linear"], 2 * c.layers); // qkv and fc1 (the head's too where small)
+    EXPECT_EQ(counts["swiglu"], 0);                           // fc1's GEMV applies it
   }
   // fc1 with its GELU: cuBLASLt's epilogue in fp32, fuse-gemv-gelu's past 8 rows in BF16 (up to
   // 8, residual_norm_linear's).

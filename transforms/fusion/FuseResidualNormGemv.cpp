@@ -1,6 +1,6 @@
 // fuse-residual-norm-gemv: a residual_norm whose norm only a product of few rows reads (the
-// decode step's GEMV, ir/Gemv.h) becomes residual_norm_linear, with the GELU after the product
-// where there is one: each of the GEMV's blocks normalises the rows it reads (a few rows of
+// decode step's GEMV, ir/Gemv.h) becomes residual_norm_linear, with the GELU or the SwiGLU after
+// the product where there is one: each of the GEMV's blocks normalises the rows it reads (a few rows of
 // d_model) instead of reading them from a norm kernel before it, and applies the GELU to what it
 // writes. Three launches a layer become one or two.
 //
@@ -15,9 +15,10 @@
 namespace tgc {
 namespace {
 
-/// Rows of at most this many features: the kernel holds a row in its warp's registers
-/// (norms.cuh's RowInRegisters) and the normalised rows in shared memory.
-constexpr int64_t kMaxFeatures = 1024;
+/// Rows and features of at most this many elements together: the kernel keeps the normalised
+/// rows in BF16 in 32 KB of shared memory (each row held in registers as norms.cuh's
+/// RowInRegisters holds it: by a warp up to 1024 features, by the block past that).
+constexpr int64_t kMaxNormedElements = 16384;
 /// Products of at most this many outputs: every block (8 outputs) normalises the rows again, which
 /// for a vocabulary's head (50k outputs) would read the rows thousands of times.
 constexpr int64_t kMaxOutputs = 16384;
@@ -30,11 +31,12 @@ public:
     Op *norm = definedBy(product->operand(0), OpKind::ResidualNorm);
     const TensorType &w = product->operand(1)->type();
     if (!norm || norm->result(1) != product->operand(0) || soleUser(graph, norm->result(1)) != product ||
-        w.dim(1) > kMaxFeatures || w.dim(0) > kMaxOutputs)
+        product->operand(0)->type().numElements() > kMaxNormedElements || w.dim(0) > kMaxOutputs)
       return std::nullopt;
     bool bias = product->kind() == OpKind::MatMulBias;
+    // The activation the product alone feeds: a GELU, or SwiGLU of a product without a bias.
     Op *gelu = soleUser(graph, product->result());
-    if (gelu && gelu->kind() != OpKind::Gelu)
+    if (gelu && gelu->kind() != OpKind::Gelu && (gelu->kind() != OpKind::Swiglu || bias))
       gelu = nullptr;
     FusionMatch m;
     m.pattern = {norm, product};
@@ -47,7 +49,7 @@ public:
     if (bias)
       r.attrs.set("bias", true);
     if (gelu)
-      r.attrs.set(kActivation, std::string("gelu"));
+      r.attrs.set(kActivation, std::string(gelu->kind() == OpKind::Gelu ? "gelu" : "swiglu"));
     r.operands.append(norm->operands().begin(), norm->operands().end());
     r.operands.push_back(product->operand(1));
     if (bias)

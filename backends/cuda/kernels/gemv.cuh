@@ -51,44 +51,62 @@ __device__ __forceinline__ void writeProduct(Out out, float *pre, const float *b
 // is loaded into registers first, then the kernel awaits the one before it (awaitPreviousKernel:
 // the weights are parameters, which no kernel of the step writes before it), so the weight's
 // reading overlaps the previous kernel's end; Prologue (the fused norm) runs after that wait.
-// The outputs as writeProduct writes them.
-template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename X, typename Out, typename Prologue>
+// The outputs as writeProduct writes them; with Swiglu (w [2N, K]: gate rows, then up rows) the
+// warp takes rows n and N + n and writes swiglu's silu(gate) * up of the two sums (elementwise.cuh's
+// swigluValue): SwiGLU's product, the [M, 2N] h never written.
+template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, bool Swiglu = false, typename X, typename Out,
+          typename Prologue>
 __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
                              float *pre = nullptr) {
-  constexpr int Loads = (int)((K + 255) / 256); // 16-byte loads a lane
+  static_assert(!Swiglu || (!Bias && !Gelu), "SwiGLU's product has no bias or GELU");
+  constexpr int Loads = (int)((K + 255) / 256), Rows = Swiglu ? 2 : 1; // 16-byte loads a lane, weight rows
   int64 n = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  uint4 row[Loads];
+  uint4 row[Rows][Loads];
 #pragma unroll
-  for (int i = 0; i < Loads; ++i) {
-    int64 k = lane * 8 + 256 * i;
-    row[i] = n < N && k < K ? *(const uint4 *)(w + n * K + k) : make_uint4(0, 0, 0, 0);
-  }
+  for (int r = 0; r < Rows; ++r)
+#pragma unroll
+    for (int i = 0; i < Loads; ++i) {
+      int64 k = lane * 8 + 256 * i;
+      row[r][i] = n < N && k < K ? *(const uint4 *)(w + (r * N + n) * K + k) : make_uint4(0, 0, 0, 0);
+    }
   awaitPreviousKernel();
   prologue();
   if (n >= N) return;
-  float acc[M] = {};
+  float acc[Rows][M] = {};
 #pragma unroll
   for (int i = 0; i < Loads; ++i) {
     int64 k = lane * 8 + 256 * i;
     if (k >= K) break;
-    float weights[8], values[8];
-    unpack8(row[i], weights);
+    float weights[Rows][8], values[8];
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) unpack8(row[r][i], weights[r]);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       load8(x + m * K, k, values);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[m] += weights[e] * values[e];
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][m] += weights[r][e] * values[e];
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = warpSum(acc[m]);
-  if (lane < M) {
-    float value = acc[0];
+  for (int r = 0; r < Rows; ++r)
 #pragma unroll
-    for (int m = 1; m < M; ++m)
-      if (lane == m) value = acc[m];
-    writeProduct<N, Bias, Gelu>(out, pre, bias, lane, n, value);
+    for (int m = 0; m < M; ++m) acc[r][m] = warpSum(acc[r][m]);
+  if (lane < M) {
+    float value[Rows];
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) {
+      value[r] = acc[r][0];
+#pragma unroll
+      for (int m = 1; m < M; ++m)
+        if (lane == m) value[r] = acc[r][m];
+    }
+    if constexpr (Swiglu)
+      out[lane * N + n] = swigluValue(value[0], value[1]);
+    else
+      writeProduct<N, Bias, Gelu>(out, pre, bias, lane, n, value[0]);
   }
 }
 
@@ -97,25 +115,36 @@ __device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias,
   gemvBf16Rows<M, N, K, Bias, Gelu>(w, bias, out, [] {}, x, pre);
 }
 
-// residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K <= 1024
-// features, and sum = a + b. Each block takes the sum and the norm of every row (warp m, row m,
-// residualNorm's residualNormHeld) into shared memory in BF16, the operand the product reads, and
-// block 0 writes the sums (the residual stream); then the product as gemvBf16. The same values
-// as residual_norm, the product and the gelu one after the other: a decode step's norm costs no
-// launch of its own.
-template <bool Layer, int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename SumOut, typename Out>
+// residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K features
+// (act: the GELU, or SwiGLU of the product's [gate | up] halves, N the outputs)
+// (M K <= 16384: their BF16 copy in 32 KB of shared memory), and sum = a + b. Each block takes
+// the sum and the norm of every row into shared memory in BF16, the operand the product reads,
+// as residualNorm's residualNormHeld takes them (rows of at most 1024 by a warp each, wider ones
+// by the whole block in turn, as its wide rows), and block 0 writes the sums (the residual
+// stream); then the product as gemvBf16. The same values as residual_norm, the product and the
+// gelu one after the other: a decode step's norm costs no launch of its own.
+template <bool Layer, int64 M, int64 N, int64 K, bool Bias, bool Gelu, bool Swiglu = false, typename SumOut,
+          typename Out>
 __device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
                                      const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
-  static_assert(M <= 8 && RowInRegisters<K>::kByWarp && K % 8 == 0, "a few rows of at most 1024 features");
+  static_assert(M <= 8 && M * K <= 16384 && K % 8 == 0, "a few rows whose BF16 copy fits in 32 KB");
+  static_assert(RowInRegisters<K>::kByWarp || kWideNormThreads == 256, "the GEMV's 256 threads hold a wide row");
   __shared__ __align__(16) unsigned short normed[M * K];
   auto normalise = [&] {
-    const int64 warp = threadIdx.x / 32;
-    if (warp < M)
-      residualNormHeld<Layer, K>(a + warp * K, b + warp * K, gamma, beta, sum + warp * K, blockIdx.x == 0,
-                                 Bf16Out{normed + warp * K}, eps);
+    if constexpr (RowInRegisters<K>::kByWarp) {
+      const int64 warp = threadIdx.x / 32;
+      if (warp < M)
+        residualNormHeld<Layer, K>(a + warp * K, b + warp * K, gamma, beta, sum + warp * K, blockIdx.x == 0,
+                                   Bf16Out{normed + warp * K}, eps);
+    } else {
+#pragma unroll 1
+      for (int64 m = 0; m < M; ++m)
+        residualNormHeld<Layer, K>(a + m * K, b + m * K, gamma, beta, sum + m * K, blockIdx.x == 0,
+                                   Bf16Out{normed + m * K}, eps);
+    }
     __syncthreads();
   };
-  gemvBf16Rows<M, N, K, Bias, Gelu>(w, bias, out, normalise, (const unsigned short *)normed);
+  gemvBf16Rows<M, N, K, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed);
 }
 
 // ---- 9 to 64 rows: tensor cores ----

@@ -50,9 +50,11 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
 llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   bool layer = isLayerNorm(a), bias = a.getBool("bias").value_or(false), gelu = a.getString(kActivation) == "gelu";
+  bool swiglu = a.getString(kActivation) == "swiglu";
   unsigned weight = layer ? 4 : 3;
   const TensorType &w = operandType(op, weight);
-  int64_t N = w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
+  // (Under SwiGLU the outputs are half the weight's rows: gate and up, a warp each pair.)
+  int64_t N = swiglu ? w.dim(0) / 2 : w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
   e.uses("gemv.cuh");
   // A parameter's weight is read from its BF16 copy. Another weight (a test's input) is first
   // rounded into BF16 scratch by launch 0.
@@ -61,18 +63,19 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   if (param)
     e.lowering.bf16Weights = {weight};
   else
-    e.lowering.scratchFloats = {(N * K + 1) / 2};
+    e.lowering.scratchFloats = {(w.numElements() + 1) / 2};
   std::string params = fmt::format("const float *a, const float *b, const float *gamma, {}const {} *w, "
                                    "{}float *sum, float *out{}",
                                    layer ? "const float *beta, " : "", param ? "unsigned short" : "float",
                                    bias ? "const float *bias, " : "", param ? "" : ", float *scratch");
   unsigned launch = 0;
   if (!param)
-    e.launch(launch++, params, elementwiseBlocks(N * K),
-             fmt::format("roundToBf16(w, (unsigned short *)scratch, {})", N * K));
+    e.launch(launch++, params, elementwiseBlocks(w.numElements()),
+             fmt::format("roundToBf16(w, (unsigned short *)scratch, {})", w.numElements()));
   e.launch(launch, params, (N + 7) / 8,
-           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, {})",
-                       boolText(layer), M, N, K, boolText(bias), boolText(gelu), layer ? "beta" : "nullptr",
+           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}{}>(a, b, gamma, {}, {}, {}, sum, out, {})",
+                       boolText(layer), M, N, K, boolText(bias), boolText(gelu), swiglu ? ", true" : "",
+                       layer ? "beta" : "nullptr",
                        param ? "w" : "(const unsigned short *)scratch", bias ? "bias" : "nullptr",
                        formatDouble(*a.getFloat("eps"))));
   if (param)

@@ -105,6 +105,11 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   wide.dModel = 1040;
   wide.heads = 13;
   compile(wide, GPTOutput::Loss, Recipe::Bf16, gpuPipeline(true, Recipe::Bf16));
+  // Its decode step at 3 sequences: the GEMVs normalise rows wider than a warp holds (the block
+  // holds each in turn), as TinyLlama's (d_model 2048) do.
+  ModelConfig wideDecode = wide;
+  wideDecode.train.batch = 3;
+  compile(wideDecode, GPTOutput::Decode, Recipe::Bf16, gpuPipeline(false, Recipe::Bf16));
   wide.train.recompute = true;
   compile(wide, GPTOutput::Loss, Recipe::Fp32, gpuPipeline(true, Recipe::Fp32));
   // Many rows: the norms' gradient takes chunks of several rows a block (1616 rows: 3 a chunk,
