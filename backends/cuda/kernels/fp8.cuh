@@ -446,6 +446,76 @@ __device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned c
                                   marginScale);
 }
 
+// quantize {transpose=true, activation="swiglu_backward"} where SwiGLU's F is a multiple of 64
+// (no bias gradient): the cast-transpose above over dh [Rows, 2F], each block taking a tile of
+// the gate half and the tile F columns on (the up half's) together. Both gradients read the same
+// dy and gate, the gate's the up too: loaded once for the two (QuantizeSwigluGradient's tiles
+// each load their own), the same values (swigluGateGradient, swigluUpGradient) and bytes. Tiles
+// and TilesC count the gate half's tiles; then, as quantizeTransposeBlocks, quantizeFinish.
+template <int64 Rows, int64 F, int64 Tiles, int64 TilesC, int64 Blocks, __nv_fp8_interpretation_t Format,
+          bool Current = false, typename Dy, typename In>
+__device__ void quantizeTransposeSwigluGradient(const Dy *dy, const In *h, const float *scale, unsigned char *q,
+                                                unsigned char *qT, const float *scaleInv, float *amax,
+                                                float *saturations, float *used, float largest,
+                                                float marginScale = 1.0f) {
+  static_assert(Rows % 16 == 0 && F % 64 == 0, "whole tiles in each half");
+  constexpr int64 Cols = 2 * F;
+  float s = Current ? currentScale(currentAmax(used), largest, marginScale) : scale[0];
+  Fp8Converter<Format> convert{s, largest};
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32; // (the threads as quantizeTransposeBlocks')
+  int column = 4 * (lane % 8 + 8 * (warp % 2)), firstRow = 8 * (lane / 8 + 4 * (warp / 2));
+  Four<Dy> d[8];
+  Four<In> g[8], u[8];
+  auto load = [&](int64 t) {
+    int64 r = t / TilesC * 64 + firstRow, c = t % TilesC * 64 + column;
+    if (r < Rows) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        d[j] = Four<Dy>::at(dy, (r + j) * F + c);
+        g[j] = Four<In>::at(h, (r + j) * Cols + c);
+        u[j] = Four<In>::at(h, (r + j) * Cols + F + c);
+      }
+    }
+  };
+  if (blockIdx.x < Tiles)
+    load(blockIdx.x);
+  for (int64 t = blockIdx.x; t < Tiles; t += Blocks) {
+    int64 r = t / TilesC * 64 + firstRow, c = t % TilesC * 64 + column;
+    bool inside = r < Rows;
+    unsigned gateWords[8], upWords[8];
+    if (inside) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float4 dv = d[j].value(), gv = g[j].value(), uv = u[j].value();
+        gateWords[j] = convert(make_float4(swigluGateGradient(dv.x, gv.x, uv.x), swigluGateGradient(dv.y, gv.y, uv.y),
+                                           swigluGateGradient(dv.z, gv.z, uv.z), swigluGateGradient(dv.w, gv.w, uv.w)));
+        upWords[j] = convert(make_float4(swigluUpGradient(dv.x, gv.x), swigluUpGradient(dv.y, gv.y),
+                                         swigluUpGradient(dv.z, gv.z), swigluUpGradient(dv.w, gv.w)));
+      }
+    }
+    if (t + Blocks < Tiles)
+      load(t + Blocks); // in flight while this tile pair is stored
+    if (inside) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const unsigned *words = half ? upWords : gateWords;
+        int64 col = c + half * F;
+        unsigned lo[4], hi[4], rowsOf[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          rowsOf[j] = words[j];
+          *(unsigned *)(q + (r + j) * Cols + col) = words[j];
+        }
+        transposeBytes8x4(rowsOf, lo, hi);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) *(uint2 *)(qT + (col + k) * Rows + r) = make_uint2(lo[k], hi[k]);
+      }
+    }
+  }
+  quantizeFinish<Blocks, Current>(convert.maxBits, convert.saturated, scaleInv, amax, saturations, used, largest,
+                                  marginScale);
+}
+
 // Transformer Engine's delayed-scaling update, one block: the producer's amax into the current
 // slot, the amax over the window (Max; NaN where any is) or the most recent one taken before
 // the roll, the roll, and scale = (largest / amax) / 2^margin (the old scale kept when the amax

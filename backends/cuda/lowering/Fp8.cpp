@@ -8,6 +8,30 @@
 
 namespace tgc {
 
+namespace {
+
+/// A cast-transpose's blocks: they take tiles in turn, four blocks a multiprocessor (its launch
+/// bounds keep them all resident), as few as take the most tiles any block takes.
+int64_t castTransposeBlocks(const Emitter &e, int64_t tiles) {
+  int64_t resident = 4 * int64_t(e.program_.multiprocessors), most = (tiles + resident - 1) / resident;
+  return std::max<int64_t>(1, (tiles + most - 1) / most);
+}
+
+/// SwiGLU's gradient of an F that is a multiple of 64 (fc1's FP8 output gradient): the
+/// cast-transpose whose blocks take a gate tile and its up tile together
+/// (quantizeTransposeSwigluGradient), over the gate half's tiles.
+void emitSwigluGradientCastTranspose(Emitter &e, unsigned launch, const std::string &params, int64_t rows, int64_t f,
+                                     bool current, const std::string &scaling, const std::string &format) {
+  int64_t tilesC = f / 64, tiles = (rows + 63) / 64 * tilesC, blocks = castTransposeBlocks(e, tiles);
+  e.launch(launch, params, blocks,
+           fmt::format("quantizeTransposeSwigluGradient<{}, {}, {}, {}, {}, {}, {}>(x, h, scale, q, qT, scaleInv, "
+                       "amax, saturations, used, {})",
+                       rows, f, tiles, tilesC, blocks, format, boolText(current), scaling),
+           128, 4); // fp8.cuh's kQuantizeTransposeThreads
+}
+
+} // namespace
+
 /// FP8 quantization and the delayed-scaling update (fp8.cuh).
 llvm::Error emitFp8(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
@@ -48,11 +72,9 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       return makeError("quantize {{bias_grad=true}} %{}: the GPU sums the columns in its "
                        "cast-transpose only (transpose=true)",
                        op.result()->name().c_str());
-    // A cast-transpose's blocks take tiles in turn, four blocks a multiprocessor (its launch
-    // bounds keep them all resident), as few as take the most tiles any block takes; without
-    // transpose, a block a range of 4096 elements.
-    int64_t resident = 4 * int64_t(e.program_.multiprocessors), most = (tiles + resident - 1) / resident;
-    int64_t blocks = std::max<int64_t>(1, transpose ? (tiles + most - 1) / most : (count + 4095) / 4096);
+    // A cast-transpose's blocks as castTransposeBlocks; without transpose, a block a range of
+    // 4096 elements.
+    int64_t blocks = transpose ? castTransposeBlocks(e, tiles) : std::max<int64_t>(1, (count + 4095) / 4096);
     // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
     int64_t perBlock = (count + blocks - 1) / blocks;
     if (count % 4 == 0)
@@ -90,7 +112,9 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     if (current)
       e.launch(next++, params, blocks,
                fmt::format("quantizeAmaxBlocks<{}, {}>({}, used)", count, perBlock, source));
-    if (transpose)
+    if (transpose && options.activation == QuantizeActivation::SwigluBackward && f % 64 == 0 && !biasGrad)
+      emitSwigluGradientCastTranspose(e, next++, params, rows, f, current, scaling, fp8Interpretation(a));
+    else if (transpose)
       e.launch(next++, params, blocks,
                fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scaleInv, amax, "
                            "saturations, used, {}{})",
