@@ -169,40 +169,44 @@ TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
   // decode.cuh's attention writing the caches (fuse-kv-write's; not in place: they are inputs
   // here, copied first), 8 sequences of 16 heads over a cache of 512 positions (16 parts of 32
   // keys each, 2048 in all) at positions anywhere in it, the last included; fp32 (exact caches)
-  // and bf16.
+  // and bf16. Every head its own KV head, and grouped: 2 and 1 KV heads through the tiles (the
+  // group's first block writing the row), and heads of 6 (rows of 24 bytes: no tiles, kv_write's
+  // launch before the attention).
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
-  const int64_t B = 8, T = 512, H = 16, Dh = 16, D = H * Dh;
-  for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-    std::string text = fmt::format(
-        "graph @g\n%qkv = input() : f32[{0},1,{3}]\n%k = input() : f32[{0},{1},{2}]\n%v = input() : f32[{0},{1},{2}]\n"
-        "%positions = input() : i32[{0},1]\n%out, %k.new, %v.new = decode_attention(%qkv, %k, %v, %positions) "
-        "{{{4}heads={5}, scale=0.25, write_cache=true}} : f32[{0},1,{2}], f32[{0},{1},{2}], f32[{0},{1},{2}]\n"
-        "return %out, %k.new, %v.new\n",
-        B, T, D, 3 * D, bf16 ? "gemm_dtype=\"bf16\", " : "", H);
-    auto graph = unwrap(parseGraph(text, "decode-attention.ir"));
-    ASSERT_TRUE(graph);
-    std::map<std::string, Tensor> leaves;
-    for (const char *name : {"qkv", "k", "v"}) {
-      Tensor t = Tensor::zeros(graph->lookup(name)->type());
-      for (float &x : t.data)
-        x = float(rng.normal());
-      leaves[name] = std::move(t);
+  const int64_t B = 8, T = 512, H = 16;
+  for (auto [kv, Dh] : {std::pair<int64_t, int64_t>{16, 16}, {2, 16}, {1, 16}, {4, 6}})
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} KV heads of {}, {}", kv, Dh, bf16 ? "bf16" : "fp32"));
+      const int64_t Q = H * Dh, D = kv * Dh;
+      std::string text = fmt::format(
+          "graph @g\n%qkv = input() : f32[{0},1,{3}]\n%k = input() : f32[{0},{1},{2}]\n%v = input() : f32[{0},{1},{2}]\n"
+          "%positions = input() : i32[{0},1]\n%out, %k.new, %v.new = decode_attention(%qkv, %k, %v, %positions) "
+          "{{{4}heads={5}, kv_heads={6}, scale=0.25, write_cache=true}} : f32[{0},1,{7}], f32[{0},{1},{2}], "
+          "f32[{0},{1},{2}]\nreturn %out, %k.new, %v.new\n",
+          B, T, D, Q + 2 * D, bf16 ? "gemm_dtype=\"bf16\", " : "", H, kv, Q);
+      auto graph = unwrap(parseGraph(text, "decode-attention.ir"));
+      ASSERT_TRUE(graph);
+      std::map<std::string, Tensor> leaves;
+      for (const char *name : {"qkv", "k", "v"}) {
+        Tensor t = Tensor::zeros(graph->lookup(name)->type());
+        for (float &x : t.data)
+          x = float(rng.normal());
+        leaves[name] = std::move(t);
+      }
+      Tensor positions = Tensor::zeros(TensorType(DType::I32, {B, 1}));
+      for (int32_t &p : positions.ints)
+        p = int32_t(rng.below(T));
+      positions.ints[0] = int32_t(T - 1); // every part of the first sequence
+      leaves["positions"] = positions;
+      std::vector<Tensor> want, got;
+      runOnBoth(*graph, leaves, want, got);
+      ASSERT_EQ(got.size(), 3u);
+      EXPECT_EQ(got[1].data, want[1].data); // the caches: copied, and this step's rows written
+      EXPECT_EQ(got[2].data, want[2].data);
+      Gap gap = gapOf(want[0].data, got[0].data);
+      EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "max difference " << gap.worst;
     }
-    Tensor positions = Tensor::zeros(TensorType(DType::I32, {B, 1}));
-    for (int32_t &p : positions.ints)
-      p = int32_t(rng.below(T));
-    positions.ints[0] = int32_t(T - 1); // every part of the first sequence
-    leaves["positions"] = positions;
-    std::vector<Tensor> want, got;
-    runOnBoth(*graph, leaves, want, got);
-    ASSERT_EQ(got.size(), 3u);
-    EXPECT_EQ(got[1].data, want[1].data); // the caches: copied, and this step's rows written
-    EXPECT_EQ(got[2].data, want[2].data);
-    Gap gap = gapOf(want[0].data, got[0].data);
-    EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "max difference " << gap.worst;
-  }
 }
 
 TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {

@@ -13,10 +13,9 @@ namespace {
 class FuseKvWrite : public FusionPass {
 public:
   std::optional<FusionMatch> match(const Graph &, Op *attention) const override {
-    // (Under grouped-query attention G heads share a cache row: the GPU's blocks of one head
-    // would read the row another writes. Those keep the kv_write.)
-    if (attention->kind() != OpKind::DecodeAttention || writesCache(attention->attrs()) ||
-        attentionHeads(attention->attrs()).grouped())
+    // (Under grouped-query attention G query heads share a cache row: the GPU has one block of
+    // the G write it, each putting the row it computes into its own tiles, decode.cuh.)
+    if (attention->kind() != OpKind::DecodeAttention || writesCache(attention->attrs()))
       return std::nullopt;
     Op *write = definedBy(attention->operand(1), OpKind::KvWrite);
     // Legality: both caches are this write's results, written from the attention's own qkv at

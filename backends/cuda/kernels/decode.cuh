@@ -137,8 +137,10 @@ __device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, floa
 }
 
 // Query head h of KV heads reads cache head h / (H / KV) (grouped-query attention; the caches
-// [B, T, KV Dh], qkv's rows [H Dh | KV Dh | KV Dh]); writing the caches (Write) is multi-head
-// attention's alone, each head's block writing its own row.
+// [B, T, KV Dh], qkv's rows [H Dh | KV Dh | KV Dh]). Writing the caches (Write) under grouped
+// heads needs Tiles: the first query head of each group writes the row, and every block of the
+// group puts the row it computes into its own tiles, so none reads the row another writes (the
+// stale copy a block may load there is replaced).
 // With Rope (rope_theta), the query, and under Write the key it writes, are rotated at the
 // position first (rotatedElement; table: the op's constants).
 template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, int64 KV, bool Rope,
@@ -146,7 +148,7 @@ template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool 
 __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
                                     const int *positions, Out out, float *partial, unsigned *done, float scale,
                                     CacheOut kOut, CacheOut vOut, bool &waited, const double *table) {
-  static_assert(!Write || KV == H, "the cache written by grouped heads' blocks would race");
+  static_assert(!Write || KV == H || Tiles, "the cache row written by a grouped head's block, read by the others");
   constexpr int64 D = KV * Dh, W = H * Dh + 2 * D, G = H / KV; // D: a cache row's width
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
   constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow, PerKey = PerRow % 4 == 0 ? 4 : 1;
@@ -177,13 +179,16 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     __syncthreads(); // the tiles are whole before this step's row replaces its stale copy in them
   }
   if (Write && positions[b] >= 0 && positions[b] < T && first <= positions[b] && positions[b] < end) {
-    const float *fresh = qkv + b * W + H * Dh + h * Dh;
+    const float *fresh = qkv + b * W + H * Dh + kh * Dh;
+    bool writer = h % G == 0; // the group's first head
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
-      int64 at = (b * T + positions[b]) * D + h * Dh + d;
+      int64 at = (b * T + positions[b]) * D + kh * Dh + d;
       float key = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(fresh, d, positions[b], table));
       float value = gemmOperand<Bf16>(fresh[D + d]);
-      kOut[at] = key;
-      vOut[at] = value;
+      if (writer) {
+        kOut[at] = key;
+        vOut[at] = value;
+      }
       if (Tiles) {
         tileK[positions[b] - first][d] = toCache<Cache>(key);
         tileV[positions[b] - first][d] = toCache<Cache>(value);

@@ -80,9 +80,6 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   const char *cache = bf16Caches ? "unsigned short" : "float";
   std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
   const int64_t blocks = B * H * splits;
-  if (writesCache(a) && heads.grouped())
-    return makeError("decode_attention %{}: write_cache under grouped-query attention (fuse-kv-write leaves those)",
-                     op.result()->name());
   // Under rope_theta the query (and the key written) rotated: the table after the parameters,
   // Rope after KV in the template's arguments.
   std::string table = cacheRopeTable(op, e, T, Dh), rope = table.empty() ? "" : ", true";
@@ -113,13 +110,28 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   int64_t cacheBytes = bf16Caches ? 2 : 4;
   const Op *positions = op.operand(3)->def();
   bool tiles = Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
+  std::string tableArgument = rope.empty() ? "" : ", table";
+  if (heads.grouped() && !tiles) {
+    // Grouped heads write their rows only through tiles (decode.cuh): here kv_write's launch,
+    // then the attention over the caches it wrote.
+    e.launch(launch, params, elementwiseBlocks(B * heads.kvHeads * Dh),
+             fmt::format("kvWriteRows<{}, 1, {}, {}, true, {}, {}{}>(qkv, positions, kOut, vOut{})", B, T,
+                         heads.kvHeads * Dh, boolText(hasBf16Gemms(a)), D, rope.empty() ? "" : fmt::format(", {}", Dh),
+                         tableArgument));
+    e.launch(launch + 1, params, blocks,
+             fmt::format("decodeAttention<{}, false, false, false, {}{}>(qkv, readable(kOut), readable(vOut), "
+                         "positions, out, partial, done, {}, (float *)nullptr, (float *)nullptr{})",
+                         shape, heads.kvHeads, rope, lit(*a.getFloat("scale")), tableArgument),
+             128);
+    return llvm::Error::success();
+  }
   bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
   e.launch(launch, params, blocks,
            fmt::format("decodeAttention<{}, true, {}, {}{}>(qkv, readable(kOut), readable(vOut), positions, out, "
                        "partial, done, {}, kOut, vOut{})",
                        shape, boolText(tiles), boolText(early),
-                       rope.empty() ? "" : fmt::format(", {}{}", heads.kvHeads, rope), lit(*a.getFloat("scale")),
-                       rope.empty() ? "" : ", table"),
+                       heads.grouped() || !rope.empty() ? fmt::format(", {}{}", heads.kvHeads, rope) : "",
+                       lit(*a.getFloat("scale")), tableArgument),
            128);
   if (early)
     e.awaitsItself();
