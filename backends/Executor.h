@@ -88,6 +88,9 @@ public:
   virtual std::string describe() const = 0;
   /// Device memory the program holds (buffers and workspace); 0 on the CPU.
   virtual int64_t deviceBytes() const { return 0; }
+  /// That memory by class, as lines to print: what was allocated for each use, and what the
+  /// arena holds at its fullest op by the memory plan; none on the CPU.
+  virtual std::vector<std::string> memoryReport() const { return {}; }
 
   llvm::Error bindAll(const std::map<std::string, Tensor> &tensors) {
     for (const auto &[name, tensor] : tensors)

@@ -33,8 +33,9 @@ struct TrainConfig {
   double gradClip = 1.0;
   double minLrRatio = 0.1;       // the cosine schedule ends at lr * min_lr_ratio
   bool decayEmbeddings = false;  // weight decay on wte/wpe too (never on norms and biases)
-  /// The backward recomputes what a fused LayerNorm+Linear/MLP normalised and activated (less
-  /// memory, more time) instead of keeping the forward's values, as Transformer Engine keeps them.
+  /// The backward recomputes what a fused LayerNorm+Linear/MLP normalised and activated, and
+  /// under FP8 the transposes of the inputs it keeps anyway (requantize-transposes): less
+  /// memory, more time, instead of keeping the forward's values, as Transformer Engine keeps them.
   bool recompute = false;
   uint64_t seed = 1234;
 };

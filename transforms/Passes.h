@@ -11,6 +11,7 @@ std::unique_ptr<Pass> createFuseAttentionPass();
 std::unique_ptr<Pass> createFuseLayerNormMLPPass();
 std::unique_ptr<Pass> createFuseSwigluPass();
 std::unique_ptr<Pass> createUnitTransposesPass();
+std::unique_ptr<Pass> createRequantizeTransposesPass(bool recompute);
 std::unique_ptr<Pass> createFuseLayerNormLinearPass();
 std::unique_ptr<Pass> createFuseResidualNormPass();
 std::unique_ptr<Pass> createFuseNormGradAddPass();

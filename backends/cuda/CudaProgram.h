@@ -131,6 +131,10 @@ struct CudaProgram {
   /// epilogues read) as it writes them: the executor converts them only once they are bound, and
   /// at each step only the parameters no AdamW updates.
   bool optimizerWritesWeightCopy = false;
+  /// The bytes of the parameter region the executor's BF16 copy holds, [begin, end): the
+  /// parameters a step reads in BF16 (weightsReadInBf16), or the whole region where AdamW writes
+  /// the copy. Empty: no copy.
+  int64_t weightCopyBegin = 0, weightCopyEnd = 0;
   /// The head-major q, k, v of an attention cuDNN runs (its third result) that are its qkv
   /// operand's memory instead: the qkv GEMM writes BF16 rows, which cuDNN's forward and gradient
   /// read in place (cudnnReadsQkvRows; the memory plan makes the result an alias of qkv). The

@@ -33,13 +33,15 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
   // rows, apply the GELU after them; an FP8 product adds its bias in its epilogue, and fc2's
   // quantize applies the GELU before it; a cast-transpose of a gradient sums its columns where
   // a bias gradient sums the same gradient, and an FP8 head's output gradient is made by the
-  // quantize that reads the logits for the loss; a transpose that moves only dimensions of size 1
+  // quantize that reads the logits for the loss; with --recompute a forward cast-transpose whose
+  // input the backward keeps makes its transpose again in the backward instead of keeping it; a transpose that moves only dimensions of size 1
   // (a decode step's per-head ones around RoPE) becomes a reshape.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                    "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
                                    "fuse-cache-rope", "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
                                    "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
-                                   "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "unit-transposes"});
+                                   "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "requantize-transposes",
+                                   "unit-transposes"});
   return passes;
 }
 

@@ -1,7 +1,7 @@
 #include "backends/cuda/Report.h"
 
 #include "backends/cuda/lowering/Lowering.h"
-#include "backends/cuda/lowering/MemoryPlan.h"
+#include "backends/cuda/lowering/MemoryClasses.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -23,6 +23,7 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
                       "{:.1f} MiB, state {:.1f} MiB (AdamW's moments {:.1f} MiB)\n",
                       mib(layout.paramBytes), layout.params.size(), mib(layout.gradBytes),
                       mib(layout.stateBytes), mib(2 * layout.updatedBytes));
+    printMemoryBreakdown(memoryBreakdown(graph, *lowered, plan), os, "// memory by class: ");
     for (const OpLowering &l : lowered->lowering)
       if (!l.label.empty())
         os << fmt::format("// grouped: {}, {} launch{}\n", l.label, l.launches.size(),

@@ -2,6 +2,7 @@
 // the fp8 recipe on the CPU (emulated) against its fp32 run.
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/lowering/Lowering.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 #include "ir/Attributes.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
@@ -205,10 +206,12 @@ std::unique_ptr<Graph> runPasses(std::unique_ptr<Graph> graph, const ModelConfig
   return graph;
 }
 
-/// The tiny fp8 training program, with `extra` passes before the final dce.
-std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra, bool fp8Head = false) {
+/// The tiny fp8 training program, with `extra` passes before the final dce (and train.recompute
+/// as `recompute` says).
+std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra, bool fp8Head = false, bool recompute = false) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Fp8;
+  c.train.recompute = recompute;
   if (fp8Head)
     c.precision.keepBf16.clear();
   auto graph = unwrap(buildGPT(c, 4));
@@ -333,6 +336,56 @@ TEST(FuseCrossEntropyQuantize, AnFp8HeadsGradientIsMadeByTheQuantizeOfTheLogitsA
   for (const Op *op : bf16Head->ops())
     kept += op->kind() == OpKind::CrossEntropy;
   EXPECT_EQ(kept, 1);
+}
+
+TEST(RequantizeTransposes, TheBackwardMakesTheTransposesOfKeptInputsAgainAndNoBitChanges) {
+  // A forward cast-transpose whose input the backward keeps anyway (the weights, the attention's
+  // output, fc1's output under fc2's GELU quantize) writes q alone; the backward quantizes that
+  // input again for q_t, with the same scale: the same bytes, and q_t not held across the forward.
+  std::vector<std::string> before = {"expand-layernorm-fused", "legalize-fp8-gemm", "fuse-gelu-bias-grad",
+                                     "fuse-gelu-quantize"};
+  auto plain = tinyFp8Program(before, false, /*recompute=*/true);
+  before.push_back("requantize-transposes");
+  auto split = tinyFp8Program(before, false, /*recompute=*/true);
+  // Without --recompute the pass changes nothing.
+  auto kept = tinyFp8Program(before);
+  ASSERT_TRUE(plain && split && kept);
+  for (const Op *op : kept->ops())
+    EXPECT_EQ(op->numResults() && op->result()->name().find(".again") != std::string::npos, false)
+        << op->result()->name();
+  std::vector<Op *> ops = split->ops();
+  size_t loss = size_t(llvm::find(ops, split->outputs()[0]->def()) - ops.begin());
+  int again = 0, forwardTransposes = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]->kind() != OpKind::Quantize)
+      continue;
+    const std::string &name = ops[i]->result()->name();
+    bool transposes = quantizeOptions(ops[i]->attrs()).transpose;
+    if (name.find(".again") != std::string::npos) {
+      ++again;
+      EXPECT_GT(i, loss) << name;
+      EXPECT_TRUE(transposes) << name;
+      EXPECT_EQ(ops[i]->result()->users().size(), 0u) << name; // its q and amax go unread
+      EXPECT_EQ(ops[i]->result(1)->users().size(), 0u) << name;
+    } else if (i < loss && transposes) {
+      ++forwardTransposes; // the norms' outputs, which nothing keeps for the backward
+      EXPECT_TRUE(name.find("qkv.fp8.input") != std::string::npos || name.find("fc1.fp8.input") != std::string::npos)
+          << name;
+    }
+  }
+  EXPECT_EQ(again, 2 * 6); // a layer: four weights, proj's and fc2's inputs
+  EXPECT_EQ(forwardTransposes, 2 * 2);
+  expectTheSameStep(*plain, *split);
+  // On the GPU the arena holds less (the transposes live from the backward's quantize on).
+  CudaProgram a = unwrap(lowerToCuda(*plain)), b = unwrap(lowerToCuda(*split));
+  EXPECT_LT(planMemory(*split, b).arenaBytes, planMemory(*plain, a).arenaBytes);
+  // A second run finds nothing to split.
+  PipelineOptions options;
+  options.passOptions.train.recompute = true;
+  auto again2 = unwrap(PassPipeline::create({"requantize-transposes"}, options));
+  size_t count = split->numOps();
+  EXPECT_FALSE(bool(again2.run(*split)));
+  EXPECT_EQ(split->numOps(), count);
 }
 
 TEST(LegalizeFp8Gemm, EveryFp8GemmIsTNAndNoBitChanges) {

@@ -233,6 +233,16 @@ void printBenchHeader(const ModelConfig &base, int ranks) {
                               "final loss");
 }
 
+/// The executor's memory by class, printed under the recipe's row; the lines, for --json.
+llvm::json::Array printMemory(const Executor &executor) {
+  llvm::json::Array lines;
+  for (const std::string &line : executor.memoryReport()) {
+    llvm::outs() << "       memory: " << line << "\n";
+    lines.push_back(line);
+  }
+  return lines;
+}
+
 } // namespace
 
 int runBench() {
@@ -317,12 +327,14 @@ int runBench() {
                                 100 * shares.gemms, 100 * shares.attention,
                                 setup->ranks > 1 ? fmt::format("all-reduce {:.1f}%, ", 100 * shares.communication) : "",
                                 100 * shares.rest);
+    llvm::json::Array memoryLines = printMemory(executor);
     llvm::json::Object result = runDescription(**trainer);
     result["median_ms"] = median;
     result["mean_ms"] = mean;
     result["tokens_per_s"] = tokens / (median / 1000);
     result["model_tflops"] = tflops;
     result["memory_mib"] = memoryMiB;
+    result["memory_by_class"] = std::move(memoryLines);
     result["final_loss"] = loss;
     result["time_shares"] = llvm::json::Object{{"gemms", shares.gemms}, {"attention", shares.attention},
                                                {"all_reduce", shares.communication}, {"rest", shares.rest}};

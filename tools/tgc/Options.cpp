@@ -97,7 +97,7 @@ cl::opt<bool> Fp8LmHead("fp8-lm-head",
                                  "model file's keep_bf16 names lm_head); --fp8-lm-head=false keeps it BF16"),
                         cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<bool> Recompute("recompute",
-                        cl::desc("The backward recomputes the fused layers' norms and activations instead of keeping the forward's (less memory, more time)"),
+                        cl::desc("The backward recomputes the fused layers' norms and activations, and under fp8 the transposes of the inputs it keeps anyway, instead of keeping the forward's (less memory, more time)"),
                         cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                         cl::cat(category()));
 cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),

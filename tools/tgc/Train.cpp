@@ -467,6 +467,8 @@ int runTrain() {
                                 "each; rank 0 prints and writes)\n",
                                 t.ranks(), c.train.batch / t.ranks());
   llvm::outs() << fmt::format("data: {}\n", t.data().describe());
+  for (const std::string &line : t.executor().memoryReport())
+    llvm::outs() << "memory: " << line << "\n";
   if (t.stepsDone())
     llvm::outs() << fmt::format("resumed from {} at step {}{}\n", ResumePath.getValue(), t.stepsDone(),
                                 c.train.seed != fileSeed

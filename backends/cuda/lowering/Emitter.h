@@ -52,6 +52,9 @@ int64_t sumSquaresBlocks(int64_t count);
 /// block, where rows are at most 1024 wide; a block per row where they are wider.
 int64_t normBlocks(int64_t rows, int64_t width);
 
+/// The bytes of the parameter region a step reads in BF16, [begin, end): BF16 GEMMs' parameter
+/// operands, GEMVs' weights, BF16 epilogues' biases ({0, 0}: none).
+std::pair<int64_t, int64_t> weightsReadInBf16(const std::vector<Op *> &ops, const CudaProgram &program);
 /// Rewrites the optimizer's lowering over the contiguous parameter layout: every AdamW op as
 /// one launch, and the gradient norm's sum_squares and adds as one pair of launches, where
 /// their conditions hold (the same bits as one kernel per op). `sources` holds each op's

@@ -9,9 +9,11 @@
 #include "support/Error.h"
 
 #include <algorithm>
+#include <tuple>
 #include <fmt/format.h>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace tgc {
 
@@ -132,6 +134,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     headers.insert(e.headers.begin(), e.headers.end());
     program.lowering[i] = std::move(e.lowering);
   }
+  std::tie(program.weightCopyBegin, program.weightCopyEnd) = weightsReadInBf16(ops, program);
   if (options.groupOptimizer)
     groupOptimizer(ops, program, kernels);
   if (options.groupFp8Updates)

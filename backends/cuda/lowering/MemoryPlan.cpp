@@ -233,6 +233,7 @@ void placeItems(std::vector<Item> &items, MemoryPlan &plan) {
     else
       plan.opLocalOffsets[item.op][item.local] = offset;
     plan.arenaBytes = std::max(plan.arenaBytes, offset + item.bytes);
+    plan.spans.push_back({item.value, item.shadow, item.bytes, item.first, item.last});
     placed.push_back({&item, offset});
   }
 }

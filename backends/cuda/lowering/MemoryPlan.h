@@ -30,6 +30,14 @@ struct MemoryPlan {
   /// copies of its operands that are not BF16 already (not weights, nor values their producer
   /// writes in BF16). They live only while the op runs.
   std::vector<std::vector<int64_t>> opLocalOffsets;
+  /// Each thing placed in the arena and the ops it lives over ([first, last], program order):
+  /// a value, the BF16 copy of one (shadow), or an op-local buffer (value null).
+  struct Span {
+    const Value *value;
+    bool shadow;
+    int64_t bytes, first, last;
+  };
+  std::vector<Span> spans;
   int64_t arenaBytes = 0;
   int64_t withoutReuseBytes = 0; // what one buffer per value would take
   int64_t persistentBytes = 0;   // parameters, gradients, state, inputs, ops' persistent buffers

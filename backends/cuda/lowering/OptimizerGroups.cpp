@@ -9,25 +9,33 @@
 #include <fmt/format.h>
 
 namespace tgc {
-namespace {
 
-/// Whether a step reads the executor's BF16 copy of the parameters: a BF16 GEMM with a
-/// parameter operand, a kernel reading a parameter in BF16 (a GEMV), an epilogue adding a
-/// parameter's BF16 bias.
-bool readsWeightCopy(const std::vector<Op *> &ops, const CudaProgram &program) {
+std::pair<int64_t, int64_t> weightsReadInBf16(const std::vector<Op *> &ops, const CudaProgram &program) {
+  const ParameterLayout &layout = program.layout;
+  int64_t begin = layout.paramBytes, end = 0;
+  auto take = [&](const Value *v) {
+    const Value *param = reshapeRoot(v);
+    if (!layout.params.count(param))
+      return;
+    int64_t offset = layout.params.lookup(param), bytes = deviceBytesOf(param->type());
+    begin = std::min(begin, offset);
+    end = std::max(end, offset + (bytes + 511) / 512 * 512); // the layout's 512-byte alignment
+  };
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op &op = *ops[i];
     const OpLowering &l = program.lowering[i];
-    if (!l.bf16Weights.empty())
-      return true;
-    if (l.kind == OpLowering::Gemm && isBf16Gemm(op) &&
-        (isWeight(program, op.operand(0)) || isWeight(program, op.operand(1))))
-      return true;
+    for (unsigned k : l.bf16Weights)
+      take(op.operand(k));
+    if (l.kind == OpLowering::Gemm && hasBf16Gemms(op.attrs())) // as the GEMM runner reads them
+      for (unsigned k = 0; k < 2; ++k)
+        take(op.operand(k));
     if (addsBf16Bias(program, op))
-      return true;
+      take(op.operand(2));
   }
-  return false;
+  return end > begin ? std::pair{begin, end} : std::pair<int64_t, int64_t>{0, 0};
 }
+
+namespace {
 
 /// One launch for every AdamW op of the layout, over the contiguous parameters, gradients and
 /// moments: the same elementwise arithmetic (the same bits), the weight decay chosen by offset.
@@ -78,12 +86,16 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
                        first.operand(4), first.operand(5), first.operand(6),
                        base->operand(0), base->operand(2), base->operand(3)};
   grouped.label = "adamw (all parameters)";
-  // Where the next step reads the parameters' BF16 copy, the update writes it (two bytes more
-  // an element here, six fewer than converting every parameter at the step's start).
-  bool copy = readsWeightCopy(ops, program);
+  // Where the next step reads most of the parameters in BF16, the update writes their whole
+  // copy (two bytes more an element here, six fewer than converting them at the step's start);
+  // a few (an FP8 program's biases) are converted at the step's start instead.
+  int64_t read = program.weightCopyEnd - program.weightCopyBegin;
+  bool copy = read > 0 && 2 * read >= layout.updatedBytes;
   if (copy) {
     grouped.weightCopyArgument = 7; // newParam
     program.optimizerWritesWeightCopy = true;
+    program.weightCopyBegin = 0;
+    program.weightCopyEnd = layout.paramBytes;
   }
   for (size_t i : members) {
     program.lowering[i] = OpLowering{};

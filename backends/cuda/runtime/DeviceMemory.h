@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace tgc {
@@ -24,17 +26,20 @@ public:
   DeviceMemory &operator=(const DeviceMemory &) = delete;
   ~DeviceMemory();
 
-  /// `bytes` of device memory, zeroed when `zero`; counted as `counted` bytes (the arena and the
-  /// regions count what the plan asked for, not the 256-byte minimum allocated).
-  llvm::Expected<void *> allocate(size_t bytes, bool zero, int64_t counted);
-  llvm::Expected<void *> allocate(size_t bytes, bool zero) { return allocate(bytes, zero, int64_t(bytes)); }
+  /// `bytes` of device memory for `use` (what `byUse` lists it as), zeroed when `zero`; counted
+  /// as `counted` bytes where given (the arena and the regions count what the plan asked for,
+  /// not the 256-byte minimum allocated).
+  llvm::Expected<void *> allocate(size_t bytes, bool zero, const char *use, int64_t counted = -1);
   /// A buffer holding a copy of `bytes` host bytes.
-  llvm::Expected<void *> upload(const void *host, size_t bytes);
+  llvm::Expected<void *> upload(const void *host, size_t bytes, const char *use);
   int64_t bytes() const { return bytes_; }
+  /// The bytes counted, by use, in the order first allocated.
+  const std::vector<std::pair<std::string, int64_t>> &byUse() const { return byUse_; }
 
 private:
   std::vector<void *> owned_;
   int64_t bytes_ = 0;
+  std::vector<std::pair<std::string, int64_t>> byUse_;
 };
 
 } // namespace tgc

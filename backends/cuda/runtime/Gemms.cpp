@@ -45,7 +45,7 @@ llvm::Error GemmRunner::open(DeviceMemory &memory, size_t ops) {
   blas_ = *blas;
   if (blas_->create(&lt_) != CUBLAS_STATUS_SUCCESS)
     return cudaFailure("cublasLtCreate", __FILE__, __LINE__, "no cuBLASLt handle");
-  auto workspace = memory.allocate(kWorkspaceBytes, false);
+  auto workspace = memory.allocate(kWorkspaceBytes, false, "cuBLASLt workspace");
   if (!workspace)
     return workspace.takeError();
   workspace_ = *workspace;

@@ -64,6 +64,7 @@ llvm::Error ProgramRunner::initialize() {
   scratch_.resize(ops_.size());
   persistent_.resize(ops_.size());
   MemoryPlan plan = planMemory(graph_, program_);
+  memoryBreakdown_ = memoryBreakdown(graph_, program_, plan);
   Regions regions;
   if (auto err = allocateRegions(plan, regions))
     return err;
@@ -82,9 +83,16 @@ llvm::Error ProgramRunner::initialize() {
 /// zero); inputs keep buffers of their own.
 llvm::Error ProgramRunner::allocateRegions(const MemoryPlan &plan, Regions &regions) {
   const ParameterLayout &layout = program_.layout;
-  for (auto [base, bytes] : {std::pair{&regions.arena, plan.arenaBytes}, std::pair{&regions.params, layout.paramBytes},
-                             std::pair{&regions.grads, layout.gradBytes}, std::pair{&regions.state, layout.stateBytes}}) {
-    auto p = memory_.allocate(size_t(std::max<int64_t>(bytes, 256)), true, bytes);
+  struct Region {
+    char **base;
+    int64_t bytes;
+    const char *use;
+  };
+  for (auto [base, bytes, use] : {Region{&regions.arena, plan.arenaBytes, "arena"},
+                                  Region{&regions.params, layout.paramBytes, "master weights"},
+                                  Region{&regions.grads, layout.gradBytes, "gradients"},
+                                  Region{&regions.state, layout.stateBytes, "state"}}) {
+    auto p = memory_.allocate(size_t(std::max<int64_t>(bytes, 256)), true, use, bytes);
     if (!p)
       return p.takeError();
     *base = static_cast<char *>(*p);
@@ -108,7 +116,7 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
     } else if (layout.state.count(v)) {
       buffers_[v] = regions.state + layout.state.lookup(v);
     } else if (lowering.kind == OpLowering::Leaf) { // an input
-      auto p = memory_.allocate(std::max<size_t>(size_t(deviceBytesOf(v->type())), 4), true);
+      auto p = memory_.allocate(std::max<size_t>(size_t(deviceBytesOf(v->type())), 4), true, "inputs");
       if (!p)
         return p.takeError();
       buffers_[v] = *p;
@@ -136,13 +144,13 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
   for (size_t k = 0; k < lowering.scratchFloats.size(); ++k)
     scratch_[i].push_back(regions.arena + plan.opLocalOffsets[i][k]);
   for (int64_t floats : lowering.persistentFloats) {
-    auto p = memory_.allocate(size_t(floats) * 4, true);
+    auto p = memory_.allocate(size_t(floats) * 4, true, "kernel buffers");
     if (!p)
       return p.takeError();
     persistent_[i].push_back(*p);
   }
   if (!lowering.constants.empty()) { // after the persistent buffers, as the kernels expect
-    auto p = memory_.upload(lowering.constants.data(), lowering.constants.size() * sizeof(double));
+    auto p = memory_.upload(lowering.constants.data(), lowering.constants.size() * sizeof(double), "kernel buffers");
     if (!p)
       return p.takeError();
     persistent_[i].push_back(*p);
@@ -172,12 +180,9 @@ llvm::Error ProgramRunner::useBf16OperandCopies() {
         gemms_.at(i).bf16Operands[k] = shadows_.lookup(operand);
       gemms_.at(i).written[k] = program_.bf16Stored.count(operand) || program_.bf16Shadowed.count(operand);
     }
-  bool gemvs = llvm::any_of(program_.lowering, [](const OpLowering &l) { return !l.bf16Weights.empty(); });
-  bool fromCopy = false;
-  for (size_t i = 0; i < ops_.size(); ++i)
-    fromCopy |= gemms_.at(i).fromWeightCopy[0] || gemms_.at(i).fromWeightCopy[1];
-  if (gemvs || !program_.bf16Rounding.empty() || program_.optimizerWritesWeightCopy || fromCopy) {
-    auto copy = memory_.allocate(size_t(paramBytes_ / 2), false);
+  // The copy holds the parameters read in BF16 (CudaProgram::weightCopyBegin, End).
+  if (int64_t bytes = program_.weightCopyEnd - program_.weightCopyBegin; bytes > 0) {
+    auto copy = memory_.allocate(size_t(bytes / 2), false, "BF16 weight copy");
     if (!copy)
       return copy.takeError();
     weightsBf16_ = static_cast<char *>(*copy);
@@ -321,9 +326,10 @@ llvm::Error ProgramRunner::launchStep() {
   std::vector<std::pair<const Value *, const Value *>> assigns;
   // The parameters as the BF16 GEMMs read them (padding: zeros): those the step's AdamW updates
   // it also writes in BF16 (CudaProgram::optimizerWritesWeightCopy; converted once bound).
-  int64_t copied = program_.optimizerWritesWeightCopy ? program_.layout.updatedBytes : 0;
-  if (weightsBf16_ && assignsParams_ && copied < paramBytes_)
-    if (auto err = convertToBf16(params_ + copied, weightsBf16_ + copied / 2, (paramBytes_ - copied) / 4))
+  int64_t begin = program_.weightCopyBegin, end = program_.weightCopyEnd;
+  int64_t copied = program_.optimizerWritesWeightCopy ? program_.layout.updatedBytes : begin;
+  if (weightsBf16_ && assignsParams_ && copied < end)
+    if (auto err = convertToBf16(params_ + copied, weightsBf16_ + (copied - begin) / 2, (end - copied) / 4))
       return err;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
@@ -435,7 +441,8 @@ llvm::Error ProgramRunner::launch() {
   // Parameters no step assigns, or whose BF16 copy AdamW writes, are converted to BF16 once
   // after they are bound, not per step.
   if (weightsBf16_ && (!assignsParams_ || program_.optimizerWritesWeightCopy) && paramsBound_) {
-    if (auto err = convertToBf16(params_, weightsBf16_, paramBytes_ / 4))
+    if (auto err = convertToBf16(params_ + program_.weightCopyBegin, weightsBf16_,
+                                 (program_.weightCopyEnd - program_.weightCopyBegin) / 4))
       return err;
     paramsBound_ = false;
   }

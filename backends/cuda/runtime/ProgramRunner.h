@@ -16,6 +16,7 @@
 #include "backends/cuda/runtime/Gemms.h"
 #include "backends/cuda/runtime/HostStaging.h"
 #include "backends/cuda/runtime/Profiler.h"
+#include "backends/cuda/lowering/MemoryClasses.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -53,6 +54,7 @@ public:
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   std::string describe() const override { return description_; }
   int64_t deviceBytes() const override { return memory_.bytes(); }
+  std::vector<std::string> memoryReport() const override;
 
 private:
   struct Regions {
@@ -82,8 +84,11 @@ private:
   /// have one type and one storage (fp32, or BF16 on both sides); else nulls.
   std::pair<const Value *, const Value *> sameLeaf(llvm::StringRef name, const Executor &executor) const;
   void *buffer(const Value *v) const { return buffers_.lookup(v); }
-  /// A parameter's place in the BF16 copy of the parameter region (the same index).
-  void *weightCopy(const Value *param) const { return weightsBf16_ + ((char *)buffer(param) - params_) / 2; }
+  /// A parameter's place in the BF16 copy of the parameter region's bytes from
+  /// CudaProgram::weightCopyBegin (the same index, counted from there).
+  void *weightCopy(const Value *param) const {
+    return weightsBf16_ + ((char *)buffer(param) - params_ - program_.weightCopyBegin) / 2;
+  }
   size_t storedBytes(const Value *v) const;
 
   const Graph &graph_;
@@ -93,6 +98,7 @@ private:
   std::vector<Op *> ops_;
   CudaProgram program_;
   std::string cubin_;
+  MemoryBreakdown memoryBreakdown_; // the plan's, by class (memoryReport)
   // The resources, each owned by its part (destroyed after the body of ~ProgramRunner).
   DeviceMemory memory_;
   HostStaging staging_;
