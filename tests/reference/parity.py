@@ -235,8 +235,30 @@ class GPT(torch.nn.Module):
     def has(self, name):
         return name.replace(".", "__") in self.p
 
+    def use_torchao(self):
+        """torchao's float8 training (tensorwise dynamic scaling, its default recipe): each linear
+        layer an nn.Linear over the same parameters, swapped for torchao's Float8Linear by
+        convert_to_float8_training, as a torchao user converts a model (the LM head stays BF16,
+        as tgc's keep_bf16 keeps it)."""
+        from torchao.float8 import convert_to_float8_training
+        self.lin = torch.nn.ModuleDict()
+        for key in list(self.p.keys()):
+            name = key.replace("__", ".")
+            if not name.endswith(".weight") or (".attn." not in name and ".mlp." not in name):
+                continue
+            layer = name[:-len(".weight")]
+            w = self.p[key]
+            lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=self.has(layer + ".bias"), device="meta")
+            lin.weight = w
+            if self.has(layer + ".bias"):
+                lin.bias = self.w(layer + ".bias")
+            self.lin[layer.replace(".", "__")] = lin
+        convert_to_float8_training(self.lin)
+
     def linear(self, x, name):
         bias = self.w(name + ".bias") if self.has(name + ".bias") else None
+        if hasattr(self, "lin") and name.replace(".", "__") in self.lin:
+            return self.lin[name.replace(".", "__")](x)
         if name in self.fp8:
             return Fp8Linear.apply(x, self.w(name + ".weight"), bias, self.fp8[name])
         return F.linear(x, self.w(name + ".weight"), bias)
@@ -387,6 +409,8 @@ def bench(args):
     min_dim = args.fp8_min_dim if args.fp8_min_dim is not None else cfg.get("fp8_min_dim", 0)
     fp8 = fp8_layers(cfg, min_dim, device) if args.precision == "fp8" else {}
     model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}, fp8, sdpa=True).to(device)
+    if args.precision == "torchao":
+        model.use_torchao()
     opt = make_optimizer(model, list(weights.keys()), cfg, fused=True)
     # torch.compile (Inductor's Triton kernels) of the forward and the loss, what a user picks;
     # the warmup steps include its compilation.
@@ -446,6 +470,8 @@ def bench(args):
     tokens_per_step = cfg["batch"] * cfg["seq_len"]
     median = statistics.median(times)
     what = f" ({len(fp8)} FP8 linear layers, delayed scaling)" if args.precision == "fp8" else ""
+    if args.precision == "torchao":
+        what = f" (torchao float8, {len(model.lin)} Float8Linear layers, tensorwise dynamic scaling)"
     mode = "torch.compile" if args.compile else "eager"
     if args.ddp:
         mode += f" + DDP on {ranks} GPUs"
@@ -470,7 +496,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--bench", action="store_true", help="time training on the GPU instead")
     parser.add_argument("--compile", action="store_true", help="with --bench: torch.compile the model")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp8"], default="fp32")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp8", "torchao"], default="fp32",
+                        help="torchao: torchao's float8 training under BF16 autocast (torchao on PYTHONPATH)")
     parser.add_argument("--fp8-min-dim", type=int, help="as tgc's fp8_min_dim (default: the model file's)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch", type=int, help="the (global) batch (default: the model file's)")
