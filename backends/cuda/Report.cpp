@@ -24,6 +24,8 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
                       mib(layout.paramBytes), layout.params.size(), mib(layout.gradBytes),
                       mib(layout.stateBytes), mib(2 * layout.updatedBytes));
     printMemoryBreakdown(memoryBreakdown(graph, *lowered, plan), os, "// memory by class: ");
+    os << "// (this plan has tgc's own attention kernels; where cuDNN runs the attention, what is stored "
+          "in BF16 changes: `tgc bench` and `tgc train` print the plan the GPU runs)\n";
     for (const OpLowering &l : lowered->lowering)
       if (!l.label.empty())
         os << fmt::format("// grouped: {}, {} launch{}\n", l.label, l.launches.size(),
