@@ -67,7 +67,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"recipe", {"auto", "fp32", "bf16", "fp8"}},
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
-    {"fp8_scaling", {"delayed", "current"}},
+    {"fp8_scaling", {"delayed", "current", "mixed"}},
 };
 
 } // namespace
@@ -95,7 +95,24 @@ std::optional<Recipe> parseRecipe(llvm::StringRef name) {
 
 llvm::StringRef fp8FormatName(Fp8Formats formats) { return formats == Fp8Formats::Hybrid ? "hybrid" : "e4m3"; }
 
-llvm::StringRef fp8ScalingName(Fp8Scaling scaling) { return scaling == Fp8Scaling::Delayed ? "delayed" : "current"; }
+llvm::StringRef fp8ScalingName(Fp8Scaling scaling) {
+  switch (scaling) {
+  case Fp8Scaling::Delayed:
+    return "delayed";
+  case Fp8Scaling::Current:
+    return "current";
+  case Fp8Scaling::Mixed:
+    return "mixed";
+  }
+  return "delayed";
+}
+
+std::optional<Fp8Scaling> parseFp8Scaling(llvm::StringRef name) {
+  for (Fp8Scaling s : {Fp8Scaling::Delayed, Fp8Scaling::Current, Fp8Scaling::Mixed})
+    if (name == fp8ScalingName(s))
+      return s;
+  return std::nullopt;
+}
 
 SettingRange settingRange(llvm::StringRef key) {
   for (const NumericSetting &s : kNumericSettings)
@@ -171,7 +188,7 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
   std::string scaling(fp8ScalingName(p.fp8Scaling));
   if (auto err = overrideChoice("fp8_scaling", "fp8-scaling", o.fp8Scaling, scaling))
     return err;
-  p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
+  p.fp8Scaling = parseFp8Scaling(scaling).value_or(p.fp8Scaling);
   if (auto err = overrideNumber("margin", "margin", o.margin, p.margin))
     return err;
   if (auto err = overrideNumber("fp8_min_dim", "fp8-min-dim", o.fp8MinDim, p.fp8MinDim))
@@ -549,7 +566,7 @@ void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
     readChoice(precision, "amax_compute_algo", p.amaxComputeAlgo);
     std::string scaling(fp8ScalingName(p.fp8Scaling));
     readChoice(precision, "fp8_scaling", scaling);
-    p.fp8Scaling = scaling == "current" ? Fp8Scaling::Current : Fp8Scaling::Delayed;
+    p.fp8Scaling = parseFp8Scaling(scaling).value_or(p.fp8Scaling);
     readStrings(precision, "keep_bf16", p.keepBf16);
     readInt(precision, "fp8_min_dim", p.fp8MinDim, false);
     if (precision.count("fp8_layers"))

@@ -62,9 +62,15 @@ llvm::StringRef fp8FormatName(Fp8Formats formats); // "hybrid", "e4m3"
 
 /// Where a quantized tensor's scale comes from: Delayed (Transformer Engine's DelayedScaling:
 /// the amax history of earlier steps) or Current (its Float8CurrentScaling: the tensor's own
-/// amax, taken before it is cast: no lag, so no saturation, one more read).
-enum class Fp8Scaling { Delayed, Current };
-llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current"
+/// amax, taken before it is cast: no lag, so no saturation, one more read). Mixed: current for
+/// the weights and the output gradients, delayed for the activations (the layers' inputs). A
+/// gradient's amax grows while the learning rate warms up, so its delayed scale lags and
+/// saturates it, and at the first step (scale 1) most of a large batch's gradients and a small
+/// weight's values are below FP8's smallest; an activation's amax is steady (BENCHMARKS.md,
+/// sessions 13 and 32).
+enum class Fp8Scaling { Delayed, Current, Mixed };
+llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current", "mixed"
+std::optional<Fp8Scaling> parseFp8Scaling(llvm::StringRef name);
 
 /// One kind of linear layer as --precision auto timed it: the median training step of a
 /// probe of the model (at most four blocks) with every kind FP8 may run in FP8 (fp8Ms), and the same with

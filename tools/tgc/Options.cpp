@@ -86,7 +86,8 @@ cl::opt<int64_t> AmaxHistoryLen("amax-history-len", cl::desc("Length of the amax
 cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_recent"),
                                      cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
 cl::opt<std::string> Fp8ScalingFlag("fp8-scaling",
-                                   cl::desc("delayed (the amax history of earlier steps) | current (each tensor's own amax)"),
+                                   cl::desc("delayed (the amax history of earlier steps) | current (each tensor's own "
+                                            "amax) | mixed (current for weights and gradients, delayed for activations)"),
                                    cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                                    cl::cat(category()));
 cl::opt<int64_t> Fp8MinDim("fp8-min-dim",

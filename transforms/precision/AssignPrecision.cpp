@@ -64,9 +64,11 @@ private:
   void quantizeOperands(Builder &b, Op *linear) const {
     std::string site = gemmSite(*linear);
     int64_t history = config_.amaxHistoryLen;
-    Fp8ScalingChoice scaling{config_.fp8Scaling == Fp8Scaling::Current, config_.margin};
+    // Mixed: the activation's delayed scale, the weight's and the output gradient's current one.
+    bool all = config_.fp8Scaling == Fp8Scaling::Current, mixed = config_.fp8Scaling == Fp8Scaling::Mixed;
+    Fp8ScalingChoice activation{all, config_.margin}, scaling{all || mixed, config_.margin};
     Value *input = quantizeWithState(b, linear->operand(0), program::fp8StatePrefix(site, program::Fp8Role::Input),
-                                     Fp8Format::E4M3, history, scaling);
+                                     Fp8Format::E4M3, history, activation);
     Value *weight = quantizeWithState(b, linear->operand(1), program::fp8StatePrefix(site, program::Fp8Role::Weight),
                                       Fp8Format::E4M3, history, scaling);
     if (!input || !weight)

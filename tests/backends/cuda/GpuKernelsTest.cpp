@@ -106,6 +106,10 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   current.precision.fp8Scaling = Fp8Scaling::Current;
   current.precision.margin = 1;
   compile(current, GPTOutput::Loss, Recipe::Fp8, gpuPipeline(true, Recipe::Fp8));
+  // Mixed: the inputs' delayed scales beside the weights' and gradients' current ones.
+  ModelConfig mixed = current;
+  mixed.precision.fp8Scaling = Fp8Scaling::Mixed;
+  compile(mixed, GPTOutput::Loss, Recipe::Fp8, gpuPipeline(true, Recipe::Fp8));
   // Rows wider than the norm kernels hold in registers (d_model 1040 > 1024: their loops over
   // global memory), 13 heads of 80; the norms' backward with --recompute's programs too.
   ModelConfig wide = odd;
