@@ -107,16 +107,24 @@ inline constexpr MatMulLayout kTransposedWeight{false, true};
 /// [..., 2F], or swiglu_backward(dy, h) [..., 2F]), activation="cross_entropy_backward"
 /// (fuse-cross-entropy-quantize: it quantizes the loss's gradient of the logits it is given, and
 /// gives the loss) and bias_grad=true (with gelu_backward: it also sums that gradient's
-/// columns). fp8_update takes the margin too.
+/// columns). fp8_update takes the margin too. scaling="block" with block_rows=1 or 128 is
+/// Transformer Engine's Float8BlockScaling: a scale for each block of 1 x 128 (block_rows=1) or
+/// 128 x 128 values along the last dimension, from the block's own amax, a power of two
+/// (fp8.md); the transpose of a 1 x 128-scaled tensor is quantized again from the input in
+/// blocks along the other dimension, as the wgrad reads it.
 enum class QuantizeActivation { None, Gelu, GeluBackward, Swiglu, SwigluBackward, CrossEntropyBackward };
 struct QuantizeOptions {
   Fp8Format format = Fp8Format::E4M3;
   bool currentScaling = false;
+  bool blockScaling = false;
+  int64_t blockRows = 1; // under block scaling: 1 (1 x 128 blocks) or 128 (128 x 128)
   int64_t margin = 0;
   bool transpose = false;
   QuantizeActivation activation = QuantizeActivation::None;
   bool biasGrad = false;
 };
+inline constexpr int64_t kFp8BlockSize = 128; // the side of a block-scaling block
+inline constexpr llvm::StringLiteral kBlockRows = "block_rows";
 inline constexpr llvm::StringLiteral kScaling = "scaling", kMargin = "margin", kTranspose = "transpose",
                                      kActivation = "activation", kBiasGrad = "bias_grad";
 inline const char *fp8FormatName(Fp8Format format) { return format == Fp8Format::E5M2 ? "e5m2" : "e4m3"; }
@@ -145,6 +153,8 @@ inline QuantizeOptions quantizeOptions(const AttrMap &attrs) {
   QuantizeOptions q;
   q.format = fp8FormatOf(attrs);
   q.currentScaling = attrs.getString(kScaling) == "current";
+  q.blockScaling = attrs.getString(kScaling) == "block";
+  q.blockRows = attrs.getInt(kBlockRows).value_or(1);
   q.margin = attrs.getInt(kMargin).value_or(0);
   q.transpose = attrs.getBool(kTranspose).value_or(false);
   auto activation = attrs.getString(kActivation);
@@ -165,6 +175,10 @@ inline void setCurrentScaling(AttrMap &attrs, int64_t margin) {
   attrs.set(kScaling, std::string("current"));
   setFp8Margin(attrs, margin);
 }
+inline void setBlockScaling(AttrMap &attrs, int64_t blockRows) {
+  attrs.set(kScaling, std::string("block"));
+  attrs.set(kBlockRows, blockRows);
+}
 inline void setQuantizeTranspose(AttrMap &attrs) { attrs.set(kTranspose, true); }
 inline void setQuantizeActivation(AttrMap &attrs, QuantizeActivation a) {
   attrs.set(kActivation, std::string(activationName(a)));
@@ -174,15 +188,16 @@ inline void setBiasGrad(AttrMap &attrs) { attrs.set(kBiasGrad, true); }
 /// How assign-precision chose to run a linear layer's GEMM in FP8, left on the matmul for
 /// autodiff, which quantizes the output gradient the same way: the layer's site (its scaling
 /// state's name), the gradient's format (E5M2 under hybrid), the amax history's length, and
-/// under current scaling the margin.
+/// under current scaling the margin; under block scaling `block` (the gradient in 1 x 128 blocks).
 struct Fp8GemmChoice {
   std::string site;
   Fp8Format gradFormat = Fp8Format::E5M2;
   int64_t history = 1;
   std::optional<int64_t> currentMargin;
+  bool block = false;
 };
 inline constexpr llvm::StringLiteral kFp8Site = "fp8_site", kFp8Grad = "fp8_grad", kFp8History = "fp8_history",
-                                     kFp8CurrentMargin = "fp8_current_margin";
+                                     kFp8CurrentMargin = "fp8_current_margin", kFp8Block = "fp8_block";
 inline bool hasFp8GemmChoice(const AttrMap &attrs) { return attrs.has(kFp8Site); }
 /// The choice on a matmul, if assign-precision made one; `fallbackSite` names a site left out.
 inline std::optional<Fp8GemmChoice> fp8GemmChoice(const AttrMap &attrs, const std::string &fallbackSite) {
@@ -194,6 +209,7 @@ inline std::optional<Fp8GemmChoice> fp8GemmChoice(const AttrMap &attrs, const st
   c.gradFormat = *grad == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
   c.history = attrs.getInt(kFp8History).value_or(1);
   c.currentMargin = attrs.getInt(kFp8CurrentMargin);
+  c.block = attrs.getBool(kFp8Block).value_or(false);
   return c;
 }
 inline void setFp8GemmChoice(AttrMap &attrs, const Fp8GemmChoice &c) {
@@ -202,6 +218,8 @@ inline void setFp8GemmChoice(AttrMap &attrs, const Fp8GemmChoice &c) {
   attrs.set(kFp8History, c.history);
   if (c.currentMargin)
     attrs.set(kFp8CurrentMargin, *c.currentMargin);
+  if (c.block)
+    attrs.set(kFp8Block, true);
 }
 
 } // namespace tgc

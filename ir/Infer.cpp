@@ -596,6 +596,27 @@ llvm::Error checkMarginAttr(const AttrMap &attrs) {
   return llvm::Error::success();
 }
 
+/// Block scaling's shape rules: blocks of 1 x 128 or 128 x 128 along the last dimension, which a
+/// multiple of 128, and the rows too where a block spans them (128 x 128, or a transpose's 1 x 128
+/// blocks along the rows). Its scale is the block's own: no margin.
+llvm::Error checkBlockScaling(const TensorType &x, const AttrMap &attrs) {
+  auto rows = requireIntAttr(attrs, "block_rows");
+  if (!rows)
+    return rows.takeError();
+  if (*rows != 1 && *rows != 128)
+    return makeError("'block_rows' must be 1 or 128, got {}", *rows);
+  if (attrs.has("margin"))
+    return makeError("block scaling takes each block's own amax: no 'margin'");
+  if (x.rank() < 1 || x.dim(-1) % 128)
+    return makeError("block scaling needs a last dimension that is a multiple of 128, got {}", x.str());
+  int64_t count = x.numElements() / x.dim(-1);
+  bool spansRows = *rows == 128 || attrs.getBool("transpose").value_or(false);
+  if (spansRows && count % 128)
+    return makeError("block scaling with {} needs a row count that is a multiple of 128, got {} rows of {}",
+                     *rows == 128 ? "128 x 128 blocks" : "a transpose", count, x.str());
+  return llvm::Error::success();
+}
+
 llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   auto format = fp8FormatAttr(attrs);
   if (!format)
@@ -606,10 +627,17 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
     return makeError("scale and scale_inv must be f32[], got {} and {}", ops[1].str(), ops[2].str());
   // Current scaling (the tensor's own amax) names its margin; delayed scaling has neither.
   if (auto scaling = attrs.getString("scaling")) {
-    if (*scaling != "current")
-      return makeError("attribute 'scaling' must be \"current\" (or absent: delayed), got \"{}\"", *scaling);
-    if (auto err = checkMarginAttr(attrs))
+    if (*scaling != "current" && *scaling != "block")
+      return makeError("attribute 'scaling' must be \"current\" or \"block\" (or absent: delayed), got \"{}\"",
+                       *scaling);
+    if (*scaling == "current") {
+      if (auto err = checkMarginAttr(attrs))
+        return std::move(err);
+    } else if (auto err = checkBlockScaling(ops[0], attrs)) {
       return std::move(err);
+    }
+  } else if (attrs.has("block_rows")) {
+    return makeError("'block_rows' belongs to block scaling: add scaling=\"block\"");
   } else if (attrs.getInt("margin")) {
     return makeError("'margin' belongs to current scaling: add scaling=\"current\"");
   }

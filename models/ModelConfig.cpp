@@ -67,7 +67,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"recipe", {"auto", "fp32", "bf16", "fp8"}},
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
-    {"fp8_scaling", {"delayed", "current", "mixed"}},
+    {"fp8_scaling", {"delayed", "current", "mixed", "block"}},
 };
 
 } // namespace
@@ -103,12 +103,14 @@ llvm::StringRef fp8ScalingName(Fp8Scaling scaling) {
     return "current";
   case Fp8Scaling::Mixed:
     return "mixed";
+  case Fp8Scaling::Block:
+    return "block";
   }
   return "delayed";
 }
 
 std::optional<Fp8Scaling> parseFp8Scaling(llvm::StringRef name) {
-  for (Fp8Scaling s : {Fp8Scaling::Delayed, Fp8Scaling::Current, Fp8Scaling::Mixed})
+  for (Fp8Scaling s : {Fp8Scaling::Delayed, Fp8Scaling::Current, Fp8Scaling::Mixed, Fp8Scaling::Block})
     if (name == fp8ScalingName(s))
       return s;
   return std::nullopt;

@@ -589,6 +589,31 @@ Fp8Format formatOf(const AttrMap &attrs) {
   return fp8FormatOf(attrs);
 }
 
+// quantize {scaling="block"}: q in blocks of block_rows x 128, the tensor's amax, the count past
+// FP8's largest; its transpose from x again in 1 x 128 blocks along x's rows (block_rows 1: the
+// blocks differ from q's), or q's transposed (128 x 128: the same blocks).
+static llvm::Error quantizeInBlocks(const Tensor &x, const QuantizeOptions &options, bool transpose, Results out) {
+  int64_t cols = x.type.dim(-1), rows = cols ? x.size() / cols : 0;
+  float amax = 0.0f;
+  for (float v : x.data)
+    amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
+  int64_t saturated = blockQuantize(x.data.data(), rows, cols, options.blockRows, options.format, out[0].data.data());
+  out[1].data[0] = amax;
+  out[2].data[0] = float(saturated);
+  if (!transpose)
+    return llvm::Error::success();
+  std::vector<float> xt(x.data.size());
+  const std::vector<float> &source = options.blockRows == 1 ? x.data : out[0].data;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      xt[c * rows + r] = source[r * cols + c];
+  if (options.blockRows == 1)
+    blockQuantize(xt.data(), cols, rows, 1, options.format, out[3].data.data());
+  else
+    out[3].data = std::move(xt);
+  return llvm::Error::success();
+}
+
 llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   Tensor activated;
   QuantizeOptions options = quantizeOptions(attrs);
@@ -632,6 +657,8 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     if (auto err = evalReduceTo(attrs, {&x}, out.take_back()))
       return err;
   }
+  if (options.blockScaling)
+    return quantizeInBlocks(x, options, transpose, out);
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
   Fp8Format format = formatOf(attrs);
   float max = fp8Max(format), amax = 0.0f;

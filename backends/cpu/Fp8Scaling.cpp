@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 namespace tgc {
 
@@ -14,6 +16,42 @@ float scaleFromAmax(float amax, Fp8Format format, int margin, float fallback) {
 }
 
 float currentScale(float amax, Fp8Format format, int margin) { return scaleFromAmax(amax, format, margin, 1.0f); }
+
+float blockScale(float amax, Fp8Format format) {
+  if (!std::isfinite(amax) || amax == 0.0f)
+    return 1.0f;
+  float scale = fp8Max(format) / amax;
+  if (std::isinf(scale))
+    scale = FLT_MAX;
+  uint32_t bits;
+  std::memcpy(&bits, &scale, sizeof bits);
+  bits &= 0xFF800000u; // the sign and exponent: the power of two at or below
+  std::memcpy(&scale, &bits, sizeof bits);
+  return scale;
+}
+
+int64_t blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockRows, Fp8Format format, float *q) {
+  float max = fp8Max(format);
+  int64_t saturated = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += blockRows)
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+      int64_t r1 = std::min(rows, r0 + blockRows), c1 = std::min(cols, c0 + 128);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          float v = x[r * cols + c];
+          amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
+        }
+      float scale = blockScale(amax, format), scaleInv = 1.0f / scale;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          float scaled = x[r * cols + c] * scale;
+          saturated += std::fabs(scaled) > max;
+          q[r * cols + c] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
+        }
+    }
+  return saturated;
+}
 
 void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo algo) {
   std::vector<float> &h = state.amaxHistory;

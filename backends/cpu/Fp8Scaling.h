@@ -32,6 +32,18 @@ float scaleFromAmax(float amax, Fp8Format format, int margin, float fallback);
 /// Current scaling's scale of a tensor whose amax is `amax` (1 where it is 0, inf or NaN).
 float currentScale(float amax, Fp8Format format, int margin);
 
+/// Block scaling's scale (Transformer Engine's Float8BlockScaling with its default power-of-two
+/// scales): fp8_max / amax rounded down to a power of two (its mantissa bits cleared), FLT_MAX's
+/// (2^127) where that ratio is infinite, and 1 where the amax is 0, inf or NaN.
+float blockScale(float amax, Fp8Format format);
+
+/// The values a GEMM reads of x [rows, cols] quantized in blocks of blockRows x 128 (blockRows
+/// 1 or 128; cols, and rows where blockRows is 128, multiples of 128): each FP8 code times its
+/// block's 1 / blockScale. Writes them to `q` (rows x cols); returns the values past FP8's
+/// largest once scaled (none: a block's scale fits its own amax; counted as the per-tensor
+/// casts count them).
+int64_t blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockRows, Fp8Format format, float *q);
+
 /// One quantized tensor's scaling state, as `tgc inspect` shows it.
 struct Fp8TensorSummary {
   std::string site;   // the GEMM: h0.attn.qkv, lm_head, ...

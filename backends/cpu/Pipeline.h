@@ -9,8 +9,8 @@
 
 namespace tgc {
 
-/// The passes the interpreter's training (or inference) program comes from.
-std::vector<std::string> cpuPipeline(bool training);
+/// The passes the interpreter's training (or inference) program comes from under `precision`.
+std::vector<std::string> cpuPipeline(bool training, const PrecisionConfig &precision);
 
 /// The recipe a model file's "auto" means on the CPU interpreter: fp32. Explicit recipes stay;
 /// the interpreter emulates BF16 and FP8 exactly.

@@ -74,6 +74,8 @@ precision: {recipe: fp8, fp8_format: e4m3, margin: 1, amax_history_len: 32,
   EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, Fp8Scaling::Current);
   c.precision.fp8Scaling = Fp8Scaling::Mixed;
   EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, Fp8Scaling::Mixed);
+  c.precision.fp8Scaling = Fp8Scaling::Block;
+  EXPECT_EQ(unwrap(parseModelConfig(formatModelConfig(c), "again.yaml")).precision.fp8Scaling, Fp8Scaling::Block);
   EXPECT_EQ(c.headDim(), 8);
   ASSERT_TRUE(c.precision.fp8Layers);
   EXPECT_EQ(*c.precision.fp8Layers, (std::vector<std::string>{"h*.mlp.*", "h0.attn.qkv"}));

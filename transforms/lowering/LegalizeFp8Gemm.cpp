@@ -18,6 +18,8 @@
 
 #include "llvm/ADT/DenseMap.h"
 
+#include <fmt/format.h>
+
 namespace tgc {
 namespace {
 
@@ -31,6 +33,17 @@ Op *quantizeOfRows(Value *v) {
     q = reshape->operand(0);
   Op *quantize = definedBy(q, OpKind::Quantize);
   return quantize && q == quantize->result(0) && q->type().dim(-1) == v->type().dim(-1) ? quantize : nullptr;
+}
+
+/// The 1 x 128 block-scaled quantize whose q `v` is (or a reshape of it), if any.
+Op *blockScaledQuantize(Value *v) {
+  if (Op *reshape = definedBy(v, OpKind::Reshape))
+    v = reshape->operand(0);
+  Op *quantize = definedBy(v, OpKind::Quantize);
+  if (!quantize || v != quantize->result())
+    return nullptr;
+  QuantizeOptions options = quantizeOptions(quantize->attrs());
+  return options.blockScaling && options.blockRows == 1 ? quantize : nullptr;
 }
 
 class LegalizeFp8Gemm : public Pass {
@@ -63,6 +76,14 @@ public:
         }
         transposed[v] = quantize->result(3);
         return quantize->result(3);
+      }
+      if (Op *q = blockScaledQuantize(v)) {
+        // A transpose op would move q's 1 x 128 blocks across the reduction: the wgrad's operand
+        // must be quantized again along the rows, which only the quantize can.
+        failed = fmt::format("legalize-fp8-gemm: %{} is block-scaled (1 x 128) and not a quantize's q of "
+                             "two dimensions: its transpose cannot be quantized again along its rows",
+                             q->result()->name());
+        return nullptr;
       }
       std::vector<int64_t> perm;
       for (int64_t i = 0; i < int64_t(v->type().rank()); ++i)

@@ -67,6 +67,11 @@ private:
     // Mixed: the activation's delayed scale, the weight's and the output gradient's current one.
     bool all = config_.fp8Scaling == Fp8Scaling::Current, mixed = config_.fp8Scaling == Fp8Scaling::Mixed;
     Fp8ScalingChoice activation{all, config_.margin}, scaling{all || mixed, config_.margin};
+    // Block: 1 x 128 blocks for the input (and the output gradient), 128 x 128 for the weight.
+    if (config_.fp8Scaling == Fp8Scaling::Block) {
+      activation.blockRows = 1;
+      scaling.blockRows = kFp8BlockSize;
+    }
     Value *input = quantizeWithState(b, linear->operand(0), program::fp8StatePrefix(site, program::Fp8Role::Input),
                                      Fp8Format::E4M3, history, activation);
     Value *weight = quantizeWithState(b, linear->operand(1), program::fp8StatePrefix(site, program::Fp8Role::Weight),
@@ -81,6 +86,7 @@ private:
     choice.history = history;
     if (scaling.current) // the output gradient's quantize, made by autodiff, scales the same way
       choice.currentMargin = scaling.margin;
+    choice.block = config_.fp8Scaling == Fp8Scaling::Block;
     setFp8GemmChoice(linear->attrs(), choice);
   }
 

@@ -23,7 +23,9 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8For
   state(".saturations", scalar, "zeros");
   AttrMap attrs;
   setFp8Format(attrs, format);
-  if (scaling.current)
+  if (scaling.blockRows)
+    setBlockScaling(attrs, scaling.blockRows);
+  else if (scaling.current)
     setCurrentScaling(attrs, scaling.margin);
   return b.create(OpKind::Quantize, {x, scale, scaleInv}, std::move(attrs), prefix + ".q");
 }
@@ -75,6 +77,15 @@ GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef si
     return {false, fmt::format("K={} or N={} is not a multiple of 16 (cuBLASLt FP8)", k, n)};
   if (!config.forwardOnly && m % 16)
     return {false, fmt::format("M={} is not a multiple of 16 (the FP8 weight gradient contracts over it)", m)};
+  if (config.fp8Scaling == Fp8Scaling::Block) {
+    // 128 x 128 weight blocks along K and N; the gradient's 1 x 128 blocks along N, and the
+    // wgrad's along M.
+    if (k % kFp8BlockSize || n % kFp8BlockSize)
+      return {false, fmt::format("K={} or N={} is not a multiple of 128 (block scaling's blocks)", k, n)};
+    if (!config.forwardOnly && m % kFp8BlockSize)
+      return {false, fmt::format("M={} is not a multiple of 128 (block scaling's blocks along the weight gradient's "
+                                 "reduction)", m)};
+  }
   if (k < config.fp8MinDim || n < config.fp8MinDim)
     return {false, fmt::format("K={} or N={} below fp8_min_dim {}", k, n, config.fp8MinDim)};
   std::string measured = measuredReason(config, site);

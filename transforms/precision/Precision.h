@@ -9,10 +9,12 @@
 namespace tgc {
 
 /// How quantize ops take their scale: from the scaling state (delayed), or from the tensor's own
-/// amax (current: the op's {scaling="current", margin=M}).
+/// amax (current: the op's {scaling="current", margin=M}), or from each block's (block: the op's
+/// {scaling="block", block_rows=R}).
 struct Fp8ScalingChoice {
   bool current = false;
   int64_t margin = 0;
+  int64_t blockRows = 0; // block scaling's blocks: 1 (1 x 128) or 128 (128 x 128); 0: not block
 };
 
 /// Quantizes `x` to `format` with fresh scaling state named

@@ -66,7 +66,8 @@ llvm::Expected<Grads> gradMatMul(GradContext &c) {
   if (auto fp8 = fp8GemmChoice(c.op.attrs(), c.op.result()->name())) {
     std::string prefix = program::fp8StatePrefix(fp8->site, program::Fp8Role::GradOutput);
     Value *q = quantizeWithState(c.b, dc, prefix, fp8->gradFormat, fp8->history,
-                                 Fp8ScalingChoice{fp8->currentMargin.has_value(), fp8->currentMargin.value_or(0)});
+                                 Fp8ScalingChoice{fp8->currentMargin.has_value(), fp8->currentMargin.value_or(0),
+                                                  fp8->block ? int64_t(1) : int64_t(0)});
     if (!q)
       return Grads{nullptr, nullptr};
     dc = q;
