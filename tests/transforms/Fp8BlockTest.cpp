@@ -1,6 +1,7 @@
 // FP8 block scaling (Transformer Engine's Float8BlockScaling) on the CPU reference: the
 // power-of-two block scales, the quantize in 1 x 128 and 128 x 128 blocks and its transposes,
 // the shape rules, the recipe's choices and a model trained with it against fp32.
+#include "app/Checkpoint.h"
 #include "app/Trainer.h"
 #include "backends/cpu/Fp8Scaling.h"
 #include "backends/cpu/Interpreter.h"
@@ -13,6 +14,8 @@
 #include "transforms/Pass.h"
 #include "transforms/precision/Precision.h"
 #include "tests/TestUtil.h"
+
+#include "llvm/Support/FileSystem.h"
 
 #include <fmt/format.h>
 
@@ -44,6 +47,23 @@ std::pair<std::vector<float>, std::vector<float>> quantizeBlocks(const std::vect
   auto out = unwrap(interp.run());
   EXPECT_EQ(out[2].data[0], 0.0f); // a block's scale fits its own amax: nothing saturates
   return {out[0].data, out[1].data};
+}
+
+/// The tiny model with sides of 128 (d_model 128, ffn 256, 4 x 32 tokens): every linear layer
+/// legal for block scaling, the head too.
+ModelConfig blockModel(Recipe recipe) {
+  ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  config.dModel = 128;
+  config.ffn = 256;
+  config.heads = 2;
+  config.vocab = 128;
+  config.train.batch = 4;
+  config.train.steps = 10;
+  config.precision.keepBf16.clear();
+  config.precision.fp8MinDim = 0;
+  config.precision.recipe = recipe;
+  config.precision.fp8Scaling = Fp8Scaling::Block;
+  return config;
 }
 
 /// Whether v is within E4M3's half-ulp (2^-4 relative) of x, as a normal value rounds.
@@ -172,21 +192,10 @@ TEST(BlockScaling, TheRecipeNeedsSidesOf128AndTheGpuBackendRefusesItForNow) {
 }
 
 TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantizedAlongTheRows) {
-  // Sides of 128 (d_model 128, ffn 256, 4 x 32 tokens): every linear layer in FP8, the head too.
-  ModelConfig config = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
-  config.dModel = 128;
-  config.ffn = 256;
-  config.heads = 2;
-  config.vocab = 128;
-  config.train.batch = 4;
-  config.train.steps = 10;
-  config.precision.keepBf16.clear();
-  config.precision.fp8MinDim = 0;
+  ModelConfig config = blockModel(Recipe::Fp8);
   std::vector<double> losses[2];
   for (int run = 0; run < 2; ++run) {
-    ModelConfig c = config;
-    c.precision.recipe = run ? Recipe::Fp8 : Recipe::Fp32;
-    c.precision.fp8Scaling = Fp8Scaling::Block;
+    ModelConfig c = blockModel(run ? Recipe::Fp8 : Recipe::Fp32);
     auto trainer = unwrap(Trainer::create(c));
     ASSERT_TRUE(trainer);
     for (int64_t i = 0; i < c.train.steps; ++i)
@@ -197,8 +206,6 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
   EXPECT_NE(losses[1], losses[0]);
   // The program: each FP8 product in the TN layout, reading quantizes' q or q^T (legalize-fp8-gemm
   // in the CPU's pipeline under block scaling), and the GPU's lowering says it lacks the kernels.
-  config.precision.recipe = Recipe::Fp8;
-  config.precision.fp8Scaling = Fp8Scaling::Block;
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.precision = config.precision;
@@ -220,4 +227,31 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
   auto lowered = lowerToCuda(*graph);
   ASSERT_FALSE(bool(lowered));
   EXPECT_NE(llvm::toString(lowered.takeError()).find("no block-scaled casts yet"), std::string::npos);
+}
+
+TEST(BlockScaling, AResumedRunContinuesBitForBit) {
+  auto train = [](Trainer &t, int steps) {
+    std::vector<double> losses;
+    for (int i = 0; i < steps; ++i)
+      losses.push_back(unwrap(t.step()).loss);
+    return losses;
+  };
+  auto straight = unwrap(Trainer::create(blockModel(Recipe::Fp8)));
+  ASSERT_TRUE(straight);
+  std::vector<double> all = train(*straight, 4);
+  auto first = unwrap(Trainer::create(blockModel(Recipe::Fp8)));
+  ASSERT_TRUE(first);
+  train(*first, 2);
+  llvm::SmallString<128> file;
+  llvm::sys::fs::createUniquePath("tgc-test-%%%%%%-block-resume.safetensors", file, /*MakeAbsolute=*/true);
+  std::string path = file.str().str();
+  ASSERT_FALSE(bool(writeCheckpoint(path, unwrap(first->checkpoint()))));
+  auto second = unwrap(Trainer::create(blockModel(Recipe::Fp8)));
+  ASSERT_TRUE(second);
+  ASSERT_FALSE(bool(second->resume(unwrap(readCheckpoint(path)), path)));
+  EXPECT_EQ(train(*second, 2), std::vector<double>(all.begin() + 2, all.end()));
+  Checkpoint a = unwrap(straight->checkpoint()), b = unwrap(second->checkpoint());
+  for (const auto &[name, t] : a.tensors)
+    EXPECT_EQ(t.data, b.tensors.at(name).data) << name;
+  llvm::sys::fs::remove(path);
 }
