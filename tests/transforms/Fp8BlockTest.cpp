@@ -205,7 +205,7 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
     EXPECT_NEAR(losses[1][i], losses[0][i], 0.01 * losses[0][i]) << "step " << i + 1;
   EXPECT_NE(losses[1], losses[0]);
   // The program: each FP8 product in the TN layout, reading quantizes' q or q^T (legalize-fp8-gemm
-  // in the CPU's pipeline under block scaling), and the GPU's lowering says it lacks the kernels.
+  // in the CPU's pipeline under block scaling), and the GPU's lowering says its GEMMs lack them.
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.precision = config.precision;
@@ -226,7 +226,7 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
   EXPECT_EQ(fp8Gemms, 3 * (4 * config.layers + 1)); // forward, dgrad and wgrad of each linear layer
   auto lowered = lowerToCuda(*graph);
   ASSERT_FALSE(bool(lowered));
-  EXPECT_NE(llvm::toString(lowered.takeError()).find("no block-scaled casts yet"), std::string::npos);
+  EXPECT_NE(llvm::toString(lowered.takeError()).find("the GPU's GEMMs take no block scales yet"), std::string::npos);
 }
 
 TEST(BlockScaling, AResumedRunContinuesBitForBit) {

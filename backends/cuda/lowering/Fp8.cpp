@@ -30,6 +30,34 @@ void emitSwigluGradientCastTranspose(Emitter &e, unsigned launch, const std::str
            128, 4); // fp8.cuh's kQuantizeTransposeThreads
 }
 
+/// quantize {scaling="block"} (quantizeBlockScaled): a block a tile, and the tiles' scales in
+/// persistent buffers after the op's totals (the read-back and, later, the GEMMs read them).
+llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols) {
+  if (options.activation != QuantizeActivation::None || options.biasGrad)
+    return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast takes no activation or bias "
+                     "gradient yet",
+                     op.result()->name());
+  bool transpose = options.transpose;
+  int64_t blockRows = options.blockRows, tilesC = cols / 128, padded = (tilesC + 3) / 4 * 4;
+  int64_t paddedT = (rows / 128 + 3) / 4 * 4;
+  int64_t blocks = rows / blockRows * tilesC + (transpose && blockRows == 1 ? rows / 128 * cols : 0);
+  std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, unsigned char *q, float *amax, "
+                                   "float *saturations, {}float *used, float *scales{}",
+                                   e.inputType(op.operand(0)), transpose ? "unsigned char *qT, " : "",
+                                   transpose ? ", float *scalesT" : "");
+  e.launch(0, params, blocks,
+           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}>(quantizeX(x), scaleInv, q, {}, amax, saturations, "
+                       "used, scales, {}, {})",
+                       rows, cols, blockRows, fp8Interpretation(op.attrs()), boolText(transpose),
+                       transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr", lit(fp8Largest(op.attrs()))),
+           128);
+  e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
+  e.lowering.persistentFloats.push_back(blockRows == 1 ? tilesC * rows : rows / 128 * padded);
+  if (transpose)
+    e.lowering.persistentFloats.push_back(blockRows == 1 ? rows / 128 * cols : tilesC * paddedT);
+  return llvm::Error::success();
+}
+
 } // namespace
 
 /// FP8 quantization and the delayed-scaling update (fp8.cuh).
@@ -50,15 +78,13 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     // The elements quantized: q's (SwiGLU's are half of h's; its gradient's, h's).
     int64_t count = outputType(op).numElements();
     QuantizeOptions options = quantizeOptions(a);
-    if (options.blockScaling)
-      return makeError("quantize {{scaling=\"block\"}} %{}: the GPU backend has no block-scaled casts yet (the CPU "
-                       "reference runs them)",
-                       op.result()->name());
     bool transpose = options.transpose, current = options.currentScaling, biasGrad = options.biasGrad;
     bool gradient = readsHidden(options.activation);
     bool swiglu = options.activation == QuantizeActivation::Swiglu || options.activation == QuantizeActivation::SwigluBackward;
     bool loss = options.activation == QuantizeActivation::CrossEntropyBackward;
     int64_t cols = outputType(op).dim(-1), rows = cols ? count / cols : 0;
+    if (options.blockScaling)
+      return emitBlockQuantize(op, e, options, rows, cols);
     int64_t f = options.activation == QuantizeActivation::Swiglu ? cols : cols / 2; // SwiGLU's F
     if (swiglu && f % 4) // (four elements of a half at a time)
       return makeError("quantize {{activation=\"{}\"}} %{}: the GPU's needs SwiGLU's F a multiple of 4, got {}",

@@ -47,6 +47,11 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
                        op.result()->name());
     if (!fp8 && op.operand(0)->type().dtype != DType::F32)
       return unsupported(op);
+    for (unsigned k = 0; fp8 && k < 2; ++k)
+      if (const Op *q = quantizeOf(op.operand(k)); q && quantizeOptions(q->attrs()).blockScaling)
+        return makeError("error: the FP8 GEMM %{} reads block-scaled %{}: the GPU's GEMMs take no block scales yet "
+                         "(the CPU reference runs them)",
+                         op.result()->name(), op.operand(k)->name());
     return OpLowering::Gemm;
   }
   case GpuLowering::Family:

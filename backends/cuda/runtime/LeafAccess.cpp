@@ -3,6 +3,7 @@
 // into a leaf on the device, queues reads for later, and shares or copies a leaf between two
 // programs on one GPU (a prefill and its decode step).
 #include "backends/cuda/runtime/ProgramRunner.h"
+#include "ir/Attributes.h"
 #include "support/Error.h"
 
 #include "backends/cuda/lowering/MemoryPlan.h"
@@ -136,6 +137,34 @@ llvm::Expected<Tensor> ProgramRunner::collect(unsigned ticket) {
 }
 
 
+// A block-scaled quantize's q (or its transpose, q^T: [cols, rows] of x [rows, cols]) as the CPU
+// holds it: each code times its block's scale_inv, read where emitBlockQuantize wrote them (the
+// layouts cuBLASLt reads: 1 x 128 blocks of R rows [K/128][R], 128 x 128 ones [R/128][ceil4(K/128)]).
+llvm::Expected<Tensor> ProgramRunner::readBlockScaled(const Op &quantize, const Value *v,
+                                                      const std::vector<uint8_t> &codes, Tensor t) const {
+  const Value *root = v;
+  while (root->def() && root->def()->kind() == OpKind::Reshape)
+    root = root->def()->operand(0);
+  bool transposed = quantize.numResults() > 3 && root == quantize.result(3);
+  QuantizeOptions options = quantizeOptions(quantize.attrs());
+  const TensorType &x = quantize.operand(0)->type();
+  int64_t cols = x.dim(-1), rows = x.numElements() / cols;
+  if (transposed)
+    std::swap(rows, cols);
+  int64_t blockRows = options.blockRows, tilesK = cols / 128, padded = (tilesK + 3) / 4 * 4;
+  int64_t count = blockRows == 1 ? tilesK * rows : rows / 128 * padded;
+  std::vector<float> scales(static_cast<size_t>(count));
+  float *device = transposed ? blockScales_.lookup(&quantize).second : blockScales_.lookup(&quantize).first;
+  CUDA_CHECK(cudaMemcpy(scales.data(), device, scales.size() * 4, cudaMemcpyDeviceToHost));
+  Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k) {
+      int64_t block = blockRows == 1 ? k / 128 * rows + r : r / 128 * padded + k / 128;
+      t.data[size_t(r * cols + k)] = fp8ToFloat(codes[size_t(r * cols + k)], format) * scales[size_t(block)];
+    }
+  return t;
+}
+
 llvm::Expected<Tensor> ProgramRunner::read(llvm::StringRef name) const {
   CUDA_CHECK(cudaStreamSynchronize(stream_)); // the steps launched before it
   const Value *v = graph_.lookup(name);
@@ -151,6 +180,8 @@ llvm::Expected<Tensor> ProgramRunner::read(llvm::StringRef name) const {
     std::vector<uint8_t> codes(t.data.size());
     float scaleInv = 0;
     CUDA_CHECK(cudaMemcpy(codes.data(), buffer(v), codes.size(), cudaMemcpyDeviceToHost));
+    if (blockScales_.count(quantize))
+      return readBlockScaled(*quantize, v, codes, std::move(t));
     CUDA_CHECK(cudaMemcpy(&scaleInv, usedScaleInv_.lookup(quantize), 4, cudaMemcpyDeviceToHost));
     Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
     for (size_t i = 0; i < codes.size(); ++i)

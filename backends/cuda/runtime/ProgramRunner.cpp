@@ -155,8 +155,12 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
       return p.takeError();
     persistent_[i].push_back(*p);
   }
-  if (op.kind() == OpKind::Quantize)
+  if (op.kind() == OpKind::Quantize) {
     usedScaleInv_[&op] = static_cast<float *>(persistent_[i].at(0));
+    if (quantizeOptions(op.attrs()).blockScaling) // emitBlockQuantize's buffers after the totals
+      blockScales_[&op] = {static_cast<float *>(persistent_[i].at(1)),
+                           persistent_[i].size() > 2 ? static_cast<float *>(persistent_[i][2]) : nullptr};
+  }
   if (lowering.kind == OpLowering::Gemm) {
     if (auto err = gemms_.plan(i, op, program_, buffers_, usedScaleInv_, device_.name))
       return err;

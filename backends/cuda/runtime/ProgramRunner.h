@@ -125,7 +125,11 @@ private:
   std::vector<std::vector<cudaKernel_t>> kernels_; // per op, per launch
   std::vector<std::vector<void *>> scratch_;       // per op
   std::vector<std::vector<void *>> persistent_;    // per op
+  llvm::Expected<Tensor> readBlockScaled(const Op &quantize, const Value *v, const std::vector<uint8_t> &codes,
+                                         Tensor t) const;
   llvm::DenseMap<const Op *, float *> usedScaleInv_; // per quantize op: the scale_inv it used
+  // Per block-scaled quantize op: its q's block scales, and its transpose's (or null).
+  llvm::DenseMap<const Op *, std::pair<float *, float *>> blockScales_;
   BufferMap buffers_;
   BufferMap shadows_;                     // BF16 copies of bf16Shadowed values
   llvm::DenseSet<const Value *> inPlace_; // results written into their assigned leaf's buffer
