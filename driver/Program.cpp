@@ -51,13 +51,9 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
   if (device == Device::Cuda) {
     if (auto err = checkGpuRecipe(program.precision.recipe, device.computeCapability))
       return std::move(err);
-    if (program.precision.recipe == Recipe::Fp8 && program.precision.fp8Scaling == Fp8Scaling::Block)
-      return stringError("error: fp8_scaling block runs on the CPU reference only so far (--device cpu): the GPU "
-                         "backend has its block-scaled casts but not yet its GEMMs over block scales (--fp8-scaling "
-                         "delayed, current or mixed)");
   }
   std::vector<std::string> passes = device == Device::Cuda
-                                        ? gpuPipeline(training, program.precision.recipe)
+                                        ? gpuPipeline(training, program.precision.recipe, program.precision.fp8Scaling)
                                                               : cpuPipeline(training, program.precision);
   auto pipeline = PassPipeline::create(passes, options);
   if (!pipeline)

@@ -69,7 +69,7 @@ llvm::StringRef fp8FormatName(Fp8Formats formats); // "hybrid", "e4m3"
 /// weight's values are below FP8's smallest; an activation's amax is steady (BENCHMARKS.md,
 /// sessions 13 and 32). Block: Transformer Engine's Float8BlockScaling (DeepSeek-V3's): a
 /// power-of-two scale for each 1 x 128 block of the inputs and gradients and each 128 x 128
-/// block of the weights, from the block's own amax (the CPU reference only, so far).
+/// block of the weights, from the block's own amax.
 enum class Fp8Scaling { Delayed, Current, Mixed, Block };
 llvm::StringRef fp8ScalingName(Fp8Scaling scaling); // "delayed", "current", "mixed", "block"
 std::optional<Fp8Scaling> parseFp8Scaling(llvm::StringRef name);

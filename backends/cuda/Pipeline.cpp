@@ -7,7 +7,7 @@
 
 namespace tgc {
 
-std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
+std::vector<std::string> gpuPipeline(bool training, Recipe recipe, Fp8Scaling scaling) {
   // The fusions whose fused ops (and their gradients) the GPU backend lowers. Attention is
   // fused where its GEMMs run in BF16 (the bf16 and fp8 recipes: tensor-core kernels); in fp32
   // cuBLASLt's GEMMs and the softmax kernels are faster than the fused op's fp32 kernels (a
@@ -42,6 +42,11 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe) {
                                    "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
                                    "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "requantize-transposes",
                                    "unit-transposes"});
+  if (recipe == Recipe::Fp8 && scaling == Fp8Scaling::Block)
+    llvm::erase_if(passes, [](const std::string &p) {
+      return p == "fuse-fp8-bias" || p == "fuse-gelu-quantize" || p == "fuse-quantize-bias-grad" ||
+             p == "fuse-cross-entropy-quantize" || p == "requantize-transposes";
+    });
   return passes;
 }
 

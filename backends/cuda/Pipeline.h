@@ -16,7 +16,9 @@ namespace tgc {
 /// pipelines with the fusions the GPU lowers (attention under bf16 and fp8 only), then
 /// expand-layernorm-fused (LayerNorm+Linear/MLP as the norm kernels and cuBLASLt GEMMs the GPU
 /// runs them as), fuse-residual-norm again for the norms that exposes, and legalize-fp8-gemm.
-std::vector<std::string> gpuPipeline(bool training, Recipe recipe);
+/// Under block scaling the quantizes stay unfused (the GPU's block-scaled cast reads x alone)
+/// and the FP8 products add no bias in their epilogue.
+std::vector<std::string> gpuPipeline(bool training, Recipe recipe, Fp8Scaling scaling = Fp8Scaling::Delayed);
 
 /// The compute capability (major*10+minor) a recipe needs on the GPU: 89 for fp8, 80 for bf16,
 /// 0 for fp32.

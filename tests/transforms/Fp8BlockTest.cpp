@@ -6,6 +6,7 @@
 #include "backends/cpu/Fp8Scaling.h"
 #include "backends/cpu/Interpreter.h"
 #include "backends/cpu/Pipeline.h"
+#include "backends/cuda/Pipeline.h"
 #include "backends/cuda/lowering/Lowering.h"
 #include "ir/Attributes.h"
 #include "ir/Parser.h"
@@ -205,7 +206,7 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
     EXPECT_NEAR(losses[1][i], losses[0][i], 0.01 * losses[0][i]) << "step " << i + 1;
   EXPECT_NE(losses[1], losses[0]);
   // The program: each FP8 product in the TN layout, reading quantizes' q or q^T (legalize-fp8-gemm
-  // in the CPU's pipeline under block scaling), and the GPU's lowering says its GEMMs lack them.
+  // in the CPU's pipeline under block scaling).
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.precision = config.precision;
@@ -224,9 +225,21 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
     EXPECT_TRUE(!layout.transposeA && layout.transposeB) << op->result()->name();
   }
   EXPECT_EQ(fp8Gemms, 3 * (4 * config.layers + 1)); // forward, dgrad and wgrad of each linear layer
-  auto lowered = lowerToCuda(*graph);
-  ASSERT_FALSE(bool(lowered));
-  EXPECT_NE(llvm::toString(lowered.takeError()).find("the GPU's GEMMs take no block scales yet"), std::string::npos);
+  // The GPU's program: its quantizes unfused (the block-scaled cast reads x alone), every one
+  // lowered, its GEMMs over block scales.
+  auto gpu = unwrap(buildGPT(config, config.train.batch));
+  options.passOptions.precision = config.precision;
+  options.passOptions.precision.fp8Scaling = Fp8Scaling::Block;
+  ASSERT_FALSE(bool(unwrap(PassPipeline::create(gpuPipeline(true, Recipe::Fp8, Fp8Scaling::Block), options)).run(*gpu)));
+  int blockQuantizes = 0;
+  for (const Op *op : gpu->ops())
+    if (op->kind() == OpKind::Quantize) {
+      QuantizeOptions q = quantizeOptions(op->attrs());
+      EXPECT_TRUE(q.blockScaling && q.activation == QuantizeActivation::None && !q.biasGrad) << op->result()->name();
+      ++blockQuantizes;
+    }
+  EXPECT_EQ(blockQuantizes, 3 * (4 * config.layers + 1));
+  EXPECT_TRUE(bool(lowerToCuda(*gpu)));
 }
 
 TEST(BlockScaling, AResumedRunContinuesBitForBit) {

@@ -151,7 +151,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     return precision.takeError();
   options.passOptions.precision = *precision;
   bool gpu = !EmitCuda.empty() || !Arch.empty();
-  std::vector<std::string> passes = gpu ? gpuPipeline(training, precision->recipe) : cpuPipeline(training, *precision);
+  std::vector<std::string> passes = gpu ? gpuPipeline(training, precision->recipe, precision->fp8Scaling) : cpuPipeline(training, *precision);
   if (Passes.getNumOccurrences())
     passes = explicitPasses();
   auto pipeline = PassPipeline::create(passes, options);

@@ -88,7 +88,7 @@ cl::opt<std::string> AmaxAlgoFlag("amax-compute-algo", cl::desc("max | most_rece
 cl::opt<std::string> Fp8ScalingFlag("fp8-scaling",
                                    cl::desc("delayed (the amax history of earlier steps) | current (each tensor's own "
                                             "amax) | mixed (current for weights and gradients, delayed for activations) | block "
-                                            "(1x128 and 128x128 blocks' own scales; CPU only so far)"),
+                                            "(1x128 and 128x128 blocks' own scales)"),
                                    cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                                    cl::cat(category()));
 cl::opt<int64_t> Fp8MinDim("fp8-min-dim",

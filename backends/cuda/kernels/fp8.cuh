@@ -562,58 +562,64 @@ __device__ __forceinline__ float blockScaleOf(float amax, float largest) {
   return __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
 }
 
-// quantize {scaling="block"}: one block of 128 threads a tile of BlockRows x 128 values of x
-// [Rows, Cols] (thread j its column j): the tile's amax, its scale, q's bytes, and the tile's
-// 1 / scale where cuBLASLt reads block scales (BENCHMARKS.md, session 32): 1 x 128 blocks of R
-// rows as [Cols/128][R], 128 x 128 blocks as [R/128][ceil4(Cols/128)]. With Transpose, qT too:
-// 128 x 128 tiles write their bytes transposed and their scale at the transposed block; under 1
-// x 128 blocks the launch has Rows/128 x Cols blocks more, each quantizing 128 rows of one
-// column from x again (the transpose's own 1 x 128 blocks, scalesT [Rows/128][Cols]). Every
-// block ends in quantizeFinish (the tensor's amax and the count of the rowwise bytes).
-template <int64 Rows, int64 Cols, int64 BlockRows, __nv_fp8_interpretation_t Format, bool Transpose, typename Source>
+// quantize {scaling="block"}: each of Blocks blocks of 128 threads takes tiles of BlockRows x
+// 128 values of x [Rows, Cols] in turn (thread j a tile's column j): the tile's amax, its scale,
+// q's bytes, and the tile's 1 / scale where cuBLASLt reads block scales (BENCHMARKS.md, session
+// 32): 1 x 128 blocks of R rows as [Cols/128][R], 128 x 128 blocks as [R/128][ceil4(Cols/128)].
+// With Transpose, qT too: 128 x 128 tiles write their bytes transposed and their scale at the
+// transposed block; under 1 x 128 blocks there are Rows/128 x Cols tiles more, each quantizing
+// 128 rows of one column from x again (the transpose's own 1 x 128 blocks, scalesT
+// [Rows/128][Cols]). Each block ends in quantizeFinish once (the tensor's amax and the count of
+// the rowwise bytes): few blocks, so few atomics on its totals.
+template <int64 Rows, int64 Cols, int64 BlockRows, int64 Blocks, __nv_fp8_interpretation_t Format, bool Transpose,
+          typename Source>
 __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned char *q, unsigned char *qT, float *amax,
                                     float *saturations, float *used, float *scales, float *scalesT, float largest) {
   constexpr int64 kTilesC = Cols / 128, kTiles = Rows / BlockRows * kTilesC;
-  constexpr int64 kBlocks = kTiles + (Transpose && BlockRows == 1 ? Rows / 128 * Cols : 0);
+  constexpr int64 kAll = kTiles + (Transpose && BlockRows == 1 ? Rows / 128 * Cols : 0);
   __shared__ unsigned shared[32][2];
   __shared__ float tileScale;
-  int64 t = blockIdx.x, j = threadIdx.x;
-  bool columnwise = t >= kTiles;
-  int64 r0 = 0, c = 0;
-  unsigned maxBits = 0, none = 0;
-  if (!columnwise) {
-    r0 = t / kTilesC * BlockRows, c = t % kTilesC * 128 + j;
-    for (int64 r = 0; r < BlockRows; ++r) maxBits = max(maxBits, absBits(x((r0 + r) * Cols + c)));
-  } else {
-    t -= kTiles;
-    r0 = t / Cols * 128, c = t % Cols;
-    maxBits = absBits(x((r0 + j) * Cols + c));
-  }
-  blockMaxAndCount(maxBits, none, shared);
-  if (j == 0)
-    tileScale = blockScaleOf(amaxOfBits(maxBits), largest);
-  __syncthreads();
-  Fp8Converter<Format> convert{tileScale, largest};
-  if (!columnwise) {
-    for (int64 r = 0; r < BlockRows; ++r) {
-      unsigned char byte = (unsigned char)convert(x((r0 + r) * Cols + c));
-      q[(r0 + r) * Cols + c] = byte;
-      if (Transpose && BlockRows == 128)
-        qT[c * Rows + r0 + r] = byte;
+  int64 j = threadIdx.x;
+  unsigned tensorBits = 0;
+  int saturated = 0;
+  for (int64 t = blockIdx.x; t < kAll; t += Blocks) {
+    bool columnwise = t >= kTiles;
+    int64 r0 = 0, c = 0;
+    unsigned maxBits = 0, none = 0;
+    if (!columnwise) {
+      r0 = t / kTilesC * BlockRows, c = t % kTilesC * 128 + j;
+      for (int64 r = 0; r < BlockRows; ++r) maxBits = max(maxBits, absBits(x((r0 + r) * Cols + c)));
+    } else {
+      r0 = (t - kTiles) / Cols * 128, c = (t - kTiles) % Cols;
+      maxBits = absBits(x((r0 + j) * Cols + c));
     }
-    if (j == 0) {
-      int64 tr = r0 / BlockRows, tc = c / 128;
-      constexpr int64 kPadded = (kTilesC + 3) / 4 * 4, kPaddedT = (Rows / 128 + 3) / 4 * 4;
-      scales[BlockRows == 1 ? tc * Rows + tr : tr * kPadded + tc] = 1.0f / tileScale;
-      if (Transpose && BlockRows == 128)
-        scalesT[tc * kPaddedT + tr] = 1.0f / tileScale;
-    }
-  } else {
-    Fp8Converter<Format> quiet{tileScale, largest}; // the transpose's: not counted again
-    qT[c * Rows + r0 + j] = (unsigned char)quiet(x((r0 + j) * Cols + c));
+    __syncthreads(); // the tile before has read tileScale and the shared words
+    blockMaxAndCount(maxBits, none, shared);
     if (j == 0)
-      scalesT[r0 / 128 * Cols + c] = 1.0f / tileScale;
-    convert.maxBits = 0;
+      tileScale = blockScaleOf(amaxOfBits(maxBits), largest);
+    __syncthreads();
+    Fp8Converter<Format> convert{tileScale, largest};
+    if (!columnwise) {
+      for (int64 r = 0; r < BlockRows; ++r) {
+        unsigned char byte = (unsigned char)convert(x((r0 + r) * Cols + c));
+        q[(r0 + r) * Cols + c] = byte;
+        if (Transpose && BlockRows == 128)
+          qT[c * Rows + r0 + r] = byte;
+      }
+      if (j == 0) {
+        int64 tr = r0 / BlockRows, tc = c / 128;
+        constexpr int64 kPadded = (kTilesC + 3) / 4 * 4, kPaddedT = (Rows / 128 + 3) / 4 * 4;
+        scales[BlockRows == 1 ? tc * Rows + tr : tr * kPadded + tc] = 1.0f / tileScale;
+        if (Transpose && BlockRows == 128)
+          scalesT[tc * kPaddedT + tr] = 1.0f / tileScale;
+      }
+      tensorBits = max(tensorBits, convert.maxBits);
+      saturated += convert.saturated;
+    } else { // the transpose's: not counted again
+      qT[c * Rows + r0 + j] = (unsigned char)convert(x((r0 + j) * Cols + c));
+      if (j == 0)
+        scalesT[r0 / 128 * Cols + c] = 1.0f / tileScale;
+    }
   }
-  quantizeFinish<kBlocks, false>(convert.maxBits, convert.saturated, scaleInv, amax, saturations, used, largest, 1.0f);
+  quantizeFinish<Blocks, false>(tensorBits, saturated, scaleInv, amax, saturations, used, largest, 1.0f);
 }

@@ -40,15 +40,17 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
   bool transpose = options.transpose;
   int64_t blockRows = options.blockRows, tilesC = cols / 128, padded = (tilesC + 3) / 4 * 4;
   int64_t paddedT = (rows / 128 + 3) / 4 * 4;
-  int64_t blocks = rows / blockRows * tilesC + (transpose && blockRows == 1 ? rows / 128 * cols : 0);
+  // Eight blocks a multiprocessor at most, each taking tiles in turn.
+  int64_t tiles = rows / blockRows * tilesC + (transpose && blockRows == 1 ? rows / 128 * cols : 0);
+  int64_t blocks = std::min<int64_t>(tiles, 8 * int64_t(e.program_.multiprocessors));
   std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, unsigned char *q, float *amax, "
                                    "float *saturations, {}float *used, float *scales{}",
                                    e.inputType(op.operand(0)), transpose ? "unsigned char *qT, " : "",
                                    transpose ? ", float *scalesT" : "");
   e.launch(0, params, blocks,
-           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}>(quantizeX(x), scaleInv, q, {}, amax, saturations, "
-                       "used, scales, {}, {})",
-                       rows, cols, blockRows, fp8Interpretation(op.attrs()), boolText(transpose),
+           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}>(quantizeX(x), scaleInv, q, {}, amax, "
+                       "saturations, used, scales, {}, {})",
+                       rows, cols, blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
                        transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr", lit(fp8Largest(op.attrs()))),
            128);
   e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats

@@ -47,11 +47,14 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
                        op.result()->name());
     if (!fp8 && op.operand(0)->type().dtype != DType::F32)
       return unsupported(op);
+    // Both operands block-scaled or neither (cuBLASLt takes no mix of the two).
+    int blockScaled = 0;
     for (unsigned k = 0; fp8 && k < 2; ++k)
-      if (const Op *q = quantizeOf(op.operand(k)); q && quantizeOptions(q->attrs()).blockScaling)
-        return makeError("error: the FP8 GEMM %{} reads block-scaled %{}: the GPU's GEMMs take no block scales yet "
-                         "(the CPU reference runs them)",
-                         op.result()->name(), op.operand(k)->name());
+      if (const Op *q = quantizeOf(op.operand(k)))
+        blockScaled += quantizeOptions(q->attrs()).blockScaling;
+    if (blockScaled == 1)
+      return makeError("error: the FP8 GEMM %{} reads one block-scaled operand and one scaled by the tensor",
+                       op.result()->name());
     return OpLowering::Gemm;
   }
   case GpuLowering::Family:

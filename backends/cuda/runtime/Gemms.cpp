@@ -24,6 +24,40 @@ cudaDataType_t cudaTypeOf(DType dtype) {
   }
 }
 
+/// An FP8 GEMM's operand scales: each quantize's scale_inv, or under block scaling its block
+/// scales (q's, or its transpose's where the operand is q^T), 1 x 128 (VEC128) or 128 x 128
+/// (BLK128x128), in the layouts the cast wrote.
+llvm::Error setFp8Scales(const CublasLtApi &blas, cublasLtMatmulDesc_t desc, const Op &op,
+                         const llvm::DenseMap<const Op *, float *> &scaleInv, const BlockScaleMap &blockScales) {
+  const Op *firstQuantize = quantizeOf(op.operand(1)), *secondQuantize = quantizeOf(op.operand(0));
+  if (!firstQuantize || !secondQuantize)
+    return cudaFailure("planGemm", __FILE__, __LINE__,
+                       fmt::format("the FP8 GEMM %{} reads a value no quantize op produced",
+                                   op.result()->name()));
+  const void *firstScale = scaleInv.lookup(firstQuantize);
+  const void *secondScale = scaleInv.lookup(secondQuantize);
+  auto blockScale = [&](const Op *quantize, const Value *operand, const void *&pointer,
+                        cublasLtMatmulDescAttributes_t mode) -> llvm::Error {
+    if (!blockScales.count(quantize))
+      return llvm::Error::success();
+    while (operand->def() && operand->def()->kind() == OpKind::Reshape)
+      operand = operand->def()->operand(0);
+    auto [rowwise, transposed] = blockScales.lookup(quantize);
+    pointer = quantize->numResults() > 3 && operand == quantize->result(3) ? transposed : rowwise;
+    int32_t value = quantizeOptions(quantize->attrs()).blockRows == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                                       : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    CUBLAS_CHECK(blas.matmulDescSetAttribute(desc, mode, &value, sizeof value));
+    return llvm::Error::success();
+  };
+  if (auto err = blockScale(firstQuantize, op.operand(1), firstScale, CUBLASLT_MATMUL_DESC_A_SCALE_MODE))
+    return std::move(err);
+  if (auto err = blockScale(secondQuantize, op.operand(0), secondScale, CUBLASLT_MATMUL_DESC_B_SCALE_MODE))
+    return std::move(err);
+  CUBLAS_CHECK(blas.matmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
+  CUBLAS_CHECK(blas.matmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
+  return llvm::Error::success();
+}
+
 } // namespace
 
 GemmRunner::~GemmRunner() {
@@ -66,7 +100,8 @@ void GemmRunner::pointers(const Op &op, const GemmPlan &plan, const BufferMap &b
 }
 
 llvm::Error GemmRunner::plan(size_t i, const Op &op, const CudaProgram &program, const BufferMap &buffers,
-                             const llvm::DenseMap<const Op *, float *> &scaleInv, const std::string &device) {
+                             const llvm::DenseMap<const Op *, float *> &scaleInv, const BlockScaleMap &blockScales,
+                             const std::string &device) {
   GemmPlan &plan = plans_[i];
   // Row-major C[M,N] = opA(A) opB(B) is column-major C^T = opB(B)^T opA(A)^T: cuBLASLt's first
   // operand is B, its second A (see the README's note on layouts).
@@ -99,17 +134,9 @@ llvm::Error GemmRunner::plan(size_t i, const Op &op, const CudaProgram &program,
   cudaDataType_t firstType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(b.dtype);
   cudaDataType_t secondType = plan.bf16 ? CUDA_R_16BF : cudaTypeOf(a.dtype);
   CUBLAS_CHECK(blas_->matmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  if (fp8) {
-    const Op *firstQuantize = quantizeOf(op.operand(1)), *secondQuantize = quantizeOf(op.operand(0));
-    if (!firstQuantize || !secondQuantize)
-      return cudaFailure("planGemm", __FILE__, __LINE__,
-                         fmt::format("the FP8 GEMM %{} reads a value no quantize op produced",
-                                     op.result()->name()));
-    const void *firstScale = scaleInv.lookup(firstQuantize);
-    const void *secondScale = scaleInv.lookup(secondQuantize);
-    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
-    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
-  }
+  if (fp8)
+    if (auto err = setFp8Scales(*blas_, plan.desc, op, scaleInv, blockScales))
+      return err;
   if (bias) {
     // D = x w^T + bias, or GELU of it (the tanh form) with the pre-activation into the second
     // result (the backward reads it): no separate bias-add and GELU kernels.

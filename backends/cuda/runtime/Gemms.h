@@ -20,6 +20,9 @@
 namespace tgc {
 
 /// One cuBLASLt matmul, planned once.
+/// Per block-scaled quantize op: the block scales of its q, and of its transpose (or null).
+using BlockScaleMap = llvm::DenseMap<const Op *, std::pair<float *, float *>>;
+
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -44,7 +47,8 @@ public:
   /// Plans op `i`'s GEMM: `buffers` hold its bias and GELU aux, `scaleInv` each quantize's
   /// scale_inv (for FP8 operands), `device` names the GPU in the tuning key.
   llvm::Error plan(size_t i, const Op &op, const CudaProgram &program, const BufferMap &buffers,
-                   const llvm::DenseMap<const Op *, float *> &scaleInv, const std::string &device);
+                   const llvm::DenseMap<const Op *, float *> &scaleInv, const BlockScaleMap &blockScales,
+                   const std::string &device);
   GemmPlan &at(size_t i) { return plans_[i]; }
   /// The bias op `i`'s epilogue adds (the parameter's BF16 copy: cuBLASLt's BF16 epilogues).
   llvm::Error setBias(size_t i, const void *bias);

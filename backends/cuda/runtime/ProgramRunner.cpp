@@ -162,7 +162,7 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
                            persistent_[i].size() > 2 ? static_cast<float *>(persistent_[i][2]) : nullptr};
   }
   if (lowering.kind == OpLowering::Gemm) {
-    if (auto err = gemms_.plan(i, op, program_, buffers_, usedScaleInv_, device_.name))
+    if (auto err = gemms_.plan(i, op, program_, buffers_, usedScaleInv_, blockScales_, device_.name))
       return err;
     if (gemms_.at(i).bf16) // the BF16 operand copies follow the op's scratch in the plan
       for (int k = 0; k < 2; ++k)

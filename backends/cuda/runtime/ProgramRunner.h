@@ -129,7 +129,7 @@ private:
                                          Tensor t) const;
   llvm::DenseMap<const Op *, float *> usedScaleInv_; // per quantize op: the scale_inv it used
   // Per block-scaled quantize op: its q's block scales, and its transpose's (or null).
-  llvm::DenseMap<const Op *, std::pair<float *, float *>> blockScales_;
+  BlockScaleMap blockScales_;
   BufferMap buffers_;
   BufferMap shadows_;                     // BF16 copies of bf16Shadowed values
   llvm::DenseSet<const Value *> inPlace_; // results written into their assigned leaf's buffer
