@@ -124,6 +124,17 @@ struct QuantizeOptions {
   bool biasGrad = false;
 };
 inline constexpr int64_t kFp8BlockSize = 128; // the side of a block-scaling block
+/// Where cuBLASLt reads the block scales of a block-scaled operand of `rows` rows of `cols`
+/// (its reduction, contiguous): 1 x 128 blocks as [cols/128][rows], 128 x 128 blocks as
+/// [rows/128][ceil4(cols/128)] (BENCHMARKS.md, session 32). The index of element (r, k)'s
+/// block, and the floats the scales take.
+inline int64_t blockScaleIndex(int64_t r, int64_t k, int64_t rows, int64_t cols, int64_t blockRows) {
+  int64_t padded = (cols / kFp8BlockSize + 3) / 4 * 4;
+  return blockRows == 1 ? k / kFp8BlockSize * rows + r : r / kFp8BlockSize * padded + k / kFp8BlockSize;
+}
+inline int64_t blockScaleCount(int64_t rows, int64_t cols, int64_t blockRows) {
+  return blockRows == 1 ? cols / kFp8BlockSize * rows : rows / kFp8BlockSize * ((cols / kFp8BlockSize + 3) / 4 * 4);
+}
 inline constexpr llvm::StringLiteral kBlockRows = "block_rows";
 inline constexpr llvm::StringLiteral kScaling = "scaling", kMargin = "margin", kTranspose = "transpose",
                                      kActivation = "activation", kBiasGrad = "bias_grad";

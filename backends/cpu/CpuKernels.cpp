@@ -589,14 +589,12 @@ Fp8Format formatOf(const AttrMap &attrs) {
   return fp8FormatOf(attrs);
 }
 
-// quantize {scaling="block"}: q in blocks of block_rows x 128, the tensor's amax, the count past
+// quantize {scaling="block"}: q in blocks of block_rows x 128, the tensor's amax (given), the count past
 // FP8's largest; its transpose from x again in 1 x 128 blocks along x's rows (block_rows 1: the
 // blocks differ from q's), or q's transposed (128 x 128: the same blocks).
-static llvm::Error quantizeInBlocks(const Tensor &x, const QuantizeOptions &options, bool transpose, Results out) {
+static llvm::Error quantizeInBlocks(const Tensor &x, float amax, const QuantizeOptions &options, bool transpose,
+                                    Results out) {
   int64_t cols = x.type.dim(-1), rows = cols ? x.size() / cols : 0;
-  float amax = 0.0f;
-  for (float v : x.data)
-    amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
   int64_t saturated = blockQuantize(x.data.data(), rows, cols, options.blockRows, options.format, out[0].data.data());
   out[1].data[0] = amax;
   out[2].data[0] = float(saturated);
@@ -657,8 +655,6 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     if (auto err = evalReduceTo(attrs, {&x}, out.take_back()))
       return err;
   }
-  if (options.blockScaling)
-    return quantizeInBlocks(x, options, transpose, out);
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
   Fp8Format format = formatOf(attrs);
   float max = fp8Max(format), amax = 0.0f;
@@ -666,6 +662,8 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     float v = x.data[i];
     amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
   }
+  if (options.blockScaling)
+    return quantizeInBlocks(x, amax, options, transpose, out);
   if (options.currentScaling) {
     // Current scaling: the scale of the tensor's own amax, as fp8_update makes one from a
     // history's (1 where the amax is 0, inf or NaN).

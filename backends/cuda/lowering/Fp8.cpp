@@ -38,8 +38,7 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                      "gradient yet",
                      op.result()->name());
   bool transpose = options.transpose;
-  int64_t blockRows = options.blockRows, tilesC = cols / 128, padded = (tilesC + 3) / 4 * 4;
-  int64_t paddedT = (rows / 128 + 3) / 4 * 4;
+  int64_t blockRows = options.blockRows, tilesC = cols / 128;
   // Eight blocks a multiprocessor at most, each taking tiles in turn.
   int64_t tiles = rows / blockRows * tilesC + (transpose && blockRows == 1 ? rows / 128 * cols : 0);
   int64_t blocks = std::min<int64_t>(tiles, 8 * int64_t(e.program_.multiprocessors));
@@ -54,9 +53,9 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                        transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr", lit(fp8Largest(op.attrs()))),
            128);
   e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
-  e.lowering.persistentFloats.push_back(blockRows == 1 ? tilesC * rows : rows / 128 * padded);
-  if (transpose)
-    e.lowering.persistentFloats.push_back(blockRows == 1 ? rows / 128 * cols : tilesC * paddedT);
+  e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, blockRows));
+  if (transpose) // q^T: [cols, rows]
+    e.lowering.persistentFloats.push_back(blockScaleCount(cols, rows, blockRows));
   return llvm::Error::success();
 }
 

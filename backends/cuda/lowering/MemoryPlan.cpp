@@ -43,6 +43,12 @@ const Op *quantizeOf(const Value *v) {
   return def && def->kind() == OpKind::Quantize ? def : nullptr;
 }
 
+bool isQuantizeTranspose(const Op &quantize, const Value *v) {
+  while (v->def() && v->def()->kind() == OpKind::Reshape)
+    v = v->def()->operand(0);
+  return quantize.numResults() > 3 && v == quantize.result(3);
+}
+
 bool isWeight(const CudaProgram &program, const Value *v) {
   return program.layout.params.count(reshapeRoot(v));
 }

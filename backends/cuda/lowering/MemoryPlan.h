@@ -55,6 +55,8 @@ bool bf16Ready(const CudaProgram &program, const Value *v);
 const Value *reshapeRoot(const Value *v);
 /// The quantize op whose bytes an FP8 value is (through reshapes and transposes), if any.
 const Op *quantizeOf(const Value *v);
+/// Whether v is (a reshape of) `quantize`'s transpose q^T rather than its q.
+bool isQuantizeTranspose(const Op &quantize, const Value *v);
 
 /// Bytes of the op-local buffers of op `op`, the program's op number `index` (see
 /// MemoryPlan::opLocalOffsets; a BF16-ready operand's copy takes none).

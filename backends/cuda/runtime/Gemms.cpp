@@ -40,19 +40,17 @@ llvm::Error setFp8Scales(const CublasLtApi &blas, cublasLtMatmulDesc_t desc, con
                         cublasLtMatmulDescAttributes_t mode) -> llvm::Error {
     if (!blockScales.count(quantize))
       return llvm::Error::success();
-    while (operand->def() && operand->def()->kind() == OpKind::Reshape)
-      operand = operand->def()->operand(0);
     auto [rowwise, transposed] = blockScales.lookup(quantize);
-    pointer = quantize->numResults() > 3 && operand == quantize->result(3) ? transposed : rowwise;
+    pointer = isQuantizeTranspose(*quantize, operand) ? transposed : rowwise;
     int32_t value = quantizeOptions(quantize->attrs()).blockRows == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     CUBLAS_CHECK(blas.matmulDescSetAttribute(desc, mode, &value, sizeof value));
     return llvm::Error::success();
   };
   if (auto err = blockScale(firstQuantize, op.operand(1), firstScale, CUBLASLT_MATMUL_DESC_A_SCALE_MODE))
-    return std::move(err);
+    return err;
   if (auto err = blockScale(secondQuantize, op.operand(0), secondScale, CUBLASLT_MATMUL_DESC_B_SCALE_MODE))
-    return std::move(err);
+    return err;
   CUBLAS_CHECK(blas.matmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &firstScale, sizeof firstScale));
   CUBLAS_CHECK(blas.matmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &secondScale, sizeof secondScale));
   return llvm::Error::success();

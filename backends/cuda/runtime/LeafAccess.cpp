@@ -142,25 +142,21 @@ llvm::Expected<Tensor> ProgramRunner::collect(unsigned ticket) {
 // layouts cuBLASLt reads: 1 x 128 blocks of R rows [K/128][R], 128 x 128 ones [R/128][ceil4(K/128)]).
 llvm::Expected<Tensor> ProgramRunner::readBlockScaled(const Op &quantize, const Value *v,
                                                       const std::vector<uint8_t> &codes, Tensor t) const {
-  const Value *root = v;
-  while (root->def() && root->def()->kind() == OpKind::Reshape)
-    root = root->def()->operand(0);
-  bool transposed = quantize.numResults() > 3 && root == quantize.result(3);
+  bool transposed = isQuantizeTranspose(quantize, v);
   QuantizeOptions options = quantizeOptions(quantize.attrs());
   const TensorType &x = quantize.operand(0)->type();
   int64_t cols = x.dim(-1), rows = x.numElements() / cols;
   if (transposed)
     std::swap(rows, cols);
-  int64_t blockRows = options.blockRows, tilesK = cols / 128, padded = (tilesK + 3) / 4 * 4;
-  int64_t count = blockRows == 1 ? tilesK * rows : rows / 128 * padded;
-  std::vector<float> scales(static_cast<size_t>(count));
+  int64_t blockRows = options.blockRows;
+  std::vector<float> scales(static_cast<size_t>(blockScaleCount(rows, cols, blockRows)));
   float *device = transposed ? blockScales_.lookup(&quantize).second : blockScales_.lookup(&quantize).first;
   CUDA_CHECK(cudaMemcpy(scales.data(), device, scales.size() * 4, cudaMemcpyDeviceToHost));
   Fp8Format format = v->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < cols; ++k) {
-      int64_t block = blockRows == 1 ? k / 128 * rows + r : r / 128 * padded + k / 128;
-      t.data[size_t(r * cols + k)] = fp8ToFloat(codes[size_t(r * cols + k)], format) * scales[size_t(block)];
+      size_t block = size_t(blockScaleIndex(r, k, rows, cols, blockRows));
+      t.data[size_t(r * cols + k)] = fp8ToFloat(codes[size_t(r * cols + k)], format) * scales[block];
     }
   return t;
 }
