@@ -16,6 +16,7 @@
 //   quantize(swiglu_backward(dy, h)) {transpose=true} becomes quantize(dy, scale, scale_inv, h)
 //   {activation="swiglu_backward"}: fc1's output gradient [..., 2F] and its transpose in FP8,
 //   never in fp32.
+// Under block scaling the same, but for a GELU gradient that makes a bias gradient too.
 // The same bits on the CPU interpreter (the same activation or gradient, then the same rounding).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
@@ -40,7 +41,11 @@ public:
     if (it == std::end(kProducers) || soleUser(graph, producer->result()) != quantize)
       return std::nullopt;
     bool gradient = readsHidden(it->second); // the gradients read h too, in a cast-transpose
-    if (gradient && !quantizeOptions(quantize->attrs()).transpose)
+    QuantizeOptions options = quantizeOptions(quantize->attrs());
+    if (gradient && !options.transpose)
+      return std::nullopt;
+    // (Block scaling's cast sums no bias gradient: a GELU gradient that makes one stays apart.)
+    if (gradient && options.blockScaling && producer->numResults() > 1)
       return std::nullopt;
     FusionMatch m;
     m.pattern = {producer, quantize};

@@ -30,32 +30,47 @@ void emitSwigluGradientCastTranspose(Emitter &e, unsigned launch, const std::str
            128, 4); // fp8.cuh's kQuantizeTransposeThreads
 }
 
-/// quantize {scaling="block"} (quantizeBlockScaled): a block a tile, and the tiles' scales in
-/// persistent buffers after the op's totals (the read-back and, later, the GEMMs read them).
+/// quantize {scaling="block"} (fp8_block.cuh's quantizeBlockScaled): blocks of 256 threads taking
+/// 128 x 128 tiles in turn, three a multiprocessor (their registers allow as many), and the
+/// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
+/// them). x may be read through its GELU or SwiGLU, or their gradients (fuse-gelu-quantize);
+/// the loss's gradient and a bias gradient stay with the per-tensor kernels.
 llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols) {
-  if (options.activation != QuantizeActivation::None || options.biasGrad)
-    return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast takes no activation or bias "
-                     "gradient yet",
+  if (options.activation == QuantizeActivation::CrossEntropyBackward || options.biasGrad)
+    return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast makes no loss or bias "
+                     "gradient",
                      op.result()->name());
-  bool transpose = options.transpose;
-  int64_t blockRows = options.blockRows, tilesC = cols / 128;
-  // Eight blocks a multiprocessor at most, each taking tiles in turn.
-  int64_t tiles = rows / blockRows * tilesC + (transpose && blockRows == 1 ? rows / 128 * cols : 0);
-  int64_t blocks = std::min<int64_t>(tiles, 8 * int64_t(e.program_.multiprocessors));
-  std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, unsigned char *q, float *amax, "
+  e.uses("fp8_block.cuh");
+  bool transpose = options.transpose, gradient = readsHidden(options.activation);
+  int64_t tiles = (rows + 127) / 128 * (cols / 128);
+  int64_t blocks = std::min<int64_t>(tiles, 3 * int64_t(e.program_.multiprocessors));
+  int64_t f = options.activation == QuantizeActivation::Swiglu ? cols : cols / 2; // SwiGLU's F
+  std::string source = options.activation == QuantizeActivation::Gelu   ? "quantizeGelu(x)"
+                       : options.activation == QuantizeActivation::Swiglu ? fmt::format("quantizeSwiglu<{}>(x)", f)
+                       : options.activation == QuantizeActivation::GeluBackward ? "quantizeGeluGradient(x, h)"
+                       : options.activation == QuantizeActivation::SwigluBackward
+                           ? fmt::format("quantizeSwigluGradient<{}>(x, h)", f)
+                           : "quantizeX(x)";
+  if ((options.activation == QuantizeActivation::Swiglu || options.activation == QuantizeActivation::SwigluBackward) &&
+      f % 4)
+    return makeError("quantize {{activation=\"{}\"}} %{}: the GPU's needs SwiGLU's F a multiple of 4, got {}",
+                     activationName(options.activation), op.result()->name(), f);
+  std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, float *amax, "
                                    "float *saturations, {}float *used, float *scales{}",
-                                   e.inputType(op.operand(0)), transpose ? "unsigned char *qT, " : "",
-                                   transpose ? ", float *scalesT" : "");
+                                   e.inputType(op.operand(0)),
+                                   gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
+                                   transpose ? "unsigned char *qT, " : "", transpose ? ", float *scalesT" : "");
   e.launch(0, params, blocks,
-           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}>(quantizeX(x), scaleInv, q, {}, amax, "
-                       "saturations, used, scales, {}, {})",
-                       rows, cols, blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
-                       transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr", lit(fp8Largest(op.attrs()))),
-           128);
+           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}>({}, scaleInv, q, {}, amax, saturations, used, "
+                       "scales, {}, {})",
+                       rows, cols, options.blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
+                       source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
+                       lit(fp8Largest(op.attrs()))),
+           256, 3); // fp8_block.cuh's kBlockCastThreads
   e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
-  e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, blockRows));
+  e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, options.blockRows));
   if (transpose) // q^T: [cols, rows]
-    e.lowering.persistentFloats.push_back(blockScaleCount(cols, rows, blockRows));
+    e.lowering.persistentFloats.push_back(blockScaleCount(cols, rows, options.blockRows));
   return llvm::Error::success();
 }
 
