@@ -30,7 +30,7 @@ void emitSwigluGradientCastTranspose(Emitter &e, unsigned launch, const std::str
            128, 4); // fp8.cuh's kQuantizeTransposeThreads
 }
 
-/// quantize {scaling="block"} (fp8_block.cuh's quantizeBlockScaled): blocks of 256 threads taking
+/// quantize {scaling="block"} (fp8.cuh's quantizeBlockScaled): blocks of 256 threads taking
 /// 128 x 128 tiles in turn, three a multiprocessor (their registers allow as many), and the
 /// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
 /// them). x may be read through its GELU or SwiGLU, or their gradients (fuse-gelu-quantize);
@@ -40,7 +40,6 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
     return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast makes no loss or bias "
                      "gradient",
                      op.result()->name());
-  e.uses("fp8_block.cuh");
   bool transpose = options.transpose, gradient = readsHidden(options.activation);
   int64_t tiles = (rows + 127) / 128 * (cols / 128);
   int64_t blocks = std::min<int64_t>(tiles, 3 * int64_t(e.program_.multiprocessors));
@@ -66,7 +65,7 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                        rows, cols, options.blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
                        source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
                        lit(fp8Largest(op.attrs()))),
-           256, 3); // fp8_block.cuh's kBlockCastThreads
+           256, 3); // fp8.cuh's kBlockCastThreads
   e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
   e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, options.blockRows));
   if (transpose) // q^T: [cols, rows]
