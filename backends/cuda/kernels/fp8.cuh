@@ -553,7 +553,7 @@ __device__ void fp8Update(const float *history, const float *scale, const float 
 // Block scaling (fp8_scaling: block): each 1 x 128 or 128 x 128 block its own power-of-two scale,
 // written where cuBLASLt's VEC128 / BLK128x128 modes read them; the CPU's blockQuantize
 // (Fp8Scaling.h) is the reference.
-
+//
 // Block scaling's scale of a block whose amax is `amax` (blockScale, Fp8Scaling.h, the CPU's):
 // largest / amax rounded down to a power of two (its mantissa cleared), FLT_MAX's where that is
 // infinite, 1 where the amax is 0, inf or NaN.
@@ -620,8 +620,8 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
 #pragma unroll
       for (int k = 0; k < 4; ++k) columnBits[k] = max(columnBits[k], b[k]);
     }
-    constexpr bool kShared = BlockRows == 128 || kColumnBlocks;
-    if (kShared)
+    constexpr bool kShared = BlockRows == 128 || kColumnBlocks; // (1 x 128 blocks of q alone share nothing)
+    if constexpr (kShared)
       __syncthreads(); // the tile before has read warpBits
     if constexpr (BlockRows == 128) {
       allBits = warpMaxBits(allBits);
@@ -631,7 +631,7 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
 #pragma unroll
       for (int k = 0; k < 4; ++k) warpBits[warp][4 * lane + k] = columnBits[k];
     }
-    if (kShared)
+    if constexpr (kShared)
       __syncthreads();
     float tileScale = 1.0f;
     if constexpr (BlockRows == 128) {

@@ -30,12 +30,33 @@ void emitSwigluGradientCastTranspose(Emitter &e, unsigned launch, const std::str
            128, 4); // fp8.cuh's kQuantizeTransposeThreads
 }
 
+/// What a quantize kernel converts, as fp8.cuh's source of its values: x, or x through the
+/// activation or gradient the quantize applies as it reads (f: SwiGLU's F).
+std::string quantizeSource(QuantizeActivation activation, int64_t rows, int64_t cols, int64_t f) {
+  switch (activation) {
+  case QuantizeActivation::Gelu:
+    return "quantizeGelu(x)";
+  case QuantizeActivation::GeluBackward:
+    return "quantizeGeluGradient(x, h)";
+  case QuantizeActivation::Swiglu:
+    return fmt::format("quantizeSwiglu<{}>(x)", f);
+  case QuantizeActivation::SwigluBackward:
+    return fmt::format("quantizeSwigluGradient<{}>(x, h)", f);
+  case QuantizeActivation::CrossEntropyBackward:
+    return fmt::format("quantizeCrossEntropyGradient<{}, {}>(x, lse, targets, dloss)", cols, rows);
+  case QuantizeActivation::None:
+    break;
+  }
+  return "quantizeX(x)";
+}
+
 /// quantize {scaling="block"} (fp8.cuh's quantizeBlockScaled): blocks of 256 threads taking
 /// 128 x 128 tiles in turn, three a multiprocessor (their registers allow as many), and the
 /// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
 /// them). x may be read through its GELU or SwiGLU, or their gradients (fuse-gelu-quantize);
 /// the loss's gradient and a bias gradient stay with the per-tensor kernels.
-llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols) {
+llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols,
+                              const std::string &source) {
   if (options.activation == QuantizeActivation::CrossEntropyBackward || options.biasGrad)
     return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast makes no loss or bias "
                      "gradient",
@@ -43,17 +64,6 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
   bool transpose = options.transpose, gradient = readsHidden(options.activation);
   int64_t tiles = (rows + 127) / 128 * (cols / 128);
   int64_t blocks = std::min<int64_t>(tiles, 3 * int64_t(e.program_.multiprocessors));
-  int64_t f = options.activation == QuantizeActivation::Swiglu ? cols : cols / 2; // SwiGLU's F
-  std::string source = options.activation == QuantizeActivation::Gelu   ? "quantizeGelu(x)"
-                       : options.activation == QuantizeActivation::Swiglu ? fmt::format("quantizeSwiglu<{}>(x)", f)
-                       : options.activation == QuantizeActivation::GeluBackward ? "quantizeGeluGradient(x, h)"
-                       : options.activation == QuantizeActivation::SwigluBackward
-                           ? fmt::format("quantizeSwigluGradient<{}>(x, h)", f)
-                           : "quantizeX(x)";
-  if ((options.activation == QuantizeActivation::Swiglu || options.activation == QuantizeActivation::SwigluBackward) &&
-      f % 4)
-    return makeError("quantize {{activation=\"{}\"}} %{}: the GPU's needs SwiGLU's F a multiple of 4, got {}",
-                     activationName(options.activation), op.result()->name(), f);
   std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, float *amax, "
                                    "float *saturations, {}float *used, float *scales{}",
                                    e.inputType(op.operand(0)),
@@ -98,12 +108,13 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     bool swiglu = options.activation == QuantizeActivation::Swiglu || options.activation == QuantizeActivation::SwigluBackward;
     bool loss = options.activation == QuantizeActivation::CrossEntropyBackward;
     int64_t cols = outputType(op).dim(-1), rows = cols ? count / cols : 0;
-    if (options.blockScaling)
-      return emitBlockQuantize(op, e, options, rows, cols);
     int64_t f = options.activation == QuantizeActivation::Swiglu ? cols : cols / 2; // SwiGLU's F
     if (swiglu && f % 4) // (four elements of a half at a time)
       return makeError("quantize {{activation=\"{}\"}} %{}: the GPU's needs SwiGLU's F a multiple of 4, got {}",
                        activationName(options.activation), op.result()->name().c_str(), (long long)f);
+    std::string source = quantizeSource(options.activation, rows, cols, f);
+    if (options.blockScaling)
+      return emitBlockQuantize(op, e, options, rows, cols, source);
     int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
     if (transpose && (rows % 16 || cols % 16))
       return makeError("quantize {{transpose=true}} %{}: the GPU's cast-transpose needs both sides "
@@ -133,13 +144,6 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                                      transpose ? "unsigned char *qT, " : "",
                                      biasGrad ? "float *dbias, " : loss ? "float *loss, " : "",
                                      biasGrad ? "float *partials, " : loss ? "float *rowLosses, float *lse, " : "");
-    std::string source =
-        options.activation == QuantizeActivation::GeluBackward     ? std::string("quantizeGeluGradient(x, h)")
-        : options.activation == QuantizeActivation::SwigluBackward ? fmt::format("quantizeSwigluGradient<{}>(x, h)", f)
-        : options.activation == QuantizeActivation::Swiglu         ? fmt::format("quantizeSwiglu<{}>(x)", f)
-        : loss ? fmt::format("quantizeCrossEntropyGradient<{}, {}>(x, lse, targets, dloss)", cols, rows)
-        : options.activation == QuantizeActivation::Gelu ? std::string("quantizeGelu(x)")
-                                                         : std::string("quantizeX(x)");
     // The largest finite value, then current scaling's margin scale (1 under delayed scaling,
     // written where the partials follow it).
     std::string largest = lit(fp8Largest(a));
