@@ -78,7 +78,7 @@ cl::opt<std::string> Precision("precision", cl::desc("auto | fp32 | bf16 | fp8 (
                                       cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
                                       cl::cat(category()));
 cl::opt<std::string> Fp8FormatFlag("fp8-format", cl::desc("hybrid | e4m3"), cl::sub(compileCommand()),
-                                      cl::sub(trainCommand()), cl::cat(category()));
+                                      cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<int64_t> Margin("margin", cl::desc("FP8 scale margin (scale / 2^margin)"),
                                cl::sub(compileCommand()), cl::sub(trainCommand()), cl::cat(category()));
 cl::opt<int64_t> AmaxHistoryLen("amax-history-len", cl::desc("Length of the amax window"),
