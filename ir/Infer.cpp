@@ -504,6 +504,7 @@ llvm::Expected<TypeList> inferRMSNormBackward(Operands ops, const AttrMap &attrs
 }
 
 const TensorType kScalar(DType::F32, {});
+const TensorType kBlockAmax(DType::F32, {2}); // a block-scaled quantize's {amax, largest block scale}
 
 llvm::Expected<TypeList> inferNLLLossBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (ops[0] != kScalar)
@@ -680,7 +681,10 @@ llvm::Expected<TypeList> inferQuantize(Operands ops, const AttrMap &attrs, llvm:
     return makeError("bias_grad=true sums x or gelu_backward(x, h), not gelu(x), SwiGLU or its gradient, or the "
                      "loss's gradient: drop activation=\"{}\"",
                      *activation);
-  TypeList types{TensorType(*format, quantized.shape), kScalar, kScalar};
+  // Under block scaling the amax is a pair: max |x| and the largest block scale (each block's
+  // own from its amax; blocks of zeros take none), both maxima over any split of the blocks.
+  bool block = attrs.getString("scaling") == "block";
+  TypeList types{TensorType(*format, quantized.shape), block ? kBlockAmax : kScalar, kScalar};
   if (attrs.getBool("transpose").value_or(false)) {
     if (quantized.rank() < 2)
       return makeError("transpose=true needs an input of rank 2 or more, got {}", quantized.str());
@@ -708,9 +712,14 @@ llvm::Expected<TypeList> inferFp8Update(Operands ops, const AttrMap &attrs, llvm
   const TensorType &history = ops[0];
   if (history.dtype != DType::F32 || history.rank() != 1)
     return makeError("amax_history must be f32[L], got {}", history.str());
-  for (int i = 1; i < 5; ++i)
+  for (int i : {1, 3, 4})
     if (ops[i] != kScalar)
-      return makeError("scale, amax, saturations and saturated must be f32[], got {}", ops[i].str());
+      return makeError("scale, saturations and saturated must be f32[], got {}", ops[i].str());
+  if (ops[2] != kScalar && ops[2] != kBlockAmax)
+    return makeError("amax must be f32[] (or f32[2], a block-scaled quantize's), got {}", ops[2].str());
+  // A block-scaled quantize's pair: its largest block scale passes through as a fifth result.
+  if (ops[2] == kBlockAmax)
+    return TypeList{history, kScalar, kScalar, kScalar, kScalar};
   return TypeList{history, kScalar, kScalar, kScalar};
 }
 

@@ -589,15 +589,17 @@ Fp8Format formatOf(const AttrMap &attrs) {
   return fp8FormatOf(attrs);
 }
 
-// quantize {scaling="block"}: q in blocks of block_rows x 128, the tensor's amax (given), the count past
-// FP8's largest; its transpose from x again in 1 x 128 blocks along x's rows (block_rows 1: the
-// blocks differ from q's), or q's transposed (128 x 128: the same blocks).
+// quantize {scaling="block"}: q in blocks of block_rows x 128, {the tensor's amax (given), q's
+// largest block scale}, the count of values flushed to zero; its transpose from x again in 1 x
+// 128 blocks along x's rows (block_rows 1: the blocks differ from q's), or q's transposed (128 x
+// 128: the same blocks). The statistics are q's: the transpose's bytes are not counted again.
 static llvm::Error quantizeInBlocks(const Tensor &x, float amax, const QuantizeOptions &options, bool transpose,
                                     Results out) {
   int64_t cols = x.type.dim(-1), rows = cols ? x.size() / cols : 0;
-  int64_t saturated = blockQuantize(x.data.data(), rows, cols, options.blockRows, options.format, out[0].data.data());
-  out[1].data[0] = amax;
-  out[2].data[0] = float(saturated);
+  BlockQuantizeStats stats =
+      blockQuantize(x.data.data(), rows, cols, options.blockRows, options.format, out[0].data.data());
+  out[1].data = {amax, stats.largestScale};
+  out[2].data[0] = float(stats.flushed);
   if (!transpose)
     return llvm::Error::success();
   std::vector<float> xt(x.data.size());
@@ -698,6 +700,8 @@ llvm::Error evalFp8Update(const AttrMap &attrs, Operands in, Results out) {
   out[0].data = std::move(state.amaxHistory);
   out[1].data[0] = state.scale;
   out[2].data[0] = state.scaleInv;
+  if (out.size() > 4) // a block-scaled quantize's largest block scale
+    out[4].data[0] = in[2]->data[1];
   out[3].data[0] = in[3]->data[0] + in[4]->data[0];
   return llvm::Error::success();
 }

@@ -30,9 +30,9 @@ float blockScale(float amax, Fp8Format format) {
   return scale;
 }
 
-int64_t blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockRows, Fp8Format format, float *q) {
-  float max = fp8Max(format);
-  int64_t saturated = 0;
+BlockQuantizeStats blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockRows, Fp8Format format,
+                                 float *q) {
+  BlockQuantizeStats stats;
   for (int64_t r0 = 0; r0 < rows; r0 += blockRows)
     for (int64_t c0 = 0; c0 < cols; c0 += 128) {
       int64_t r1 = std::min(rows, r0 + blockRows), c1 = std::min(cols, c0 + 128);
@@ -43,14 +43,17 @@ int64_t blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockR
           amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
         }
       float scale = blockScale(amax, format), scaleInv = 1.0f / scale;
+      if (std::isfinite(amax) && amax > 0.0f)
+        stats.largestScale = std::max(stats.largestScale, scale);
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c) {
-          float scaled = x[r * cols + c] * scale;
-          saturated += std::fabs(scaled) > max;
-          q[r * cols + c] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
+          float v = x[r * cols + c];
+          float value = fp8ToFloat(floatToFp8(v * scale, format), format) * scaleInv;
+          stats.flushed += v != 0.0f && value == 0.0f; // (a NaN stays NaN)
+          q[r * cols + c] = value;
         }
     }
-  return saturated;
+  return stats;
 }
 
 void updateScaling(ScalingState &state, Fp8Format format, int margin, AmaxAlgo algo) {
@@ -97,6 +100,12 @@ std::vector<Fp8TensorSummary> summarizeFp8State(const std::map<std::string, Tens
       s.newestAmax.push_back(h[i]);
     if (h.size() == 1)
       s.newestAmax.push_back(h[0]);
+    if (auto largest = tensors.find(prefix + ".block_scale_max"); largest != tensors.end()) {
+      s.blockScaled = true;
+      s.largestBlockScale = largest->second.data[0];
+      float amax = s.newestAmax.empty() ? 0.0f : s.newestAmax[0];
+      s.smallestBlockScale = amax > 0.0f ? blockScale(amax, s.format == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3) : 0.0f;
+    }
     out.push_back(std::move(s));
   }
   return out;

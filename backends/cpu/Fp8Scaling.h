@@ -37,12 +37,19 @@ float currentScale(float amax, Fp8Format format, int margin);
 /// (2^127) where that ratio is infinite, and 1 where the amax is 0, inf or NaN.
 float blockScale(float amax, Fp8Format format);
 
+/// What blockQuantize saw: the nonzero values that became zero (a power-of-two scale from the
+/// block's own amax saturates nothing: flushing is what the recipe loses), and the largest scale
+/// of a block whose amax is finite and nonzero (0 where none is).
+struct BlockQuantizeStats {
+  int64_t flushed = 0;
+  float largestScale = 0.0f;
+};
+
 /// The values a GEMM reads of x [rows, cols] quantized in blocks of blockRows x 128 (blockRows
 /// 1 or 128; cols, and rows where blockRows is 128, multiples of 128): each FP8 code times its
-/// block's 1 / blockScale. Writes them to `q` (rows x cols); returns the values past FP8's
-/// largest once scaled (none: a block's scale fits its own amax; counted as the per-tensor
-/// casts count them).
-int64_t blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockRows, Fp8Format format, float *q);
+/// block's 1 / blockScale. Writes them to `q` (rows x cols).
+BlockQuantizeStats blockQuantize(const float *x, int64_t rows, int64_t cols, int64_t blockRows, Fp8Format format,
+                                 float *q);
 
 /// One quantized tensor's scaling state, as `tgc inspect` shows it.
 struct Fp8TensorSummary {
@@ -53,6 +60,11 @@ struct Fp8TensorSummary {
   std::vector<float> newestAmax; // newest first
   double saturations = 0;        // elements clipped to the largest finite value, all steps
   int64_t historyLength = 0;
+  /// Under block scaling the scale and history go unread: the newest step's block scales range
+  /// from the smallest (the block of the newest amax) to the largest (0: no nonzero block yet),
+  /// and `saturations` counts the values flushed to zero instead (nothing saturates).
+  bool blockScaled = false;
+  float smallestBlockScale = 0, largestBlockScale = 0;
 };
 
 /// The FP8 state among a program's state tensors (names `<site>.fp8.<role>.scale`, ...), in

@@ -171,7 +171,7 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
 
 /// Under an fp8 row: how many linear layers ran in FP8, and what auto measured.
 /// The FP8 scaling state after a bench run of `recipe`. A large model has hundreds of quantized
-/// tensors: the bench shows those with the most saturated values (in the table's order), and
+/// tensors: the bench shows those with the most saturated (block scaling: flushed) values (in the table's order), and
 /// says where every one is shown.
 void printBenchFp8State(const std::string &recipe, std::vector<Fp8TensorSummary> summary) {
   constexpr size_t kShown = 16;
@@ -189,10 +189,11 @@ void printBenchFp8State(const std::string &recipe, std::vector<Fp8TensorSummary>
       shown.push_back(summary[i]);
     summary = std::move(shown);
   }
+  bool block = !summary.empty() && summary.front().blockScaled; // (nothing saturates: flushed instead)
   llvm::outs() << fmt::format("FP8 scaling state after the {} run ({} quantized tensors{}):\n", recipe, total,
-                              total > kShown ? fmt::format("; the {} with the most saturated values, `tgc train "
+                              total > kShown ? fmt::format("; the {} with the most {} values, `tgc train "
                                                            "--fp8-summary-every N` shows every one",
-                                                           kShown)
+                                                           kShown, block ? "flushed" : "saturated")
                                              : "");
   printFp8Summary(summary, llvm::outs());
 }

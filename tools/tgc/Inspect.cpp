@@ -40,14 +40,19 @@ int runInspect() {
       llvm::json::Array amax;
       for (float a : s.newestAmax)
         amax.push_back(double(a));
-      tensors.push_back(llvm::json::Object{{"gemm", s.site},
-                                           {"operand", s.role},
-                                           {"format", s.format},
-                                           {"scale", double(s.scale)},
-                                           {"scale_inv", double(s.scaleInv)},
-                                           {"amax_newest_first", std::move(amax)},
-                                           {"amax_history_len", s.historyLength},
-                                           {"saturated", s.saturations}});
+      llvm::json::Object tensor{{"gemm", s.site},
+                                {"operand", s.role},
+                                {"format", s.format},
+                                {"scale", double(s.scale)},
+                                {"scale_inv", double(s.scaleInv)},
+                                {"amax_newest_first", std::move(amax)},
+                                {"amax_history_len", s.historyLength},
+                                {s.blockScaled ? "flushed" : "saturated", s.saturations}};
+      if (s.blockScaled) { // the newest step's block scales
+        tensor["block_scale_min"] = double(s.smallestBlockScale);
+        tensor["block_scale_max"] = double(s.largestBlockScale);
+      }
+      tensors.push_back(std::move(tensor));
     }
     llvm::outs() << llvm::json::Value(llvm::json::Object{{"model", config.name},
                                                           {"step", step},

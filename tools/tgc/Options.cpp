@@ -7,6 +7,7 @@
 #include "support/Error.h"
 #include "transforms/Pass.h"
 
+#include <cmath>
 #include <fmt/format.h>
 #include <map>
 
@@ -214,15 +215,35 @@ llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef p
 }
 
 /// The FP8 scaling summary: one line per quantized tensor.
+namespace {
+/// A block scale, a power of two, as 2^k ("-" for none).
+std::string powerOfTwo(float scale) {
+  return scale > 0.0f ? fmt::format("2^{}", std::ilogb(scale)) : std::string("-");
+}
+} // namespace
+
 void printFp8Summary(const std::vector<Fp8TensorSummary> &summary, llvm::raw_ostream &os) {
-  os << fmt::format("  {:<30}{:<8}{:>12}{:>12}  {:<40}{:>10}\n", "tensor", "format", "scale",
-                    "scale_inv", "amax history (newest first)", "saturated");
+  // Under block scaling each block has its own scale: the table shows their range in the newest
+  // step, and the values flushed to zero (none saturates).
+  bool block = !summary.empty() && summary.front().blockScaled;
+  if (block)
+    os << fmt::format("  {:<30}{:<8}{:>26}  {:<40}{:>10}\n", "tensor", "format", "block scales (newest step)",
+                      "amax history (newest first)", "flushed");
+  else
+    os << fmt::format("  {:<30}{:<8}{:>12}{:>12}  {:<40}{:>10}\n", "tensor", "format", "scale", "scale_inv",
+                      "amax history (newest first)", "saturated");
   for (const Fp8TensorSummary &s : summary) {
     std::string amax;
     for (float a : s.newestAmax)
       amax += fmt::format("{}{:.4g}", amax.empty() ? "" : " ", a);
-    os << fmt::format("  {:<30}{:<8}{:>12.5g}{:>12.5g}  {:<40}{:>10.0f}\n",
-                      escapeForMessage(s.site + " " + s.role), s.format, s.scale, s.scaleInv, amax, s.saturations);
+    std::string name = escapeForMessage(s.site + " " + s.role);
+    if (block)
+      os << fmt::format("  {:<30}{:<8}{:>26}  {:<40}{:>10.0f}\n", name, s.format,
+                        powerOfTwo(s.smallestBlockScale) + " .. " + powerOfTwo(s.largestBlockScale), amax,
+                        s.saturations);
+    else
+      os << fmt::format("  {:<30}{:<8}{:>12.5g}{:>12.5g}  {:<40}{:>10.0f}\n", name, s.format, s.scale, s.scaleInv,
+                        amax, s.saturations);
   }
 }
 

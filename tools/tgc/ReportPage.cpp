@@ -176,7 +176,7 @@ llvm::Expected<std::string> parseBenchSection(llvm::StringRef text, llvm::String
 }
 
 std::string renderReportPage(const RunLog &log, llvm::StringRef benchSection) {
-  const auto &[run, loss, lr, norm, speed, stepMs, amax, scale] = log;
+  const auto &[run, loss, lr, norm, speed, stepMs, amax, scale, largestBlockScale, flushed] = log;
   std::string model = run.getString("model").value_or("a model").str();
   std::string html = fmt::format("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tgc report: {}</title>"
                                  "<style>body{{font-family:sans-serif;margin:24px;color:#222}}figure{{display:inline-"
@@ -204,16 +204,25 @@ std::string renderReportPage(const RunLog &log, llvm::StringRef benchSection) {
   html += lineChart("Throughput", "tokens/s", {speed}, false);
   html += lineChart("Step time", "ms", {stepMs}, false);
   if (!amax.empty()) {
-    std::vector<Series> a, s;
-    for (auto &[name, series] : amax)
-      a.push_back(series);
-    for (auto &[name, series] : scale)
-      s.push_back(series);
+    auto all = [](const std::map<std::string, Series> &byTensor) {
+      std::vector<Series> out;
+      for (auto &[name, series] : byTensor)
+        out.push_back(series);
+      return out;
+    };
     html += "<h2>FP8 scaling state</h2>\n";
-    if (a.size() > 36)
-      html += fmt::format("<p>{} quantized tensors: the legends name the first 36.</p>\n", a.size());
-    html += lineChart("amax of each quantized tensor (newest of its history)", "amax (log scale)", a, true);
-    html += lineChart("scale of each quantized tensor", "scale (log scale)", s, true);
+    if (amax.size() > 36)
+      html += fmt::format("<p>{} quantized tensors: the legends name the first 36.</p>\n", amax.size());
+    html += lineChart("amax of each quantized tensor (newest of its history)", "amax (log scale)", all(amax), true);
+    if (!scale.empty())
+      html += lineChart("scale of each quantized tensor", "scale (log scale)", all(scale), true);
+    // Block scaling: the smallest block scale is the block of the amax's; the largest, and what
+    // the recipe loses (values flushed to zero: nothing saturates).
+    if (!largestBlockScale.empty()) {
+      html += lineChart("largest block scale of each quantized tensor", "scale (log scale)", all(largestBlockScale),
+                        true);
+      html += lineChart("values flushed to zero, all steps so far", "values", all(flushed), false);
+    }
   }
   html += benchSection;
   html += "</body></html>\n";

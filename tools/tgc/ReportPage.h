@@ -26,6 +26,8 @@ struct RunLog {
   Series loss{"loss", {}}, lr{"learning rate", {}}, norm{"gradient norm", {}}, speed{"tokens/s", {}},
       stepMs{"step ms", {}};
   std::map<std::string, Series> amax, scale;
+  /// Block scaling's: each tensor's largest block scale, and its values flushed to zero so far.
+  std::map<std::string, Series> largestBlockScale, flushed;
 
   /// A resumed run continuing this log: the steps past where it resumed are its own now
   /// (the first run's were not saved, or are done again).
@@ -33,7 +35,7 @@ struct RunLog {
     auto after = [&](const std::pair<double, double> &point) { return point.first > resumed; };
     for (Series *series : {&loss, &lr, &norm, &speed, &stepMs})
       llvm::erase_if(series->points, after);
-    for (auto *byTensor : {&amax, &scale})
+    for (auto *byTensor : {&amax, &scale, &largestBlockScale, &flushed})
       for (auto &[name, series] : *byTensor)
         llvm::erase_if(series.points, after);
   }
@@ -44,8 +46,15 @@ struct RunLog {
       for (const llvm::json::Value &t : *tensors)
         if (const llvm::json::Object *o = t.getAsObject()) {
           std::string name = o->getString("tensor").value_or("?").str();
-          amax[name].name = scale[name].name = name;
+          amax[name].name = name;
           amax[name].points.emplace_back(step, o->getNumber("amax").value_or(NAN));
+          if (auto largest = o->getNumber("block_scale_max")) { // block scaling: no one scale a tensor
+            largestBlockScale[name].name = flushed[name].name = name;
+            largestBlockScale[name].points.emplace_back(step, *largest);
+            flushed[name].points.emplace_back(step, o->getNumber("flushed").value_or(NAN));
+            continue;
+          }
+          scale[name].name = name;
           scale[name].points.emplace_back(step, o->getNumber("scale").value_or(NAN));
         }
   }

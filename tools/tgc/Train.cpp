@@ -208,18 +208,27 @@ struct StepOutput {
   std::unique_ptr<llvm::raw_fd_ostream> log;
 
   /// {"fp8": {"step": s, "tensors": [{"tensor", "format", "scale", "amax", "saturated"}]}}: each
-  /// quantized tensor's scale and newest amax, for tgc report.
+  /// quantized tensor's scale and newest amax, for tgc report. Under block scaling "scale" and
+  /// "saturated" give way to "block_scale_min", "block_scale_max" and "flushed".
   llvm::Error writeFp8State(const Trainer &t, int64_t step) {
     auto state = t.fp8State();
     if (!state)
       return state.takeError();
     llvm::json::Array tensors;
-    for (const Fp8TensorSummary &s : summarizeFp8State(*state, t.config().precision, /*newest=*/1))
-      tensors.push_back(llvm::json::Object{{"tensor", s.site + " " + s.role},
-                                           {"format", s.format},
-                                           {"scale", s.scale},
-                                           {"amax", s.newestAmax.empty() ? 0.0f : s.newestAmax[0]},
-                                           {"saturated", s.saturations}});
+    for (const Fp8TensorSummary &s : summarizeFp8State(*state, t.config().precision, /*newest=*/1)) {
+      llvm::json::Object tensor{{"tensor", s.site + " " + s.role},
+                                {"format", s.format},
+                                {"amax", s.newestAmax.empty() ? 0.0f : s.newestAmax[0]}};
+      if (s.blockScaled) {
+        tensor["block_scale_min"] = s.smallestBlockScale;
+        tensor["block_scale_max"] = s.largestBlockScale;
+        tensor["flushed"] = s.saturations;
+      } else {
+        tensor["scale"] = s.scale;
+        tensor["saturated"] = s.saturations;
+      }
+      tensors.push_back(std::move(tensor));
+    }
     *log << llvm::json::Value(llvm::json::Object{
                 {"fp8", llvm::json::Object{{"step", step}, {"tensors", std::move(tensors)}}}})
          << "\n";

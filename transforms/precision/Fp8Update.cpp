@@ -1,7 +1,9 @@
 // fp8-update: after autodiff, one fp8_update per quantized tensor: its amax goes into the
 // history, the history rolls and the scale follows (fp8.md), all assigned to the tensor's
 // scaling state when the step ends. Only training programs run it: evaluation and generation
-// do not move the scales, as in TE.
+// do not move the scales, as in TE. Under block scaling the scales are each block's own: the
+// update's history and scale go unread, and the state keeps the statistics to show (the
+// largest block scale of the last step, the values flushed to zero in `saturations`).
 #include "ir/Attributes.h"
 #include "support/Error.h"
 #include "transforms/Passes.h"
@@ -46,6 +48,11 @@ public:
       b.create(OpKind::Assign, {scale, update->result(1)}, {}, "");
       b.create(OpKind::Assign, {scaleInv, update->result(2)}, {}, "");
       b.create(OpKind::Assign, {saturations, update->result(3)}, {}, "");
+      if (update->numResults() > 4) { // block scaling: the largest block scale, kept to be shown
+        Value *largest = b.state((prefix + ".block_scale_max").str(), update->result(4)->type(),
+                                 tgc::attrs({{"init", std::string("zeros")}}));
+        b.create(OpKind::Assign, {largest, update->result(4)}, {}, "");
+      }
     }
     if (auto err = b.takeError())
       return std::move(err);

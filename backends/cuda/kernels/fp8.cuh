@@ -233,7 +233,16 @@ __device__ __forceinline__ float currentScale(float amax, float largest, float m
 // is a maximum of |x| >= 0, whose bits order as its values (a NaN's above all), so atomicMax on
 // the bits gives it in any order of the blocks, as the count's atomicAdd does: the same bits
 // however the blocks run, and no pass over per-block entries.
-enum { kUsedArrived = 1, kUsedAmax = 2, kUsedSaturated = 3, kUsedCurrentAmax = 4, kQuantizeUsedFloats = 5 };
+// Under block scaling kUsedLargestScale holds the largest block scale so far (as bits: a
+// positive float's order), and kUsedSaturated counts the values flushed to zero.
+enum {
+  kUsedArrived = 1,
+  kUsedAmax = 2,
+  kUsedSaturated = 3,
+  kUsedCurrentAmax = 4,
+  kUsedLargestScale = 5,
+  kQuantizeUsedFloats = 6
+};
 __device__ __forceinline__ unsigned *quantizeWords(float *used) { return (unsigned *)used; }
 
 // The tensor's amax launch 0 of current scaling took (read past L1: other blocks wrote it).
@@ -294,9 +303,12 @@ __device__ void quantizeAmaxBlocks(Source x, float *used) {
 // of the Blocks blocks to arrive writes the tensor's amax and count, and the scale_inv used
 // (under current scaling 1 / the scale of the amax), and sets the totals back to zero for the
 // next launch: one launch a quantize, no kernel of one block after it.
-template <int64 Blocks, bool Current>
+// Block: the block's largest block scale (as bits, thread 0's) joins kUsedLargestScale, and the
+// tensor's is written after its amax (amax[1]).
+template <int64 Blocks, bool Current, bool Block = false>
 __device__ void quantizeFinish(unsigned maxBits, int saturated, const float *scaleInv, float *amax,
-                               float *saturations, float *used, float largest, float marginScale) {
+                               float *saturations, float *used, float largest, float marginScale,
+                               unsigned largestScaleBits = 0) {
   __shared__ unsigned shared[32][2];
   __shared__ bool last;
   unsigned *words = quantizeWords(used), count = (unsigned)saturated;
@@ -304,6 +316,8 @@ __device__ void quantizeFinish(unsigned maxBits, int saturated, const float *sca
   if (threadIdx.x == 0) {
     if (!Current)
       atomicMax(words + kUsedAmax, maxBits);
+    if (Block)
+      atomicMax(words + kUsedLargestScale, largestScaleBits);
     atomicAdd(words + kUsedSaturated, count);
     __threadfence(); // the totals are complete for the last block before this one counts itself
     last = atomicAdd(words + kUsedArrived, 1u) == (unsigned)(Blocks - 1);
@@ -314,6 +328,8 @@ __device__ void quantizeFinish(unsigned maxBits, int saturated, const float *sca
   __threadfence();
   float tensorAmax = amaxOfBits(__ldcg(words + (Current ? kUsedCurrentAmax : kUsedAmax)));
   amax[0] = tensorAmax;
+  if (Block)
+    amax[1] = __uint_as_float(__ldcg(words + kUsedLargestScale));
   saturations[0] = (float)__ldcg(words + kUsedSaturated);
   used[0] = Current ? 1.0f / currentScale(tensorAmax, largest, marginScale) : scaleInv[0];
   for (int k = kUsedArrived; k < kQuantizeUsedFloats; ++k) words[k] = 0;
@@ -526,7 +542,8 @@ enum { kFp8UpdateThreads = 256 };
 template <int64 Length, bool Max>
 __device__ void fp8Update(const float *history, const float *scale, const float *amax, const float *saturations,
                           const float *saturated, float *newHistory, float *newScale, float *newScaleInv,
-                          float *newSaturations, float largest, float marginScale) {
+                          float *newSaturations, float largest, float marginScale,
+                          float *newLargestBlockScale = nullptr) {
   __shared__ float sharedMax[kFp8UpdateThreads / 32];
   constexpr int kPer = (int)((Length + kFp8UpdateThreads - 1) / kFp8UpdateThreads);
   float current = amax[0], windowMax = threadIdx.x == 0 ? current : 0.0f;
@@ -547,6 +564,8 @@ __device__ void fp8Update(const float *history, const float *scale, const float 
     newScale[0] = s;
     newScaleInv[0] = 1.0f / s;
     newSaturations[0] = saturations[0] + saturated[0];
+    if (newLargestBlockScale) // a block-scaled quantize's amax pair: its largest block scale
+      newLargestBlockScale[0] = amax[1];
   }
 }
 
@@ -564,6 +583,19 @@ __device__ __forceinline__ float blockScaleOf(float amax, float largest) {
   if (isinf(scale))
     scale = 3.402823466e38f;
   return __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+}
+
+// How many of four values, nonzero, became the FP8 zero (either sign) in `word` (the first
+// lowest): what block scaling loses. (A NaN's code is not zero; an infinity saturates.)
+__device__ __forceinline__ int flushedIn(unsigned word, float4 v) {
+  return ((word & 0x7Fu) == 0 && v.x != 0.0f) + ((word & 0x7F00u) == 0 && v.y != 0.0f) +
+         ((word & 0x7F0000u) == 0 && v.z != 0.0f) + ((word & 0x7F000000u) == 0 && v.w != 0.0f);
+}
+
+// A block's scale as bits for the largest so far, where its amax is finite and nonzero (a block
+// of zeros, infinities or NaNs takes the fallback scale 1, which is no scale of its values).
+__device__ __forceinline__ unsigned largestScaleBits(unsigned bits, float amax, float scale) {
+  return isfinite(amax) && amax > 0.0f ? max(bits, __float_as_uint(scale)) : bits;
 }
 
 // Sixteen rows of four FP8 bytes (words[j]: row j, the first column lowest) as four columns of
@@ -588,8 +620,9 @@ __device__ __forceinline__ void transposeBytes16x4(const unsigned (&words)[16], 
 // transposed (the block's scale at the transposed block); under 1 x 128 blocks each column's
 // amax over the tile's 128 rows (the warps' maxima met in shared memory) scales the transpose's
 // own 1 x 128 blocks, scalesT [Rows/128][Cols]. A lane transposes its sixteen rows of four bytes
-// in registers and writes 16 bytes of each of four qT rows. The amax and saturation count are
-// q's (the transpose's bytes are not counted again), into quantizeFinish once a block.
+// in registers and writes 16 bytes of each of four qT rows. The amax, the values flushed to zero
+// and the largest block scale are q's (the transpose's bytes are not counted again), into
+// quantizeFinish once a block.
 enum { kBlockCastThreads = 256 };
 template <int64 Rows, int64 Cols, int64 BlockRows, int64 Blocks, __nv_fp8_interpretation_t Format, bool Transpose,
           typename Source>
@@ -603,6 +636,8 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
   __shared__ unsigned warpBits[8][kColumnBlocks ? 128 : 1]; // each warp's maxima: its tile's or columns'
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Fp8Converter<Format> convert{1.0f, largest};
+  int flushed = 0;
+  unsigned largestBits = 0; // (the same in every lane of a warp: its rows' or the tile's scales)
   for (int64 t = blockIdx.x; t < kTiles; t += Blocks) {
     int64 tileR = t / kTilesC, tileC = t % kTilesC, r0 = tileR * 128 + 16 * warp, c = tileC * 128 + 4 * lane;
     typename Source::Raw raw[16];
@@ -638,15 +673,21 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
 #pragma unroll
       for (int w = 0; w < 8; ++w) allBits = max(allBits, warpBits[w][0]);
       tileScale = blockScaleOf(amaxOfBits(allBits), largest);
+      largestBits = largestScaleBits(largestBits, amaxOfBits(allBits), tileScale);
     }
     unsigned words[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       if (r0 + j >= Rows)
         continue;
-      float s = BlockRows == 128 ? tileScale : blockScaleOf(amaxOfBits(warpMaxBits(rowBits[j])), largest);
+      float rowAmax = amaxOfBits(warpMaxBits(rowBits[j]));
+      float s = BlockRows == 128 ? tileScale : blockScaleOf(rowAmax, largest);
+      if (BlockRows == 1)
+        largestBits = largestScaleBits(largestBits, rowAmax, s);
       convert.scale = s;
-      words[j] = convert(x.value(raw[j]));
+      float4 v = x.value(raw[j]);
+      words[j] = convert(v);
+      flushed += flushedIn(words[j], v);
       *(unsigned *)(q + (r0 + j) * Cols + c) = words[j];
       if (BlockRows == 1 && lane == j)
         scales[tileC * Rows + r0 + j] = 1.0f / s;
@@ -687,5 +728,12 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
       for (int k = 0; k < 4; ++k) *(uint4 *)(qT + (c + k) * Rows + r0) = columnBytes[k];
     }
   }
-  quantizeFinish<Blocks, false>(convert.maxBits, convert.saturated, scaleInv, amax, saturations, used, largest, 1.0f);
+  __shared__ unsigned warpLargest[kBlockCastThreads / 32];
+  if (lane == 0)
+    warpLargest[warp] = largestBits;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < kBlockCastThreads / 32; ++w) largestBits = max(largestBits, warpLargest[w]);
+  quantizeFinish<Blocks, false, true>(convert.maxBits, flushed, scaleInv, amax, saturations, used, largest, 1.0f,
+                                      largestBits);
 }

@@ -67,7 +67,7 @@ void groupFp8Updates(const std::vector<Op *> &ops, CudaProgram &program,
                      std::vector<std::vector<KernelText>> &kernels);
 /// fp8_update's kernel parameters and its call of fp8.cuh's fp8Update, every pointer's name
 /// followed by `suffix` (a grouped launch's member number; empty for the op's own kernel).
-std::string fp8UpdateParams(const std::string &suffix);
+std::string fp8UpdateParams(const Op &op, const std::string &suffix);
 std::string fp8UpdateCall(const Op &op, const std::string &suffix);
 
 

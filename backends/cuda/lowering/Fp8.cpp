@@ -76,7 +76,7 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                        source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
                        lit(fp8Largest(op.attrs()))),
            256, 3); // fp8.cuh's kBlockCastThreads
-  e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
+  e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
   e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, options.blockRows));
   if (transpose) // q^T: [cols, rows]
     e.lowering.persistentFloats.push_back(blockScaleCount(cols, rows, options.blockRows));
@@ -180,11 +180,11 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
                fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
       e.lowering.scratchFloats.push_back(2 * tilesR * cols);
     }
-    e.lowering.persistentFloats.push_back(5); // fp8.cuh's kQuantizeUsedFloats
+    e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
     return llvm::Error::success();
   }
   if (op.kind() == OpKind::Fp8Update) {
-    e.launch(0, fp8UpdateParams(""), 1, fp8UpdateCall(op, ""), 256); // kFp8UpdateThreads
+    e.launch(0, fp8UpdateParams(op, ""), 1, fp8UpdateCall(op, ""), 256); // kFp8UpdateThreads
     return llvm::Error::success();
   }
   return unsupported(op);

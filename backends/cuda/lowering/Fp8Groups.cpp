@@ -10,8 +10,8 @@
 namespace tgc {
 namespace {
 
-// Nine pointers a member: 48 members are 3456 bytes of kernel parameters, inside the 4 KB every
-// GPU and CUDA version takes.
+// Nine pointers a member (ten under block scaling): 48 members are at most 3840 bytes of kernel
+// parameters, inside the 4 KB every GPU and CUDA version takes.
 constexpr size_t kUpdatesPerLaunch = 48;
 constexpr const char *kUpdateParams[] = {"history", "scale", "amax", "saturations", "saturated",
                                          "newHistory", "newScale", "newScaleInv", "newSaturations"};
@@ -40,7 +40,7 @@ void groupLaunch(const std::vector<Op *> &ops, const std::vector<size_t> &member
       grouped.arguments.push_back(v);
     for (unsigned r = 0; r < op.numResults(); ++r)
       grouped.arguments.push_back(op.result(r));
-    params += (m ? ", " : "") + fp8UpdateParams(std::to_string(m));
+    params += (m ? ", " : "") + fp8UpdateParams(op, std::to_string(m));
     cases += fmt::format("\n    case {}: {}; break;", m, fp8UpdateCall(op, std::to_string(m)));
   }
   grouped.launches.push_back({name, int64_t(members.size()), 256}); // fp8.cuh's kFp8UpdateThreads
@@ -59,10 +59,16 @@ void groupLaunch(const std::vector<Op *> &ops, const std::vector<size_t> &member
 
 } // namespace
 
-std::string fp8UpdateParams(const std::string &suffix) {
+/// Whether `op` (an fp8_update) passes on a block-scaled quantize's largest block scale: a
+/// tenth pointer, its fifth result.
+bool passesBlockScale(const Op &op) { return op.numResults() > 4; }
+
+std::string fp8UpdateParams(const Op &op, const std::string &suffix) {
   std::string params;
   for (size_t p = 0; p < std::size(kUpdateParams); ++p)
     params += fmt::format("{}{} *{}{}", p ? ", " : "", p < 5 ? "const float" : "float", kUpdateParams[p], suffix);
+  if (passesBlockScale(op))
+    params += fmt::format(", float *newLargestBlockScale{}", suffix);
   return params;
 }
 
@@ -71,8 +77,9 @@ std::string fp8UpdateCall(const Op &op, const std::string &suffix) {
   std::string args;
   for (const char *p : kUpdateParams)
     args += fmt::format("{}{}, ", p, suffix);
-  return fmt::format("fp8Update<{}, {}>({}{}, {})", op.operand(0)->type().numElements(),
-                     boolText(a.getString("algo") != "most_recent"), args, lit(fp8Largest(a)), fp8MarginScale(a));
+  return fmt::format("fp8Update<{}, {}>({}{}, {}{})", op.operand(0)->type().numElements(),
+                     boolText(a.getString("algo") != "most_recent"), args, lit(fp8Largest(a)), fp8MarginScale(a),
+                     passesBlockScale(op) ? ", newLargestBlockScale" + suffix : "");
 }
 
 void groupFp8Updates(const std::vector<Op *> &ops, CudaProgram &program,
