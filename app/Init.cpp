@@ -48,7 +48,8 @@ std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, Zero
       continue;
     const Value *v = op->result();
     std::string init = op->attrs().getString("init").value_or("zeros");
-    if ((init != "ones" && init != "normal" && zeros == ZeroLeaves::Omit) || skipped.count(v->name()))
+    if ((init != "ones" && init != "normal" && zeros == ZeroLeaves::Omit) || skipped.count(v->name()) ||
+        init == "prologue") // (made from the others: Executor::runPrologue)
       continue;
     Tensor &t = params.emplace(v->name(), Tensor::zeros(v->type())).first->second;
     if (init == "ones")

@@ -2,6 +2,7 @@
 
 #include "app/Init.h"
 #include "app/PrecisionProbe.h"
+#include "backends/Prologue.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -70,6 +71,8 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   ZeroLeaves zeros = device == Device::Cuda ? ZeroLeaves::Omit : ZeroLeaves::Include;
   if (auto err = initLeaves(*trainer->executor_, *trainer->program_, config.train.seed, zeros))
     return std::move(err);
+  if (auto err = trainer->executor_->runPrologue()) // the FP8 weights of the initial ones
+    return std::move(err);
   if (dataPath.empty()) {
     trainer->data_ = std::make_unique<ArithmeticData>(config.vocab, config.seqLen, config.data,
                                                       config.train.seed);
@@ -126,7 +129,8 @@ llvm::Expected<StepRecord> Trainer::step(Batch b) {
 llvm::Expected<Checkpoint> Trainer::checkpoint() const {
   Checkpoint checkpoint;
   for (const Op *op : program_->ops()) {
-    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+    // (The FP8 weights between steps are made again from the master weights on resume.)
+    if ((op->kind() != OpKind::Param && op->kind() != OpKind::State) || isPrologueLeaf(*op))
       continue;
     auto tensor = executor_->read(op->result()->name());
     if (!tensor)
@@ -150,7 +154,7 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
 llvm::Expected<std::map<std::string, Tensor>> Trainer::fp8State() const {
   std::map<std::string, Tensor> state;
   for (const Op *op : program_->ops()) {
-    const std::string &name = op->kind() == OpKind::State ? op->result()->name() : "";
+    const std::string &name = op->kind() == OpKind::State && !isPrologueLeaf(*op) ? op->result()->name() : "";
     if (name.find(program::kFp8Marker.str()) == std::string::npos)
       continue;
     auto tensor = executor_->read(name);
@@ -247,7 +251,7 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
                                      path.str(), dataPath_, savedDigest->str(), data_->digest(), savedPath->str()));
   }
   for (const Op *op : program_->ops()) {
-    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+    if ((op->kind() != OpKind::Param && op->kind() != OpKind::State) || isPrologueLeaf(*op))
       continue;
     const std::string &name = op->result()->name();
     auto it = checkpoint.tensors.find(name);
@@ -273,7 +277,9 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
     }
   }
   stepsDone_ = *step;
-  return llvm::Error::success();
+  // What the restored weights and scales make of the FP8 weights: the bytes the saved step's
+  // end made.
+  return executor_->runPrologue();
 }
 
 } // namespace tgc

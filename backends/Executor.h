@@ -83,6 +83,10 @@ public:
   /// GEMM's label says its precision) since it was turned on.
   virtual void setProfiling(bool on) { (void)on; }
   virtual std::map<std::string, double> profileByOp() const { return {}; }
+  /// Makes the program's prologue leaves (backends/Prologue.h: the FP8 weights between steps)
+  /// from the other leaves as they are now: run after the leaves are initialised or restored,
+  /// before the first step. A program without them runs nothing.
+  virtual llvm::Error runPrologue() = 0;
   /// The current value of a leaf (after the last run's assigns).
   virtual llvm::Expected<Tensor> read(llvm::StringRef name) const = 0;
   virtual std::string describe() const = 0;

@@ -85,8 +85,17 @@ llvm::Expected<TypeList> inferParam(Operands ops, const AttrMap &attrs, llvm::Ar
   return types;
 }
 
+// A state the program's prologue makes (init="prologue", backends/Prologue.h: the FP8 weights
+// between steps) may hold FP8; it is neither drawn nor bound.
 llvm::Expected<TypeList> inferState(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {
-  return inferParam(ops, attrs, d);
+  if (attrs.getString("init") != "prologue")
+    return inferParam(ops, attrs, d);
+  auto types = inferLeaf(ops, attrs, d);
+  if (!types)
+    return types.takeError();
+  if (!isFloat((*types)[0].dtype) && !isFp8((*types)[0].dtype))
+    return makeError("a prologue's state must be a floating-point or FP8 tensor, got {}", (*types)[0].str());
+  return types;
 }
 
 llvm::Expected<TypeList> inferConstant(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {

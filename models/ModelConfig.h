@@ -104,6 +104,10 @@ struct PrecisionConfig {
   /// When set, only the GEMM sites these glob patterns name may run in FP8 (h*.mlp.fc1); an
   /// empty list keeps every one in BF16. --precision auto sets it to what it measured.
   std::optional<std::vector<std::string>> fp8Layers;
+  /// FP8-only weights between steps (Transformer Engine's quantized_model_init): each FP8
+  /// layer's weight, and its transpose, are kept in FP8 from one step to the next, made after
+  /// AdamW updates the master weights (the fp8-weights pass); checkpoints keep the masters.
+  bool fp8Weights = false;
   /// Set for inference programs: no weight gradient contracts over the rows, so a product of
   /// any number of rows runs in FP8 (training needs them a multiple of 16).
   bool forwardOnly = false;
@@ -164,6 +168,7 @@ struct ConfigOverrides {
   std::optional<uint64_t> seed;
   std::optional<bool> recompute;
   std::optional<bool> fp8LmHead; // --fp8-lm-head: the LM head out of keep_bf16
+  std::optional<bool> fp8Weights;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag

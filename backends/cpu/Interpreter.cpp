@@ -1,5 +1,6 @@
 #include "backends/cpu/Interpreter.h"
 
+#include "backends/Prologue.h"
 #include "backends/cpu/CpuKernels.h"
 #include "support/Error.h"
 #include "support/Trace.h"
@@ -113,6 +114,31 @@ const Tensor *Interpreter::lookup(llvm::StringRef name) const {
     return &it->second;
   auto jt = values_.find(v);
   return jt == values_.end() ? nullptr : &jt->second;
+}
+
+llvm::Error Interpreter::runPrologue() {
+  auto prologue = prologueOps(graph_);
+  if (!prologue)
+    return prologue.takeError();
+  for (const PrologueOp &p : *prologue) {
+    llvm::SmallVector<const Tensor *, 4> operands;
+    for (const Value *leaf : p.operandLeaves) {
+      auto it = bound_.find(leaf);
+      if (it == bound_.end())
+        return makeError("the prologue's %{} reads %{}, which was not given a value", p.op->result()->name(),
+                         leaf->name());
+      operands.push_back(&it->second);
+    }
+    llvm::SmallVector<Tensor, 4> results;
+    for (unsigned r = 0; r < p.op->numResults(); ++r)
+      results.push_back(Tensor::zeros(p.op->result(r)->type()));
+    if (auto err = evalOp(*p.op, operands, results))
+      return makeError("%{} = {}: {}", p.op->result()->name(), p.op->name().str(), llvm::toString(std::move(err)));
+    for (unsigned r = 0; r < p.op->numResults(); ++r)
+      if (const Value *leaf = p.resultLeaves[r])
+        bound_[leaf] = std::move(results[r]);
+  }
+  return llvm::Error::success();
 }
 
 llvm::Expected<std::vector<Tensor>> Interpreter::run() {

@@ -27,6 +27,7 @@ public:
   llvm::Error bind(llvm::StringRef name, Tensor tensor) override;
   llvm::Expected<std::vector<Tensor>> run() override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
+  llvm::Error runPrologue() override;
   std::string describe() const override { return "cpu (reference interpreter)"; }
   /// Accumulates the milliseconds of each op kind over the runs while on (TGC_CPU_PROFILE=1 keeps
   /// it on and prints them when the interpreter ends).

@@ -11,6 +11,10 @@ std::vector<std::string> cpuPipeline(bool training, const PrecisionConfig &preci
   // Per-tensor scaling's transposes change no bit, so the CPU leaves them out.
   if (training && precision.recipe == Recipe::Fp8 && precision.fp8Scaling == Fp8Scaling::Block)
     passes.insert(passes.end() - 1, "legalize-fp8-gemm");
+  // FP8 weights between steps: the weights' quantizes after AdamW (after the transposes, which
+  // they then make too).
+  if (training)
+    passes.insert(passes.end() - 1, "fp8-weights");
   return passes;
 }
 

@@ -33,15 +33,16 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe, Fp8Scaling sc
   // rows, apply the GELU after them; an FP8 product adds its bias in its epilogue, and fc2's
   // quantize applies the GELU before it; a cast-transpose of a gradient sums its columns where
   // a bias gradient sums the same gradient, and an FP8 head's output gradient is made by the
-  // quantize that reads the logits for the loss; with --recompute a forward cast-transpose whose
+  // quantize that reads the logits for the loss; with fp8_weights each weight's cast-transpose moves
+  // after AdamW, its bytes kept as state; with --recompute a forward cast-transpose whose
   // input the backward keeps makes its transpose again in the backward instead of keeping it; a transpose that moves only dimensions of size 1
   // (a decode step's per-head ones around RoPE) becomes a reshape.
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                    "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
                                    "fuse-cache-rope", "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
                                    "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
-                                   "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "requantize-transposes",
-                                   "unit-transposes"});
+                                   "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "fp8-weights",
+                                   "requantize-transposes", "unit-transposes"});
   // Block scaling's cast applies a GELU or SwiGLU (and their gradients) as it reads, but sums no
   // bias gradient and makes no loss gradient; its GEMMs take no bias epilogue, and its
   // transposes are quantized along their own rows, not requantized copies.

@@ -337,6 +337,40 @@ TEST(GpuTraining, ParametersDrawnOnTheDeviceHaveTheHostsBits) {
   }
 }
 
+TEST(GpuTraining, Fp8WeightsKeptBetweenStepsTrainTheSameBitsAndResume) {
+  // fp8_weights: each weight's cast-transpose after AdamW, its bytes kept as state (the GEMMs
+  // read them and the scale_inv that quantize used), against the forward's cast-transpose:
+  // the same bits, under delayed and block scaling (a model with sides of 128). A resumed run
+  // remakes the bytes (the executor's prologue) and continues bit for bit.
+  SKIP_WITHOUT_GPU();
+  for (Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Block}) {
+    SCOPED_TRACE(fp8ScalingName(scaling).str());
+    ModelConfig c = tinyFp8();
+    c.dModel = 128, c.ffn = 256, c.heads = 2, c.vocab = 128, c.train.batch = 4;
+    c.precision.keepBf16.clear();
+    c.precision.fp8Scaling = scaling;
+    c.precision.fp8Format = scaling == Fp8Scaling::Block ? Fp8Formats::E4M3 : Fp8Formats::Hybrid;
+    std::vector<double> losses[2];
+    for (int kept = 0; kept < 2; ++kept) {
+      c.precision.fp8Weights = kept;
+      auto trainer = unwrap(Trainer::create(c, "", theGpu()));
+      ASSERT_TRUE(trainer);
+      for (int i = 0; i < 4; ++i)
+        losses[kept].push_back(unwrap(trainer->step()).loss);
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+    auto first = unwrap(Trainer::create(c, "", theGpu()));
+    ASSERT_TRUE(first);
+    for (int i = 0; i < 2; ++i)
+      unwrap(first->step());
+    auto second = unwrap(Trainer::create(c, "", theGpu()));
+    ASSERT_TRUE(second);
+    ASSERT_FALSE(bool(second->resume(unwrap(first->checkpoint()), "memory")));
+    for (int i = 2; i < 4; ++i)
+      EXPECT_EQ(unwrap(second->step()).loss, losses[1][size_t(i)]) << "step " << i + 1;
+  }
+}
+
 TEST(GpuTraining, SameSeedSameLossesBitForBit) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(losses(theGpu(), 5), losses(theGpu(), 5));

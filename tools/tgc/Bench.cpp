@@ -201,9 +201,10 @@ void printBenchFp8State(const std::string &recipe, std::vector<Fp8TensorSummary>
 void printFp8Layers(const Trainer &trainer) {
   const PrecisionConfig &resolved = trainer.config().precision;
   auto [fp8Layers, linearLayers] = countFp8Layers(trainer.program(), trainer.config());
-  llvm::outs() << fmt::format("       {} of {} linear layers in FP8 ({}; compile --explain-precision says why)\n",
+  llvm::outs() << fmt::format("       {} of {} linear layers in FP8 ({}; compile --explain-precision says why){}\n",
                               fp8Layers, linearLayers,
-                              resolved.measured.empty() ? "every legal one" : "those measured faster");
+                              resolved.measured.empty() ? "every legal one" : "those measured faster",
+                              resolved.fp8Weights ? ", their weights kept in FP8 between steps" : "");
   for (const GemmMeasurement &m : resolved.measured)
     llvm::outs() << "         " << describeMeasurement(m) << "\n";
   if (!resolved.measuredSummary.empty())

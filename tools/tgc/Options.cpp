@@ -95,6 +95,11 @@ cl::opt<std::string> Fp8ScalingFlag("fp8-scaling",
 cl::opt<int64_t> Fp8MinDim("fp8-min-dim",
                                   cl::desc("Under fp8, GEMMs with K or N below this stay BF16 (0: every eligible GEMM is FP8)"),
                                   cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<bool> Fp8Weights("fp8-weights",
+                         cl::desc("Under fp8, keep each FP8 layer's weight and its transpose in FP8 between steps, "
+                                  "made after AdamW (Transformer Engine's quantized_model_init); the optimizer keeps "
+                                  "the fp32 master weights, and checkpoints them"),
+                         cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<bool> Fp8LmHead("fp8-lm-head",
                         cl::desc("Under fp8 and auto, the LM head's product may run in FP8 (the default unless the "
                                  "model file's keep_bf16 names lm_head); --fp8-lm-head=false keeps it BF16"),
@@ -162,6 +167,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.recompute = Recompute;
   if (given(Fp8LmHead))
     o.fp8LmHead = Fp8LmHead;
+  if (given(Fp8Weights))
+    o.fp8Weights = Fp8Weights;
   if (auto err = applyOverrides(*config, o))
     return std::move(err);
   for (const std::string &name : DisablePass)

@@ -422,6 +422,36 @@ llvm::Expected<std::unique_ptr<llvm::raw_fd_ostream>> openLog(std::optional<uint
   return std::make_unique<llvm::raw_fd_ostream>(fd, /*shouldClose=*/true);
 }
 
+/// What a run trains: the model, the device and precision, and which layers run in FP8.
+void printRunHeader(const Trainer &t) {
+  const ModelConfig &c = t.config();
+  llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, seed {}\n", c.name,
+                              c.numParams(), c.train.batch, c.seqLen, c.train.steps, formatDouble(c.train.lr),
+                              c.train.seed);
+  Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
+  bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
+  std::vector<std::string> notes;
+  if (recipe == Recipe::Fp8)
+    notes.push_back(fmt::format("{}, {} scaling{}", fp8FormatName(c.precision.fp8Format).str(),
+                                fp8ScalingName(c.precision.fp8Scaling).str(),
+                                c.precision.fp8Weights ? ", FP8 weights between steps" : ""));
+  if (emulated)
+    notes.push_back("emulated");
+  llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),
+                              notes.empty() ? "" : " (" + llvm::join(notes, "; ") + ")");
+  if (recipe == Recipe::Fp8 || !c.precision.measured.empty()) {
+    auto [fp8Layers, linearLayers] = countFp8Layers(t.program(), c);
+    llvm::outs() << fmt::format("FP8: {} of {} linear layers ({})\n", fp8Layers, linearLayers,
+                                !c.precision.measured.empty() ? "auto: those measured faster in FP8"
+                                : c.precision.fp8Layers      ? "those fp8_layers names"
+                                                             : "every legal one");
+    for (const GemmMeasurement &m : c.precision.measured)
+      llvm::outs() << "  " << describeMeasurement(m) << "\n";
+    if (!c.precision.measuredSummary.empty())
+      llvm::outs() << "  " << c.precision.measuredSummary << "\n";
+  }
+}
+
 int runTrain() {
   if (auto err = checkNotEmpty({&SavePath, &ResumePath, &LogPath, &DataPath}))
     return report(std::move(err));
@@ -447,30 +477,7 @@ int runTrain() {
   out.total = c.train.steps;
   out.tokensPerStep = c.train.batch * c.seqLen;
   out.every = LogEvery > 0 ? int64_t(LogEvery) : std::max<int64_t>(1, out.total / 20);
-  llvm::outs() << fmt::format("model {}: {} parameters, batch {} x {} tokens, {} steps, lr {}, seed {}\n", c.name,
-                              c.numParams(), c.train.batch, c.seqLen, out.total, formatDouble(c.train.lr),
-                              c.train.seed);
-  Recipe recipe = c.precision.recipe; // resolved by the trainer for its device
-  bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
-  std::vector<std::string> notes;
-  if (recipe == Recipe::Fp8)
-    notes.push_back(fmt::format("{}, {} scaling", fp8FormatName(c.precision.fp8Format).str(),
-                                fp8ScalingName(c.precision.fp8Scaling).str()));
-  if (emulated)
-    notes.push_back("emulated");
-  llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),
-                              notes.empty() ? "" : " (" + llvm::join(notes, "; ") + ")");
-  if (recipe == Recipe::Fp8 || !c.precision.measured.empty()) {
-    auto [fp8Layers, linearLayers] = countFp8Layers(t.program(), c);
-    llvm::outs() << fmt::format("FP8: {} of {} linear layers ({})\n", fp8Layers, linearLayers,
-                                !c.precision.measured.empty() ? "auto: those measured faster in FP8"
-                                : c.precision.fp8Layers      ? "those fp8_layers names"
-                                                             : "every legal one");
-    for (const GemmMeasurement &m : c.precision.measured)
-      llvm::outs() << "  " << describeMeasurement(m) << "\n";
-    if (!c.precision.measuredSummary.empty())
-      llvm::outs() << "  " << c.precision.measuredSummary << "\n";
-  }
+  printRunHeader(t);
   if (t.ranks() > 1)
     llvm::outs() << fmt::format("data parallel: {} GPUs of this machine, one process each, through NCCL ({} sequences "
                                 "each; rank 0 prints and writes)\n",

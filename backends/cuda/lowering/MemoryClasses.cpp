@@ -1,5 +1,6 @@
 #include "backends/cuda/lowering/MemoryClasses.h"
 
+#include "backends/Prologue.h"
 #include "ir/Attributes.h"
 
 #include "llvm/ADT/DenseSet.h"
@@ -58,11 +59,15 @@ const char *arenaClass(const MemoryPlan::Span &span, const CudaProgram &program,
 MemoryBreakdown memoryBreakdown(const Graph &graph, const CudaProgram &program, const MemoryPlan &plan) {
   MemoryBreakdown b;
   const ParameterLayout &layout = program.layout;
-  int64_t moments = 2 * layout.updatedBytes;
+  int64_t moments = 2 * layout.updatedBytes, fp8Weights = 0;
+  for (const auto &[leaf, offset] : layout.state) // the FP8 weights kept between steps (fp8-weights)
+    if (isPrologueLeaf(*leaf->def()) && isFp8(leaf->type().dtype))
+      fp8Weights += storedBytesOf(program, leaf);
   b.persistent = {{"master weights (fp32)", layout.paramBytes},
                   {"gradients (fp32)", layout.gradBytes},
                   {"AdamW moments", moments},
-                  {"other state (FP8 scaling, caches)", layout.stateBytes - moments},
+                  {"FP8 weights and transposes between steps", fp8Weights},
+                  {"other state (FP8 scaling, caches)", layout.stateBytes - moments - fp8Weights},
                   {"inputs and kernel buffers",
                    plan.persistentBytes - layout.paramBytes - layout.gradBytes - layout.stateBytes}};
   b.arenaBytes = plan.arenaBytes;

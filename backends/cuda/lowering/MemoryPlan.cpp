@@ -36,17 +36,32 @@ const Value *reshapeRoot(const Value *v) {
   return v;
 }
 
+namespace {
+/// What a state leaf holds between steps: the value assigned to it (the FP8 weights a quantize
+/// after AdamW makes, fp8-weights), or the leaf itself where none is.
+const Value *stepValueOf(const Value *v) {
+  if (!v->def() || v->def()->kind() != OpKind::State)
+    return v;
+  for (const Op *user : v->users())
+    if (user->kind() == OpKind::Assign && user->operand(0) == v)
+      return user->operand(1);
+  return v;
+}
+} // namespace
+
 const Op *quantizeOf(const Value *v) {
   const Op *def = v->def();
   while (def && (def->kind() == OpKind::Reshape || def->kind() == OpKind::Transpose))
     def = def->operand(0)->def();
+  if (def && def->kind() == OpKind::State) // bytes kept from the step before: their quantize's
+    def = stepValueOf(def->result())->def();
   return def && def->kind() == OpKind::Quantize ? def : nullptr;
 }
 
 bool isQuantizeTranspose(const Op &quantize, const Value *v) {
   while (v->def() && v->def()->kind() == OpKind::Reshape)
     v = v->def()->operand(0);
-  return quantize.numResults() > 3 && v == quantize.result(3);
+  return quantize.numResults() > 3 && stepValueOf(v) == quantize.result(3);
 }
 
 bool isWeight(const CudaProgram &program, const Value *v) {

@@ -1,8 +1,10 @@
 // What the host does with a running program's leaves and values: binds them, reads them back
 // (FP8 values as their codes times the scale_inv used, BF16 stores widened), feeds one value
 // into a leaf on the device, queues reads for later, and shares or copies a leaf between two
-// programs on one GPU (a prefill and its decode step).
+// programs on one GPU (a prefill and its decode step); runs the prologue that makes the leaves a
+// step derives from the others (the FP8 weights between steps).
 #include "backends/cuda/runtime/ProgramRunner.h"
+#include "backends/Prologue.h"
 #include "ir/Attributes.h"
 #include "support/Error.h"
 
@@ -83,6 +85,41 @@ llvm::Error ProgramRunner::copyLeafFrom(llvm::StringRef name, const Executor &fr
   return llvm::Error::success();
 }
 
+
+// The prologue's ops (backends/Prologue.h) launched outside a step: each operand takes its
+// leaf's value where it is not already in the leaf's memory (the arena's scale a step's update
+// writes, say), and each result goes to its leaf where not written there in place.
+llvm::Error ProgramRunner::runPrologue() {
+  auto prologue = prologueOps(graph_);
+  if (!prologue)
+    return prologue.takeError();
+  llvm::DenseMap<const Op *, size_t> index;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    index[ops_[i]] = i;
+  auto copy = [&](const Value *to, const Value *from) -> llvm::Error {
+    if (buffer(to) == buffer(from))
+      return llvm::Error::success();
+    if (storedBytes(to) != storedBytes(from))
+      return makeError("the prologue cannot copy %{} into %{}: they are stored in {} and {} bytes",
+                       from->name(), to->name(), storedBytes(from), storedBytes(to));
+    CUDA_CHECK(cudaMemcpyAsync(buffer(to), buffer(from), storedBytes(to), cudaMemcpyDeviceToDevice, stream_));
+    afterGeneratedKernel_ = false;
+    return llvm::Error::success();
+  };
+  for (const PrologueOp &p : *prologue) {
+    for (unsigned k = 0; k < p.op->numOperands(); ++k)
+      if (auto err = copy(p.op->operand(k), p.operandLeaves[k]))
+        return err;
+    if (auto err = launchOp(index.lookup(p.op)))
+      return err;
+    for (unsigned r = 0; r < p.op->numResults(); ++r)
+      if (const Value *leaf = p.resultLeaves[r])
+        if (auto err = copy(leaf, p.op->result(r)))
+          return err;
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return llvm::Error::success();
+}
 
 llvm::Expected<bool> ProgramRunner::fillNormal(llvm::StringRef name, uint64_t stream, double std) {
   const Value *v = graph_.lookup(name);

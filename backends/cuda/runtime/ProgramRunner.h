@@ -52,6 +52,7 @@ public:
   llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) override;
   llvm::Expected<bool> shareLeaf(llvm::StringRef name, Executor &owner) override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
+  llvm::Error runPrologue() override;
   std::string describe() const override { return description_; }
   int64_t deviceBytes() const override { return memory_.bytes(); }
   std::vector<std::string> memoryReport() const override;
