@@ -1,4 +1,5 @@
 #include "app/Checkpoint.h"
+#include "app/SafeTensors.h"
 #include "support/Error.h"
 
 #include "ir/Infer.h"
@@ -58,12 +59,12 @@ std::string jsonText(const llvm::json::Object &object) {
   return text;
 }
 
-/// `checkpoint`'s metadata with the checksums of its tensors and of itself.
-llvm::json::Object metaWithDigests(const Checkpoint &checkpoint) {
-  llvm::json::Object meta = copyExcept(checkpoint.meta, {kMetaDigest, kTensorDigests}), digests;
-  for (const auto &[name, tensor] : checkpoint.tensors)
-    digests[name] = digestOf(tensor.data.data(), tensor.data.size() * 4);
-  meta[kTensorDigests] = std::move(digests);
+/// `meta` with the checksums of the tensors (`digests`, by name) and of itself.
+llvm::json::Object metaWithDigests(const llvm::json::Object &source, const std::map<std::string, std::string> &digests) {
+  llvm::json::Object meta = copyExcept(source, {kMetaDigest, kTensorDigests}), tensors;
+  for (const auto &[name, digest] : digests)
+    tensors[name] = digest;
+  meta[kTensorDigests] = std::move(tensors);
   std::string text = jsonText(meta);
   meta[kMetaDigest] = digestOf(text.data(), text.size());
   return meta;
@@ -91,42 +92,68 @@ llvm::Error takeDigests(llvm::json::Object &meta, std::map<std::string, std::str
   return llvm::Error::success();
 }
 
-// A header larger than this is not a tgc checkpoint (the safetensors reference uses 100 MB).
-constexpr uint64_t kMaxHeaderBytes = 100 << 20;
+} // namespace
+
+namespace {
+
+/// The safetensors header of F32 tensors `entries` (in their order, one after another) and the
+/// tgc metadata `metaText`.
+std::string formatHeader(const std::vector<CheckpointEntry> &entries, const std::string &metaText) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+  for (const CheckpointEntry &e : entries)
+    tensors.emplace_back(e.name, std::vector<int64_t>(e.type.shape.begin(), e.type.shape.end()));
+  return formatSafeTensorsHeader(tensors, {{"format", "pt"}, {"tgc", metaText}});
+}
 
 } // namespace
 
 llvm::Expected<std::string> formatCheckpoint(const Checkpoint &checkpoint, llvm::StringRef path) {
-  llvm::json::Object header;
-  uint64_t offset = 0;
+  std::vector<CheckpointEntry> entries;
+  std::map<std::string, std::string> digests;
+  uint64_t bytes = 0;
   for (const auto &[name, tensor] : checkpoint.tensors) {
     if (!isFloat(tensor.type.dtype))
       return fail(path, "tensor '{}' is not floating point", name);
-    llvm::json::Array shape;
-    for (int64_t d : tensor.type.shape)
-      shape.push_back(d);
-    uint64_t bytes = uint64_t(tensor.size()) * 4;
-    header[name] = llvm::json::Object{{"dtype", "F32"},
-                                      {"shape", std::move(shape)},
-                                      {"data_offsets", llvm::json::Array{offset, offset + bytes}}};
-    offset += bytes;
+    entries.push_back({name, TensorType(DType::F32, tensor.type.shape)});
+    digests[name] = digestOf(tensor.data.data(), tensor.data.size() * 4);
+    bytes += tensor.data.size() * 4;
   }
-  std::string metaText = jsonText(metaWithDigests(checkpoint));
-  header["__metadata__"] = llvm::json::Object{{"format", "pt"}, {"tgc", metaText}};
-  std::string headerText;
-  llvm::raw_string_ostream(headerText) << llvm::json::Value(std::move(header));
-  // Pad the header with spaces so the data starts 8-byte aligned, as the format recommends.
-  while ((8 + headerText.size()) % 8)
-    headerText += ' ';
-  std::string file;
-  file.reserve(8 + headerText.size() + offset);
-  uint64_t headerSize = headerText.size();
-  for (int i = 0; i < 8; ++i)
-    file += char((headerSize >> (8 * i)) & 0xff); // little-endian u64
-  file += headerText;
+  std::string file = formatHeader(entries, jsonText(metaWithDigests(checkpoint.meta, digests)));
+  file.reserve(file.size() + bytes);
   for (const auto &[name, tensor] : checkpoint.tensors)
     file.append(reinterpret_cast<const char *>(tensor.data.data()), tensor.data.size() * 4);
   return file;
+}
+
+llvm::Error writeCheckpointStreamed(llvm::StringRef path, std::vector<CheckpointEntry> entries,
+                                    const llvm::json::Object &meta, const TensorProducer &produce) {
+  llvm::sort(entries, [](const CheckpointEntry &a, const CheckpointEntry &b) { return a.name < b.name; });
+  for (size_t i = 1; i < entries.size(); ++i)
+    if (entries[i].name == entries[i - 1].name)
+      return fail(path, "tensor '{}' is given twice", entries[i].name);
+  // The header first with each checksum's place held (they are fixed-width hex), then each
+  // tensor as `produce` makes it, then the header again over the first with the checksums.
+  std::map<std::string, std::string> digests;
+  for (const CheckpointEntry &e : entries)
+    digests[e.name] = std::string(16, '0');
+  std::string placeholder = formatHeader(entries, jsonText(metaWithDigests(meta, digests)));
+  return writeFileAtomicallyWith(path, [&](llvm::raw_pwrite_stream &os) -> llvm::Error {
+    os << placeholder;
+    for (const CheckpointEntry &e : entries) {
+      auto values = produce(e);
+      if (!values)
+        return values.takeError();
+      if (int64_t(values->size()) != e.type.numElements())
+        return fail(path, "tensor '{}': {} values for its shape {}", e.name, values->size(), e.type.str());
+      digests[e.name] = digestOf(values->data(), values->size() * 4);
+      os.write(reinterpret_cast<const char *>(values->data()), values->size() * 4);
+    }
+    std::string header = formatHeader(entries, jsonText(metaWithDigests(meta, digests)));
+    if (header.size() != placeholder.size())
+      return fail(path, "the header changed length once its checksums were known");
+    os.pwrite(header.data(), header.size(), 0);
+    return llvm::Error::success();
+  });
 }
 
 llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) {
@@ -135,34 +162,6 @@ llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint) 
     return file.takeError();
   return writeFileAtomically(path, *file);
 }
-
-namespace {
-
-/// The first key that appears twice at the top level of a JSON object's text (LLVM's parser
-/// keeps the last silently; the format wants each tensor once), if any.
-std::optional<std::string> duplicateTopLevelKey(llvm::StringRef json) {
-  llvm::StringSet<> seen;
-  int depth = 0;
-  for (size_t i = 0; i < json.size(); ++i) {
-    char c = json[i];
-    if (c == '"') {
-      size_t start = ++i;
-      while (i < json.size() && json[i] != '"')
-        i += json[i] == '\\' ? 2 : 1;
-      llvm::StringRef key = json.slice(start, std::min(i, json.size()));
-      size_t next = json.find_first_not_of(" \t\r\n", i + 1);
-      if (depth == 1 && next != llvm::StringRef::npos && json[next] == ':' && !seen.insert(key).second)
-        return key.str();
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return std::nullopt;
-}
-
-} // namespace
 
 llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path) {
   std::vector<std::string> bad;
@@ -190,144 +189,60 @@ llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path, const std::funct
   return parseCheckpoint((*buffer)->getBuffer(), path, wanted);
 }
 
-namespace {
-
-/// A tensor's header entry: its type and the [begin, end) of its bytes in the data.
-struct TensorEntry {
-  TensorType type;
-  uint64_t begin = 0, end = 0;
-};
-
-llvm::Expected<TensorEntry> parseTensorEntry(const std::string &name, const llvm::json::Value &value,
-                                             uint64_t dataSize, llvm::StringRef path) {
-  const llvm::json::Object *entry = value.getAsObject();
-  if (!entry)
-    return fail(path, "tensor '{}': entry is not an object", name);
-  auto dtype = entry->getString("dtype");
-  if (!dtype || *dtype != "F32")
-    return fail(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", name, dtype ? dtype->str() : "missing");
-  const llvm::json::Array *shapeArray = entry->getArray("shape");
-  const llvm::json::Array *offsets = entry->getArray("data_offsets");
-  if (!shapeArray || !offsets || offsets->size() != 2)
-    return fail(path, "tensor '{}': missing shape or data_offsets", name);
-  TensorEntry out{TensorType(DType::F32, {})};
-  for (const llvm::json::Value &d : *shapeArray) {
-    auto dim = d.getAsInteger();
-    if (!dim || *dim <= 0 || *dim > kMaxDim || out.type.rank() == kMaxRank)
-      return fail(path, "tensor '{}': bad shape", name);
-    out.type.shape.push_back(*dim);
-  }
-  if (auto err = checkTypeLimits(out.type))
-    return fail(path, "tensor '{}': {}", name, llvm::toString(std::move(err)));
-  auto begin = (*offsets)[0].getAsUINT64(), end = (*offsets)[1].getAsUINT64();
-  if (!begin || !end || *begin > *end || *end > dataSize || *end - *begin != uint64_t(out.type.numElements()) * 4)
-    return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data (truncated file?)", name,
-                out.type.str(), dataSize);
-  out.begin = *begin;
-  out.end = *end;
-  return out;
-}
-
-} // namespace
-
 llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRef path,
                                            const std::function<bool(llvm::StringRef)> &wanted) {
-  if (bytes.size() < 8)
-    return fail(path, "not a safetensors checkpoint: {} bytes, shorter than the 8-byte header size",
-                bytes.size());
-  uint64_t headerSize = 0;
-  for (int i = 0; i < 8; ++i)
-    headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
-  if (headerSize > kMaxHeaderBytes || headerSize > bytes.size() - 8)
-    return fail(path, "not a safetensors checkpoint or truncated: header of {} bytes in a file of {}",
-                headerSize, bytes.size());
-  llvm::StringRef headerText = bytes.substr(8, headerSize);
-  if (auto deep = findDeepNesting(headerText, kMaxJsonDepth))
-    return fail(path, "malformed safetensors header: nested deeper than {} levels at byte {}", kMaxJsonDepth,
-                8 + *deep);
-  // Malformed JSON first: a flipped brace would otherwise shift the depths the duplicate scan
-  // counts and name a duplicate that is not there.
-  auto parsed = llvm::json::parse(headerText);
-  if (!parsed)
-    return fail(path, "malformed safetensors header: {}", llvm::toString(parsed.takeError()));
-  if (auto key = duplicateTopLevelKey(headerText))
-    return fail(path, "tensor '{}' appears twice in the header", *key);
-  llvm::json::Object *header = parsed->getAsObject();
+  auto header = parseSafeTensorsHeader(bytes, path);
   if (!header)
-    return fail(path, "malformed safetensors header: not a JSON object");
-  uint64_t dataSize = bytes.size() - 8 - headerSize;
-  const char *data = bytes.data() + 8 + headerSize;
+    return header.takeError();
   Checkpoint checkpoint;
-  std::vector<std::tuple<uint64_t, uint64_t, std::string>> extents; // [begin, end) of each tensor
-  std::map<std::string, TensorType> types;
   std::map<std::string, std::string> digests; // the tensors' checksums, where the file has them
-  for (auto &[key, value] : *header) {
-    std::string name = key.str();
-    if (name == "__metadata__") {
-      const llvm::json::Object *meta = value.getAsObject();
-      auto text = meta ? meta->getString("tgc") : std::nullopt;
-      if (!text)
-        return fail(path, "the safetensors metadata has no 'tgc' entry: not written by tgc");
-      if (findDeepNesting(*text, kMaxJsonDepth))
-        return fail(path, "the 'tgc' metadata is nested deeper than {} levels", kMaxJsonDepth);
-      auto metaJson = llvm::json::parse(*text);
-      if (!metaJson || !metaJson->getAsObject()) {
-        if (!metaJson)
-          llvm::consumeError(metaJson.takeError());
-        return fail(path, "the 'tgc' metadata is not a JSON object");
-      }
-      checkpoint.meta = std::move(*metaJson->getAsObject());
-      if (auto err = takeDigests(checkpoint.meta, digests, path))
-        return err;
-      continue;
+  if (header->hasMetadata) {
+    auto text = header->metadata.find("tgc");
+    if (text == header->metadata.end())
+      return fail(path, "the safetensors metadata has no 'tgc' entry: not written by tgc");
+    if (findDeepNesting(text->second, kMaxJsonDepth))
+      return fail(path, "the 'tgc' metadata is nested deeper than {} levels", kMaxJsonDepth);
+    auto metaJson = llvm::json::parse(text->second);
+    if (!metaJson || !metaJson->getAsObject()) {
+      if (!metaJson)
+        llvm::consumeError(metaJson.takeError());
+      return fail(path, "the 'tgc' metadata is not a JSON object");
     }
-    auto entry = parseTensorEntry(name, value, dataSize, path);
-    if (!entry)
-      return entry.takeError();
-    extents.emplace_back(entry->begin, entry->end, name);
-    types.emplace(name, entry->type);
+    checkpoint.meta = std::move(*metaJson->getAsObject());
+    if (auto err = takeDigests(checkpoint.meta, digests, path))
+      return err;
   }
+  for (const SafeTensorsEntry &e : header->entries)
+    if (e.dtype != "F32")
+      return fail(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", e.name, e.dtype);
   if (checkpoint.meta.empty())
     return fail(path, "no tgc metadata: not a tgc checkpoint");
   // A checkpoint with checksums lists every tensor it was written with: one without a checksum
   // was added later, and is refused before any tensor is read (it may be gigabytes).
   if (!digests.empty())
-    for (const auto &[name, type] : types)
-      if (!digests.count(name))
-        return fail(path, "tensor '{}' has no checksum: it is not one the checkpoint was written with", name);
-  // The format's layout: the tensors' bytes one after another, from the first byte after the
-  // header to the last of the file, with no gap, overlap or trailing bytes (a header length a
-  // byte off shifts every tensor, and is caught here).
-  std::sort(extents.begin(), extents.end());
-  uint64_t next = 0;
-  for (const auto &[begin, end, name] : extents) {
-    if (begin != next)
-      return fail(path, "tensor '{}': its data starts at byte {} of the data, where {} was expected ({})", name,
-                  begin, next, begin < next ? "it overlaps the tensor before it" : "a gap before it");
-    next = end;
-  }
-  if (next != dataSize)
-    return fail(path, "{} bytes after the last tensor's data: not the safetensors layout (a wrong header length?)",
-                dataSize - next);
+    for (const SafeTensorsEntry &e : header->entries)
+      if (!digests.count(e.name))
+        return fail(path, "tensor '{}' has no checksum: it is not one the checkpoint was written with", e.name);
   // The tensors are copied out of the mapped file: a file that declares more than the memory
   // holds (a sparse file costs the disk nothing) is an error, not an out-of-memory kill.
   uint64_t copied = 0;
-  for (const auto &[begin, end, name] : extents)
-    copied += !wanted || wanted(name) ? end - begin : 0;
+  for (const SafeTensorsEntry &e : header->entries)
+    copied += !wanted || wanted(e.name) ? e.end - e.begin : 0;
   std::optional<int64_t> available = availableHostMemory();
   if (available && int64_t(copied) > *available)
     return fail(path, "its tensors take {:.1f} GiB and this machine has {:.1f} GiB available", copied / 1073741824.0,
                 *available / 1073741824.0);
-  for (const auto &[begin, end, name] : extents) {
-    if (wanted && !wanted(name))
+  const char *data = bytes.data() + header->dataOffset;
+  for (const SafeTensorsEntry &e : header->entries) {
+    if (wanted && !wanted(e.name))
       continue;
-    Tensor tensor = Tensor::zeros(types.at(name));
-    std::memcpy(tensor.data.data(), data + begin, end - begin);
-    if (auto it = digests.find(name); it != digests.end() && digestOf(data + begin, end - begin) != it->second)
+    Tensor tensor = Tensor::zeros(TensorType(DType::F32, Shape(e.shape.begin(), e.shape.end())));
+    std::memcpy(tensor.data.data(), data + e.begin, e.end - e.begin);
+    if (auto it = digests.find(e.name); it != digests.end() && digestOf(data + e.begin, e.end - e.begin) != it->second)
       return fail(path, "tensor '{}' does not match its checksum: its bytes were changed or damaged after the "
                         "checkpoint was written",
-                  name);
-    checkpoint.tensors.emplace(name, std::move(tensor));
+                  e.name);
+    checkpoint.tensors.emplace(e.name, std::move(tensor));
   }
   return checkpoint;
 }

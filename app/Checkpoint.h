@@ -20,6 +20,19 @@ struct Checkpoint {
 };
 
 llvm::Error writeCheckpoint(llvm::StringRef path, const Checkpoint &checkpoint);
+
+/// A tensor of a checkpoint written a tensor at a time: its name and shape (stored F32).
+struct CheckpointEntry {
+  std::string name;
+  TensorType type;
+};
+using TensorProducer = std::function<llvm::Expected<std::vector<float>>(const CheckpointEntry &)>;
+/// Writes the checkpoint of `entries` and `meta`, asking `produce` for each tensor's values in
+/// turn (in name order): one tensor is held at a time, so a checkpoint converted from a
+/// multi-GB one is never in memory whole. The bytes writeCheckpoint writes for the same tensors;
+/// atomically, and nothing is left where `produce` fails.
+llvm::Error writeCheckpointStreamed(llvm::StringRef path, std::vector<CheckpointEntry> entries,
+                                    const llvm::json::Object &meta, const TensorProducer &produce);
 /// The bytes writeCheckpoint writes (`path` names the file in errors).
 llvm::Expected<std::string> formatCheckpoint(const Checkpoint &checkpoint, llvm::StringRef path);
 /// Reads and checks the file: header, offsets, dtypes and shapes; errors name the file. Only the

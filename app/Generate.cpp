@@ -370,6 +370,29 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
   return generated;
 }
 
+llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &prompt) {
+  const int64_t T = config_.seqLen, V = config_.vocab, length = int64_t(prompt.size());
+  if (length > T)
+    return makeError("the prompt has {} tokens, more than the model's window of {}", length, T);
+  if (auto err = checkPrompts({prompt}, batch_, V))
+    return std::move(err);
+  if (auto err = ensureWindowed())
+    return std::move(err);
+  std::vector<int32_t> tokens(batch_ * T, 0);
+  std::copy(prompt.begin(), prompt.end(), tokens.begin());
+  Executor &executor = *windowed_.executor;
+  if (auto err = executor.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
+    return std::move(err);
+  if (auto err = executor.step())
+    return std::move(err);
+  auto logits = executor.read(program::kLogits);
+  if (!logits)
+    return logits.takeError();
+  Tensor out = Tensor::zeros(TensorType(DType::F32, {length, V}));
+  std::copy(logits->data.begin(), logits->data.begin() + length * V, out.data.begin());
+  return out;
+}
+
 llvm::Expected<EvalResult> evaluateArithmetic(Generator &generator, const ModelConfig &config,
                                               int64_t sequences, int64_t promptLength,
                                               int64_t batch) {

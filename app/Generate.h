@@ -76,6 +76,10 @@ public:
   generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
                        const SamplingOptions &options, const TokenCallback &onTokens = {});
 
+  /// The logits of every position of `prompt` (1 to seq_len tokens), [length, vocab], from the
+  /// full inference program (no cache): what a framework's forward pass gives, to compare.
+  llvm::Expected<Tensor> promptLogits(const std::vector<int32_t> &prompt);
+
   const GenerationStats &stats() const { return stats_; }
   /// The positions of the prefill program that runs prompts of up to `length` tokens: a power
   /// of two, at least 16, at most seq_len (so that few programs serve every length).

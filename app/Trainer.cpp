@@ -137,18 +137,23 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
       return tensor.takeError();
     checkpoint.tensors.emplace(op->result()->name(), std::move(*tensor));
   }
-  std::string model = formatModelConfig(config_);
-  checkpoint.meta["format"] = 1;
-  checkpoint.meta["model"] = model;
-  checkpoint.meta["model_sha256"] = sha256Hex(model);
-  checkpoint.meta["step"] = stepsDone_;
-  checkpoint.meta["seed"] = std::to_string(config_.train.seed); // u64 does not fit JSON's int64
-  llvm::json::Object data{{"source", data_->describe()}, {"path", dataPath_}, {"position", stepsDone_}};
+  checkpoint.meta = checkpointMetadata(config_, stepsDone_, data_->describe(), dataPath_);
   if (std::string digest = data_->digest(); !digest.empty())
-    data["xxh64"] = digest;
-  checkpoint.meta["data"] = std::move(data);
-  checkpoint.meta["precision"] = recipeName(config_.precision.recipe).str();
+    checkpoint.meta.getObject("data")->try_emplace("xxh64", digest);
   return checkpoint;
+}
+
+llvm::json::Object checkpointMetadata(const ModelConfig &config, int64_t step, llvm::StringRef dataSource,
+                                      llvm::StringRef dataPath) {
+  std::string model = formatModelConfig(config);
+  return llvm::json::Object{
+      {"format", 1},
+      {"model", model},
+      {"model_sha256", sha256Hex(model)},
+      {"step", step},
+      {"seed", std::to_string(config.train.seed)}, // u64 does not fit JSON's int64
+      {"data", llvm::json::Object{{"source", dataSource.str()}, {"path", dataPath.str()}, {"position", step}}},
+      {"precision", recipeName(config.precision.recipe).str()}};
 }
 
 llvm::Expected<std::map<std::string, Tensor>> Trainer::fp8State() const {
@@ -206,6 +211,27 @@ std::string architectureDifference(const ModelConfig &a, const ModelConfig &b) {
     if (!d.empty())
       return d;
   return "";
+}
+
+llvm::Error Trainer::initFrom(const Checkpoint &checkpoint, llvm::StringRef path) {
+  auto saved = checkpointModel(checkpoint, path);
+  if (!saved)
+    return saved.takeError();
+  std::string difference = architectureDifference(*saved, config_);
+  if (!difference.empty())
+    return stringError(fmt::format("{}: error: the weights of model '{}' do not fit model '{}' ({})", path.str(),
+                                   saved->name, config_.name, difference));
+  for (const Op *op : program_->ops()) {
+    if (op->kind() != OpKind::Param)
+      continue;
+    const std::string &name = op->result()->name();
+    auto it = checkpoint.tensors.find(name);
+    if (it == checkpoint.tensors.end())
+      return stringError(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
+    if (auto err = executor_->bind(name, it->second))
+      return stringError(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
+  }
+  return executor_->runPrologue(); // the FP8 weights of these ones
 }
 
 llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) {

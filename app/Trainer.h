@@ -26,6 +26,11 @@ struct StepRecord {
 };
 
 
+/// A checkpoint's metadata: the model description (and its digest), the step, the seed, the
+/// data (its description and file, and the position: the steps trained on it) and the recipe.
+llvm::json::Object checkpointMetadata(const ModelConfig &config, int64_t step, llvm::StringRef dataSource,
+                                      llvm::StringRef dataPath);
+
 class Trainer {
 public:
   /// `config.train` holds the effective settings (flags already applied). `dataPath` empty
@@ -67,6 +72,10 @@ public:
   /// Continues from a checkpoint of the same model: weights, optimizer state, step, data
   /// position. A checkpoint of another model is an error naming the difference.
   llvm::Error resume(const Checkpoint &checkpoint, llvm::StringRef path);
+  /// Starts from a checkpoint's weights alone (fine-tuning: a converted Hugging Face model, or
+  /// another run's weights): the optimizer's moments, the FP8 scaling state, the step and the
+  /// data start afresh. The checkpoint's model must have this one's architecture.
+  llvm::Error initFrom(const Checkpoint &checkpoint, llvm::StringRef path);
 
 private:
   ModelConfig config_;

@@ -83,6 +83,14 @@ llvm::Expected<std::string> replaceableTarget(llvm::StringRef requested) {
 }
 
 llvm::Error writeFileAtomically(llvm::StringRef requested, llvm::StringRef contents) {
+  return writeFileAtomicallyWith(requested, [&](llvm::raw_pwrite_stream &os) {
+    os << contents;
+    return llvm::Error::success();
+  });
+}
+
+llvm::Error writeFileAtomicallyWith(llvm::StringRef requested,
+                                   llvm::function_ref<llvm::Error(llvm::raw_pwrite_stream &)> write) {
   auto resolved = replaceableTarget(requested);
   if (!resolved)
     return resolved.takeError();
@@ -98,7 +106,12 @@ llvm::Error writeFileAtomically(llvm::StringRef requested, llvm::StringRef conte
                 llvm::toString(temp.takeError()));
   {
     llvm::raw_fd_ostream os(temp->FD, /*shouldClose=*/false);
-    os << contents;
+    if (auto err = write(os)) {
+      os.flush();
+      os.clear_error();
+      llvm::consumeError(temp->discard());
+      return err;
+    }
     os.flush();
     if (os.has_error()) {
       std::string message = os.error().message();

@@ -2,6 +2,8 @@
 #pragma once
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/Error.h"
 
 #include <string>
@@ -27,6 +29,10 @@ llvm::Error checkNameFits(llvm::StringRef path, llvm::StringRef suffix = "");
 /// Writes `contents` to `path` through a temporary file in the same folder and a rename; through
 /// a link, to the file it names (the link kept); refused where replaceableTarget refuses.
 llvm::Error writeFileAtomically(llvm::StringRef path, llvm::StringRef contents);
+/// writeFileAtomically of what `write` streams into the temporary file (it may go back with
+/// pwrite, to fill in a header last); an error from it leaves no file and the old one in place.
+llvm::Error writeFileAtomicallyWith(llvm::StringRef path,
+                                   llvm::function_ref<llvm::Error(llvm::raw_pwrite_stream &)> write);
 
 /// A file a command reads or writes, by the flag that names it.
 struct NamedFile {

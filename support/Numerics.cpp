@@ -4,6 +4,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace tgc {
 
@@ -100,6 +101,16 @@ float bf16ToFloat(uint16_t bits) {
   float x;
   std::memcpy(&x, &wide, sizeof x);
   return x;
+}
+
+float halfToFloat(uint16_t bits) {
+  float sign = bits & 0x8000 ? -1.0f : 1.0f;
+  int exponent = (bits >> 10) & 0x1F, mantissa = bits & 0x3FF;
+  if (exponent == 0x1F)
+    return mantissa ? std::numeric_limits<float>::quiet_NaN() : sign * std::numeric_limits<float>::infinity();
+  if (exponent == 0) // subnormal: mantissa * 2^-24
+    return sign * std::ldexp(float(mantissa), -24);
+  return sign * std::ldexp(float(1024 + mantissa), exponent - 25);
 }
 
 } // namespace tgc

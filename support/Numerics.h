@@ -21,5 +21,7 @@ uint16_t floatToBf16(float x);
 float bf16ToFloat(uint16_t bits);
 /// x rounded to the nearest BF16 value.
 inline float roundToBf16(float x) { return bf16ToFloat(floatToBf16(x)); }
+/// IEEE half-precision bits -> float (exact, subnormals, infinities and NaN included).
+float halfToFloat(uint16_t bits);
 
 } // namespace tgc

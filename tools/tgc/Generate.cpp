@@ -25,6 +25,11 @@ static cl::opt<int64_t> TopK("top-k", cl::desc("Sample among the k most likely t
                              cl::init(0), cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<double> TopP("top-p", cl::desc("Sample among the most likely tokens that hold this probability (1: all)"),
                             cl::init(1.0), cl::sub(generateCommand()), cl::cat(category()));
+static cl::opt<std::string> LogitsPath("logits",
+                                       cl::desc("Also write the prompt's logits, every position's (float32 [length, "
+                                                "vocab], NumPy's .npy), from the full forward pass: to compare with "
+                                                "another framework (one prompt)"),
+                                       cl::value_desc("logits.npy"), cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<bool> Stream("stream", cl::desc("Print each token as it is generated (one prompt)"),
                             cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<int64_t> Sequences("sequences", cl::desc("Held-out prompts to score"), cl::init(64),
@@ -87,10 +92,29 @@ llvm::Expected<std::vector<std::vector<int32_t>>> readPrompts(int64_t vocab) {
 
 } // namespace
 
+/// `t` ([rows, cols] fp32) as NumPy's .npy format 1.0: the magic, the header dict padded to a
+/// multiple of 64 bytes, the little-endian values.
+std::string npyOf(const Tensor &t) {
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", t.type.dim(0),
+                                   t.type.dim(1));
+  while ((10 + header.size() + 1) % 64)
+    header += ' ';
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += char(header.size() & 0xff);
+  out += char(header.size() >> 8);
+  out += header;
+  out.append(reinterpret_cast<const char *>(t.data.data()), t.data.size() * 4);
+  return out;
+}
+
 int runGenerate() {
   if (auto err = checkNotEmpty({&PromptsFile}))
     return report(std::move(err));
-  if (auto err = checkDistinctFiles({{"the checkpoint", CheckpointPath}, {"--prompts", PromptsFile}}))
+  if (auto err = checkNotEmpty({&LogitsPath}))
+    return report(std::move(err));
+  if (auto err = checkDistinctFiles(
+          {{"the checkpoint", CheckpointPath}, {"--prompts", PromptsFile}, {"--logits", LogitsPath}}))
     return report(std::move(err));
   if (Tokens < 1 || Tokens > 100000)
     return report(flagError(fmt::format("--tokens must be between 1 and 100000, got {}", int64_t(Tokens))));
@@ -123,6 +147,15 @@ int runGenerate() {
   auto generator = Generator::create(config, checkpoint.tensors, batch, *device);
   if (!generator)
     return report(generator.takeError());
+  if (!LogitsPath.empty()) {
+    if (prompts->size() != 1)
+      return report(flagError("--logits writes one prompt's logits: give one prompt (--prompt)"));
+    auto logits = (*generator)->promptLogits(prompts->front());
+    if (!logits)
+      return report(logits.takeError());
+    if (auto err = writeFileAtomically(LogitsPath, npyOf(*logits)))
+      return report(std::move(err));
+  }
   SamplingOptions options{Temperature, TopK, TopP, Seed.getNumOccurrences() ? uint64_t(Seed) : 0};
   TokenCallback stream;
   if (Stream)

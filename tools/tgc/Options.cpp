@@ -55,6 +55,10 @@ cl::SubCommand &reportCommand() {
   static cl::SubCommand c("report", "Draw a training log (and a bench) as one self-contained HTML page");
   return c;
 }
+cl::SubCommand &convertCommand() {
+  static cl::SubCommand c("convert", "Convert a Hugging Face model folder to a tgc checkpoint, or back");
+  return c;
+}
 cl::SubCommand &benchCommand() {
   static cl::SubCommand c("bench", "Train each precision for a few steps and compare step time and memory");
   return c;
@@ -75,9 +79,11 @@ cl::opt<int64_t> BatchSize("batch", cl::desc("Batch size (default: the model fil
 cl::opt<uint64_t> Seed("seed", cl::desc("Seed of the init, the data and sampling (default: the model file's)"),
                               cl::sub(runCommand()), cl::sub(trainCommand()), cl::sub(generateCommand()),
                               cl::cat(category()));
-cl::opt<std::string> Precision("precision", cl::desc("auto | fp32 | bf16 | fp8 (default: the model file's)"),
-                                      cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
-                                      cl::cat(category()));
+cl::opt<std::string> Precision("precision",
+                               cl::desc("auto | fp32 | bf16 | fp8 (default: the model file's; generate and eval: the "
+                                        "checkpoint's)"),
+                               cl::sub(compileCommand()), cl::sub(runCommand()), cl::sub(trainCommand()),
+                               cl::sub(generateCommand()), cl::sub(evalCommand()), cl::cat(category()));
 cl::opt<std::string> Fp8FormatFlag("fp8-format", cl::desc("hybrid | e4m3"), cl::sub(compileCommand()),
                                       cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<int64_t> Margin("margin", cl::desc("FP8 scale margin (scale / 2^margin)"),
@@ -207,6 +213,8 @@ cl::opt<bool> AllowNonFinite("allow-nonfinite", cl::desc("Read a checkpoint whos
 
 /// A checkpoint and the model it was trained for.
 llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef path, bool requireFinite) {
+  if (Precision.getNumOccurrences() && !parseRecipe(Precision))
+    return flagError(fmt::format("--precision must be auto | fp32 | bf16 | fp8, got '{}'", Precision.getValue()));
   // Generation, evaluation and inspection never read the optimizer's moments (two thirds of a
   // checkpoint): they are not copied out of the file.
   auto checkpoint = readCheckpoint(path, [](llvm::StringRef name) { return !program::isOptimizerMoment(name); });
@@ -218,6 +226,8 @@ llvm::Expected<std::pair<ModelConfig, Checkpoint>> loadTrained(llvm::StringRef p
   auto config = checkpointModel(*checkpoint, path);
   if (!config)
     return config.takeError();
+  if (Precision.getNumOccurrences()) // (generate and eval: another recipe than the checkpoint's)
+    config->precision.recipe = *parseRecipe(Precision);
   return std::make_pair(std::move(*config), std::move(*checkpoint));
 }
 

@@ -34,6 +34,7 @@ cl::SubCommand &evalCommand();
 cl::SubCommand &inspectCommand();
 cl::SubCommand &benchCommand();
 cl::SubCommand &reportCommand();
+cl::SubCommand &convertCommand();
 
 // Flags of several subcommands (Options.cpp).
 extern cl::opt<std::string> ModelPath;
@@ -99,6 +100,7 @@ int runBench();
 int runInspect();
 int runInfo();
 int runReport();
+int runConvert();
 
 /// The trainer's device, as its executor describes it, without the kernel-cache note.
 std::string deviceName(const Trainer &trainer);

@@ -1,6 +1,7 @@
 // tgc train: trains a model, printing the loss per step, and saves a checkpoint.
 #include "app/PrecisionProbe.h"
 #include "app/Trainer.h"
+#include "models/ProgramInterface.h"
 #include "support/Files.h"
 #include "support/Limits.h"
 #include "tools/tgc/Options.h"
@@ -34,6 +35,11 @@ static cl::opt<std::string> SavePath("save", cl::desc("Write a checkpoint here a
 static cl::opt<std::string> ResumePath("resume", cl::desc("Continue from a checkpoint of the same model"),
                                        cl::value_desc("file.safetensors"), cl::sub(trainCommand()),
                                        cl::cat(category()));
+static cl::opt<std::string> InitPath("init",
+                                     cl::desc("Start from a checkpoint's weights (fine-tuning: tgc convert's, or "
+                                              "another run's); the optimizer, the FP8 state and the step start afresh"),
+                                     cl::value_desc("file.safetensors"), cl::sub(trainCommand()),
+                                     cl::cat(category()));
 static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per step"),
                                     cl::value_desc("file.jsonl"), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, llm.c's token files (.bin), or raw uint16 (.u16, .tokens) or uint32 (.u32) ids"),
@@ -106,8 +112,8 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   // Before anything is opened for writing. --save may replace the checkpoint --resume names:
   // it is read whole first, and the new one moved into place atomically at the end.
   if (auto err = checkDistinctFiles({{"the model file", ModelPath}, {"--data", DataPath}, {"--resume", ResumePath},
-                                     {"--save", SavePath}, {"--log", LogPath}},
-                                    {{"--resume", "--save"}}))
+                                     {"--init", InitPath}, {"--save", SavePath}, {"--log", LogPath}},
+                                    {{"--resume", "--save"}, {"--init", "--save"}}))
     return std::move(err);
   // --keep-saves also names each save FILE.step-N: the longest such name must fit too.
   std::string keptSuffix = KeepSaves > 1 ? fmt::format(".step-{}", config.train.steps) : "";
@@ -125,6 +131,18 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   if (KeepSaves < 1 || KeepSaves > 1000 || (KeepSaves > 1 && SaveEvery == 0))
     return flagError(fmt::format("--keep-saves takes 1 to 1000 and, above 1, needs --save-every, got {}",
                                  int64_t(KeepSaves)));
+  if (!InitPath.empty() && !ResumePath.empty())
+    return flagError("--init starts from a checkpoint's weights, --resume continues its run: give one");
+  std::optional<Checkpoint> initFrom;
+  if (!InitPath.empty()) { // the weights alone: not the moments, two thirds of a trained checkpoint
+    auto checkpoint = readCheckpoint(InitPath, [](llvm::StringRef name) { return !program::isOptimizerMoment(name); });
+    if (!checkpoint)
+      return checkpoint.takeError();
+    if (!AllowNonFinite)
+      if (auto err = checkFinite(*checkpoint, InitPath))
+        return std::move(err);
+    initFrom = std::move(*checkpoint);
+  }
   std::optional<Checkpoint> resumeFrom;
   if (!ResumePath.empty()) {
     auto checkpoint = readCheckpoint(ResumePath);
@@ -152,6 +170,9 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   if (!trainer)
     return trainer.takeError();
   Trainer &t = **trainer;
+  if (initFrom)
+    if (auto err = t.initFrom(*initFrom, InitPath))
+      return std::move(err);
   if (resumeFrom) {
     if (auto err = t.resume(*resumeFrom, ResumePath))
       return std::move(err);
@@ -453,7 +474,7 @@ void printRunHeader(const Trainer &t) {
 }
 
 int runTrain() {
-  if (auto err = checkNotEmpty({&SavePath, &ResumePath, &LogPath, &DataPath}))
+  if (auto err = checkNotEmpty({&SavePath, &ResumePath, &InitPath, &LogPath, &DataPath}))
     return report(std::move(err));
   auto config = loadConfig(ModelPath);
   if (!config)

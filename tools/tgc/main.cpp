@@ -24,7 +24,7 @@ const Subcommand kSubcommands[] = {
     {&compileCommand(), runCompile}, {&optCommand(), runOpt},         {&runCommand(), runForward},
     {&infoCommand(), runInfo},       {&trainCommand(), runTrain},     {&generateCommand(), runGenerate},
     {&evalCommand(), runEval},       {&inspectCommand(), runInspect}, {&benchCommand(), runBench},
-    {&reportCommand(), runReport},
+    {&reportCommand(), runReport},   {&convertCommand(), runConvert},
 };
 
 /// The chosen subcommand's exit status.
@@ -33,7 +33,7 @@ int runSubcommand() {
     if (*s.command)
       return s.run();
   llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
-                  "bench, report, info); see tgc --help\n";
+                  "bench, report, convert, info); see tgc --help\n";
   return 1;
 }
 
@@ -60,6 +60,7 @@ int main(int argc, char **argv) {
           "  tgc inspect CKPT [--json]\n"
           "  tgc bench MODEL.yaml [--precisions fp32,bf16,fp8] [--bench-steps N] [--json FILE]\n"
           "  tgc report RUN.jsonl [--bench BENCH.json] -o report.html\n"
+          "  tgc convert HF_FOLDER -o CKPT   |   tgc convert CKPT -o HF_FOLDER\n"
           "  tgc info\n\n"
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
