@@ -132,7 +132,7 @@ llvm::Error TokenFileData::readLayout(int64_t vocab) {
     tokens_ = uint64_t(header[2]);
     return llvm::Error::success();
   }
-  width_ = ext == ".u16" || ext == ".tokens" ? 2 : ext == ".u32" ? 4 : 1;
+  width_ = ext == ".u16" || ext == ".tokens" ? 2 : ext == ".u32" ? 4 : 1; // (isByteText: 1)
   if (width_ == 1 && vocab < 256)
     return stringError(fmt::format("byte-level text needs a vocabulary of at least 256, the model has {} "
                                    "(token files end in .bin for llm.c's, .u16 or .u32)",
@@ -217,6 +217,11 @@ double ArithmeticData::lossFloor() const {
   // Every later position is determined. Averaged over seq_len positions.
   double steps = double(config_.maxStep - config_.minStep + 1);
   return std::log(steps) / double(seqLen_);
+}
+
+bool isByteText(llvm::StringRef path) {
+  llvm::StringRef ext = llvm::sys::path::extension(path);
+  return ext != ".bin" && ext != ".u16" && ext != ".tokens" && ext != ".u32";
 }
 
 } // namespace tgc

@@ -64,6 +64,9 @@ private:
   uint64_t seed_;
 };
 
+/// Whether TokenFileData reads `path` as text, a token a byte (not a token file by its name).
+bool isByteText(llvm::StringRef path);
+
 /// Random windows of seq_len + 1 tokens from a token sequence in a file, read a window at a time
 /// (a file larger than the memory trains as well as a small one). Read, not mapped: a file cut
 /// short during the run is an error at the next batch, where a mapping would end in SIGBUS.

@@ -4,6 +4,7 @@
 #include "app/HuggingFace.h"
 
 #include "app/SafeTensors.h"
+#include "app/Tokenizer.h"
 #include "app/Trainer.h"
 #include "models/GPTBuilder.h"
 #include "support/Error.h"
@@ -284,6 +285,24 @@ llvm::Expected<ModelConfig> importHf(llvm::StringRef folder, llvm::StringRef che
                 model->position == PositionKind::Learned ? "GPT-2" : "Llama");
   }
   llvm::json::Object meta = checkpointMetadata(*model, 0, fmt::format("none: converted from {}", folder.str()), "");
+  // The folder's tokenizer travels in the checkpoint, where tgc reads it.
+  llvm::SmallString<256> tokenizerPath(folder);
+  llvm::sys::path::append(tokenizerPath, "tokenizer.json");
+  if (llvm::sys::fs::exists(tokenizerPath)) {
+    auto text = readFileAtMost(tokenizerPath, 64 << 20, "a tokenizer");
+    if (!text)
+      return text.takeError();
+    auto tokenizer = parseTokenizer((*text)->getBuffer(), tokenizerPath);
+    if (!tokenizer) {
+      notes.lines.push_back("tokenizer.json not carried: " + llvm::toString(tokenizer.takeError()));
+    } else if ((*tokenizer)->vocabSize() > model->vocab) {
+      notes.lines.push_back(fmt::format("tokenizer.json not carried: its {} tokens are more than vocab_size {}",
+                                        (*tokenizer)->vocabSize(), model->vocab));
+    } else {
+      meta[kTokenizerMeta] = (*text)->getBuffer().str();
+      notes.lines.push_back("tokenizer.json carried in the checkpoint: " + (*tokenizer)->describe());
+    }
+  }
   auto produce = [&](const CheckpointEntry &p) { return gatherParam(*model, tensors, p, sources.at(p.name)); };
   if (auto err = writeCheckpointStreamed(checkpointPath, *params, meta, produce))
     return std::move(err);

@@ -2,6 +2,7 @@
 
 #include "app/Init.h"
 #include "app/PrecisionProbe.h"
+#include "app/Tokenizer.h"
 #include "backends/Prologue.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
@@ -138,6 +139,8 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
     checkpoint.tensors.emplace(op->result()->name(), std::move(*tensor));
   }
   checkpoint.meta = checkpointMetadata(config_, stepsDone_, data_->describe(), dataPath_);
+  if (!tokenizer_.empty())
+    checkpoint.meta[kTokenizerMeta] = tokenizer_;
   if (std::string digest = data_->digest(); !digest.empty())
     checkpoint.meta.getObject("data")->try_emplace("xxh64", digest);
   return checkpoint;

@@ -76,6 +76,8 @@ public:
   /// another run's weights): the optimizer's moments, the FP8 scaling state, the step and the
   /// data start afresh. The checkpoint's model must have this one's architecture.
   llvm::Error initFrom(const Checkpoint &checkpoint, llvm::StringRef path);
+  /// The tokenizer (its file's text) the model reads and writes, which its checkpoints carry.
+  void setTokenizer(std::string text) { tokenizer_ = std::move(text); }
 
 private:
   ModelConfig config_;
@@ -87,6 +89,7 @@ private:
   std::unique_ptr<DataSource> data_;
   std::string dataPath_;
   int64_t stepsDone_ = 0;
+  std::string tokenizer_;
   int rank_ = 0, ranks_ = 1;
 };
 

@@ -10,6 +10,8 @@ rope_scaling), each saved with save_pretrained:
      each device, and its greedy tokens equal model.generate's;
   2. `tgc convert` writes it back as a Hugging Face folder, which from_pretrained loads with
      the same logits.
+  3. a byte-level BPE trained by `tokenizers` (tokenizer.json) encodes a text to the same ids
+     through `tgc tokenize`, and its ids decode to the same text.
 Prints a table; exits 1 on any mismatch. Needs torch and transformers (the GPU machine).
 """
 import argparse
@@ -54,6 +56,31 @@ def rel(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
+def tokenizer_parity(tgc, out):
+    """A byte-level BPE trained by `tokenizers` on this repository's documents, its tokenizer.json
+    read by tgc: the same ids for a text of other scripts too, and the text back."""
+    import glob
+    import tokenizers
+    docs = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "*.md")))
+    corpus = os.path.join(out, "corpus.txt")
+    with open(corpus, "w") as f:
+        for d in docs:
+            f.write(open(d).read())
+    tok = tokenizers.ByteLevelBPETokenizer()
+    tok.train([corpus], vocab_size=1000, min_frequency=2, special_tokens=["<|endoftext|>"])
+    path = os.path.join(out, "tokenizer.json")
+    tok.save(path)
+    text = open(corpus).read() + "\nnaïve café — 東京 🙂 they're  I'LL\t\tdone<|endoftext|>\n\n"
+    sample = os.path.join(out, "sample.txt")
+    open(sample, "w").write(text)
+    want = tok.encode(text).ids
+    got = [int(t) for t in run([tgc, "tokenize", path, sample]).split()]
+    ids = os.path.join(out, "ids.txt")
+    open(ids, "w").write(" ".join(map(str, want)))
+    back = run([tgc, "tokenize", path, ids, "--decode"])
+    return path, got == want, back == text, len(want)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("tgc")
@@ -92,6 +119,9 @@ def main():
         ok = err <= 1e-6
         failed |= not ok
         rows.append((name, "export -> from_pretrained", err, True, ok))
+    path, same_ids, same_text, count = tokenizer_parity(args.tgc, args.out)
+    failed |= not (same_ids and same_text)
+    rows.append(("bpe", f"tokenize ({count} ids)", 0.0, same_ids and same_text, same_ids and same_text))
     print(f"{'model':<8}{'run':<28}{'max rel. err':>14}  greedy  ok")
     for name, what, err, same, ok in rows:
         print(f"{name:<8}{what:<28}{err:>14.3e}  {'same' if same else 'DIFF':<6}  {'yes' if ok else 'NO'}")

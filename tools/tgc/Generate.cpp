@@ -1,6 +1,7 @@
 // tgc generate and eval: continue a prompt with a trained checkpoint; score greedy
 // continuations of held-out arithmetic progressions.
 #include "app/Generate.h"
+#include "app/Tokenizer.h"
 #include "models/GPTBuilder.h"
 #include "support/Files.h"
 #include "support/Limits.h"
@@ -17,6 +18,15 @@ static cl::opt<std::string> Prompt("prompt", cl::desc("Token ids, separated by s
                                    cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<std::string> PromptsFile("prompts", cl::desc("A file of prompts, one a line (token ids), generated in batches"),
                                         cl::sub(generateCommand()), cl::cat(category()));
+static cl::opt<std::string> PromptText("prompt-text",
+                                       cl::desc("A prompt as text, through the tokenizer; printed as text with its "
+                                                "continuation"),
+                                       cl::sub(generateCommand()), cl::cat(category()));
+static cl::opt<std::string> TokenizerPath("tokenizer",
+                                          cl::desc("The tokenizer for --prompt-text (a tokenizer.json; default: the "
+                                                   "one the checkpoint carries)"),
+                                          cl::value_desc("tokenizer.json"), cl::sub(generateCommand()),
+                                          cl::cat(category()));
 static cl::opt<int64_t> Tokens("tokens", cl::desc("How many tokens to generate"), cl::init(16),
                                cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<double> Temperature("temperature", cl::desc("0 is greedy"), cl::init(0.0),
@@ -61,10 +71,37 @@ llvm::Expected<std::vector<int32_t>> parsePrompt(llvm::StringRef text, int64_t v
   return tokens;
 }
 
-/// The prompts of --prompt, or of each non-empty line of --prompts.
-llvm::Expected<std::vector<std::vector<int32_t>>> readPrompts(int64_t vocab) {
-  if (Prompt.getNumOccurrences() == PromptsFile.getNumOccurrences())
-    return flagError("give the prompt as --prompt \"5 12 19\" or a file of prompts as --prompts FILE (one of them)");
+/// The tokenizer --prompt-text goes through: --tokenizer's, or the one the checkpoint carries;
+/// its ids must be the model's.
+llvm::Expected<std::unique_ptr<Tokenizer>> promptTokenizer(const Checkpoint &checkpoint, int64_t vocab) {
+  auto tokenizer = TokenizerPath.empty() ? checkpointTokenizer(checkpoint.meta, CheckpointPath)
+                                         : llvm::Expected<std::unique_ptr<Tokenizer>>(loadTokenizer(TokenizerPath));
+  if (!tokenizer)
+    return tokenizer.takeError();
+  if (!*tokenizer)
+    return flagError(fmt::format("{}: the checkpoint carries no tokenizer: give --tokenizer tokenizer.json",
+                                 CheckpointPath.getValue()));
+  if ((*tokenizer)->vocabSize() > vocab)
+    return flagError(fmt::format("the tokenizer's {} tokens do not fit the model's vocabulary of {}: another "
+                                 "model's tokenizer?",
+                                 (*tokenizer)->vocabSize(), vocab));
+  return tokenizer;
+}
+
+/// The prompts of --prompt, of --prompt-text through `tokenizer`, or of each non-empty line of
+/// --prompts.
+llvm::Expected<std::vector<std::vector<int32_t>>> readPrompts(int64_t vocab, const Tokenizer *tokenizer) {
+  if (Prompt.getNumOccurrences() + PromptsFile.getNumOccurrences() + PromptText.getNumOccurrences() != 1)
+    return flagError("give the prompt as --prompt \"5 12 19\", as text (--prompt-text \"...\") or a file of prompts "
+                     "as --prompts FILE (one of them)");
+  if (PromptText.getNumOccurrences()) {
+    auto tokens = tokenizer->encode(PromptText);
+    if (!tokens)
+      return flagError("--prompt-text: " + llvm::toString(tokens.takeError()));
+    if (tokens->empty())
+      return flagError("--prompt-text: give at least one character");
+    return std::vector<std::vector<int32_t>>{*tokens};
+  }
   if (Prompt.getNumOccurrences()) {
     auto tokens = parsePrompt(Prompt, vocab, "--prompt");
     if (!tokens)
@@ -111,10 +148,11 @@ std::string npyOf(const Tensor &t) {
 int runGenerate() {
   if (auto err = checkNotEmpty({&PromptsFile}))
     return report(std::move(err));
-  if (auto err = checkNotEmpty({&LogitsPath}))
+  if (auto err = checkNotEmpty({&LogitsPath, &TokenizerPath}))
     return report(std::move(err));
   if (auto err = checkDistinctFiles(
-          {{"the checkpoint", CheckpointPath}, {"--prompts", PromptsFile}, {"--logits", LogitsPath}}))
+          {{"the checkpoint", CheckpointPath}, {"--prompts", PromptsFile}, {"--logits", LogitsPath},
+           {"--tokenizer", TokenizerPath}}))
     return report(std::move(err));
   if (Tokens < 1 || Tokens > 100000)
     return report(flagError(fmt::format("--tokens must be between 1 and 100000, got {}", int64_t(Tokens))));
@@ -133,7 +171,14 @@ int runGenerate() {
   auto device = resolveDevice();
   if (!device)
     return report(device.takeError());
-  auto prompts = readPrompts(config.vocab);
+  std::unique_ptr<Tokenizer> tokenizer; // text in and out (--prompt-text)
+  if (PromptText.getNumOccurrences()) {
+    auto loaded = promptTokenizer(checkpoint, config.vocab);
+    if (!loaded)
+      return report(loaded.takeError());
+    tokenizer = std::move(*loaded);
+  }
+  auto prompts = readPrompts(config.vocab, tokenizer.get());
   if (!prompts)
     return report(prompts.takeError());
   if (Stream && prompts->size() > 1)
@@ -157,10 +202,19 @@ int runGenerate() {
       return report(std::move(err));
   }
   SamplingOptions options{Temperature, TopK, TopP, Seed.getNumOccurrences() ? uint64_t(Seed) : 0};
+  // Ids, or with --prompt-text their bytes as the tokenizer gives them back.
+  auto show = [&](llvm::ArrayRef<int32_t> ids, bool first) -> std::string {
+    if (!tokenizer)
+      return fmt::format("{}{}", first ? "" : " ", fmt::join(ids, " "));
+    auto text = tokenizer->decode(ids);
+    return text ? *text : "<" + llvm::toString(text.takeError()) + ">";
+  };
   TokenCallback stream;
+  if (Stream && tokenizer) // the text goes on from the prompt's
+    llvm::outs() << PromptText;
   if (Stream)
-    stream = [](int64_t step, const std::vector<int32_t> &tokens) {
-      llvm::outs() << (step ? " " : "") << tokens[0];
+    stream = [&](int64_t step, const std::vector<int32_t> &tokens) {
+      llvm::outs() << show({tokens[0]}, step == 0);
       llvm::outs().flush();
     };
   GenerationStats total;
@@ -171,7 +225,7 @@ int runGenerate() {
     if (!out)
       return report(out.takeError());
     for (const auto &tokens : *out)
-      llvm::outs() << (Stream ? "" : fmt::format("{}", fmt::join(tokens, " "))) << "\n";
+      llvm::outs() << (Stream ? "" : tokenizer ? PromptText + show(tokens, true) : show(tokens, true)) << "\n";
     total += (*generator)->stats();
   }
   // Speed on stderr, so that stdout stays the tokens.

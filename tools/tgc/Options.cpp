@@ -55,6 +55,10 @@ cl::SubCommand &reportCommand() {
   static cl::SubCommand c("report", "Draw a training log (and a bench) as one self-contained HTML page");
   return c;
 }
+cl::SubCommand &tokenizeCommand() {
+  static cl::SubCommand c("tokenize", "Turn text into token ids through a tokenizer (a token file for --data), or back");
+  return c;
+}
 cl::SubCommand &convertCommand() {
   static cl::SubCommand c("convert", "Convert a Hugging Face model folder to a tgc checkpoint, or back");
   return c;

@@ -35,6 +35,7 @@ cl::SubCommand &inspectCommand();
 cl::SubCommand &benchCommand();
 cl::SubCommand &reportCommand();
 cl::SubCommand &convertCommand();
+cl::SubCommand &tokenizeCommand();
 
 // Flags of several subcommands (Options.cpp).
 extern cl::opt<std::string> ModelPath;
@@ -101,6 +102,7 @@ int runInspect();
 int runInfo();
 int runReport();
 int runConvert();
+int runTokenize();
 
 /// The trainer's device, as its executor describes it, without the kernel-cache note.
 std::string deviceName(const Trainer &trainer);

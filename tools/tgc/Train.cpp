@@ -1,5 +1,6 @@
 // tgc train: trains a model, printing the loss per step, and saves a checkpoint.
 #include "app/PrecisionProbe.h"
+#include "app/Tokenizer.h"
 #include "app/Trainer.h"
 #include "models/ProgramInterface.h"
 #include "support/Files.h"
@@ -40,6 +41,12 @@ static cl::opt<std::string> InitPath("init",
                                               "another run's); the optimizer, the FP8 state and the step start afresh"),
                                      cl::value_desc("file.safetensors"), cl::sub(trainCommand()),
                                      cl::cat(category()));
+static cl::opt<std::string> TrainTokenizer("tokenizer",
+                                           cl::desc("With --data TEXT: read the text through this tokenizer (a "
+                                                    "tokenizer.json), tokenized once into a token file beside it; the "
+                                                    "checkpoints carry it"),
+                                           cl::value_desc("tokenizer.json"), cl::sub(trainCommand()),
+                                           cl::cat(category()));
 static cl::opt<std::string> LogPath("log", cl::desc("Write one JSON record per step"),
                                     cl::value_desc("file.jsonl"), cl::sub(trainCommand()), cl::cat(category()));
 static cl::opt<std::string> DataPath("data", cl::desc("Train on a file: bytes of text, llm.c's token files (.bin), or raw uint16 (.u16, .tokens) or uint32 (.u32) ids"),
@@ -166,13 +173,42 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   if (resumeFrom && !run.precision.fp8Layers)
     if (auto saved = resumeFrom->meta.getString("precision"); saved && *saved == "fp8")
       run.precision.fp8Layers = fp8LayersOf(resumeFrom->tensors);
-  auto trainer = Trainer::create(run, DataPath, setup.device, setup.communicator.get());
+  // Text through a tokenizer: its token file, made once beside the text.
+  std::string dataPath = DataPath, tokenizerText;
+  if (!TrainTokenizer.empty()) {
+    if (DataPath.empty())
+      return flagError("--tokenizer reads --data's text: give --data FILE");
+    auto text = readFileAtMost(TrainTokenizer, uint64_t(256) << 20, "a tokenizer");
+    if (!text)
+      return text.takeError();
+    tokenizerText = (*text)->getBuffer().str();
+    auto tokenizer = parseTokenizer(tokenizerText, TrainTokenizer);
+    if (!tokenizer)
+      return tokenizer.takeError();
+    if ((*tokenizer)->vocabSize() > run.vocab)
+      return flagError(fmt::format("--tokenizer {}: its {} tokens do not fit the model's vocabulary of {}",
+                                   TrainTokenizer.getValue(), (*tokenizer)->vocabSize(), run.vocab));
+    auto cache = tokenCache(DataPath, **tokenizer, tokenizerText);
+    if (!cache)
+      return cache.takeError();
+    dataPath = *cache;
+  }
+  auto trainer = Trainer::create(run, dataPath, setup.device, setup.communicator.get());
   if (!trainer)
     return trainer.takeError();
   Trainer &t = **trainer;
   if (initFrom)
     if (auto err = t.initFrom(*initFrom, InitPath))
       return std::move(err);
+  // The tokenizer the weights came with goes on with them, or the one the data is read through.
+  for (const std::optional<Checkpoint> *from : {&initFrom, &resumeFrom})
+    if (*from)
+      if (auto text = (*from)->meta.getString(kTokenizerMeta))
+        t.setTokenizer(text->str());
+  if (!tokenizerText.empty())
+    t.setTokenizer(std::move(tokenizerText));
+  else if (!DataPath.empty() && isByteText(DataPath)) // text read a byte a token
+    t.setTokenizer(kByteTokenizer.str());
   if (resumeFrom) {
     if (auto err = t.resume(*resumeFrom, ResumePath))
       return std::move(err);
@@ -474,7 +510,7 @@ void printRunHeader(const Trainer &t) {
 }
 
 int runTrain() {
-  if (auto err = checkNotEmpty({&SavePath, &ResumePath, &InitPath, &LogPath, &DataPath}))
+  if (auto err = checkNotEmpty({&SavePath, &ResumePath, &InitPath, &LogPath, &DataPath, &TrainTokenizer}))
     return report(std::move(err));
   auto config = loadConfig(ModelPath);
   if (!config)
