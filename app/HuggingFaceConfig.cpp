@@ -129,16 +129,34 @@ void readLlama(FieldReader &f, ModelConfig &m, HfNotes &notes) {
     notes.lines.push_back(fmt::format("attention_dropout {}: tgc trains without dropout", p));
 }
 
+void readRopeScalingObject(const llvm::json::Object &s, FieldReader &f, ModelConfig &m);
+
 /// Llama 3's rope_scaling {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
 /// "original_max_position_embeddings"}; any other type is refused by its name.
 void readRopeScaling(const llvm::json::Object &config, FieldReader &f, ModelConfig &m) {
+  // transformers 5 writes rope_parameters {"rope_theta", "rope_type", "factor", ...}; earlier
+  // ones rope_theta and rope_scaling {"rope_type" (or "type"), "factor", ...} beside it.
+  if (const llvm::json::Object *p = config.getObject("rope_parameters")) {
+    FieldReader parameters(*p, "");
+    m.ropeTheta = parameters.number("rope_theta", m.ropeTheta);
+    std::string type = parameters.text("rope_type", "default");
+    if (auto err = parameters.takeError())
+      return f.fail("rope_parameters: " + llvm::toString(std::move(err)).substr(9));
+    if (type == "default")
+      return;
+    return readRopeScalingObject(*p, f, m);
+  }
   const llvm::json::Value *v = config.get("rope_scaling");
   if (!v || v->kind() == llvm::json::Value::Null)
     return;
   const llvm::json::Object *s = v->getAsObject();
   if (!s)
     return f.fail("'rope_scaling' must be an object or null");
-  FieldReader scaling(*s, "");
+  readRopeScalingObject(*s, f, m);
+}
+
+void readRopeScalingObject(const llvm::json::Object &s, FieldReader &f, ModelConfig &m) {
+  FieldReader scaling(s, "");
   std::string type = scaling.text("rope_type", scaling.text("type", ""));
   if (type != "llama3")
     return f.fail(fmt::format("rope_scaling type '{}': tgc has Llama 3's (llama3) alone", type));

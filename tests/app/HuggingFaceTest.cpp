@@ -272,6 +272,21 @@ TEST(HuggingFace, ConfigsTgcCannotExpressAreRefusedByName) {
   EXPECT_TRUE(bool(unwrap(modelFromHfConfig(*dropout->getAsObject(), "c", "m", 0, notes)).layers));
   ASSERT_EQ(notes.lines.size(), 1u);
   EXPECT_EQ(notes.lines[0], "resid_pdrop 0.1: tgc trains without dropout");
+  // transformers 5 keeps RoPE's settings in rope_parameters: its theta and its scaling.
+  auto v5 = llvm::json::parse(R"({"model_type": "llama", "vocab_size": 8, "max_position_embeddings": 8,
+      "hidden_size": 4, "intermediate_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
+      "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})");
+  ModelConfig m = unwrap(modelFromHfConfig(*v5->getAsObject(), "c", "m", 0, notes));
+  EXPECT_EQ(m.ropeTheta, 500000.0);
+  ASSERT_TRUE(m.ropeScaling);
+  EXPECT_EQ(m.ropeScaling->originalLength, 64.0);
+  auto plain = llvm::json::parse(R"({"model_type": "llama", "vocab_size": 8, "max_position_embeddings": 8,
+      "hidden_size": 4, "intermediate_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}})");
+  m = unwrap(modelFromHfConfig(*plain->getAsObject(), "c", "m", 0, notes));
+  EXPECT_EQ(m.ropeTheta, 1000000.0);
+  EXPECT_FALSE(m.ropeScaling);
 }
 
 TEST(HuggingFace, MissingExtraAndMisshapenTensorsAreRefusedAndNothingIsWritten) {

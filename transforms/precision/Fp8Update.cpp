@@ -39,6 +39,12 @@ public:
       setFp8Format(attrs, fp8FormatOf(q->attrs()));
       setFp8Margin(attrs, config_.margin);
       attrs.set("algo", config_.amaxComputeAlgo);
+      // Block scaling's largest block scale, kept to be shown: its state is placed before the
+      // update that writes it in place (the executor places leaves in program order).
+      Value *largest = q->result(1)->type().rank() == 1
+                           ? b.state((prefix + ".block_scale_max").str(), TensorType(DType::F32, {}),
+                                     tgc::attrs({{"init", std::string("zeros")}}))
+                           : nullptr;
       Op *update = b.createOp(OpKind::Fp8Update,
                               {history, scale, q->result(1), saturations, q->result(2)}, attrs,
                               (prefix + ".update").str());
@@ -48,11 +54,8 @@ public:
       b.create(OpKind::Assign, {scale, update->result(1)}, {}, "");
       b.create(OpKind::Assign, {scaleInv, update->result(2)}, {}, "");
       b.create(OpKind::Assign, {saturations, update->result(3)}, {}, "");
-      if (update->numResults() > 4) { // block scaling: the largest block scale, kept to be shown
-        Value *largest = b.state((prefix + ".block_scale_max").str(), update->result(4)->type(),
-                                 tgc::attrs({{"init", std::string("zeros")}}));
+      if (largest)
         b.create(OpKind::Assign, {largest, update->result(4)}, {}, "");
-      }
     }
     if (auto err = b.takeError())
       return std::move(err);

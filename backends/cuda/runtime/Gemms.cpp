@@ -36,6 +36,10 @@ llvm::Error setFp8Scales(const CublasLtApi &blas, cublasLtMatmulDesc_t desc, con
                                    op.result()->name()));
   const void *firstScale = scaleInv.lookup(firstQuantize);
   const void *secondScale = scaleInv.lookup(secondQuantize);
+  if (!firstScale || !secondScale) // (cuBLASLt would take a null scale as 1)
+    return cudaFailure("planGemm", __FILE__, __LINE__,
+                       fmt::format("the FP8 GEMM %{} reads bytes whose quantize has no scale_inv yet",
+                                   op.result()->name()));
   auto blockScale = [&](const Op *quantize, const Value *operand, const void *&pointer,
                         cublasLtMatmulDescAttributes_t mode) -> llvm::Error {
     if (!blockScales.count(quantize))

@@ -71,6 +71,11 @@ llvm::Error ProgramRunner::initialize() {
   for (size_t i = 0; i < ops_.size(); ++i)
     if (auto err = placeOp(i, plan, regions))
       return err;
+  // The GEMMs once every op is placed: an FP8 operand kept from the step before (fp8-weights)
+  // is made by a quantize later in the step, whose scale_inv and block scales the GEMM reads.
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (auto err = planGemm(i, plan, regions))
+      return err;
   if (auto err = useBf16OperandCopies())
     return err;
   if (auto err = collectives_.prepare(ops_, program_, options_.communicator))
@@ -122,6 +127,8 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
       buffers_[v] = *p;
     } else if (const Value *leaf = program_.inPlace.lookup(v)) {
       buffers_[v] = buffer(leaf); // written into the leaf it is assigned to
+      if (!buffers_[v])
+        return makeError("%{} is written into %{}, which the program defines after it", v->name(), leaf->name());
       inPlace_.insert(v);
     } else if (layout.grads.count(v)) {
       buffers_[v] = regions.grads + layout.grads.lookup(v);
@@ -161,13 +168,18 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
       blockScales_[&op] = {static_cast<float *>(persistent_[i].at(1)),
                            persistent_[i].size() > 2 ? static_cast<float *>(persistent_[i][2]) : nullptr};
   }
-  if (lowering.kind == OpLowering::Gemm) {
-    if (auto err = gemms_.plan(i, op, program_, buffers_, usedScaleInv_, blockScales_, device_.name))
-      return err;
-    if (gemms_.at(i).bf16) // the BF16 operand copies follow the op's scratch in the plan
-      for (int k = 0; k < 2; ++k)
-        gemms_.at(i).bf16Operands[k] = regions.arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
-  }
+  return llvm::Error::success();
+}
+
+llvm::Error ProgramRunner::planGemm(size_t i, const MemoryPlan &plan, const Regions &regions) {
+  const OpLowering &lowering = program_.lowering[i];
+  if (lowering.kind != OpLowering::Gemm)
+    return llvm::Error::success();
+  if (auto err = gemms_.plan(i, *ops_[i], program_, buffers_, usedScaleInv_, blockScales_, device_.name))
+    return err;
+  if (gemms_.at(i).bf16) // the BF16 operand copies follow the op's scratch in the plan
+    for (int k = 0; k < 2; ++k)
+      gemms_.at(i).bf16Operands[k] = regions.arena + plan.opLocalOffsets[i][lowering.scratchFloats.size() + k];
   return llvm::Error::success();
 }
 

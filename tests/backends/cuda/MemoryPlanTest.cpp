@@ -153,6 +153,38 @@ TEST(MemoryPlan, OptimizerAndScalingStateUpdatedInPlace) {
   EXPECT_EQ(int(program.inPlace.size()), assigns);
 }
 
+TEST(MemoryPlan, ALeafWrittenInPlaceComesBeforeItsWriter) {
+  // The executor places leaves and values in program order, and a value written into its leaf
+  // takes the leaf's buffer: the leaf must come first. Block scaling's block_scale_max state
+  // (written by fp8_update's fifth result) and fp8-weights' kept FP8 bytes (written by the
+  // quantize after AdamW) are the leaves added after the builder's.
+  const char *models[] = {
+      "model: {vocab: 128, seq_len: 32, d_model: 128, heads: 2, layers: 1, ffn: 256}\ntrain: {batch: 4}\n"
+      "precision: {recipe: fp8, fp8_scaling: block, fp8_format: e4m3, keep_bf16: []}\n",
+      "model: {vocab: 128, seq_len: 32, d_model: 128, heads: 2, layers: 1, ffn: 256}\ntrain: {batch: 4}\n"
+      "precision: {recipe: fp8, fp8_weights: true, keep_bf16: []}\n"};
+  for (const char *text : models) {
+    SCOPED_TRACE(text);
+    ModelConfig c = unwrap(parseModelConfig(text, "m.yaml"));
+    auto graph = unwrap(buildGPT(c, c.train.batch));
+    PipelineOptions options;
+    options.passOptions.train = c.train;
+    options.passOptions.precision = c.precision;
+    auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, Recipe::Fp8, c.precision.fp8Scaling), options));
+    ASSERT_FALSE(bool(pipeline.run(*graph)));
+    CudaProgram program = unwrap(lowerToCuda(*graph));
+    std::map<const Op *, size_t> index;
+    for (const Op *op : graph->ops())
+      index.emplace(op, index.size());
+    int checked = 0;
+    for (const auto &[value, leaf] : program.inPlace) {
+      EXPECT_LT(index.at(leaf->def()), index.at(value->def())) << value->name() << " into " << leaf->name();
+      ++checked;
+    }
+    EXPECT_GT(checked, 50);
+  }
+}
+
 /// Offsets of the tensors of one buffer: each starts at a multiple of 256 bytes, inside the
 /// buffer, and no two overlap.
 void expectDisjoint(const llvm::DenseMap<const Value *, int64_t> &offsets, int64_t bufferBytes) {
