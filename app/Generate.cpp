@@ -348,11 +348,7 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
       windows[b] = int32_t(std::min(length, T));
       std::copy(sequences[b].end() - windows[b], sequences[b].end(), tokens.begin() + b * T);
     }
-    if (auto err = executor.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
-      return std::move(err);
-    if (auto err = executor.step())
-      return std::move(err);
-    auto logits = executor.read(program::kLogits);
+    auto logits = runWindowed(tokens);
     if (!logits)
       return logits.takeError();
     std::vector<int32_t> picked(sequences.size());
@@ -370,6 +366,15 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
   return generated;
 }
 
+llvm::Expected<Tensor> Generator::runWindowed(const std::vector<int32_t> &tokens) {
+  Executor &executor = *windowed_.executor;
+  if (auto err = executor.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, config_.seqLen}), {}, tokens}))
+    return std::move(err);
+  if (auto err = executor.step())
+    return std::move(err);
+  return executor.read(program::kLogits);
+}
+
 llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &prompt) {
   const int64_t T = config_.seqLen, V = config_.vocab, length = int64_t(prompt.size());
   if (length > T)
@@ -380,12 +385,7 @@ llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &promp
     return std::move(err);
   std::vector<int32_t> tokens(batch_ * T, 0);
   std::copy(prompt.begin(), prompt.end(), tokens.begin());
-  Executor &executor = *windowed_.executor;
-  if (auto err = executor.bind(program::kTokens, Tensor{TensorType(DType::I32, {batch_, T}), {}, tokens}))
-    return std::move(err);
-  if (auto err = executor.step())
-    return std::move(err);
-  auto logits = executor.read(program::kLogits);
+  auto logits = runWindowed(tokens);
   if (!logits)
     return logits.takeError();
   Tensor out = Tensor::zeros(TensorType(DType::F32, {length, V}));

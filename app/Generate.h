@@ -93,6 +93,8 @@ private:
     bool sharesCaches = false;
   };
   llvm::Error ensureWindowed();
+  /// The windowed program's logits [batch, seq_len, vocab] of `tokens` [batch, seq_len].
+  llvm::Expected<Tensor> runWindowed(const std::vector<int32_t> &tokens);
   /// The prefill program of `positions` (a prefillLength), compiled when first needed.
   llvm::Expected<Prefill *> prefillProgram(int64_t positions);
   /// The prompts (the longest `longest` tokens) through the prefill program, padded to its

@@ -216,16 +216,10 @@ std::string architectureDifference(const ModelConfig &a, const ModelConfig &b) {
   return "";
 }
 
-llvm::Error Trainer::initFrom(const Checkpoint &checkpoint, llvm::StringRef path) {
-  auto saved = checkpointModel(checkpoint, path);
-  if (!saved)
-    return saved.takeError();
-  std::string difference = architectureDifference(*saved, config_);
-  if (!difference.empty())
-    return stringError(fmt::format("{}: error: the weights of model '{}' do not fit model '{}' ({})", path.str(),
-                                   saved->name, config_.name, difference));
+llvm::Error Trainer::bindFrom(const Checkpoint &checkpoint, llvm::StringRef path, bool withState) {
   for (const Op *op : program_->ops()) {
-    if (op->kind() != OpKind::Param)
+    bool wanted = op->kind() == OpKind::Param || (withState && op->kind() == OpKind::State && !isPrologueLeaf(*op));
+    if (!wanted)
       continue;
     const std::string &name = op->result()->name();
     auto it = checkpoint.tensors.find(name);
@@ -234,6 +228,19 @@ llvm::Error Trainer::initFrom(const Checkpoint &checkpoint, llvm::StringRef path
     if (auto err = executor_->bind(name, it->second))
       return stringError(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
   }
+  return llvm::Error::success();
+}
+
+llvm::Error Trainer::initFrom(const Checkpoint &checkpoint, llvm::StringRef path) {
+  auto saved = checkpointModel(checkpoint, path);
+  if (!saved)
+    return saved.takeError();
+  std::string difference = architectureDifference(*saved, config_);
+  if (!difference.empty())
+    return stringError(fmt::format("{}: error: the weights of model '{}' do not fit model '{}' ({})", path.str(),
+                                   saved->name, config_.name, difference));
+  if (auto err = bindFrom(checkpoint, path, /*withState=*/false))
+    return err;
   return executor_->runPrologue(); // the FP8 weights of these ones
 }
 
@@ -279,16 +286,8 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
                                      "{}, this one {}): resume it with the same data (--data {})",
                                      path.str(), dataPath_, savedDigest->str(), data_->digest(), savedPath->str()));
   }
-  for (const Op *op : program_->ops()) {
-    if ((op->kind() != OpKind::Param && op->kind() != OpKind::State) || isPrologueLeaf(*op))
-      continue;
-    const std::string &name = op->result()->name();
-    auto it = checkpoint.tensors.find(name);
-    if (it == checkpoint.tensors.end())
-      return stringError(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
-    if (auto err = executor_->bind(name, it->second))
-      return stringError(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
-  }
+  if (auto err = bindFrom(checkpoint, path, /*withState=*/true))
+    return err;
   // The data stream continues where it stopped: same seed, same position.
   auto seedText = checkpoint.meta.getString("seed");
   uint64_t seed = 0;

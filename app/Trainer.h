@@ -80,6 +80,10 @@ public:
   void setTokenizer(std::string text) { tokenizer_ = std::move(text); }
 
 private:
+  /// Binds the checkpoint's parameters (and with `withState` its state: the optimizer's moments,
+  /// the FP8 scaling state); an error names a missing tensor or one of another shape.
+  llvm::Error bindFrom(const Checkpoint &checkpoint, llvm::StringRef path, bool withState);
+
   ModelConfig config_;
   std::unique_ptr<Graph> program_;
   std::unique_ptr<Executor> executor_;

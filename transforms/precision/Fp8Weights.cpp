@@ -22,11 +22,10 @@ namespace {
 
 /// The updated value of parameter `param`: the adamw result assigned back to it (null where it
 /// is not trained).
-Value *updatedValue(const Graph &graph, Value *param) {
+Value *updatedValue(Value *param) {
   for (Op *user : param->users())
     if (user->kind() == OpKind::Assign && user->operand(0) == param)
       return user->operand(1);
-  (void)graph;
   return nullptr;
 }
 
@@ -52,7 +51,7 @@ public:
       QuantizeOptions options = quantizeOptions(op->attrs());
       if (options.activation != QuantizeActivation::None || options.biasGrad)
         continue;
-      if (!updatedValue(graph, op->operand(0)) || !scaleUpdate(op->operand(1)))
+      if (!updatedValue(op->operand(0)) || !scaleUpdate(op->operand(1)))
         continue; // a frozen weight, or no scale update: nothing happens between steps
       moved.push_back(op);
     }
@@ -76,7 +75,7 @@ public:
                              ->result());
       }
       // After the update, the next step's bytes: the new weight at the new scale.
-      Op *next = b.createOp(OpKind::Quantize, {updatedValue(graph, weight), update->result(1), update->result(2)},
+      Op *next = b.createOp(OpKind::Quantize, {updatedValue(weight), update->result(1), update->result(2)},
                             quantize->attrs(), (prefix + ".next").str());
       if (!next)
         break;
