@@ -92,10 +92,6 @@ llvm::Error takeDigests(llvm::json::Object &meta, std::map<std::string, std::str
   return llvm::Error::success();
 }
 
-} // namespace
-
-namespace {
-
 /// The safetensors header of F32 tensors `entries` (in their order, one after another) and the
 /// tgc metadata `metaText`.
 std::string formatHeader(const std::vector<CheckpointEntry> &entries, const std::string &metaText) {

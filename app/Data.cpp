@@ -103,6 +103,17 @@ TokenFileData::open(llvm::StringRef path, int64_t vocab, int64_t seqLen, uint64_
   return std::move(data);
 }
 
+namespace {
+
+/// The bytes a token of a raw token file (no header) takes, by its name: .u16 (and .tokens) 2,
+/// .u32 4, anything else 1, text read a byte a token.
+int rawTokenWidth(llvm::StringRef path) {
+  llvm::StringRef ext = llvm::sys::path::extension(path);
+  return ext == ".u16" || ext == ".tokens" ? 2 : ext == ".u32" ? 4 : 1;
+}
+
+} // namespace
+
 llvm::Error TokenFileData::readLayout(int64_t vocab) {
   llvm::StringRef ext = llvm::sys::path::extension(path_);
   if (ext == ".bin") { // llm.c's: 256 int32s (magic, version, token count, ...), then the tokens
@@ -132,7 +143,7 @@ llvm::Error TokenFileData::readLayout(int64_t vocab) {
     tokens_ = uint64_t(header[2]);
     return llvm::Error::success();
   }
-  width_ = ext == ".u16" || ext == ".tokens" ? 2 : ext == ".u32" ? 4 : 1; // (isByteText: 1)
+  width_ = rawTokenWidth(path_);
   if (width_ == 1 && vocab < 256)
     return stringError(fmt::format("byte-level text needs a vocabulary of at least 256, the model has {} "
                                    "(token files end in .bin for llm.c's, .u16 or .u32)",
@@ -220,8 +231,7 @@ double ArithmeticData::lossFloor() const {
 }
 
 bool isByteText(llvm::StringRef path) {
-  llvm::StringRef ext = llvm::sys::path::extension(path);
-  return ext != ".bin" && ext != ".u16" && ext != ".tokens" && ext != ".u32";
+  return rawTokenWidth(path) == 1 && llvm::sys::path::extension(path) != ".bin";
 }
 
 } // namespace tgc

@@ -338,7 +338,6 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
   stats_.cached = false;
   for (const auto &p : prompts)
     stats_.promptTokens += int64_t(p.size());
-  Executor &executor = *windowed_.executor;
   Rng rng(mix64(options.seed));
   std::vector<std::vector<int32_t>> sequences = prompts, generated(prompts.size());
   for (int64_t n = 0; n < count; ++n) {

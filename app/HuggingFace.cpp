@@ -35,6 +35,20 @@ bool isBuffer(llvm::StringRef name) {
   return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with("rotary_emb.inv_freq");
 }
 
+llvm::Expected<llvm::json::Object> readJsonFile(llvm::StringRef path, llvm::StringRef what) {
+  auto text = readFileAtMost(path, 16 << 20, what);
+  if (!text)
+    return text.takeError();
+  if (findDeepNesting((*text)->getBuffer(), kMaxJsonDepth))
+    return fail(path, "nested deeper than {} levels", kMaxJsonDepth);
+  auto json = llvm::json::parse((*text)->getBuffer());
+  if (!json)
+    return fail(path, "not JSON: {}", llvm::toString(json.takeError()));
+  if (!json->getAsObject())
+    return fail(path, "not a JSON object");
+  return std::move(*json->getAsObject());
+}
+
 /// A model folder's safetensors files, mapped, and where each tensor is.
 class HfTensors {
 public:
@@ -46,13 +60,10 @@ public:
     if (llvm::sys::fs::exists(single)) {
       files.push_back(single.str().str());
     } else if (llvm::sys::fs::exists(index)) {
-      auto text = readFileAtMost(index, 64 << 20, "a safetensors index");
-      if (!text)
-        return text.takeError();
-      auto json = llvm::json::parse((*text)->getBuffer());
-      const llvm::json::Object *map = json && json->getAsObject() ? json->getAsObject()->getObject("weight_map") : nullptr;
+      auto json = readJsonFile(index, "a safetensors index");
       if (!json)
-        llvm::consumeError(json.takeError());
+        return json.takeError();
+      const llvm::json::Object *map = json->getObject("weight_map");
       if (!map)
         return fail(index, "no 'weight_map' object: not a safetensors index");
       std::set<std::string> shards;
@@ -228,20 +239,6 @@ llvm::Expected<std::vector<float>> gatherParam(const ModelConfig &model, const H
   return out;
 }
 
-llvm::Expected<llvm::json::Object> readJsonFile(llvm::StringRef path, llvm::StringRef what) {
-  auto text = readFileAtMost(path, 16 << 20, what);
-  if (!text)
-    return text.takeError();
-  if (findDeepNesting((*text)->getBuffer(), kMaxJsonDepth))
-    return fail(path, "nested deeper than {} levels", kMaxJsonDepth);
-  auto json = llvm::json::parse((*text)->getBuffer());
-  if (!json)
-    return fail(path, "not JSON: {}", llvm::toString(json.takeError()));
-  if (!json->getAsObject())
-    return fail(path, "not a JSON object");
-  return std::move(*json->getAsObject());
-}
-
 } // namespace
 
 llvm::Expected<ModelConfig> importHf(llvm::StringRef folder, llvm::StringRef checkpointPath, llvm::StringRef name,
@@ -289,17 +286,14 @@ llvm::Expected<ModelConfig> importHf(llvm::StringRef folder, llvm::StringRef che
   llvm::SmallString<256> tokenizerPath(folder);
   llvm::sys::path::append(tokenizerPath, "tokenizer.json");
   if (llvm::sys::fs::exists(tokenizerPath)) {
-    auto text = readFileAtMost(tokenizerPath, 64 << 20, "a tokenizer");
-    if (!text)
-      return text.takeError();
-    auto tokenizer = parseTokenizer((*text)->getBuffer(), tokenizerPath);
+    auto tokenizer = loadTokenizer(tokenizerPath);
     if (!tokenizer) {
       notes.lines.push_back("tokenizer.json not carried: " + llvm::toString(tokenizer.takeError()));
     } else if ((*tokenizer)->vocabSize() > model->vocab) {
       notes.lines.push_back(fmt::format("tokenizer.json not carried: its {} tokens are more than vocab_size {}",
                                         (*tokenizer)->vocabSize(), model->vocab));
     } else {
-      meta[kTokenizerMeta] = (*text)->getBuffer().str();
+      meta[kTokenizerMeta] = (*tokenizer)->source();
       notes.lines.push_back("tokenizer.json carried in the checkpoint: " + (*tokenizer)->describe());
     }
   }

@@ -93,13 +93,6 @@ int64_t SafeTensorsEntry::numElements() const {
   return n;
 }
 
-const SafeTensorsEntry *SafeTensorsHeader::find(llvm::StringRef name) const {
-  for (const SafeTensorsEntry &e : entries)
-    if (e.name == name)
-      return &e;
-  return nullptr;
-}
-
 std::string formatSafeTensorsHeader(const std::vector<std::pair<std::string, std::vector<int64_t>>> &tensors,
                                     const std::map<std::string, std::string> &metadata) {
   llvm::json::Object header;

@@ -27,7 +27,6 @@ struct SafeTensorsHeader {
   std::map<std::string, std::string> metadata; // __metadata__, whose values are strings
   bool hasMetadata = false;
   uint64_t dataOffset = 0; // where the first tensor's bytes start in the file
-  const SafeTensorsEntry *find(llvm::StringRef name) const;
 };
 
 /// The header of a safetensors file of `bytes` (`path` names it in errors), checked: its size,
@@ -39,8 +38,8 @@ llvm::Expected<SafeTensorsHeader> parseSafeTensorsHeader(llvm::StringRef bytes, 
 /// The values of `entry`, whose bytes are `bytes` (its range of the file), as fp32.
 std::vector<float> safeTensorsFloats(const SafeTensorsEntry &entry, llvm::StringRef bytes);
 
-/// The header of F32 tensors named `names` of shapes `shapes` (their bytes one after another, in
-/// this order) with `metadata` as __metadata__, its 8-byte size before it, padded with spaces so
+/// The header of F32 `tensors` (each a name and a shape, their bytes one after another in this
+/// order) with `metadata` as __metadata__, its 8-byte size before it, padded with spaces so
 /// that the data starts 8-byte aligned, as the format recommends.
 std::string formatSafeTensorsHeader(const std::vector<std::pair<std::string, std::vector<int64_t>>> &tensors,
                                     const std::map<std::string, std::string> &metadata);

@@ -301,8 +301,11 @@ std::vector<std::pair<size_t, size_t>> gpt2Words(llvm::ArrayRef<uint32_t> t) {
 }
 
 llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef bytes, llvm::StringRef path) {
-  if (bytes == kByteTokenizer)
-    return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
+  if (bytes == kByteTokenizer) {
+    std::unique_ptr<Tokenizer> tokenizer = std::make_unique<ByteTokenizer>();
+    tokenizer->source_ = bytes.str();
+    return std::move(tokenizer);
+  }
   if (findDeepNesting(bytes, kMaxJsonDepth))
     return fail(path, "nested deeper than {} levels", kMaxJsonDepth);
   auto json = llvm::json::parse(bytes);
@@ -314,6 +317,7 @@ llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef bytes,
   auto bpe = std::make_unique<ByteLevelBpe>();
   if (auto err = bpe->load(*object, path))
     return std::move(err);
+  bpe->source_ = bytes.str();
   return std::unique_ptr<Tokenizer>(std::move(bpe));
 }
 
@@ -324,12 +328,11 @@ llvm::Expected<std::unique_ptr<Tokenizer>> checkpointTokenizer(const llvm::json:
   return parseTokenizer(*text, (path + " (its tokenizer)").str());
 }
 
-llvm::Expected<std::string> tokenCache(llvm::StringRef textPath, const Tokenizer &tokenizer,
-                                       llvm::StringRef tokenizerText) {
+llvm::Expected<std::string> tokenCache(llvm::StringRef textPath, const Tokenizer &tokenizer) {
   auto text = readFileAtMost(textPath, uint64_t(4) << 30, "a text file");
   if (!text)
     return text.takeError();
-  uint64_t key = llvm::xxHash64(tokenizerText) * 0x9E3779B97F4A7C15ull ^ llvm::xxHash64((*text)->getBuffer());
+  uint64_t key = llvm::xxHash64(tokenizer.source()) * 0x9E3779B97F4A7C15ull ^ llvm::xxHash64((*text)->getBuffer());
   std::string cache = fmt::format("{}.tok-{:016x}.u32", textPath.str(), key);
   uint64_t size = 0;
   if (!llvm::sys::fs::file_size(cache, size) && size % 4 == 0 && size > 0)

@@ -26,6 +26,13 @@ public:
   /// One more than the largest id it gives.
   virtual int64_t vocabSize() const = 0;
   virtual std::string describe() const = 0;
+  /// The text it was parsed from (a tokenizer.json's, or kByteTokenizer): what a checkpoint
+  /// carries, and what a token cache's name digests.
+  const std::string &source() const { return source_; }
+
+private:
+  friend llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef, llvm::StringRef);
+  std::string source_;
 };
 
 /// The byte tokenizer's name (as a tokenizer's text, or as a path: --tokenizer bytes): token b
@@ -43,11 +50,9 @@ inline constexpr llvm::StringLiteral kTokenizerMeta = "tokenizer";
 /// null where it carries none.
 llvm::Expected<std::unique_ptr<Tokenizer>> checkpointTokenizer(const llvm::json::Object &meta, llvm::StringRef path);
 
-/// The token file of the text file `textPath` through `tokenizer` (whose file's text is
-/// `tokenizerText`): made once, beside the text, named by a digest of both (`TEXT.tok-HASH.u32`),
-/// and found there by later runs; its path.
-llvm::Expected<std::string> tokenCache(llvm::StringRef textPath, const Tokenizer &tokenizer,
-                                       llvm::StringRef tokenizerText);
+/// The token file of the text file `textPath` through `tokenizer`: made once, beside the text,
+/// named by a digest of both (`TEXT.tok-HASH.u32`), and found there by later runs; its path.
+llvm::Expected<std::string> tokenCache(llvm::StringRef textPath, const Tokenizer &tokenizer);
 
 /// GPT-2's pre-tokenization of `text` (code points) into words: the pattern
 /// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, each word as

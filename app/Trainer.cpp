@@ -231,27 +231,30 @@ llvm::Error Trainer::bindFrom(const Checkpoint &checkpoint, llvm::StringRef path
   return llvm::Error::success();
 }
 
-llvm::Error Trainer::initFrom(const Checkpoint &checkpoint, llvm::StringRef path) {
+llvm::Expected<ModelConfig> Trainer::fittingModel(const Checkpoint &checkpoint, llvm::StringRef path,
+                                                  const char *message) const {
   auto saved = checkpointModel(checkpoint, path);
   if (!saved)
     return saved.takeError();
   std::string difference = architectureDifference(*saved, config_);
-  if (!difference.empty())
-    return stringError(fmt::format("{}: error: the weights of model '{}' do not fit model '{}' ({})", path.str(),
-                                   saved->name, config_.name, difference));
+  if (difference.empty())
+    return saved;
+  return stringError(fmt::format("{}: error: {}", path.str(),
+                                 fmt::format(fmt::runtime(message), saved->name, config_.name, difference)));
+}
+
+llvm::Error Trainer::initFrom(const Checkpoint &checkpoint, llvm::StringRef path) {
+  if (auto saved = fittingModel(checkpoint, path, "the weights of model '{}' do not fit model '{}' ({})"); !saved)
+    return saved.takeError();
   if (auto err = bindFrom(checkpoint, path, /*withState=*/false))
     return err;
   return executor_->runPrologue(); // the FP8 weights of these ones
 }
 
 llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) {
-  auto saved = checkpointModel(checkpoint, path);
+  auto saved = fittingModel(checkpoint, path, "checkpoint of model '{}' does not fit model '{}' ({})");
   if (!saved)
     return saved.takeError();
-  std::string difference = architectureDifference(*saved, config_);
-  if (!difference.empty())
-    return stringError(fmt::format("{}: error: checkpoint of model '{}' does not fit model '{}' ({})",
-                            path.str(), saved->name, config_.name, difference));
   auto step = checkpoint.meta.getInteger("step");
   if (!step || *step < 0)
     return stringError(path.str() + ": error: the checkpoint metadata has no step");

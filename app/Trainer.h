@@ -83,6 +83,10 @@ private:
   /// Binds the checkpoint's parameters (and with `withState` its state: the optimizer's moments,
   /// the FP8 scaling state); an error names a missing tensor or one of another shape.
   llvm::Error bindFrom(const Checkpoint &checkpoint, llvm::StringRef path, bool withState);
+  /// The checkpoint's model, or an error (`message`'s three {}: its name, this model's, what
+  /// differs) where its architecture is not this one's.
+  llvm::Expected<ModelConfig> fittingModel(const Checkpoint &checkpoint, llvm::StringRef path,
+                                           const char *message) const;
 
   ModelConfig config_;
   std::unique_ptr<Graph> program_;

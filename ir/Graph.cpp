@@ -39,6 +39,13 @@ bool isLeaf(OpKind kind) {
 
 bool hasSideEffects(OpKind kind) { return kind == OpKind::Assign; }
 
+Value *assignedValue(const Value *leaf) {
+  for (Op *user : leaf->users())
+    if (user->kind() == OpKind::Assign && user->operand(0) == leaf)
+      return user->operand(1);
+  return nullptr;
+}
+
 int inPlaceOperand(OpKind kind, unsigned r) {
   llvm::StringRef column = opInfo(kind).inPlace;
   return r < column.size() && column[r] != '-' ? column[r] - '0' : -1;

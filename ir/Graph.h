@@ -142,6 +142,10 @@ private:
   mutable llvm::StringMap<unsigned> nextSuffix_; // uniqueName: where the next search starts
 };
 
+/// The value a step assigns to the leaf `leaf` (assign(%leaf, %value): what it holds from the
+/// step's end on), or null where none is.
+Value *assignedValue(const Value *leaf);
+
 /// Builds ops with inferred result types. The first type error is kept and every later call
 /// returns nullptr, so a builder can be written straight through and checked once at the end.
 class Builder {

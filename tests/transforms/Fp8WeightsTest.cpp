@@ -128,9 +128,10 @@ TEST(Fp8Weights, AResumedRunRemakesTheFp8WeightsAndContinuesBitForBit) {
     ASSERT_TRUE(second);
     ASSERT_FALSE(bool(second->resume(unwrap(readCheckpoint(path)), path)));
     EXPECT_EQ(train(*second, 2), std::vector<double>(all.begin() + 3, all.end())) << fp8Weights;
-    if (fp8Weights) // what the next step reads: the bytes the uninterrupted run holds
+    if (fp8Weights) { // what the next step reads: the bytes the uninterrupted run holds
       EXPECT_EQ(unwrap(second->executor().read("h0.mlp.fc1.fp8.weight.data")).data,
                 unwrap(straight->executor().read("h0.mlp.fc1.fp8.weight.data")).data);
+    }
   }
   llvm::sys::fs::remove(path);
 }

@@ -178,20 +178,17 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   if (!TrainTokenizer.empty()) {
     if (DataPath.empty())
       return flagError("--tokenizer reads --data's text: give --data FILE");
-    auto text = readFileAtMost(TrainTokenizer, uint64_t(256) << 20, "a tokenizer");
-    if (!text)
-      return text.takeError();
-    tokenizerText = (*text)->getBuffer().str();
-    auto tokenizer = parseTokenizer(tokenizerText, TrainTokenizer);
+    auto tokenizer = loadTokenizer(TrainTokenizer);
     if (!tokenizer)
       return tokenizer.takeError();
     if ((*tokenizer)->vocabSize() > run.vocab)
       return flagError(fmt::format("--tokenizer {}: its {} tokens do not fit the model's vocabulary of {}",
                                    TrainTokenizer.getValue(), (*tokenizer)->vocabSize(), run.vocab));
-    auto cache = tokenCache(DataPath, **tokenizer, tokenizerText);
+    auto cache = tokenCache(DataPath, **tokenizer);
     if (!cache)
       return cache.takeError();
     dataPath = *cache;
+    tokenizerText = (*tokenizer)->source();
   }
   auto trainer = Trainer::create(run, dataPath, setup.device, setup.communicator.get());
   if (!trainer)

@@ -7,6 +7,7 @@
 #include "ir/Attributes.h"
 #include "support/Error.h"
 #include "transforms/Passes.h"
+#include "transforms/precision/Precision.h"
 
 #include <fmt/format.h>
 
@@ -27,14 +28,14 @@ public:
     Builder b(graph);
     for (Op *q : quantizes) {
       Value *scale = q->operand(1), *scaleInv = q->operand(2);
-      llvm::StringRef prefix = scale->name();
-      if (!prefix.consume_back(".scale") || scale->def()->kind() != OpKind::State)
-        return stringError(fmt::format("quantize %{} does not read a '<prefix>.scale' state",
-                                q->result()->name()));
-      Value *history = graph.lookup((prefix + ".amax_history").str());
-      Value *saturations = graph.lookup((prefix + ".saturations").str());
+      auto prefixOr = scalingStatePrefix(*q, "fp8-update");
+      if (!prefixOr)
+        return prefixOr.takeError();
+      const std::string &prefix = *prefixOr;
+      Value *history = graph.lookup(prefix + ".amax_history");
+      Value *saturations = graph.lookup(prefix + ".saturations");
       if (!history || !saturations)
-        return stringError(fmt::format("no amax history or saturation count for {}", prefix.str()));
+        return stringError(fmt::format("no amax history or saturation count for {}", prefix));
       AttrMap attrs;
       setFp8Format(attrs, fp8FormatOf(q->attrs()));
       setFp8Margin(attrs, config_.margin);
@@ -42,12 +43,12 @@ public:
       // Block scaling's largest block scale, kept to be shown: its state is placed before the
       // update that writes it in place (the executor places leaves in program order).
       Value *largest = q->result(1)->type().rank() == 1
-                           ? b.state((prefix + ".block_scale_max").str(), TensorType(DType::F32, {}),
+                           ? b.state(prefix + ".block_scale_max", TensorType(DType::F32, {}),
                                      tgc::attrs({{"init", std::string("zeros")}}))
                            : nullptr;
       Op *update = b.createOp(OpKind::Fp8Update,
                               {history, scale, q->result(1), saturations, q->result(2)}, attrs,
-                              (prefix + ".update").str());
+                              prefix + ".update");
       if (!update)
         break;
       b.create(OpKind::Assign, {history, update->result(0)}, {}, "");

@@ -14,20 +14,12 @@
 #include "ir/Attributes.h"
 #include "support/Error.h"
 #include "transforms/Passes.h"
+#include "transforms/precision/Precision.h"
 
 #include <fmt/format.h>
 
 namespace tgc {
 namespace {
-
-/// The updated value of parameter `param`: the adamw result assigned back to it (null where it
-/// is not trained).
-Value *updatedValue(Value *param) {
-  for (Op *user : param->users())
-    if (user->kind() == OpKind::Assign && user->operand(0) == param)
-      return user->operand(1);
-  return nullptr;
-}
 
 /// The fp8_update of the scaling state whose scale is `scale`.
 Op *scaleUpdate(Value *scale) {
@@ -51,23 +43,23 @@ public:
       QuantizeOptions options = quantizeOptions(op->attrs());
       if (options.activation != QuantizeActivation::None || options.biasGrad)
         continue;
-      if (!updatedValue(op->operand(0)) || !scaleUpdate(op->operand(1)))
+      if (!assignedValue(op->operand(0)) || !scaleUpdate(op->operand(1)))
         continue; // a frozen weight, or no scale update: nothing happens between steps
       moved.push_back(op);
     }
     Builder b(graph);
     for (Op *quantize : moved) {
-      Value *weight = quantize->operand(0), *scale = quantize->operand(1);
-      llvm::StringRef prefix = scale->name();
-      if (!prefix.consume_back(".scale"))
-        return stringError(fmt::format("fp8-weights: quantize %{} does not read a '<prefix>.scale' state",
-                                       quantize->result()->name()));
-      Op *update = scaleUpdate(scale);
+      Value *weight = quantize->operand(0);
+      auto prefixOr = scalingStatePrefix(*quantize, "fp8-weights");
+      if (!prefixOr)
+        return prefixOr.takeError();
+      const std::string &prefix = *prefixOr;
+      Op *update = scaleUpdate(quantize->operand(1));
       // The state the forward reads: q, q_t, the amax and count the update folds in.
       static const char *kSuffixes[] = {".data", ".amax", ".count", ".data_t"};
       llvm::SmallVector<Value *, 4> states;
       for (unsigned r = 0; r < quantize->numResults(); ++r) { // where the quantize was
-        std::string name = (prefix + kSuffixes[r]).str();
+        std::string name = prefix + kSuffixes[r];
         if (graph.lookup(name))
           return stringError(fmt::format("fp8-weights: the graph already has a value %{}", name));
         states.push_back(graph.createOp(OpKind::State, {}, attrs({{"init", std::string("prologue")}}),
@@ -75,8 +67,8 @@ public:
                              ->result());
       }
       // After the update, the next step's bytes: the new weight at the new scale.
-      Op *next = b.createOp(OpKind::Quantize, {updatedValue(weight), update->result(1), update->result(2)},
-                            quantize->attrs(), (prefix + ".next").str());
+      Op *next = b.createOp(OpKind::Quantize, {assignedValue(weight), update->result(1), update->result(2)},
+                            quantize->attrs(), prefix + ".next");
       if (!next)
         break;
       for (unsigned r = 0; r < quantize->numResults(); ++r) {

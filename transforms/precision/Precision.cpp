@@ -1,6 +1,7 @@
 #include "transforms/precision/Precision.h"
 
 #include "ir/Attributes.h"
+#include "support/Error.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/GlobPattern.h"
@@ -41,6 +42,15 @@ const std::string *matchingPattern(const std::vector<std::string> &patterns, llv
       return &pattern;
   }
   return nullptr;
+}
+
+llvm::Expected<std::string> scalingStatePrefix(const Op &quantize, llvm::StringRef pass) {
+  const Value *scale = quantize.operand(1);
+  llvm::StringRef prefix = scale->name();
+  if (!prefix.consume_back(".scale") || !scale->def() || scale->def()->kind() != OpKind::State)
+    return stringError(fmt::format("{}: quantize %{} does not read a '<prefix>.scale' state", pass.str(),
+                                   quantize.result()->name()));
+  return prefix.str();
 }
 
 std::string layerPattern(llvm::StringRef site) {

@@ -44,6 +44,11 @@ GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef si
 /// model reader rejects them).
 const std::string *matchingPattern(const std::vector<std::string> &patterns, llvm::StringRef site);
 
+/// The prefix of a quantize's scaling state from its scale operand: a state named
+/// "<prefix>.scale" (assign-precision's, program::fp8StatePrefix), or an error naming the
+/// quantize and `pass`.
+llvm::Expected<std::string> scalingStatePrefix(const Op &quantize, llvm::StringRef pass);
+
 /// The fp8_layers pattern that names every layer of `site`'s kind: h0.mlp.fc1 -> h*.mlp.fc1;
 /// a site outside the blocks (lm_head) names itself.
 std::string layerPattern(llvm::StringRef site);

@@ -57,11 +57,11 @@ void groupLaunch(const std::vector<Op *> &ops, const std::vector<size_t> &member
   kernels[at] = {text};
 }
 
-} // namespace
-
 /// Whether `op` (an fp8_update) passes on a block-scaled quantize's largest block scale: a
 /// tenth pointer, its fifth result.
 bool passesBlockScale(const Op &op) { return op.numResults() > 4; }
+
+} // namespace
 
 std::string fp8UpdateParams(const Op &op, const std::string &suffix) {
   std::string params;

@@ -40,12 +40,8 @@ namespace {
 /// What a state leaf holds between steps: the value assigned to it (the FP8 weights a quantize
 /// after AdamW makes, fp8-weights), or the leaf itself where none is.
 const Value *stepValueOf(const Value *v) {
-  if (!v->def() || v->def()->kind() != OpKind::State)
-    return v;
-  for (const Op *user : v->users())
-    if (user->kind() == OpKind::Assign && user->operand(0) == v)
-      return user->operand(1);
-  return v;
+  const Value *assigned = v->def() && v->def()->kind() == OpKind::State ? assignedValue(v) : nullptr;
+  return assigned ? assigned : v;
 }
 } // namespace
 
