@@ -184,6 +184,26 @@ TEST(GpuTraining, Fp8LossesFollowTheCpuEmulationFor20Steps) {
   }
 }
 
+TEST(GpuTraining, BlockScaledLossesFollowTheCpuEmulationFor10Steps) {
+  // Block scaling (1 x 128 and 128 x 128 blocks, E4M3 both ways) on a model with sides of 128:
+  // the GPU's casts, block-scaled GEMMs and their bias epilogues (the BF16 copy of each bias)
+  // against the CPU's emulation, within the per-tensor recipe's bound (the sums' order, the
+  // BF16 activations and biases).
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = tinyFp8();
+  c.dModel = 128, c.ffn = 256, c.heads = 2, c.vocab = 128, c.train.batch = 4;
+  c.precision.keepBf16.clear();
+  c.precision.fp8Scaling = Fp8Scaling::Block;
+  c.precision.fp8Format = Fp8Formats::E4M3;
+  auto cpu = unwrap(Trainer::create(c, "", Device::cpu()));
+  auto gpu = unwrap(Trainer::create(c, "", theGpu()));
+  ASSERT_TRUE(cpu && gpu);
+  for (int i = 1; i <= 10; ++i) {
+    double want = unwrap(cpu->step()).loss, got = unwrap(gpu->step()).loss;
+    EXPECT_NEAR(got, want, 4e-3 * want) << "step " << i;
+  }
+}
+
 TEST(GpuTraining, Fp8ScalesAndAmaxHistoriesFollowTheCpuEmulationStepByStep) {
   SKIP_WITHOUT_GPU();
   ModelConfig c = tinyFp8();
