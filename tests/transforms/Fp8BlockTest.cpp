@@ -242,27 +242,33 @@ TEST(BlockScaling, AModelTrainsWithItNearFp32AndEveryWgradReadsOperandsQuantized
   }
   EXPECT_EQ(fp8Gemms, 3 * (4 * config.layers + 1)); // forward, dgrad and wgrad of each linear layer
   // The GPU's program: fc2's input quantize applies the GELU as it reads fc1's output
-  // (fuse-gelu-quantize), the other quantizes read x alone (the GELU gradient makes fc1's bias
-  // gradient, which the block-scaled cast does not sum), every one lowered, its GEMMs over block
-  // scales.
+  // (fuse-gelu-quantize; the GELU's gradient, which makes fc1's bias gradient, stays apart under
+  // block scaling); qkv's output gradient quantize sums qkv's bias gradient
+  // (fuse-quantize-bias-grad; the norms' gradients sum proj's and fc2's); every one lowered, its GEMMs over block scales and adding their
+  // biases in the epilogue (fuse-fp8-bias).
   auto gpu = unwrap(buildGPT(config, config.train.batch));
   options.passOptions.precision = config.precision;
   options.passOptions.precision.fp8Scaling = Fp8Scaling::Block;
   ASSERT_FALSE(bool(unwrap(PassPipeline::create(gpuPipeline(true, Recipe::Fp8, Fp8Scaling::Block), options)).run(*gpu)));
-  int blockQuantizes = 0, geluQuantizes = 0;
+  int blockQuantizes = 0, geluQuantizes = 0, geluGradientQuantizes = 0, biasGradients = 0, biasEpilogues = 0;
   for (const Op *op : gpu->ops()) {
     EXPECT_NE(op->kind(), OpKind::Gelu) << op->result()->name();
+    biasEpilogues += op->kind() == OpKind::MatMulBias;
     if (op->kind() == OpKind::Quantize) {
       QuantizeOptions q = quantizeOptions(op->attrs());
       geluQuantizes += q.activation == QuantizeActivation::Gelu;
-      EXPECT_TRUE(q.blockScaling && !q.biasGrad) << op->result()->name();
-      EXPECT_TRUE(q.activation == QuantizeActivation::None || q.activation == QuantizeActivation::Gelu)
-          << op->result()->name();
+      geluGradientQuantizes += q.activation == QuantizeActivation::GeluBackward;
+      biasGradients += q.biasGrad;
+      EXPECT_TRUE(q.blockScaling) << op->result()->name();
+      EXPECT_TRUE(!q.biasGrad || q.transpose) << op->result()->name();
       ++blockQuantizes;
     }
   }
   EXPECT_EQ(blockQuantizes, 3 * (4 * config.layers + 1));
   EXPECT_EQ(geluQuantizes, config.layers);
+  EXPECT_EQ(geluGradientQuantizes, 0);
+  EXPECT_EQ(biasGradients, config.layers);
+  EXPECT_EQ(biasEpilogues, 4 * config.layers);
   EXPECT_TRUE(bool(lowerToCuda(*gpu)));
 }
 

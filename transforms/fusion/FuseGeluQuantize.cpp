@@ -16,7 +16,9 @@
 //   quantize(swiglu_backward(dy, h)) {transpose=true} becomes quantize(dy, scale, scale_inv, h)
 //   {activation="swiglu_backward"}: fc1's output gradient [..., 2F] and its transpose in FP8,
 //   never in fp32.
-// Under block scaling the same, but for a GELU gradient that makes a bias gradient too.
+// Under block scaling the same, but for a GELU gradient that makes a bias gradient too: the
+// block cast reading dy and h and summing columns ran slower than the gradient kernel and a cast
+// apart (BENCHMARKS.md, session 35).
 // The same bits on the CPU interpreter (the same activation or gradient, then the same rounding).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
@@ -44,7 +46,6 @@ public:
     QuantizeOptions options = quantizeOptions(quantize->attrs());
     if (gradient && !options.transpose)
       return std::nullopt;
-    // (Block scaling's cast sums no bias gradient: a GELU gradient that makes one stays apart.)
     if (gradient && options.blockScaling && producer->numResults() > 1)
       return std::nullopt;
     FusionMatch m;

@@ -622,12 +622,32 @@ __device__ __forceinline__ void transposeBytes16x4(const unsigned (&words)[16], 
 // own 1 x 128 blocks, scalesT [Rows/128][Cols]. A lane transposes its sixteen rows of four bytes
 // in registers and writes 16 bytes of each of four qT rows. The amax, the values flushed to zero
 // and the largest block scale are q's (the transpose's bytes are not counted again), into
-// quantizeFinish once a block.
+// quantizeFinish once a block. With ColumnSums (bias_grad) each tile's columns are summed over
+// its 128 rows into partials (doubles, [tile row][column]): each lane its sixteen rows in row
+// order, then the warps' sums in warp order (exact wherever the sums are, as the per-tensor
+// cast-transpose's); columnSumTotals adds the tile rows after.
+// quantizeBlockScaled's column sums of a 128 x 128 tile: each warp's sixteen rows' (its lanes'
+// four columns each) met in shared memory, added in warp order into out[0..127].
+__device__ __forceinline__ void blockColumnSums(const double (&sums)[4], double *out, int warp, int lane) {
+  __shared__ double warpSums[8][128];
+  __syncthreads(); // the tile before has read warpSums
+#pragma unroll
+  for (int k = 0; k < 4; ++k) warpSums[warp][4 * lane + k] = sums[k];
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    double total = warpSums[0][threadIdx.x];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) total += warpSums[w][threadIdx.x];
+    out[threadIdx.x] = total;
+  }
+}
+
 enum { kBlockCastThreads = 256 };
 template <int64 Rows, int64 Cols, int64 BlockRows, int64 Blocks, __nv_fp8_interpretation_t Format, bool Transpose,
-          typename Source>
+          bool ColumnSums = false, typename Source>
 __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned char *q, unsigned char *qT, float *amax,
-                                    float *saturations, float *used, float *scales, float *scalesT, float largest) {
+                                    float *saturations, float *used, float *scales, float *scalesT, float largest,
+                                    float *partials = nullptr) {
   static_assert(Cols % 128 == 0 && (BlockRows == 1 || BlockRows == 128), "Infer's block-scaling rules");
   static_assert(!(Transpose || BlockRows == 128) || Rows % 128 == 0, "whole tiles down the rows");
   constexpr int64 kTilesC = Cols / 128, kTiles = (Rows + 127) / 128 * kTilesC;
@@ -646,6 +666,7 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
       if (r0 + j < Rows)
         raw[j] = x.raw((r0 + j) * Cols + c);
     unsigned rowBits[16], columnBits[4] = {0, 0, 0, 0}, allBits = 0;
+    double columnSums[4] = {0.0, 0.0, 0.0, 0.0};
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       float4 v = r0 + j < Rows ? x.value(raw[j]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -654,7 +675,11 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
       allBits = max(allBits, rowBits[j]);
 #pragma unroll
       for (int k = 0; k < 4; ++k) columnBits[k] = max(columnBits[k], b[k]);
+      if constexpr (ColumnSums)
+        columnSums[0] += v.x, columnSums[1] += v.y, columnSums[2] += v.z, columnSums[3] += v.w;
     }
+    if constexpr (ColumnSums)
+      blockColumnSums(columnSums, (double *)partials + tileR * Cols + tileC * 128, warp, lane);
     constexpr bool kShared = BlockRows == 128 || kColumnBlocks; // (1 x 128 blocks of q alone share nothing)
     if constexpr (kShared)
       __syncthreads(); // the tile before has read warpBits

@@ -54,28 +54,35 @@ std::string quantizeSource(QuantizeActivation activation, int64_t rows, int64_t 
 /// 128 x 128 tiles in turn, three a multiprocessor (their registers allow as many), and the
 /// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
 /// them). x may be read through its GELU or SwiGLU, or their gradients (fuse-gelu-quantize);
-/// the loss's gradient and a bias gradient stay with the per-tensor kernels.
+/// with bias_grad the cast sums each tile's columns and a launch after adds the tile rows'
+/// (as the per-tensor cast-transpose); the loss's gradient stays with the per-tensor kernels.
 llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols,
                               const std::string &source) {
-  if (options.activation == QuantizeActivation::CrossEntropyBackward || options.biasGrad)
-    return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast makes no loss or bias "
-                     "gradient",
+  if (options.activation == QuantizeActivation::CrossEntropyBackward)
+    return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast makes no loss gradient",
                      op.result()->name());
-  bool transpose = options.transpose, gradient = readsHidden(options.activation);
-  int64_t tiles = (rows + 127) / 128 * (cols / 128);
+  bool transpose = options.transpose, gradient = readsHidden(options.activation), biasGrad = options.biasGrad;
+  int64_t tilesR = (rows + 127) / 128, tiles = tilesR * (cols / 128);
   int64_t blocks = std::min<int64_t>(tiles, 3 * int64_t(e.program_.multiprocessors));
   std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, float *amax, "
-                                   "float *saturations, {}float *used, float *scales{}",
+                                   "float *saturations, {}{}float *used, float *scales{}",
                                    e.inputType(op.operand(0)),
                                    gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
-                                   transpose ? "unsigned char *qT, " : "", transpose ? ", float *scalesT" : "");
+                                   transpose ? "unsigned char *qT, " : "",
+                                   biasGrad ? "float *dbias, float *partials, " : "",
+                                   transpose ? ", float *scalesT" : "");
   e.launch(0, params, blocks,
-           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}>({}, scaleInv, q, {}, amax, saturations, used, "
-                       "scales, {}, {})",
+           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}, {}>({}, scaleInv, q, {}, amax, saturations, used, "
+                       "scales, {}, {}{})",
                        rows, cols, options.blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
-                       source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
-                       lit(fp8Largest(op.attrs()))),
+                       boolText(biasGrad), source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
+                       lit(fp8Largest(op.attrs())), biasGrad ? ", partials" : ""),
            256, 3); // fp8.cuh's kBlockCastThreads
+  if (biasGrad) {
+    e.uses("reduce.cuh");
+    e.launch(1, params, columnTotalBlocks(cols), fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
+    e.lowering.scratchFloats.push_back(2 * tilesR * cols);
+  }
   e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
   e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, options.blockRows));
   if (transpose) // q^T: [cols, rows]

@@ -594,3 +594,46 @@ TEST(GpuKernels, BlockScaledCastGivesTheCpusBytesScalesAndCounts) {
             }
           }
 }
+
+TEST(GpuKernels, BlockScaledCastSumsTheBiasGradientAsTheCpu) {
+  // quantize {scaling="block", bias_grad=true} (fuse-quantize-bias-grad's and
+  // fuse-gelu-quantize's under block scaling): the cast-transpose of an output gradient, or of
+  // fc1's GELU gradient read from dy and h, sums the columns into the bias gradient as it goes
+  // (each tile's in doubles, then the tile rows'). The bytes and scales of both directions as
+  // the CPU's (the GELU's gradient within an ulp of tanhf, as above); the sums as the CPU's
+  // reduce_to, to the bit where they are exact (x alone) and within 1e-5 through the GELU.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  for (std::string shape : {"256,384", "3,128,256"})
+    for (bool gelu : {false, true}) {
+      SCOPED_TRACE(fmt::format("[{}]{}", shape, gelu ? ", of gelu_backward(dy, h)" : ""));
+      auto g = unwrap(parseGraph(fmt::format("graph @g\n%x = input() : f32[{}]\nreturn %x\n", shape), "shape.ir"));
+      TensorType type = g->lookup("x")->type();
+      int64_t cols = type.dim(-1), rows = type.numElements() / cols;
+      std::string text = fmt::format(
+          "graph @g\n%x = input() : f32[{0}]\n%h = input() : f32[{0}]\n%s = input() : f32[]\n%si = input() : f32[]\n"
+          "%q, %amax, %sat, %qt, %db = quantize(%x, %s, %si{1}) {{{2}bias_grad=true, block_rows=1, format=\"e4m3\", "
+          "scaling=\"block\", transpose=true}} : f8e4m3[{0}], f32[2], f32[], f8e4m3[{3},{4}], f32[{3}]\n"
+          "return %q, %amax, %sat, %qt, %db\n",
+          shape, gelu ? ", %h" : "", gelu ? "activation=\"gelu_backward\", " : "", cols, rows);
+      auto graph = unwrap(parseGraph(text, "block-bias-grad.ir"));
+      ASSERT_TRUE(graph);
+      std::map<std::string, Tensor> leaves;
+      for (const char *name : {"x", "h"}) {
+        Tensor t = Tensor::zeros(type);
+        for (float &v : t.data)
+          v = float(rng.normal());
+        leaves[name] = std::move(t);
+      }
+      leaves["s"] = Tensor{TensorType(DType::F32, {}), {1.0f}, {}};
+      leaves["si"] = Tensor{TensorType(DType::F32, {}), {1.0f}, {}};
+      std::vector<Tensor> want, got;
+      runOnBoth(*graph, leaves, want, got);
+      ASSERT_EQ(got.size(), 5u);
+      for (size_t k : {size_t(0), size_t(3)})
+        expectFp8OfGeluMatches(want[k], got[k]);
+      EXPECT_EQ(got[1].data[1], want[1].data[1]); // the largest block scale
+      Gap gap = gapOf(want[4].data, got[4].data);
+      EXPECT_LE(gap.worst, gelu ? 1e-5 * gap.scale : 0.0) << "the bias gradient's largest " << gap.scale;
+    }
+}
