@@ -1,11 +1,14 @@
 #include "app/Tokenizer.h"
 
+#include "app/SentencePiece.h"
+
 #include "support/Error.h"
 #include "support/Files.h"
 #include "support/Limits.h"
 #include "support/Unicode.h"
 
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Base64.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/xxhash.h"
@@ -305,6 +308,21 @@ llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef bytes,
     std::unique_ptr<Tokenizer> tokenizer = std::make_unique<ByteTokenizer>();
     tokenizer->source_ = bytes.str();
     return std::move(tokenizer);
+  }
+  // A SentencePiece model: its bytes as a checkpoint carries them (base64 after a prefix), or a
+  // .model file's (binary, where a tokenizer.json is a JSON object).
+  if (bytes.starts_with(kSentencePiecePrefix) || !bytes.ltrim().starts_with("{")) {
+    std::vector<char> model;
+    bool carried = bytes.starts_with(kSentencePiecePrefix);
+    if (carried)
+      if (auto err = llvm::decodeBase64(bytes.drop_front(kSentencePiecePrefix.size()), model))
+        return fail(path, "a SentencePiece model that is not base64: {}", llvm::toString(std::move(err)));
+    llvm::StringRef serialized = carried ? llvm::StringRef(model.data(), model.size()) : bytes;
+    auto tokenizer = parseSentencePiece(serialized, path);
+    if (!tokenizer)
+      return tokenizer.takeError();
+    (*tokenizer)->source_ = carried ? bytes.str() : kSentencePiecePrefix.str() + llvm::encodeBase64(bytes);
+    return tokenizer;
   }
   if (findDeepNesting(bytes, kMaxJsonDepth))
     return fail(path, "nested deeper than {} levels", kMaxJsonDepth);

@@ -1,6 +1,6 @@
 // Text to token ids and back. Hugging Face's tokenizer.json of a byte-level BPE (GPT-2's: its
 // pre-tokenizer's pattern, its byte-to-character map, its merges and added tokens), as the
-// `tokenizers` library encodes and decodes.
+// `tokenizers` library encodes and decodes; SentencePiece models (app/SentencePiece.h); bytes.
 #pragma once
 
 #include "llvm/ADT/ArrayRef.h"
@@ -40,7 +40,8 @@ private:
 inline constexpr llvm::StringLiteral kByteTokenizer = "bytes";
 
 /// The tokenizer `bytes` describe (`path` names it in errors): a tokenizer.json whose model is
-/// a byte-level BPE, or kByteTokenizer.
+/// a byte-level BPE, a SentencePiece model (a .model file's bytes, or a checkpoint's
+/// kSentencePiecePrefix form: app/SentencePiece.h), or kByteTokenizer.
 llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef bytes, llvm::StringRef path);
 llvm::Expected<std::unique_ptr<Tokenizer>> loadTokenizer(llvm::StringRef path);
 

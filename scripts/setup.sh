@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make llvm-16-dev llvm-16-tools libfmt-dev libgtest-dev
-          zlib1g-dev libzstd-dev libncurses-dev libxml2-dev python3)
+          zlib1g-dev libzstd-dev libncurses-dev libxml2-dev python3 libsentencepiece-dev)
 for flag in "$@"; do
   case "$flag" in
     --tests) packages+=(chromium) ;;

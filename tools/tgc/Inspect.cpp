@@ -1,4 +1,5 @@
 // tgc inspect and info: a checkpoint's FP8 scaling state; what this machine and build can run.
+#include "app/SentencePiece.h"
 #include "backends/cpu/Pipeline.h"
 #include "backends/cuda/libraries/CublasLt.h"
 #include "backends/cuda/libraries/Cudnn.h"
@@ -114,6 +115,11 @@ int runInfo() {
       llvm::outs() << "  cuDNN: none, tgc's attention kernels (" << llvm::toString(cudnn.takeError()).substr(7)
                    << ")\n";
   }
+  // SentencePiece (tokenizer train, .model tokenizers) through tgc's plugin, opened at run time.
+  if (auto err = sentencePieceAvailable())
+    llvm::outs() << "  SentencePiece: none (" << llvm::toString(std::move(err)).substr(32) << ")\n";
+  else
+    llvm::outs() << "  SentencePiece: yes (tgc tokenizer train, .model tokenizers)\n";
   for (size_t i = 0; i < info.gpus.size(); ++i) {
     const GpuInfo &g = info.gpus[i];
     llvm::outs() << fmt::format("GPU {}: {}, compute capability {}.{}, {} SMs, {:.1f} GiB\n", i,

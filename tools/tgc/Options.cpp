@@ -59,6 +59,10 @@ cl::SubCommand &tokenizeCommand() {
   static cl::SubCommand c("tokenize", "Turn text into token ids through a tokenizer (a token file for --data), or back");
   return c;
 }
+cl::SubCommand &tokenizerCommand() {
+  static cl::SubCommand c("tokenizer", "Train a SentencePiece tokenizer on a text file (tgc tokenizer train CORPUS)");
+  return c;
+}
 cl::SubCommand &convertCommand() {
   static cl::SubCommand c("convert", "Convert a Hugging Face model folder to a tgc checkpoint, or back");
   return c;

@@ -36,6 +36,7 @@ cl::SubCommand &benchCommand();
 cl::SubCommand &reportCommand();
 cl::SubCommand &convertCommand();
 cl::SubCommand &tokenizeCommand();
+cl::SubCommand &tokenizerCommand();
 
 // Flags of several subcommands (Options.cpp).
 extern cl::opt<std::string> ModelPath;
@@ -103,6 +104,7 @@ int runInfo();
 int runReport();
 int runConvert();
 int runTokenize();
+int runTokenizer();
 
 /// The trainer's device, as its executor describes it, without the kernel-cache note.
 std::string deviceName(const Trainer &trainer);

@@ -14,7 +14,7 @@ namespace tgc::cli {
 
 namespace {
 
-static cl::opt<std::string> TokenizerFile(cl::Positional, cl::desc("<tokenizer.json>"), cl::Required,
+static cl::opt<std::string> TokenizerFile(cl::Positional, cl::desc("<tokenizer.json | tok.model>"), cl::Required,
                                           cl::sub(tokenizeCommand()), cl::cat(category()));
 static cl::opt<std::string> InputFile(cl::Positional, cl::desc("<text file | ids file with --decode>"), cl::Required,
                                       cl::sub(tokenizeCommand()), cl::cat(category()));

@@ -25,6 +25,7 @@ const Subcommand kSubcommands[] = {
     {&infoCommand(), runInfo},       {&trainCommand(), runTrain},     {&generateCommand(), runGenerate},
     {&evalCommand(), runEval},       {&inspectCommand(), runInspect}, {&benchCommand(), runBench},
     {&reportCommand(), runReport},   {&convertCommand(), runConvert}, {&tokenizeCommand(), runTokenize},
+    {&tokenizerCommand(), runTokenizer},
 };
 
 /// The chosen subcommand's exit status.
@@ -33,7 +34,7 @@ int runSubcommand() {
     if (*s.command)
       return s.run();
   llvm::errs() << "tgc: error: no subcommand given (compile, opt, run, train, generate, eval, inspect, "
-                  "bench, report, convert, tokenize, info); see tgc --help\n";
+                  "bench, report, convert, tokenize, tokenizer, info); see tgc --help\n";
   return 1;
 }
 
@@ -61,7 +62,8 @@ int main(int argc, char **argv) {
           "  tgc bench MODEL.yaml [--precisions fp32,bf16,fp8] [--bench-steps N] [--json FILE]\n"
           "  tgc report RUN.jsonl [--bench BENCH.json] -o report.html\n"
           "  tgc convert HF_FOLDER -o CKPT   |   tgc convert CKPT -o HF_FOLDER\n"
-          "  tgc tokenize tokenizer.json TEXT [-o tokens.u32]   |   tgc tokenize tokenizer.json IDS --decode\n"
+          "  tgc tokenize TOKENIZER TEXT [-o tokens.u32]   |   tgc tokenize TOKENIZER IDS --decode\n"
+          "  tgc tokenizer train CORPUS.txt --vocab N -o tok.model\n"
           "  tgc info\n\n"
           "  tgc SUBCOMMAND --help shows the options of each.\n",
           &llvm::errs()))
