@@ -1,6 +1,7 @@
 #include "support/Numerics.h"
 
 #include <algorithm>
+#include <array>
 #include <cfenv>
 #include <cmath>
 #include <cstring>
@@ -44,11 +45,21 @@ uint8_t floatToFp8(float x, Fp8Format format) {
   if (std::isnan(x)) // CUDA makes every NaN the canonical positive one first: 0x7F in both
     return 0x7F;
   double a = std::fabs(double(x));
+  if (a > s.saturateFrom || (s.saturateAtTie && a == s.saturateFrom))
+    return uint8_t(sign | s.maxCode); // infinities too: satfinite
+  // FP8's normal binades: float's own bits, the mantissa cut to FP8's with rounding to nearest
+  // even (a carry moves into the exponent, as rounding up into the next binade should), the
+  // exponent rebiased. (The same codes as the exact quotient below, faster: the CPU's FP8
+  // emulation converts every element.)
+  uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude >= uint32_t(128 - s.bias) << 23) { // at least 2^(1 - bias)
+    int shift = 23 - s.mantissaBits;
+    uint32_t rounded = magnitude + ((1u << (shift - 1)) - 1) + ((magnitude >> shift) & 1);
+    return uint8_t(sign | ((rounded >> shift) - (uint32_t(127 - s.bias) << s.mantissaBits)));
+  }
   double minSubnormal = std::ldexp(1.0, 1 - s.bias - s.mantissaBits);
   if (a <= minSubnormal / 2) // ties at half the smallest subnormal go to even: zero
     return sign;
-  if (a > s.saturateFrom || (s.saturateAtTie && a == s.saturateFrom))
-    return uint8_t(sign | s.maxCode); // infinities too: satfinite
   // The quantum at a's binade (subnormals share the smallest normal binade's), then round the
   // exact quotient to an integer, ties to even.
   int exponent = std::max(std::ilogb(a), 1 - s.bias);
@@ -67,7 +78,10 @@ uint8_t floatToFp8(float x, Fp8Format format) {
   return uint8_t(sign | code);
 }
 
-float fp8ToFloat(uint8_t code, Fp8Format format) {
+namespace {
+
+/// fp8ToFloat's value of `code`, from the format's fields.
+float decodeFp8(uint8_t code, Fp8Format format) {
   const Fp8Spec &s = spec(format);
   bool negative = code & 0x80;
   int exponentField = (code & 0x7F) >> s.mantissaBits;
@@ -84,6 +98,21 @@ float fp8ToFloat(uint8_t code, Fp8Format format) {
     value = std::ldexp(double((1 << s.mantissaBits) | mantissa),
                        exponentField - s.bias - s.mantissaBits);
   return float(negative ? -value : value);
+}
+
+} // namespace
+
+float fp8ToFloat(uint8_t code, Fp8Format format) {
+  // Every code's value, decoded once (the CPU's FP8 emulation reads one an element).
+  static const auto tables = [] {
+    std::array<std::array<float, 256>, 2> t{};
+    for (int c = 0; c < 256; ++c) {
+      t[0][size_t(c)] = decodeFp8(uint8_t(c), Fp8Format::E4M3);
+      t[1][size_t(c)] = decodeFp8(uint8_t(c), Fp8Format::E5M2);
+    }
+    return t;
+  }();
+  return tables[format == Fp8Format::E4M3 ? 0 : 1][code];
 }
 
 uint16_t floatToBf16(float x) {
