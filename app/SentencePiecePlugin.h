@@ -25,9 +25,10 @@ int tgc_spm_encode(const void *model, const char *text, size_t size, int **ids, 
 /// The text of `ids` into *text (*size bytes).
 int tgc_spm_decode(const void *model, const int *ids, size_t count, char **text, size_t *size, char *error,
                    size_t errorSize);
-/// Trains a model on the lines of `corpus` (a file) with SentencePiece's trainer flags `args`
-/// (name=value, separated by NUL bytes, `argsSize` bytes in all); its serialized bytes into
-/// *model (*size bytes). Nothing is written to the disk.
+/// Trains a model on the lines of `corpus` (a file, read by the plugin: the model records no
+/// path) with SentencePiece's trainer flags `args` (name=value, separated by NUL bytes,
+/// `argsSize` bytes in all); its serialized bytes into *model (*size bytes). Nothing is written
+/// to the disk.
 int tgc_spm_train(const char *corpus, const char *args, size_t argsSize, char **model, size_t *size, char *error,
                   size_t errorSize);
 void tgc_spm_release(void *buffer);

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,6 +22,26 @@ int fail(const std::string &message, char *error, size_t errorSize) {
   }
   return 0;
 }
+
+/// The corpus's lines, read here and handed to the trainer (rather than its path as the trainer's
+/// `input`, which the model would record: the same text at another path would give other bytes).
+class LineIterator : public sentencepiece::SentenceIterator {
+public:
+  explicit LineIterator(const char *path) : in_(path) { Next(); }
+  bool done() const override { return done_; }
+  void Next() override { done_ = !std::getline(in_, line_); }
+  const std::string &value() const override { return line_; }
+  sentencepiece::util::Status status() const override {
+    if (!in_.is_open() || in_.bad())
+      return sentencepiece::util::Status(sentencepiece::util::StatusCode::kNotFound, "cannot read the corpus");
+    return sentencepiece::util::Status();
+  }
+
+private:
+  std::ifstream in_;
+  std::string line_;
+  bool done_ = false;
+};
 
 template <typename T> T *copyOut(const T *data, size_t count) {
   T *out = static_cast<T *>(std::malloc(std::max<size_t>(count, 1) * sizeof(T)));
@@ -78,7 +99,7 @@ int tgc_spm_decode(const void *model, const int *ids, size_t count, char **text,
 
 int tgc_spm_train(const char *corpus, const char *args, size_t argsSize, char **model, size_t *size, char *error,
                   size_t errorSize) {
-  std::unordered_map<std::string, std::string> kwargs{{"input", corpus}};
+  std::unordered_map<std::string, std::string> kwargs;
   for (size_t begin = 0; begin < argsSize;) {
     std::string arg(args + begin);
     begin += arg.size() + 1;
@@ -87,8 +108,9 @@ int tgc_spm_train(const char *corpus, const char *args, size_t argsSize, char **
       return fail("trainer flag '" + arg + "' is not name=value", error, errorSize);
     kwargs[arg.substr(0, eq)] = arg.substr(eq + 1);
   }
+  LineIterator lines(corpus);
   std::string serialized;
-  auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, nullptr, &serialized);
+  auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, &lines, &serialized);
   if (!status.ok())
     return fail(status.ToString(), error, errorSize);
   *model = copyOut(serialized.data(), serialized.size());

@@ -115,7 +115,8 @@ TEST(Tokenizer, BadTextIdsAndFilesAreClearErrors) {
 namespace {
 
 TEST(SentencePiece, TrainedOnTextItGivesItBackAndTravelsAsText) {
-  // A tokenizer trained on a corpus the test writes (through tgc's plugin): any text comes back
+  // A tokenizer trained on a corpus the test writes (through tgc's plugin), the same bytes from
+  // the same text at another path: any text comes back
   // from decode(encode(text)) byte for byte (byte pieces for what no piece covers); the form a
   // checkpoint carries (kSentencePiecePrefix, base64) parses to the same tokenizer; ids outside
   // it and text that is not UTF-8 are refused by name. Skipped where the plugin is not built.
@@ -135,7 +136,13 @@ TEST(SentencePiece, TrainedOnTextItGivesItBackAndTravelsAsText) {
   SentencePieceTraining training;
   training.vocab = 300;
   std::string model = unwrap(trainSentencePiece(corpus, training));
+  // The model records no path: the same text elsewhere gives the same bytes.
+  llvm::SmallString<128> elsewhere;
+  ASSERT_FALSE(llvm::sys::fs::createTemporaryFile("spm-other", "text", elsewhere));
+  ASSERT_FALSE(bool(writeFileAtomically(elsewhere, text)));
+  EXPECT_EQ(unwrap(trainSentencePiece(elsewhere, training)), model);
   llvm::sys::fs::remove(corpus);
+  llvm::sys::fs::remove(elsewhere);
   auto tokenizer = unwrap(parseTokenizer(model, "trained.model"));
   ASSERT_TRUE(tokenizer);
   EXPECT_EQ(tokenizer->vocabSize(), 300);
