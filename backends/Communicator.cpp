@@ -3,58 +3,96 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <fmt/format.h>
 #include <mutex>
 #include <vector>
 
 namespace tgc {
 
 /// What the ranks of a LocalGroup share: each call waits until every rank has arrived with its
-/// buffer; the last to arrive reduces them all in rank order and writes the result into each.
+/// buffers; the last to arrive does the collective for all of them, in rank order (so every run
+/// gives the same bits), and writes each rank's result.
 struct LocalGroup::Shared {
+  enum class Kind { AllReduce, ReduceScatter, AllGather };
+  /// One rank's side of a call.
+  struct Call {
+    const float *in = nullptr;
+    float *out = nullptr;
+    size_t count = 0;
+    ReduceOp op = ReduceOp::Sum;
+    Kind kind = Kind::AllReduce;
+  };
   std::mutex mutex;
   std::condition_variable arrived;
-  std::vector<float *> buffers;
-  std::vector<size_t> counts;
-  std::vector<ReduceOp> ops;
+  std::vector<Call> calls;
   int waiting = 0;
   uint64_t generation = 0; // calls completed
   bool aborted = false;
-  std::string failure; // why the last call failed (mismatched counts or ops)
+  std::string failure; // why the last call failed (mismatched calls)
 
   struct Rank : Communicator {
     Shared *shared = nullptr;
     int index = 0;
     int rank() const override { return index; }
-    int ranks() const override { return int(shared->buffers.size()); }
+    int ranks() const override { return int(shared->calls.size()); }
     llvm::Error allReduceHost(float *data, size_t count, ReduceOp op) override {
-      return shared->allReduce(index, data, count, op);
+      return shared->collective(index, {data, data, count, op, Kind::AllReduce});
+    }
+    llvm::Error reduceScatterHost(const float *in, float *out, size_t count, ReduceOp op) override {
+      return shared->collective(index, {in, out, count, op, Kind::ReduceScatter});
+    }
+    llvm::Error allGatherHost(const float *in, float *out, size_t count) override {
+      return shared->collective(index, {in, out, count, ReduceOp::Sum, Kind::AllGather});
     }
   };
   std::vector<Rank> ranks;
 
-  llvm::Error allReduce(int rank, float *data, size_t count, ReduceOp op) {
+  /// Element i reduced over the ranks' inputs, in rank order.
+  float reduced(size_t i, ReduceOp op) const {
+    double acc = calls[0].in[i];
+    for (size_t r = 1; r < calls.size(); ++r)
+      acc = op == ReduceOp::Max ? std::max(acc, double(calls[r].in[i])) : acc + double(calls[r].in[i]);
+    if (op == ReduceOp::Avg)
+      acc /= double(calls.size());
+    return float(acc);
+  }
+
+  /// The last rank's work: every rank's result (all_reduce's in place, after all are read).
+  void run() {
+    const Call &first = calls[0];
+    size_t n = calls.size(), part = first.count / n;
+    if (first.kind == Kind::AllReduce) {
+      std::vector<float> result(first.count);
+      for (size_t i = 0; i < first.count; ++i)
+        result[i] = reduced(i, first.op);
+      for (Call &c : calls)
+        std::copy(result.begin(), result.end(), c.out);
+    } else if (first.kind == Kind::ReduceScatter) {
+      for (size_t r = 0; r < n; ++r)
+        for (size_t i = 0; i < part; ++i)
+          calls[r].out[i] = reduced(r * part + i, first.op);
+    } else {
+      for (size_t r = 0; r < n; ++r)
+        for (const Call &c : calls)
+          std::copy(calls[r].in, calls[r].in + part, c.out + r * part);
+    }
+  }
+
+  llvm::Error collective(int rank, Call call) {
     std::unique_lock<std::mutex> lock(mutex);
     if (aborted)
       return makeError("rank {}: the group was aborted", rank);
-    buffers[rank] = data;
-    counts[rank] = count;
-    ops[rank] = op;
+    calls[rank] = call;
     uint64_t mine = generation;
-    if (++waiting == int(buffers.size())) {
+    if (++waiting == int(calls.size())) {
       failure.clear();
-      for (size_t r = 1; r < buffers.size(); ++r)
-        if (counts[r] != counts[0] || ops[r] != ops[0])
-          failure = "the ranks called all_reduce with different counts or reductions";
+      for (size_t r = 1; r < calls.size(); ++r)
+        if (calls[r].count != calls[0].count || calls[r].op != calls[0].op || calls[r].kind != calls[0].kind)
+          failure = "the ranks called different collectives, or with different counts or reductions";
+      if (failure.empty() && calls[0].kind != Kind::AllReduce && calls[0].count % calls.size())
+        failure = fmt::format("{} floats do not split into {} equal parts", calls[0].count, calls.size());
       if (failure.empty())
-        for (size_t i = 0; i < count; ++i) {
-          double acc = buffers[0][i];
-          for (size_t r = 1; r < buffers.size(); ++r)
-            acc = op == ReduceOp::Max ? std::max(acc, double(buffers[r][i])) : acc + double(buffers[r][i]);
-          if (op == ReduceOp::Avg)
-            acc /= double(buffers.size());
-          for (float *b : buffers)
-            b[i] = float(acc);
-        }
+        run();
       waiting = 0;
       ++generation;
       arrived.notify_all();
@@ -70,9 +108,7 @@ struct LocalGroup::Shared {
 };
 
 LocalGroup::LocalGroup(int ranks) : shared_(std::make_unique<Shared>()) {
-  shared_->buffers.resize(ranks);
-  shared_->counts.resize(ranks);
-  shared_->ops.resize(ranks);
+  shared_->calls.resize(ranks);
   shared_->ranks.resize(ranks);
   for (int r = 0; r < ranks; ++r) {
     shared_->ranks[r].shared = shared_.get();

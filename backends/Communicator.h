@@ -1,5 +1,6 @@
 // The ranks of a data-parallel run and how they reduce values together: the all_reduce op of the
-// data-parallel pass runs through a Communicator. The CPU interpreter reduces host memory
+// data-parallel pass runs through a Communicator (and reduce-scatter and all-gather, what a
+// sharded optimizer needs: [dist-zero]'s CPU reference, not yet used by a pass). The CPU interpreter reduces host memory
 // through it (LocalGroup: ranks as threads of one process, the reference); the GPU executor
 // hands NCCL the device buffers (backends/cuda/libraries/Nccl.h's NcclCommunicator).
 #pragma once
@@ -34,6 +35,13 @@ public:
   /// Reduces `count` floats of host memory in place over the ranks: every rank calls it with
   /// the same count and op, in the same order, and gets the same values.
   virtual llvm::Error allReduceHost(float *data, size_t count, ReduceOp op) = 0;
+  /// Reduces `count` floats of each rank's `in` over the ranks and leaves rank r's part, elements
+  /// [r * count / ranks, (r + 1) * count / ranks), in `out` (ZeRO's gradient reduction): count is
+  /// a multiple of ranks(); every rank calls it with the same count and op.
+  virtual llvm::Error reduceScatterHost(const float *in, float *out, size_t count, ReduceOp op) = 0;
+  /// Each rank's `count / ranks()` floats of `in` into `out` (count floats), in rank order
+  /// (ZeRO's parameters rebuilt from their shards).
+  virtual llvm::Error allGatherHost(const float *in, float *out, size_t count) = 0;
   /// The NCCL communicator (ncclComm_t) where the ranks are GPUs through NCCL, else null.
   virtual void *ncclComm() const { return nullptr; }
 };

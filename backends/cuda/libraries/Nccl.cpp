@@ -109,4 +109,12 @@ llvm::Error NcclCommunicator::allReduceHost(float *, size_t, ReduceOp) {
   return stringError("error: NCCL ranks reduce device buffers (the GPU executor), not host memory");
 }
 
+llvm::Error NcclCommunicator::reduceScatterHost(const float *, float *, size_t, ReduceOp) {
+  return allReduceHost(nullptr, 0, ReduceOp::Sum);
+}
+
+llvm::Error NcclCommunicator::allGatherHost(const float *, float *, size_t) {
+  return allReduceHost(nullptr, 0, ReduceOp::Sum);
+}
+
 } // namespace tgc

@@ -64,6 +64,8 @@ public:
   int ranks() const override { return ranks_; }
   /// Not here: the GPU executor reduces device buffers through ncclComm().
   llvm::Error allReduceHost(float *data, size_t count, ReduceOp op) override;
+  llvm::Error reduceScatterHost(const float *in, float *out, size_t count, ReduceOp op) override;
+  llvm::Error allGatherHost(const float *in, float *out, size_t count) override;
   void *ncclComm() const override { return comm_; }
 
 private:
