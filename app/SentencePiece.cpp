@@ -92,7 +92,7 @@ const Plugin &plugin() {
 
 class SentencePieceTokenizer : public Tokenizer {
 public:
-  explicit SentencePieceTokenizer(void *model) : model_(model) {}
+  explicit SentencePieceTokenizer(void *model) : model_(model), vocab_(plugin().vocab(model)) {}
   ~SentencePieceTokenizer() override { plugin().unload(model_); }
 
   llvm::Expected<std::vector<int32_t>> encode(llvm::StringRef text) const override {
@@ -122,11 +122,12 @@ public:
     return out;
   }
 
-  int64_t vocabSize() const override { return plugin().vocab(model_); }
+  int64_t vocabSize() const override { return vocab_; }
   std::string describe() const override { return fmt::format("SentencePiece, {} pieces", vocabSize()); }
 
 private:
   void *model_;
+  int64_t vocab_; // (the model's piece count, fixed once loaded)
 };
 
 } // namespace

@@ -50,6 +50,14 @@ std::string quantizeSource(QuantizeActivation activation, int64_t rows, int64_t 
   return "quantizeX(x)";
 }
 
+/// A cast's bias gradient (bias_grad), launch `index`: the tile rows' column sums (partials,
+/// doubles, [tilesR][cols], the op's scratch) added into dbias, as both casts leave them.
+void emitColumnTotals(Emitter &e, int index, const std::string &params, int64_t cols, int64_t tilesR) {
+  e.uses("reduce.cuh");
+  e.launch(index, params, columnTotalBlocks(cols), fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
+  e.lowering.scratchFloats.push_back(2 * tilesR * cols);
+}
+
 /// quantize {scaling="block"} (fp8.cuh's quantizeBlockScaled): blocks of 256 threads taking
 /// 128 x 128 tiles in turn, three a multiprocessor (their registers allow as many), and the
 /// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
@@ -78,11 +86,8 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                        boolText(biasGrad), source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
                        lit(fp8Largest(op.attrs())), biasGrad ? ", partials" : ""),
            256, 3); // fp8.cuh's kBlockCastThreads
-  if (biasGrad) {
-    e.uses("reduce.cuh");
-    e.launch(1, params, columnTotalBlocks(cols), fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
-    e.lowering.scratchFloats.push_back(2 * tilesR * cols);
-  }
+  if (biasGrad)
+    emitColumnTotals(e, 1, params, cols, tilesR);
   e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
   e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, options.blockRows));
   if (transpose) // q^T: [cols, rows]
@@ -181,12 +186,8 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       e.launch(next++, params, blocks,
                fmt::format("quantizeBlocks<{}, {}, {}, {}, {}>({}, scale, q, scaleInv, amax, saturations, used, {})",
                            count, perBlock, blocks, fp8Interpretation(a), boolText(current), source, scaling));
-    if (biasGrad) {
-      e.uses("reduce.cuh");
-      e.launch(next++, params, columnTotalBlocks(cols),
-               fmt::format("columnSumTotals<{}, {}>(dbias, partials)", cols, tilesR));
-      e.lowering.scratchFloats.push_back(2 * tilesR * cols);
-    }
+    if (biasGrad)
+      emitColumnTotals(e, next++, params, cols, tilesR);
     e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
     return llvm::Error::success();
   }
