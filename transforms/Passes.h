@@ -34,7 +34,7 @@ std::unique_ptr<Pass> createFuseCrossEntropyPass();
 std::unique_ptr<Pass> createFuseSoftmaxPass();
 std::unique_ptr<Pass> createAssignPrecisionPass(const PrecisionConfig &config);
 std::unique_ptr<Pass> createFp8UpdatePass(const PrecisionConfig &config);
-std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision);
+std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision, bool recompute);
 std::unique_ptr<Pass> createLegalizeFp8GemmPass();
 /// One line per linear layer: its shape and the precision the recipe gives it, and why.
 std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config);

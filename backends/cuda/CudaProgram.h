@@ -143,6 +143,10 @@ struct CudaProgram {
   /// The attention gradients cuDNN runs that read dout where its GEMM wrote it in BF16 rows
   /// (cudnnReadsDoutRows).
   llvm::DenseSet<const Op *> doutRows;
+  /// The cast-transposes whose q nothing reads (no op, no output): the backward's copies that
+  /// make q_t again (requantize-transposes, fp8-weights under recompute). Their kernel writes
+  /// q_t alone.
+  llvm::DenseSet<const Op *> transposeOnly;
 };
 
 struct LoweringOptions {

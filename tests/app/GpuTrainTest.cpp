@@ -360,7 +360,8 @@ TEST(GpuTraining, ParametersDrawnOnTheDeviceHaveTheHostsBits) {
 TEST(GpuTraining, Fp8WeightsKeptBetweenStepsTrainTheSameBitsAndResume) {
   // fp8_weights: each weight's cast-transpose after AdamW, its bytes kept as state (the GEMMs
   // read them and the scale_inv that quantize used), against the forward's cast-transpose:
-  // the same bits, under delayed and block scaling (a model with sides of 128). A resumed run
+  // the same bits, under delayed and block scaling (a model with sides of 128), and kept without
+  // their transposes under --recompute. A resumed run
   // remakes the bytes (the executor's prologue) and continues bit for bit.
   SKIP_WITHOUT_GPU();
   for (Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Block}) {
@@ -370,15 +371,20 @@ TEST(GpuTraining, Fp8WeightsKeptBetweenStepsTrainTheSameBitsAndResume) {
     c.precision.keepBf16.clear();
     c.precision.fp8Scaling = scaling;
     c.precision.fp8Format = scaling == Fp8Scaling::Block ? Fp8Formats::E4M3 : Fp8Formats::Hybrid;
-    std::vector<double> losses[2];
-    for (int kept = 0; kept < 2; ++kept) {
-      c.precision.fp8Weights = kept;
+    // 0: quantized in the forward; 1: kept with their transposes; 2: kept without them
+    // (--recompute: the backward's cast of the master writes q_t alone).
+    std::vector<double> losses[3];
+    for (int kept = 0; kept < 3; ++kept) {
+      c.precision.fp8Weights = kept > 0;
+      c.train.recompute = kept == 2;
       auto trainer = unwrap(Trainer::create(c, "", theGpu()));
       ASSERT_TRUE(trainer);
       for (int i = 0; i < 4; ++i)
         losses[kept].push_back(unwrap(trainer->step()).loss);
     }
+    c.train.recompute = false;
     EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_EQ(losses[2], losses[0]);
     auto first = unwrap(Trainer::create(c, "", theGpu()));
     ASSERT_TRUE(first);
     for (int i = 0; i < 2; ++i)

@@ -6,6 +6,15 @@
 // assigned to state. The forward, the backward and the scale update read that state instead:
 // the weight exists in FP8 from one step to the next, the optimizer keeps the master.
 //
+// Under train.recompute a weight's transpose is not kept: the state holds q alone (the moved
+// quantize writes no transpose), and the backward makes q_t before its first reader: under
+// per-tensor scaling by transposing q's bytes (the same codes at the same scale), under block
+// scaling by a quantize of the master weight at the state's scale, which are those that made q
+// (the master and the scale change only at the step's end): the same bytes either way. That
+// costs a transpose in the backward and saves the transposes' bytes between steps (as
+// Transformer Engine keeps only the FP8 weight under quantized_model_init and transposes it
+// where it needs to).
+//
 // The same bytes as without it: the next step's forward would have quantized the same weight
 // with the same scale. The state is not drawn or checkpointed (init="prologue"): the executor's
 // runPrologue makes it from the master weights and the scaling state, after initialisation and
@@ -31,7 +40,7 @@ Op *scaleUpdate(Value *scale) {
 
 class Fp8Weights : public Pass {
 public:
-  explicit Fp8Weights(bool enabled) : enabled_(enabled) {}
+  Fp8Weights(bool enabled, bool recompute) : enabled_(enabled), recompute_(recompute) {}
   llvm::Expected<bool> run(Graph &graph) override {
     if (!enabled_)
       return false;
@@ -55,10 +64,18 @@ public:
         return prefixOr.takeError();
       const std::string &prefix = *prefixOr;
       Op *update = scaleUpdate(quantize->operand(1));
-      // The state the forward reads: q, q_t, the amax and count the update folds in.
+      // The state the forward reads: q, q_t, the amax and count the update folds in; under
+      // recompute, q_t is made again before the backward's first reader instead.
       static const char *kSuffixes[] = {".data", ".amax", ".count", ".data_t"};
+      unsigned kept = quantize->numResults();
+      AttrMap nextAttrs = quantize->attrs();
+      bool transposeInBackward = recompute_ && kept == 4;
+      if (transposeInBackward) {
+        kept = 3;
+        nextAttrs.erase(kTranspose);
+      }
       llvm::SmallVector<Value *, 4> states;
-      for (unsigned r = 0; r < quantize->numResults(); ++r) { // where the quantize was
+      for (unsigned r = 0; r < kept; ++r) { // where the quantize was
         std::string name = prefix + kSuffixes[r];
         if (graph.lookup(name))
           return stringError(fmt::format("fp8-weights: the graph already has a value %{}", name));
@@ -66,12 +83,15 @@ public:
                                         {quantize->result(r)->type()}, {name}, quantize)
                              ->result());
       }
+      if (transposeInBackward)
+        if (auto err = transposeInTheBackward(graph, quantize, states[0]))
+          return std::move(err);
       // After the update, the next step's bytes: the new weight at the new scale.
       Op *next = b.createOp(OpKind::Quantize, {assignedValue(weight), update->result(1), update->result(2)},
-                            quantize->attrs(), prefix + ".next");
+                            nextAttrs, prefix + ".next");
       if (!next)
         break;
-      for (unsigned r = 0; r < quantize->numResults(); ++r) {
+      for (unsigned r = 0; r < kept; ++r) {
         graph.replaceAllUsesWith(quantize->result(r), states[r]);
         b.create(OpKind::Assign, {states[r], next->result(r)}, {}, "");
       }
@@ -83,14 +103,49 @@ public:
   }
 
 private:
-  bool enabled_;
+  /// Before the first reader of `quantize`'s q_t, what those readers read instead: under
+  /// per-tensor scaling the bytes `data` (the state q) transposed, under block scaling a copy
+  /// of the quantize (the master weight and the state's scale, unchanged until the step's end;
+  /// block scales are laid out along each operand's reduction, so the transpose's are its own)
+  /// whose q_t alone is read.
+  static llvm::Error transposeInTheBackward(Graph &graph, Op *quantize, Value *data) {
+    Value *transposed = quantize->result(3);
+    if (transposed->users().empty())
+      return llvm::Error::success();
+    Op *first = nullptr;
+    for (Op *op : graph.ops())
+      if (llvm::is_contained(transposed->users(), op)) {
+        first = op;
+        break;
+      }
+    if (!quantizeOptions(quantize->attrs()).blockScaling) {
+      AttrMap perm;
+      perm.set("perm", std::vector<int64_t>{1, 0});
+      Op *t = graph.createOp(OpKind::Transpose, {data}, std::move(perm), {transposed->type()},
+                             {graph.uniqueName(data->name() + ".t")}, first);
+      graph.replaceAllUsesWith(transposed, t->result());
+      return llvm::Error::success();
+    }
+    std::vector<TensorType> types;
+    std::vector<std::string> names;
+    for (unsigned r = 0; r < quantize->numResults(); ++r) {
+      types.push_back(quantize->result(r)->type());
+      names.push_back(graph.uniqueName(quantize->result(r)->name() + ".again"));
+    }
+    llvm::SmallVector<Value *, 3> operands(quantize->operands().begin(), quantize->operands().end());
+    Op *again = graph.createOp(OpKind::Quantize, operands, quantize->attrs(), types, names, first);
+    graph.replaceAllUsesWith(transposed, again->result(3));
+    return llvm::Error::success();
+  }
+
+  bool enabled_, recompute_;
 };
 
 } // namespace
 
-std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision) {
+std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision, bool recompute) {
   return std::make_unique<Fp8Weights>(precision.recipe == Recipe::Fp8 && precision.fp8Weights &&
-                                      !precision.forwardOnly);
+                                      !precision.forwardOnly, recompute);
 }
 
 } // namespace tgc

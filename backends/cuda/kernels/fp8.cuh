@@ -425,7 +425,8 @@ __device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned c
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         words[j] = convert(v[j]);
-        *(unsigned *)(q + (r + j) * Cols + c) = words[j];
+        if (q) // (null where the program reads only the transpose: requantize-transposes' copies)
+          *(unsigned *)(q + (r + j) * Cols + c) = words[j];
       }
       transposeBytes8x4(words, lo, hi);
 #pragma unroll
@@ -713,7 +714,8 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
       float4 v = x.value(raw[j]);
       words[j] = convert(v);
       flushed += flushedIn(words[j], v);
-      *(unsigned *)(q + (r0 + j) * Cols + c) = words[j];
+      if (q) // (null where the program reads only the transpose)
+        *(unsigned *)(q + (r0 + j) * Cols + c) = words[j];
       if (BlockRows == 1 && lane == j)
         scales[tileC * Rows + r0 + j] = 1.0f / s;
     }

@@ -50,6 +50,12 @@ std::string quantizeSource(QuantizeActivation activation, int64_t rows, int64_t 
   return "quantizeX(x)";
 }
 
+/// q's argument of a cast-transpose's kernel: null where nothing reads q, only the transpose
+/// (requantize-transposes' and fp8-weights' copies in the backward), which then writes q_t alone.
+std::string rowsArgument(const Op &op, const Emitter &e) {
+  return e.program_.transposeOnly.count(&op) ? "(unsigned char *)nullptr" : "q";
+}
+
 /// A cast's bias gradient (bias_grad), launch `index`: the tile rows' column sums (partials,
 /// doubles, [tilesR][cols], the op's scratch) added into dbias, as both casts leave them.
 void emitColumnTotals(Emitter &e, int index, const std::string &params, int64_t cols, int64_t tilesR) {
@@ -80,10 +86,10 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                                    biasGrad ? "float *dbias, float *partials, " : "",
                                    transpose ? ", float *scalesT" : "");
   e.launch(0, params, blocks,
-           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}, {}>({}, scaleInv, q, {}, amax, saturations, used, "
+           fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}, {}>({}, scaleInv, {}, {}, amax, saturations, used, "
                        "scales, {}, {}{})",
                        rows, cols, options.blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
-                       boolText(biasGrad), source, transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
+                       boolText(biasGrad), source, rowsArgument(op, e), transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
                        lit(fp8Largest(op.attrs())), biasGrad ? ", partials" : ""),
            256, 3); // fp8.cuh's kBlockCastThreads
   if (biasGrad)
@@ -177,10 +183,10 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       emitSwigluGradientCastTranspose(e, next++, params, rows, f, current, scaling, fp8Interpretation(a));
     else if (transpose)
       e.launch(next++, params, blocks,
-               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, q, qT, scaleInv, amax, "
+               fmt::format("quantizeTransposeBlocks<{}, {}, {}, {}, {}, {}, {}, {}>({}, scale, {}, qT, scaleInv, amax, "
                            "saturations, used, {}{})",
                            rows, cols, tiles, tilesC, blocks, fp8Interpretation(a), boolText(current),
-                           boolText(biasGrad), source, scaling, biasGrad ? ", partials" : ""),
+                           boolText(biasGrad), source, rowsArgument(op, e), scaling, biasGrad ? ", partials" : ""),
                128, 4); // fp8.cuh's kQuantizeTransposeThreads
     else
       e.launch(next++, params, blocks,

@@ -109,6 +109,10 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     program.lowering.back().kind = *kind; // Kernels: written below, once the BF16 values are chosen
   }
   program.inPlace = inPlaceValues(graph, program);
+  for (const Op *op : ops)
+    if (op->kind() == OpKind::Quantize && op->numResults() > 3 && quantizeOptions(op->attrs()).transpose &&
+        op->result(0)->users().empty() && !llvm::is_contained(graph.outputs(), op->result(0)))
+      program.transposeOnly.insert(op);
   // Programmatic launch where nothing writes the parameters (a decode step, a prompt: the
   // few-row products load their weights before they await the kernel before them) and no
   // collective runs on a stream of its own.

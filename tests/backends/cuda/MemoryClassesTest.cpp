@@ -1,9 +1,12 @@
 // The memory plan by class (MemoryClasses.h): the classes add up to the plan's bytes, the peak
 // is the op where the most is alive, and each class holds what its name says.
+#include "app/Init.h"
+#include "backends/cpu/Interpreter.h"
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/lowering/Lowering.h"
 #include "backends/cuda/lowering/MemoryClasses.h"
 #include "models/GPTBuilder.h"
+#include "support/Random.h"
 #include "transforms/Pass.h"
 #include "tests/TestUtil.h"
 
@@ -18,20 +21,27 @@ struct Planned {
   MemoryPlan plan;
 };
 
-Planned planTiny(Recipe recipe, bool recompute = false, std::vector<std::string> disabled = {}) {
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+/// `c`'s training program on the GPU's pipeline, lowered and planned.
+Planned planModel(const ModelConfig &c, std::vector<std::string> disabled = {}) {
   Planned p;
   p.graph = unwrap(buildGPT(c, c.train.batch));
   PipelineOptions options;
   options.passOptions.train = c.train;
-  options.passOptions.train.recompute = recompute;
-  options.passOptions.precision.recipe = recipe;
+  options.passOptions.precision = c.precision;
   options.disabled = disabled;
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, recipe), options));
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, c.precision.recipe, c.precision.fp8Scaling), options));
   EXPECT_FALSE(bool(pipeline.run(*p.graph)));
   p.program = unwrap(lowerToCuda(*p.graph));
   p.plan = planMemory(*p.graph, p.program);
   return p;
+}
+
+/// The tiny model's training program on the GPU's pipeline, lowered and planned.
+Planned planTiny(Recipe recipe, bool recompute = false, std::vector<std::string> disabled = {}) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = recipe;
+  c.train.recompute = recompute;
+  return planModel(c, disabled);
 }
 
 int64_t bytesOf(const std::vector<MemoryClass> &classes, llvm::StringRef name) {
@@ -76,6 +86,80 @@ TEST(MemoryClasses, WithoutRequantizingTheWeightTransposesWaitAtThePeak) {
   EXPECT_GT(bytesOf(k.arena, "FP8 activation and gradient transposes"),
             bytesOf(a.arena, "FP8 activation and gradient transposes"));
   EXPECT_LT(again.plan.arenaBytes, kept.plan.arenaBytes);
+}
+
+/// The losses of `steps` steps of `graph` on the CPU interpreter, from parameters drawn with
+/// `seed` and one batch, the prologue run first (the FP8 weights kept between steps).
+std::vector<float> interpretedLosses(const Graph &graph, uint64_t seed, int steps) {
+  Rng rng(seed);
+  std::map<std::string, Tensor> leaves = initParams(graph, rng.next());
+  for (const char *name : {"tokens", "targets"}) {
+    Tensor t = Tensor::zeros(graph.lookup(name)->type());
+    for (int32_t &v : t.ints)
+      v = int32_t(rng.below(64));
+    leaves[name] = std::move(t);
+  }
+  leaves["step"] = Tensor{graph.lookup("step")->type(), {}, {1}};
+  Interpreter interpreter(graph);
+  std::vector<float> losses;
+  if (auto err = interpreter.bindAll(leaves)) {
+    ADD_FAILURE() << llvm::toString(std::move(err));
+    return losses;
+  }
+  if (auto err = interpreter.runPrologue())
+    ADD_FAILURE() << llvm::toString(std::move(err));
+  for (int i = 0; i < steps; ++i) {
+    if (auto err = interpreter.bind("step", Tensor{graph.lookup("step")->type(), {}, {i + 1}}))
+      ADD_FAILURE() << llvm::toString(std::move(err));
+    losses.push_back(unwrap(interpreter.run())[0].data[0]);
+  }
+  return losses;
+}
+
+TEST(MemoryClasses, Fp8WeightsUnderRecomputeKeepNoTransposesAndTrainTheSameBits) {
+  // fp8_weights with --recompute: the state keeps each weight's FP8 bytes, not their transpose;
+  // the backward makes q_t before its first reader: under per-tensor scaling a transpose of the
+  // state's bytes, under block scaling a quantize of the master weight at the state's scale
+  // whose kernel writes q_t alone. Half the FP8 bytes between steps, and the same steps.
+  for (Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Block}) {
+    SCOPED_TRACE(fp8ScalingName(scaling).str());
+    ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+    c.dModel = 128, c.ffn = 256, c.heads = 2, c.vocab = 128, c.train.batch = 4; // (whole blocks)
+    c.precision.keepBf16.clear();
+    c.precision.recipe = Recipe::Fp8;
+    c.precision.fp8Scaling = scaling;
+    c.precision.fp8Format = scaling == Fp8Scaling::Block ? Fp8Formats::E4M3 : Fp8Formats::Hybrid;
+    c.precision.fp8Weights = true;
+    Planned kept = planModel(c);
+    c.train.recompute = true;
+    Planned again = planModel(c);
+    MemoryBreakdown k = memoryBreakdown(*kept.graph, kept.program, kept.plan);
+    MemoryBreakdown a = memoryBreakdown(*again.graph, again.program, again.plan);
+    int64_t keptFp8 = bytesOf(k.persistent, "FP8 weights and transposes between steps");
+    EXPECT_GT(keptFp8, 0);
+    EXPECT_EQ(2 * bytesOf(a.persistent, "FP8 weights and transposes between steps"), keptFp8);
+    std::vector<Op *> ops = again.graph->ops();
+    size_t loss = size_t(llvm::find(ops, again.graph->outputs()[0]->def()) - ops.begin());
+    int transposes = 0, copies = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op *source = ops[i]->numOperands() ? ops[i]->operand(0)->def() : nullptr;
+      if (ops[i]->kind() == OpKind::Transpose && source->kind() == OpKind::State) {
+        ++transposes; // the state's bytes, in the backward
+        EXPECT_GT(i, loss) << ops[i]->result()->name();
+      }
+      if (ops[i]->kind() == OpKind::Quantize && source->kind() == OpKind::Param) {
+        ++copies; // only the backward's copies read a master weight in the step
+        EXPECT_GT(i, loss) << ops[i]->result()->name();
+        EXPECT_TRUE(again.program.transposeOnly.count(ops[i])) << ops[i]->result()->name();
+      }
+    }
+    int weights = 4 * c.layers + 1; // each layer's four, the head's
+    EXPECT_EQ(transposes, scaling == Fp8Scaling::Block ? 0 : weights);
+    EXPECT_EQ(copies, scaling == Fp8Scaling::Block ? weights : 0);
+    EXPECT_TRUE(kept.program.transposeOnly.empty());
+    uint64_t seed = freshSeed();
+    EXPECT_EQ(interpretedLosses(*again.graph, seed, 3), interpretedLosses(*kept.graph, seed, 3));
+  }
 }
 
 TEST(MemoryClasses, TheBf16WeightCopyHoldsWhatIsReadInBf16) {
