@@ -611,22 +611,24 @@ __device__ __forceinline__ void transposeBytes16x4(const unsigned (&words)[16], 
 
 // quantize {scaling="block"}: x [Rows, Cols] (Cols a multiple of 128; Rows too where a block or
 // the transpose spans the rows) in tiles of 128 x 128, each block of 256 threads taking tiles b,
-// b + Blocks, ... (the lowering gives each SM a few blocks). Warp w takes the tile's rows 16w to
-// 16w + 15, lane l its columns 4l to 4l + 3: it loads its 16 x 4 values once, and the warp's max
-// over a row gives that row's 1 x 128 block amax (one reduction across the lanes); under 128 x
-// 128 blocks the tile's amax is the maximum over the warps. q's rows are written four bytes a
-// lane (a warp a whole 128-byte row), the 1 x 128 scales as [Cols/128][Rows] and the 128 x 128
-// ones as [Rows/128][ceil4(Cols/128)] (the layouts cuBLASLt reads, BENCHMARKS.md, session 32).
-// With Transpose, qT [Cols, Rows] from the same registers: under 128 x 128 blocks q's bytes
-// transposed (the block's scale at the transposed block); under 1 x 128 blocks each column's
-// amax over the tile's 128 rows (the warps' maxima met in shared memory) scales the transpose's
-// own 1 x 128 blocks, scalesT [Rows/128][Cols]. A lane transposes its sixteen rows of four bytes
-// in registers and writes 16 bytes of each of four qT rows. The amax, the values flushed to zero
-// and the largest block scale are q's (the transpose's bytes are not counted again), into
-// quantizeFinish once a block. With ColumnSums (bias_grad) each tile's columns are summed over
-// its 128 rows into partials (doubles, [tile row][column]): each lane its sixteen rows in row
-// order, then the warps' sums in warp order (exact wherever the sums are, as the per-tensor
-// cast-transpose's); columnSumTotals adds the tile rows after.
+// b + Blocks, ... (the lowering gives each SM two blocks). Warp w takes the tile's rows 16w to
+// 16w + 15, lane l its columns 4l to 4l + 3: it loads its 16 x 4 values once and keeps them (a
+// GELU or its gradient is computed once an element), and the warp's max over a row gives that
+// row's 1 x 128 block amax (one reduction across the lanes), whose scale lane j of the warp
+// computes for row j and the lanes share; under 128 x 128 blocks the tile's amax is the maximum
+// over the warps. q's rows are written four bytes a lane (a warp a whole 128-byte row), the
+// 1 x 128 scales as [Cols/128][Rows] and the 128 x 128 ones as [Rows/128][ceil4(Cols/128)] (the
+// layouts cuBLASLt reads, BENCHMARKS.md, session 32). With Transpose, qT [Cols, Rows] from the
+// same registers: under 128 x 128 blocks q's bytes transposed (the block's scale at the
+// transposed block); under 1 x 128 blocks each column's amax over the tile's 128 rows (the warps'
+// maxima met in shared memory) scales the transpose's own 1 x 128 blocks, scalesT
+// [Rows/128][Cols] (converted two values at a time, uncounted). A lane transposes its sixteen
+// rows of four bytes in registers and writes 16 bytes of each of four qT rows. The amax, the
+// values flushed to zero and the largest block scale are q's (the transpose's bytes are not
+// counted again), into quantizeFinish once a block. With ColumnSums (bias_grad) each tile's
+// columns are summed over its 128 rows into partials (doubles, [tile row][column]): each lane
+// its sixteen rows in row order, then the warps' sums in warp order (exact wherever the sums
+// are, as the per-tensor cast-transpose's); columnSumTotals adds the tile rows after.
 // quantizeBlockScaled's column sums of a 128 x 128 tile: each warp's sixteen rows' (its lanes'
 // four columns each) met in shared memory, added in warp order into out[0..127].
 __device__ __forceinline__ void blockColumnSums(const double (&sums)[4], double *out, int warp, int lane) {
@@ -654,30 +656,41 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
   constexpr int64 kTilesC = Cols / 128, kTiles = (Rows + 127) / 128 * kTilesC;
   constexpr int64 kPadded = (kTilesC + 3) / 4 * 4, kPaddedT = (Rows / 128 + 3) / 4 * 4;
   constexpr bool kColumnBlocks = Transpose && BlockRows == 1;
+  constexpr bool kWhole = Rows % 128 == 0; // (every row of every tile inside)
   __shared__ unsigned warpBits[8][kColumnBlocks ? 128 : 1]; // each warp's maxima: its tile's or columns'
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Fp8Converter<Format> convert{1.0f, largest};
   int flushed = 0;
-  unsigned largestBits = 0; // (the same in every lane of a warp: its rows' or the tile's scales)
+  unsigned largestBits = 0; // of the scales this lane computed (a warp's maximum at the end)
   for (int64 t = blockIdx.x; t < kTiles; t += Blocks) {
     int64 tileR = t / kTilesC, tileC = t % kTilesC, r0 = tileR * 128 + 16 * warp, c = tileC * 128 + 4 * lane;
-    typename Source::Raw raw[16];
+    float4 v[16];
+    {
+      typename Source::Raw raw[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-      if (r0 + j < Rows)
-        raw[j] = x.raw((r0 + j) * Cols + c);
-    unsigned rowBits[16], columnBits[4] = {0, 0, 0, 0}, allBits = 0;
+      for (int j = 0; j < 16; ++j)
+        if (kWhole || r0 + j < Rows)
+          raw[j] = x.raw((r0 + j) * Cols + c);
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        v[j] = kWhole || r0 + j < Rows ? x.value(raw[j]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    unsigned columnBits[4] = {0, 0, 0, 0}, allBits = 0, myRowBits = 0; // myRowBits: row `lane`'s
     double columnSums[4] = {0.0, 0.0, 0.0, 0.0};
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      float4 v = r0 + j < Rows ? x.value(raw[j]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      unsigned b[4] = {absBits(v.x), absBits(v.y), absBits(v.z), absBits(v.w)};
-      rowBits[j] = max(max(b[0], b[1]), max(b[2], b[3]));
-      allBits = max(allBits, rowBits[j]);
+      unsigned b[4] = {absBits(v[j].x), absBits(v[j].y), absBits(v[j].z), absBits(v[j].w)};
+      unsigned rowBits = max(max(b[0], b[1]), max(b[2], b[3]));
+      allBits = max(allBits, rowBits);
 #pragma unroll
       for (int k = 0; k < 4; ++k) columnBits[k] = max(columnBits[k], b[k]);
+      if constexpr (BlockRows == 1) {
+        rowBits = warpMaxBits(rowBits);
+        if (lane == j)
+          myRowBits = rowBits;
+      }
       if constexpr (ColumnSums)
-        columnSums[0] += v.x, columnSums[1] += v.y, columnSums[2] += v.z, columnSums[3] += v.w;
+        columnSums[0] += v[j].x, columnSums[1] += v[j].y, columnSums[2] += v[j].z, columnSums[3] += v[j].w;
     }
     if constexpr (ColumnSums)
       blockColumnSums(columnSums, (double *)partials + tileR * Cols + tileC * 128, warp, lane);
@@ -694,30 +707,28 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
     }
     if constexpr (kShared)
       __syncthreads();
-    float tileScale = 1.0f;
+    float tileScale = 1.0f, rowScale = 1.0f; // rowScale: row `lane`'s, lanes 0-15
     if constexpr (BlockRows == 128) {
 #pragma unroll
       for (int w = 0; w < 8; ++w) allBits = max(allBits, warpBits[w][0]);
       tileScale = blockScaleOf(amaxOfBits(allBits), largest);
       largestBits = largestScaleBits(largestBits, amaxOfBits(allBits), tileScale);
+    } else if (lane < 16 && (kWhole || r0 + lane < Rows)) {
+      rowScale = blockScaleOf(amaxOfBits(myRowBits), largest);
+      largestBits = largestScaleBits(largestBits, amaxOfBits(myRowBits), rowScale);
+      scales[tileC * Rows + r0 + lane] = 1.0f / rowScale;
     }
     unsigned words[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      if (r0 + j >= Rows)
+      float s = BlockRows == 128 ? tileScale : __shfl_sync(0xffffffffu, rowScale, j);
+      if (!kWhole && r0 + j >= Rows)
         continue;
-      float rowAmax = amaxOfBits(warpMaxBits(rowBits[j]));
-      float s = BlockRows == 128 ? tileScale : blockScaleOf(rowAmax, largest);
-      if (BlockRows == 1)
-        largestBits = largestScaleBits(largestBits, rowAmax, s);
       convert.scale = s;
-      float4 v = x.value(raw[j]);
-      words[j] = convert(v);
-      flushed += flushedIn(words[j], v);
+      words[j] = convert(v[j]);
+      flushed += flushedIn(words[j], v[j]);
       if (q) // (null where the program reads only the transpose)
         *(unsigned *)(q + (r0 + j) * Cols + c) = words[j];
-      if (BlockRows == 1 && lane == j)
-        scales[tileC * Rows + r0 + j] = 1.0f / s;
     }
     if (BlockRows == 128 && threadIdx.x == 0) {
       scales[tileR * kPadded + tileC] = 1.0f / tileScale;
@@ -734,17 +745,11 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
           for (int w = 0; w < 8; ++w) bits = max(bits, warpBits[w][4 * lane + k]);
           s[k] = blockScaleOf(amaxOfBits(bits), largest);
         }
-        Fp8Converter<Format> columns{1.0f, largest}; // (not counted: q's bytes are)
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          float4 v = x.value(raw[j]);
-          unsigned word = 0;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            columns.scale = s[k];
-            word |= columns((&v.x)[k]) << (8 * k);
-          }
-          words[j] = word;
+        for (int j = 0; j < 16; ++j) { // (not counted: q's bytes are)
+          unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(v[j].x * s[0], v[j].y * s[1]), __NV_SATFINITE, Format);
+          unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(v[j].z * s[2], v[j].w * s[3]), __NV_SATFINITE, Format);
+          words[j] = lo | hi << 16;
         }
         if (warp == 0)
           *(float4 *)(scalesT + tileR * Cols + c) = make_float4(1.0f / s[0], 1.0f / s[1], 1.0f / s[2], 1.0f / s[3]);
@@ -755,6 +760,7 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
       for (int k = 0; k < 4; ++k) *(uint4 *)(qT + (c + k) * Rows + r0) = columnBytes[k];
     }
   }
+  largestBits = warpMaxBits(largestBits);
   __shared__ unsigned warpLargest[kBlockCastThreads / 32];
   if (lane == 0)
     warpLargest[warp] = largestBits;

@@ -65,7 +65,7 @@ void emitColumnTotals(Emitter &e, int index, const std::string &params, int64_t 
 }
 
 /// quantize {scaling="block"} (fp8.cuh's quantizeBlockScaled): blocks of 256 threads taking
-/// 128 x 128 tiles in turn, three a multiprocessor (their registers allow as many), and the
+/// 128 x 128 tiles in turn, two a multiprocessor (their registers allow as many), and the
 /// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
 /// them). x may be read through its GELU or SwiGLU, or their gradients (fuse-gelu-quantize);
 /// with bias_grad the cast sums each tile's columns and a launch after adds the tile rows'
@@ -77,7 +77,7 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                      op.result()->name());
   bool transpose = options.transpose, gradient = readsHidden(options.activation), biasGrad = options.biasGrad;
   int64_t tilesR = (rows + 127) / 128, tiles = tilesR * (cols / 128);
-  int64_t blocks = std::min<int64_t>(tiles, 3 * int64_t(e.program_.multiprocessors));
+  int64_t blocks = std::min<int64_t>(tiles, 2 * int64_t(e.program_.multiprocessors));
   std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, float *amax, "
                                    "float *saturations, {}{}float *used, float *scales{}",
                                    e.inputType(op.operand(0)),
@@ -91,7 +91,7 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                        rows, cols, options.blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
                        boolText(biasGrad), source, rowsArgument(op, e), transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
                        lit(fp8Largest(op.attrs())), biasGrad ? ", partials" : ""),
-           256, 3); // fp8.cuh's kBlockCastThreads
+           256, 2); // fp8.cuh's kBlockCastThreads; its registers (a tile's 64 values a thread) allow two a multiprocessor
   if (biasGrad)
     emitColumnTotals(e, 1, params, cols, tilesR);
   e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
