@@ -16,9 +16,7 @@
 //   quantize(swiglu_backward(dy, h)) {transpose=true} becomes quantize(dy, scale, scale_inv, h)
 //   {activation="swiglu_backward"}: fc1's output gradient [..., 2F] and its transpose in FP8,
 //   never in fp32.
-// Under block scaling the same, but for a GELU gradient that makes a bias gradient too: the
-// block cast reading dy and h and summing columns ran slower than the gradient kernel and a cast
-// apart (BENCHMARKS.md, session 35).
+// Under block scaling the same.
 // The same bits on the CPU interpreter (the same activation or gradient, then the same rounding).
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
@@ -45,8 +43,6 @@ public:
     bool gradient = readsHidden(it->second); // the gradients read h too, in a cast-transpose
     QuantizeOptions options = quantizeOptions(quantize->attrs());
     if (gradient && !options.transpose)
-      return std::nullopt;
-    if (gradient && options.blockScaling && producer->numResults() > 1)
       return std::nullopt;
     FusionMatch m;
     m.pattern = {producer, quantize};
