@@ -43,13 +43,11 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe, Fp8Scaling sc
                                    "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
                                    "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "fp8-weights",
                                    "requantize-transposes", "unit-transposes"});
-  // Block scaling's cast applies a GELU or SwiGLU (and their gradients) as it reads and sums a
-  // bias gradient's columns, as the per-tensor casts do, but makes no loss gradient; its
+  // Block scaling's cast applies a GELU or SwiGLU (and their gradients) as it reads, sums a
+  // bias gradient's columns and makes the loss's gradient, as the per-tensor casts do; its
   // transposes are quantized along their own rows, not requantized copies.
   if (recipe == Recipe::Fp8 && scaling == Fp8Scaling::Block)
-    llvm::erase_if(passes, [](const std::string &p) {
-      return p == "fuse-cross-entropy-quantize" || p == "requantize-transposes";
-    });
+    llvm::erase_if(passes, [](const std::string &p) { return p == "requantize-transposes"; });
   return passes;
 }
 

@@ -645,6 +645,30 @@ __device__ __forceinline__ void blockColumnSums(const double (&sums)[4], double 
   }
 }
 
+// quantizeBlockScaled's transpose under 1 x 128 blocks: the lane's sixteen rows of four values
+// (v), each of its four columns scaled by the column's amax over the tile's 128 rows (the warps'
+// maxima in warpBits), as sixteen words of four bytes (not counted: q's bytes are); returns the
+// four columns' scale_inv.
+template <__nv_fp8_interpretation_t Format>
+__device__ __forceinline__ float4 columnBlockWords(const float4 (&v)[16], const unsigned (*warpBits)[128], int lane,
+                                                   float largest, unsigned (&words)[16]) {
+  float s[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    unsigned bits = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) bits = max(bits, warpBits[w][4 * lane + k]);
+    s[k] = blockScaleOf(amaxOfBits(bits), largest);
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(v[j].x * s[0], v[j].y * s[1]), __NV_SATFINITE, Format);
+    unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(v[j].z * s[2], v[j].w * s[3]), __NV_SATFINITE, Format);
+    words[j] = lo | hi << 16;
+  }
+  return make_float4(1.0f / s[0], 1.0f / s[1], 1.0f / s[2], 1.0f / s[3]);
+}
+
 enum { kBlockCastThreads = 256 };
 template <int64 Rows, int64 Cols, int64 BlockRows, int64 Blocks, __nv_fp8_interpretation_t Format, bool Transpose,
           bool ColumnSums = false, typename Source>
@@ -737,22 +761,9 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
     }
     if constexpr (Transpose) {
       if constexpr (kColumnBlocks) { // the transpose's own blocks: each column's scale
-        float s[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          unsigned bits = 0;
-#pragma unroll
-          for (int w = 0; w < 8; ++w) bits = max(bits, warpBits[w][4 * lane + k]);
-          s[k] = blockScaleOf(amaxOfBits(bits), largest);
-        }
-#pragma unroll
-        for (int j = 0; j < 16; ++j) { // (not counted: q's bytes are)
-          unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(v[j].x * s[0], v[j].y * s[1]), __NV_SATFINITE, Format);
-          unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(v[j].z * s[2], v[j].w * s[3]), __NV_SATFINITE, Format);
-          words[j] = lo | hi << 16;
-        }
+        float4 inverses = columnBlockWords<Format>(v, warpBits, lane, largest, words);
         if (warp == 0)
-          *(float4 *)(scalesT + tileR * Cols + c) = make_float4(1.0f / s[0], 1.0f / s[1], 1.0f / s[2], 1.0f / s[3]);
+          *(float4 *)(scalesT + tileR * Cols + c) = inverses;
       }
       uint4 columnBytes[4];
       transposeBytes16x4(words, columnBytes);

@@ -69,11 +69,15 @@ void emitColumnTotals(Emitter &e, int index, const std::string &params, int64_t 
 /// tiles' scales in persistent buffers after the op's totals (the read-back and the GEMMs read
 /// them). x may be read through its GELU or SwiGLU, or their gradients (fuse-gelu-quantize);
 /// with bias_grad the cast sums each tile's columns and a launch after adds the tile rows'
-/// (as the per-tensor cast-transpose); the loss's gradient stays with the per-tensor kernels.
+/// (as the per-tensor cast-transpose); the loss's gradient (fuse-cross-entropy-quantize) as the
+/// per-tensor cast makes it: each row's loss and log-sum-exp and the mean loss first, then the
+/// cast reads the logits through the softmax's gradient.
 llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols,
                               const std::string &source) {
-  if (options.activation == QuantizeActivation::CrossEntropyBackward)
-    return makeError("quantize {{scaling=\"block\"}} %{}: the GPU's block-scaled cast makes no loss gradient",
+  bool loss = options.activation == QuantizeActivation::CrossEntropyBackward;
+  if (loss && !options.transpose)
+    return makeError("quantize {{activation=\"cross_entropy_backward\"}} %{}: the GPU makes the loss's "
+                     "gradient in its cast-transpose only (transpose=true)",
                      op.result()->name());
   bool transpose = options.transpose, gradient = readsHidden(options.activation), biasGrad = options.biasGrad;
   int64_t tilesR = (rows + 127) / 128, tiles = tilesR * (cols / 128);
@@ -81,19 +85,31 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
   std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, float *amax, "
                                    "float *saturations, {}{}float *used, float *scales{}",
                                    e.inputType(op.operand(0)),
-                                   gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3))) : "",
+                                   gradient ? fmt::format("{} *h, ", e.inputType(op.operand(3)))
+                                   : loss   ? "const int *targets, const float *dloss, "
+                                            : "",
                                    transpose ? "unsigned char *qT, " : "",
-                                   biasGrad ? "float *dbias, float *partials, " : "",
+                                   biasGrad ? "float *dbias, float *partials, "
+                                   : loss   ? "float *loss, float *rowLosses, float *lse, "
+                                            : "",
                                    transpose ? ", float *scalesT" : "");
-  e.launch(0, params, blocks,
+  int next = 0;
+  if (loss) { // each row's loss and log-sum-exp (one block a row), then the mean of the losses
+    e.uses("loss.cuh");
+    e.rowwise(next++, params, rows, fmt::format("crossEntropyRowsAndLse<{}>(x, targets, rowLosses, lse)", cols));
+    e.launch(next++, params, 1, fmt::format("crossEntropyMean<{}>(loss, rowLosses)", rows));
+    e.lowering.scratchFloats.push_back(2 * rows); // the rows' losses, in doubles
+    e.lowering.scratchFloats.push_back(rows);
+  }
+  e.launch(next++, params, blocks,
            fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}, {}>({}, scaleInv, {}, {}, amax, saturations, used, "
                        "scales, {}, {}{})",
                        rows, cols, options.blockRows, blocks, fp8Interpretation(op.attrs()), boolText(transpose),
-                       boolText(biasGrad), source, rowsArgument(op, e), transpose ? "qT" : "nullptr", transpose ? "scalesT" : "nullptr",
-                       lit(fp8Largest(op.attrs())), biasGrad ? ", partials" : ""),
+                       boolText(biasGrad), source, rowsArgument(op, e), transpose ? "qT" : "nullptr",
+                       transpose ? "scalesT" : "nullptr", lit(fp8Largest(op.attrs())), biasGrad ? ", partials" : ""),
            256, 2); // fp8.cuh's kBlockCastThreads; its registers (a tile's 64 values a thread) allow two a multiprocessor
   if (biasGrad)
-    emitColumnTotals(e, 1, params, cols, tilesR);
+    emitColumnTotals(e, next++, params, cols, tilesR);
   e.lowering.persistentFloats.push_back(6); // fp8.cuh's kQuantizeUsedFloats
   e.lowering.persistentFloats.push_back(blockScaleCount(rows, cols, options.blockRows));
   if (transpose) // q^T: [cols, rows]

@@ -489,21 +489,26 @@ TEST(GpuKernels, TheLossGradientsCastTransposeFollowsTheCpu) {
   // an FP8 LM head): the rows' log-sum-exp and the mean loss (loss.cuh), then the gradient's FP8
   // bytes and their transpose from the logits, tile by tile. A [2, 152, 1008] batch (partial
   // tiles both ways), delayed scaling at a scale that saturates the target's entries, and
-  // current scaling; E5M2 and E4M3. The CPU takes the softmax in double, the GPU in float: a
-  // rare value may land on the next FP8 code, the loss and amax within float's rounding.
+  // current scaling; E5M2 and E4M3; and block scaling's cast (1 x 128 blocks both ways) on a
+  // [2, 192, 1024] one. The CPU takes the softmax in double, the GPU in float: a rare value may
+  // land on the next FP8 code, the loss and amax within float's rounding.
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
-  const int64_t B = 2, T = 152, V = 1008;
-  for (bool current : {false, true})
+  for (const char *scaling : {"delayed", "current", "block"})
     for (const char *format : {"e5m2", "e4m3"}) {
-      SCOPED_TRACE(fmt::format("{}, {}", current ? "current" : "delayed", format));
+      bool current = scaling == std::string("current"), block = scaling == std::string("block");
+      if (block && format == std::string("e5m2"))
+        continue; // (block scaling is E4M3 both ways)
+      SCOPED_TRACE(fmt::format("{}, {}", scaling, format));
+      const int64_t B = 2, T = block ? 192 : 152, V = block ? 1024 : 1008;
+      std::string attrs = current ? "margin=1, scaling=\"current\", " : block ? "block_rows=1, scaling=\"block\", " : "";
       std::string text = fmt::format(
           "graph @g\n%x = input() : f32[{0},{1},{2}]\n%t = input() : i32[{0},{1}]\n%s = input() : f32[]\n"
           "%si = input() : f32[]\n%dl = input() : f32[]\n"
           "%q, %amax, %sat, %qt, %loss = quantize(%x, %s, %si, %t, %dl) {{activation=\"cross_entropy_backward\", "
-          "{3}format=\"{4}\", transpose=true}} : f8{4}[{0},{1},{2}], f32[], f32[], f8{4}[{2},{5}], f32[]\n"
+          "{3}format=\"{4}\", transpose=true}} : f8{4}[{0},{1},{2}], f32[{6}], f32[], f8{4}[{2},{5}], f32[]\n"
           "return %q, %amax, %sat, %qt, %loss\n",
-          B, T, V, current ? "margin=1, scaling=\"current\", " : "", format, B * T);
+          B, T, V, attrs, format, B * T, block ? "2" : ""); // (block: the amax and the largest block scale)
       auto graph = unwrap(parseGraph(text, "loss-cast-transpose.ir"));
       ASSERT_TRUE(graph);
       Tensor x = Tensor::zeros(TensorType(DType::F32, {B, T, V})), t = Tensor::zeros(TensorType(DType::I32, {B, T}));
@@ -524,10 +529,10 @@ TEST(GpuKernels, TheLossGradientsCastTransposeFollowsTheCpu) {
       expectFp8OfGeluMatches(want[0], got[0]);
       expectFp8OfGeluMatches(want[3], got[3]);
       EXPECT_NEAR(got[1].data[0], want[1].data[0], 1e-5 * want[1].data[0]); // amax
-      EXPECT_NEAR(got[2].data[0], want[2].data[0], 2 + want[0].data.size() / 16384.0); // saturated
+      EXPECT_NEAR(got[2].data[0], want[2].data[0], 2 + want[0].data.size() / 16384.0); // saturated (block: flushed)
       EXPECT_NEAR(got[4].data[0], want[4].data[0], 1e-6 * want[4].data[0]); // the loss
       EXPECT_GT(want[4].data[0], 1.0f);
-      if (!current) {
+      if (!current && !block) {
         EXPECT_GT(want[2].data[0], 0.0f); // (the delayed scale saturates some)
       }
     }
