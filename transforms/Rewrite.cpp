@@ -81,6 +81,17 @@ llvm::Error applyReplacement(Graph &graph, llvm::ArrayRef<Op *> pattern, Replace
   return llvm::Error::success();
 }
 
+Op *copyOpBefore(Graph &graph, const Op &op, Op *before) {
+  std::vector<TensorType> types;
+  std::vector<std::string> names;
+  for (unsigned r = 0; r < op.numResults(); ++r) {
+    types.push_back(op.result(r)->type());
+    names.push_back(graph.uniqueName(op.result(r)->name() + ".again"));
+  }
+  llvm::SmallVector<Value *, 5> operands(op.operands().begin(), op.operands().end());
+  return graph.createOp(op.kind(), operands, op.attrs(), types, names, before);
+}
+
 void copyGemmDType(const Op &gemm, AttrMap &fused) {
   copyGemmPrecision(gemm.attrs(), fused);
 }

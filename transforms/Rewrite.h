@@ -59,6 +59,11 @@ public:
   virtual std::optional<FusionMatch> match(const Graph &graph, Op *root) const = 0;
 };
 
+/// A copy of `op` (the same operands and attributes, each result named after `op`'s with
+/// ".again") inserted before `before`: what recomputes a value in the backward instead of
+/// keeping the forward's (requantize-transposes, fp8-weights under recompute).
+Op *copyOpBefore(Graph &graph, const Op &op, Op *before);
+
 /// Carries a GEMM's gemm_dtype (set by assign-precision) over to the op that absorbs it.
 void copyGemmDType(const Op &gemm, AttrMap &fused);
 

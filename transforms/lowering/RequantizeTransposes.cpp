@@ -92,17 +92,10 @@ private:
   /// `quantize` writes q alone; a copy of it before `first` writes the q_t the backward reads.
   static llvm::Error split(Graph &graph, Op *quantize, Op *first) {
     Value *transposed = quantize->result(3);
-    std::vector<TensorType> types;
-    std::vector<std::string> names;
-    for (unsigned r = 0; r < quantize->numResults(); ++r) {
-      types.push_back(quantize->result(r)->type());
-      names.push_back(graph.uniqueName(quantize->result(r)->name() + ".again"));
-    }
-    llvm::SmallVector<Value *, 5> operands(quantize->operands().begin(), quantize->operands().end());
-    Op *again = graph.createOp(OpKind::Quantize, operands, quantize->attrs(), types, names, first);
+    Op *again = copyOpBefore(graph, *quantize, first);
     graph.replaceAllUsesWith(transposed, again->result(3));
     Replacement rows{OpKind::Quantize, {}, quantize->attrs(), {}, {}};
-    rows.operands.assign(operands.begin(), operands.end());
+    rows.operands.assign(quantize->operands().begin(), quantize->operands().end());
     rows.attrs.erase(kTranspose);
     for (unsigned r = 0; r < 3; ++r)
       rows.replaces.push_back(quantize->result(r));

@@ -23,6 +23,7 @@
 #include "ir/Attributes.h"
 #include "support/Error.h"
 #include "transforms/Passes.h"
+#include "transforms/Rewrite.h"
 #include "transforms/precision/Precision.h"
 
 #include <fmt/format.h>
@@ -126,15 +127,7 @@ private:
       graph.replaceAllUsesWith(transposed, t->result());
       return llvm::Error::success();
     }
-    std::vector<TensorType> types;
-    std::vector<std::string> names;
-    for (unsigned r = 0; r < quantize->numResults(); ++r) {
-      types.push_back(quantize->result(r)->type());
-      names.push_back(graph.uniqueName(quantize->result(r)->name() + ".again"));
-    }
-    llvm::SmallVector<Value *, 3> operands(quantize->operands().begin(), quantize->operands().end());
-    Op *again = graph.createOp(OpKind::Quantize, operands, quantize->attrs(), types, names, first);
-    graph.replaceAllUsesWith(transposed, again->result(3));
+    graph.replaceAllUsesWith(transposed, copyOpBefore(graph, *quantize, first)->result(3));
     return llvm::Error::success();
   }
 
