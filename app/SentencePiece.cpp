@@ -7,8 +7,10 @@
 #include "llvm/Support/DynamicLibrary.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Regex.h"
 
 #include <cstdlib>
+
 #include <fmt/format.h>
 #include <mutex>
 
@@ -149,6 +151,23 @@ llvm::Expected<std::unique_ptr<Tokenizer>> parseSentencePiece(llvm::StringRef by
   return std::unique_ptr<Tokenizer>(std::make_unique<SentencePieceTokenizer>(model));
 }
 
+/// SentencePiece's trainer's error in tgc's terms where it is one a user makes (a vocabulary the
+/// corpus cannot fill, or too small for its characters); its own words otherwise.
+std::string trainerError(llvm::StringRef error, const SentencePieceTraining &training) {
+  llvm::SmallVector<llvm::StringRef, 3> m;
+  if (llvm::Regex("Vocabulary size too high \\(([0-9]+)\\)[^0-9]*([0-9]+)").match(error, &m))
+    return fmt::format("--vocab {}: this corpus makes at most {} pieces (a larger corpus makes more)", m[1].str(),
+                       m[2].str());
+  if (llvm::Regex("smaller than required_chars\\. ([0-9]+) vs ([0-9]+)").match(error, &m))
+    return fmt::format("--vocab {}: the pieces it must hold (the 256 byte pieces, <unk>, <s>, </s>, and each "
+                       "character --character-coverage {} keeps) are {} already; give a larger --vocab or a lower "
+                       "--character-coverage (the characters left out are spelled in byte pieces)",
+                       m[1].str(), training.characterCoverage, m[2].str());
+  if (error.contains("!sentences_.empty()"))
+    return "no text to train on";
+  return "SentencePiece's trainer: " + error.str();
+}
+
 llvm::Expected<std::string> trainSentencePiece(llvm::StringRef corpus, const SentencePieceTraining &training) {
   if (auto err = sentencePieceAvailable())
     return std::move(err);
@@ -164,7 +183,7 @@ llvm::Expected<std::string> trainSentencePiece(llvm::StringRef corpus, const Sen
   char *model = nullptr, error[1024];
   size_t size = 0;
   if (!plugin().train(corpus.str().c_str(), args.data(), args.size(), &model, &size, error, sizeof error))
-    return stringError(fmt::format("{}: error: SentencePiece's trainer: {}", corpus.str(), error));
+    return stringError(fmt::format("{}: error: {}", corpus.str(), trainerError(error, training)));
   std::string out(model, size);
   plugin().release(model);
   return out;

@@ -25,6 +25,10 @@ static cl::opt<std::string> ModelOut("o", cl::desc("Where to write the tokenizer
                                      cl::cat(category()));
 static cl::opt<std::string> ModelType("model-type", cl::desc("bpe (the default) | unigram"), cl::init("bpe"),
                                       cl::sub(tokenizerCommand()), cl::cat(category()));
+static cl::opt<double> Coverage("character-coverage",
+                                cl::desc("The share of the corpus's characters that get pieces of their own, 0.98 to "
+                                         "1 (the rest are spelled in byte pieces; default 0.9995)"),
+                                cl::init(0.9995), cl::sub(tokenizerCommand()), cl::cat(category()));
 
 } // namespace
 
@@ -42,11 +46,14 @@ int runTokenizer() {
     return report(flagError(fmt::format("--vocab {}: from 260 (the 256 byte pieces, <unk>, <s>, </s> and one "
                                         "more) to 1048576",
                                         Vocab.getValue())));
+  if (!(Coverage >= 0.98 && Coverage <= 1)) // (SentencePiece's trainer's range)
+    return report(flagError(fmt::format("--character-coverage {}: from 0.98 to 1", Coverage.getValue())));
   if (!llvm::sys::fs::is_regular_file(Corpus))
     return report(fileError(Corpus, "not a readable file"));
   SentencePieceTraining training;
   training.vocab = Vocab;
   training.modelType = ModelType;
+  training.characterCoverage = Coverage;
   auto model = trainSentencePiece(Corpus, training);
   if (!model)
     return report(model.takeError());
