@@ -215,14 +215,16 @@ TEST(ModelConfig, Llama3RopeScalingReadsAndWritesBack) {
 }
 
 TEST(ModelConfig, TheLlamaShapedModelFilesHaveTheirCheckpointsParameterCounts) {
-  // TinyLlama-1.1B and Llama-3.2-1B as their Hugging Face checkpoints count them (the tied head
-  // once): the shapes of every tensor, the KV heads' narrower k and v projections included.
+  // TinyLlama-1.1B, Llama-3.2-1B and Llama-2-7B as their Hugging Face checkpoints count them (the
+  // tied head once): the shapes of every tensor, the KV heads' narrower k and v projections
+  // included.
   struct Expected {
     const char *file;
     int64_t params, cacheRow; // and a KV cache row: kv_heads x head_dim
   };
   for (Expected e : {Expected{"models/tinyllama.yaml", 1100048384, 4 * 64},
-                     Expected{"models/llama-3.2-1b.yaml", 1235814400, 8 * 64}}) {
+                     Expected{"models/llama-3.2-1b.yaml", 1235814400, 8 * 64},
+                     Expected{"models/llama-7b.yaml", 6738415616, 32 * 128}}) {
     ModelConfig c = unwrap(loadModelConfig(sourcePath(e.file)));
     EXPECT_EQ(c.numParams(), e.params) << e.file;
     EXPECT_EQ(c.kvHeadCount() * c.headDim(), e.cacheRow) << e.file;
