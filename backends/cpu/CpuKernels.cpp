@@ -3,6 +3,7 @@
 
 #include "backends/cpu/Fp8Scaling.h"
 #include "backends/cpu/Schedule.h"
+#include "backends/cpu/WorkerPool.h"
 #include "support/ScalarMath.h"
 #include "ir/Attributes.h"
 #include "ir/Rope.h"
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <fmt/format.h>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 namespace tgc::cpu {
@@ -75,23 +77,15 @@ static unsigned interpreterThreads() {
 }
 
 /// Runs body(i) for i in [0, n), on several threads when `work` is large enough to pay for
-/// them (interpreterThreads of them at most).
+/// them (interpreterThreads of them at most): the pool's (WorkerPool.h), or this thread alone
+/// where the pool is taken (a nested call, another rank's job).
 template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
   const unsigned threads = interpreterThreads();
   unsigned count = work < (1 << 20) ? 1u : unsigned(std::min<int64_t>(threads, n));
-  if (count <= 1) {
-    for (int64_t i = 0; i < n; ++i)
-      body(i);
+  if (count > 1 && WorkerPool::instance(threads).run(n, count, body))
     return;
-  }
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < count; ++t)
-    pool.emplace_back([&, t] {
-      for (int64_t i = n * t / count; i < n * (t + 1) / count; ++i)
-        body(i);
-    });
-  for (std::thread &thread : pool)
-    thread.join();
+  for (int64_t i = 0; i < n; ++i)
+    body(i);
 }
 
 /// Row-major copy of the [rows, cols] matrix `src` (or of its transpose when `transpose`).
@@ -224,8 +218,8 @@ llvm::Error evalMatMul(const AttrMap &attrs, Operands in, Results out) {
 
 template <typename F> llvm::Error broadcastBinary(Operands in, Results out, F f) {
   const Tensor &a = *in[0], &b = *in[1];
-  int64_t period = b.size();
-  for (int64_t i = 0; i < a.size(); ++i)
+  int64_t period = b.size(), n = a.size(); // (sizes computed once: each is a product of dims)
+  for (int64_t i = 0; i < n; ++i)
     out[0].data[i] = f(a.data[i], b.data[i % period]);
   return llvm::Error::success();
 }
@@ -237,8 +231,18 @@ llvm::Error evalMul(const AttrMap &, Operands in, Results out) {
   return broadcastBinary(in, out, [](float x, float y) { return x * y; });
 }
 
-template <typename F> llvm::Error unary(Operands in, Results out, F f) {
-  std::transform(in[0]->data.begin(), in[0]->data.end(), out[0].data.begin(), f);
+/// Elementwise maps: `cost` is an element's work in additions' worth, so that parallelFor
+/// splits the transcendental ones (tanhf, expf: some 16 ns an element here) over the threads
+/// where there are enough elements. Each element is its own, so the split changes no bit.
+constexpr int64_t kCheap = 1, kTranscendental = 64;
+template <typename F> llvm::Error unary(Operands in, Results out, F f, int64_t cost = kCheap) {
+  const float *x = in[0]->data.data();
+  float *y = out[0].data.data();
+  int64_t n = int64_t(out[0].data.size()), chunks = (n + 4095) / 4096;
+  parallelFor(chunks, n * cost, [&](int64_t c) {
+    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i)
+      y[i] = f(x[i]);
+  });
   return llvm::Error::success();
 }
 
@@ -248,11 +252,11 @@ llvm::Error evalScale(const AttrMap &attrs, Operands in, Results out) {
 }
 
 llvm::Error evalGelu(const AttrMap &, Operands in, Results out) {
-  return unary(in, out, geluTanh);
+  return unary(in, out, geluTanh, kTranscendental);
 }
 
 llvm::Error evalSilu(const AttrMap &, Operands in, Results out) {
-  return unary(in, out, [](float x) { return x / (1.0f + std::exp(-x)); });
+  return unary(in, out, [](float x) { return x / (1.0f + std::exp(-x)); }, kTranscendental);
 }
 
 llvm::Error evalRope(const AttrMap &attrs, Operands in, Results out) {
@@ -476,14 +480,19 @@ llvm::Error evalEmbeddingBackward(const AttrMap &, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-template <typename F> llvm::Error binaryMap(Operands in, Results out, F f) {
-  for (int64_t i = 0; i < out[0].size(); ++i)
-    out[0].data[i] = f(in[0]->data[i], in[1]->data[i]);
+template <typename F> llvm::Error binaryMap(Operands in, Results out, F f, int64_t cost = kCheap) {
+  const float *a = in[0]->data.data(), *b = in[1]->data.data();
+  float *y = out[0].data.data();
+  int64_t n = out[0].size(), chunks = (n + 4095) / 4096;
+  parallelFor(chunks, n * cost, [&](int64_t c) {
+    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i)
+      y[i] = f(a[i], b[i]);
+  });
   return llvm::Error::success();
 }
 
 llvm::Error evalGeluBackward(const AttrMap &attrs, Operands in, Results out) {
-  auto err = binaryMap(in, out, geluTanhGradient);
+  auto err = binaryMap(in, out, geluTanhGradient, kTranscendental);
   if (err || out.size() < 2)
     return err;
   // bias_grad: dx summed as reduce_to sums it.
@@ -495,7 +504,7 @@ llvm::Error evalSiluBackward(const AttrMap &, Operands in, Results out) {
   return binaryMap(in, out, [](float dy, float x) {
     float s = 1.0f / (1.0f + std::exp(-x));
     return dy * s * (1.0f + x * (1.0f - s));
-  });
+  }, kTranscendental);
 }
 
 /// Shared by layer_norm_backward and rms_norm_backward. With xhat the normalised row and
@@ -660,8 +669,7 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
   float scale = in[1]->data[0], scaleInv = in[2]->data[0];
   Fp8Format format = formatOf(attrs);
   float max = fp8Max(format), amax = 0.0f;
-  for (int64_t i = 0; i < x.size(); ++i) {
-    float v = x.data[i];
+  for (float v : x.data) {
     amax = (std::isnan(v) || std::fabs(v) > amax) ? std::fabs(v) : amax;
   }
   if (options.blockScaling)
@@ -672,15 +680,19 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     scale = currentScale(amax, format, int(options.margin));
     scaleInv = 1.0f / scale;
   }
-  int64_t saturated = 0;
-  for (int64_t i = 0; i < x.size(); ++i) {
-    float v = x.data[i], scaled = v * scale;
-    saturated += std::fabs(scaled) > max;
-    // The tensor holds what a GEMM reads: the FP8 code times scale_inv.
-    out[0].data[i] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
-  }
+  // In chunks over the threads: each element its own, the counts integers (no bit moves).
+  int64_t n = x.size(), chunks = (n + 4095) / 4096;
+  std::vector<int64_t> saturated(size_t(chunks), 0);
+  parallelFor(chunks, n * 16, [&](int64_t c) {
+    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i) {
+      float v = x.data[i], scaled = v * scale;
+      saturated[size_t(c)] += std::fabs(scaled) > max;
+      // The tensor holds what a GEMM reads: the FP8 code times scale_inv.
+      out[0].data[i] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
+    }
+  });
   out[1].data[0] = amax;
-  out[2].data[0] = float(saturated);
+  out[2].data[0] = float(std::accumulate(saturated.begin(), saturated.end(), int64_t(0)));
   if (transpose) { // q as [R, C] transposed
     int64_t cols = x.type.dim(-1), rows = cols ? x.size() / cols : 0;
     for (int64_t r = 0; r < rows; ++r)
@@ -757,7 +769,7 @@ llvm::Error evalAdamW(const AttrMap &attrs, Operands in, Results out) {
     out[2].data = v.data;
     return llvm::Error::success();
   }
-  for (int64_t i = 0; i < param.size(); ++i) {
+  for (size_t i = 0; i < param.data.size(); ++i) {
     float g = grad.data[i] * clip;
     float p = param.data[i] * decay;
     float mi = m.data[i] + (1.0f - b1) * (g - m.data[i]);
