@@ -45,6 +45,20 @@ TGC_SM_FN float geluTanhGradient(float dy, float x) {
   return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
 }
 
+/// The tanh that geluTanh and geluTanhGradient take of x, and each of them from it: where both
+/// are needed of the same x (the CPU's fused MLP gradient) the tanh is computed once. The same
+/// operations as the two functions above, in the same order (NumericsTest checks the bits).
+TGC_SM_FN float geluTanhInner(float x) {
+  const float c = 0.7978845608028654f;
+  return TGC_SM_TANHF(c * (x + 0.044715f * x * x * x));
+}
+TGC_SM_FN float geluTanhOf(float x, float t) { return 0.5f * x * (1.0f + t); }
+TGC_SM_FN float geluTanhGradientOf(float dy, float x, float t) {
+  const float c = 0.7978845608028654f;
+  float du = c * (1.0f + 3.0f * 0.044715f * x * x);
+  return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
 /// The FP8 scale of an amax (fp8.md): (largest / amax) / marginScale (2^margin) where amax is
 /// finite and > 0, FLT_MAX for an infinite quotient, else `fallback`: delayed scaling's scale
 /// from a history's amax keeps the old scale, current scaling's from the tensor's own takes 1.

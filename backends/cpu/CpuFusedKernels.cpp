@@ -478,12 +478,15 @@ llvm::Error evalLayerNormMLPBackward(const AttrMap &a, Operands in, Results out)
   const Tensor &x = *in[layout[FusedSlot::X]], &gamma = *in[layout[FusedSlot::Gamma]];
   const Tensor &w1 = *in[layout[FusedSlot::W1]], &w2 = *in[layout[FusedSlot::W2]];
   bool layerNorm = layout.has(FusedSlot::Beta), bias = layout.has(FusedSlot::B1);
-  // Recompute the normalised input, and the activation from the h the forward kept.
+  // Recompute the normalised input, and the activation from the h the forward kept (a GELU's
+  // tanh once, for the activation and its gradient).
   Tensor n = norm(a, x, gamma, slot(in, layout, FusedSlot::Beta));
   const Tensor &h = *in[layout[FusedSlot::Hidden]];
-  Tensor act = activate(h, swiglu);
+  Tensor tanhs = swiglu ? Tensor{} : apply(evalGeluInner, {}, {&h}, h.type);
+  Tensor act = swiglu ? activate(h, swiglu) : apply(evalGeluOf, {}, {&h, &tanhs}, h.type);
   LinearGrads g2 = linearBackward(a, *in[layout[FusedSlot::Dy]], act, w2, bias);
-  Tensor dh = activateBackward(g2.dx, h, swiglu);
+  Tensor dh = swiglu ? activateBackward(g2.dx, h, swiglu)
+                     : apply(evalGeluGradientOf, {}, {&g2.dx, &h, &tanhs}, h.type);
   LinearGrads g1 = linearBackward(a, dh, n, w1, bias);
   Tensor dx, dgamma, dbeta;
   normBackward(a, g1.dx, x, gamma, layerNorm, dx, dgamma, &dbeta);

@@ -7,7 +7,6 @@
 #include "support/ScalarMath.h"
 #include "ir/Attributes.h"
 #include "ir/Rope.h"
-#include "support/Environment.h"
 #include "support/Error.h"
 
 #include <algorithm>
@@ -16,7 +15,6 @@
 #include <fmt/format.h>
 #include <limits>
 #include <numeric>
-#include <thread>
 
 namespace tgc::cpu {
 
@@ -63,29 +61,6 @@ llvm::Error evalArgmax(const AttrMap &, Operands in, Results out) {
     out[0].ints[row] = int32_t(best);
   }
   return llvm::Error::success();
-}
-
-/// The interpreter's thread count, read once for every parallelFor (a template: a static of its
-/// own would be one per instantiation): TGC_THREADS, at most the machine's cores, as more
-/// threads than cores only wait on each other.
-static unsigned interpreterThreads() {
-  static const unsigned threads = [] {
-    int64_t cores = std::max(1u, std::thread::hardware_concurrency());
-    return unsigned(environmentCount("TGC_THREADS", cores, cores, "this machine's cores"));
-  }();
-  return threads;
-}
-
-/// Runs body(i) for i in [0, n), on several threads when `work` is large enough to pay for
-/// them (interpreterThreads of them at most): the pool's (WorkerPool.h), or this thread alone
-/// where the pool is taken (a nested call, another rank's job).
-template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
-  const unsigned threads = interpreterThreads();
-  unsigned count = work < (1 << 20) ? 1u : unsigned(std::min<int64_t>(threads, n));
-  if (count > 1 && WorkerPool::instance(threads).run(n, count, body))
-    return;
-  for (int64_t i = 0; i < n; ++i)
-    body(i);
 }
 
 /// Row-major copy of the [rows, cols] matrix `src` (or of its transpose when `transpose`).
@@ -498,6 +473,21 @@ llvm::Error evalGeluBackward(const AttrMap &attrs, Operands in, Results out) {
   // bias_grad: dx summed as reduce_to sums it.
   const Tensor &dx = out[0];
   return evalReduceTo(attrs, {&dx}, out.drop_front());
+}
+
+llvm::Error evalGeluInner(const AttrMap &, Operands in, Results out) {
+  return unary(in, out, geluTanhInner, kTranscendental);
+}
+llvm::Error evalGeluOf(const AttrMap &, Operands in, Results out) { return binaryMap(in, out, geluTanhOf); }
+llvm::Error evalGeluGradientOf(const AttrMap &, Operands in, Results out) {
+  const float *dy = in[0]->data.data(), *x = in[1]->data.data(), *t = in[2]->data.data();
+  float *y = out[0].data.data();
+  int64_t n = out[0].size(), chunks = (n + 4095) / 4096;
+  parallelFor(chunks, n * 8, [&](int64_t c) {
+    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i)
+      y[i] = geluTanhGradientOf(dy[i], x[i], t[i]);
+  });
+  return llvm::Error::success();
 }
 
 llvm::Error evalSiluBackward(const AttrMap &, Operands in, Results out) {

@@ -15,4 +15,11 @@ using Results = llvm::MutableArrayRef<Tensor>;
   llvm::Error eval##Enum(const AttrMap &attrs, Operands in, Results out);
 #include "ir/Ops.def"
 
+/// The GELU's tanh of each element (geluTanhInner), then the GELU (in: x, tanhs) and its
+/// gradient (in: dy, x, tanhs) from it: the fused MLP gradient's activation and its gradient
+/// of the same h with one tanh an element, the same bits as gelu and gelu_backward.
+llvm::Error evalGeluInner(const AttrMap &attrs, Operands in, Results out);
+llvm::Error evalGeluOf(const AttrMap &attrs, Operands in, Results out);
+llvm::Error evalGeluGradientOf(const AttrMap &attrs, Operands in, Results out);
+
 } // namespace tgc::cpu

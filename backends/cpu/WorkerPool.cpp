@@ -1,10 +1,20 @@
 #include "backends/cpu/WorkerPool.h"
 
+#include "support/Environment.h"
+
 namespace tgc::cpu {
 
 namespace {
 thread_local bool inWorker = false; // this thread is one of the pool's
 } // namespace
+
+unsigned interpreterThreads() {
+  static const unsigned threads = [] {
+    int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    return unsigned(environmentCount("TGC_THREADS", cores, cores, "this machine's cores"));
+  }();
+  return threads;
+}
 
 WorkerPool &WorkerPool::instance(unsigned threads) {
   static WorkerPool pool(threads > 1 ? threads - 1 : 0);

@@ -6,6 +6,7 @@
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -47,5 +48,21 @@ private:
   llvm::function_ref<void(int64_t)> body_;
   bool stop_ = false;
 };
+
+/// The interpreter's thread count, read once: TGC_THREADS, at most the machine's cores, as more
+/// threads than cores only wait on each other.
+unsigned interpreterThreads();
+
+/// Runs body(i) for i in [0, n), on several threads when `work` is large enough to pay for
+/// them (interpreterThreads of them at most): the pool's, or this thread alone where the pool
+/// is taken (a nested call, another rank's job).
+template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
+  const unsigned threads = interpreterThreads();
+  unsigned count = work < (1 << 20) ? 1u : unsigned(std::min<int64_t>(threads, n));
+  if (count > 1 && WorkerPool::instance(threads).run(n, count, body))
+    return;
+  for (int64_t i = 0; i < n; ++i)
+    body(i);
+}
 
 } // namespace tgc::cpu

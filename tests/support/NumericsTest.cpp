@@ -1,9 +1,11 @@
 // FP8 and BF16 conversions from their definitions (the CUDA comparison is NumericsVsCudaTest).
 #include "support/Numerics.h"
+#include "support/ScalarMath.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 using namespace tgc;
 
@@ -65,6 +67,24 @@ TEST(Fp8, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(floatToFp8(-0.0f, Fp8Format::E4M3), 0x80);
   EXPECT_EQ(floatToFp8(NAN, Fp8Format::E4M3), 0x7F);
   EXPECT_EQ(floatToFp8(-NAN, Fp8Format::E5M2), 0x7F);
+}
+
+TEST(Gelu, TheSplitFormsGiveTheSameBitsAsGeluAndItsGradient) {
+  // geluTanhInner, geluTanhOf and geluTanhGradientOf (the CPU's fused MLP gradient takes the
+  // tanh once) against geluTanh and geluTanhGradient, over floats from -16 to 16 a few ulps and
+  // 1e-4 apart, and the extremes.
+  std::vector<float> xs = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e30f, -1e30f, INFINITY, -INFINITY};
+  for (float x = -16.0f; x < 16.0f; x = std::nextafter(std::nextafter(x, 17.0f), 17.0f) + 1e-4f)
+    xs.push_back(x);
+  size_t differ = 0;
+  for (float x : xs) {
+    float t = geluTanhInner(x), dy = 0.75f - x / 32.0f;
+    float values[4] = {geluTanhOf(x, t), geluTanh(x), geluTanhGradientOf(dy, x, t), geluTanhGradient(dy, x)};
+    differ += std::memcmp(&values[0], &values[1], 4) != 0;
+    differ += std::memcmp(&values[2], &values[3], 4) != 0;
+  }
+  EXPECT_GT(xs.size(), 300000u);
+  EXPECT_EQ(differ, 0u);
 }
 
 TEST(Bf16, RoundsToNearestEven) {
