@@ -56,6 +56,18 @@ std::string rowsArgument(const Op &op, const Emitter &e) {
   return e.program_.transposeOnly.count(&op) ? "(unsigned char *)nullptr" : "q";
 }
 
+/// The loss's gradient cast's first launches (activation="cross_entropy_backward"): each row's
+/// loss and log-sum-exp (one block a row), then the mean of the losses; returns the next
+/// launch's index.
+int emitLossLaunches(Emitter &e, const std::string &params, int64_t rows, int64_t cols) {
+  e.uses("loss.cuh");
+  e.rowwise(0, params, rows, fmt::format("crossEntropyRowsAndLse<{}>(x, targets, rowLosses, lse)", cols));
+  e.launch(1, params, 1, fmt::format("crossEntropyMean<{}>(loss, rowLosses)", rows));
+  e.lowering.scratchFloats.push_back(2 * rows); // the rows' losses, in doubles
+  e.lowering.scratchFloats.push_back(rows);
+  return 2;
+}
+
 /// A cast's bias gradient (bias_grad), launch `index`: the tile rows' column sums (partials,
 /// doubles, [tilesR][cols], the op's scratch) added into dbias, as both casts leave them.
 void emitColumnTotals(Emitter &e, int index, const std::string &params, int64_t cols, int64_t tilesR) {
@@ -93,14 +105,7 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
                                    : loss   ? "float *loss, float *rowLosses, float *lse, "
                                             : "",
                                    transpose ? ", float *scalesT" : "");
-  int next = 0;
-  if (loss) { // each row's loss and log-sum-exp (one block a row), then the mean of the losses
-    e.uses("loss.cuh");
-    e.rowwise(next++, params, rows, fmt::format("crossEntropyRowsAndLse<{}>(x, targets, rowLosses, lse)", cols));
-    e.launch(next++, params, 1, fmt::format("crossEntropyMean<{}>(loss, rowLosses)", rows));
-    e.lowering.scratchFloats.push_back(2 * rows); // the rows' losses, in doubles
-    e.lowering.scratchFloats.push_back(rows);
-  }
+  int next = loss ? emitLossLaunches(e, params, rows, cols) : 0;
   e.launch(next++, params, blocks,
            fmt::format("quantizeBlockScaled<{}, {}, {}, {}, {}, {}, {}>({}, scaleInv, {}, {}, amax, saturations, used, "
                        "scales, {}, {}{})",
@@ -184,14 +189,7 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
     std::string scaling = current    ? fmt::format("{}, {}", largest, fp8MarginScale(a))
                           : biasGrad ? largest + ", 1.0f"
                                      : largest;
-    int next = 0;
-    if (loss) { // each row's loss and log-sum-exp (one block a row), then the mean of the losses
-      e.uses("loss.cuh");
-      e.rowwise(next++, params, rows, fmt::format("crossEntropyRowsAndLse<{}>(x, targets, rowLosses, lse)", cols));
-      e.launch(next++, params, 1, fmt::format("crossEntropyMean<{}>(loss, rowLosses)", rows));
-      e.lowering.scratchFloats.push_back(2 * rows); // the rows' losses, in doubles
-      e.lowering.scratchFloats.push_back(rows);
-    }
+    int next = loss ? emitLossLaunches(e, params, rows, cols) : 0;
     if (current)
       e.launch(next++, params, blocks,
                fmt::format("quantizeAmaxBlocks<{}, {}>({}, used)", count, perBlock, source));
