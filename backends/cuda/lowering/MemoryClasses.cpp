@@ -59,15 +59,18 @@ const char *arenaClass(const MemoryPlan::Span &span, const CudaProgram &program,
 MemoryBreakdown memoryBreakdown(const Graph &graph, const CudaProgram &program, const MemoryPlan &plan) {
   MemoryBreakdown b;
   const ParameterLayout &layout = program.layout;
-  int64_t moments = 2 * layout.updatedBytes, fp8Weights = 0;
+  int64_t moments = 2 * layout.updatedBytes, fp8Weights = 0, fp8Transposes = 0;
   for (const auto &[leaf, offset] : layout.state) // the FP8 weights kept between steps (fp8-weights)
-    if (isPrologueLeaf(*leaf->def()) && isFp8(leaf->type().dtype))
-      fp8Weights += storedBytesOf(program, leaf);
+    if (isPrologueLeaf(*leaf->def()) && isFp8(leaf->type().dtype)) {
+      const Op *quantize = quantizeOf(leaf);
+      (quantize && isQuantizeTranspose(*quantize, leaf) ? fp8Transposes : fp8Weights) += storedBytesOf(program, leaf);
+    }
   b.persistent = {{"master weights (fp32)", layout.paramBytes},
                   {"gradients (fp32)", layout.gradBytes},
                   {"AdamW moments", moments},
-                  {"FP8 weights and transposes between steps", fp8Weights},
-                  {"other state (FP8 scaling, caches)", layout.stateBytes - moments - fp8Weights},
+                  {"FP8 weights between steps", fp8Weights},
+                  {"FP8 weight transposes between steps", fp8Transposes},
+                  {"other state (FP8 scaling, caches)", layout.stateBytes - moments - fp8Weights - fp8Transposes},
                   {"inputs and kernel buffers",
                    plan.persistentBytes - layout.paramBytes - layout.gradBytes - layout.stateBytes}};
   b.arenaBytes = plan.arenaBytes;
