@@ -10,7 +10,6 @@
 #include "llvm/Support/Regex.h"
 
 #include <cstdlib>
-
 #include <fmt/format.h>
 #include <mutex>
 
@@ -151,6 +150,7 @@ llvm::Expected<std::unique_ptr<Tokenizer>> parseSentencePiece(llvm::StringRef by
   return std::unique_ptr<Tokenizer>(std::make_unique<SentencePieceTokenizer>(model));
 }
 
+namespace {
 /// SentencePiece's trainer's error in tgc's terms where it is one a user makes (a vocabulary the
 /// corpus cannot fill, or too small for its characters); its own words otherwise.
 std::string trainerError(llvm::StringRef error, const SentencePieceTraining &training) {
@@ -167,6 +167,7 @@ std::string trainerError(llvm::StringRef error, const SentencePieceTraining &tra
     return "no text to train on";
   return "SentencePiece's trainer: " + error.str();
 }
+} // namespace
 
 llvm::Expected<std::string> trainSentencePiece(llvm::StringRef corpus, const SentencePieceTraining &training) {
   if (auto err = sentencePieceAvailable())

@@ -1,8 +1,9 @@
 // The ranks of a data-parallel run and how they reduce values together: the all_reduce op of the
 // data-parallel pass runs through a Communicator (and reduce-scatter and all-gather, what a
-// sharded optimizer needs: [dist-zero]'s CPU reference, not yet used by a pass). The CPU interpreter reduces host memory
-// through it (LocalGroup: ranks as threads of one process, the reference); the GPU executor
-// hands NCCL the device buffers (backends/cuda/libraries/Nccl.h's NcclCommunicator).
+// sharded optimizer needs: [dist-zero]'s CPU reference, not yet used by a pass). The CPU
+// interpreter reduces host memory through it (LocalGroup: ranks as threads of one process, the
+// reference); the GPU executor hands NCCL the device buffers (backends/cuda/libraries/Nccl.h's
+// NcclCommunicator).
 #pragma once
 
 #include "llvm/ADT/StringRef.h"

@@ -31,33 +31,22 @@
 namespace tgc {
 #endif
 
-/// GELU with the tanh approximation, as GPT-2 and Transformer Engine use.
-TGC_SM_CALLED_FN float geluTanh(float x) {
-  const float c = 0.7978845608028654f; // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + TGC_SM_TANHF(c * (x + 0.044715f * x * x * x)));
-}
-
-/// d/dx of geluTanh at x, times dy.
-TGC_SM_FN float geluTanhGradient(float dy, float x) {
-  const float c = 0.7978845608028654f;
-  float t = TGC_SM_TANHF(c * (x + 0.044715f * x * x * x));
-  float du = c * (1.0f + 3.0f * 0.044715f * x * x);
-  return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
-}
-
-/// The tanh that geluTanh and geluTanhGradient take of x, and each of them from it: where both
-/// are needed of the same x (the CPU's fused MLP gradient) the tanh is computed once. The same
-/// operations as the two functions above, in the same order (NumericsTest checks the bits).
+/// GELU with the tanh approximation, as GPT-2 and Transformer Engine use, and its gradient, each
+/// from the tanh of its argument (geluTanhInner): where both are needed of the same x (the CPU's
+/// fused MLP gradient) the tanh is computed once.
 TGC_SM_FN float geluTanhInner(float x) {
-  const float c = 0.7978845608028654f;
+  const float c = 0.7978845608028654f; // sqrt(2 / pi)
   return TGC_SM_TANHF(c * (x + 0.044715f * x * x * x));
 }
 TGC_SM_FN float geluTanhOf(float x, float t) { return 0.5f * x * (1.0f + t); }
+/// d/dx of the GELU at x (whose geluTanhInner is t), times dy.
 TGC_SM_FN float geluTanhGradientOf(float dy, float x, float t) {
   const float c = 0.7978845608028654f;
   float du = c * (1.0f + 3.0f * 0.044715f * x * x);
   return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
 }
+TGC_SM_CALLED_FN float geluTanh(float x) { return geluTanhOf(x, geluTanhInner(x)); }
+TGC_SM_FN float geluTanhGradient(float dy, float x) { return geluTanhGradientOf(dy, x, geluTanhInner(x)); }
 
 /// The FP8 scale of an amax (fp8.md): (largest / amax) / marginScale (2^margin) where amax is
 /// finite and > 0, FLT_MAX for an infinite quotient, else `fallback`: delayed scaling's scale

@@ -213,9 +213,8 @@ constexpr int64_t kCheap = 1, kTranscendental = 64;
 template <typename F> llvm::Error unary(Operands in, Results out, F f, int64_t cost = kCheap) {
   const float *x = in[0]->data.data();
   float *y = out[0].data.data();
-  int64_t n = int64_t(out[0].data.size()), chunks = (n + 4095) / 4096;
-  parallelFor(chunks, n * cost, [&](int64_t c) {
-    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i)
+  parallelChunks(int64_t(out[0].data.size()), cost, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
       y[i] = f(x[i]);
   });
   return llvm::Error::success();
@@ -458,9 +457,8 @@ llvm::Error evalEmbeddingBackward(const AttrMap &, Operands in, Results out) {
 template <typename F> llvm::Error binaryMap(Operands in, Results out, F f, int64_t cost = kCheap) {
   const float *a = in[0]->data.data(), *b = in[1]->data.data();
   float *y = out[0].data.data();
-  int64_t n = out[0].size(), chunks = (n + 4095) / 4096;
-  parallelFor(chunks, n * cost, [&](int64_t c) {
-    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i)
+  parallelChunks(out[0].size(), cost, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
       y[i] = f(a[i], b[i]);
   });
   return llvm::Error::success();
@@ -482,9 +480,8 @@ llvm::Error evalGeluOf(const AttrMap &, Operands in, Results out) { return binar
 llvm::Error evalGeluGradientOf(const AttrMap &, Operands in, Results out) {
   const float *dy = in[0]->data.data(), *x = in[1]->data.data(), *t = in[2]->data.data();
   float *y = out[0].data.data();
-  int64_t n = out[0].size(), chunks = (n + 4095) / 4096;
-  parallelFor(chunks, n * 8, [&](int64_t c) {
-    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i)
+  parallelChunks(out[0].size(), 8, [&](int64_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
       y[i] = geluTanhGradientOf(dy[i], x[i], t[i]);
   });
   return llvm::Error::success();
@@ -671,10 +668,10 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
     scaleInv = 1.0f / scale;
   }
   // In chunks over the threads: each element its own, the counts integers (no bit moves).
-  int64_t n = x.size(), chunks = (n + 4095) / 4096;
-  std::vector<int64_t> saturated(size_t(chunks), 0);
-  parallelFor(chunks, n * 16, [&](int64_t c) {
-    for (int64_t i = c * 4096; i < std::min(n, (c + 1) * 4096); ++i) {
+  int64_t n = x.size();
+  std::vector<int64_t> saturated(size_t(chunkCount(n)), 0); // a count a chunk
+  parallelChunks(n, 16, [&](int64_t c, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
       float v = x.data[i], scaled = v * scale;
       saturated[size_t(c)] += std::fabs(scaled) > max;
       // The tensor holds what a GEMM reads: the FP8 code times scale_inv.

@@ -1,5 +1,5 @@
-// The CPU interpreter's worker threads, started once and kept: parallelFor (CpuKernels.cpp)
-// hands them the parts of a range of indices instead of starting threads at every call (which
+// The CPU interpreter's worker threads, started once and kept: parallelFor (below) hands them
+// the parts of a range of indices instead of starting threads at every call (which
 // cost tens of microseconds a call, tens of calls a step). Each index is a piece of work whose
 // result does not depend on the thread that runs it, so the pool changes no bit.
 #pragma once
@@ -63,6 +63,16 @@ template <typename F> void parallelFor(int64_t n, int64_t work, F body) {
     return;
   for (int64_t i = 0; i < n; ++i)
     body(i);
+}
+
+/// An elementwise loop over n elements as parallelFor's work: chunkCount(n) chunks of
+/// kElementChunk, body(chunk, begin, end) for each, `cost` an element's work in additions' worth
+/// (a tanhf some 64).
+inline constexpr int64_t kElementChunk = 4096;
+inline int64_t chunkCount(int64_t n) { return (n + kElementChunk - 1) / kElementChunk; }
+template <typename F> void parallelChunks(int64_t n, int64_t cost, F body) {
+  parallelFor(chunkCount(n), n * cost,
+              [&](int64_t c) { body(c, c * kElementChunk, std::min(n, (c + 1) * kElementChunk)); });
 }
 
 } // namespace tgc::cpu

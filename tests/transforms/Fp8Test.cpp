@@ -7,14 +7,13 @@
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
-#include "app/Init.h"
 #include "driver/Program.h"
-#include "support/Random.h"
 #include "app/Checkpoint.h"
 #include "backends/cpu/Fp8Scaling.h"
 #include "app/Generate.h"
 #include "backends/cpu/Interpreter.h"
 #include "app/Trainer.h"
+#include "tests/StepLeaves.h"
 #include "tests/TestUtil.h"
 
 #include <fmt/format.h>
@@ -225,15 +224,7 @@ std::unique_ptr<Graph> tinyFp8Program(std::vector<std::string> extra, bool fp8He
 /// One training step of `plain` and `other` on the same random parameters and batch: the same
 /// bits in every output, parameter, AdamW moment and FP8 scaling state.
 void expectTheSameStep(const Graph &plain, const Graph &other) {
-  Rng rng(freshSeed());
-  std::map<std::string, Tensor> leaves = initParams(plain, rng.next());
-  for (const char *name : {"tokens", "targets"}) {
-    Tensor t = Tensor::zeros(plain.lookup(name)->type());
-    for (int32_t &v : t.ints)
-      v = int32_t(rng.below(64));
-    leaves[name] = std::move(t);
-  }
-  leaves["step"] = Tensor{plain.lookup("step")->type(), {}, {1}};
+  std::map<std::string, Tensor> leaves = randomStepLeaves(plain, freshSeed());
   Interpreter a(plain), b(other);
   ASSERT_FALSE(bool(a.bindAll(leaves)));
   ASSERT_FALSE(bool(b.bindAll(leaves)));

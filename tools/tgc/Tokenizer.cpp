@@ -25,10 +25,12 @@ static cl::opt<std::string> ModelOut("o", cl::desc("Where to write the tokenizer
                                      cl::cat(category()));
 static cl::opt<std::string> ModelType("model-type", cl::desc("bpe (the default) | unigram"), cl::init("bpe"),
                                       cl::sub(tokenizerCommand()), cl::cat(category()));
-static cl::opt<double> Coverage("character-coverage",
-                                cl::desc("The share of the corpus's characters that get pieces of their own, 0.98 to "
-                                         "1 (the rest are spelled in byte pieces; default 0.9995)"),
-                                cl::init(0.9995), cl::sub(tokenizerCommand()), cl::cat(category()));
+const double kCoverage = SentencePieceTraining().characterCoverage;
+const std::string kCoverageHelp = fmt::format("The share of the corpus's characters that get pieces of their own, "
+                                              "0.98 to 1 (the rest are spelled in byte pieces; default {})",
+                                              kCoverage);
+static cl::opt<double> Coverage("character-coverage", cl::desc(kCoverageHelp), cl::init(kCoverage),
+                                cl::sub(tokenizerCommand()), cl::cat(category()));
 
 } // namespace
 

@@ -191,6 +191,14 @@ __device__ __forceinline__ unsigned maxAbsBits(unsigned maxBits, float4 v) {
   return max(max(maxBits, max(absBits(v.x), absBits(v.y))), max(absBits(v.z), absBits(v.w)));
 }
 
+// Four scaled values as four FP8 bytes of one word, the first lowest (two conversions of a pair
+// each: the same bytes as one at a time), saturating.
+template <__nv_fp8_interpretation_t Format> __device__ __forceinline__ unsigned fp8Word(float4 s) {
+  unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(s.x, s.y), __NV_SATFINITE, Format);
+  unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(s.z, s.w), __NV_SATFINITE, Format);
+  return lo | hi << 16;
+}
+
 // One thread's conversions: each value times the scale to FP8, saturating at `largest`, its
 // max |value| (as bits: an integer maximum a value) and how many saturated kept as it goes.
 template <__nv_fp8_interpretation_t Format>
@@ -204,15 +212,12 @@ struct Fp8Converter {
     saturated += fabsf(scaled) > largest;
     return (unsigned)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, Format);
   }
-  // Four values as four bytes of one word, the first lowest (two conversions of a pair each:
-  // the same bytes as one at a time).
+  // Four values as four bytes of one word (fp8Word).
   __device__ unsigned operator()(float4 v) {
     float4 s = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
     maxBits = maxAbsBits(maxBits, v);
     saturated += (fabsf(s.x) > largest) + (fabsf(s.y) > largest) + (fabsf(s.z) > largest) + (fabsf(s.w) > largest);
-    unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(s.x, s.y), __NV_SATFINITE, Format);
-    unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(s.z, s.w), __NV_SATFINITE, Format);
-    return lo | hi << 16;
+    return fp8Word<Format>(s);
   }
 };
 
@@ -425,7 +430,7 @@ __device__ void quantizeTransposeBlocks(Source x, const float *scale, unsigned c
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         words[j] = convert(v[j]);
-        if (q) // (null where the program reads only the transpose: requantize-transposes' copies)
+        if (q) // (null where the program reads only the transpose: CudaProgram::transposeOnly)
           *(unsigned *)(q + (r + j) * Cols + c) = words[j];
       }
       transposeBytes8x4(words, lo, hi);
@@ -661,11 +666,8 @@ __device__ __forceinline__ float4 columnBlockWords(const float4 (&v)[16], const 
     s[k] = blockScaleOf(amaxOfBits(bits), largest);
   }
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(v[j].x * s[0], v[j].y * s[1]), __NV_SATFINITE, Format);
-    unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(v[j].z * s[2], v[j].w * s[3]), __NV_SATFINITE, Format);
-    words[j] = lo | hi << 16;
-  }
+  for (int j = 0; j < 16; ++j)
+    words[j] = fp8Word<Format>(make_float4(v[j].x * s[0], v[j].y * s[1], v[j].z * s[2], v[j].w * s[3]));
   return make_float4(1.0f / s[0], 1.0f / s[1], 1.0f / s[2], 1.0f / s[3]);
 }
 
@@ -751,7 +753,7 @@ __device__ void quantizeBlockScaled(Source x, const float *scaleInv, unsigned ch
       convert.scale = s;
       words[j] = convert(v[j]);
       flushed += flushedIn(words[j], v[j]);
-      if (q) // (null where the program reads only the transpose)
+      if (q) // (null where the program reads only the transpose: CudaProgram::transposeOnly)
         *(unsigned *)(q + (r0 + j) * Cols + c) = words[j];
     }
     if (BlockRows == 128 && threadIdx.x == 0) {

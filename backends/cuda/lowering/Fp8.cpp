@@ -86,11 +86,7 @@ void emitColumnTotals(Emitter &e, int index, const std::string &params, int64_t 
 /// cast reads the logits through the softmax's gradient.
 llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &options, int64_t rows, int64_t cols,
                               const std::string &source) {
-  bool loss = options.activation == QuantizeActivation::CrossEntropyBackward;
-  if (loss && !options.transpose)
-    return makeError("quantize {{activation=\"cross_entropy_backward\"}} %{}: the GPU makes the loss's "
-                     "gradient in its cast-transpose only (transpose=true)",
-                     op.result()->name());
+  bool loss = options.activation == QuantizeActivation::CrossEntropyBackward; // (transposed: emitFp8 checks)
   bool transpose = options.transpose, gradient = readsHidden(options.activation), biasGrad = options.biasGrad;
   int64_t tilesR = (rows + 127) / 128, tiles = tilesR * (cols / 128);
   int64_t blocks = std::min<int64_t>(tiles, 2 * int64_t(e.program_.multiprocessors));
@@ -152,6 +148,10 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       return makeError("quantize {{activation=\"{}\"}} %{}: the GPU's needs SwiGLU's F a multiple of 4, got {}",
                        activationName(options.activation), op.result()->name().c_str(), (long long)f);
     std::string source = quantizeSource(options.activation, rows, cols, f);
+    if (loss && !transpose)
+      return makeError("quantize {{activation=\"cross_entropy_backward\"}} %{}: the GPU makes the loss's "
+                       "gradient in its cast-transpose only (transpose=true)",
+                       op.result()->name().c_str());
     if (options.blockScaling)
       return emitBlockQuantize(op, e, options, rows, cols, source);
     int64_t tilesC = (cols + 63) / 64, tilesR = (rows + 63) / 64, tiles = tilesR * tilesC;
@@ -159,10 +159,6 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       return makeError("quantize {{transpose=true}} %{}: the GPU's cast-transpose needs both sides "
                        "multiples of 16, got [{}, {}]",
                        op.result()->name().c_str(), (long long)rows, (long long)cols);
-    if (loss && !transpose)
-      return makeError("quantize {{activation=\"cross_entropy_backward\"}} %{}: the GPU makes the loss's "
-                       "gradient in its cast-transpose only (transpose=true)",
-                       op.result()->name().c_str());
     if (biasGrad && !transpose)
       return makeError("quantize {{bias_grad=true}} %{}: the GPU sums the columns in its "
                        "cast-transpose only (transpose=true)",

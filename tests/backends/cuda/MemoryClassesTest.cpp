@@ -1,13 +1,12 @@
 // The memory plan by class (MemoryClasses.h): the classes add up to the plan's bytes, the peak
 // is the op where the most is alive, and each class holds what its name says.
-#include "app/Init.h"
 #include "backends/cpu/Interpreter.h"
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/lowering/Lowering.h"
 #include "backends/cuda/lowering/MemoryClasses.h"
 #include "models/GPTBuilder.h"
-#include "support/Random.h"
 #include "transforms/Pass.h"
+#include "tests/StepLeaves.h"
 #include "tests/TestUtil.h"
 
 using namespace tgc;
@@ -91,15 +90,7 @@ TEST(MemoryClasses, WithoutRequantizingTheWeightTransposesWaitAtThePeak) {
 /// The losses of `steps` steps of `graph` on the CPU interpreter, from parameters drawn with
 /// `seed` and one batch, the prologue run first (the FP8 weights kept between steps).
 std::vector<float> interpretedLosses(const Graph &graph, uint64_t seed, int steps) {
-  Rng rng(seed);
-  std::map<std::string, Tensor> leaves = initParams(graph, rng.next());
-  for (const char *name : {"tokens", "targets"}) {
-    Tensor t = Tensor::zeros(graph.lookup(name)->type());
-    for (int32_t &v : t.ints)
-      v = int32_t(rng.below(64));
-    leaves[name] = std::move(t);
-  }
-  leaves["step"] = Tensor{graph.lookup("step")->type(), {}, {1}};
+  std::map<std::string, Tensor> leaves = randomStepLeaves(graph, seed);
   Interpreter interpreter(graph);
   std::vector<float> losses;
   if (auto err = interpreter.bindAll(leaves)) {
