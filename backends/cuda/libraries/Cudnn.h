@@ -52,6 +52,23 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
 /// loadCudnnFrom(cudnnCandidates()), once a process.
 llvm::Expected<const CudnnApi *> loadCudnn();
 
+/// The element types of cuDNN's attention buffers.
+enum class CudnnType { Bf16, E4M3, E5M2 };
+
+/// FP8 attention (cuDNN's FP8 SDPA, what Transformer Engine's fp8_dpa runs): q, k and v in
+/// E4M3 with one scale each; the probabilities quantized to E4M3 inside the kernel at the scale
+/// S's state gives; the output in `out`'s type (at O's scale where FP8). The gradient reads dout
+/// in `grad`'s type, quantizes dS (dP's state) to it, and writes dq, dk and dv in `dqkv`'s.
+/// Each scale, descale and amax is one fp32 in GPU memory, 16-byte aligned; the amaxes cuDNN
+/// writes are of the values before their scale (S: the normalised probabilities; O, dq, dk,
+/// dv: the dequantized products; dP: dS).
+struct CudnnFp8 {
+  bool enabled = false;
+  CudnnType out = CudnnType::Bf16;
+  CudnnType grad = CudnnType::E4M3;
+  CudnnType dqkv = CudnnType::Bf16;
+};
+
 /// A causal attention as tgc lays it out: B sequences of T positions, H heads of DH, scores
 /// scaled by `scale` before the softmax. BF16 operands: q, k and v head-major ([3][B][H][T][DH],
 /// keep-attention-heads' copy or the lowering's) or, with qkvRows, in place in the rows of the
@@ -71,6 +88,8 @@ struct CudnnAttentionShape {
   bool qkvRows = false;
   /// The gradient's dout read where its GEMM wrote it (BF16 rows), not from a head-major copy.
   bool doutRows = false;
+  /// FP8 operands (one layout: q, k, v head-major or qkvRows, out and dout as above).
+  CudnnFp8 fp8;
   /// What a plan depends on (layers of one model share their plans).
   std::string key() const;
 };
@@ -127,8 +146,15 @@ public:
   /// Enqueues the attention on the handle's stream (by the chosen plan, or `candidate`'s).
   llvm::Error run(void *handle, const Buffers &buffers, int candidate = -1) const;
 
-  /// How many pointers run() takes.
-  static size_t operandCount(const CudnnAttentionShape &shape) { return shape.backward ? 10 : 5; }
+  /// How many pointers run() takes: BF16 as above; FP8's forward q, k, v, out, stats, then
+  /// descale q, k, v, S, scale S, O, amax S, O; FP8's gradient q, k, v, out, dout, stats, dq,
+  /// dk, dv, then descale q, k, v, O, dout, S, dP, scale S, dP, dq, dk, dv, amax dP, dq, dk,
+  /// dv.
+  static size_t operandCount(const CudnnAttentionShape &shape) {
+    if (shape.fp8.enabled)
+      return shape.backward ? 25 : 13;
+    return shape.backward ? 10 : 5;
+  }
 
 private:
   CudnnAttention(const CudnnApi &api, CudnnAttentionShape shape) : api_(api), shape_(shape) {}

@@ -1,0 +1,142 @@
+// The CPU's emulation of cuDNN's FP8 attention (backends/cpu/Fp8Attention.h) against attention
+// in fp32 on the same (dequantized) operands: the error its FP8 probabilities and dS add stays
+// within what E4M3 and E5M2 round to, the scales and descales cancel, and the amaxes are those
+// of the unscaled values. (cuDNN against the emulation: GpuFp8AttentionTest.cpp.)
+#include "backends/cpu/Fp8Attention.h"
+#include "support/Random.h"
+#include "tests/TestUtil.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+using namespace tgc;
+
+namespace {
+
+struct Exact {
+  std::vector<float> out, dq, dk, dv;
+  float amaxDP = 0;
+};
+
+/// Causal attention and its gradient in fp32 (double sums), head-major, on dequantized values.
+Exact exactAttention(const Fp8AttentionShape &s, const std::vector<float> &q, const std::vector<float> &k,
+                     const std::vector<float> &v, const std::vector<float> &dout) {
+  const int64_t T = s.T, DH = s.DH;
+  Exact e;
+  e.out.assign(q.size(), 0.0f);
+  e.dq = e.dk = e.dv = e.out;
+  for (int64_t h = 0; h < s.B * s.H; ++h) {
+    const int64_t at = h * T * DH;
+    for (int64_t i = 0; i < T; ++i) {
+      std::vector<double> p(size_t(i + 1));
+      double m = -1e30, l = 0, D = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        double d = 0;
+        for (int64_t c = 0; c < DH; ++c)
+          d += double(q[size_t(at + i * DH + c)]) * k[size_t(at + j * DH + c)];
+        p[size_t(j)] = d * s.scale;
+        m = std::max(m, p[size_t(j)]);
+      }
+      for (double &x : p)
+        l += x = std::exp(x - m);
+      for (int64_t c = 0; c < DH; ++c) {
+        double o = 0;
+        for (int64_t j = 0; j <= i; ++j)
+          o += p[size_t(j)] / l * v[size_t(at + j * DH + c)];
+        e.out[size_t(at + i * DH + c)] = float(o);
+        D += o * dout[size_t(at + i * DH + c)];
+      }
+      for (int64_t j = 0; j <= i; ++j) {
+        double pj = p[size_t(j)] / l, dP = 0;
+        for (int64_t c = 0; c < DH; ++c) {
+          dP += double(dout[size_t(at + i * DH + c)]) * v[size_t(at + j * DH + c)];
+          e.dv[size_t(at + j * DH + c)] += float(pj * dout[size_t(at + i * DH + c)]);
+        }
+        double dS = pj * (dP - D) * s.scale;
+        e.amaxDP = std::max(e.amaxDP, float(std::fabs(dS)));
+        for (int64_t c = 0; c < DH; ++c) {
+          e.dq[size_t(at + i * DH + c)] += float(dS * k[size_t(at + j * DH + c)]);
+          e.dk[size_t(at + j * DH + c)] += float(dS * q[size_t(at + i * DH + c)]);
+        }
+      }
+    }
+  }
+  return e;
+}
+
+float maxAbs(const std::vector<float> &x) {
+  float m = 0;
+  for (float e : x)
+    m = std::max(m, std::fabs(e));
+  return m;
+}
+
+/// The largest |a - b| over the largest |b|.
+double relativeError(const std::vector<float> &a, const std::vector<float> &b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return err / scale;
+}
+
+TEST(Fp8Attention, MatchesFp32AttentionWithinWhatFp8RoundsTo) {
+  // T 300: three tiles of keys, the last cut short. Operands quantized to E4M3 at scales that
+  // are powers of two apart from 1 (the emulation gets the FP8 values and their descales).
+  Fp8AttentionShape s;
+  s.B = 2, s.H = 2, s.T = 300, s.DH = 32, s.scale = 1 / std::sqrt(32.0f);
+  Rng rng(test::freshSeed());
+  const size_t n = size_t(s.B * s.H * s.T * s.DH);
+  Fp8AttentionScales c;
+  c.descaleQ = 1 / 64.0f, c.descaleK = 1 / 32.0f, c.descaleV = 1 / 128.0f, c.descaleDO = 1 / 4096.0f;
+  std::vector<float> q8(n), k8(n), v8(n), do8(n), q(n), k(n), v(n), dout(n);
+  auto fill = [&](std::vector<float> &x8, std::vector<float> &x, float descale, float std, Fp8Format f) {
+    for (size_t i = 0; i < n; ++i) {
+      x8[i] = fp8ToFloat(floatToFp8(float(rng.normal()) * std / descale, f), f);
+      x[i] = x8[i] * descale;
+    }
+  };
+  fill(q8, q, c.descaleQ, 1.0f, Fp8Format::E4M3);
+  fill(k8, k, c.descaleK, 1.0f, Fp8Format::E4M3);
+  fill(v8, v, c.descaleV, 0.5f, Fp8Format::E4M3);
+  for (std::optional<Fp8Format> outFormat : {std::optional<Fp8Format>(), std::optional(Fp8Format::E4M3)})
+    for (Fp8Format grad : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+      SCOPED_TRACE(testing::Message() << "out " << (outFormat ? "e4m3" : "bf16") << ", grad "
+                                      << (grad == Fp8Format::E4M3 ? "e4m3" : "e5m2"));
+      s.out = outFormat, s.grad = grad, s.dqkv = std::nullopt;
+      fill(do8, dout, c.descaleDO, 0.01f, grad);
+      Exact e = exactAttention(s, q, k, v, dout);
+      c.scaleS = 448, c.descaleS = 1 / 448.0f; // probabilities in [0, 1]
+      c.scaleO = outFormat ? 256 : 1;
+      Fp8AttentionForward f = fp8AttentionForward(s, q8, k8, v8, c);
+      EXPECT_EQ(f.amaxS, 1.0f); // the first query's one key
+      std::vector<float> out = f.out;
+      for (float &x : out)
+        x /= c.scaleO;
+      // P to E4M3: 2^-4 relative a probability (a little more for the subnormal smallest ones).
+      EXPECT_LT(relativeError(out, e.out), 0.07);
+      EXPECT_NEAR(f.amaxO, maxAbs(e.out), 0.07 * maxAbs(e.out));
+      c.descaleO = 1 / c.scaleO;
+      c.scaleDP = fp8Max(grad) / e.amaxDP, c.descaleDP = 1 / c.scaleDP;
+      c.scaleDQ = c.scaleDK = c.scaleDV = 1;
+      Fp8AttentionGradients g = fp8AttentionBackward(s, q8, k8, v8, f.out, do8, c);
+      EXPECT_NEAR(g.amaxDP, e.amaxDP, 0.1 * e.amaxDP);
+      // dS to E4M3 or E5M2 (2^-3 relative) and sums of many: within a few per cent.
+      double bound = grad == Fp8Format::E4M3 ? 0.08 : 0.15;
+      EXPECT_LT(relativeError(g.dq, e.dq), bound);
+      EXPECT_LT(relativeError(g.dk, e.dk), bound);
+      EXPECT_LT(relativeError(g.dv, e.dv), 0.07);
+      EXPECT_NEAR(g.amaxDV, maxAbs(e.dv), 0.05 * maxAbs(e.dv));
+    }
+}
+
+TEST(Fp8Attention, StoresAtTheScalesGiven) {
+  EXPECT_EQ(storeScaled(3.0f, 2.0f, Fp8Format::E4M3), 6.0f);
+  EXPECT_EQ(storeScaled(300.0f, 2.0f, Fp8Format::E4M3), 448.0f); // saturates
+  EXPECT_EQ(storeScaled(1.0f + 1.0f / 256, 1.0f, std::nullopt), 1.0f); // BF16's 8 bits
+  EXPECT_EQ(storeScaled(1.0f + 1.0f / 64, 1.0f, std::nullopt), 1.0f + 1.0f / 64);
+}
+
+} // namespace
