@@ -370,6 +370,52 @@ llvm::Expected<TypeList> inferAttentionBackward(Operands ops, const AttrMap &att
   return TypeList{qkv};
 }
 
+/// The attention an FP8 attention computes: its E4M3 q [B, T, 3D] (one KV head a query head, no
+/// rope: what cuDNN's FP8 attention takes), its state scalars from `first` on, and the types of
+/// the attention's out and lse (f32: BF16 values).
+static llvm::Expected<TypeList> fp8AttentionTypes(Operands ops, size_t first, const AttrMap &attrs) {
+  const TensorType &q = ops[first];
+  if (q.dtype != DType::F8E4M3)
+    return makeError("q must be the E4M3 packed qkv, got {}", q.str());
+  AttentionHeads h = attentionHeads(attrs);
+  if (h.grouped() || h.ropeTheta)
+    return makeError("FP8 attention takes neither kv_heads nor rope_theta");
+  auto types = inferAttention(TensorType(DType::F32, q.shape), attrs, {});
+  if (!types)
+    return types.takeError();
+  for (size_t i = first + 1; i < ops.size(); ++i)
+    if (ops[i] != TensorType(DType::F32, {}))
+      return makeError("operand {} (a scale) must be f32[], got {}", i, ops[i].str());
+  return types;
+}
+
+llvm::Expected<TypeList> inferFp8Attention(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  if (isHeadMajor(attrs))
+    return makeError("FP8 attention reads q in place: no head_major");
+  auto types = fp8AttentionTypes(ops, 0, attrs);
+  if (!types)
+    return types.takeError();
+  types->push_back(TensorType(DType::F32, {})); // amax_s
+  return types;
+}
+
+llvm::Expected<TypeList> inferFp8AttentionBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
+  // (dout_q, q, out, lse, scales...): the scales from operand 4 on; q's type checked first.
+  llvm::SmallVector<TensorType, 8> rest{ops[1]};
+  rest.append(ops.begin() + 4, ops.end());
+  auto forward = fp8AttentionTypes(rest, 0, attrs);
+  if (!forward)
+    return forward.takeError();
+  const TensorType &dout = ops[0];
+  if (!isFp8(dout.dtype) || dout.shape != (*forward)[0].shape)
+    return makeError("dout must be FP8 {}, got {}", TensorType(DType::F8E5M2, (*forward)[0].shape).str(), dout.str());
+  if (ops[2] != (*forward)[0])
+    return makeError("out must be {}, got {}", (*forward)[0].str(), ops[2].str());
+  if (ops[3] != (*forward)[1])
+    return makeError("lse must be {}, got {}", (*forward)[1].str(), ops[3].str());
+  return TypeList{TensorType(DType::F32, ops[1].shape), TensorType(DType::F32, {})};
+}
+
 llvm::Expected<TypeList> inferCrossEntropyBackward(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   return inferNLLLossBackward(ops, attrs, {});
 }

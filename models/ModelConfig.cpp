@@ -203,6 +203,8 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     t.recompute = *o.recompute;
   if (o.fp8Weights)
     p.fp8Weights = *o.fp8Weights;
+  if (o.fp8Attention)
+    p.fp8Attention = *o.fp8Attention;
   return llvm::Error::success();
 }
 
@@ -558,7 +560,8 @@ void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
   if (top.count("precision") &&
       readMapping(top["precision"], "precision",
                   {"recipe", "fp8_format", "fp8_scaling", "margin", "amax_history_len", "amax_compute_algo",
-                   "keep_bf16", "fp8_min_dim", "fp8_layers", "fp8_weights"},
+                   "keep_bf16", "fp8_min_dim", "fp8_layers", "fp8_weights",
+                   "fp8_attention"},
                   precision)) {
     std::string recipe(recipeName(p.recipe)), format(fp8FormatName(p.fp8Format));
     readChoice(precision, "recipe", recipe);
@@ -576,6 +579,7 @@ void ConfigReader::readPrecision(Fields &top, PrecisionConfig &p) {
     if (precision.count("fp8_layers"))
       readStrings(precision, "fp8_layers", p.fp8Layers.emplace());
     readBool(precision, "fp8_weights", p.fp8Weights);
+    readBool(precision, "fp8_attention", p.fp8Attention);
   }
 }
 
@@ -711,7 +715,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       "  decay_embeddings: {}\n  recompute: {}\n  seed: {}\n"
       "data:\n  min_step: {}\n  max_step: {}\n"
       "precision:\n  recipe: {}\n  fp8_format: {}\n  fp8_scaling: {}\n  margin: {}\n  amax_history_len: {}\n"
-      "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n{}{}",
+      "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n{}{}{}",
       c.name, c.vocab, c.seqLen, c.dModel, c.heads, c.layers, c.ffn,
       c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm",
       c.activation == ActivationKind::Gelu ? "gelu" : "swiglu", c.bias, c.tieEmbeddings,
@@ -723,7 +727,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), fp8ScalingName(p.fp8Scaling).str(), p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim,
       p.fp8Layers ? fmt::format("  fp8_layers: [{}]\n", quotedList(*p.fp8Layers)) : std::string(),
-      p.fp8Weights ? "  fp8_weights: true\n" : "");
+      p.fp8Weights ? "  fp8_weights: true\n" : "", p.fp8Attention ? "  fp8_attention: true\n" : "");
 }
 
 llvm::Expected<ModelConfig> parseModelConfig(llvm::StringRef text, llvm::StringRef file) {

@@ -108,6 +108,10 @@ struct PrecisionConfig {
   /// layer's weight, and its transpose, are kept in FP8 from one step to the next, made after
   /// AdamW updates the master weights (the fp8-weights pass); checkpoints keep the masters.
   bool fp8Weights = false;
+  /// FP8 attention (Transformer Engine's fp8_dpa): each eligible attention (one KV head a query
+  /// head, no rope) runs cuDNN's FP8 fused attention, q, k, v and dout quantized with scaling
+  /// state of their own, the probabilities and dS at S's and dP's (assign-precision).
+  bool fp8Attention = false;
   /// Set for inference programs: no weight gradient contracts over the rows, so a product of
   /// any number of rows runs in FP8 (training needs them a multiple of 16).
   bool forwardOnly = false;
@@ -168,7 +172,7 @@ struct ConfigOverrides {
   std::optional<uint64_t> seed;
   std::optional<bool> recompute;
   std::optional<bool> fp8LmHead; // --fp8-lm-head: the LM head out of keep_bf16
-  std::optional<bool> fp8Weights;
+  std::optional<bool> fp8Weights, fp8Attention;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag

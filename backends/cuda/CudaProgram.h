@@ -164,7 +164,8 @@ struct LoweringOptions {
   /// The attention ops (cudnnAttentionShape's) that cuDNN runs, each with the bytes of
   /// workspace its plan needs: the executor builds the plans before it lowers the program.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;
-  /// The GPU's multiprocessors; 0 (no GPU: tgc compile --arch) takes an H100's and H200's 132.
+  /// The GPU's multiprocessors; 0 (no GPU: tgc compile --arch) takes an H100's and H200's 132,
+  /// and plans FP8 attention as cuDNN's (no workspace).
   int multiprocessors = 0;
 };
 

@@ -201,10 +201,13 @@ void printBenchFp8State(const std::string &recipe, std::vector<Fp8TensorSummary>
 void printFp8Layers(const Trainer &trainer) {
   const PrecisionConfig &resolved = trainer.config().precision;
   auto [fp8Layers, linearLayers] = countFp8Layers(trainer.program(), trainer.config());
-  llvm::outs() << fmt::format("       {} of {} linear layers in FP8 ({}; compile --explain-precision says why){}\n",
+  int64_t fp8Attention = llvm::count_if(trainer.program().ops(),
+                                        [](const Op *op) { return op->kind() == OpKind::Fp8Attention; });
+  llvm::outs() << fmt::format("       {} of {} linear layers in FP8 ({}; compile --explain-precision says why){}{}\n",
                               fp8Layers, linearLayers,
                               resolved.measured.empty() ? "every legal one" : "those measured faster",
-                              resolved.fp8Weights ? ", their weights kept in FP8 between steps" : "");
+                              resolved.fp8Weights ? ", their weights kept in FP8 between steps" : "",
+                              fp8Attention ? fmt::format(", {} attentions in FP8", fp8Attention) : "");
   for (const GemmMeasurement &m : resolved.measured)
     llvm::outs() << "         " << describeMeasurement(m) << "\n";
   if (!resolved.measuredSummary.empty())

@@ -114,6 +114,11 @@ cl::opt<bool> Fp8Weights("fp8-weights",
                                   "made after AdamW (Transformer Engine's quantized_model_init); the optimizer keeps "
                                   "the fp32 master weights, and checkpoints them"),
                          cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<bool> Fp8Attention("fp8-attention",
+                           cl::desc("Under fp8, run attention in FP8 (cuDNN's FP8 fused attention, Transformer "
+                                    "Engine's fp8_dpa): q, k, v, dout and the probabilities with scaling state of "
+                                    "their own; the GPU needs cuDNN 9"),
+                           cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<bool> Fp8LmHead("fp8-lm-head",
                         cl::desc("Under fp8 and auto, the LM head's product may run in FP8 (the default unless the "
                                  "model file's keep_bf16 names lm_head); --fp8-lm-head=false keeps it BF16"),
@@ -183,6 +188,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.fp8LmHead = Fp8LmHead;
   if (given(Fp8Weights))
     o.fp8Weights = Fp8Weights;
+  if (given(Fp8Attention))
+    o.fp8Attention = Fp8Attention;
   if (auto err = applyOverrides(*config, o))
     return std::move(err);
   for (const std::string &name : DisablePass)

@@ -486,9 +486,10 @@ void printRunHeader(const Trainer &t) {
   bool emulated = recipe != Recipe::Fp32 && llvm::StringRef(t.executor().describe()).starts_with("cpu");
   std::vector<std::string> notes;
   if (recipe == Recipe::Fp8)
-    notes.push_back(fmt::format("{}, {} scaling{}", fp8FormatName(c.precision.fp8Format).str(),
+    notes.push_back(fmt::format("{}, {} scaling{}{}", fp8FormatName(c.precision.fp8Format).str(),
                                 fp8ScalingName(c.precision.fp8Scaling).str(),
-                                c.precision.fp8Weights ? ", FP8 weights between steps" : ""));
+                                c.precision.fp8Weights ? ", FP8 weights between steps" : "",
+                                c.precision.fp8Attention ? ", FP8 attention" : ""));
   if (emulated)
     notes.push_back("emulated");
   llvm::outs() << fmt::format("device: {}, precision {}{}\n", t.executor().describe(), recipeName(recipe).str(),

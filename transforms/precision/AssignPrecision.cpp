@@ -2,8 +2,9 @@
 // every GEMM gemm_dtype="bf16" (BF16 operands, fp32 accumulation and output). fp8 quantizes both
 // operands of each linear layer that chooseGemmPrecision lets through (E4M3, with scaling state
 // per tensor) and tells autodiff how to quantize its output gradient (E5M2 under hybrid); the
-// other GEMMs, attention's included, run in BF16. Master weights, optimizer state and reductions
-// stay fp32.
+// other GEMMs run in BF16, attention's too unless fp8_attention makes it fp8_attention (q, k and v
+// quantized with state of their own, the probabilities at S's; autodiff quantizes dout).
+// Master weights, optimizer state and reductions stay fp32.
 #include "ir/Attributes.h"
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -37,10 +38,18 @@ public:
       return false;
     bool changed = false;
     Builder b(graph);
+    if (recipe == Recipe::Fp8 && config_.fp8Attention && config_.fp8Scaling != Fp8Scaling::Delayed)
+      return makeError("fp8_attention takes delayed scaling (cuDNN's FP8 attention reads every scale before it "
+                       "runs), not {}",
+                       fp8ScalingName(config_.fp8Scaling).str().c_str());
     for (Op *op : graph.ops()) {
       if (!isGemm(op->kind()) || op->attrs().has(kGemmDtype) || hasFp8GemmChoice(op->attrs()))
         continue;
       changed = true;
+      if (recipe == Recipe::Fp8 && config_.fp8Attention && fp8AttentionFits(*op)) {
+        quantizeAttention(b, op);
+        continue;
+      }
       if (recipe == Recipe::Fp8 && isLinear(op) && choose(*op).fp8) {
         quantizeOperands(b, op);
         continue;
@@ -59,6 +68,51 @@ private:
     const TensorType &x = linear.operand(0)->type(), &w = linear.operand(1)->type();
     int64_t k = x.dim(-1), n = w.dim(0), m = x.numElements() / k;
     return chooseGemmPrecision(config_, gemmSite(linear), m, k, n);
+  }
+
+  /// What cuDNN's FP8 attention takes: one KV head a query head, no rope inside the op, a head
+  /// dimension a multiple of 16.
+  static bool fp8AttentionFits(const Op &op) {
+    if (op.kind() != OpKind::Attention || isHeadMajor(op.attrs()))
+      return false;
+    AttentionHeads h = attentionHeads(op.attrs());
+    int64_t width = op.operand(0)->type().dim(-1);
+    return !h.grouped() && !h.ropeTheta && h.heads > 0 && width % (3 * h.heads) == 0 &&
+           (width / (3 * h.heads)) % 16 == 0;
+  }
+
+  /// attention(qkv) -> fp8_attention(quantize(qkv), S's scale, scale_inv), the results keeping
+  /// their names; the choice of dout's format and history for autodiff on the op.
+  void quantizeAttention(Builder &b, Op *attention) const {
+    std::string site = attentionSite(*attention);
+    int64_t history = config_.amaxHistoryLen;
+    b.setInsertionPoint(attention); // delayed scaling (run() refuses the others)
+    Value *q = quantizeWithState(b, attention->operand(0), attentionStatePrefix(site, "qkv"),
+                                 Fp8Format::E4M3, history, Fp8ScalingChoice{});
+    auto [sScale, sScaleInv] = scalingState(b, attentionStatePrefix(site, "s"), history);
+    AttrMap attrs = attention->attrs();
+    attrs.erase(kGemmDtype);
+    Fp8GemmChoice choice;
+    choice.site = site;
+    choice.gradFormat = config_.fp8Format == Fp8Formats::Hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    choice.history = history;
+    setFp8GemmChoice(attrs, choice);
+    Op *fp8 = q ? b.createOp(OpKind::Fp8Attention, {q, q->def()->operand(2), sScale, sScaleInv}, std::move(attrs),
+                             attention->result(0)->name() + ".fp8")
+                : nullptr;
+    b.setInsertionPoint(nullptr);
+    if (!fp8)
+      return;
+    Graph &graph = b.graph();
+    std::vector<std::string> names;
+    for (unsigned i = 0; i < 2; ++i) {
+      names.push_back(attention->result(i)->name());
+      graph.replaceAllUsesWith(attention->result(i), fp8->result(i));
+    }
+    graph.eraseOp(attention);
+    for (unsigned i = 0; i < 2; ++i)
+      graph.rename(fp8->result(i), names[i]);
+    graph.rename(fp8->result(2), graph.uniqueName(site + ".amax_s"));
   }
 
   void quantizeOperands(Builder &b, Op *linear) const {

@@ -1,7 +1,8 @@
 // fp8-update: after autodiff, one fp8_update per quantized tensor: its amax goes into the
 // history, the history rolls and the scale follows (fp8.md), all assigned to the tensor's
 // scaling state when the step ends. Only training programs run it: evaluation and generation
-// do not move the scales, as in TE. Under block scaling the scales are each block's own: the
+// do not move the scales, as in TE. FP8 attention's probabilities and dS (quantized inside
+// cuDNN's attention) update their states from the amaxes the attention ops return. Under block scaling the scales are each block's own: the
 // update's history and scale go unread, and the state keeps the statistics to show (the
 // largest block scale of the last step, the values flushed to zero in `saturations`).
 #include "ir/Attributes.h"
@@ -18,37 +19,56 @@ class Fp8Update : public Pass {
 public:
   explicit Fp8Update(PrecisionConfig config) : config_(std::move(config)) {}
   llvm::Expected<bool> run(Graph &graph) override {
-    std::vector<Op *> quantizes;
+    // Each producer of an amax: a quantize (its state read through operand 1, the amax and the
+    // saturation count its results 1 and 2), and FP8 attention's probabilities and dS, which
+    // cuDNN quantizes inside without counting (their count a zero).
+    struct Producer {
+      Op *op;
+      unsigned scaleOperand, amaxResult;
+      int countResult; // -1: none
+      Fp8Format format;
+    };
+    std::vector<Producer> producers;
     for (Op *op : graph.ops()) {
       if (op->kind() == OpKind::Fp8Update)
         return stringError("fp8-update already ran on this graph");
       if (op->kind() == OpKind::Quantize)
-        quantizes.push_back(op);
+        producers.push_back({op, 1, 1, 2, fp8FormatOf(op->attrs())});
+      if (op->kind() == OpKind::Fp8Attention)
+        producers.push_back({op, 2, 2, -1, Fp8Format::E4M3});
+      if (op->kind() == OpKind::Fp8AttentionBackward)
+        producers.push_back({op, 8, 1, -1,
+                             op->operand(0)->type().dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3});
     }
     Builder b(graph);
-    for (Op *q : quantizes) {
-      Value *scale = q->operand(1), *scaleInv = q->operand(2);
-      auto prefixOr = scalingStatePrefix(*q, "fp8-update");
-      if (!prefixOr)
-        return prefixOr.takeError();
-      const std::string &prefix = *prefixOr;
+    Value *noCount = nullptr;
+    for (const Producer &p : producers) {
+      Op *q = p.op;
+      Value *scale = q->operand(p.scaleOperand), *scaleInv = q->operand(p.scaleOperand + 1);
+      llvm::StringRef prefixRef = scale->name();
+      if (!prefixRef.consume_back(".scale") || !scale->def() || scale->def()->kind() != OpKind::State)
+        return stringError(fmt::format("fp8-update: %{} does not read a '<prefix>.scale' state",
+                                       q->result()->name()));
+      const std::string prefix = prefixRef.str();
       Value *history = graph.lookup(prefix + ".amax_history");
       Value *saturations = graph.lookup(prefix + ".saturations");
       if (!history || !saturations)
         return stringError(fmt::format("no amax history or saturation count for {}", prefix));
+      if (p.countResult < 0 && !noCount)
+        noCount = b.constant(graph.uniqueName("fp8.no_saturations"), TensorType(DType::F32, {}), 0.0);
+      Value *count = p.countResult < 0 ? noCount : q->result(unsigned(p.countResult));
       AttrMap attrs;
-      setFp8Format(attrs, fp8FormatOf(q->attrs()));
+      setFp8Format(attrs, p.format);
       setFp8Margin(attrs, config_.margin);
       attrs.set("algo", config_.amaxComputeAlgo);
       // Block scaling's largest block scale, kept to be shown: its state is placed before the
       // update that writes it in place (the executor places leaves in program order).
-      Value *largest = q->result(1)->type().rank() == 1
+      Value *largest = q->kind() == OpKind::Quantize && q->result(1)->type().rank() == 1
                            ? b.state(prefix + ".block_scale_max", TensorType(DType::F32, {}),
                                      tgc::attrs({{"init", std::string("zeros")}}))
                            : nullptr;
-      Op *update = b.createOp(OpKind::Fp8Update,
-                              {history, scale, q->result(1), saturations, q->result(2)}, attrs,
-                              prefix + ".update");
+      Op *update = b.createOp(OpKind::Fp8Update, {history, scale, q->result(p.amaxResult), saturations, count},
+                              attrs, prefix + ".update");
       if (!update)
         break;
       b.create(OpKind::Assign, {history, update->result(0)}, {}, "");
@@ -60,7 +80,9 @@ public:
     }
     if (auto err = b.takeError())
       return std::move(err);
-    return !quantizes.empty();
+    if (noCount)
+      graph.sortTopologically(); // the constant before the updates that read it
+    return !producers.empty();
   }
 
 private:

@@ -1,6 +1,7 @@
 #include "transforms/precision/Precision.h"
 
 #include "ir/Attributes.h"
+#include "models/ProgramInterface.h"
 #include "support/Error.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -10,8 +11,7 @@
 
 namespace tgc {
 
-Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8Format format,
-                         int64_t historyLength, Fp8ScalingChoice scaling) {
+std::pair<Value *, Value *> scalingState(Builder &b, const std::string &prefix, int64_t historyLength) {
   auto state = [&](const char *suffix, TensorType type, const char *init) {
     AttrMap attrs;
     attrs.set("init", std::string(init));
@@ -22,6 +22,22 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8For
   Value *scaleInv = state(".scale_inv", scalar, "ones");
   state(".amax_history", TensorType(DType::F32, {historyLength}), "zeros");
   state(".saturations", scalar, "zeros");
+  return {scale, scaleInv};
+}
+
+std::string attentionSite(const Op &attention) {
+  llvm::StringRef name = attention.result(0)->name();
+  size_t at = name.find(".attn.");
+  return (at == llvm::StringRef::npos ? name : name.take_front(at + 5)).str() + ".sdpa";
+}
+
+std::string attentionStatePrefix(llvm::StringRef site, llvm::StringRef role) {
+  return (site + program::kFp8Marker + role).str();
+}
+
+Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8Format format,
+                         int64_t historyLength, Fp8ScalingChoice scaling) {
+  auto [scale, scaleInv] = scalingState(b, prefix, historyLength);
   AttrMap attrs;
   setFp8Format(attrs, format);
   if (scaling.blockRows)

@@ -25,6 +25,17 @@ struct Fp8ScalingChoice {
 Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8Format format,
                          int64_t historyLength, Fp8ScalingChoice scaling);
 
+/// The scaling state quantizeWithState makes, for a tensor quantized inside an op (FP8
+/// attention's probabilities and dS): its scale and scale_inv.
+std::pair<Value *, Value *> scalingState(Builder &b, const std::string &prefix, int64_t historyLength);
+
+/// Where the FP8 state of an attention is kept: "<layer>.attn.sdpa" ("h0.attn.context.flat"
+/// -> "h0.attn.sdpa"), or its output's name followed by ".sdpa".
+std::string attentionSite(const Op &attention);
+/// The FP8 state prefix of an FP8 attention's `role`: "<site>.fp8.<role>", for q, k and v
+/// ("qkv"), the probabilities ("s"), dout ("dout") and dS ("dp").
+std::string attentionStatePrefix(llvm::StringRef site, llvm::StringRef role);
+
 struct GemmChoice {
   bool fp8 = false;
   std::string reason;

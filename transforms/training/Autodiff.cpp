@@ -257,6 +257,31 @@ llvm::Expected<Grads> gradAttention(GradContext &c) {
                         c.op.attrs(), 0)};
 }
 
+llvm::Expected<Grads> gradFp8Attention(GradContext &c) {
+  if (c.dys[1] || c.dys[2])
+    return makeError("no gradient rule for fp8_attention when another op reads its lse or amax %{}",
+                     c.op.result(1)->name().c_str());
+  // dout quantized with state of its own (E5M2 under hybrid), as an FP8 GEMM's output
+  // gradient; dS quantized inside the gradient at dP's state.
+  auto fp8 = fp8GemmChoice(c.op.attrs(), c.op.result()->name());
+  if (!fp8)
+    return makeError("fp8_attention %{} has no fp8_grad (assign-precision sets it)", c.op.result()->name().c_str());
+  Value *dout = quantizeWithState(c.b, dyOrZeros(c, 0), attentionStatePrefix(fp8->site, "dout"),
+                                  fp8->gradFormat, fp8->history,
+                                  Fp8ScalingChoice{fp8->currentMargin.has_value(), fp8->currentMargin.value_or(0)});
+  auto [dpScale, dpScaleInv] = scalingState(c.b, attentionStatePrefix(fp8->site, "dp"), fp8->history);
+  if (!dout)
+    return Grads{nullptr, nullptr, nullptr, nullptr};
+  AttrMap attrs;
+  attrs.set("heads", *c.op.attrs().getInt("heads"));
+  attrs.set("scale", *c.op.attrs().getFloat("scale"));
+  return Grads{c.create(OpKind::Fp8AttentionBackward,
+                        {dout, c.x(0), c.op.result(0), c.op.result(1), c.x(1), dout->def()->operand(2), c.x(2),
+                         c.x(3), dpScale, dpScaleInv},
+                        attrs, 0),
+               nullptr, nullptr, nullptr};
+}
+
 llvm::Expected<Grads> gradResidualNorm(GradContext &c) {
   // sum = a + b, n = norm(sum): d sum = dys[0] + norm backward of dys[1] at sum.
   Value *sum = c.op.result(0), *total = c.dys[0];

@@ -27,7 +27,8 @@ struct AttentionLaunch {
 };
 
 AttentionLaunch attentionLaunch(const Op &op) {
-  const TensorType &qkv = op.kind() == OpKind::Attention ? operandType(op, 0) : outputType(op);
+  bool forward = op.kind() == OpKind::Attention || op.kind() == OpKind::Fp8Attention;
+  const TensorType &qkv = forward ? operandType(op, 0) : outputType(op);
   AttentionHeads h = attentionHeads(op.attrs());
   return {qkv.dim(0), qkv.dim(1), h.heads, h.kvHeads, qkv.dim(2) / (h.heads + 2 * h.kvHeads), h.ropeTheta.has_value()};
 }
@@ -214,6 +215,96 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
   return llvm::Error::success();
 }
 
+/// cuDNN's FP8 attention (CudnnFp8) between tgc's launches: q, k and v read in place in the
+/// quantized qkv's rows, the scales from the ops' state operands (out's, dq's, dk's and dv's 1:
+/// a launch writes them), out and dqkv written in BF16 and widened where not stored so; the
+/// gradient reads dout quantized in its rows and out in BF16 (rounded first where not stored so).
+llvm::Error emitCudnnFp8Attention(const Op &op, Emitter &e, const AttentionLaunch &s) {
+  const int64_t B = s.B, T = s.T, D = s.D(), headBytes = B * T * D * 2;
+  OpLowering &l = e.lowering;
+  l.cudnnAttention = true;
+  using Buffer = OpLowering::LibraryBuffer;
+  auto widen = [&](unsigned launch, const std::string &params, int64_t count, const std::string &from,
+                   const char *to) {
+    e.launch(launch, params, elementwiseBlocks(count / 4),
+             fmt::format("widenBf16<{}>((const unsigned short *){}, {})", count, from, to));
+  };
+  const int64_t workspaceFloats = (e.program_.cudnnAttention.lookup(&op) + 3) / 4;
+  // The BF16 form of the fp32 value `v`, the op's pointer `pointer`: itself where stored so,
+  // its copy's pointer (after its own) where shadowed, else scratch.
+  auto bf16Of = [&](const Value *v, unsigned pointer) {
+    if (e.program_.bf16Stored.count(v))
+      return pointer;
+    return e.program_.bf16Shadowed.count(v) ? pointer + 1 : e.addScratch(headBytes / 4);
+  };
+  if (op.kind() == OpKind::Fp8Attention) {
+    // Pointers: q, q_scale_inv, s_scale, s_scale_inv, out [, its copy], lse, amax_s, scratch.
+    std::string params = "const float *q, const float *qScaleInv, const float *sScale, const float *sScaleInv, "
+                         "float *out, float *lse, float *amaxS";
+    const Value *out = op.result(0);
+    unsigned outBuffer = bf16Of(out, e.resultPointer(0));
+    unsigned one = e.addScratch(4), amaxO = e.addScratch(4); // (4 floats: 16-byte apart)
+    unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
+    params += e.scratchParams();
+    e.launch(0, params, 1, fmt::format("unitScales<1>({})", e.scratchName(one)));
+    l.libraryAt = 1;
+    for (int64_t offset : {int64_t(0), D, 2 * D}) // q, k, v: one byte an element
+      l.libraryBuffers.push_back(Buffer{0, offset});
+    l.libraryBuffers.push_back(Buffer{outBuffer, 0});
+    l.libraryBuffers.push_back(Buffer{e.resultPointer(1), 0});
+    for (unsigned p : {1u, 1u, 1u, 3u, 2u, one, e.resultPointer(2), amaxO}) // descales q k v S, scales S O, amaxes
+      l.libraryBuffers.push_back(Buffer{p, 0});
+    l.libraryBuffers.push_back(Buffer{workspace, 0});
+    if (e.program_.bf16Shadowed.count(out))
+      widen(1, params, B * T * D, "out.h", "out.f");
+    else if (!e.program_.bf16Stored.count(out))
+      widen(1, params, B * T * D, e.scratchName(outBuffer), "out");
+    return llvm::Error::success();
+  }
+  // Pointers: dout_q, q, out, lse, q_scale_inv, dout_scale_inv, s_scale, s_scale_inv, dp_scale,
+  // dp_scale_inv, dqkv [, its copy], amax_dp, scratch.
+  std::string params = "const float *dout, const float *q, const float *out, const float *lse, "
+                       "const float *qScaleInv, const float *doutScaleInv, const float *sScale, "
+                       "const float *sScaleInv, const float *dpScale, const float *dpScaleInv, float *dqkv, "
+                       "float *amaxDP";
+  const Value *dqkv = op.result(0), *out = op.operand(2);
+  bool outStored = e.program_.bf16Stored.count(out);
+  unsigned outBuffer = outStored ? 2 : e.addScratch(headBytes / 4);
+  unsigned dqkvBuffer = e.program_.bf16Stored.count(dqkv)     ? e.resultPointer(0)
+                        : e.program_.bf16Shadowed.count(dqkv) ? e.resultPointer(0) + 1
+                                                              : e.addScratch(3 * headBytes / 4);
+  unsigned ones = e.addScratch(16), amaxes = e.addScratch(12); // four 1s and three amaxes, 16 bytes apart
+  unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
+  params += e.scratchParams();
+  unsigned launch = 0;
+  e.launch(launch++, params, 1, fmt::format("unitScales<16>({})", e.scratchName(ones)));
+  if (!outStored)
+    e.launch(launch++, params, elementwiseBlocks(B * T * D),
+             fmt::format("roundToBf16(out, (unsigned short *){}, {})", e.scratchName(outBuffer), B * T * D));
+  l.libraryAt = launch;
+  for (int64_t offset : {int64_t(0), D, 2 * D}) // q, k, v: one byte an element
+    l.libraryBuffers.push_back(Buffer{1, offset});
+  l.libraryBuffers.push_back(Buffer{outBuffer, 0});
+  l.libraryBuffers.push_back(Buffer{0, 0}); // dout, in its rows
+  l.libraryBuffers.push_back(Buffer{3, 0}); // lse
+  for (int64_t offset : {int64_t(0), 2 * D, 4 * D}) // dq, dk, dv in dqkv's BF16 rows
+    l.libraryBuffers.push_back(Buffer{dqkvBuffer, offset});
+  // Descales q, k, v, O (1), dout, S, dP; scales S, dP, dq, dk, dv (1s); amaxes dP, dq, dk, dv.
+  for (unsigned p : {4u, 4u, 4u, ones, 5u, 7u, 9u, 6u, 8u})
+    l.libraryBuffers.push_back(Buffer{p, 0});
+  for (int64_t k = 1; k < 4; ++k)
+    l.libraryBuffers.push_back(Buffer{ones, 16 * k});
+  l.libraryBuffers.push_back(Buffer{e.resultPointer(1), 0});
+  for (int64_t k = 0; k < 3; ++k)
+    l.libraryBuffers.push_back(Buffer{amaxes, 16 * k});
+  l.libraryBuffers.push_back(Buffer{workspace, 0});
+  if (e.program_.bf16Shadowed.count(dqkv))
+    widen(launch, params, 3 * B * T * D, "dqkv.h", "dqkv.f");
+  else if (!e.program_.bf16Stored.count(dqkv))
+    widen(launch, params, 3 * B * T * D, e.scratchName(dqkvBuffer), "dqkv");
+  return llvm::Error::success();
+}
+
 /// A thread per row of a 64-row tile (fp32, or head dimensions the tensor cores do not take);
 /// under RoPE the kernels read a rotated copy of qkv (ropeRows into scratch), and the gradient
 /// writes dqkv of the rotated q and k into scratch, turned back into dqkv last.
@@ -267,6 +358,13 @@ llvm::Error emitAttention(const Op &op, Emitter &e) {
   AttentionLaunch s = attentionLaunch(op);
   std::string scale = lit(*a.getFloat("scale"));
   e.uses("attention.cuh");
+  bool fp8 = op.kind() == OpKind::Fp8Attention || op.kind() == OpKind::Fp8AttentionBackward;
+  if (fp8 && !e.program_.cudnnAttention.count(&op))
+    return makeError("error: %{}: FP8 attention runs on cuDNN 9 alone, which this program does not use (cuDNN "
+                     "absent, TGC_CUDNN=0, or a shape it refused: the program's description says which)",
+                     op.result()->name().c_str());
+  if (fp8)
+    return emitCudnnFp8Attention(op, e, s);
   if (e.program_.cudnnAttention.count(&op))
     return emitCudnnAttention(op, e, s);
   if (attentionOnTensorCores(a, s.Dh))

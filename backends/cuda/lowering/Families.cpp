@@ -80,6 +80,8 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
     return {G::Family, "Fp8.cpp", emitFp8};
   case OpKind::Attention:
   case OpKind::AttentionBackward:
+  case OpKind::Fp8Attention:
+  case OpKind::Fp8AttentionBackward:
     return {G::Family, "Attention.cpp", emitAttention};
   case OpKind::KvWrite:
   case OpKind::DecodeAttention:

@@ -60,9 +60,11 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
   case GpuLowering::Family:
     break;
   }
+  // FP8 operands: a transpose's, and FP8 attention's (cuDNN reads them).
+  bool fp8Reader = op.kind() == OpKind::Transpose || op.kind() == OpKind::Fp8Attention ||
+                   op.kind() == OpKind::Fp8AttentionBackward;
   for (const Value *v : op.operands())
-    if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 &&
-        !(isFp8(v->type().dtype) && op.kind() == OpKind::Transpose))
+    if (v->type().dtype != DType::F32 && v->type().dtype != DType::I32 && !(isFp8(v->type().dtype) && fp8Reader))
       return unsupported(op);
   return OpLowering::Kernels;
 }
@@ -98,6 +100,12 @@ std::string assembleSource(const std::set<std::string> &headers, const std::vect
 
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
   CudaProgram program;
+  // Without a GPU (tgc compile --arch: no multiprocessors given), FP8 attention is planned as
+  // cuDNN would run it, its workspace cuDNN's choice at run time (0 here).
+  if (options.multiprocessors == 0)
+    for (const Op *op : graph.ops())
+      if (op->kind() == OpKind::Fp8Attention || op->kind() == OpKind::Fp8AttentionBackward)
+        options.cudnnAttention.try_emplace(op, 0);
   program.cudnnAttention = options.cudnnAttention;
   program.multiprocessors = options.multiprocessors > 0 ? options.multiprocessors : 132;
   std::vector<Op *> ops = graph.ops();

@@ -384,10 +384,12 @@ bool cudnnReadsDoutRows(const Graph &graph, const Op &backward, const LoweringOp
 
 std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const Op &op,
                                                        const LoweringOptions &options) {
-  if (op.kind() != OpKind::Attention && op.kind() != OpKind::AttentionBackward)
+  bool fp8 = op.kind() == OpKind::Fp8Attention || op.kind() == OpKind::Fp8AttentionBackward;
+  if (op.kind() != OpKind::Attention && op.kind() != OpKind::AttentionBackward && !fp8)
     return std::nullopt;
   const AttrMap &a = op.attrs();
-  const TensorType &qkv = op.kind() == OpKind::Attention ? op.operand(0)->type() : op.result(0)->type();
+  bool forward = op.kind() == OpKind::Attention || op.kind() == OpKind::Fp8Attention;
+  const TensorType &qkv = forward ? op.operand(0)->type() : op.result(0)->type();
   AttentionHeads h = attentionHeads(a);
   CudnnAttentionShape shape;
   shape.B = qkv.dim(0);
@@ -396,7 +398,14 @@ std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const
   shape.KV = h.kvHeads;
   shape.DH = qkv.dim(2) / (h.heads + 2 * h.kvHeads);
   shape.scale = *a.getFloat("scale");
-  shape.backward = op.kind() == OpKind::AttentionBackward;
+  shape.backward = !forward;
+  if (fp8) { // q, k, v in the quantized qkv's rows, dout in its own; out and dqkv BF16
+    shape.qkvRows = true;
+    shape.doutRows = shape.backward;
+    shape.fp8.enabled = true;
+    shape.fp8.grad = shape.backward && op.operand(0)->type().dtype == DType::F8E5M2 ? CudnnType::E5M2 : CudnnType::E4M3;
+    return shape;
+  }
   if (!hasBf16Gemms(a) || !attentionOnTensorCores(a, shape.DH) || shape.DH % 8 || shape.DH > 128)
     return std::nullopt;
   if (!shape.backward) {

@@ -126,6 +126,7 @@ llvm::Error CudnnAttentionRunner::choose(CudnnAttention &plan, GemmTuner &tuner,
   int64_t kvRows = s.B * s.T * (s.KV ? s.KV : s.H) * s.DH * 2;            // of k, and of v
   std::vector<int64_t> sizes = s.backward ? std::vector<int64_t>{3 * rows, rows, rows, stats, 3 * rows, stats}
                                           : std::vector<int64_t>{rows + 2 * kvRows, rows, stats};
+  sizes.push_back(16 * 16); // FP8's scales, descales and amaxes (zeros), 16 bytes apart
   int64_t total = plan.largestWorkspaceBytes() + 256;
   for (int64_t bytes : sizes)
     total += (bytes + 255) / 256 * 256;
@@ -147,6 +148,12 @@ llvm::Error CudnnAttentionRunner::choose(CudnnAttention &plan, GemmTuner &tuner,
     pointers.insert(pointers.end(), {at[2], at[3], at[4], at[4] + 2 * D, at[4] + 2 * (D + KD), at[5]});
   else
     pointers.push_back(at[2]);
+  if (s.fp8.enabled) { // no softmax sums; the scalars (BF16 sizes above hold the FP8 operands)
+    if (s.backward)
+      pointers.pop_back();
+    for (int64_t k = 0; k < (s.backward ? 16 : 8); ++k)
+      pointers.push_back(at.back() + 16 * k);
+  }
   auto buffers = plan.buffers(pointers, next);
   if (!buffers)
     return buffers.takeError();

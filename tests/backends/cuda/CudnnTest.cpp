@@ -184,6 +184,76 @@ TEST(CudnnLowering, TheLlamaBlocksAttentionGivesCudnnKeyValueHeadsAfterRotatingT
   EXPECT_NE(program.source.find("ropeRows<4, 32, 4, 2, 16, true>"), std::string::npos); // dq, dk turned back
 }
 
+TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmaxes) {
+  // fp8_attention and its gradient (tiny, fp8_attention): cuDNN reads q, k and v in the rows of
+  // the quantized qkv (D bytes apart), dout in its quantized rows, the descales and scales from
+  // the ops' state operands, and writes the amaxes into the ops' results; out's and dqkv's scales
+  // are 1s a launch writes first, out and dqkv BF16 widened after.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Fp8;
+  c.precision.fp8Attention = true;
+  auto graph = unwrap(buildGPT(c, 4, GPTOutput::Loss));
+  ASSERT_TRUE(graph);
+  PipelineOptions pipelineOptions;
+  pipelineOptions.passOptions.train = c.train;
+  pipelineOptions.passOptions.precision = c.precision;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, Recipe::Fp8), pipelineOptions));
+  ASSERT_FALSE(bool(pipeline.run(*graph)));
+  LoweringOptions options;
+  options.multiprocessors = 132; // as on a GPU: only the ops given to cuDNN below are its
+  for (const Op *op : graph->ops())
+    if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
+      EXPECT_TRUE(shape->fp8.enabled && shape->qkvRows);
+      EXPECT_EQ(shape->doutRows, shape->backward);
+      if (shape->backward)
+        EXPECT_EQ(shape->fp8.grad, CudnnType::E5M2); // hybrid
+      options.cudnnAttention[op] = 4096;
+    }
+  ASSERT_EQ(options.cudnnAttention.size(), 4u);
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  const int64_t D = 64;
+  std::vector<Op *> ops = graph->ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!options.cudnnAttention.count(ops[i]))
+      continue;
+    const Op &op = *ops[i];
+    const OpLowering &l = program.lowering[i];
+    SCOPED_TRACE(op.result()->name());
+    bool forward = op.kind() == OpKind::Fp8Attention;
+    ASSERT_EQ(l.libraryBuffers.size(), CudnnAttention::operandCount(*cudnnAttentionShape(*graph, op, options)) + 1);
+    EXPECT_EQ(l.scratchFloats.back(), 4096 / 4); // the workspace, last
+    unsigned q = forward ? 0 : 1;
+    for (int k = 0; k < 3; ++k) { // q, k, v in the quantized rows, one byte an element
+      EXPECT_EQ(l.libraryBuffers[size_t(k)].pointer, q);
+      EXPECT_EQ(l.libraryBuffers[size_t(k)].offset, k * D);
+    }
+    unsigned results = op.numOperands();
+    if (forward) {
+      // descale q, k, v (q_scale_inv), S (s_scale_inv); scale S, O (a 1); amax S (the result), O.
+      EXPECT_EQ(l.libraryAt, 1u);
+      for (size_t k : {5, 6, 7})
+        EXPECT_EQ(l.libraryBuffers[k].pointer, 1u);
+      EXPECT_EQ(l.libraryBuffers[8].pointer, 3u);
+      EXPECT_EQ(l.libraryBuffers[9].pointer, 2u);
+      EXPECT_EQ(l.libraryBuffers[11].pointer, results + 2); // amax_s (out and lse stored in fp32)
+      continue;
+    }
+    EXPECT_EQ(l.libraryBuffers[4].pointer, 0u); // dout
+    EXPECT_EQ(l.libraryBuffers[5].pointer, 3u); // lse
+    EXPECT_EQ(l.libraryBuffers[7].offset, 2 * D); // dk: D BF16 elements into dqkv's rows
+    EXPECT_EQ(l.libraryBuffers[8].offset, 4 * D);
+    // Descales q, k, v, O (1), dout, S, dP; scales S, dP.
+    std::vector<unsigned> want = {4, 4, 4, 0, 5, 7, 9, 6, 8};
+    for (size_t k = 0; k < want.size(); ++k)
+      if (k != 3)
+        EXPECT_EQ(l.libraryBuffers[9 + k].pointer, want[k]) << k;
+    EXPECT_EQ(l.libraryBuffers[21].pointer, results + 1); // amax_dp (dqkv stored in fp32)
+  }
+  EXPECT_NE(program.source.find("unitScales<1>"), std::string::npos);
+  EXPECT_NE(program.source.find("unitScales<16>"), std::string::npos);
+  EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
+}
+
 TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
   // With bf16Rounding (the default), the qkv GEMM writes BF16 rows (its bias from the
   // parameters' BF16 copy) and cuDNN's forward and gradient read q, k and v there, D elements

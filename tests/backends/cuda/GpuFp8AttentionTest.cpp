@@ -170,8 +170,13 @@ void GpuFp8Attention::forward(CudnnType outType) {
   s.fp8 = {true, outType, CudnnType::E4M3, CudnnType::Bf16};
   Fp8AttentionShape e;
   e.B = B, e.T = T, e.H = H, e.DH = DH, e.scale = float(s.scale), e.out = formatOf(outType);
-  c.scaleO = outType == CudnnType::Bf16 ? 1 : 1024, c.descaleO = 1 / c.scaleO;
+  c.scaleO = 1;
   Fp8AttentionForward want = fp8AttentionForward(e, q, k, v, c);
+  if (outType != CudnnType::Bf16) { // O's scale from its amax, as delayed scaling settles to
+    c.scaleO = 448 / want.amaxO;
+    want = fp8AttentionForward(e, q, k, v, c);
+  }
+  c.descaleO = 1 / c.scaleO;
   SCOPED_TRACE(s.key());
   const size_t outBytes = n * (outType == CudnnType::Bf16 ? 2 : 1);
   void *out = gpu.alloc(outBytes), *stats = gpu.alloc(size_t(B * H * T) * 4);
