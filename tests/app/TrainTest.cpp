@@ -129,17 +129,19 @@ TEST(Training, SameSeedSameLossesBitForBit) {
   EXPECT_NE(trainLosses(*c, 1)[0], la[0]);
 }
 
-TEST(Training, SaveAndResumeContinuesBitForBit) {
-  auto straight = unwrap(Trainer::create(parityConfig()));
+/// Three steps, a checkpoint, and three more from it in a fresh trainer (of another seed: the
+/// checkpoint's wins) give the losses and the final state of six steps straight, bit for bit.
+void expectResumeBitForBit(const ModelConfig &config) {
+  auto straight = unwrap(Trainer::create(config));
   ASSERT_TRUE(straight);
   std::vector<double> all = trainLosses(*straight, 6);
 
-  auto first = unwrap(Trainer::create(parityConfig()));
+  auto first = unwrap(Trainer::create(config));
   ASSERT_TRUE(first);
   trainLosses(*first, 3);
   std::string path = tempPath("resume.safetensors");
   ASSERT_FALSE(bool(writeCheckpoint(path, unwrap(first->checkpoint()))));
-  ModelConfig differentSeed = parityConfig();
+  ModelConfig differentSeed = config;
   differentSeed.train.seed = 5; // the checkpoint's seed wins: the stream continues
   auto second = unwrap(Trainer::create(differentSeed));
   ASSERT_TRUE(second);
@@ -152,6 +154,27 @@ TEST(Training, SaveAndResumeContinuesBitForBit) {
   for (const auto &[name, t] : a.tensors)
     EXPECT_EQ(t.data, b.tensors.at(name).data) << name;
   llvm::sys::fs::remove(path);
+}
+
+TEST(Training, SaveAndResumeContinuesBitForBit) { expectResumeBitForBit(parityConfig()); }
+
+TEST(Training, SaveAndResumeContinuesBitForBitWithFp8Attention) {
+  // The FP8 attention's scaling state (q, k and v's, S's, dout's and dP's) is checkpointed with
+  // the rest and resumes where it was.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Fp8;
+  c.precision.fp8Attention = true;
+  auto probe = unwrap(Trainer::create(c));
+  ASSERT_TRUE(probe);
+  trainLosses(*probe, 1);
+  Checkpoint saved = unwrap(probe->checkpoint());
+  ASSERT_TRUE(saved.tensors.count("h0.attn.sdpa.fp8.s.amax_history"));
+  ASSERT_TRUE(saved.tensors.count("h1.attn.sdpa.fp8.dp.scale"));
+  // The probabilities' amax (1: the first query's one key), rolled to the history's end, and the
+  // scale it gives.
+  EXPECT_EQ(saved.tensors.at("h0.attn.sdpa.fp8.s.amax_history").data.back(), 1.0f);
+  EXPECT_EQ(saved.tensors.at("h0.attn.sdpa.fp8.s.scale").data[0], 448.0f);
+  expectResumeBitForBit(c);
 }
 
 TEST(Checkpoint, RoundTripsTensorsAndMetadata) {
