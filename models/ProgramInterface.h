@@ -51,6 +51,10 @@ inline llvm::StringRef fp8RoleName(Fp8Role role) {
 inline std::string fp8StatePrefix(llvm::StringRef site, Fp8Role role) {
   return (site + ".fp8." + fp8RoleName(role)).str();
 }
+/// The roles of an FP8 attention's scaling state ("<layer>.attn.sdpa.fp8.<role>"): q, k and v,
+/// the probabilities, dout, and dS.
+inline constexpr llvm::StringLiteral kAttentionQkv = "qkv", kAttentionS = "s", kAttentionDout = "dout",
+                                     kAttentionDs = "dp";
 /// The marker that state names of FP8 scaling carry between site and role.
 inline constexpr llvm::StringLiteral kFp8Marker = ".fp8.";
 /// The GEMM site whose FP8 input scale `name` is ("h0.attn.qkv.fp8.input.scale" ->

@@ -87,9 +87,9 @@ private:
     std::string site = attentionSite(*attention);
     int64_t history = config_.amaxHistoryLen;
     b.setInsertionPoint(attention); // delayed scaling (run() refuses the others)
-    Value *q = quantizeWithState(b, attention->operand(0), attentionStatePrefix(site, "qkv"),
+    Value *q = quantizeWithState(b, attention->operand(0), attentionStatePrefix(site, program::kAttentionQkv),
                                  Fp8Format::E4M3, history, Fp8ScalingChoice{});
-    auto [sScale, sScaleInv] = scalingState(b, attentionStatePrefix(site, "s"), history);
+    auto [sScale, sScaleInv] = scalingState(b, attentionStatePrefix(site, program::kAttentionS), history);
     AttrMap attrs = attention->attrs();
     attrs.erase(kGemmDtype);
     Fp8GemmChoice choice;

@@ -266,10 +266,10 @@ llvm::Expected<Grads> gradFp8Attention(GradContext &c) {
   auto fp8 = fp8GemmChoice(c.op.attrs(), c.op.result()->name());
   if (!fp8)
     return makeError("fp8_attention %{} has no fp8_grad (assign-precision sets it)", c.op.result()->name().c_str());
-  Value *dout = quantizeWithState(c.b, dyOrZeros(c, 0), attentionStatePrefix(fp8->site, "dout"),
+  Value *dout = quantizeWithState(c.b, dyOrZeros(c, 0), attentionStatePrefix(fp8->site, program::kAttentionDout),
                                   fp8->gradFormat, fp8->history,
                                   Fp8ScalingChoice{fp8->currentMargin.has_value(), fp8->currentMargin.value_or(0)});
-  auto [dpScale, dpScaleInv] = scalingState(c.b, attentionStatePrefix(fp8->site, "dp"), fp8->history);
+  auto [dpScale, dpScaleInv] = scalingState(c.b, attentionStatePrefix(fp8->site, program::kAttentionDs), fp8->history);
   if (!dout)
     return Grads{nullptr, nullptr, nullptr, nullptr};
   AttrMap attrs;
