@@ -89,11 +89,9 @@ std::vector<Fp8TensorSummary> summarizeFp8State(const std::map<std::string, Tens
     Fp8TensorSummary s;
     s.site = name.substr(0, at);
     s.role = prefix.substr(at + marker.size());
-    // The backward's tensors (a GEMM's output gradient; FP8 attention's dout and dS, "dp") in
-    // the gradient's format.
-    bool backward = s.role == program::fp8RoleName(program::Fp8Role::GradOutput) || s.role == program::kAttentionDout ||
-                    s.role == program::kAttentionDs;
-    s.format = backward && precision.fp8Format == Fp8Formats::Hybrid ? "e5m2" : "e4m3";
+    // A GEMM's output gradient in the gradient's format; the rest E4M3 (FP8 attention's dout
+    // and dS too: assign-precision's choice, cuDNN's FP8 gradient's format).
+    s.format = s.role == program::fp8RoleName(program::Fp8Role::GradOutput) && precision.fp8Format == Fp8Formats::Hybrid ? "e5m2" : "e4m3";
     s.scale = scale.data[0];
     s.scaleInv = scaleInv->second.data[0];
     s.saturations = saturations->second.data[0];
