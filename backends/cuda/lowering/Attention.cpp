@@ -217,8 +217,9 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
 
 /// cuDNN's FP8 attention (CudnnFp8) between tgc's launches: q, k and v read in place in the
 /// quantized qkv's rows, the scales from the ops' state operands (out's, dq's, dk's and dv's 1:
-/// a launch writes them), out and dqkv written in BF16 and widened where not stored so; the
-/// gradient reads dout quantized in its rows and out in BF16 (rounded first where not stored so).
+/// a launch writes them), out and dqkv written in BF16 (stored so where their readers take BF16,
+/// as they do in tgc's programs: StorageRules.cpp; else widened); the gradient reads dout
+/// quantized in its rows and out in BF16 (rounded first where not stored so).
 llvm::Error emitCudnnFp8Attention(const Op &op, Emitter &e, const AttentionLaunch &s) {
   const int64_t B = s.B, T = s.T, D = s.D(), headBytes = B * T * D * 2;
   OpLowering &l = e.lowering;

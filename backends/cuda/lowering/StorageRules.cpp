@@ -36,17 +36,21 @@ void countReaders(const Graph &graph, const CudaProgram &program, const Value *v
       countReaders(graph, program, user->result(), readers);
       continue;
     }
-    // cuDNN's attention gradient reads the forward's out in BF16, as a GEMM operand; the column
-    // sums of a gradient cuDNN wrote (in BF16: the fp32 form holds the same values) read it so.
-    if (program.cudnnAttention.count(user) && user->kind() == OpKind::AttentionBackward && user->operand(2) == v &&
-        user->operand(0) != v && user->operand(1) != v && user->operand(3) != v) {
+    // cuDNN's attention gradient (BF16 or FP8) reads the forward's out in BF16, as a GEMM
+    // operand; the column sums of a gradient cuDNN wrote (in BF16: the fp32 form holds the same
+    // values) read it so.
+    bool gradient = user->kind() == OpKind::AttentionBackward || user->kind() == OpKind::Fp8AttentionBackward;
+    if (program.cudnnAttention.count(user) && gradient && user->operand(2) == v && user->operand(0) != v &&
+        user->operand(1) != v && user->operand(3) != v) {
       ++readers.bf16Gemms;
       continue;
     }
     const Op *producer = reshapeRoot(v)->def();
     // The column sums of a gradient a BF16 epilogue or cuDNN writes read it in BF16.
+    bool byCudnn = producer && program.cudnnAttention.count(producer);
     if (user->kind() == OpKind::ReduceTo && producer &&
-        ((producer->kind() == OpKind::AttentionBackward && program.cudnnAttention.count(producer)) ||
+        ((byCudnn && (producer->kind() == OpKind::AttentionBackward ||
+                      producer->kind() == OpKind::Fp8AttentionBackward)) ||
          producer->kind() == OpKind::MatMulDGelu)) {
       ++readers.bf16Gemms;
       continue;
@@ -54,9 +58,9 @@ void countReaders(const Graph &graph, const CudaProgram &program, const Value *v
     // A quantize reads a cuDNN result (the attention's out, its gradient's dqkv) in BF16: cuDNN
     // writes BF16, so the fp32 form holds the same values, and the FP8 bytes, amax and
     // saturations are the same bits from either (half the bytes read, no widening pass).
-    if (user->kind() == OpKind::Quantize && user->operand(0) == v && producer &&
-        (producer->kind() == OpKind::Attention || producer->kind() == OpKind::AttentionBackward) &&
-        program.cudnnAttention.count(producer)) {
+    if (user->kind() == OpKind::Quantize && user->operand(0) == v && byCudnn &&
+        (producer->kind() == OpKind::Attention || producer->kind() == OpKind::AttentionBackward ||
+         producer->kind() == OpKind::Fp8Attention || producer->kind() == OpKind::Fp8AttentionBackward)) {
       ++readers.bf16Gemms;
       continue;
     }

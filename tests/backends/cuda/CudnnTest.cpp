@@ -188,7 +188,7 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
   // fp8_attention and its gradient (tiny, fp8_attention): cuDNN reads q, k and v in the rows of
   // the quantized qkv (D bytes apart), dout in its quantized rows, the descales and scales from
   // the ops' state operands, and writes the amaxes into the ops' results; out's and dqkv's scales
-  // are 1s a launch writes first, out and dqkv BF16 widened after.
+  // are 1s a launch writes first.
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Fp8;
   c.precision.fp8Attention = true;
@@ -228,6 +228,10 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
       EXPECT_EQ(l.libraryBuffers[size_t(k)].offset, k * D);
     }
     unsigned results = op.numOperands();
+    // out and dqkv stored in BF16 as cuDNN writes them: the quantizes, the bias gradient's
+    // column sums and the gradient read them so (no widening, no rounding launch).
+    EXPECT_TRUE(program.bf16Stored.count(op.result(0)));
+    EXPECT_EQ(l.launches.size(), 1u); // the unit scales alone
     if (forward) {
       // descale q, k, v (q_scale_inv), S (s_scale_inv); scale S, O (a 1); amax S (the result), O.
       EXPECT_EQ(l.libraryAt, 1u);
@@ -252,6 +256,7 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
   EXPECT_NE(program.source.find("unitScales<1>"), std::string::npos);
   EXPECT_NE(program.source.find("unitScales<16>"), std::string::npos);
   EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
+  EXPECT_EQ(program.source.find("widenBf16<"), std::string::npos);
 }
 
 TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
