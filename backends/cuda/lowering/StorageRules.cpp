@@ -217,6 +217,19 @@ Rounded productIntoNorm(const Op &op, const StorageQuery &q) {
   return chosen ? Rounded{{&op, op.result()}} : Rounded{};
 }
 
+/// A product on tensor cores that only a plain quantize reads (FP8 attention's: qkv, and dout
+/// from the projection's dgrad): written in BF16, as Transformer Engine's GEMMs write the
+/// activations' type before its cast, and the quantize reads two bytes an element instead of
+/// four. A bias is then added from the parameter's BF16 copy.
+Rounded productIntoQuantize(const Op &op, const StorageQuery &q) {
+  if (!onTensorCores(op) || (op.kind() != OpKind::MatMul && !isWeight(q.program(), op.operand(2))))
+    return {};
+  bool chosen = q.onlyReadAs(op.result(), [](const Op &user) {
+    return user.kind() == OpKind::Quantize && activationOf(user) == QuantizeActivation::None ? 0 : -1;
+  });
+  return chosen ? Rounded{{&op, op.result()}} : Rounded{};
+}
+
 /// fc1's output h [gate | up] that only SwiGLU and its gradient read (each once), and fc2's
 /// dgrad that only SwiGLU's gradient reads (as dy): written in BF16, as PyTorch's autocast
 /// writes fc1's output and the gradient of SwiGLU's: half the bytes kept for the gradient and
@@ -269,6 +282,7 @@ const RoundingRule kRoundingRules[] = {
     {"product-into-norm", productIntoNorm},    // proj and fc2 into the residual norm; dgrads into norm gradients
     {"bf16-logits", bf16Logits},               // the head's logits, for the loss alone
     {"product-into-swiglu", productIntoSwiglu}, // fc1's h for SwiGLU and its gradient; fc2's dgrad for it
+    {"product-into-quantize", productIntoQuantize}, // FP8 attention's qkv and dout, into their quantizes
 };
 
 } // namespace

@@ -257,6 +257,15 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
   EXPECT_NE(program.source.find("unitScales<16>"), std::string::npos);
   EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
   EXPECT_EQ(program.source.find("widenBf16<"), std::string::npos);
+  // qkv and dout written in BF16 by their products for the quantizes alone reading them.
+  for (const Op *op : graph->ops())
+    if (op->kind() == OpKind::Fp8Attention || op->kind() == OpKind::Fp8AttentionBackward) {
+      const Value *quantized = op->operand(0); // q, or dout's quantize
+      const Op *quantize = quantized->def();
+      ASSERT_TRUE(quantize && quantize->kind() == OpKind::Quantize);
+      EXPECT_TRUE(program.bf16Stored.count(quantize->operand(0))) << quantize->operand(0)->name();
+      EXPECT_TRUE(program.bf16Rounding.count(quantize->operand(0)->def()));
+    }
 }
 
 TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
