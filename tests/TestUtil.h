@@ -5,10 +5,13 @@
 #include "llvm/Support/MemoryBuffer.h"
 
 #include <gtest/gtest.h>
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace tgc::test {
 
@@ -60,6 +63,16 @@ inline uint64_t freshSeed() {
   uint64_t seed = std::random_device{}();
   std::cout << "[ seed ] TGC_TEST_SEED=" << seed << "\n";
   return seed;
+}
+
+/// The largest |a[i] - b[i]| over the largest |b[i]|: an error relative to b's scale.
+inline double relativeError(const std::vector<float> &a, const std::vector<float> &b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return err / scale;
 }
 
 } // namespace tgc::test

@@ -24,16 +24,7 @@ void forwardGraph(GraphBuilder &g, const AttentionLayout &l) {
   // statistics max + log(sum)), probabilities in BF16 times v.
   void *v = g.tensor(UidV, cudnn::Bf16, l.kvDims, l.kvStrides, false);
   void *masked = causalMask(g, scaled, scoreDims, negativeInfinity);
-  void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
-  g.reduction(cudnn::ReduceMax, masked, max);
-  g.pointwise(cudnn::Sub, masked, max, shifted);
-  g.pointwise(cudnn::Exp, shifted, nullptr, exps);
-  void *sum = g.intermediate(statDims), *logSum = g.intermediate(statDims);
-  g.reduction(cudnn::ReduceAdd, exps, sum);
-  g.pointwise(cudnn::Log, sum, nullptr, logSum);
-  g.pointwise(cudnn::Add, max, logSum, stats);
-  void *probabilities = g.intermediate(scoreDims, packed(scoreDims), cudnn::Bf16);
-  g.pointwise(cudnn::Div, exps, sum, probabilities);
+  void *probabilities = softmaxWithStats(g, masked, statDims, scoreDims, stats, cudnn::Bf16);
   g.matmul(probabilities, v, out);
 }
 

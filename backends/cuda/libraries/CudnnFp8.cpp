@@ -65,16 +65,7 @@ void fp8ForwardGraph(GraphBuilder &g, const AttentionLayout &l, const CudnnAtten
   // The softmax as the BF16 graph's (statistics max + log(sum)), then the probabilities' amax
   // and their quantization at S's scale: E4M3, the operand of the product with v.
   void *masked = maskedScores(g, l, descaleQ, descaleK);
-  void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
-  g.reduction(cudnn::ReduceMax, masked, max);
-  g.pointwise(cudnn::Sub, masked, max, shifted);
-  g.pointwise(cudnn::Exp, shifted, nullptr, exps);
-  void *sum = g.intermediate(statDims), *logSum = g.intermediate(statDims);
-  g.reduction(cudnn::ReduceAdd, exps, sum);
-  g.pointwise(cudnn::Log, sum, nullptr, logSum);
-  g.pointwise(cudnn::Add, max, logSum, l.stats);
-  void *probabilities = g.intermediate(scoreDims);
-  g.pointwise(cudnn::Div, exps, sum, probabilities);
+  void *probabilities = softmaxWithStats(g, masked, statDims, scoreDims, l.stats, cudnn::Float);
   g.reduction(cudnn::ReduceAmax, probabilities, amaxS);
   void *quantized = g.intermediate(scoreDims, packed(scoreDims), cudnn::Fp8E4M3);
   g.pointwise(cudnn::Mul, probabilities, scaleS, quantized);

@@ -381,6 +381,23 @@ struct AttentionLayout {
   void *scaled = nullptr;
 };
 
+/// cudnn_frontend's softmax with statistics over the masked scores: max, exp, sum, the
+/// statistics max + log(sum) into `stats`, and the probabilities (of `type`) returned.
+inline void *softmaxWithStats(GraphBuilder &g, void *masked, const Dims &statDims, const Dims &scoreDims, void *stats,
+                              int type) {
+  void *max = g.intermediate(statDims), *shifted = g.intermediate(scoreDims), *exps = g.intermediate(scoreDims);
+  g.reduction(cudnn::ReduceMax, masked, max);
+  g.pointwise(cudnn::Sub, masked, max, shifted);
+  g.pointwise(cudnn::Exp, shifted, nullptr, exps);
+  void *sum = g.intermediate(statDims), *logSum = g.intermediate(statDims);
+  g.reduction(cudnn::ReduceAdd, exps, sum);
+  g.pointwise(cudnn::Log, sum, nullptr, logSum);
+  g.pointwise(cudnn::Add, max, logSum, stats);
+  void *probabilities = g.intermediate(scoreDims, packed(scoreDims), type);
+  g.pointwise(cudnn::Div, exps, sum, probabilities);
+  return probabilities;
+}
+
 /// FP8 attention's forward and gradient graphs (CudnnFp8.cpp), from the shared start: scores
 /// scaled, q and k (transposed) in FP8. Their run() pointers after the BF16 graph's, in order
 /// (the uids each takes): fp8ForwardUids, fp8BackwardUids.

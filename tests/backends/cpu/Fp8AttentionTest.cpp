@@ -18,6 +18,8 @@ using namespace tgc;
 
 namespace {
 
+using test::relativeError;
+
 struct Exact {
   std::vector<float> out, dq, dk, dv;
   float amaxDP = 0;
@@ -74,16 +76,6 @@ float maxAbs(const std::vector<float> &x) {
   for (float e : x)
     m = std::max(m, std::fabs(e));
   return m;
-}
-
-/// The largest |a - b| over the largest |b|.
-double relativeError(const std::vector<float> &a, const std::vector<float> &b) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return err / scale;
 }
 
 TEST(Fp8Attention, MatchesFp32AttentionWithinWhatFp8RoundsTo) {

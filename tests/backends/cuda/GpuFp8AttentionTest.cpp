@@ -20,6 +20,8 @@ using namespace tgc;
 
 namespace {
 
+using test::relativeError;
+
 /// GPU buffers freed at the end of the test.
 struct GpuMemory {
   std::vector<void *> owned;
@@ -61,16 +63,6 @@ float decodeAt(const std::vector<uint8_t> &bytes, size_t i, CudnnType t) {
   uint16_t b;
   std::memcpy(&b, &bytes[2 * i], 2);
   return bf16ToFloat(b);
-}
-
-/// The largest |a - b| over the largest |b|.
-double relativeError(const std::vector<float> &a, const std::vector<float> &b) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return err / scale;
 }
 
 struct Case {
