@@ -17,6 +17,7 @@
 #include "tools/tgc/Options.h"
 #include "transforms/Pass.h"
 #include "transforms/Passes.h"
+#include "transforms/precision/Precision.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -230,6 +231,14 @@ int runCompile() {
                                 config->precision.recipe == Recipe::Auto ? " from auto" : "");
     for (const std::string &line : explainPrecision(**plain, *precision))
       llvm::errs() << "//   " << line << "\n";
+    if (precision->recipe == Recipe::Fp8 && precision->fp8Attention) {
+      const ModelConfig &c = *config;
+      AttentionHeads heads{c.heads, c.kvHeads > 0 ? c.kvHeads : c.heads,
+                           c.position == PositionKind::Rope ? std::optional<double>(c.ropeTheta) : std::nullopt};
+      auto refusal = fp8AttentionRefusal(heads, c.dModel / c.heads);
+      llvm::errs() << fmt::format("//   attention (every layer)  {} heads of {}  {}\n", c.heads, c.dModel / c.heads,
+                                  refusal ? "bf16  (" + *refusal + ")" : "fp8   (fp8_attention: cuDNN's FP8 attention)");
+    }
     if (!precision->measuredSummary.empty())
       llvm::errs() << "// " << precision->measuredSummary << "\n";
   }

@@ -77,8 +77,7 @@ private:
       return false;
     AttentionHeads h = attentionHeads(op.attrs());
     int64_t width = op.operand(0)->type().dim(-1);
-    return !h.grouped() && !h.ropeTheta && h.heads > 0 && width % (3 * h.heads) == 0 &&
-           (width / (3 * h.heads)) % 16 == 0;
+    return h.heads > 0 && width % (3 * h.heads) == 0 && !fp8AttentionRefusal(h, width / (3 * h.heads));
   }
 
   /// attention(qkv) -> fp8_attention(quantize(qkv), S's scale, scale_inv), the results keeping

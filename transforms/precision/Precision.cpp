@@ -25,6 +25,17 @@ std::pair<Value *, Value *> scalingState(Builder &b, const std::string &prefix, 
   return {scale, scaleInv};
 }
 
+std::optional<std::string> fp8AttentionRefusal(const AttentionHeads &h, int64_t headDim) {
+  if (h.grouped())
+    return fmt::format("{} KV heads for {} query heads: cuDNN's FP8 attention takes one a query head", h.kvHeads,
+                       h.heads);
+  if (h.ropeTheta)
+    return std::string("rope inside the attention: cuDNN's FP8 attention takes q and k as they are");
+  if (headDim % 16)
+    return fmt::format("head dimension {}: cuDNN's FP8 attention takes multiples of 16", headDim);
+  return std::nullopt;
+}
+
 std::string attentionSite(const Op &attention) {
   llvm::StringRef name = attention.result(0)->name();
   size_t at = name.find(".attn.");

@@ -2,6 +2,7 @@
 // picks FP8 or BF16 for each GEMM under the fp8 recipe.
 #pragma once
 
+#include "ir/Attributes.h"
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
 #include "support/Numerics.h"
@@ -28,6 +29,11 @@ Value *quantizeWithState(Builder &b, Value *x, const std::string &prefix, Fp8For
 /// The scaling state quantizeWithState makes, for a tensor quantized inside an op (FP8
 /// attention's probabilities and dS): its scale and scale_inv.
 std::pair<Value *, Value *> scalingState(Builder &b, const std::string &prefix, int64_t historyLength);
+
+/// Why cuDNN's FP8 attention cannot take an attention of `heads` at head dimension `headDim`
+/// (grouped-query heads, rope inside the op, a head dimension not a multiple of 16), or
+/// nothing where it can.
+std::optional<std::string> fp8AttentionRefusal(const AttentionHeads &heads, int64_t headDim);
 
 /// Where the FP8 state of an attention is kept: "<layer>.attn.sdpa" ("h0.attn.context.flat"
 /// -> "h0.attn.sdpa"), or its output's name followed by ".sdpa".
