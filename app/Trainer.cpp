@@ -263,6 +263,13 @@ llvm::Error Trainer::resume(const Checkpoint &checkpoint, llvm::StringRef path) 
     return stringError(fmt::format("{}: error: the checkpoint was trained in {}, this run is {}: resume it with "
                                    "--precision {}",
                                    path.str(), saved->str(), recipeName(config_.precision.recipe).str(), saved->str()));
+  // FP8 attention keeps scaling state of its own: the run resumes with it as it was trained.
+  if (config_.precision.recipe == Recipe::Fp8 && saved->precision.fp8Attention != config_.precision.fp8Attention)
+    return stringError(fmt::format("{}: error: the checkpoint was trained with {} attention, this run has {}: resume it "
+                                   "{} --fp8-attention",
+                                   path.str(), saved->precision.fp8Attention ? "FP8" : "BF16",
+                                   config_.precision.fp8Attention ? "FP8" : "BF16",
+                                   saved->precision.fp8Attention ? "with" : "without"));
   // The arithmetic task's steps: another range is another task (the data stream differs).
   if (dataPath_.empty() && (saved->data.minStep != config_.data.minStep || saved->data.maxStep != config_.data.maxStep))
     return stringError(fmt::format("{}: error: the checkpoint was trained on steps k in [{}, {}], this run's model file "
