@@ -114,6 +114,23 @@ TEST(DataParallel, FourRanksFollowOneRankInFp8WithTheSameScalingStateEverywhere)
     }
 }
 
+TEST(DataParallel, TwoRanksWithFp8AttentionKeepTheSameScalingStateEverywhere) {
+  // FP8 attention's S and dP amaxes (the ops' results, not a quantize's) are reduced over the
+  // ranks with the others: every state the same bits on both ranks, the losses one rank's but
+  // for the order of the sums and the FP8 codes that order moves.
+  ModelConfig config = parityConfig();
+  config.precision.recipe = Recipe::Fp8;
+  config.precision.fp8Attention = true;
+  std::vector<RankRun> single = train(config, 1, 8), ranks = train(config, 2, 8);
+  ASSERT_EQ(single[0].error, "");
+  ASSERT_EQ(ranks[0].error, "");
+  ASSERT_EQ(ranks[1].error, "");
+  ASSERT_TRUE(ranks[0].state.count("h0.attn.sdpa.fp8.dp.amax_history"));
+  EXPECT_EQ(ranks[0].losses, ranks[1].losses);
+  compareStates(ranks[0], ranks[1], single[0]);
+  EXPECT_LT(maxRelativeDifference(ranks[0].losses, single[0].losses), 5e-3);
+}
+
 TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAClearError) {
   ModelConfig config = parityConfig();
   std::vector<RankRun> runs = train(config, 3, 1);

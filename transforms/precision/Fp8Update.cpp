@@ -54,8 +54,13 @@ public:
       Value *saturations = graph.lookup(prefix + ".saturations");
       if (!history || !saturations)
         return stringError(fmt::format("no amax history or saturation count for {}", prefix));
-      if (p.countResult < 0 && !noCount)
-        noCount = b.constant(graph.uniqueName("fp8.no_saturations"), TensorType(DType::F32, {}), 0.0);
+      if (p.countResult < 0 && !noCount) { // first in the program, before anything that may read it
+        AttrMap zero;
+        zero.set("value", 0.0);
+        noCount = graph.createOp(OpKind::Constant, {}, std::move(zero), {TensorType(DType::F32, {})},
+                                 {graph.uniqueName("fp8.no_saturations")}, graph.ops().front())
+                      ->result(0);
+      }
       Value *count = p.countResult < 0 ? noCount : q->result(unsigned(p.countResult));
       AttrMap attrs;
       setFp8Format(attrs, p.format);
@@ -80,8 +85,6 @@ public:
     }
     if (auto err = b.takeError())
       return std::move(err);
-    if (noCount)
-      graph.sortTopologically(); // the constant before the updates that read it
     return !producers.empty();
   }
 
