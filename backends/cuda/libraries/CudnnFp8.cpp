@@ -1,7 +1,9 @@
 // cuDNN's FP8 fused attention (CudnnFp8), forward and gradient, built through the backend API as
 // cudnn_frontend's SDPA FP8 nodes give it to cuDNN (scaled_dot_product_flash_attention.h with
 // FP8 operands, sdpa_fp8_bwd.h): cuDNN's runtime fusion engine recognises these patterns only,
-// so the order of the scales and the amaxes below is theirs.
+// so the order of the scales and the amaxes below is theirs. BF16 out and dq, dk, dv with FP8
+// q, k, v and dout are what Transformer Engine's current-scaling FP8 attention asks cuDNN for on
+// Hopper (its fused_attn_fp8.cu: O and dQKV "in F16", their scales 1).
 #include "backends/cuda/libraries/CudnnGraph.h"
 
 namespace tgc {
