@@ -124,7 +124,8 @@ protected:
   }
   /// Builds and runs `s` on `pointers`; false (the reason kept in refused) where cuDNN refuses it.
   bool run(const CudnnAttentionShape &s, const std::vector<void *> &pointers) {
-    auto plan = CudnnAttention::create(*api_, handle_, s);
+    // cuDNN's first configuration that finalizes (each one finalized compiles kernels).
+    auto plan = CudnnAttention::create(*api_, handle_, s, /*config=*/0);
     if (!plan) {
       refused += "\n  " + llvm::toString(plan.takeError());
       return false;
@@ -190,7 +191,10 @@ void GpuFp8Attention::forward(CudnnType outType) {
   EXPECT_LT(statsError, 1e-4);
   EXPECT_NEAR(gotAmaxS, want.amaxS, 0.01);
   EXPECT_NEAR(gotAmaxO, want.amaxO, 0.01 * want.amaxO);
-  // The gradient, from the forward's own output, for each type of dout and dS.
+  // The gradient, from the forward's output in BF16 (tgc's), for each type of dout and dS, and
+  // of dq, dk, dv.
+  if (outType != CudnnType::Bf16)
+    return;
   for (CudnnType grad : {CudnnType::E4M3, CudnnType::E5M2})
     for (CudnnType dqkvType : {CudnnType::Bf16, CudnnType::E4M3})
       backward(s, e, want, out, stats, grad, dqkvType);
@@ -257,7 +261,7 @@ TEST_P(GpuFp8Attention, CudnnMatchesTheCpuEmulation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8Attention,
-                         testing::Values(Case{2, 256, 2, 64}, Case{1, 200, 2, 128}, Case{2, 384, 1, 128}),
+                         testing::Values(Case{2, 256, 2, 64}, Case{1, 200, 2, 128}),
                          [](const testing::TestParamInfo<Case> &i) {
                            return fmt::format("B{}T{}H{}DH{}", i.param.B, i.param.T, i.param.H, i.param.DH);
                          });
