@@ -4,6 +4,7 @@
 // tgc's runtime chooses. Built with the CUDA backend (tgc_attention_bench); run on the GPU:
 //   build/bench/tgc_attention_bench [B T H DH]...   (default: gpt-1.3b's 16 1024 16 128)
 #include "backends/cuda/libraries/Cudnn.h"
+#include "backends/cuda/runtime/DeviceMemory.h"
 #include "support/Numerics.h"
 #include "support/Random.h"
 
@@ -19,21 +20,16 @@ using namespace tgc;
 
 namespace {
 
+/// A measurement's buffers (DeviceMemory's, freed together); a failed allocation ends the run.
 struct Gpu {
-  std::vector<void *> owned;
-  ~Gpu() {
-    for (void *p : owned)
-      cudaFree(p);
-  }
-  void *alloc(size_t bytes, uint8_t fill) {
-    void *p = nullptr;
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 16)) != cudaSuccess) {
-      fmt::print(stderr, "error: cudaMalloc of {} bytes failed\n", bytes);
+  DeviceMemory memory;
+  void *alloc(size_t bytes) { return check(memory.allocate(bytes, /*zero=*/true, "benchmark")); }
+  static void *check(llvm::Expected<void *> p) {
+    if (!p) {
+      fmt::print(stderr, "{}\n", llvm::toString(p.takeError()));
       std::exit(1);
     }
-    owned.push_back(p);
-    cudaMemset(p, fill, bytes);
-    return p;
+    return *p;
   }
   /// Random values of standard deviation `std`, as FP8 E4M3 or BF16.
   void *values(size_t n, bool fp8, float std, Rng &rng) {
@@ -47,15 +43,9 @@ struct Gpu {
         host[2 * i] = uint8_t(b), host[2 * i + 1] = uint8_t(b >> 8);
       }
     }
-    void *p = alloc(host.size(), 0);
-    cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice);
-    return p;
+    return check(memory.upload(host.data(), host.size(), "benchmark"));
   }
-  void *scalar(float x) {
-    void *p = alloc(4, 0);
-    cudaMemcpy(p, &x, 4, cudaMemcpyHostToDevice);
-    return p;
-  }
+  void *scalar(float x) { return check(memory.upload(&x, 4, "benchmark")); }
 };
 
 /// The mean milliseconds of one run of `plan`'s candidate `c`: 5 warm-up runs, then 20 timed.
@@ -95,23 +85,23 @@ double measure(const CudnnApi &api, void *handle, const CudnnAttentionShape &s, 
   CudnnType outType = fp8 ? s.fp8.out : CudnnType::Bf16;
   void *out = gpu.values(n, outType != CudnnType::Bf16, 0.1f, rng);
   if (!s.backward) {
-    p = {q, k, v, out, gpu.alloc(stats, 0)};
+    p = {q, k, v, out, gpu.alloc(stats)};
     if (fp8)
       for (float x : {1.f, 1.f, 1.f, 1 / 448.f, 448.f, 1.f, 0.f, 0.f})
         p.push_back(gpu.scalar(x));
   } else {
     CudnnType dqkv = fp8 ? s.fp8.dqkv : CudnnType::Bf16;
-    uint8_t *grads = static_cast<uint8_t *>(gpu.alloc(3 * bytes(dqkv), 0));
+    uint8_t *grads = static_cast<uint8_t *>(gpu.alloc(3 * bytes(dqkv)));
     size_t D = size_t(s.H * s.DH) * (dqkv == CudnnType::Bf16 ? 2 : 1);
-    p = {q, k, v, out, gpu.values(n, fp8, fp8 ? 16 : 0.01f, rng), gpu.alloc(stats, 0), grads, grads + D, grads + 2 * D};
+    p = {q, k, v, out, gpu.values(n, fp8, fp8 ? 16 : 0.01f, rng), gpu.alloc(stats), grads, grads + D, grads + 2 * D};
     if (fp8)
       for (float x : {1.f, 1.f, 1.f, 1.f, 1 / 4096.f, 1 / 448.f, 1 / 4096.f, 448.f, 4096.f, 1.f, 1.f, 1.f, 0.f, 0.f,
                       0.f, 0.f})
         p.push_back(gpu.scalar(x));
     else
-      p.push_back(gpu.alloc(stats, 0)); // the softmax sums
+      p.push_back(gpu.alloc(stats)); // the softmax sums
   }
-  void *workspace = gpu.alloc(size_t((*plan)->largestWorkspaceBytes()), 0);
+  void *workspace = gpu.alloc(size_t((*plan)->largestWorkspaceBytes()));
   auto buffers = (*plan)->buffers(p, workspace);
   if (!buffers) {
     fmt::print("  {}: {}\n", s.key(), llvm::toString(buffers.takeError()));

@@ -15,6 +15,8 @@ float fp8Max(Fp8Format format);
 uint8_t floatToFp8(float x, Fp8Format format);
 /// FP8 code -> float (exact).
 float fp8ToFloat(uint8_t code, Fp8Format format);
+/// x rounded to the nearest value of `format` (saturating), as a float.
+inline float roundToFp8(float x, Fp8Format format) { return fp8ToFloat(floatToFp8(x, format), format); }
 
 /// float -> BF16 bits, round to nearest even; NaN becomes 0x7FFF.
 uint16_t floatToBf16(float x);

@@ -3,6 +3,7 @@
 // gradients recompute what their forward op did not keep (the normalised input, activations,
 // attention probabilities), as the GPU does.
 #include "backends/cpu/CpuKernels.h"
+#include "backends/cpu/Fp8Attention.h"
 #include "ir/Attributes.h"
 #include "ir/Fused.h"
 #include "ir/Rope.h"
@@ -170,12 +171,42 @@ AttentionDims attentionDims(const AttrMap &a, const TensorType &qkv) {
   return {h, ropeOptions(a, "rope_theta"), qkv.dim(0), qkv.dim(1), qkv.dim(2) / (h.heads + 2 * h.kvHeads), qkv.dtype};
 }
 
+/// Heads [start, start + count) of rows [B, T, X] (X a multiple of Dh), head-major
+/// [B, count, T, Dh].
+Tensor headsOf(const AttentionDims &s, const Tensor &rows, int64_t start, int64_t count) {
+  Tensor part = lastAxisSlice(rows, start * s.Dh, count * s.Dh);
+  part.type = TensorType(s.dtype, {s.B, s.T, count, s.Dh}); // reshape: same data
+  return apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part}, s.heads(count, s.T));
+}
+
+/// Head-major [B, H, T, Dh] as rows `type` [B, T, H Dh].
+Tensor rowsOf(const AttentionDims &s, const Tensor &heads, const TensorType &type) {
+  Tensor rows = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&heads},
+                      TensorType(type.dtype, {s.B, s.T, heads.type.dim(1), s.Dh}));
+  rows.type = type; // reshape [B, T, H, Dh] -> [B, T, H Dh]
+  return rows;
+}
+
+/// The gradients of q, k and v, head-major, as the packed dqkv `qkvType`: each back to rows,
+/// placed at q | k | v.
+Tensor packedGradient(const AttentionDims &s, std::initializer_list<const Tensor *> grads, const TensorType &qkvType) {
+  Tensor dqkv = Tensor::zeros(qkvType);
+  int64_t start = 0, width = qkvType.dim(2);
+  for (const Tensor *d : grads) {
+    int64_t count = d->type.dim(1);
+    Tensor merged = rowsOf(s, *d, TensorType(s.dtype, {s.B, s.T, count * s.Dh}));
+    Tensor placed = apply(evalPad, attrs({{"axis", int64_t(2)}, {"start", start}, {"size", width}}), {&merged},
+                          qkvType);
+    dqkv = apply(evalAdd, {}, {&dqkv, &placed}, qkvType);
+    start += count * s.Dh;
+  }
+  return dqkv;
+}
+
 /// q, k and v head-major from the packed qkv, q and k rotated under rope_theta.
 void splitHeads(const AttentionDims &s, const Tensor &qkv, AttentionParts &p) {
   auto head = [&](int64_t start, int64_t count, bool rotate) {
-    Tensor part = lastAxisSlice(qkv, start * s.Dh, count * s.Dh);
-    part.type = TensorType(s.dtype, {s.B, s.T, count, s.Dh}); // reshape: same data
-    Tensor t = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&part}, s.heads(count, s.T));
+    Tensor t = headsOf(s, qkv, start, count);
     if (!rotate || !s.h.ropeTheta)
       return t;
     return apply(evalRope, ropeAttrs(s.rope), {&t}, t.type);
@@ -251,14 +282,56 @@ llvm::Error evalAttention(const AttrMap &a, Operands in, Results out) {
   AttentionParts p;
   splitHeads(s, *in[0], p);
   attend(a, s, p);
-  const TensorType type = out[0].type; // a copy: out[0] is reassigned below
   Tensor context = s.ungrouped(gemm(a, {}, s.grouped(p.probs), p.v, s.groupedType(s.Dh)));
-  out[0] = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {&context},
-                 TensorType(type.dtype, {s.B, s.T, s.h.heads, s.Dh}));
-  out[0].type = type; // reshape [B, T, H, Dh] -> [B, T, D]
+  out[0] = rowsOf(s, context, TensorType(out[0].type));
   out[1] = std::move(p.lse);
   if (out.size() > 2) // head_major
     out[2] = joinHeads(p, out[2].type);
+  return llvm::Error::success();
+}
+
+namespace {
+/// The emulation's shape and S's scales of an FP8 attention over q (E4M3 [B, T, 3D]).
+Fp8AttentionShape fp8Shape(const AttentionDims &s, const AttrMap &a) {
+  Fp8AttentionShape e;
+  e.B = s.B, e.T = s.T, e.H = s.h.heads, e.DH = s.Dh;
+  e.scale = float(*a.getFloat("scale"));
+  return e;
+}
+} // namespace
+
+// FP8 attention by the emulation of cuDNN's (Fp8Attention.h) on q, k, v split as attention
+// splits them. FP8 operands hold their codes times scale_inv, so the emulation's q, k, v and
+// dout descales are 1 (the ops' q_scale_inv and dout_scale_inv are the GPU's); S's and dP's
+// scales are the state operands; out and dqkv are BF16 values.
+llvm::Error evalFp8Attention(const AttrMap &a, Operands in, Results out) {
+  AttentionDims s = attentionDims(a, in[0]->type);
+  AttentionParts p;
+  splitHeads(s, *in[0], p);
+  Fp8AttentionScales c;
+  c.scaleS = in[2]->data[0], c.descaleS = in[3]->data[0];
+  Fp8AttentionForward f = fp8AttentionForward(fp8Shape(s, a), p.q.data, p.k.data, p.v.data, c);
+  p.q.data = std::move(f.out);
+  out[0] = rowsOf(s, p.q, TensorType(out[0].type));
+  out[1].data = std::move(f.stats); // [B, H, T], as lse
+  out[2].data[0] = f.amaxS;
+  return llvm::Error::success();
+}
+
+llvm::Error evalFp8AttentionBackward(const AttrMap &a, Operands in, Results out) {
+  AttentionDims s = attentionDims(a, in[1]->type);
+  AttentionParts p;
+  splitHeads(s, *in[1], p);
+  Fp8AttentionShape e = fp8Shape(s, a);
+  e.grad = in[0]->type.dtype == DType::F8E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  Fp8AttentionScales c;
+  c.scaleS = in[6]->data[0], c.descaleS = in[7]->data[0];
+  c.scaleDP = in[8]->data[0], c.descaleDP = in[9]->data[0];
+  Tensor outHeads = headsOf(s, *in[2], 0, s.h.heads), doutHeads = headsOf(s, *in[0], 0, s.h.heads);
+  Fp8AttentionGradients g = fp8AttentionBackward(e, p.q.data, p.k.data, p.v.data, outHeads.data, doutHeads.data, c);
+  p.q.data = std::move(g.dq), p.k.data = std::move(g.dk), p.v.data = std::move(g.dv);
+  out[0] = packedGradient(s, {&p.q, &p.k, &p.v}, out[0].type);
+  out[1].data[0] = g.amaxDP;
   return llvm::Error::success();
 }
 
@@ -531,19 +604,7 @@ llvm::Error evalAttentionBackward(const AttrMap &a, Operands in, Results out) {
   if (s.h.ropeTheta)
     for (Tensor *d : {&dq, &dk})
       *d = apply(evalRope, ropeAttrs({s.rope.theta, true, s.rope.scaling}), {d}, d->type);
-  // Back to [B, T, heads Dh] each, placed at q | k | v of the packed gradient.
-  Tensor dqkv = Tensor::zeros(qkvType);
-  int64_t start = 0, width = qkvType.dim(2);
-  for (const Tensor *d : {&dq, &dk, &dv}) {
-    int64_t count = d->type.dim(1);
-    Tensor merged = apply(evalTranspose, attrs({{"perm", kSwapHeads}}), {d}, TensorType(dt, {B, T, count, Dh}));
-    merged.type = TensorType(dt, {B, T, count * Dh});
-    Tensor placed = apply(evalPad, attrs({{"axis", int64_t(2)}, {"start", start}, {"size", width}}), {&merged},
-                          qkvType);
-    dqkv = apply(evalAdd, {}, {&dqkv, &placed}, qkvType);
-    start += count * Dh;
-  }
-  out[0] = std::move(dqkv);
+  out[0] = packedGradient(s, {&dq, &dk, &dv}, qkvType);
   return llvm::Error::success();
 }
 

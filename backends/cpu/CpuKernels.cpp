@@ -675,7 +675,7 @@ llvm::Error evalQuantize(const AttrMap &attrs, Operands in, Results out) {
       float v = x.data[i], scaled = v * scale;
       saturated[size_t(c)] += std::fabs(scaled) > max;
       // The tensor holds what a GEMM reads: the FP8 code times scale_inv.
-      out[0].data[i] = fp8ToFloat(floatToFp8(scaled, format), format) * scaleInv;
+      out[0].data[i] = roundToFp8(scaled, format) * scaleInv;
     }
   });
   out[1].data[0] = amax;

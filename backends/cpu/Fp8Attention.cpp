@@ -12,8 +12,6 @@ namespace {
 
 constexpr int64_t kKeyTile = 128; // cuDNN's tile of keys in the online softmax
 
-float quantize(float x, Fp8Format format) { return fp8ToFloat(floatToFp8(x, format), format); }
-
 /// One (sequence, head)'s operands: row t of a head-major [B][H][T][DH] tensor.
 struct Head {
   const float *base;
@@ -44,7 +42,7 @@ float maxAbs(const std::vector<float> &x) {
 } // namespace
 
 float storeScaled(float x, float scale, std::optional<Fp8Format> format) {
-  return format ? quantize(x * scale, *format) : roundToBf16(x * scale);
+  return format ? roundToFp8(x * scale, *format) : roundToBf16(x * scale);
 }
 
 Fp8AttentionForward fp8AttentionForward(const Fp8AttentionShape &s, const std::vector<float> &q,
@@ -70,7 +68,7 @@ Fp8AttentionForward fp8AttentionForward(const Fp8AttentionShape &s, const std::v
       for (int64_t j = start; j < end; ++j) {
         float p = std::exp(scores[size_t(j)] - mNew);
         l += p;
-        float p8 = quantize(p * c.scaleS, Fp8Format::E4M3) * c.descaleS * c.descaleV;
+        float p8 = roundToFp8(p * c.scaleS, Fp8Format::E4M3) * c.descaleS * c.descaleV;
         for (int64_t d = 0; d < DH; ++d)
           acc[size_t(d)] += p8 * vh.row(j)[d];
       }
@@ -111,13 +109,13 @@ Fp8AttentionGradients fp8AttentionBackward(const Fp8AttentionShape &s, const std
       float D = dot(oh.row(i), doh.row(i), DH) * c.descaleO * c.descaleDO;
       for (int64_t j = 0; j <= i; ++j) {
         p[size_t(j)] /= l;
-        float p8 = quantize(p[size_t(j)] * c.scaleS, Fp8Format::E4M3) * c.descaleS * c.descaleDO;
+        float p8 = roundToFp8(p[size_t(j)] * c.scaleS, Fp8Format::E4M3) * c.descaleS * c.descaleDO;
         for (int64_t d = 0; d < DH; ++d)
           dv[size_t(at + j * DH + d)] += p8 * doh.row(i)[d];
         float dP = dot(doh.row(i), vh.row(j), DH) * c.descaleDO * c.descaleV;
         float g = p[size_t(j)] * (dP - D) * s.scale;
         amax = std::max(amax, std::fabs(g));
-        dS[size_t(i * T + j)] = quantize(g * c.scaleDP, s.grad) * c.descaleDP;
+        dS[size_t(i * T + j)] = roundToFp8(g * c.scaleDP, s.grad) * c.descaleDP;
       }
     }
     amaxDP[size_t(h)] = amax;

@@ -48,7 +48,7 @@ BlockQuantizeStats blockQuantize(const float *x, int64_t rows, int64_t cols, int
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c) {
           float v = x[r * cols + c];
-          float value = fp8ToFloat(floatToFp8(v * scale, format), format) * scaleInv;
+          float value = roundToFp8(v * scale, format) * scaleInv;
           stats.flushed += v != 0.0f && value == 0.0f; // (a NaN stays NaN)
           q[r * cols + c] = value;
         }

@@ -45,11 +45,10 @@ public:
     for (const Producer &p : producers) {
       Op *q = p.op;
       Value *scale = q->operand(p.scaleOperand), *scaleInv = q->operand(p.scaleOperand + 1);
-      llvm::StringRef prefixRef = scale->name();
-      if (!prefixRef.consume_back(".scale") || !scale->def() || scale->def()->kind() != OpKind::State)
-        return stringError(fmt::format("fp8-update: %{} does not read a '<prefix>.scale' state",
-                                       q->result()->name()));
-      const std::string prefix = prefixRef.str();
+      auto prefixOr = scalingStatePrefix(*q, "fp8-update", p.scaleOperand);
+      if (!prefixOr)
+        return prefixOr.takeError();
+      const std::string &prefix = *prefixOr;
       Value *history = graph.lookup(prefix + ".amax_history");
       Value *saturations = graph.lookup(prefix + ".saturations");
       if (!history || !saturations)

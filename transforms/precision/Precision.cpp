@@ -71,12 +71,12 @@ const std::string *matchingPattern(const std::vector<std::string> &patterns, llv
   return nullptr;
 }
 
-llvm::Expected<std::string> scalingStatePrefix(const Op &quantize, llvm::StringRef pass) {
-  const Value *scale = quantize.operand(1);
+llvm::Expected<std::string> scalingStatePrefix(const Op &op, llvm::StringRef pass, unsigned scaleOperand) {
+  const Value *scale = op.operand(scaleOperand);
   llvm::StringRef prefix = scale->name();
   if (!prefix.consume_back(".scale") || !scale->def() || scale->def()->kind() != OpKind::State)
-    return stringError(fmt::format("{}: quantize %{} does not read a '<prefix>.scale' state", pass.str(),
-                                   quantize.result()->name()));
+    return stringError(fmt::format("{}: {} %{} does not read a '<prefix>.scale' state", pass.str(), op.name().str(),
+                                   op.result()->name()));
   return prefix.str();
 }
 

@@ -61,10 +61,10 @@ GemmChoice chooseGemmPrecision(const PrecisionConfig &config, llvm::StringRef si
 /// model reader rejects them).
 const std::string *matchingPattern(const std::vector<std::string> &patterns, llvm::StringRef site);
 
-/// The prefix of a quantize's scaling state from its scale operand: a state named
-/// "<prefix>.scale" (assign-precision's, program::fp8StatePrefix), or an error naming the
-/// quantize and `pass`.
-llvm::Expected<std::string> scalingStatePrefix(const Op &quantize, llvm::StringRef pass);
+/// The prefix of an op's scaling state from its scale operand (a quantize's operand 1, FP8
+/// attention's S and dP scales): a state named "<prefix>.scale" (assign-precision's,
+/// program::fp8StatePrefix), or an error naming the op and `pass`.
+llvm::Expected<std::string> scalingStatePrefix(const Op &op, llvm::StringRef pass, unsigned scaleOperand = 1);
 
 /// The fp8_layers pattern that names every layer of `site`'s kind: h0.mlp.fc1 -> h*.mlp.fc1;
 /// a site outside the blocks (lm_head) names itself.

@@ -135,13 +135,6 @@ __device__ void ropeRows(const In *src, Out out, const double *table) {
   }
 }
 
-// FP8 attention's unit scales (cuDNN reads every scale from memory; out, dq, dk and dv are
-// BF16): out[0 .. Count) = 1.
-template <int64 Count>
-__device__ void unitScales(float *out) {
-  FOR_EACH_ELEMENT(i, Count) out[i] = 1.0f;
-}
-
 // A result cuDNN's attention wrote in BF16 (Cudnn.h): its fp32 form into `out` (for an
 // F32Bf16Out with `src` its own BF16 copy, the fp32 half alone). Four elements a thread.
 template <int64 N, typename Out>

@@ -116,6 +116,27 @@ llvm::Error emitAttentionBf16(const Op &op, Emitter &e, const AttentionLaunch &s
   return llvm::Error::success();
 }
 
+/// Where cuDNN writes the BF16 form of the fp32 result `v` (the op's pointer `pointer`): `v`
+/// itself where it is stored in BF16, its BF16 copy (whose pointer follows the fp32 one) where
+/// shadowed, else scratch of `bytes` that widenCudnnResult widens.
+unsigned cudnnResultBuffer(Emitter &e, const Value *v, unsigned pointer, int64_t bytes) {
+  if (e.program_.bf16Stored.count(v))
+    return pointer;
+  return e.program_.bf16Shadowed.count(v) ? pointer + 1 : e.addScratch(bytes / 4);
+}
+
+/// Launch `launch`, after cuDNN: the fp32 form of `v` (parameter `name`, `count` elements) from
+/// the BF16 cuDNN wrote at `buffer` (cudnnResultBuffer's), where `v` is not stored in BF16.
+void widenCudnnResult(Emitter &e, unsigned launch, const std::string &params, const Value *v, unsigned buffer,
+                      int64_t count, const std::string &name) {
+  if (e.program_.bf16Stored.count(v))
+    return;
+  bool shadowed = e.program_.bf16Shadowed.count(v);
+  e.launch(launch, params, elementwiseBlocks(count / 4),
+           fmt::format("widenBf16<{}>((const unsigned short *){}, {})", count,
+                       shadowed ? name + ".h" : e.scratchName(buffer), shadowed ? name + ".f" : name));
+}
+
 /// cuDNN's fused attention (CudnnAttention) between tgc's launches. The forward: q, k, v to
 /// BF16 head-major (as the tensor-core kernels take them; under RoPE q and k rotated) unless
 /// cuDNN reads them in place (CudaProgram::qkvRows), cuDNN, and out from BF16 where it is not
@@ -132,11 +153,6 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
   std::string table = ropeConstants(op, s, e);
   auto toHeads = [&](unsigned launch, const std::string &params, const std::string &from, const std::string &to,
                      int parts) { emitToHeads(e, launch, params, s, parts, from, to); };
-  auto widen = [&](unsigned launch, const std::string &params, int64_t count, const std::string &from,
-                   const char *to) {
-    e.launch(launch, params, elementwiseBlocks(count / 4),
-             fmt::format("widenBf16<{}>((const unsigned short *){}, {})", count, from, to));
-  };
   using Buffer = OpLowering::LibraryBuffer;
   // q, k and v: head-major, or in place in qkv's BF16 rows (CudaProgram::qkvRows), D apart.
   auto qkvBuffers = [&](unsigned pointer, bool rows) {
@@ -150,10 +166,7 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
                                    : "const float *qkv, float *out, float *lse";
     bool rows = headMajor && e.program_.qkvRows.count(op.result(2)); // heads is qkv's memory
     unsigned heads = rows ? 0 : headMajor ? e.resultPointer(2) : e.addScratch(copyBytes / 4);
-    bool outStored = e.program_.bf16Stored.count(op.result(0)), outCopy = e.program_.bf16Shadowed.count(op.result(0));
-    unsigned outBuffer = outStored ? e.resultPointer(0)
-                         : outCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
-                                   : e.addScratch(headBytes / 4);
+    unsigned outBuffer = cudnnResultBuffer(e, op.result(0), e.resultPointer(0), headBytes);
     unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
     params += e.scratchParams() + table;
     unsigned launch = 0;
@@ -164,27 +177,20 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
     l.libraryBuffers.push_back(Buffer{outBuffer, 0});
     l.libraryBuffers.push_back(Buffer{e.resultPointer(1), 0});
     l.libraryBuffers.push_back(Buffer{workspace, 0});
-    if (outCopy)
-      widen(launch, params, B * T * D, "out.h", "out.f");
-    else if (!outStored)
-      widen(launch, params, B * T * D, e.scratchName(outBuffer), "out");
+    widenCudnnResult(e, launch, params, op.result(0), outBuffer, B * T * D, "out");
     return llvm::Error::success();
   }
   // Pointers: dout, qkv or heads, out, lse, dqkv [, its copy], scratch.
   std::string params = fmt::format("const float *dout, const float *{}, const float *out, const float *lse, float *dqkv",
                                    headMajor ? "heads" : "qkv");
   const Value *dqkv = op.result(0), *out = op.operand(2);
-  // Under RoPE cuDNN's dq and dk are turned back on their way to dqkv: they go through scratch.
-  bool dqkvStored = !s.rope && e.program_.bf16Stored.count(dqkv);
-  bool dqkvCopy = !s.rope && e.program_.bf16Shadowed.count(dqkv);
   bool outStored = e.program_.bf16Stored.count(out);
   bool rows = headMajor && e.program_.qkvRows.count(op.operand(1)), doutRows = e.program_.doutRows.count(&op);
   unsigned heads = headMajor ? 1 : e.addScratch(copyBytes / 4);
   unsigned doutHeads = doutRows ? 0 : e.addScratch(headBytes / 4), rowSums = e.addScratch(B * s.H * T);
   unsigned outBuffer = outStored ? 2 : e.addScratch(headBytes / 4);
-  unsigned dqkvBuffer = dqkvStored ? e.resultPointer(0)
-                        : dqkvCopy ? e.resultPointer(0) + 1 // the BF16 copy's pointer follows the fp32 one
-                                   : e.addScratch(B * T * W / 2);
+  // Under RoPE cuDNN's dq and dk are turned back on their way to dqkv: they go through scratch.
+  unsigned dqkvBuffer = s.rope ? e.addScratch(B * T * W / 2) : cudnnResultBuffer(e, dqkv, e.resultPointer(0), B * T * W * 2);
   unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
   params += e.scratchParams() + table;
   unsigned launch = 0;
@@ -208,10 +214,8 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
     e.launch(launch, params, elementwiseBlocks(B * T * W / 2),
              fmt::format("ropeRows<{}, {}, {}, {}, {}, true>((const unsigned short *){}, dqkv, table)", B, T, s.H, s.KV,
                          s.Dh, e.scratchName(dqkvBuffer)));
-  else if (dqkvCopy) // the fp32 form from the BF16 copy cuDNN wrote
-    widen(launch, params, B * T * W, "dqkv.h", "dqkv.f");
-  else if (!dqkvStored)
-    widen(launch, params, B * T * W, e.scratchName(dqkvBuffer), "dqkv");
+  else
+    widenCudnnResult(e, launch, params, dqkv, dqkvBuffer, B * T * W, "dqkv");
   return llvm::Error::success();
 }
 
@@ -224,30 +228,19 @@ llvm::Error emitCudnnFp8Attention(const Op &op, Emitter &e, const AttentionLaunc
   const int64_t B = s.B, T = s.T, D = s.D(), headBytes = B * T * D * 2;
   OpLowering &l = e.lowering;
   l.cudnnAttention = true;
+  e.headers.insert("elementwise.cuh"); // fill: the unit scales (cuDNN reads every scale from memory)
   using Buffer = OpLowering::LibraryBuffer;
-  auto widen = [&](unsigned launch, const std::string &params, int64_t count, const std::string &from,
-                   const char *to) {
-    e.launch(launch, params, elementwiseBlocks(count / 4),
-             fmt::format("widenBf16<{}>((const unsigned short *){}, {})", count, from, to));
-  };
   const int64_t workspaceFloats = (e.program_.cudnnAttention.lookup(&op) + 3) / 4;
-  // The BF16 form of the fp32 value `v`, the op's pointer `pointer`: itself where stored so,
-  // its copy's pointer (after its own) where shadowed, else scratch.
-  auto bf16Of = [&](const Value *v, unsigned pointer) {
-    if (e.program_.bf16Stored.count(v))
-      return pointer;
-    return e.program_.bf16Shadowed.count(v) ? pointer + 1 : e.addScratch(headBytes / 4);
-  };
   if (op.kind() == OpKind::Fp8Attention) {
     // Pointers: q, q_scale_inv, s_scale, s_scale_inv, out [, its copy], lse, amax_s, scratch.
     std::string params = "const float *q, const float *qScaleInv, const float *sScale, const float *sScaleInv, "
                          "float *out, float *lse, float *amaxS";
     const Value *out = op.result(0);
-    unsigned outBuffer = bf16Of(out, e.resultPointer(0));
+    unsigned outBuffer = cudnnResultBuffer(e, out, e.resultPointer(0), headBytes);
     unsigned one = e.addScratch(4), amaxO = e.addScratch(4); // (4 floats: 16-byte apart)
     unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
     params += e.scratchParams();
-    e.launch(0, params, 1, fmt::format("unitScales<1>({})", e.scratchName(one)));
+    e.launch(0, params, 1, fmt::format("fill<1>({}, 1.0f)", e.scratchName(one)));
     l.libraryAt = 1;
     for (int64_t offset : {int64_t(0), D, 2 * D}) // q, k, v: one byte an element
       l.libraryBuffers.push_back(Buffer{0, offset});
@@ -256,10 +249,7 @@ llvm::Error emitCudnnFp8Attention(const Op &op, Emitter &e, const AttentionLaunc
     for (unsigned p : {1u, 1u, 1u, 3u, 2u, one, e.resultPointer(2), amaxO}) // descales q k v S, scales S O, amaxes
       l.libraryBuffers.push_back(Buffer{p, 0});
     l.libraryBuffers.push_back(Buffer{workspace, 0});
-    if (e.program_.bf16Shadowed.count(out))
-      widen(1, params, B * T * D, "out.h", "out.f");
-    else if (!e.program_.bf16Stored.count(out))
-      widen(1, params, B * T * D, e.scratchName(outBuffer), "out");
+    widenCudnnResult(e, 1, params, out, outBuffer, B * T * D, "out");
     return llvm::Error::success();
   }
   // Pointers: dout_q, q, out, lse, q_scale_inv, dout_scale_inv, s_scale, s_scale_inv, dp_scale,
@@ -271,14 +261,12 @@ llvm::Error emitCudnnFp8Attention(const Op &op, Emitter &e, const AttentionLaunc
   const Value *dqkv = op.result(0), *out = op.operand(2);
   bool outStored = e.program_.bf16Stored.count(out);
   unsigned outBuffer = outStored ? 2 : e.addScratch(headBytes / 4);
-  unsigned dqkvBuffer = e.program_.bf16Stored.count(dqkv)     ? e.resultPointer(0)
-                        : e.program_.bf16Shadowed.count(dqkv) ? e.resultPointer(0) + 1
-                                                              : e.addScratch(3 * headBytes / 4);
+  unsigned dqkvBuffer = cudnnResultBuffer(e, dqkv, e.resultPointer(0), 3 * headBytes);
   unsigned ones = e.addScratch(16), amaxes = e.addScratch(12); // four 1s and three amaxes, 16 bytes apart
   unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));
   params += e.scratchParams();
   unsigned launch = 0;
-  e.launch(launch++, params, 1, fmt::format("unitScales<16>({})", e.scratchName(ones)));
+  e.launch(launch++, params, 1, fmt::format("fill<16>({}, 1.0f)", e.scratchName(ones)));
   if (!outStored)
     e.launch(launch++, params, elementwiseBlocks(B * T * D),
              fmt::format("roundToBf16(out, (unsigned short *){}, {})", e.scratchName(outBuffer), B * T * D));
@@ -299,10 +287,7 @@ llvm::Error emitCudnnFp8Attention(const Op &op, Emitter &e, const AttentionLaunc
   for (int64_t k = 0; k < 3; ++k)
     l.libraryBuffers.push_back(Buffer{amaxes, 16 * k});
   l.libraryBuffers.push_back(Buffer{workspace, 0});
-  if (e.program_.bf16Shadowed.count(dqkv))
-    widen(launch, params, 3 * B * T * D, "dqkv.h", "dqkv.f");
-  else if (!e.program_.bf16Stored.count(dqkv))
-    widen(launch, params, 3 * B * T * D, e.scratchName(dqkvBuffer), "dqkv");
+  widenCudnnResult(e, launch, params, dqkv, dqkvBuffer, 3 * B * T * D, "dqkv");
   return llvm::Error::success();
 }
 

@@ -205,8 +205,9 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
     if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
       EXPECT_TRUE(shape->fp8.enabled && shape->qkvRows);
       EXPECT_EQ(shape->doutRows, shape->backward);
-      if (shape->backward)
+      if (shape->backward) {
         EXPECT_EQ(shape->fp8.grad, CudnnType::E4M3); // cuDNN's FP8 gradient's, under hybrid too
+      }
       options.cudnnAttention[op] = 4096;
     }
   ASSERT_EQ(options.cudnnAttention.size(), 4u);
@@ -239,7 +240,7 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
         EXPECT_EQ(l.libraryBuffers[k].pointer, 1u);
       EXPECT_EQ(l.libraryBuffers[8].pointer, 3u);
       EXPECT_EQ(l.libraryBuffers[9].pointer, 2u);
-      EXPECT_EQ(l.libraryBuffers[11].pointer, results + 2); // amax_s (out and lse stored in fp32)
+      EXPECT_EQ(l.libraryBuffers[11].pointer, results + 2); // amax_s (out and lse stored without copies)
       continue;
     }
     EXPECT_EQ(l.libraryBuffers[4].pointer, 0u); // dout
@@ -249,12 +250,13 @@ TEST(CudnnLowering, Fp8AttentionGivesCudnnTheQuantizedRowsTheStatesScalesAndAmax
     // Descales q, k, v, O (1), dout, S, dP; scales S, dP.
     std::vector<unsigned> want = {4, 4, 4, 0, 5, 7, 9, 6, 8};
     for (size_t k = 0; k < want.size(); ++k)
-      if (k != 3)
+      if (k != 3) {
         EXPECT_EQ(l.libraryBuffers[9 + k].pointer, want[k]) << k;
-    EXPECT_EQ(l.libraryBuffers[21].pointer, results + 1); // amax_dp (dqkv stored in fp32)
+      }
+    EXPECT_EQ(l.libraryBuffers[21].pointer, results + 1); // amax_dp (dqkv stored without a copy)
   }
-  EXPECT_NE(program.source.find("unitScales<1>"), std::string::npos);
-  EXPECT_NE(program.source.find("unitScales<16>"), std::string::npos);
+  EXPECT_NE(program.source.find("fill<1>(scratch0, 1.0f)"), std::string::npos);
+  EXPECT_NE(program.source.find("fill<16>(scratch0, 1.0f)"), std::string::npos);
   EXPECT_EQ(program.source.find("attentionForwardBf16<"), std::string::npos);
   EXPECT_EQ(program.source.find("widenBf16<"), std::string::npos);
   // qkv and dout written in BF16 by their products for the quantizes alone reading them.

@@ -4,6 +4,7 @@
 // combinations it refuses are named in the test's output.
 #include "backends/cpu/Fp8Attention.h"
 #include "backends/cuda/libraries/Cudnn.h"
+#include "backends/cuda/runtime/DeviceMemory.h"
 #include "driver/Program.h"
 #include "support/Random.h"
 #include "tests/TestUtil.h"
@@ -21,22 +22,6 @@ using namespace tgc;
 namespace {
 
 using test::relativeError;
-
-/// GPU buffers freed at the end of the test.
-struct GpuMemory {
-  std::vector<void *> owned;
-  ~GpuMemory() {
-    for (void *p : owned)
-      cudaFree(p);
-  }
-  void *alloc(size_t bytes) {
-    void *p = nullptr;
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 16)) != cudaSuccess)
-      return nullptr;
-    owned.push_back(p);
-    return p;
-  }
-};
 
 std::optional<Fp8Format> formatOf(CudnnType t) {
   if (t == CudnnType::Bf16)
@@ -98,14 +83,11 @@ protected:
   std::vector<float> values(float descale, float std, Fp8Format f) {
     std::vector<float> x(n);
     for (float &e : x)
-      e = fp8ToFloat(floatToFp8(float(rng.normal()) * std / descale, f), f);
+      e = roundToFp8(float(rng.normal()) * std / descale, f);
     return x;
   }
-  void *upload(const std::vector<uint8_t> &bytes) {
-    void *p = gpu.alloc(bytes.size());
-    EXPECT_TRUE(p && cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess);
-    return p;
-  }
+  void *alloc(size_t bytes) { return test::unwrap(gpu.allocate(bytes, /*zero=*/false, "test")); }
+  void *upload(const std::vector<uint8_t> &bytes) { return test::unwrap(gpu.upload(bytes.data(), bytes.size(), "test")); }
   void *scalar(float x) { return upload(std::vector<uint8_t>((uint8_t *)&x, (uint8_t *)&x + 4)); }
   std::vector<uint8_t> download(void *p, size_t bytes) {
     std::vector<uint8_t> h(bytes);
@@ -130,7 +112,7 @@ protected:
       refused += "\n  " + llvm::toString(plan.takeError());
       return false;
     }
-    void *workspace = gpu.alloc(size_t((*plan)->largestWorkspaceBytes()));
+    void *workspace = alloc(size_t((*plan)->largestWorkspaceBytes()));
     auto buffers = test::unwrap((*plan)->buffers(pointers, workspace));
     if (!buffers)
       return false;
@@ -151,7 +133,7 @@ protected:
   Rng rng{test::freshSeed()};
   Fp8AttentionScales c;
   std::vector<float> q, k, v;
-  GpuMemory gpu;
+  DeviceMemory gpu; // the test's buffers, freed with it
   void *qd = nullptr, *kd = nullptr, *vd = nullptr;
   int forwards = 0, backwards = 0;
   std::string refused;
@@ -172,7 +154,7 @@ void GpuFp8Attention::forward(CudnnType outType) {
   c.descaleO = 1 / c.scaleO;
   SCOPED_TRACE(s.key());
   const size_t outBytes = n * (outType == CudnnType::Bf16 ? 2 : 1);
-  void *out = gpu.alloc(outBytes), *stats = gpu.alloc(size_t(B * H * T) * 4);
+  void *out = alloc(outBytes), *stats = alloc(size_t(B * H * T) * 4);
   void *amaxS = scalar(-1), *amaxO = scalar(-1);
   if (!run(s, {qd, kd, vd, out, stats, scalar(c.descaleQ), scalar(c.descaleK), scalar(c.descaleV),
                scalar(c.descaleS), scalar(c.scaleS), scalar(c.scaleO), amaxS, amaxO}))
@@ -217,7 +199,7 @@ void GpuFp8Attention::backward(const CudnnAttentionShape &forwardShape, const Fp
   Fp8AttentionGradients wantG = fp8AttentionBackward(eb, q, k, v, want.out, dout, cb);
   SCOPED_TRACE(s.key());
   const size_t width = dqkvType == CudnnType::Bf16 ? 2 : 1, dqkvBytes = size_t(B * T * 3 * D) * width;
-  uint8_t *dqkv = static_cast<uint8_t *>(gpu.alloc(dqkvBytes));
+  uint8_t *dqkv = static_cast<uint8_t *>(alloc(dqkvBytes));
   void *amaxes[4] = {scalar(-1), scalar(-1), scalar(-1), scalar(-1)};
   std::vector<void *> pointers = {qd, kd, vd, out, upload(encode(dout, grad)), stats, dqkv, dqkv + D * width,
                                   dqkv + 2 * D * width};
