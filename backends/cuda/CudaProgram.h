@@ -44,6 +44,9 @@ struct OpLowering {
   // With `arguments`: the one (its index) whose parameters' BF16 copy the launches write too,
   // passed after it (an F32Bf16Out: the grouped AdamW). -1: none.
   int weightCopyArgument = -1;
+  // AdamW in an FP8 weight's cast (AdamWCast.cpp): its clip scale, which the prologue sets to 0
+  // before it launches the cast (AdamW's skip), so that the launch casts the master unchanged.
+  const Value *zeroInPrologue = nullptr;
   std::string header; // the kernel header (backends/cuda/kernels) its launches instantiate
   std::vector<int64_t> scratchFloats; // per scratch buffer, alive during the op
   // Buffers of the op's own that outlive the step, passed after the scratch: a quantize keeps
@@ -72,11 +75,12 @@ struct OpLowering {
 };
 
 /// Where parameters, gradients and state live on the GPU: three contiguous buffers, as llm.c
-/// lays them out. The parameters AdamW updates come first (those with weight decay, then those
-/// without), then the others; their gradients sit in the gradient buffer and their two moments
-/// in the state buffer at the same offsets (the second moments after all the first), then the
-/// rest of the state. Every tensor starts at a multiple of 256 bytes (512 in the parameter,
-/// gradient and moment regions); the padding is zero.
+/// lays them out. The parameters AdamW updates come first (those whose FP8 cast runs their
+/// update, then those with weight decay, then those without), then the others; their gradients
+/// sit in the gradient buffer and their two moments in the state buffer at the same offsets
+/// (the second moments after all the first), then the rest of the state. Every tensor starts
+/// at a multiple of 256 bytes (512 in the parameter, gradient and moment regions); the padding
+/// is zero.
 struct ParameterLayout {
   llvm::DenseMap<const Value *, int64_t> params;   // Param leaf -> bytes into the parameter buffer
   llvm::DenseMap<const Value *, int64_t> grads;    // gradient -> bytes into the gradient buffer
@@ -85,6 +89,7 @@ struct ParameterLayout {
   int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
   int64_t updatedBytes = 0; // the leading bytes AdamW updates (of params, grads, each moment)
   int64_t decayedBytes = 0; // of those, the leading bytes with weight decay
+  int64_t castBytes = 0;    // of those, the leading bytes whose FP8 cast runs their AdamW
 };
 
 struct CudaProgram {
@@ -131,6 +136,10 @@ struct CudaProgram {
   /// epilogues read) as it writes them: the executor converts them only once they are bound, and
   /// at each step only the parameters no AdamW updates.
   bool optimizerWritesWeightCopy = false;
+  /// FP8 weights kept between steps whose cast after AdamW makes the update it casts
+  /// (AdamWQuantize.cpp): AdamW op -> the quantize of its new weight. Their parameters lead the
+  /// layout (ParameterLayout::castBytes), and the grouped AdamW leaves them to the cast.
+  llvm::DenseMap<const Op *, const Op *> adamwInCast;
   /// The bytes of the parameter region the executor's BF16 copy holds, [begin, end): the
   /// parameters a step reads in BF16 (weightsReadInBf16), or the whole region where AdamW writes
   /// the copy. Empty: no copy.

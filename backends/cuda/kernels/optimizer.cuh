@@ -24,18 +24,40 @@ __device__ void lrSchedule(const int *step, float *lr, const double *schedule) {
   lr[0] = (float)learningRate(schedule[0], schedule[1], schedule[2], schedule[3], step[0]);
 }
 
-// torch.optim.AdamW over Count elements: the bias corrections in double once per thread, the
-// elementwise update in float. The first Decayed elements have weight decay (the grouped
-// launch over all parameters puts the decayed ones first; one parameter has Decayed = Count).
-// ParamOut F32Bf16Out: the new parameters' BF16 copy too, which the next step's BF16 GEMMs read.
+// torch.optim.AdamW's arithmetic for one thread: the bias corrections in double once, each
+// element's update in float. scale 0 is clip_scale's skip (the gradients are not finite): then
+// nothing changes. The flat kernel and the FP8 weights' cast (QuantizeAdamW) share it, so the
+// two give the same bits.
+struct AdamWStep {
+  float rate, scale, stepSize, bc2Sqrt, beta1, beta2, eps;
+  __device__ AdamWStep(const float *lr, const float *clip, const int *step, double b1, double b2, float epsilon) {
+    double bc1 = 1.0 - pow(b1, (double)step[0]), bc2 = 1.0 - pow(b2, (double)step[0]);
+    rate = lr[0], scale = clip[0];
+    stepSize = (float)(rate / bc1), bc2Sqrt = (float)sqrt(bc2);
+    beta1 = (float)b1, beta2 = (float)b2, eps = epsilon;
+  }
+  __device__ bool skips() const { return scale == 0.0f; }
+  // The decayed weight's multiplier (1 without weight decay).
+  __device__ float decay(double weightDecay) const { return (float)(1.0 - (double)rate * weightDecay); }
+  // Element (p, g, m, v): m and v updated in place, the new weight returned.
+  __device__ float update(float param, float grad, float &m, float &v, float decay) const {
+    float g = grad * scale, p = param * decay;
+    m = m + (1.0f - beta1) * (g - m);
+    v = v * beta2 + (1.0f - beta2) * g * g;
+    return p - stepSize * (m / (sqrtf(v) / bc2Sqrt + eps));
+  }
+};
+
+// torch.optim.AdamW over Count elements (AdamWStep). The first Decayed elements have weight
+// decay (the grouped launch over all parameters puts the decayed ones first; one parameter has
+// Decayed = Count). ParamOut F32Bf16Out: the new parameters' BF16 copy too, which the next
+// step's BF16 GEMMs read.
 template <int64 Count, int64 Decayed, class ParamOut>
 __device__ void adamw(const float *param, const float *grad, const float *m, const float *v, const float *lr,
                       const float *clip, const int *step, ParamOut newParam, float *newM, float *newV,
                       double beta1, double beta2, float eps, double weightDecay) {
-  double bc1 = 1.0 - pow(beta1, (double)step[0]), bc2 = 1.0 - pow(beta2, (double)step[0]);
-  float rate = lr[0], scale = clip[0];
-  float stepSize = (float)(rate / bc1), bc2Sqrt = (float)sqrt(bc2);
-  if (scale == 0.0f) { // clip_scale's skip: the gradients are not finite, nothing changes
+  AdamWStep adam(lr, clip, step, beta1, beta2, eps);
+  if (adam.skips()) {
     FOR_EACH_ELEMENT(i, Count) {
       newParam[i] = param[i];
       newM[i] = m[i];
@@ -43,15 +65,53 @@ __device__ void adamw(const float *param, const float *grad, const float *m, con
     }
     return;
   }
+  float decayed = adam.decay(weightDecay), kept = adam.decay(0.0);
   FOR_EACH_ELEMENT(i, Count) {
-    float decay = (float)(1.0 - (double)rate * (i < Decayed ? weightDecay : 0.0));
-    float g = grad[i] * scale, p = param[i] * decay;
-    float mi = m[i] + (1.0f - (float)beta1) * (g - m[i]);
-    float vi = v[i] * (float)beta2 + (1.0f - (float)beta2) * g * g;
-    newParam[i] = p - stepSize * (mi / (sqrtf(vi) / bc2Sqrt + eps));
+    float mi = m[i], vi = v[i];
+    newParam[i] = adam.update(param[i], grad[i], mi, vi, i < Decayed ? decayed : kept);
     newM[i] = mi;
     newV[i] = vi;
   }
+}
+
+// The source of an FP8 weight's cast that makes the AdamW update it casts (the flat kernel
+// leaves that weight to it; AdamWQuantize.cpp): element i's moments and new weight written as
+// adamw writes them, the new weight returned to be cast. fp8.cuh's quantizeBlocks reads each
+// element once, through four(i) or (i), so each is updated once.
+template <class ParamOut>
+struct QuantizeAdamW {
+  const float *param, *grad, *m, *v;
+  ParamOut newParam;
+  float *newM, *newV;
+  AdamWStep adam;
+  float decay;
+  __device__ float operator()(int64 i) const {
+    float mi = m[i], vi = v[i], p = adam.skips() ? param[i] : adam.update(param[i], grad[i], mi, vi, decay);
+    newParam[i] = p;
+    newM[i] = mi;
+    newV[i] = vi;
+    return p;
+  }
+  __device__ float4 four(int64 i) const {
+    float4 p = load4(param, i), mi = load4(m, i), vi = load4(v, i);
+    if (!adam.skips()) {
+      float4 g = load4(grad, i);
+      p = make_float4(adam.update(p.x, g.x, mi.x, vi.x, decay), adam.update(p.y, g.y, mi.y, vi.y, decay),
+                      adam.update(p.z, g.z, mi.z, vi.z, decay), adam.update(p.w, g.w, mi.w, vi.w, decay));
+    }
+    store4(newParam, i, p);
+    store4(newM, i, mi);
+    store4(newV, i, vi);
+    return p;
+  }
+};
+template <class ParamOut>
+__device__ QuantizeAdamW<ParamOut> quantizeAdamW(const float *param, const float *grad, const float *m, const float *v,
+                                                 const float *lr, const float *clip, const int *step,
+                                                 ParamOut newParam, float *newM, float *newV, double beta1,
+                                                 double beta2, float eps, double weightDecay) {
+  AdamWStep adam(lr, clip, step, beta1, beta2, eps);
+  return {param, grad, m, v, newParam, newM, newV, adam, adam.decay(weightDecay)};
 }
 
 // The gradient norm's sums of squares over Tensors gradients of the gradient buffer, the

@@ -61,6 +61,12 @@ std::pair<int64_t, int64_t> weightsReadInBf16(const std::vector<Op *> &ops, cons
 /// kernels; the replaced ops' kernels go and the grouped kernels come in.
 void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
                     std::vector<std::vector<KernelText>> &kernels);
+/// The AdamW ops whose FP8 weight's cast after them (fp8-weights' quantize of the new weight,
+/// per-tensor delayed scaling) can make their update, each with that quantize (AdamWCast.cpp).
+llvm::DenseMap<const Op *, const Op *> chooseAdamWInCast(const Graph &graph, const CudaProgram &program);
+/// Rewrites each cast of CudaProgram::adamwInCast as one launch that makes the AdamW update it
+/// casts; the AdamW op becomes Grouped (the same bits).
+void castWithAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<std::vector<KernelText>> &kernels);
 /// Rewrites runs of fp8_update ops (only assigns and leaves between them, every result written
 /// into its state) as launches of up to 48 updates each, a block an update (Fp8Groups.cpp).
 void groupFp8Updates(const std::vector<Op *> &ops, CudaProgram &program,

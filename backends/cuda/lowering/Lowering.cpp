@@ -132,7 +132,15 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
   chooseBf16Caches(graph, program); // before the layout: they take half the state memory
   if (auto err = chooseBf16Heads(graph, program))
     return std::move(err);
+  if (options.groupOptimizer)
+    program.adamwInCast = chooseAdamWInCast(graph, program);
   program.layout = layoutParameters(graph, program);
+  std::vector<const Op *> apart; // only those laid out, at the layout's start
+  for (auto [adamw, cast] : program.adamwInCast)
+    if (!llvm::is_contained(program.layout.updates, adamw))
+      apart.push_back(adamw);
+  for (const Op *adamw : apart)
+    program.adamwInCast.erase(adamw);
   if (auto err = chooseFp8Biases(graph, program))
     return std::move(err);
   if (options.storeBf16) {

@@ -176,18 +176,22 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
     if (usual)
       updateOf[p] = op;
   }
-  // Parameters: AdamW's with weight decay, AdamW's without, then the rest, each in program order.
-  for (int group = 0; group < 3; ++group) {
+  // Parameters: AdamW's in an FP8 cast, AdamW's with weight decay, AdamW's without, then the
+  // rest, each in program order.
+  for (int group = -1; group < 3; ++group) {
     for (const Op *op : ops) {
       if (op->kind() != OpKind::Param)
         continue;
       const Op *update = updateOf.lookup(op->result());
       bool decayed = update && update->attrs().getFloat("weight_decay").value_or(0) != 0;
-      if (group != (!update ? 2 : decayed ? 0 : 1))
+      bool cast = update && program.adamwInCast.count(update);
+      if (group != (!update ? 2 : cast ? -1 : decayed ? 0 : 1))
         continue;
       layout.params[op->result()] = layout.paramBytes;
       layout.paramBytes += aligned(deviceBytesOf(op->result()->type()), kParamAlignment);
     }
+    if (group == -1)
+      layout.castBytes = layout.paramBytes;
     if (group == 0)
       layout.decayedBytes = layout.paramBytes;
     if (group == 1)
@@ -255,6 +259,27 @@ void placeItems(std::vector<Item> &items, MemoryPlan &plan) {
   }
 }
 
+/// An all_reduce runs on its own stream from its place until its results' first reader: NCCL
+/// reads its operands and writes its results meanwhile, so both live until its results' last.
+void extendCollectiveLives(const std::vector<Op *> &ops, const CudaProgram &program,
+                           const llvm::DenseMap<const Value *, const Value *> &owner,
+                           llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> &life) {
+  for (int64_t i = int64_t(ops.size()) - 1; i >= 0; --i) {
+    if (program.lowering[i].kind != OpLowering::Collective)
+      continue;
+    int64_t last = i;
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      if (const Value *o = owner.lookup(ops[i]->result(r)))
+        last = std::max(last, life[o].second);
+    for (const Value *v : ops[i]->operands())
+      if (const Value *o = owner.lookup(v))
+        life[o].second = std::max(life[o].second, last);
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      if (const Value *o = owner.lookup(ops[i]->result(r)))
+        life[o].second = std::max(life[o].second, last);
+  }
+}
+
 } // namespace
 
 MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
@@ -303,6 +328,10 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
     for (const Value *v : op.operands())
       if (const Value *o = owner.lookup(v))
         life[o].second = std::max(life[o].second, i);
+    // A launch that takes other ops' values (a grouped launch, AdamW in a cast) reads them here.
+    for (const Value *v : program.lowering[i].arguments)
+      if (const Value *o = owner.lookup(v))
+        life[o].second = std::max(life[o].second, i);
     if (op.kind() == OpKind::Assign) // copied when the step ends
       if (const Value *o = owner.lookup(op.operand(1)))
         life[o].second = end;
@@ -310,22 +339,7 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
   for (const Value *out : graph.outputs())
     if (const Value *o = owner.lookup(out))
       life[o].second = end;
-  // An all_reduce runs on its own stream from its place until its results' first reader: NCCL
-  // reads its operands and writes its results meanwhile, so both live until its results' last.
-  for (int64_t i = end - 1; i >= 0; --i) {
-    if (program.lowering[i].kind != OpLowering::Collective)
-      continue;
-    int64_t last = i;
-    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
-      if (const Value *o = owner.lookup(ops[i]->result(r)))
-        last = std::max(last, life[o].second);
-    for (const Value *v : ops[i]->operands())
-      if (const Value *o = owner.lookup(v))
-        life[o].second = std::max(life[o].second, last);
-    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
-      if (const Value *o = owner.lookup(ops[i]->result(r)))
-        life[o].second = std::max(life[o].second, last);
-  }
+  extendCollectiveLives(ops, program, owner, life);
   std::vector<Item> items;
   for (const Value *v : planned)
     items.push_back({aligned(storedBytesOf(program, v)), life[v].first, life[v].second, v, 0, 0});

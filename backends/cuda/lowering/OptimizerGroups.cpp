@@ -44,11 +44,11 @@ namespace {
 /// leaves lie between the first and the last.
 void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<std::vector<KernelText>> &kernels) {
   const ParameterLayout &layout = program.layout;
-  std::vector<size_t> members;
+  std::vector<size_t> members; // (those whose FP8 cast makes their update lead the layout: not these)
   for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i]->kind() == OpKind::AdamW)
+    if (ops[i]->kind() == OpKind::AdamW && !program.adamwInCast.count(ops[i]))
       members.push_back(i);
-  if (members.size() < 2 || members.size() != layout.updates.size())
+  if (members.size() < 2 || members.size() + program.adamwInCast.size() != layout.updates.size())
     return;
   const Op &first = *ops[members.front()];
   double decay = 0;
@@ -71,14 +71,15 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
     if (ops[i]->kind() != OpKind::AdamW && ops[i]->kind() != OpKind::Assign &&
         program.lowering[i].kind != OpLowering::Leaf)
       return;
-  // The first tensor of each buffer: the parameter at offset 0, its gradient and moments.
+  // The first tensor of each buffer: the parameter after the casts' (castBytes), its gradient
+  // and moments.
   const Op *base = nullptr;
   for (size_t i : members)
-    if (layout.params.lookup(ops[i]->operand(0)) == 0)
+    if (layout.params.lookup(ops[i]->operand(0)) == layout.castBytes)
       base = ops[i];
   if (!base)
     return;
-  int64_t count = layout.updatedBytes / 4, decayed = layout.decayedBytes / 4;
+  int64_t count = (layout.updatedBytes - layout.castBytes) / 4, decayed = (layout.decayedBytes - layout.castBytes) / 4;
   std::string name = fmt::format("k{}_adamw_flat", members.front());
   OpLowering grouped;
   grouped.launches.push_back({name, elementwiseBlocks(count), kThreads});
@@ -199,6 +200,7 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
 void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
                     std::vector<std::vector<KernelText>> &kernels) {
   groupAdamW(ops, program, kernels);
+  castWithAdamW(ops, program, kernels); // after: it writes the BF16 copy where the group does
   groupGradientNorm(ops, program, kernels);
 }
 

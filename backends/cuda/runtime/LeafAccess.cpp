@@ -110,6 +110,8 @@ llvm::Error ProgramRunner::runPrologue() {
     for (unsigned k = 0; k < p.op->numOperands(); ++k)
       if (auto err = copy(p.op->operand(k), p.operandLeaves[k]))
         return err;
+    if (const Value *skip = program_.lowering[index.lookup(p.op)].zeroInPrologue)
+      CUDA_CHECK(cudaMemsetAsync(buffer(skip), 0, 4, stream_)); // AdamW's skip: 0.0f
     if (auto err = launchOp(index.lookup(p.op)))
       return err;
     for (unsigned r = 0; r < p.op->numResults(); ++r)

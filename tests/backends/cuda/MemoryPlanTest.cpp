@@ -119,10 +119,12 @@ TEST(MemoryPlan, SeedBf16TrainingProgram) { checkPlan("models/seed.yaml", "bf16"
 /// The training program of `model` under `recipe` as the GPU compiles and lowers it.
 std::pair<std::unique_ptr<Graph>, CudaProgram> gpuTrainingProgram(const char *model, const char *recipe,
                                                                    std::vector<std::string> disabled = {},
-                                                                   bool recompute = false) {
+                                                                   bool recompute = false,
+                                                                   bool fp8Weights = false) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   if (recompute)
     c.train.recompute = true;
+  c.precision.fp8Weights = fp8Weights;
   auto graph = unwrap(buildGPT(c, c.train.batch));
   PipelineOptions options;
   options.disabled = std::move(disabled);
@@ -270,6 +272,73 @@ void checkLayout(const char *model, const char *recipe) {
   EXPECT_EQ(ungrouped.layout.params, layout.params);
   for (const OpLowering &l : ungrouped.lowering)
     EXPECT_NE(l.kind, OpLowering::Grouped);
+}
+
+TEST(MemoryPlan, Fp8WeightsCastsMakeTheirAdamWUpdateAndLeadTheLayout) {
+  // fp8-weights under --recompute: each weight's cast after AdamW makes the update it casts
+  // (AdamWCast.cpp). The AdamW op runs nothing; the cast's launch takes AdamW's operands and
+  // results, then its own, and zeroes the clip scale in the prologue (AdamW's skip); those
+  // weights lead the layout, and the grouped AdamW covers the others from castBytes on. The
+  // LR and clip scale the casts read live until the last of them.
+  auto [graph, program] = gpuTrainingProgram("models/tiny.yaml", "fp8", {}, true, true);
+  const ParameterLayout &layout = program.layout;
+  std::vector<Op *> ops = graph->ops();
+  size_t weightCasts = 0, lastCast = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op *op = ops[i];
+    if (op->kind() != OpKind::Quantize || !op->operand(0)->def() || op->operand(0)->def()->kind() != OpKind::AdamW)
+      continue;
+    ++weightCasts, lastCast = i;
+    const Op *adamw = op->operand(0)->def();
+    ASSERT_EQ(program.adamwInCast.lookup(adamw), op) << op->result()->name();
+    const OpLowering &l = program.lowering[i];
+    ASSERT_EQ(l.arguments.size(), 15u);
+    for (unsigned k = 0; k < 7; ++k)
+      EXPECT_EQ(l.arguments[k], adamw->operand(k));
+    EXPECT_EQ(l.arguments[12], op->result(0));
+    EXPECT_EQ(l.zeroInPrologue, adamw->operand(5));
+    EXPECT_EQ(l.persistentFloats, std::vector<int64_t>{6});
+    ASSERT_EQ(l.launches.size(), 1u);
+    EXPECT_EQ(l.launches[0].blocks, (op->operand(0)->type().numElements() + 4095) / 4096);
+    EXPECT_LT(layout.params.lookup(adamw->operand(0)), layout.castBytes);
+  }
+  EXPECT_EQ(weightCasts, 8u); // two layers' qkv, proj, fc1, fc2 (the head in BF16)
+  EXPECT_EQ(program.adamwInCast.size(), weightCasts);
+  bool flat = false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpLowering &l = program.lowering[i];
+    if (ops[i]->kind() == OpKind::AdamW && program.adamwInCast.count(ops[i])) {
+      EXPECT_EQ(l.kind, OpLowering::Grouped) << ops[i]->result()->name();
+    }
+    if (l.label == "adamw (all parameters)") {
+      flat = true;
+      EXPECT_EQ(layout.params.lookup(l.arguments[0]), layout.castBytes);
+    }
+  }
+  EXPECT_TRUE(flat);
+  for (const Op *update : layout.updates) {
+    if (!program.adamwInCast.count(update)) {
+      EXPECT_GE(layout.params.lookup(update->operand(0)), layout.castBytes) << update->operand(0)->name();
+    }
+  }
+  const Op *someAdamW = program.adamwInCast.begin()->first;
+  MemoryPlan plan = planMemory(*graph, program);
+  for (unsigned k : {4u, 5u}) { // lr, clip
+    auto span = llvm::find_if(plan.spans, [&](const MemoryPlan::Span &s) {
+      return s.value == someAdamW->operand(k) && !s.shadow;
+    });
+    ASSERT_NE(span, plan.spans.end()) << someAdamW->operand(k)->name();
+    EXPECT_GE(span->last, int64_t(lastCast)) << someAdamW->operand(k)->name();
+  }
+  // With the transposes kept (cast-transposes) or without the grouped optimizer: no such cast.
+  auto kept = gpuTrainingProgram("models/tiny.yaml", "fp8", {}, false, true);
+  EXPECT_TRUE(kept.second.adamwInCast.empty());
+  EXPECT_EQ(kept.second.layout.castBytes, 0);
+  LoweringOptions perOp;
+  perOp.groupOptimizer = false;
+  CudaProgram apart = unwrap(lowerToCuda(*graph, perOp));
+  EXPECT_TRUE(apart.adamwInCast.empty());
+  EXPECT_EQ(apart.layout.castBytes, 0);
 }
 
 TEST(MemoryPlan, ParametersGradientsAndMomentsContiguousAtTheSameOffsets) {
