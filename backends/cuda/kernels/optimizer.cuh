@@ -39,12 +39,15 @@ struct AdamWStep {
   __device__ bool skips() const { return scale == 0.0f; }
   // The decayed weight's multiplier (1 without weight decay).
   __device__ float decay(double weightDecay) const { return (float)(1.0 - (double)rate * weightDecay); }
-  // Element (p, g, m, v): m and v updated in place, the new weight returned.
+  // Element (p, g, m, v): m and v updated in place, the new weight returned. Each operation
+  // rounded on its own (no multiply-add contracted, as the CPU's): ptxas contracts a plain
+  // multiply and add where its schedule allows, which differs from one kernel to another.
   __device__ float update(float param, float grad, float &m, float &v, float decay) const {
-    float g = grad * scale, p = param * decay;
-    m = m + (1.0f - beta1) * (g - m);
-    v = v * beta2 + (1.0f - beta2) * g * g;
-    return p - stepSize * (m / (sqrtf(v) / bc2Sqrt + eps));
+    float g = __fmul_rn(grad, scale), p = __fmul_rn(param, decay);
+    m = __fadd_rn(m, __fmul_rn(1.0f - beta1, __fsub_rn(g, m)));
+    v = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(__fmul_rn(1.0f - beta2, g), g));
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2Sqrt), eps);
+    return __fsub_rn(p, __fmul_rn(stepSize, __fdiv_rn(m, denom)));
   }
 };
 
