@@ -4,6 +4,7 @@
 #include "app/PrecisionProbe.h"
 #include "app/Tokenizer.h"
 #include "backends/Prologue.h"
+#include "driver/RecomputeBudget.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -49,9 +50,15 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   auto precision = choosePrecision(config, device, ranks); // auto's FP8 layers, measured
   if (!precision)
     return precision.takeError();
-  ModelConfig resolved = config;
-  resolved.precision = std::move(*precision);
-  auto program = compileForDevice(std::move(*graph), resolved, device, /*training=*/true,
+  ModelConfig chosen = config;
+  chosen.precision = std::move(*precision);
+  // recompute: auto: as few layers recomputed as fit the GPU's memory (or memory_budget).
+  auto resolved = resolveRecompute(chosen, config.train.batch / trainer->ranks_, device, trainer->ranks_,
+                                   &trainer->recomputeNote_);
+  if (!resolved)
+    return resolved.takeError();
+  trainer->config_.train = resolved->train;
+  auto program = compileForDevice(std::move(*graph), *resolved, device, /*training=*/true,
                                   trainer->ranks_ > 1 ? communicator : nullptr);
   if (!program)
     return program.takeError();

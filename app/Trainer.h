@@ -57,6 +57,8 @@ public:
   llvm::Expected<StepRecord> step(Batch batch);
   int64_t stepsDone() const { return stepsDone_; }
   const ModelConfig &config() const { return config_; }
+  /// What recompute: auto chose (driver/RecomputeBudget.h), empty where it chose nothing.
+  const std::string &recomputeNote() const { return recomputeNote_; }
   const Graph &program() const { return *program_; }
   const DataSource &data() const { return *data_; }
   const Executor &executor() const { return *executor_; }
@@ -96,6 +98,7 @@ private:
   } outputs_; // where the run's results hold what the trainer reads
   std::unique_ptr<DataSource> data_;
   std::string dataPath_;
+  std::string recomputeNote_;
   int64_t stepsDone_ = 0;
   std::string tokenizer_;
   int rank_ = 0, ranks_ = 1;

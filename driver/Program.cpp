@@ -30,13 +30,11 @@ PrecisionConfig resolveRecipe(PrecisionConfig precision, const Device &device) {
   return precision;
 }
 
-llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
-                                                 const ModelConfig &config, const Device &device,
-                                                 bool training, Communicator *communicator) {
-  CompiledProgram program;
+llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Device &device, bool training,
+                                            int ranks, PrecisionConfig &precision) {
   PipelineOptions options;
   options.passOptions.train = config.train;
-  options.passOptions.dataParallel.ranks = communicator ? communicator->ranks() : 1;
+  options.passOptions.dataParallel.ranks = ranks;
   // TGC_BUCKET_MB: the gradients' all_reduce buckets (PyTorch DDP's bucket_cap_mb, 25 MiB).
   if (const char *mb = std::getenv("TGC_BUCKET_MB")) {
     int64_t value = 0;
@@ -44,18 +42,26 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
       return stringError(fmt::format("error: TGC_BUCKET_MB takes 1 to 65536 (MiB), got '{}'", mb));
     options.passOptions.dataParallel.bucketBytes = value << 20;
   }
-  options.passOptions.precision = program.precision = resolveRecipe(config.precision, device);
+  options.passOptions.precision = precision = resolveRecipe(config.precision, device);
   options.passOptions.precision.forwardOnly = !training;
   options.disabled = config.disabledPasses;
   // An explicit recipe the GPU cannot serve is an error, not a silent downgrade.
   if (device == Device::Cuda) {
-    if (auto err = checkGpuRecipe(program.precision.recipe, device.computeCapability))
+    if (auto err = checkGpuRecipe(precision.recipe, device.computeCapability))
       return std::move(err);
   }
   std::vector<std::string> passes = device == Device::Cuda
-                                        ? gpuPipeline(training, program.precision.recipe, program.precision.fp8Scaling)
-                                                              : cpuPipeline(training, program.precision);
-  auto pipeline = PassPipeline::create(passes, options);
+                                        ? gpuPipeline(training, precision.recipe, precision.fp8Scaling)
+                                        : cpuPipeline(training, precision);
+  return PassPipeline::create(passes, options);
+}
+
+llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
+                                                 const ModelConfig &config, const Device &device,
+                                                 bool training, Communicator *communicator) {
+  CompiledProgram program;
+  auto pipeline = devicePipeline(config, device, training, communicator ? communicator->ranks() : 1,
+                                 program.precision);
   if (!pipeline)
     return pipeline.takeError();
   if (auto err = pipeline->run(*graph))

@@ -6,6 +6,7 @@
 #include "backends/Executor.h"
 #include "ir/Graph.h"
 #include "models/ModelConfig.h"
+#include "transforms/Pass.h"
 
 #include <memory>
 
@@ -36,6 +37,11 @@ struct CompiledProgram {
   std::unique_ptr<Executor> executor;
   PrecisionConfig precision; // resolved
 };
+
+/// The pass pipeline compileForDevice runs for `config` on `device` (`ranks` data-parallel
+/// ranks), and in `precision` the recipe it resolves.
+llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Device &device, bool training,
+                                            int ranks, PrecisionConfig &precision);
 
 /// Runs the training or the inference pipeline on `graph` (the builder's output) and creates
 /// the executor. On the GPU the program is compiled by gpuPipeline (the fusions the GPU

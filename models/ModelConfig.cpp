@@ -53,6 +53,7 @@ const NumericSetting kNumericSettings[] = {
     {"kv_heads", {1, kPow2(10)}},     {"rope_theta", {1.0001, 1e9}},
     {"rope_factor", {1, 1024}},       {"rope_low_freq_factor", {1e-3, 1e3}},
     {"rope_high_freq_factor", {1e-3, 1e3}}, {"rope_original_length", {1, kPow2(24)}},
+    {"recompute_layers", {0, kPow2(10)}}, {"memory_budget", {0.001, 1e6}},
 };
 
 struct ChoiceSetting {
@@ -201,6 +202,14 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     t.seed = *o.seed;
   if (o.recompute)
     t.recompute = *o.recompute;
+  if (auto err = overrideNumber("recompute_layers", "recompute-layers", o.recomputeLayers, t.recomputeLayers))
+    return err;
+  if (auto err = overrideNumber("memory_budget", "memory-budget", o.memoryBudgetGiB, t.memoryBudgetGiB))
+    return err;
+  if (o.recomputeLayers) // the first N layers, chosen
+    t.recompute = true, t.recomputeAuto = false;
+  if (o.memoryBudgetGiB) // as few as fit the budget
+    t.recompute = true, t.recomputeAuto = true;
   if (o.fp8Weights)
     p.fp8Weights = *o.fp8Weights;
   if (o.fp8Attention)
@@ -292,6 +301,7 @@ private:
   }
   void readDouble(const Fields &fields, llvm::StringRef key, double &out, double min, double max);
   void readBool(const Fields &fields, llvm::StringRef key, bool &out);
+  void readRecompute(const Fields &train, TrainConfig &t);
   void readChoice(const Fields &fields, llvm::StringRef key, std::string &out);
   void readPositions(const Fields &model, ModelConfig &config);
   void readRopeScaling(const Fields &model, ModelConfig &config);
@@ -424,6 +434,27 @@ void ConfigReader::readBool(const Fields &fields, llvm::StringRef key, bool &out
     fail(node, fmt::format("{} must be true or false, got '{}'", key.str(), *text));
 }
 
+/// recompute (true, false or auto), recompute_layers (the first N layers: recompute on) and
+/// memory_budget (GiB, for auto).
+void ConfigReader::readRecompute(const Fields &train, TrainConfig &t) {
+  if (failed())
+    return;
+  if (train.count("recompute") && scalar(train.lookup("recompute"), "recompute") == std::optional<std::string>("auto"))
+    t.recompute = t.recomputeAuto = true;
+  else
+    readBool(train, "recompute", t.recompute);
+  if (train.count("recompute_layers")) {
+    readInt(train, "recompute_layers", t.recomputeLayers, false);
+    if (t.recomputeAuto)
+      return fail(train.lookup("recompute_layers"), "recompute_layers chooses the layers, recompute: auto "
+                                                    "chooses them from the memory: give one");
+    t.recompute = true;
+  }
+  readDouble(train, "memory_budget", t.memoryBudgetGiB);
+  if (!failed() && t.memoryBudgetGiB > 0 && !t.recomputeAuto)
+    fail(train.lookup("memory_budget"), "memory_budget is recompute: auto's budget; set recompute: auto");
+}
+
 /// position, rope_theta and kv_heads (after heads and d_model are read and checked).
 void ConfigReader::readPositions(const Fields &model, ModelConfig &config) {
   std::string position = "learned";
@@ -521,7 +552,8 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
   if (top.count("train") &&
       readMapping(top["train"], "train",
                   {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
-                   "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "seed"},
+                   "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "recompute_layers",
+                   "memory_budget", "seed"},
                   train)) {
     readInt(train, "batch", t.batch, false);
     readDouble(train, "lr", t.lr);
@@ -534,7 +566,7 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
     readDouble(train, "grad_clip", t.gradClip);
     readDouble(train, "min_lr_ratio", t.minLrRatio);
     readBool(train, "decay_embeddings", t.decayEmbeddings);
-    readBool(train, "recompute", t.recompute);
+    readRecompute(train, t);
     readUInt(train, "seed", t.seed);
   }
 }
@@ -701,6 +733,16 @@ static std::string ropeScalingText(const ModelConfig &c) {
                      formatDouble(s.originalLength));
 }
 
+/// recompute_layers and memory_budget where they are set.
+static std::string recomputeText(const TrainConfig &t) {
+  std::string text;
+  if (t.recompute && !t.recomputeAuto && t.recomputeLayers >= 0)
+    text += fmt::format("  recompute_layers: {}\n", t.recomputeLayers);
+  if (t.recomputeAuto && t.memoryBudgetGiB > 0)
+    text += fmt::format("  memory_budget: {}\n", t.memoryBudgetGiB);
+  return text;
+}
+
 std::string formatModelConfig(const ModelConfig &c) {
   auto num = [](double v) { return formatDouble(v); };
   const TrainConfig &t = c.train;
@@ -712,7 +754,7 @@ std::string formatModelConfig(const ModelConfig &c) {
       "  norm_eps: {}\n  position: {}\n{}{}"
       "train:\n  batch: {}\n  lr: {}\n  steps: {}\n  warmup: {}\n  weight_decay: {}\n"
       "  beta1: {}\n  beta2: {}\n  eps: {}\n  grad_clip: {}\n  min_lr_ratio: {}\n"
-      "  decay_embeddings: {}\n  recompute: {}\n  seed: {}\n"
+      "  decay_embeddings: {}\n  recompute: {}\n{}  seed: {}\n"
       "data:\n  min_step: {}\n  max_step: {}\n"
       "precision:\n  recipe: {}\n  fp8_format: {}\n  fp8_scaling: {}\n  margin: {}\n  amax_history_len: {}\n"
       "  amax_compute_algo: {}\n  keep_bf16: [{}]\n  fp8_min_dim: {}\n{}{}{}",
@@ -723,7 +765,8 @@ std::string formatModelConfig(const ModelConfig &c) {
       c.position == PositionKind::Rope ? fmt::format("  rope_theta: {}\n", num(c.ropeTheta)) + ropeScalingText(c)
                                        : std::string(),
       c.kvHeads > 0 ? fmt::format("  kv_heads: {}\n", c.kvHeads) : std::string(), t.batch, num(t.lr), t.steps, t.warmup, num(t.weightDecay), num(t.beta1),
-      num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recompute, t.seed,
+      num(t.beta2), num(t.eps), num(t.gradClip), num(t.minLrRatio), t.decayEmbeddings, t.recomputeAuto ? "auto" : t.recompute ? "true" : "false",
+      recomputeText(t), t.seed,
       c.data.minStep, c.data.maxStep, recipeName(p.recipe).str(), fp8FormatName(p.fp8Format).str(), fp8ScalingName(p.fp8Scaling).str(), p.margin, p.amaxHistoryLen,
       p.amaxComputeAlgo, quotedList(p.keepBf16), p.fp8MinDim,
       p.fp8Layers ? fmt::format("  fp8_layers: [{}]\n", quotedList(*p.fp8Layers)) : std::string(),

@@ -37,6 +37,16 @@ struct TrainConfig {
   /// under FP8 the transposes of the inputs it keeps anyway (requantize-transposes): less
   /// memory, more time, instead of keeping the forward's values, as Transformer Engine keeps them.
   bool recompute = false;
+  /// With recompute: the first this many layers (h0, h1, ...) recompute, the others keep what
+  /// the forward made; -1: every layer and the head. `recompute: auto` (recomputeAuto) chooses
+  /// the fewest whose plan fits the memory budget (app/RecomputeBudget.h).
+  int64_t recomputeLayers = -1;
+  bool recomputeAuto = false;
+  double memoryBudgetGiB = 0; // recompute: auto's budget; 0: the GPU's memory
+  /// Whether recompute applies to the layer numbered `layer` (none: the embeddings and head).
+  bool recomputes(std::optional<int64_t> layer) const {
+    return recompute && (recomputeLayers < 0 || (layer && *layer < recomputeLayers));
+  }
   uint64_t seed = 1234;
 };
 
@@ -171,6 +181,8 @@ struct ConfigOverrides {
   std::optional<double> lr;
   std::optional<uint64_t> seed;
   std::optional<bool> recompute;
+  std::optional<int64_t> recomputeLayers; // --recompute-layers N
+  std::optional<double> memoryBudgetGiB;  // --memory-budget GIB: recompute: auto
   std::optional<bool> fp8LmHead; // --fp8-lm-head: the LM head out of keep_bf16
   std::optional<bool> fp8Weights, fp8Attention;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;

@@ -11,7 +11,7 @@ std::unique_ptr<Pass> createFuseAttentionPass();
 std::unique_ptr<Pass> createFuseLayerNormMLPPass();
 std::unique_ptr<Pass> createFuseSwigluPass();
 std::unique_ptr<Pass> createUnitTransposesPass();
-std::unique_ptr<Pass> createRequantizeTransposesPass(bool recompute);
+std::unique_ptr<Pass> createRequantizeTransposesPass(const TrainConfig &train);
 std::unique_ptr<Pass> createFuseLayerNormLinearPass();
 std::unique_ptr<Pass> createFuseResidualNormPass();
 std::unique_ptr<Pass> createFuseNormGradAddPass();
@@ -34,7 +34,7 @@ std::unique_ptr<Pass> createFuseCrossEntropyPass();
 std::unique_ptr<Pass> createFuseSoftmaxPass();
 std::unique_ptr<Pass> createAssignPrecisionPass(const PrecisionConfig &config);
 std::unique_ptr<Pass> createFp8UpdatePass(const PrecisionConfig &config);
-std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision, bool recompute);
+std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision, const TrainConfig &train);
 std::unique_ptr<Pass> createLegalizeFp8GemmPass();
 /// One line per linear layer: its shape and the precision the recipe gives it, and why.
 std::vector<std::string> explainPrecision(const Graph &graph, const PrecisionConfig &config);
@@ -42,7 +42,7 @@ std::unique_ptr<Pass> createAutodiffPass();
 std::unique_ptr<Pass> createConcatPadsPass();
 /// `recompute`: the gradients recompute the norm and the activation instead of reading the
 /// forward's.
-std::unique_ptr<Pass> createExpandLayerNormFusedPass(bool recompute = false);
+std::unique_ptr<Pass> createExpandLayerNormFusedPass(const TrainConfig &train = TrainConfig());
 std::unique_ptr<Pass> createDataParallelPass(const DataParallelOptions &options);
 std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
 

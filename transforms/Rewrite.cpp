@@ -10,6 +10,15 @@ Op *definedBy(Value *v, OpKind kind) {
   return v && v->def()->kind() == kind ? v->def() : nullptr;
 }
 
+std::optional<int64_t> layerOf(llvm::StringRef name) {
+  if (!name.consume_front("h"))
+    return std::nullopt;
+  int64_t layer = 0;
+  if (name.consumeInteger(10, layer) || !name.starts_with("."))
+    return std::nullopt;
+  return layer;
+}
+
 bool isGraphOutput(const Graph &graph, const Value *v) {
   return llvm::is_contained(graph.outputs(), v);
 }

@@ -18,6 +18,9 @@ Op *definedBy(Value *v, OpKind kind);
 /// The only op that reads `v`, if exactly one op reads it (once) and it is not a graph output.
 Op *soleUser(const Graph &graph, Value *v);
 bool isGraphOutput(const Graph &graph, const Value *v);
+/// The block layer a value's name belongs to ("h3.mlp.fc1..." -> 3); none for the embeddings,
+/// the final norm and the head (what train.recompute_layers counts: TrainConfig::recomputes).
+std::optional<int64_t> layerOf(llvm::StringRef name);
 /// A matmul computing x @ w^T with a rank-2 w stored [out, in] (the builder's linear layer), not
 /// yet quantized: the fusions leave FP8 GEMMs alone.
 bool isLinear(const Op *matmul);

@@ -133,6 +133,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"bad recipe", MODEL(GOOD) "precision:\n  recipe: fp4\n",
                  "recipe must be one of auto | fp32 | bf16 | fp8, got 'fp4'", "10:11"},
         BadModel{"bad lr", MODEL(GOOD) "train:\n  lr: -1\n", "lr (-1) must be between 1e-12 and 10", "10:7"},
+        BadModel{"bad recompute", MODEL(GOOD) "train:\n  recompute: some\n", "recompute must be true or false, got 'some'",
+                 "10:14"},
+        BadModel{"layers and auto", MODEL(GOOD) "train:\n  recompute: auto\n  recompute_layers: 2\n",
+                 "recompute_layers chooses the layers, recompute: auto chooses them", "11:21"},
+        BadModel{"budget without auto", MODEL(GOOD) "train:\n  memory_budget: 40\n",
+                 "memory_budget is recompute: auto's budget", "10:18"},
         BadModel{"fp8_min_dim past the largest dimension", MODEL(GOOD) "precision:\n  fp8_min_dim: 2147483648\n",
                  "fp8_min_dim (2147483648) must be between 0 and 2147483647", "10:16"},
         BadModel{"fp8_layers not a glob", MODEL(GOOD) "precision:\n  fp8_layers: [\"h[0.*\"]\n",
@@ -261,6 +267,35 @@ TEST(ModelConfig, OverridesAreCheckedAsTheModelFileIs) {
 }
 
 } // namespace
+
+TEST(ModelConfig, RecomputeTakesLayersOrAutoWithABudget) {
+  // recompute_layers: the first N layers (recompute on); auto with memory_budget; both read back.
+  ModelConfig layers = unwrap(parseModelConfig(MODEL(GOOD) "train:\n  recompute_layers: 3\n", "m.yaml"));
+  EXPECT_TRUE(layers.train.recompute);
+  EXPECT_EQ(layers.train.recomputeLayers, 3);
+  EXPECT_TRUE(layers.train.recomputes(2));
+  EXPECT_FALSE(layers.train.recomputes(3));
+  EXPECT_FALSE(layers.train.recomputes(std::nullopt)); // the head: only with every layer
+  ModelConfig again = unwrap(parseModelConfig(formatModelConfig(layers), "again.yaml"));
+  EXPECT_EQ(again.train.recomputeLayers, 3);
+  ModelConfig autoBudget =
+      unwrap(parseModelConfig(MODEL(GOOD) "train:\n  recompute: auto\n  memory_budget: 70.5\n", "m.yaml"));
+  EXPECT_TRUE(autoBudget.train.recompute && autoBudget.train.recomputeAuto);
+  EXPECT_EQ(autoBudget.train.memoryBudgetGiB, 70.5);
+  again = unwrap(parseModelConfig(formatModelConfig(autoBudget), "again.yaml"));
+  EXPECT_TRUE(again.train.recomputeAuto);
+  EXPECT_EQ(again.train.memoryBudgetGiB, 70.5);
+  ModelConfig all = unwrap(parseModelConfig(MODEL(GOOD) "train:\n  recompute: true\n", "m.yaml"));
+  EXPECT_TRUE(all.train.recomputes(std::nullopt));
+  // The flags: --recompute-layers chooses, --memory-budget makes it auto.
+  ConfigOverrides flags;
+  flags.memoryBudgetGiB = 12;
+  ASSERT_FALSE(bool(applyOverrides(layers, flags)));
+  EXPECT_TRUE(layers.train.recomputeAuto);
+  ConfigOverrides bad;
+  bad.recomputeLayers = 2000;
+  EXPECT_EQ(errorOf(applyOverrides(layers, bad)), "error: --recompute-layers must be between 0 and 1024, got 2000");
+}
 
 TEST(ModelConfig, ASmallVocabularyWithoutDataReadsBack) {
   // Found by scripts/fuzz.sh: vocab 5 and no data section took the default max_step 8, which

@@ -300,6 +300,8 @@ int runBench() {
       llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(trainer.takeError()));
       continue;
     }
+    if (!(*trainer)->recomputeNote().empty())
+      llvm::outs() << "       " << (*trainer)->recomputeNote() << "\n";
     std::vector<double> times;
     double loss = 0;
     for (int64_t i = 0; i < BenchWarmup + BenchSteps; ++i) {

@@ -10,6 +10,7 @@
 #include "backends/cuda/libraries/Nvrtc.h"
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/Report.h"
+#include "driver/RecomputeBudget.h"
 #include "ir/Parser.h"
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
@@ -178,6 +179,21 @@ int runCompile() {
   auto config = loadConfig(ModelPath);
   if (!config)
     return report(config.takeError());
+  if (config->train.recomputeAuto) { // the layers that fit the budget, as tgc train would choose them
+    auto cc = archCapability();
+    if (!cc)
+      return report(cc.takeError());
+    if (!Train || (EmitCuda.empty() && Arch.empty()))
+      return report(flagError("recompute: auto (--memory-budget) chooses for a GPU's training program: give "
+                              "--train and --arch (or --emit-cuda)"));
+    std::string note;
+    auto resolved = resolveRecompute(*config, config->train.batch / Ranks, Device{Device::Cuda, *cc ? *cc : 90, 0},
+                                     Ranks, &note);
+    if (!resolved)
+      return report(resolved.takeError());
+    *config = std::move(*resolved);
+    llvm::errs() << "// " << note << "\n";
+  }
   auto graph = compileModel(*config, Train, Stats, DumpAfter);
   if (!graph)
     return report(graph.takeError());

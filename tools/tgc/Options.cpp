@@ -127,6 +127,16 @@ cl::opt<bool> Recompute("recompute",
                         cl::desc("The backward recomputes the fused layers' norms and activations, and under fp8 the transposes of the inputs it keeps anyway, instead of keeping the forward's (less memory, more time)"),
                         cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                         cl::cat(category()));
+cl::opt<int64_t> RecomputeLayers("recompute-layers",
+                                 cl::desc("--recompute in the first N layers only (h0 .. h{N-1}); the others keep the "
+                                          "forward's values"),
+                                 cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()),
+                                 cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<double> MemoryBudget("memory-budget",
+                             cl::desc("GiB the GPU plan may take: recompute as few layers as fit it (recompute: "
+                                      "auto; tgc compile says which, and what each choice takes)"),
+                             cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
+                             cl::cat(category()));
 cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default: the model file's)"),
                               cl::sub(trainCommand()), cl::sub(compileCommand()), cl::cat(category()));
 cl::opt<double> LearningRate("lr", cl::desc("Peak learning rate (default: the model file's)"),
@@ -184,6 +194,10 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.amaxHistoryLen = AmaxHistoryLen;
   if (given(Recompute))
     o.recompute = Recompute;
+  if (given(RecomputeLayers))
+    o.recomputeLayers = RecomputeLayers;
+  if (given(MemoryBudget))
+    o.memoryBudgetGiB = MemoryBudget;
   if (given(Fp8LmHead))
     o.fp8LmHead = Fp8LmHead;
   if (given(Fp8Weights))

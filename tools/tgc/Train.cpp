@@ -194,6 +194,8 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   if (!trainer)
     return trainer.takeError();
   Trainer &t = **trainer;
+  if (!t.recomputeNote().empty())
+    llvm::errs() << t.recomputeNote() << "\n";
   if (initFrom)
     if (auto err = t.initFrom(*initFrom, InitPath))
       return std::move(err);

@@ -176,7 +176,7 @@ private:
 /// (x, gamma, beta), each activation by fc1's output h. Empty under `recompute`.
 class Kept {
 public:
-  explicit Kept(bool recompute) : recompute_(recompute) {}
+  explicit Kept(const TrainConfig &train) : train_(train) {}
 
   /// The norm of the fused op's input: the forward's, or a new one.
   Value *norm(Expansion &e) {
@@ -184,7 +184,7 @@ public:
     if (auto it = norms_.find(key); it != norms_.end())
       return it->second;
     Value *n = e.norm();
-    if (!recompute_ && !e.has(FusedSlot::Dy))
+    if (!recomputes(e) && !e.has(FusedSlot::Dy))
       norms_[key] = n;
     return n;
   }
@@ -192,8 +192,8 @@ public:
   Expansion::Activation fc1(Expansion &e, Value *n) {
     Op &op = e.op();
     bool hRead = op.numResults() > 1 && !op.result(1)->users().empty();
-    Expansion::Activation a = e.fc1(n, !recompute_ && hRead);
-    if (!recompute_ && a.h)
+    Expansion::Activation a = e.fc1(n, !recomputes(e) && hRead);
+    if (!recomputes(e) && a.h)
       activations_[a.h] = a;
     return a;
   }
@@ -209,7 +209,9 @@ private:
   static NormKey normKey(Expansion &e) {
     return {e.operand(FusedSlot::X), e.operand(FusedSlot::Gamma), e.operand(FusedSlot::Beta)};
   }
-  bool recompute_;
+  /// Whether the expanded op's layer recomputes (train.recompute, recompute_layers).
+  bool recomputes(Expansion &e) const { return train_.recomputes(layerOf(e.op().result()->name())); }
+  TrainConfig train_;
   std::map<NormKey, Value *> norms_;
   llvm::DenseMap<Value *, Expansion::Activation> activations_;
 };
@@ -277,11 +279,11 @@ llvm::Error expandLayerNormMLPBackward(Graph &graph, Op &op, Kept &kept) {
 
 class ExpandLayerNormFused : public Pass {
 public:
-  explicit ExpandLayerNormFused(bool recompute) : recompute_(recompute) {}
+  explicit ExpandLayerNormFused(const TrainConfig &train) : train_(train) {}
 
   llvm::Expected<bool> run(Graph &graph) override {
     bool changed = false;
-    Kept kept(recompute_); // the forward's ops come before their gradients'
+    Kept kept(train_); // the forward's ops come before their gradients'
     for (Op *op : graph.ops()) {
       llvm::Error err = llvm::Error::success();
       switch (op->kind()) {
@@ -308,13 +310,13 @@ public:
   }
 
 private:
-  bool recompute_;
+  TrainConfig train_;
 };
 
 } // namespace
 
-std::unique_ptr<Pass> createExpandLayerNormFusedPass(bool recompute) {
-  return std::make_unique<ExpandLayerNormFused>(recompute);
+std::unique_ptr<Pass> createExpandLayerNormFusedPass(const TrainConfig &train) {
+  return std::make_unique<ExpandLayerNormFused>(train);
 }
 
 } // namespace tgc

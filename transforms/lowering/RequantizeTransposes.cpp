@@ -10,7 +10,8 @@
 // (the forward's feed the scaling state). What this costs is a second read of the input, for
 // the bytes q_t no longer holds across the forward (as torch.compile's partitioner recomputes
 // torchao's casts, and Transformer Engine keeps only the FP8 weight's transposed copy). It runs
-// under train.recompute (--recompute: less memory, more time); otherwise it changes nothing.
+// under train.recompute (--recompute: less memory, more time), in the layers it names
+// (recompute_layers); otherwise it changes nothing.
 #include "ir/Attributes.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
@@ -28,9 +29,9 @@ bool forwardActivation(QuantizeActivation a) {
 
 class RequantizeTransposes : public Pass {
 public:
-  explicit RequantizeTransposes(bool recompute) : recompute_(recompute) {}
+  explicit RequantizeTransposes(const TrainConfig &train) : train_(train) {}
   llvm::Expected<bool> run(Graph &graph) override {
-    if (!recompute_ || graph.outputs().empty() || !graph.outputs().front()->def())
+    if (!train_.recompute || graph.outputs().empty() || !graph.outputs().front()->def())
       return false;
     std::vector<Op *> ops = graph.ops();
     llvm::DenseMap<const Op *, size_t> index;
@@ -40,7 +41,8 @@ public:
     size_t loss = index.lookup(graph.outputs().front()->def());
     bool changed = false;
     for (Op *quantize : ops) {
-      if (quantize->kind() != OpKind::Quantize || index.lookup(quantize) >= loss)
+      if (quantize->kind() != OpKind::Quantize || index.lookup(quantize) >= loss ||
+          !train_.recomputes(layerOf(quantize->result()->name())))
         continue;
       QuantizeOptions options = quantizeOptions(quantize->attrs());
       if (!options.transpose || options.biasGrad || !forwardActivation(options.activation) ||
@@ -65,7 +67,7 @@ public:
   }
 
 private:
-  bool recompute_;
+  TrainConfig train_;
   /// Whether `x` stays alive into the backward without `quantize`: a leaf (a parameter), or
   /// a value another op reads after the loss.
   static bool keptForBackward(const Graph &graph, Value *x, const Op *quantize,
@@ -105,8 +107,8 @@ private:
 
 } // namespace
 
-std::unique_ptr<Pass> createRequantizeTransposesPass(bool recompute) {
-  return std::make_unique<RequantizeTransposes>(recompute);
+std::unique_ptr<Pass> createRequantizeTransposesPass(const TrainConfig &train) {
+  return std::make_unique<RequantizeTransposes>(train);
 }
 
 } // namespace tgc

@@ -6,7 +6,7 @@
 // assigned to state. The forward, the backward and the scale update read that state instead:
 // the weight exists in FP8 from one step to the next, the optimizer keeps the master.
 //
-// Under train.recompute a weight's transpose is not kept: the state holds q alone (the moved
+// Under train.recompute (in the layers it names) a weight's transpose is not kept: the state holds q alone (the moved
 // quantize writes no transpose), and the backward makes q_t before its first reader: under
 // per-tensor scaling by transposing q's bytes (the same codes at the same scale), under block
 // scaling by a quantize of the master weight at the state's scale, which are those that made q
@@ -41,7 +41,7 @@ Op *scaleUpdate(Value *scale) {
 
 class Fp8Weights : public Pass {
 public:
-  Fp8Weights(bool enabled, bool recompute) : enabled_(enabled), recompute_(recompute) {}
+  Fp8Weights(bool enabled, const TrainConfig &train) : enabled_(enabled), train_(train) {}
   llvm::Expected<bool> run(Graph &graph) override {
     if (!enabled_)
       return false;
@@ -70,7 +70,7 @@ public:
       static const char *kSuffixes[] = {".data", ".amax", ".count", ".data_t"};
       unsigned kept = quantize->numResults();
       AttrMap nextAttrs = quantize->attrs();
-      bool transposeInBackward = recompute_ && kept == 4;
+      bool transposeInBackward = train_.recomputes(layerOf(prefix)) && kept == 4;
       if (transposeInBackward) {
         kept = 3;
         nextAttrs.erase(kTranspose);
@@ -131,14 +131,15 @@ private:
     return llvm::Error::success();
   }
 
-  bool enabled_, recompute_;
+  bool enabled_;
+  TrainConfig train_;
 };
 
 } // namespace
 
-std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision, bool recompute) {
+std::unique_ptr<Pass> createFp8WeightsPass(const PrecisionConfig &precision, const TrainConfig &train) {
   return std::make_unique<Fp8Weights>(precision.recipe == Recipe::Fp8 && precision.fp8Weights &&
-                                      !precision.forwardOnly, recompute);
+                                      !precision.forwardOnly, train);
 }
 
 } // namespace tgc
