@@ -18,11 +18,12 @@ std::string gib(int64_t bytes) {
     return fmt::format("{:.1f} GiB", double(bytes) / double(int64_t(1) << 30));
   return fmt::format("{:.2f} MiB", double(bytes) / double(int64_t(1) << 20));
 }
-/// Whether the executor will find cuDNN to run the attention (TGC_CUDNN=0 says not to): only
-/// on a machine with a GPU, so that what tgc compile plans does not depend on the machine.
-bool cudnnRunsAttention() {
-  const char *env = std::getenv("TGC_CUDNN");
-  if ((env && std::string(env) == "0") || detectTarget().gpus.empty())
+/// Whether the executor will find cuDNN to run the attention on `device` (cuDNN's flash
+/// attention needs compute capability 8.0): only on a machine with that GPU, so that what tgc
+/// compile plans does not depend on the machine.
+bool cudnnRunsAttention(const Device &device, const TargetInfo &target) {
+  if (device != Device::Cuda || device.computeCapability < 80 || cudnnTurnedOff() ||
+      device.ordinal >= int(target.gpus.size()))
     return false;
   auto api = loadCudnn();
   if (!api) {
@@ -79,7 +80,7 @@ llvm::Expected<RecomputeChoice> chooseRecomputeLayers(int64_t layerCount, int64_
 }
 
 llvm::Expected<int64_t> gpuTrainingPlanBytes(const ModelConfig &config, int64_t batch, const Device &device,
-                                             int ranks) {
+                                             int ranks, bool cudnnAttention) {
   auto graph = buildGPT(config, batch);
   if (!graph)
     return graph.takeError();
@@ -90,7 +91,7 @@ llvm::Expected<int64_t> gpuTrainingPlanBytes(const ModelConfig &config, int64_t 
   if (auto err = pipeline->run(**graph))
     return std::move(err);
   LoweringOptions lowering;
-  if (device == Device::Cuda && device.computeCapability >= 80 && cudnnRunsAttention()) {
+  if (cudnnAttention) {
     // As the executor will plan it: cuDNN runs every attention it has a shape for (its few MiB
     // of workspace not counted), and what is stored in BF16 follows (Lowering.h).
     for (const Op *op : (*graph)->ops())
@@ -109,8 +110,9 @@ llvm::Expected<ModelConfig> resolveRecompute(const ModelConfig &config, int64_t 
   if (!config.train.recomputeAuto || device != Device::Cuda)
     return config;
   int64_t budget = int64_t(config.train.memoryBudgetGiB * double(int64_t(1) << 30));
+  TargetInfo target = detectTarget();
+  bool cudnnAttention = cudnnRunsAttention(device, target); // once for every plan
   if (budget <= 0) {
-    TargetInfo target = detectTarget();
     if (device.ordinal >= int(target.gpus.size()))
       return stringError("error: recompute: auto needs the GPU's memory or a memory_budget (--memory-budget)");
     budget = int64_t(target.gpus[device.ordinal].memoryBytes) - kGpuReserveBytes;
@@ -120,7 +122,7 @@ llvm::Expected<ModelConfig> resolveRecompute(const ModelConfig &config, int64_t 
     trial.train.recompute = layers != 0;
     trial.train.recomputeAuto = false;
     trial.train.recomputeLayers = layers;
-    return gpuTrainingPlanBytes(trial, batch, device, ranks);
+    return gpuTrainingPlanBytes(trial, batch, device, ranks, cudnnAttention);
   });
   if (!choice)
     return choice.takeError();

@@ -28,9 +28,10 @@ llvm::Expected<RecomputeChoice> chooseRecomputeLayers(int64_t layerCount, int64_
 
 /// The bytes of the GPU plan of `config`'s training program at `batch` sequences a rank, as
 /// compileForDevice would compile it for `device`: parameters, gradients, state and the arena;
-/// on a machine whose GPU finds cuDNN, with cuDNN's attention (as the executor plans it), else
-/// tgc's own (as tgc compile --stats: more BF16 copies kept, about 1.4 GiB at gpt-1.3b).
-llvm::Expected<int64_t> gpuTrainingPlanBytes(const ModelConfig &config, int64_t batch, const Device &device, int ranks);
+/// with `cudnnAttention` cuDNN's attention (as the executor plans it where its GPU finds
+/// cuDNN), else tgc's own (as tgc compile --stats: more BF16 copies, about 1.4 GiB at gpt-1.3b).
+llvm::Expected<int64_t> gpuTrainingPlanBytes(const ModelConfig &config, int64_t batch, const Device &device, int ranks,
+                                             bool cudnnAttention);
 
 /// Under train.recomputeAuto on the GPU: `config` with the layers chosen for the budget
 /// (memory_budget, else the GPU's memory less kGpuReserveBytes), recompute_layers set and

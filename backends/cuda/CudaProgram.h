@@ -137,7 +137,7 @@ struct CudaProgram {
   /// at each step only the parameters no AdamW updates.
   bool optimizerWritesWeightCopy = false;
   /// FP8 weights kept between steps whose cast after AdamW makes the update it casts
-  /// (AdamWQuantize.cpp): AdamW op -> the quantize of its new weight. Their parameters lead the
+  /// (AdamWCast.cpp): AdamW op -> the quantize of its new weight. Their parameters lead the
   /// layout (ParameterLayout::castBytes), and the grouped AdamW leaves them to the cast.
   llvm::DenseMap<const Op *, const Op *> adamwInCast;
   /// The bytes of the parameter region the executor's BF16 copy holds, [begin, end): the

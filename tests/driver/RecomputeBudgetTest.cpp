@@ -58,16 +58,20 @@ TEST(RecomputeBudget, TinysPlanShrinksAsLayersRecompute) {
     ModelConfig trial = c;
     trial.train.recompute = layers != 0;
     trial.train.recomputeLayers = layers;
-    bytes.push_back(unwrap(gpuTrainingPlanBytes(trial, c.train.batch, gpu, 1)));
+    bytes.push_back(unwrap(gpuTrainingPlanBytes(trial, c.train.batch, gpu, 1, /*cudnnAttention=*/false)));
   }
   EXPECT_GT(bytes[0], bytes[1]);
   EXPECT_GT(bytes[1], bytes[2]);
   EXPECT_GE(bytes[2], bytes[3]);
-  // Auto with a budget between the first two: the first layer alone; the config says so.
+  // Auto with a budget between the first two: the first layer alone; the config says so. (The
+  // plans above have tgc's attention: so must auto's, on a machine whose GPU finds cuDNN too.)
   c.train.recompute = c.train.recomputeAuto = true;
   c.train.memoryBudgetGiB = double(bytes[1] + bytes[0]) / 2 / double(1 << 30);
   std::string note;
-  ModelConfig resolved = unwrap(resolveRecompute(c, c.train.batch, gpu, 1, &note));
+  setenv("TGC_CUDNN", "0", 1);
+  auto chosen = resolveRecompute(c, c.train.batch, gpu, 1, &note);
+  unsetenv("TGC_CUDNN");
+  ModelConfig resolved = unwrap(std::move(chosen));
   EXPECT_TRUE(resolved.train.recompute);
   EXPECT_FALSE(resolved.train.recomputeAuto);
   EXPECT_EQ(resolved.train.recomputeLayers, 1);

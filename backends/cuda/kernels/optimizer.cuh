@@ -78,7 +78,7 @@ __device__ void adamw(const float *param, const float *grad, const float *m, con
 }
 
 // The source of an FP8 weight's cast that makes the AdamW update it casts (the flat kernel
-// leaves that weight to it; AdamWQuantize.cpp): element i's moments and new weight written as
+// leaves that weight to it; lowering/AdamWCast.cpp): element i's moments and new weight written as
 // adamw writes them, the new weight returned to be cast. fp8.cuh's quantizeBlocks reads each
 // element once, through four(i) or (i), so each is updated once.
 template <class ParamOut>

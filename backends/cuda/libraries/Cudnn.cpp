@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace tgc {
@@ -129,6 +130,11 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
                              "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9"})
       dlopen((api->path.substr(0, slash + 1) + part).c_str(), RTLD_LAZY | RTLD_GLOBAL); // absent: no matter
   return api;
+}
+
+bool cudnnTurnedOff() {
+  const char *env = std::getenv("TGC_CUDNN");
+  return env && std::string(env) == "0";
 }
 
 llvm::Expected<const CudnnApi *> loadCudnn() {

@@ -51,6 +51,8 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
 
 /// loadCudnnFrom(cudnnCandidates()), once a process.
 llvm::Expected<const CudnnApi *> loadCudnn();
+/// TGC_CUDNN=0: the attention runs on tgc's kernels even where cuDNN is found.
+bool cudnnTurnedOff();
 
 /// The element types of cuDNN's attention buffers.
 enum class CudnnType { Bf16, E4M3, E5M2 };

@@ -62,10 +62,7 @@ void castWithAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vect
     size_t a = index.lookup(adamw), q = index.lookup(quantize);
     const AttrMap &attrs = adamw->attrs(), &cast = quantize->attrs();
     int64_t count = quantize->operand(0)->type().numElements();
-    // The plain cast's blocks (emitFp8): a range of 4096 elements each, a multiple of 4.
-    int64_t blocks = std::max<int64_t>(1, (count + 4095) / 4096), perBlock = (count + blocks - 1) / blocks;
-    if (count % 4 == 0)
-      perBlock = (perBlock + 3) / 4 * 4;
+    auto [blocks, perBlock] = castBlocks(count); // the plain cast's
     bool copy = program.optimizerWritesWeightCopy;
     OpLowering fused;
     fused.launches.push_back({fmt::format("k{}_adamw_cast", q), blocks, kThreads});

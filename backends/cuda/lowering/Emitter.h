@@ -61,6 +61,9 @@ std::pair<int64_t, int64_t> weightsReadInBf16(const std::vector<Op *> &ops, cons
 /// kernels; the replaced ops' kernels go and the grouped kernels come in.
 void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
                     std::vector<std::vector<KernelText>> &kernels);
+/// A plain cast's blocks over `count` elements and the elements each converts: a range of 4096
+/// a block (a multiple of 4 where `count` is, so that they move four at a time; Fp8.cpp).
+std::pair<int64_t, int64_t> castBlocks(int64_t count);
 /// The AdamW ops whose FP8 weight's cast after them (fp8-weights' quantize of the new weight,
 /// per-tensor delayed scaling) can make their update, each with that quantize (AdamWCast.cpp).
 llvm::DenseMap<const Op *, const Op *> chooseAdamWInCast(const Graph &graph, const CudaProgram &program);

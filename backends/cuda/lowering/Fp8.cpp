@@ -120,6 +120,13 @@ llvm::Error emitBlockQuantize(const Op &op, Emitter &e, const QuantizeOptions &o
 
 } // namespace
 
+std::pair<int64_t, int64_t> castBlocks(int64_t count) {
+  int64_t blocks = std::max<int64_t>(1, (count + 4095) / 4096), perBlock = (count + blocks - 1) / blocks;
+  if (count % 4 == 0) // the kernels then move four at a time
+    perBlock = (perBlock + 3) / 4 * 4;
+  return {blocks, perBlock};
+}
+
 /// FP8 quantization and the delayed-scaling update (fp8.cuh).
 llvm::Error emitFp8(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
@@ -163,13 +170,14 @@ llvm::Error emitFp8(const Op &op, Emitter &e) {
       return makeError("quantize {{bias_grad=true}} %{}: the GPU sums the columns in its "
                        "cast-transpose only (transpose=true)",
                        op.result()->name().c_str());
-    // A cast-transpose's blocks as castTransposeBlocks; without transpose, a block a range of
-    // 4096 elements.
-    int64_t blocks = transpose ? castTransposeBlocks(e, tiles) : std::max<int64_t>(1, (count + 4095) / 4096);
-    // (A multiple of 4 elements a block where the count is: the kernels then move four at a time.)
-    int64_t perBlock = (count + blocks - 1) / blocks;
-    if (count % 4 == 0)
-      perBlock = (perBlock + 3) / 4 * 4;
+    // A cast-transpose's blocks as castTransposeBlocks; without transpose, castBlocks's.
+    auto [blocks, perBlock] = castBlocks(count);
+    if (transpose) {
+      blocks = castTransposeBlocks(e, tiles);
+      perBlock = (count + blocks - 1) / blocks;
+      if (count % 4 == 0)
+        perBlock = (perBlock + 3) / 4 * 4;
+    }
     std::string params = fmt::format("{} *x, const float *scale, const float *scaleInv, {}unsigned char *q, "
                                      "float *amax, float *saturations, {}{}{}float *used",
                                      e.inputType(op.operand(0)),

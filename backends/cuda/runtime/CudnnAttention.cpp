@@ -8,7 +8,6 @@
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <cstdlib>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -36,8 +35,7 @@ void CudnnAttentionRunner::plan(const Graph &graph, bool enabled, const DeviceIn
   for (size_t i = 0; i < ops.size(); ++i)
     if (auto shape = cudnnAttentionShape(graph, *ops[i], lowering))
       candidates.emplace_back(i, *shape);
-  const char *env = std::getenv("TGC_CUDNN");
-  if (candidates.empty() || !enabled || (env && std::string(env) == "0"))
+  if (candidates.empty() || !enabled || cudnnTurnedOff())
     return;
   // cuDNN's flash attention needs compute capability 8.0 (Ampere) on.
   if (device.major < 8) {
