@@ -5,6 +5,7 @@
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
 #include "support/Random.h"
+#include "support/Sampling.h"
 #include "transforms/Pass.h"
 
 #include <algorithm>
@@ -18,35 +19,36 @@ namespace tgc {
 
 namespace {
 
-/// The next token from one row of logits: the highest (lowest id on ties), or sampled at the
-/// temperature among the topK most likely tokens, cut to the fewest that hold topP of their
-/// probability.
-int32_t pick(const float *logits, int64_t vocab, const SamplingOptions &options, Rng &rng) {
-  if (options.temperature <= 0)
-    return int32_t(std::max_element(logits, logits + vocab) - logits);
-  std::vector<int32_t> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  int64_t keep = options.topK > 0 ? std::min(options.topK, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  double max = logits[order[0]], total = 0;
-  std::vector<double> weights(keep);
-  for (int64_t i = 0; i < keep; ++i)
-    total += weights[i] = std::exp((logits[order[i]] - max) / options.temperature);
-  if (options.topP < 1) { // the fewest most likely tokens whose probability reaches topP
-    double mass = 0;
-    for (int64_t i = 0; i < keep; ++i)
-      if ((mass += weights[i]) >= options.topP * total) {
-        keep = i + 1;
-        total = mass;
-        break;
-      }
-  }
-  double u = rng.uniform() * total;
-  for (int64_t i = 0; i < keep; ++i)
-    if ((u -= weights[i]) < 0)
-      return order[i];
-  return order[keep - 1];
+/// The sample op's parameters of `options`.
+SamplingParams samplingParams(const SamplingOptions &options) {
+  SamplingParams params;
+  params.temperature = float(options.temperature);
+  params.topP = float(options.topP);
+  params.topK = options.topK;
+  params.seed = options.seed;
+  return params;
+}
+
+/// Binds `options` to the sample op's inputs of a prefill or decode program.
+llvm::Error bindSampling(Executor &executor, const SamplingOptions &options) {
+  SamplingParams p = samplingParams(options);
+  Tensor sampling = Tensor::zeros(TensorType(DType::F32, {3}));
+  sampling.data = {p.temperature, p.topP, float(p.topK)};
+  Tensor seed = Tensor::zeros(TensorType(DType::I32, {2}));
+  seed.ints = {int32_t(uint32_t(p.seed)), int32_t(uint32_t(p.seed >> 32))};
+  if (auto err = executor.bind(program::kSampling, sampling))
+    return err;
+  return executor.bind(program::kSampleSeed, seed);
+}
+
+llvm::Error checkSampling(const SamplingOptions &options, int64_t vocab) {
+  if (!(options.temperature >= 0))
+    return makeError("error: the temperature must be >= 0 (0 is greedy), got {}", options.temperature);
+  if (!(options.topP > 0 && options.topP <= 1))
+    return makeError("error: top-p must be in (0, 1], got {}", options.topP);
+  if (options.topK < 0 || options.topK > vocab)
+    return makeError("error: top-k must be in [0, {}] (0: every token), got {}", vocab, options.topK);
+  return llvm::Error::success();
 }
 
 /// Compiles `output`'s program of `config` for `batch` sequences (`length` positions for a
@@ -100,23 +102,12 @@ llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64
 }
 
 /// Each sequence's next token after a step of `executor` (a prefill or decode program): its
-/// greedy %next, chosen on the device, or sampled here from its %logits [batch, 1, vocab].
-llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t sequences, int64_t vocab,
-                                                const SamplingOptions &options, Rng &rng) {
-  std::vector<int32_t> tokens(sequences);
-  if (options.temperature <= 0) {
-    auto next = executor.read(program::kNext);
-    if (!next)
-      return next.takeError();
-    std::copy_n(next->ints.begin(), sequences, tokens.begin());
-    return tokens;
-  }
-  auto logits = executor.read(program::kLogits);
-  if (!logits)
-    return logits.takeError();
-  for (size_t b = 0; b < sequences; ++b)
-    tokens[b] = pick(&logits->data[b * vocab], vocab, options, rng);
-  return tokens;
+/// %next, chosen on the device.
+llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t sequences) {
+  auto next = executor.read(program::kNext);
+  if (!next)
+    return next.takeError();
+  return std::vector<int32_t>(next->ints.begin(), next->ints.begin() + int64_t(sequences));
 }
 
 double secondsSince(std::chrono::steady_clock::time_point start) {
@@ -192,7 +183,7 @@ llvm::Error Generator::ensureWindowed() {
 }
 
 llvm::Expected<std::vector<int32_t>> Generator::runPrefill(const std::vector<std::vector<int32_t>> &prompts,
-                                                           int64_t longest, const SamplingOptions &options, Rng &rng) {
+                                                           int64_t longest, const SamplingOptions &options) {
   const int64_t P = prefillLength(longest);
   auto prefill = prefillProgram(P);
   if (!prefill)
@@ -213,9 +204,11 @@ llvm::Expected<std::vector<int32_t>> Generator::runPrefill(const std::vector<std
     return std::move(err);
   if (auto err = first.bind(program::kLastRows, Tensor{column, {}, lastRows}))
     return std::move(err);
+  if (auto err = bindSampling(first, options))
+    return std::move(err);
   if (auto err = first.step())
     return std::move(err);
-  auto next = nextTokens(first, prompts.size(), config_.vocab, options, rng);
+  auto next = nextTokens(first, prompts.size());
   if (!next)
     return next.takeError();
   if (!(*prefill)->sharesCaches)
@@ -231,6 +224,8 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   const int64_t T = config_.seqLen, V = config_.vocab;
   if (auto err = checkPrompts(prompts, batch_, V))
     return std::move(err);
+  if (auto err = checkSampling(options, V))
+    return std::move(err);
   size_t longest = 0;
   for (const auto &p : prompts)
     longest = std::max(longest, p.size());
@@ -240,11 +235,12 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   auto start = std::chrono::steady_clock::now();
   stats_ = GenerationStats{};
   stats_.sequences = int64_t(prompts.size());
-  Rng rng(mix64(options.seed));
-  auto next = runPrefill(prompts, int64_t(longest), options, rng);
+  auto next = runPrefill(prompts, int64_t(longest), options);
   if (!next)
     return next.takeError();
   Executor &executor = *decode_.executor;
+  if (auto err = bindSampling(executor, options))
+    return std::move(err);
   TensorType column(DType::I32, {batch_, 1});
   std::vector<std::vector<int32_t>> generated(prompts.size());
   auto take = [&](int64_t step, const std::vector<int32_t> &picked) {
@@ -268,58 +264,37 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
     feed[b] = generated[b].back();
   if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
     return std::move(err);
-  if (options.temperature <= 0) {
-    // Greedy: each step's tokens (%next, chosen on the device) are the next step's input on the
-    // device, and the host takes them one step late: it queues step s + 1 before it waits for
-    // step s's copy, so the device goes from step to step without waiting for the host.
-    std::optional<unsigned> waiting; // the ticket of the last step's tokens
-    auto takeWaiting = [&](int64_t step) -> llvm::Error {
-      auto picked = executor.collect(*waiting);
-      if (!picked)
-        return picked.takeError();
-      take(step, std::vector<int32_t>(picked->ints.begin(), picked->ints.begin() + prompts.size()));
-      return llvm::Error::success();
-    };
-    for (int64_t step = 1; step < count; ++step) {
-      if (step > 1)
-        if (auto err = executor.feed(program::kNext, program::kTokens))
-          return std::move(err);
-      if (auto err = bindPositions(step))
-        return std::move(err);
-      if (auto err = executor.launch())
-        return std::move(err);
-      auto ticket = executor.readLater(program::kNext);
-      if (!ticket)
-        return ticket.takeError();
-      if (waiting)
-        if (auto err = takeWaiting(step - 1))
-          return std::move(err);
-      waiting = *ticket;
-      ++stats_.decodeSteps;
-    }
-    if (waiting)
-      if (auto err = takeWaiting(count - 1))
-        return std::move(err);
-    stats_.decodeSeconds = secondsSince(start);
-    return generated;
-  }
-  for (int64_t step = 1; step < count; ++step) {
-    if (step > 1) {
-      for (size_t b = 0; b < prompts.size(); ++b)
-        feed[b] = generated[b].back();
-      if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
-        return std::move(err);
-    }
-    if (auto err = bindPositions(step))
-      return std::move(err);
-    if (auto err = executor.step())
-      return std::move(err);
-    auto picked = nextTokens(executor, prompts.size(), V, options, rng);
+  // Each step's tokens (%next, chosen on the device) are the next step's input on the
+  // device, and the host takes them one step late: it queues step s + 1 before it waits for
+  // step s's copy, so the device goes from step to step without waiting for the host.
+  std::optional<unsigned> waiting; // the ticket of the last step's tokens
+  auto takeWaiting = [&](int64_t step) -> llvm::Error {
+    auto picked = executor.collect(*waiting);
     if (!picked)
       return picked.takeError();
-    take(step, *picked);
+    take(step, std::vector<int32_t>(picked->ints.begin(), picked->ints.begin() + prompts.size()));
+    return llvm::Error::success();
+  };
+  for (int64_t step = 1; step < count; ++step) {
+    if (step > 1)
+      if (auto err = executor.feed(program::kNext, program::kTokens))
+        return std::move(err);
+    if (auto err = bindPositions(step))
+      return std::move(err);
+    if (auto err = executor.launch())
+      return std::move(err);
+    auto ticket = executor.readLater(program::kNext);
+    if (!ticket)
+      return ticket.takeError();
+    if (waiting)
+      if (auto err = takeWaiting(step - 1))
+        return std::move(err);
+    waiting = *ticket;
     ++stats_.decodeSteps;
   }
+  if (waiting)
+    if (auto err = takeWaiting(count - 1))
+      return std::move(err);
   stats_.decodeSeconds = secondsSince(start);
   return generated;
 }
@@ -330,6 +305,8 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
   const int64_t T = config_.seqLen, V = config_.vocab;
   if (auto err = checkPrompts(prompts, batch_, V))
     return std::move(err);
+  if (auto err = checkSampling(options, V))
+    return std::move(err);
   if (auto err = ensureWindowed())
     return std::move(err);
   auto start = std::chrono::steady_clock::now();
@@ -338,7 +315,7 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
   stats_.cached = false;
   for (const auto &p : prompts)
     stats_.promptTokens += int64_t(p.size());
-  Rng rng(mix64(options.seed));
+  const SamplingParams params = samplingParams(options);
   std::vector<std::vector<int32_t>> sequences = prompts, generated(prompts.size());
   for (int64_t n = 0; n < count; ++n) {
     std::vector<int32_t> tokens(batch_ * T, 0), windows(prompts.size());
@@ -352,7 +329,10 @@ Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts
       return logits.takeError();
     std::vector<int32_t> picked(sequences.size());
     for (size_t b = 0; b < sequences.size(); ++b) {
-      picked[b] = pick(&logits->data[(b * T + windows[b] - 1) * V], V, options, rng);
+      // The sample op's draw, on the host: the counter is the last token's position in the
+      // sequence, as the cached decode's.
+      picked[b] = sampleRow(&logits->data[(b * T + windows[b] - 1) * V], V, params, int64_t(b),
+                            int64_t(sequences[b].size()) - 1);
       sequences[b].push_back(picked[b]);
       generated[b].push_back(picked[b]);
     }

@@ -64,8 +64,8 @@ public:
   /// then each step runs the decode program on one token per sequence at its own position.
   /// Past seq_len the context is the last seq_len tokens, recomputed each step by the full
   /// inference program (compiled then), whose positions after the context are padding that
-  /// causal attention never reads. Greedy tokens are chosen on the device; sampling reads the
-  /// logits.
+  /// causal attention never reads. Tokens are chosen on the device, greedy or sampled (the
+  /// sample op, support/Sampling.h: the same tokens on the CPU and the GPU for the same seed).
   llvm::Expected<std::vector<std::vector<int32_t>>>
   generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count, const SamplingOptions &options,
            const TokenCallback &onTokens = {});
@@ -101,7 +101,7 @@ private:
   /// positions, in one forward pass; the KV caches it wrote handed to the decode step. Returns
   /// each sequence's first new token.
   llvm::Expected<std::vector<int32_t>> runPrefill(const std::vector<std::vector<int32_t>> &prompts, int64_t longest,
-                                                  const SamplingOptions &options, Rng &rng);
+                                                  const SamplingOptions &options);
 
   ModelConfig config_;
   int64_t batch_ = 0;

@@ -1,12 +1,12 @@
 # Writes OUTPUT, a C++ source holding each kernel header of KERNEL_DIR (*.cuh, by file name) as
 # a string, so that the binary carries its CUDA kernels and NVRTC compiles them at run time.
-# support/BoxMuller.h and ScalarMath.h (SHARED_HEADERS), which host and device compile alike, go with them.
+# support/BoxMuller.h, Sampling.h and ScalarMath.h (SHARED_HEADERS), which host and device compile alike, go with them.
 # Run as: cmake -DOUTPUT=... -DKERNEL_DIR=... "-DSHARED_HEADERS=a,b" -P EmbedKernels.cmake
 file(GLOB HEADERS ${KERNEL_DIR}/*.cuh)
 list(SORT HEADERS)
 string(REPLACE "," ";" SHARED_HEADERS "${SHARED_HEADERS}")
 list(APPEND HEADERS ${SHARED_HEADERS})
-set(text "// Generated at build time from backends/cuda/kernels/*.cuh and support/{BoxMuller,ScalarMath}.h by cmake/EmbedKernels.cmake.\n")
+set(text "// Generated at build time from backends/cuda/kernels/*.cuh and support/{BoxMuller,Sampling,ScalarMath}.h by cmake/EmbedKernels.cmake.\n")
 string(APPEND text "#include \"backends/cuda/libraries/KernelHeaders.h\"\n\nnamespace tgc {\n\n")
 string(APPEND text "llvm::ArrayRef<KernelHeader> kernelHeaders() {\n  static const KernelHeader headers[] = {\n")
 foreach(header ${HEADERS})

@@ -203,6 +203,22 @@ llvm::Expected<TypeList> inferArgmax(Operands ops, const AttrMap &, llvm::ArrayR
   return TypeList{TensorType(DType::I32, Shape(x.shape.begin(), x.shape.end() - 1))};
 }
 
+llvm::Expected<TypeList> inferSample(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> results) {
+  auto rows = inferArgmax(ops.take_front(), attrs, results);
+  if (!rows)
+    return rows.takeError();
+  const TensorType &counters = ops[1], &sampling = ops[2], &seed = ops[3];
+  if (counters.dtype != DType::I32 || counters.shape != rows->front().shape)
+    return makeError("counters must be {}, one per row, got {}", rows->front().str(), counters.str());
+  if (sampling.dtype != DType::F32 || sampling.shape != Shape{3})
+    return makeError("sampling must be f32[3] (temperature, top_p, top_k), got {}", sampling.str());
+  if (seed.dtype != DType::I32 || seed.shape != Shape{2})
+    return makeError("seed must be i32[2], got {}", seed.str());
+  if (auto stride = attrs.getInt("stride"); stride && *stride < 0)
+    return makeError("stride must be >= 0, got {}", *stride);
+  return rows;
+}
+
 llvm::Expected<TypeList> inferResidualNorm(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   if (auto norm = requireChoice(attrs, "norm", {"layer_norm", "rms_norm"}); !norm)
     return norm.takeError();

@@ -232,7 +232,15 @@ llvm::Error GPTBuilder::build() {
   Value *head = c_.tieEmbeddings ? wte : weight("lm_head.weight", {V, D}, std_, /*decay=*/true);
   Value *logits = op(OpKind::MatMul, {final, head}, program::kLogits.str(), matmulAttrs(kTransposedWeight));
   if (output_ != GPTOutput::Loss) {
-    Value *next = decode || prefill ? op(OpKind::Argmax, {logits}, program::kNext.str()) : nullptr;
+    Value *next = nullptr;
+    if (decode || prefill) { // each sequence's next token, drawn on the device (argmax when greedy)
+      Value *sampling = b_.input(program::kSampling.str(), TensorType(DType::F32, {3}));
+      Value *seed = b_.input(program::kSampleSeed.str(), TensorType(DType::I32, {2}));
+      // The draw's counter: the position of each sequence's last token (a prefill's row less
+      // the rows of the sequences before it).
+      next = op(OpKind::Sample, {logits, decode ? positions_ : lastRows, sampling, seed}, program::kNext.str(),
+                attrs({{"stride", decode ? int64_t(0) : T}}));
+    }
     if (auto err = b_.takeError())
       return err;
     b_.graph().addOutput(logits);

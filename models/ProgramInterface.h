@@ -16,7 +16,7 @@ namespace tgc::program {
 // Outputs (the IR's `return` list), read by name, never by position.
 inline constexpr llvm::StringLiteral kLoss = "loss";                 // the training loss, f32[]
 inline constexpr llvm::StringLiteral kLogits = "logits";             // the forward program's logits
-inline constexpr llvm::StringLiteral kNext = "next"; // generation: each sequence's greedy token
+inline constexpr llvm::StringLiteral kNext = "next"; // generation: each sequence's next token
 inline constexpr llvm::StringLiteral kLearningRate = "lr";           // this step's learning rate
 inline constexpr llvm::StringLiteral kGradNormSquared = "grad_norm.sumsq"; // before clipping
 
@@ -28,6 +28,10 @@ inline constexpr llvm::StringLiteral kStep = "step"; // the optimizer's step cou
 inline constexpr llvm::StringLiteral kPositions = "positions";
 // The prefill's: where each sequence's last prompt token is among the batch's rows [B, 1].
 inline constexpr llvm::StringLiteral kLastRows = "last_rows";
+// Both's, bound once a generate() call: the sample op's (temperature, top_p, top_k) f32[3] and
+// its seed's two words i32[2].
+inline constexpr llvm::StringLiteral kSampling = "sampling";
+inline constexpr llvm::StringLiteral kSampleSeed = "sample_seed";
 
 /// The gradient of the value named `value` ("h0.attn.qkv.weight.grad").
 inline std::string gradientOf(llvm::StringRef value) { return (value + ".grad").str(); }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "app/Init.h"
+#include "models/ProgramInterface.h"
 #include "support/Random.h"
 
 #include <map>
@@ -9,13 +10,24 @@
 
 namespace tgc::test {
 
+/// A generation program's sample op inputs (%sampling, %sample_seed), where `g` has them, set to
+/// greedy decoding: temperature 0 (the sample op's argmax).
+inline std::map<std::string, Tensor> greedySampling(const Graph &g) {
+  std::map<std::string, Tensor> inputs;
+  for (llvm::StringRef name : {program::kSampling, program::kSampleSeed})
+    if (const Value *input = g.lookup(name))
+      inputs[name.str()] = Tensor::zeros(input->type());
+  return inputs;
+}
+
 /// initParams' leaves of `g` (norm weights and biases too), each value moved by a normal draw
-/// of 0.1, by name.
+/// of 0.1, by name; and greedySampling's inputs.
 inline std::map<std::string, Tensor> randomWeights(const Graph &g, Rng &rng) {
   std::map<std::string, Tensor> weights = initParams(g, rng.next());
   for (auto &[name, t] : weights)
     for (float &v : t.data)
       v += float(rng.normal() * 0.1);
+  weights.merge(greedySampling(g));
   return weights;
 }
 

@@ -72,8 +72,11 @@ FullRun fullRun(const Case &param, int64_t B, Rng &rng) {
   return r;
 }
 
-/// Binds `program`'s parameters from `weights` and its state (the KV caches) to zeros.
+/// Binds `program`'s parameters from `weights`, its state (the KV caches) to zeros and its
+/// sampling to greedy.
 void bindLeaves(Interpreter &interp, const Graph &program, const std::map<std::string, Tensor> &weights) {
+  for (const auto &[name, tensor] : greedySampling(program))
+    EXPECT_FALSE(bool(interp.bind(name, tensor))) << name;
   for (const Op *op : program.ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;

@@ -212,6 +212,49 @@ TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
     }
 }
 
+TEST(GpuGeneration, SampledTokensAreTheCpusForTheSameSeed) {
+  // The sample op on random logits (ties and NaNs among them), vocabularies of GPT-2's size, an
+  // odd thousand and a few, greedy, temperature alone, top-k, top-p and both: the GPU's token of
+  // every row is the CPU's (support/Sampling.h decides in integers), for several seeds.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  for (int64_t V : {50257, 1001, 37})
+    for (int64_t B : {1, 5}) {
+      const int64_t stride = B == 5 ? 7 : 0;
+      std::string text = fmt::format(
+          "graph @g\n%logits = input() : f32[{0},1,{1}]\n%counters = input() : i32[{0},1]\n"
+          "%sampling = input() : f32[3]\n%seed = input() : i32[2]\n"
+          "%next = sample(%logits, %counters, %sampling, %seed) {{stride={2}}} : i32[{0},1]\nreturn %next\n",
+          B, V, stride);
+      auto graph = unwrap(parseGraph(text, "sample.ir"));
+      ASSERT_TRUE(graph);
+      struct Case { float temperature, topP, topK; };
+      for (Case k : {Case{0, 1, 0}, Case{0.8f, 1, 0}, Case{1, 1, 40}, Case{0.7f, 0.9f, 0}, Case{1.2f, 0.95f, 100},
+                     Case{1, 1, 1}, Case{2, 0.5f, 0}}) {
+        SCOPED_TRACE(fmt::format("V {}, B {}, temperature {}, top_p {}, top_k {}", V, B, k.temperature, k.topP, k.topK));
+        std::map<std::string, Tensor> leaves;
+        Tensor logits = Tensor::zeros(graph->lookup("logits")->type());
+        for (float &x : logits.data)
+          x = float(rng.normal() * 3);
+        logits.data[V / 2] = logits.data[V / 3]; // a tie
+        logits.data[1] = std::nanf("");
+        leaves["logits"] = logits;
+        Tensor counters = Tensor::zeros(TensorType(DType::I32, {B, 1}));
+        for (int64_t b = 0; b < B; ++b)
+          counters.ints[b] = int32_t(b * stride + rng.below(1000));
+        leaves["counters"] = counters;
+        leaves["sampling"] = Tensor{TensorType(DType::F32, {3}), {k.temperature, k.topP, k.topK}, {}};
+        for (int trial = 0; trial < 4; ++trial) {
+          leaves["seed"] = Tensor{TensorType(DType::I32, {2}), {}, {int32_t(rng.next()), int32_t(rng.next())}};
+          std::vector<Tensor> want, got;
+          runOnBoth(*graph, leaves, want, got);
+          ASSERT_EQ(got.size(), 1u);
+          EXPECT_EQ(got[0].ints, want[0].ints) << "trial " << trial;
+        }
+      }
+    }
+}
+
 TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
   // Prompts of four lengths in one batch (the longest needs the 32-position prefill), greedy
   // and sampled: the GPU's tokens are the CPU interpreter's; for the GPT-2 block and the Llama

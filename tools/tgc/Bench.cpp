@@ -34,12 +34,20 @@ static cl::opt<std::string> BenchJson("json", cl::desc("Also write the results a
                                       cl::value_desc("file.json"), cl::sub(benchCommand()), cl::cat(category()));
 
 static cl::opt<bool> BenchGenerate("generate",
-                                   cl::desc("Benchmark generation (prefill + greedy decode) instead of training"),
+                                   cl::desc("Benchmark generation (prefill + decode, greedy unless --temperature) "
+                                            "instead of training"),
                                    cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<int64_t> BenchPromptLength("prompt-length", cl::desc("--generate: tokens in each prompt"), cl::init(16),
                                           cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<int64_t> BenchTokens("tokens", cl::desc("--generate: new tokens for each prompt (default: to seq_len, at most 240)"),
                                     cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
+static cl::opt<double> BenchTemperature("temperature", cl::desc("--generate: sample at this temperature (0: greedy)"),
+                                        cl::init(0.0), cl::sub(benchCommand()), cl::cat(category()));
+static cl::opt<int64_t> BenchTopK("top-k", cl::desc("--generate: sample among the k most likely tokens (0: all)"),
+                                  cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
+static cl::opt<double> BenchTopP("top-p", cl::desc("--generate: sample among the most likely tokens that hold this "
+                                                   "probability (1: all)"),
+                                 cl::init(1.0), cl::sub(benchCommand()), cl::cat(category()));
 
 /// Model FLOPs of one training step: 6 per parameter per token, plus attention's
 /// 12 * layers * seq_len * d_model per token (the PaLM appendix's count).
@@ -98,9 +106,13 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
                                         "positions)", P, count, base.seqLen)));
   if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
     return report(flagError("--batch must be 1 to 4096 and --bench-steps 1 to 1000 with --generate"));
-  llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens, {} new tokens each (greedy), "
+  SamplingOptions sampling{BenchTemperature, BenchTopK, BenchTopP, base.train.seed};
+  std::string how = sampling.temperature > 0 ? fmt::format("sampled at temperature {}, top-k {}, top-p {}",
+                                                           sampling.temperature, sampling.topK, sampling.topP)
+                                             : "greedy";
+  llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens, {} new tokens each ({}), "
                               "1 warm-up + {} timed runs per precision (medians)\n",
-                              base.name, batch, P, count, runs);
+                              base.name, batch, P, count, how, runs);
   llvm::outs() << fmt::format("{:<6} {:<34} {:>11} {:>12} {:>11} {:>13} {:>13}\n", "recipe", "device", "prefill ms",
                               "prompt tok/s", "ms a step", "decode tok/s", "overall tok/s");
   Rng rng(mix64(base.train.seed));
@@ -125,7 +137,7 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
     }
     std::vector<double> prefill, step, decodeRate, overall;
     for (int64_t run = 0; run <= runs; ++run) {
-      auto out = (*generator)->generate(prompts, count, {});
+      auto out = (*generator)->generate(prompts, count, sampling);
       if (!out)
         return report(out.takeError());
       const GenerationStats &s = (*generator)->stats();

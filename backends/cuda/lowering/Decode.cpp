@@ -36,15 +36,30 @@ std::string cacheRopeTable(const Op &op, Emitter &e, int64_t T, int64_t Dh) {
 llvm::Error emitDecode(const Op &op, Emitter &e) {
   const AttrMap &a = op.attrs();
   e.uses("decode.cuh");
-  if (op.kind() == OpKind::Argmax) {
-    // Parts of 2048 elements a block (a vocabulary of 50k: 25 blocks a row), then a combine.
+  if (op.kind() == OpKind::Argmax || op.kind() == OpKind::Sample) {
+    // Parts of 2048 elements a block (a vocabulary of 50k: 25 blocks a row), then a combine;
+    // sample (sample.cuh) makes the weights from the parts, then draws with a block a row.
     constexpr int64_t kChunk = 2048;
     int64_t n = operandType(op, 0).dim(-1), rows = operandType(op, 0).numElements() / n, chunks = (n + kChunk - 1) / kChunk;
     e.lowering.scratchFloats = {2 * rows * chunks};
-    e.launch(0, "const float *x, int *out, float *scratch", rows * chunks,
-             fmt::format("argmaxParts<{}, {}>(x, scratch)", n, kChunk));
-    e.launch(1, "const float *x, int *out, float *scratch", rows, fmt::format("argmaxCombine<{}, {}>(scratch, out)", n, kChunk),
-             32);
+    if (op.kind() == OpKind::Argmax) {
+      e.launch(0, "const float *x, int *out, float *scratch", rows * chunks,
+               fmt::format("argmaxParts<{}, {}>(x, scratch)", n, kChunk));
+      e.launch(1, "const float *x, int *out, float *scratch", rows,
+               fmt::format("argmaxCombine<{}, {}>(scratch, out)", n, kChunk), 32);
+      return llvm::Error::success();
+    }
+    e.uses("sample.cuh");
+    e.lowering.scratchFloats.push_back(2 * rows * n); // the weights, 64-bit integers
+    const std::string params = "const float *x, const int *counters, const float *sampling, const int *seed, int *out, "
+                               "float *parts, float *weights";
+    e.launch(0, params, rows * chunks, fmt::format("argmaxParts<{}, {}>(x, parts)", n, kChunk));
+    e.launch(1, params, rows * chunks,
+             fmt::format("sampleWeights<{}, {}>(x, parts, sampling, (unsigned long long *)weights)", n, kChunk));
+    e.launch(2, params, rows,
+             fmt::format("sampleRows<{}, {}, {}>(x, parts, counters, sampling, seed, (const unsigned long long *)weights, out)",
+                         n, kChunk, a.getInt("stride").value_or(0)),
+             1024);
     return llvm::Error::success();
   }
   // qkv's rows: the queries' Q, then the keys' and the values' D, a cache row's width (Q = D but

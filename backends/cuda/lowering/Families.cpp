@@ -86,6 +86,7 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
   case OpKind::KvWrite:
   case OpKind::DecodeAttention:
   case OpKind::Argmax:
+  case OpKind::Sample:
     return {G::Family, "Decode.cpp", emitDecode};
   case OpKind::ResidualNormLinear:
     return {G::Family, "Gemv.cpp", emitResidualNormGemv};

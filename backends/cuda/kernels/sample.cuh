@@ -1,0 +1,183 @@
+// The sample op (support/Sampling.h's definition) in three launches: argmax's parts (each row's
+// largest logit and its index, decode.cuh), the weights of every token (many blocks a row), and
+// a block of 1024 threads a row for the thresholds and the draw. Every decision is an integer
+// sum or an integer comparison, so the token is the CPU's whatever the order of the sums.
+#pragma once
+
+#include "decode.cuh"
+#include "Sampling.h"
+
+// The row's largest logit and its index, from argmaxParts' Chunks parts, given to every thread.
+template <int64 N, int64 Chunk>
+__device__ void sampleRowBest(const float *parts, int64 row, float &best, int &index) {
+  constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
+  __shared__ float sharedBest;
+  __shared__ int sharedIndex;
+  best = __int_as_float(0x7fc00000);
+  index = 0x7fffffff;
+  for (int64 c = threadIdx.x; c < Chunks; c += blockDim.x)
+    if (argmaxBetter(parts[2 * (row * Chunks + c)], __float_as_int(parts[2 * (row * Chunks + c) + 1]), best, index)) {
+      best = parts[2 * (row * Chunks + c)];
+      index = __float_as_int(parts[2 * (row * Chunks + c) + 1]);
+    }
+  argmaxBlock(best, index);
+  if (threadIdx.x == 0) {
+    sharedBest = best;
+    sharedIndex = index;
+  }
+  __syncthreads();
+  best = sharedBest;
+  index = sharedIndex;
+}
+
+// Launch 1: the weights [Rows, N] of each row's tokens (nothing under temperature <= 0), a block
+// per Chunk of a row.
+template <int64 N, int64 Chunk>
+__device__ void sampleWeights(const float *x, const float *parts, const float *sampling, unsigned long long *weights) {
+  constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
+  float temperature = sampling[0];
+  if (!(temperature > 0.0f))
+    return;
+  int64 row = blockIdx.x / Chunks, first = (blockIdx.x % Chunks) * Chunk;
+  float best;
+  int index;
+  sampleRowBest<N, Chunk>(parts, row, best, index);
+  for (int64 i = first + threadIdx.x; i < N && i < first + Chunk; i += blockDim.x)
+    weights[row * N + i] = samplingWeight(x[row * N + i], best, temperature);
+}
+
+__device__ unsigned long long sampleBlockSum(unsigned long long value) {
+  __shared__ unsigned long long totals[32];
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  if (threadIdx.x % 32 == 0)
+    totals[threadIdx.x / 32] = value;
+  __syncthreads();
+  unsigned long long total = 0;
+  for (int w = 0; w < (int)blockDim.x / 32; ++w)
+    total += totals[w];
+  __syncthreads();
+  return total;
+}
+
+// The sum of `value` over the threads before this one (in thread order): each warp's running
+// sums by shuffles, then the warps' totals before this warp.
+__device__ unsigned long long sampleExclusiveScan(unsigned long long value) {
+  __shared__ unsigned long long totals[32];
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  unsigned long long inclusive = value;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    unsigned long long before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset)
+      inclusive += before;
+  }
+  if (lane == 31)
+    totals[warp] = inclusive;
+  __syncthreads();
+  unsigned long long earlier = 0;
+  for (int w = 0; w < warp; ++w)
+    earlier += totals[w];
+  __syncthreads();
+  return earlier + inclusive - value;
+}
+
+// The largest key t such that the row's tokens of key >= t and >= lowest weigh at least target
+// (each weighs 1 where weights is null): a radix select, a byte of the key a round, each round's
+// 256 sums made by integer atomics in shared memory (the same totals in any order).
+template <int64 N>
+__device__ unsigned sampleThreshold(const float *x, const unsigned long long *weights, unsigned lowest,
+                                    unsigned long long target) {
+  __shared__ unsigned long long bins[256];
+  __shared__ unsigned sharedPrefix;
+  __shared__ unsigned long long sharedAbove;
+  unsigned prefix = 0;
+  unsigned long long above = 0; // the weight of the keys above the prefix's range
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x)
+      bins[b] = 0;
+    __syncthreads();
+    unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+    for (int64 i = threadIdx.x; i < N; i += blockDim.x) {
+      unsigned key = samplingKey(x[i]);
+      if (key < lowest || (key & decided) != prefix)
+        continue;
+      unsigned long long weight = weights ? weights[i] : 1ull;
+      if (weight)
+        atomicAdd(&bins[(key >> shift) & 255u], weight);
+    }
+    __syncthreads();
+    // Thread t holds bin 255 - t: the bins above it are the threads before it. The bin where
+    // the running weight from the top reaches the target is the next byte (bin 0 if none).
+    int b = 255 - (int)threadIdx.x;
+    unsigned long long own = b >= 0 ? bins[b] : 0ull;
+    unsigned long long before = above + sampleExclusiveScan(own);
+    if (threadIdx.x == 0) {
+      sharedPrefix = prefix;
+      sharedAbove = above;
+    }
+    __syncthreads();
+    if (b >= 0 && before < target && target <= before + own) {
+      sharedPrefix = prefix | (unsigned)b << shift;
+      sharedAbove = before;
+    }
+    __syncthreads();
+    prefix = sharedPrefix;
+    above = sharedAbove;
+  }
+  return prefix;
+}
+
+// Launch 2: a block of 1024 threads a row: argmax under temperature <= 0, else the top-k key,
+// the kept weight, the top-p key, and the token the draw lands on (each thread a contiguous run
+// of tokens, the runs' weights scanned in thread order).
+template <int64 N, int64 Chunk, int64 Stride>
+__device__ void sampleRows(const float *logits, const float *parts, const int *counters, const float *sampling,
+                           const int *seed, const unsigned long long *allWeights, int *out) {
+  int64 row = blockIdx.x;
+  float best;
+  int index;
+  sampleRowBest<N, Chunk>(parts, row, best, index);
+  float temperature = sampling[0], topP = sampling[1];
+  int64 topK = (int64)sampling[2];
+  if (!(temperature > 0.0f)) {
+    if (threadIdx.x == 0)
+      out[row] = index;
+    return;
+  }
+  const float *x = logits + row * N;
+  const unsigned long long *weights = allWeights + row * N;
+  unsigned lowest = topK > 0 && topK < N ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK) : 0u;
+  unsigned long long total = 0;
+  for (int64 i = threadIdx.x; i < N; i += blockDim.x)
+    if (samplingKey(x[i]) >= lowest)
+      total += weights[i];
+  total = sampleBlockSum(total);
+  if (total == 0) { // no finite logit
+    if (threadIdx.x == 0)
+      out[row] = index;
+    return;
+  }
+  if (topP < 1.0f) {
+    lowest = sampleThreshold<N>(x, weights, lowest, samplingMassTarget(total, topP));
+    total = 0;
+    for (int64 i = threadIdx.x; i < N; i += blockDim.x)
+      if (samplingKey(x[i]) >= lowest)
+        total += weights[i];
+    total = sampleBlockSum(total);
+  }
+  unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
+  unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
+  constexpr int64 Run = (N + 1023) / 1024;
+  int64 first = threadIdx.x * Run, last = first + Run < N ? first + Run : N;
+  unsigned long long own = 0;
+  for (int64 i = first; i < last; ++i)
+    if (samplingKey(x[i]) >= lowest)
+      own += weights[i];
+  unsigned long long running = sampleExclusiveScan(own);
+  if (running <= draw && draw < running + own)
+    for (int64 i = first; i < last; ++i)
+      if (samplingKey(x[i]) >= lowest && (running += weights[i]) > draw) {
+        out[row] = (int)i;
+        break;
+      }
+}
