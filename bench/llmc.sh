@@ -2,7 +2,7 @@
 # llm.c's GPT-2 trainer (train_gpt2.cu, bf16, cuDNN attention) on this GPU, beside tgc:
 #   bench/llmc.sh LLMC_SRC CUDNN_FRONTEND_INCLUDE [OUTDIR] [MODELS]
 # LLMC_SRC holds llm.c's train_gpt2.cu and llmc/ (its public source, github.com/karpathy/llm.c);
-# CUDNN_FRONTEND_INCLUDE is cudnn-frontend's header-only include folder (v1.18). cuDNN itself
+# CUDNN_FRONTEND_INCLUDE is cudnn-frontend's header-only include folder (v1.18 or later). cuDNN itself
 # comes from PyTorch's site-packages (nvidia/cudnn). MODELS: llm.c depths, default "d12 d24"
 # (GPT-2 124M and 350M, tgc's models/gpt2-124m.yaml and gpt2-350m.yaml). Each trains from llm.c's
 # own initialisation on random tokens at batch 16 x 1024 for 40 steps; the median of steps
@@ -24,7 +24,8 @@ cp -r "$src"/train_gpt2.cu "$src"/llmc "$work/"
 sed -i 's|^\(\s*\)cudaCheck_(cudaMemAdvise(\*out, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId), file, line);|#if CUDART_VERSION < 13000\n&\n#endif|' \
   "$work/llmc/cuda_utils.cuh"
 flags=(-O3 --use_fast_math -std=c++17 -t=0 --threads=0 -arch=sm_90 -DENABLE_CUDNN -I"$frontend" -I"$cudnn/include")
-libs=(-L"$cudnn/lib" -l:libcudnn.so.9 -lcublas -lcublasLt ${nvml:+"$nvml"})
+# (cudnn-frontend from 1.19 on compiles some kernels with NVRTC: -lnvrtc -lcuda.)
+libs=(-L"$cudnn/lib" -l:libcudnn.so.9 -lcublas -lcublasLt -lnvrtc -lcuda ${nvml:+"$nvml"})
 if [ -n "${LLMC_BIN:-}" ]; then
   cp "$LLMC_BIN" "$work/train_gpt2cu"
   echo "llmc: train_gpt2cu from $LLMC_BIN (built before with these flags)"

@@ -20,6 +20,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from safetensors import safe_open
 
 MASK = (1 << 64) - 1
@@ -222,6 +223,7 @@ class GPT(torch.nn.Module):
         self.cfg = cfg
         self.fp8 = fp8 or {}
         self.sdpa = sdpa  # PyTorch's fused attention (FlashAttention or cuDNN), as a user would write it
+        self.checkpoint_blocks = False
         self.p = torch.nn.ParameterDict(
             {name.replace(".", "__"): torch.nn.Parameter(t.clone()) for name, t in weights.items()})
         if cfg.get("position") == "rope":  # the tables made once, as Hugging Face's models keep them
@@ -272,40 +274,50 @@ class GPT(torch.nn.Module):
     def forward(self, tokens):
         c = self.cfg
         B, T = tokens.shape
-        D, H, KV = c["d_model"], c["heads"], kv_heads(c)
-        Dh, use_rope = D // H, c.get("position") == "rope"
+        use_rope = c.get("position") == "rope"
         x = self.w("wte")[tokens]
         if not use_rope:
             x = x + self.w("wpe")[:T]
         mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu(1)
         for l in range(c["layers"]):
-            h = f"h{l}"
-            qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
-            q, k, v = qkv.split([D, KV * Dh, KV * Dh], dim=2)
-            q = q.view(B, T, H, Dh).transpose(1, 2)
-            k, v = (t.view(B, T, KV, Dh).transpose(1, 2) for t in (k, v))
-            if use_rope:
-                cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-                q, k = rope(q, cos, sin), rope(k, cos, sin)
-            if self.sdpa:  # query head h reads KV head h // (H / KV), as enable_gqa does
-                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
-                ctx = ctx.transpose(1, 2).reshape(B, T, D)
+            if self.checkpoint_blocks:  # activation checkpointing: each block's inside made again
+                x = torch.utils.checkpoint.checkpoint(self.block, x, l, mask, use_reentrant=False)
             else:
-                if KV != H:  # Llama's repeat_kv
-                    k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-                scores = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
-                probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
-                ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)
-            x = x + self.linear(ctx, h + ".attn.proj")
-            u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
-            if c["activation"] == "swiglu":
-                gate, up = u.split(c["ffn"], dim=-1)
-                act = F.silu(gate) * up
-            else:
-                act = F.gelu(u, approximate="tanh")
-            x = x + self.linear(act, h + ".mlp.fc2")
+                x = self.block(x, l, mask)
         head = self.w("wte") if c["tie_embeddings"] else self.w("lm_head.weight")
         return F.linear(self.norm(x, "lnf"), head)
+
+    def block(self, x, l, mask):
+        c = self.cfg
+        B, T, D = x.shape
+        H, KV = c["heads"], kv_heads(c)
+        Dh, use_rope = D // H, c.get("position") == "rope"
+        h = f"h{l}"
+        qkv = self.linear(self.norm(x, h + ".ln1"), h + ".attn.qkv")
+        q, k, v = qkv.split([D, KV * Dh, KV * Dh], dim=2)
+        q = q.view(B, T, H, Dh).transpose(1, 2)
+        k, v = (t.view(B, T, KV, Dh).transpose(1, 2) for t in (k, v))
+        if use_rope:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if self.sdpa:  # query head h reads KV head h // (H / KV), as enable_gqa does
+            ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
+            ctx = ctx.transpose(1, 2).reshape(B, T, D)
+        else:
+            if KV != H:  # Llama's repeat_kv
+                k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
+            probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+            ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)
+        x = x + self.linear(ctx, h + ".attn.proj")
+        u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
+        if c["activation"] == "swiglu":
+            gate, up = u.split(c["ffn"], dim=-1)
+            act = F.silu(gate) * up
+        else:
+            act = F.gelu(u, approximate="tanh")
+        x = x + self.linear(act, h + ".mlp.fc2")
+        return x
 
 
 def decays(name, cfg):
@@ -384,17 +396,56 @@ def generate(args):
     print(" ".join(map(str, out)))
 
 
+# tgc's defaults (models/ModelConfig.h) for what a model file may leave out.
+TRAIN_DEFAULTS = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 1.0, "min_lr_ratio": 0.1,
+                  "min_step": 1, "max_step": 8, "weight_decay": 0.1, "norm_eps": 1e-5}
+
+
+def random_weights(cfg):
+    """Weights of tgc's names and shapes for `cfg`, drawn on the GPU (normal, std 0.02; norms 1,
+    biases 0): for timing models whose checkpoint would be tens of gigabytes."""
+    D, H, V, F_ = cfg["d_model"], cfg["heads"], cfg["vocab"], cfg["ffn"]
+    Dh, KV = D // H, kv_heads(cfg)
+    fc1 = 2 * F_ if cfg["activation"] == "swiglu" else F_
+    bias, layernorm = cfg.get("bias", True), cfg["norm"] != "rmsnorm"
+    shapes = {"wte": (V, D)}
+    if cfg.get("position") != "rope":
+        shapes["wpe"] = (cfg["seq_len"], D)
+    linears = {"attn.qkv": ((H + 2 * KV) * Dh, D), "attn.proj": (D, D), "mlp.fc1": (fc1, D), "mlp.fc2": (D, F_)}
+    norms = [f"h{l}.{n}" for l in range(cfg["layers"]) for n in ("ln1", "ln2")] + ["lnf"]
+    for l in range(cfg["layers"]):
+        for name, shape in linears.items():
+            shapes[f"h{l}.{name}.weight"] = shape
+            if bias:
+                shapes[f"h{l}.{name}.bias"] = (shape[0],)
+    if not cfg["tie_embeddings"]:
+        shapes["lm_head.weight"] = (V, D)
+    g = torch.Generator(device="cuda").manual_seed(cfg.get("seed", 0))
+    weights = {name: torch.randn(shape, device="cuda", generator=g) * 0.02 for name, shape in shapes.items()}
+    for n in norms:
+        weights[n + ".weight"] = torch.ones(D, device="cuda")
+        if layernorm:
+            weights[n + ".bias"] = torch.zeros(D, device="cuda")
+    return weights
+
+
 def bench(args):
     """The PyTorch peer of `tgc bench`: the same model, batches and optimizer on the GPU."""
     import statistics
     import time
-    weights, meta = load(args.checkpoint)
-    cfg = read_config(meta["model"])
+    if args.checkpoint == "random":  # a model too large for a checkpoint file: weights drawn here
+        cfg = dict(TRAIN_DEFAULTS)
+        weights = None
+    else:
+        weights, meta = load(args.checkpoint)
+        cfg = read_config(meta["model"])
     if args.config:
         with open(args.config) as f:
             cfg.update(read_config(f.read()))
     if args.batch:
         cfg["batch"] = args.batch
+    if weights is None:
+        weights = random_weights(cfg)
     # --ddp (under torchrun --nproc_per_node N): DistributedDataParallel over N GPUs, each rank
     # its rows of the global batch, as tgc's --gpus N.
     rank, ranks = 0, 1
@@ -409,9 +460,12 @@ def bench(args):
     min_dim = args.fp8_min_dim if args.fp8_min_dim is not None else cfg.get("fp8_min_dim", 0)
     fp8 = fp8_layers(cfg, min_dim, device) if args.precision == "fp8" else {}
     model = GPT(cfg, {k: v.to(device) for k, v in weights.items()}, fp8, sdpa=True).to(device)
+    names = list(weights.keys())
+    del weights  # (the model holds its own copies: a 7B model's fp32 weights twice would not fit)
+    model.checkpoint_blocks = args.checkpoint_activations
     if args.precision == "torchao":
         model.use_torchao()
-    opt = make_optimizer(model, list(weights.keys()), cfg, fused=True)
+    opt = make_optimizer(model, names, cfg, fused=True)
     # torch.compile (Inductor's Triton kernels) of the forward and the loss, what a user picks;
     # the warmup steps include its compilation.
     forward = model
@@ -473,6 +527,8 @@ def bench(args):
     if args.precision == "torchao":
         what = f" (torchao float8, {len(model.lin)} Float8Linear layers, tensorwise dynamic scaling)"
     mode = "torch.compile" if args.compile else "eager"
+    if args.checkpoint_activations:
+        mode += " with activation checkpointing"
     if args.ddp:
         mode += f" + DDP on {ranks} GPUs"
         if rank != 0:
@@ -488,7 +544,7 @@ def bench(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint")
+    parser.add_argument("checkpoint", help='a tgc checkpoint; "random" with --bench and --config: weights drawn here')
     parser.add_argument("--config", help="model file whose training settings to use")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="losses.json")
@@ -504,6 +560,8 @@ def main():
     parser.add_argument("--profile", help="with --bench: write PyTorch's profile of one more step here")
     parser.add_argument("--device", default="cpu", help="where the losses are computed (cpu, cuda)")
     parser.add_argument("--losses", help="with --bench: write every step's loss (warm-up steps too) as JSON here")
+    parser.add_argument("--checkpoint-activations", action="store_true",
+                        help="with --bench: each block's activations made again in the backward")
     parser.add_argument("--ddp", action="store_true",
                         help="with --bench, under torchrun: DistributedDataParallel, the batch split over the ranks")
     args = parser.parse_args()
