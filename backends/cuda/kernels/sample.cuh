@@ -82,14 +82,15 @@ __device__ unsigned long long sampleExclusiveScan(unsigned long long value) {
 }
 
 // The largest key t such that the row's tokens of key >= t and >= lowest weigh at least target
-// (each weighs 1 where weights is null): a radix select, a byte of the key a round, each round's
-// 256 sums made by integer atomics in shared memory (the same totals in any order).
+// (each weighs 1 where weights is null), and in `kept` what they weigh: a radix select, a byte
+// of the key a round, each round's 256 sums made by integer atomics in shared memory (the same
+// totals in any order).
 template <int64 N>
 __device__ unsigned sampleThreshold(const float *x, const unsigned long long *weights, unsigned lowest,
-                                    unsigned long long target) {
+                                    unsigned long long target, unsigned long long &kept) {
   __shared__ unsigned long long bins[256];
   __shared__ unsigned sharedPrefix;
-  __shared__ unsigned long long sharedAbove;
+  __shared__ unsigned long long sharedAbove, sharedKept;
   unsigned prefix = 0;
   unsigned long long above = 0; // the weight of the keys above the prefix's range
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -114,16 +115,19 @@ __device__ unsigned sampleThreshold(const float *x, const unsigned long long *we
     if (threadIdx.x == 0) {
       sharedPrefix = prefix;
       sharedAbove = above;
+      sharedKept = above + bins[0];
     }
     __syncthreads();
     if (b >= 0 && before < target && target <= before + own) {
       sharedPrefix = prefix | (unsigned)b << shift;
       sharedAbove = before;
+      sharedKept = before + own;
     }
     __syncthreads();
     prefix = sharedPrefix;
     above = sharedAbove;
   }
+  kept = sharedKept; // after the last round: the weight of the keys >= the threshold
   return prefix;
 }
 
@@ -146,7 +150,8 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
   }
   const float *x = logits + row * N;
   const unsigned long long *weights = allWeights + row * N;
-  unsigned lowest = topK > 0 && topK < N ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK) : 0u;
+  unsigned long long kept = 0;
+  unsigned lowest = topK > 0 && topK < N ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK, kept) : 0u;
   unsigned long long total = 0;
   for (int64 i = threadIdx.x; i < N; i += blockDim.x)
     if (samplingKey(x[i]) >= lowest)
@@ -157,14 +162,8 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
       out[row] = index;
     return;
   }
-  if (topP < 1.0f) {
-    lowest = sampleThreshold<N>(x, weights, lowest, samplingMassTarget(total, topP));
-    total = 0;
-    for (int64 i = threadIdx.x; i < N; i += blockDim.x)
-      if (samplingKey(x[i]) >= lowest)
-        total += weights[i];
-    total = sampleBlockSum(total);
-  }
+  if (topP < 1.0f)
+    lowest = sampleThreshold<N>(x, weights, lowest, samplingMassTarget(total, topP), total);
   unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
   unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
   constexpr int64 Run = (N + 1023) / 1024;
