@@ -98,14 +98,25 @@ __device__ unsigned sampleThreshold(const float *x, const unsigned long long *we
       bins[b] = 0;
     __syncthreads();
     unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+    // Each thread sums its run of tokens in one bin before it adds to the shared bin: logits
+    // share their leading bytes, and 50k atomics on one bin serialised took half a millisecond.
+    int bin = -1;
+    unsigned long long sum = 0;
     for (int64 i = threadIdx.x; i < N; i += blockDim.x) {
       unsigned key = samplingKey(x[i]);
       if (key < lowest || (key & decided) != prefix)
         continue;
-      unsigned long long weight = weights ? weights[i] : 1ull;
-      if (weight)
-        atomicAdd(&bins[(key >> shift) & 255u], weight);
+      int b = (int)((key >> shift) & 255u);
+      if (b != bin) {
+        if (sum)
+          atomicAdd(&bins[bin], sum);
+        bin = b;
+        sum = 0;
+      }
+      sum += weights ? weights[i] : 1ull;
     }
+    if (sum)
+      atomicAdd(&bins[bin], sum);
     __syncthreads();
     // Thread t holds bin 255 - t: the bins above it are the threads before it. The bin where
     // the running weight from the top reaches the target is the next byte (bin 0 if none).
