@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parity import Rng, kv_heads, load, mix64, read_config, rope, rope_tables  # noqa: E402
+from parity import Rng, kv_heads, load, mix64, mlp_residual, read_config, rope, rope_tables  # noqa: E402
 
 
 class Generator(torch.nn.Module):
@@ -82,13 +82,7 @@ class Generator(torch.nn.Module):
             else:
                 ctx = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=gqa)
             x = x + self.linear(ctx.transpose(1, 2).reshape(B, S, D), h + ".attn.proj")
-            u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
-            if c["activation"] == "swiglu":
-                gate, up = u.split(c["ffn"], dim=-1)
-                act = F.silu(gate) * up
-            else:
-                act = F.gelu(u, approximate="tanh")
-            x = x + self.linear(act, h + ".mlp.fc2")
+            x = mlp_residual(c, x, h, self.linear, self.norm)
         head = self.w["wte"] if c["tie_embeddings"] else self.w["lm_head.weight"]
         return F.linear(self.norm(x[:, -1], "lnf"), head).argmax(-1)
 

@@ -215,6 +215,18 @@ def rope(x, cos, sin):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
+def mlp_residual(cfg, x, h, linear, norm):
+    """x plus block h's MLP of its second norm (tanh GELU, or SwiGLU with fc1's gate then up
+    halves), as tgc's builder has it; `linear` and `norm` are the model's own."""
+    u = linear(norm(x, h + ".ln2"), h + ".mlp.fc1")
+    if cfg["activation"] == "swiglu":
+        gate, up = u.split(cfg["ffn"], dim=-1)
+        act = F.silu(gate) * up
+    else:
+        act = F.gelu(u, approximate="tanh")
+    return x + linear(act, h + ".mlp.fc2")
+
+
 class GPT(torch.nn.Module):
     """tgc's GPT: pre-LayerNorm blocks, tanh GELU, weights [out, in]."""
 
@@ -310,14 +322,7 @@ class GPT(torch.nn.Module):
             probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
             ctx = (probs @ v).transpose(1, 2).reshape(B, T, D)
         x = x + self.linear(ctx, h + ".attn.proj")
-        u = self.linear(self.norm(x, h + ".ln2"), h + ".mlp.fc1")
-        if c["activation"] == "swiglu":
-            gate, up = u.split(c["ffn"], dim=-1)
-            act = F.silu(gate) * up
-        else:
-            act = F.gelu(u, approximate="tanh")
-        x = x + self.linear(act, h + ".mlp.fc2")
-        return x
+        return mlp_residual(c, x, h, self.linear, self.norm)
 
 
 def decays(name, cfg):
