@@ -4,7 +4,6 @@
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
-#include "support/Random.h"
 #include "support/Sampling.h"
 #include "transforms/Pass.h"
 
@@ -13,7 +12,6 @@
 #include <optional>
 #include <cmath>
 #include <fmt/format.h>
-#include <numeric>
 
 namespace tgc {
 
@@ -31,11 +29,8 @@ SamplingParams samplingParams(const SamplingOptions &options) {
 
 /// Binds `options` to the sample op's inputs of a prefill or decode program.
 llvm::Error bindSampling(Executor &executor, const SamplingOptions &options) {
-  SamplingParams p = samplingParams(options);
-  Tensor sampling = Tensor::zeros(TensorType(DType::F32, {3}));
-  sampling.data = {p.temperature, p.topP, float(p.topK)};
-  Tensor seed = Tensor::zeros(TensorType(DType::I32, {2}));
-  seed.ints = {int32_t(uint32_t(p.seed)), int32_t(uint32_t(p.seed >> 32))};
+  Tensor sampling = Tensor::zeros(TensorType(DType::F32, {3})), seed = Tensor::zeros(TensorType(DType::I32, {2}));
+  packSampling(samplingParams(options), sampling.data.data(), seed.ints.data());
   if (auto err = executor.bind(program::kSampling, sampling))
     return err;
   return executor.bind(program::kSampleSeed, seed);

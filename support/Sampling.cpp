@@ -6,16 +6,32 @@
 
 namespace tgc {
 
-namespace {
+void packSampling(const SamplingParams &params, float sampling[3], int32_t seed[2]) {
+  sampling[0] = params.temperature;
+  sampling[1] = params.topP;
+  sampling[2] = float(params.topK);
+  seed[0] = int32_t(uint32_t(params.seed));
+  seed[1] = int32_t(uint32_t(params.seed >> 32));
+}
 
-/// The first largest logit (NaN never wins; a row of NaN gives 0).
-int32_t firstLargest(const float *logits, int64_t vocab) {
+SamplingParams unpackSampling(const float sampling[3], const int32_t seed[2]) {
+  SamplingParams params;
+  params.temperature = sampling[0];
+  params.topP = sampling[1];
+  params.topK = int64_t(sampling[2]);
+  params.seed = uint64_t(uint32_t(seed[0])) | uint64_t(uint32_t(seed[1])) << 32;
+  return params;
+}
+
+int32_t firstLargest(const float *values, int64_t n) {
   int64_t best = 0;
-  for (int64_t i = 1; i < vocab; ++i)
-    if (logits[i] > logits[best] || (std::isnan(logits[best]) && !std::isnan(logits[i])))
+  for (int64_t i = 1; i < n; ++i)
+    if (values[i] > values[best] || (std::isnan(values[best]) && !std::isnan(values[i])))
       best = i;
   return int32_t(best);
 }
+
+namespace {
 
 /// The largest key t such that the tokens of key >= t weigh at least `target` (a count where
 /// `weights` is empty): walking the keys from the largest, the key at which the running weight

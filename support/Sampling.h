@@ -100,6 +100,15 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+/// The sample op's sampling f32[3] (temperature, top_p, top_k) and seed i32[2] (the low word,
+/// then the high) of `params`, and `params` of them: the one place their layout is written.
+void packSampling(const SamplingParams &params, float sampling[3], int32_t seed[2]);
+SamplingParams unpackSampling(const float sampling[3], const int32_t seed[2]);
+
+/// The first largest of `n` values (a NaN never wins; all NaN gives 0): argmax and greedy
+/// decoding's token.
+int32_t firstLargest(const float *values, int64_t n);
+
 /// The token a row of `vocab` logits gives: the first largest (NaN never) where temperature <=
 /// 0; else the token among the topK largest logits (ties at the k-th kept), then the fewest
 /// largest whose weight reaches topP of theirs (ties at the cut kept), that row `row`'s draw

@@ -49,20 +49,6 @@ llvm::Error evalEmbedding(const AttrMap &attrs, Operands in, Results out) {
   return llvm::Error::success();
 }
 
-llvm::Error evalArgmax(const AttrMap &, Operands in, Results out) {
-  const Tensor &x = *in[0];
-  int64_t n = x.type.dim(-1);
-  for (int64_t row = 0; row < out[0].size(); ++row) {
-    const float *first = &x.data[row * n];
-    int64_t best = 0; // the first maximum; NaN never compares greater, so it never wins
-    for (int64_t i = 1; i < n; ++i)
-      if (first[i] > first[best] || (std::isnan(first[best]) && !std::isnan(first[i])))
-        best = i;
-    out[0].ints[row] = int32_t(best);
-  }
-  return llvm::Error::success();
-}
-
 /// Row-major copy of the [rows, cols] matrix `src` (or of its transpose when `transpose`).
 void packMatrix(const float *src, int64_t r, int64_t c, bool transpose, std::vector<float> &dst) {
   dst.resize(r * c);

@@ -41,13 +41,6 @@ static cl::opt<int64_t> BenchPromptLength("prompt-length", cl::desc("--generate:
                                           cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<int64_t> BenchTokens("tokens", cl::desc("--generate: new tokens for each prompt (default: to seq_len, at most 240)"),
                                     cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
-static cl::opt<double> BenchTemperature("temperature", cl::desc("--generate: sample at this temperature (0: greedy)"),
-                                        cl::init(0.0), cl::sub(benchCommand()), cl::cat(category()));
-static cl::opt<int64_t> BenchTopK("top-k", cl::desc("--generate: sample among the k most likely tokens (0: all)"),
-                                  cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
-static cl::opt<double> BenchTopP("top-p", cl::desc("--generate: sample among the most likely tokens that hold this "
-                                                   "probability (1: all)"),
-                                 cl::init(1.0), cl::sub(benchCommand()), cl::cat(category()));
 
 /// Model FLOPs of one training step: 6 per parameter per token, plus attention's
 /// 12 * layers * seq_len * d_model per token (the PaLM appendix's count).
@@ -106,7 +99,10 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
                                         "positions)", P, count, base.seqLen)));
   if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
     return report(flagError("--batch must be 1 to 4096 and --bench-steps 1 to 1000 with --generate"));
-  SamplingOptions sampling{BenchTemperature, BenchTopK, BenchTopP, base.train.seed};
+  auto flags = samplingFlags(base.train.seed);
+  if (!flags)
+    return report(flags.takeError());
+  const SamplingOptions &sampling = *flags;
   std::string how = sampling.temperature > 0 ? fmt::format("sampled at temperature {}, top-k {}, top-p {}",
                                                            sampling.temperature, sampling.topK, sampling.topP)
                                              : "greedy";

@@ -29,12 +29,6 @@ static cl::opt<std::string> TokenizerPath("tokenizer",
                                           cl::cat(category()));
 static cl::opt<int64_t> Tokens("tokens", cl::desc("How many tokens to generate"), cl::init(16),
                                cl::sub(generateCommand()), cl::cat(category()));
-static cl::opt<double> Temperature("temperature", cl::desc("0 is greedy"), cl::init(0.0),
-                                   cl::sub(generateCommand()), cl::cat(category()));
-static cl::opt<int64_t> TopK("top-k", cl::desc("Sample among the k most likely tokens (0: all)"),
-                             cl::init(0), cl::sub(generateCommand()), cl::cat(category()));
-static cl::opt<double> TopP("top-p", cl::desc("Sample among the most likely tokens that hold this probability (1: all)"),
-                            cl::init(1.0), cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<std::string> LogitsPath("logits",
                                        cl::desc("Also write the prompt's logits, every position's (float32 [length, "
                                                 "vocab], NumPy's .npy), from the full forward pass: to compare with "
@@ -156,12 +150,9 @@ int runGenerate() {
     return report(std::move(err));
   if (Tokens < 1 || Tokens > 100000)
     return report(flagError(fmt::format("--tokens must be between 1 and 100000, got {}", int64_t(Tokens))));
-  if (!(Temperature >= 0 && Temperature <= 100))
-    return report(flagError("--temperature must be between 0 and 100"));
-  if (TopK < 0)
-    return report(flagError("--top-k must be >= 0"));
-  if (!(TopP > 0 && TopP <= 1))
-    return report(flagError("--top-p must be in (0, 1]"));
+  auto options = samplingFlags(Seed.getNumOccurrences() ? uint64_t(Seed) : 0);
+  if (!options)
+    return report(options.takeError());
   if (BatchSize.getNumOccurrences() && (BatchSize < 1 || BatchSize > 4096))
     return report(flagError("--batch must be between 1 and 4096"));
   auto trained = loadTrained(CheckpointPath);
@@ -201,7 +192,6 @@ int runGenerate() {
     if (auto err = writeFileAtomically(LogitsPath, npyOf(*logits)))
       return report(std::move(err));
   }
-  SamplingOptions options{Temperature, TopK, TopP, Seed.getNumOccurrences() ? uint64_t(Seed) : 0};
   // Ids, or with --prompt-text their bytes as the tokenizer gives them back.
   auto show = [&](llvm::ArrayRef<int32_t> ids, bool first) -> std::string {
     if (!tokenizer)
@@ -221,7 +211,7 @@ int runGenerate() {
   for (size_t first = 0; first < prompts->size(); first += size_t(batch)) {
     std::vector<std::vector<int32_t>> group(prompts->begin() + first,
                                             prompts->begin() + std::min(prompts->size(), first + size_t(batch)));
-    auto out = (*generator)->generate(group, Tokens, options, stream);
+    auto out = (*generator)->generate(group, Tokens, *options, stream);
     if (!out)
       return report(out.takeError());
     for (const auto &tokens : *out)

@@ -145,6 +145,23 @@ cl::opt<std::string> DeviceFlag("device", cl::desc("auto | cpu | cuda"), cl::ini
                                    cl::sub(trainCommand()), cl::sub(generateCommand()), cl::sub(evalCommand()), cl::sub(benchCommand()),
                                    cl::cat(category()));
 
+cl::opt<double> Temperature("temperature", cl::desc("Sample at this temperature (0: greedy)"), cl::init(0.0),
+                            cl::sub(generateCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<int64_t> TopK("top-k", cl::desc("Sample among the k most likely tokens (0: all)"), cl::init(0),
+                      cl::sub(generateCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<double> TopP("top-p", cl::desc("Sample among the most likely tokens that hold this probability (1: all)"),
+                     cl::init(1.0), cl::sub(generateCommand()), cl::sub(benchCommand()), cl::cat(category()));
+
+llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed) {
+  if (!(Temperature >= 0 && Temperature <= 100))
+    return flagError("--temperature must be between 0 and 100");
+  if (TopK < 0)
+    return flagError("--top-k must be >= 0");
+  if (!(TopP > 0 && TopP <= 1))
+    return flagError("--top-p must be in (0, 1]");
+  return SamplingOptions{Temperature, TopK, TopP, seed};
+}
+
 /// Prints one line for the error (control bytes escaped) and returns the exit code.
 int report(llvm::Error err) {
   // Every path and name a message quotes, escaped once here (a second time changes nothing).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "app/Checkpoint.h"
+#include "app/Generate.h"
 #include "app/Trainer.h"
 #include "backends/cpu/Fp8Scaling.h"
 #include "driver/Program.h"
@@ -54,6 +55,8 @@ extern cl::opt<bool> Recompute;
 extern cl::opt<int64_t> Steps;
 extern cl::opt<double> LearningRate;
 extern cl::opt<std::string> DeviceFlag;
+/// generate's and bench --generate's --temperature, --top-k and --top-p, checked, with `seed`.
+llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed);
 
 /// --gpus N (Ranks.cpp): data-parallel training on N GPUs, one process each.
 extern cl::opt<int> Gpus;

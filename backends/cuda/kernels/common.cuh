@@ -16,6 +16,9 @@ __device__ __forceinline__ float shuffleXor(float value, int offset) {
 __device__ __forceinline__ double shuffleXor(double value, int offset) {
   return __shfl_xor_sync(0xffffffffu, value, offset);
 }
+__device__ __forceinline__ unsigned long long shuffleXor(unsigned long long value, int offset) {
+  return __shfl_xor_sync(0xffffffffu, value, offset);
+}
 
 // One value per thread of the block combined in a fixed tree (the same bits on every run), the
 // result given to every thread: a butterfly over each warp's lanes (combine is commutative, so

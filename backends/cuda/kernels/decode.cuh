@@ -322,17 +322,25 @@ __device__ void argmaxParts(const float *x, float *scratch) {
   }
 }
 
+// Row `row`'s largest value and its index from argmaxParts' parts, into lane 0 of warp 0.
 template <int64 N, int64 Chunk>
-__device__ void argmaxCombine(const float *scratch, int *out) {
+__device__ void argmaxOfParts(const float *scratch, int64 row, float &best, int &index) {
   constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
-  const float *parts = scratch + 2 * blockIdx.x * Chunks;
-  float best = __int_as_float(0x7fc00000);
-  int index = 0x7fffffff;
+  const float *parts = scratch + 2 * row * Chunks;
+  best = __int_as_float(0x7fc00000);
+  index = 0x7fffffff;
   for (int64 c = threadIdx.x; c < Chunks; c += blockDim.x)
     if (argmaxBetter(parts[2 * c], __float_as_int(parts[2 * c + 1]), best, index)) {
       best = parts[2 * c];
       index = __float_as_int(parts[2 * c + 1]);
     }
   argmaxBlock(best, index);
+}
+
+template <int64 N, int64 Chunk>
+__device__ void argmaxCombine(const float *scratch, int *out) {
+  float best;
+  int index;
+  argmaxOfParts<N, Chunk>(scratch, blockIdx.x, best, index);
   if (threadIdx.x == 0) out[blockIdx.x] = index;
 }

@@ -7,20 +7,12 @@
 #include "decode.cuh"
 #include "Sampling.h"
 
-// The row's largest logit and its index, from argmaxParts' Chunks parts, given to every thread.
+// The row's largest logit and its index, from argmaxParts' parts, given to every thread.
 template <int64 N, int64 Chunk>
 __device__ void sampleRowBest(const float *parts, int64 row, float &best, int &index) {
-  constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
   __shared__ float sharedBest;
   __shared__ int sharedIndex;
-  best = __int_as_float(0x7fc00000);
-  index = 0x7fffffff;
-  for (int64 c = threadIdx.x; c < Chunks; c += blockDim.x)
-    if (argmaxBetter(parts[2 * (row * Chunks + c)], __float_as_int(parts[2 * (row * Chunks + c) + 1]), best, index)) {
-      best = parts[2 * (row * Chunks + c)];
-      index = __float_as_int(parts[2 * (row * Chunks + c) + 1]);
-    }
-  argmaxBlock(best, index);
+  argmaxOfParts<N, Chunk>(parts, row, best, index);
   if (threadIdx.x == 0) {
     sharedBest = best;
     sharedIndex = index;
@@ -46,18 +38,10 @@ __device__ void sampleWeights(const float *x, const float *parts, const float *s
     weights[row * N + i] = samplingWeight(x[row * N + i], best, temperature);
 }
 
+// The block's total of `value` (common.cuh's fixed tree; integers, so any order would do).
 __device__ unsigned long long sampleBlockSum(unsigned long long value) {
   __shared__ unsigned long long totals[32];
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  if (threadIdx.x % 32 == 0)
-    totals[threadIdx.x / 32] = value;
-  __syncthreads();
-  unsigned long long total = 0;
-  for (int w = 0; w < (int)blockDim.x / 32; ++w)
-    total += totals[w];
-  __syncthreads();
-  return total;
+  return blockReduce(value, totals, [](unsigned long long a, unsigned long long b) { return a + b; });
 }
 
 // The sum of `value` over the threads before this one (in thread order): each warp's running
