@@ -172,12 +172,16 @@ llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs
   const TensorType &qkv = ops[0], &k = ops[1], &v = ops[2];
   if (auto err = requireFloat(qkv, "qkv"))
     return std::move(err);
-  // qkv [B, 1, Dq + 2C], the caches [B, T, C]: C = Dq, or kv_heads of the heads' width.
+  // qkv [B, S, Dq + 2C] (S queries a sequence, S <= T), the caches [B, T, C]: C = Dq, or
+  // kv_heads of the heads' width.
   int64_t queries = qkv.rank() == 3 && k.rank() == 3 ? qkv.dim(2) - 2 * k.dim(2) : 0;
-  if (k.rank() != 3 || k != v || queries < k.dim(2) ||
-      qkv != TensorType(k.dtype, {k.dim(0), 1, queries + 2 * k.dim(2)}))
-    return makeError("qkv [B, 1, Dq + 2D] and the caches [B, T, D] do not match: {}, {} and {}", qkv.str(),
+  int64_t S = qkv.rank() == 3 ? qkv.dim(1) : 0;
+  if (k.rank() != 3 || k != v || queries < k.dim(2) || S < 1 || S > k.dim(1) ||
+      qkv != TensorType(k.dtype, {k.dim(0), S, queries + 2 * k.dim(2)}))
+    return makeError("qkv [B, S, Dq + 2D] and the caches [B, T, D] do not match: {}, {} and {}", qkv.str(),
                      k.str(), v.str());
+  if (writesCache(attrs) && S != 1)
+    return makeError("write_cache writes one row a sequence: qkv must be [B, 1, ...], got {}", qkv.str());
   if (auto err = checkAttentionAttrs(attrs, queries))
     return std::move(err);
   int64_t heads = *attrs.getInt("heads"), kvHeads = attrs.getInt("kv_heads").value_or(heads);
@@ -188,7 +192,7 @@ llvm::Expected<TypeList> inferDecodeAttention(Operands ops, const AttrMap &attrs
     return std::move(err);
   if (auto err = checkCacheRope(attrs, k.dim(2), kvHeads))
     return std::move(err);
-  TensorType out(k.dtype, {k.dim(0), 1, queries});
+  TensorType out(k.dtype, {k.dim(0), S, queries});
   if (writesCache(attrs))
     return TypeList{out, k, v};
   return TypeList{out};

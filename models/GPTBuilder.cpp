@@ -61,7 +61,7 @@ private:
   int64_t length_; // positions per sequence in this program
   Builder b_;
   double std_ = 0.02;
-  Value *positions_ = nullptr; // Decode: each sequence's position, the cache row it writes
+  Value *positions_ = nullptr; // Decode, Verify: each sequence's position, the cache row it writes first
 };
 
 /// The layer's KV caches with qkv's keys and values written (at positions_ when decoding,
@@ -194,12 +194,16 @@ Value *GPTBuilder::mlp(Value *x, const std::string &p) {
 
 llvm::Error GPTBuilder::build() {
   int64_t B = batch_, T = length_, D = c_.dModel, V = c_.vocab;
-  bool decode = output_ == GPTOutput::Decode, prefill = output_ == GPTOutput::Prefill;
+  bool verify = output_ == GPTOutput::Verify, prefill = output_ == GPTOutput::Prefill;
+  bool decode = output_ == GPTOutput::Decode || verify; // over the KV cache, from positions_
   Value *tokens = b_.input(program::kTokens.str(), TensorType(DType::I32, {B, T}));
   Value *targets = output_ == GPTOutput::Loss ? b_.input(program::kTargets.str(), TensorType(DType::I32, {B, T}))
                                                : nullptr;
   if (decode)
     positions_ = b_.input(program::kPositions.str(), TensorType(DType::I32, {B, 1}));
+  // Each token's position: a decode step's one token a sequence sits at positions_.
+  Value *tokenPositions =
+      verify ? b_.input(program::kTokenPositions.str(), TensorType(DType::I32, {B, T})) : positions_;
   Value *lastRows = prefill ? b_.input(program::kLastRows.str(), TensorType(DType::I32, {B, 1})) : nullptr;
   bool decayEmbeddings = c_.train.decayEmbeddings;
   bool learned = c_.position == PositionKind::Learned;
@@ -210,7 +214,7 @@ llvm::Error GPTBuilder::build() {
   if (learned) {
     Value *posEmb = wpe;
     if (decode)
-      posEmb = op(OpKind::Embedding, {wpe, positions_}, "pos_emb");
+      posEmb = op(OpKind::Embedding, {wpe, tokenPositions}, "pos_emb");
     else if (T < c_.seqLen) // a prompt shorter than the window: its positions' rows
       posEmb = op(OpKind::Slice, {wpe}, "pos_emb", attrs({{"axis", int64_t(0)}, {"start", int64_t(0)}, {"size", T}}));
     x = op(OpKind::Add, {tok, posEmb}, "x0");
@@ -238,7 +242,7 @@ llvm::Error GPTBuilder::build() {
       Value *seed = b_.input(program::kSampleSeed.str(), TensorType(DType::I32, {2}));
       // The draw's counter: the position of each sequence's last token (a prefill's row less
       // the rows of the sequences before it).
-      next = op(OpKind::Sample, {logits, decode ? positions_ : lastRows, sampling, seed}, program::kNext.str(),
+      next = op(OpKind::Sample, {logits, decode ? tokenPositions : lastRows, sampling, seed}, program::kNext.str(),
                 attrs({{"stride", decode ? int64_t(0) : T}}));
     }
     if (auto err = b_.takeError())
@@ -262,7 +266,7 @@ llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64
                                                 GPTOutput output, int64_t length) {
   if (output == GPTOutput::Decode)
     length = 1;
-  else if (output != GPTOutput::Prefill || length == 0)
+  else if ((output != GPTOutput::Prefill && output != GPTOutput::Verify) || length == 0)
     length = config.seqLen;
   if (length < 1 || length > config.seqLen)
     return stringError(fmt::format("error: a prompt of {} positions does not fit seq_len {}", length, config.seqLen));

@@ -18,10 +18,17 @@ enum class GPTOutput {
   // One token per sequence with a KV cache: inputs %tokens and %positions (i32[batch, 1]); the
   // same state, written at each sequence's position; returns %logits [batch, 1, vocab] and %next.
   Decode,
+  // `length` tokens per sequence with a KV cache (speculative decoding's check of a draft's
+  // tokens): inputs %tokens (i32[batch, length]), %positions (i32[batch, 1], where each
+  // sequence's first token goes) and %token_positions (i32[batch, length], positions[b] + s);
+  // the caches written at those rows; returns %logits [batch, length, vocab] and %next (each
+  // token's successor, i32[batch, length]).
+  Verify,
 };
 
 /// Parameter names follow PyTorch conventions (h0.attn.qkv.weight, lm_head.weight, ...).
-/// `length` is the prefill program's prompt length (1..seq_len; 0: seq_len).
+/// `length` is the prefill program's prompt length, or the verify program's tokens a sequence
+/// (1..seq_len; 0: seq_len).
 
 llvm::Expected<std::unique_ptr<Graph>> buildGPT(const ModelConfig &config, int64_t batch,
                                                 GPTOutput output = GPTOutput::Loss, int64_t length = 0);

@@ -26,6 +26,8 @@ inline constexpr llvm::StringLiteral kTargets = "targets";
 inline constexpr llvm::StringLiteral kStep = "step"; // the optimizer's step counter, from 1
 // The decode step's: each sequence's position [B, 1] (the KV cache row it writes).
 inline constexpr llvm::StringLiteral kPositions = "positions";
+// The verify step's: the position of each of its tokens [B, S] (positions[b] + s).
+inline constexpr llvm::StringLiteral kTokenPositions = "token_positions";
 // The prefill's: where each sequence's last prompt token is among the batch's rows [B, 1].
 inline constexpr llvm::StringLiteral kLastRows = "last_rows";
 // Both's, bound once a generate() call: the sample op's (temperature, top_p, top_k) f32[3] and

@@ -407,25 +407,28 @@ llvm::Error evalKvWrite(const AttrMap &a, Operands in, Results out) {
 }
 
 namespace {
-/// What attention computes for the row of each sequence's position, in the same steps: scores
-/// (a GEMM: BF16 operands under gemm_dtype, fp32 sums), scale, softmax (max in float, sum in
-/// double), probabilities times values (a GEMM again). `out` is zero.
+/// What attention computes for the row of each query's position (query s of sequence b at
+/// positions[b] + s), in the same steps: scores (a GEMM: BF16 operands under gemm_dtype, fp32
+/// sums), scale, softmax (max in float, sum in double), probabilities times values (a GEMM
+/// again). `out` is zero.
 llvm::Error attendOverCache(const AttrMap &a, const Tensor &qkv, const Tensor &k, const Tensor &v,
                             const Tensor &positions, Tensor &out) {
   // The queries [0, Dq) of qkv's row; query head h reads cache head h / (heads / kv_heads).
-  int64_t B = k.type.dim(0), T = k.type.dim(1), C = k.type.dim(2), W = qkv.type.dim(2), Dq = W - 2 * C;
+  int64_t B = k.type.dim(0), T = k.type.dim(1), C = k.type.dim(2), S = qkv.type.dim(1), W = qkv.type.dim(2);
+  int64_t Dq = W - 2 * C;
   int64_t H = *a.getInt("heads"), Dh = Dq / H, G = H / a.getInt("kv_heads").value_or(H);
   float scale = float(*a.getFloat("scale"));
   bool bf16 = hasBf16Gemms(a);
   auto r = [bf16](float x) { return bf16 ? roundToBf16(x) : x; };
-  for (int64_t b = 0; b < B; ++b) {
-    auto position = positionOf(positions, b, 1, T);
+  for (int64_t row = 0; row < B * S; ++row) {
+    int64_t b = row / S;
+    auto position = positionOf(positions, b, S, T);
     if (!position)
       return position.takeError();
-    int64_t pos = *position;
+    int64_t pos = *position + row % S;
     Tensor scores = Tensor::zeros(TensorType(DType::F32, {pos + 1}));
     for (int64_t h = 0; h < H; ++h) {
-      const float *qh = &qkv.data[b * W + h * Dh];
+      const float *qh = &qkv.data[row * W + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
         const float *kj = &k.data[(b * T + j) * C + h / G * Dh];
         float dot = 0.0f;
@@ -434,7 +437,7 @@ llvm::Error attendOverCache(const AttrMap &a, const Tensor &qkv, const Tensor &k
         scores.data[j] = dot * scale;
       }
       Tensor probs = apply(evalSoftmax, {}, {&scores}, scores.type);
-      float *o = &out.data[b * Dq + h * Dh];
+      float *o = &out.data[row * Dq + h * Dh];
       for (int64_t j = 0; j <= pos; ++j) {
         float p = r(probs.data[j]);
         const float *vj = &v.data[(b * T + j) * C + h / G * Dh];

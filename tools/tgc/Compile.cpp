@@ -41,6 +41,10 @@ static cl::opt<int64_t> Prefill("prefill",
                                 cl::desc("Compile the prompt's program for N positions: it fills the KV cache and "
                                          "gives each sequence's first new token"),
                                 cl::init(0), cl::sub(compileCommand()), cl::cat(category()));
+static cl::opt<int64_t> Verify("verify",
+                               cl::desc("Compile speculative decoding's check: N tokens a sequence over the KV cache "
+                                        "(a draft's proposals after the last token), each one's successor"),
+                               cl::init(0), cl::sub(compileCommand()), cl::cat(category()));
 static cl::opt<int> Ranks("ranks",
                           cl::desc("With --train: the program of one rank of N training data-parallel (its share of "
                                    "the batch; the data-parallel pass reduces over the ranks)"),
@@ -131,16 +135,21 @@ llvm::Expected<PrecisionConfig> explainedRecipe(const ModelConfig &config) {
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
-  if (int(training) + int(Decode) + int(Prefill.getNumOccurrences() > 0) > 1)
-    return flagError("--train, --decode and --prefill name different programs: give one");
+  if (int(training) + int(Decode) + int(Prefill.getNumOccurrences() > 0) + int(Verify.getNumOccurrences() > 0) > 1)
+    return flagError("--train, --decode, --prefill and --verify name different programs: give one");
   if (Prefill.getNumOccurrences() && (Prefill < 1 || Prefill > config.seqLen))
     return flagError(fmt::format("--prefill must be between 1 and seq_len = {}, got {}", config.seqLen, int64_t(Prefill)));
+  if (Verify.getNumOccurrences() && (Verify < 1 || Verify > config.seqLen))
+    return flagError(fmt::format("--verify must be between 1 and seq_len = {}, got {}", config.seqLen, int64_t(Verify)));
   if (Ranks < 1 || (Ranks > 1 && !training) || config.train.batch % Ranks != 0)
     return flagError(fmt::format("--ranks takes a count of ranks that splits the batch of {} evenly, with --train; "
                                  "got {}",
                                  config.train.batch, int(Ranks)));
-  GPTOutput output = Decode ? GPTOutput::Decode : Prefill.getNumOccurrences() ? GPTOutput::Prefill : GPTOutput::Loss;
-  auto graph = buildGPT(config, config.train.batch / Ranks, output, Prefill);
+  GPTOutput output = Decode                          ? GPTOutput::Decode
+                     : Prefill.getNumOccurrences() ? GPTOutput::Prefill
+                     : Verify.getNumOccurrences()  ? GPTOutput::Verify
+                                                   : GPTOutput::Loss;
+  auto graph = buildGPT(config, config.train.batch / Ranks, output, output == GPTOutput::Verify ? Verify : Prefill);
   if (!graph)
     return graph.takeError();
   PipelineOptions options;

@@ -20,10 +20,12 @@ public:
     Op *write = definedBy(attention->operand(1), OpKind::KvWrite);
     // Legality: both caches are this write's results, written from the attention's own qkv at
     // its positions (a decode step's write: one row a sequence), rounded as the attention
-    // reads them.
+    // reads them. Several queries a sequence (a draft's tokens checked) keep kv_write: each
+    // query reads the rows the others write.
     if (!write || write->numOperands() != 4 || attention->operand(1) != write->result(0) ||
         attention->operand(2) != write->result(1) || write->operand(2) != attention->operand(0) ||
-        write->operand(3) != attention->operand(3) || !sameGemmPrecision(write->attrs(), attention->attrs()))
+        write->operand(3) != attention->operand(3) || attention->operand(0)->type().dim(1) != 1 ||
+        !sameGemmPrecision(write->attrs(), attention->attrs()))
       return std::nullopt;
     // Under fuse-cache-rope both rotate, by the same table (the attention then rotates the key
     // it writes), or neither does.

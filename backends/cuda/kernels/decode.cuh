@@ -75,13 +75,14 @@ __device__ __forceinline__ void loadFloats(const unsigned short *p, float *out) 
 __device__ __forceinline__ const float *readable(float *p) { return p; }
 __device__ __forceinline__ const unsigned short *readable(Bf16Out p) { return p.p; }
 
-// decode_attention, one launch of 128-thread blocks over the parts of every (sequence, head):
-// part (b, h, split) takes keys [split * Keys, (split + 1) * Keys) up to position positions[b]
+// decode_attention, one launch of 128-thread blocks over the parts of every (query, head), S
+// queries a sequence (query s of sequence b at position positions[b] + s; S = 1 in a decode
+// step): part (query, h, split) takes keys [split * Keys, (split + 1) * Keys) up to its position
 // and writes to partial: the largest score m, the sum l of exp(score - m), and the sum over its
 // keys of exp(score - m) times the values (Dh floats). The parts past a sequence's position are
 // skipped; the last of the others to finish (counted in `done`, a zeroed buffer of its own that
 // it zeroes again) combines them in split order, each weighted by exp(m_part - m), into out
-// [B, 1, D]. Scores are dot products of BF16 operands under gemm_dtype, as the attention GEMMs;
+// [B, S, D]. Scores are dot products of BF16 operands under gemm_dtype, as the attention GEMMs;
 // the weights rounded to BF16 likewise. Four threads a key for the scores (a quarter of the head
 // each); for the values, Dh / Vec threads a key row (Vec floats each), Groups rows at a time.
 // With Write (fuse-kv-write), k and v are the caches kOut and vOut, and the part whose keys
@@ -144,11 +145,12 @@ __device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, floa
 // With Rope (rope_theta), the query, and under Write the key it writes, are rotated at the
 // position first (rotatedElement; table: the op's constants).
 template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write, bool Tiles, int64 KV, bool Rope,
-          typename Cache, typename Out, typename CacheOut>
+          int64 S, typename Cache, typename Out, typename CacheOut>
 __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
                                     const int *positions, Out out, float *partial, unsigned *done, float scale,
                                     CacheOut kOut, CacheOut vOut, bool &waited, const double *table) {
   static_assert(!Write || KV == H || Tiles, "the cache row written by a grouped head's block, read by the others");
+  static_assert(!Write || S == 1, "a query's block writes its row, which no other query's block may need");
   constexpr int64 D = KV * Dh, W = H * Dh + 2 * D, G = H / KV; // D: a cache row's width
   constexpr int Threads = 128, Vec = Dh % 4 == 0 ? 4 : 1, PerRow = Dh / Vec;
   constexpr int Groups = PerRow >= Threads ? 1 : Threads / PerRow, PerKey = PerRow % 4 == 0 ? 4 : 1;
@@ -157,8 +159,9 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   __shared__ float q[Dh], weights[Keys], sums[Groups][Dh], reduced[Threads / 32], parts[Splits];
   __shared__ __align__(16) Cache tileK[Tiles ? Keys : 1][Dh], tileV[Tiles ? Keys : 1][Dh];
   __shared__ bool last;
-  int64 block = bh * Splits + split, h = bh % H, b = bh / H, kh = h / G;
-  int64 position = positions[b] < T ? positions[b] : T - 1; // outside the cache: read nothing outside it
+  int64 block = bh * Splits + split, h = bh % H, row = bh / H, b = row / S, kh = h / G;
+  int64 at = positions[b] + row % S; // this query's position
+  int64 position = at < T ? at : T - 1; // outside the cache: read nothing outside it
   // The parts that hold keys: those up to the position's (at least one, which a position before
   // the cache leaves empty).
   int64 counted = position < 0 ? 1 : position / Keys + 1;
@@ -178,20 +181,20 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     }
     __syncthreads(); // the tiles are whole before this step's row replaces its stale copy in them
   }
-  if (Write && positions[b] >= 0 && positions[b] < T && first <= positions[b] && positions[b] < end) {
-    const float *fresh = qkv + b * W + H * Dh + kh * Dh;
+  if (Write && at >= 0 && at < T && first <= at && at < end) {
+    const float *fresh = qkv + row * W + H * Dh + kh * Dh;
     bool writer = h % G == 0; // the group's first head
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
-      int64 at = (b * T + positions[b]) * D + kh * Dh + d;
-      float key = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(fresh, d, positions[b], table));
+      int64 cell = (b * T + at) * D + kh * Dh + d;
+      float key = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(fresh, d, at, table));
       float value = gemmOperand<Bf16>(fresh[D + d]);
       if (writer) {
-        kOut[at] = key;
-        vOut[at] = value;
+        kOut[cell] = key;
+        vOut[cell] = value;
       }
       if (Tiles) {
-        tileK[positions[b] - first][d] = toCache<Cache>(key);
-        tileV[positions[b] - first][d] = toCache<Cache>(value);
+        tileK[at - first][d] = toCache<Cache>(key);
+        tileV[at - first][d] = toCache<Cache>(value);
       }
     }
     __syncthreads(); // the block's own writes, visible to its reads below
@@ -200,7 +203,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     for (int64 d = threadIdx.x; d < Dh + 2; d += Threads) mine[d] = d == 0 ? __int_as_float(0xff800000) : 0.0f;
   } else {
     for (int64 d = threadIdx.x; d < Dh; d += Threads)
-      q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + b * W + h * Dh, d, positions[b], table));
+      q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + row * W + h * Dh, d, at, table));
     __syncthreads();
     int64 n = end - first;
     for (int64 from = 0; from < n * PerKey; from += Threads) { // every lane takes each turn: the shuffles
@@ -254,19 +257,19 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   combineDecodeParts<Threads, Dh, Splits>(bh, counted, partial, done, out, parts, reduced, last);
 }
 
-// A block a part, numbered split first. (A grid of at most 2048 blocks, each going on to further
+// A block a part, numbered split first; B * S queries of H heads. (A grid of at most 2048 blocks, each going on to further
 // parts, made the step 19% slower with 1000-token prompts at batch 32: 0.948 -> 1.132 ms.)
 template <bool Bf16, int64 B, int64 H, int64 Dh, int64 T, int64 Keys, int64 Splits, bool Write = false,
-          bool Tiles = false, bool Early = false, int64 KV = H, bool Rope = false, typename Cache, typename Out,
-          typename CacheOut = float *>
+          bool Tiles = false, bool Early = false, int64 KV = H, bool Rope = false, int64 S = 1, typename Cache,
+          typename Out, typename CacheOut = float *>
 __device__ void decodeAttention(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
                                 float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
                                 CacheOut vOut = nullptr, const double *table = nullptr) {
   static_assert(Tiles || !Early, "only tiles load early");
   bool waited = !Early; // otherwise the kernel awaited the one before it first
-  decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write, Tiles, KV, Rope>(blockIdx.x / (B * H), blockIdx.x % (B * H),
-                                                                        qkv, k, v, positions, out, partial, done, scale,
-                                                                        kOut, vOut, waited, table);
+  decodeAttentionPart<Bf16, H, Dh, T, Keys, Splits, Write, Tiles, KV, Rope, S>(
+      blockIdx.x / (B * S * H), blockIdx.x % (B * S * H), qkv, k, v, positions, out, partial, done, scale, kOut, vOut,
+      waited, table);
 }
 
 // Whether (v, i) beats (best, index) for argmax: larger, or equal at a lower index; NaN never

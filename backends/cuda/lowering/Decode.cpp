@@ -81,20 +81,21 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
                          rope ? ", table" : ""));
     return llvm::Error::success();
   }
-  // Flash-decoding: each (sequence, head) split into parts of Keys keys, each part a block,
-  // the last block of each combining; parts of 32 keys where the sequences and heads are fewer
-  // than the SMs (more blocks at the short positions of a decode), else 64.
+  // Flash-decoding: each (query, head) split into parts of Keys keys, each part a block, the
+  // last block of each combining; parts of 32 keys where the queries and heads are fewer than
+  // the SMs (more blocks at the short positions of a decode), else 64. S queries a sequence
+  // (a draft's tokens checked at once; 1 in a decode step).
   const TensorType &out = outputType(op);
   AttentionHeads heads = attentionHeads(a);
-  int64_t B = out.dim(0), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
-  int64_t keys = std::min<int64_t>(T, B * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
-  e.lowering.scratchFloats = {B * H * splits * (Dh + 2)};
-  e.lowering.persistentFloats = {B * H}; // the blocks done, per (sequence, head)
+  int64_t B = out.dim(0), S = out.dim(1), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
+  int64_t keys = std::min<int64_t>(T, B * S * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
+  e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
+  e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)
   // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
   bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
   const char *cache = bf16Caches ? "unsigned short" : "float";
   std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
-  const int64_t blocks = B * H * splits;
+  const int64_t blocks = B * S * H * splits;
   // Under rope_theta the query (and the key written) rotated: the table after the parameters,
   // Rope after KV in the template's arguments.
   std::string table = cacheRopeTable(op, e, T, Dh), rope = table.empty() ? "" : ", true";
@@ -105,8 +106,8 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
                          cache, table),
              blocks,
              fmt::format("decodeAttention<{}{}>(qkv, k, v, positions, out, partial, done, {}{})", shape,
-                         heads.grouped() || !rope.empty()
-                             ? fmt::format(", false, false, false, {}{}", heads.kvHeads, rope)
+                         heads.grouped() || !rope.empty() || S > 1
+                             ? fmt::format(", false, false, false, {}, {}, {}", heads.kvHeads, boolText(!rope.empty()), S)
                              : "",
                          lit(*a.getFloat("scale")), rope.empty() ? "" : ", (float *)nullptr, (float *)nullptr, table"),
              128);
