@@ -1,5 +1,6 @@
 #include "app/Generate.h"
 
+#include "app/InferencePrograms.h"
 #include "app/PrecisionProbe.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
@@ -27,15 +28,6 @@ SamplingParams samplingParams(const SamplingOptions &options) {
   return params;
 }
 
-/// Binds `options` to the sample op's inputs of a prefill or decode program.
-llvm::Error bindSampling(Executor &executor, const SamplingOptions &options) {
-  Tensor sampling = Tensor::zeros(TensorType(DType::F32, {3})), seed = Tensor::zeros(TensorType(DType::I32, {2}));
-  packSampling(samplingParams(options), sampling.data.data(), seed.ints.data());
-  if (auto err = executor.bind(program::kSampling, sampling))
-    return err;
-  return executor.bind(program::kSampleSeed, seed);
-}
-
 llvm::Error checkSampling(const SamplingOptions &options, int64_t vocab) {
   if (!(options.temperature >= 0))
     return makeError("error: the temperature must be >= 0 (0 is greedy), got {}", options.temperature);
@@ -44,42 +36,6 @@ llvm::Error checkSampling(const SamplingOptions &options, int64_t vocab) {
   if (options.topK < 0 || options.topK > vocab)
     return makeError("error: top-k must be in [0, {}] (0: every token), got {}", vocab, options.topK);
   return llvm::Error::success();
-}
-
-/// Compiles `output`'s program of `config` for `batch` sequences (`length` positions for a
-/// prefill) and binds the weights (and FP8 scaling state) from `weights`; KV caches start at
-/// zero.
-llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
-                                                 const std::map<std::string, Tensor> &weights,
-                                                 int64_t batch, Device device, GPTOutput output,
-                                                 int64_t length = 0) {
-  auto graph = buildGPT(config, batch, output, length);
-  if (!graph)
-    return graph.takeError();
-  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
-  if (!program)
-    return program.takeError();
-  for (const Op *op : program->graph->ops()) {
-    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
-      continue;
-    llvm::StringRef name = op->result()->name();
-    auto it = weights.find(name.str());
-    if (it == weights.end() && program::isKvCache(name)) {
-      // The interpreter needs every leaf bound; the GPU's state starts zeroed (gpt2-124m's
-      // caches at batch 32 are 2.4 GB of host zeros not made and copied).
-      if (device == Device::Cpu)
-        if (auto err = program->executor->bind(name, Tensor::zeros(op->result()->type())))
-          return std::move(err);
-      continue;
-    }
-    if (it == weights.end())
-      return stringError(fmt::format("error: the checkpoint has no tensor '{}'", name.str()));
-    if (auto err = program->executor->bind(it->first, it->second))
-      return std::move(err);
-  }
-  if (!program::outputIndex(*program->graph, program::kLogits))
-    return stringError("error: the generation program has no output %logits");
-  return program;
 }
 
 llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64_t batch, int64_t vocab) {
@@ -109,6 +65,47 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 } // namespace
+
+llvm::Error bindSampling(Executor &executor, const SamplingOptions &options) {
+  Tensor sampling = Tensor::zeros(TensorType(DType::F32, {3})), seed = Tensor::zeros(TensorType(DType::I32, {2}));
+  packSampling(samplingParams(options), sampling.data.data(), seed.ints.data());
+  if (auto err = executor.bind(program::kSampling, sampling))
+    return err;
+  return executor.bind(program::kSampleSeed, seed);
+}
+
+llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
+                                                 const std::map<std::string, Tensor> &weights,
+                                                 int64_t batch, Device device, GPTOutput output,
+                                                 int64_t length) {
+  auto graph = buildGPT(config, batch, output, length);
+  if (!graph)
+    return graph.takeError();
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
+  if (!program)
+    return program.takeError();
+  for (const Op *op : program->graph->ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    llvm::StringRef name = op->result()->name();
+    auto it = weights.find(name.str());
+    if (it == weights.end() && program::isKvCache(name)) {
+      // The interpreter needs every leaf bound; the GPU's state starts zeroed (gpt2-124m's
+      // caches at batch 32 are 2.4 GB of host zeros not made and copied).
+      if (device == Device::Cpu)
+        if (auto err = program->executor->bind(name, Tensor::zeros(op->result()->type())))
+          return std::move(err);
+      continue;
+    }
+    if (it == weights.end())
+      return stringError(fmt::format("error: the checkpoint has no tensor '{}'", name.str()));
+    if (auto err = program->executor->bind(it->first, it->second))
+      return std::move(err);
+  }
+  if (!program::outputIndex(*program->graph, program::kLogits))
+    return stringError("error: the generation program has no output %logits");
+  return program;
+}
 
 llvm::Expected<std::unique_ptr<Generator>>
 Generator::create(const ModelConfig &config, const std::map<std::string, Tensor> &weights,
@@ -227,6 +224,8 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
   // Positions fed: each prompt's, then every generated token but the last.
   if (count < 1 || int64_t(longest) + count - 1 > T || !decode_.executor)
     return generateWithoutCache(prompts, count, options, onTokens);
+  if (draft_ && options.temperature == 0 && int64_t(longest) <= draft_->config_.seqLen)
+    return generateSpeculative(prompts, count, onTokens);
   auto start = std::chrono::steady_clock::now();
   stats_ = GenerationStats{};
   stats_.sequences = int64_t(prompts.size());

@@ -30,6 +30,9 @@ struct GenerationStats {
   int64_t prefillLength = 0; // the positions the prefill program ran (the longest prompt, rounded up)
   double prefillSeconds = 0, decodeSeconds = 0;
   bool cached = true; // false: past seq_len, the full program recomputed each window
+  // Speculative decoding: the draft's tokens checked, those the target agreed with, and the
+  // target's verify steps (each gives every sequence its accepted tokens and one of its own).
+  int64_t draftedTokens = 0, acceptedTokens = 0, verifySteps = 0;
 
   /// Another batch's generation added to this one's (tgc generate --prompts).
   GenerationStats &operator+=(const GenerationStats &other) {
@@ -38,6 +41,8 @@ struct GenerationStats {
     prefillLength = std::max(prefillLength, other.prefillLength);
     prefillSeconds += other.prefillSeconds, decodeSeconds += other.decodeSeconds;
     cached = cached && other.cached;
+    draftedTokens += other.draftedTokens, acceptedTokens += other.acceptedTokens;
+    verifySteps += other.verifySteps;
     return *this;
   }
 };
@@ -80,6 +85,15 @@ public:
   /// full inference program (no cache): what a framework's forward pass gives, to compare.
   llvm::Expected<Tensor> promptLogits(const std::vector<int32_t> &prompt);
 
+  /// Speculative decoding: from now on greedy generate() has `draft` (a smaller model of the same
+  /// vocabulary, created for the same batch and device) propose `lookahead` tokens a sequence,
+  /// which this model checks in one step (GPTOutput::Verify over its KV cache), keeping those it
+  /// agrees with and its own next token: plain greedy decoding's tokens, in fewer steps of this
+  /// model where the draft guesses well. Sampling runs without the draft. A null draft turns it
+  /// off.
+  llvm::Error setDraft(std::unique_ptr<Generator> draft, int64_t lookahead);
+  int64_t lookahead() const { return draft_ ? lookahead_ : 0; }
+
   const GenerationStats &stats() const { return stats_; }
   /// The positions of the prefill program that runs prompts of up to `length` tokens: a power
   /// of two, at least 16, at most seq_len (so that few programs serve every length).
@@ -103,6 +117,27 @@ private:
   llvm::Expected<std::vector<int32_t>> runPrefill(const std::vector<std::vector<int32_t>> &prompts, int64_t longest,
                                                   const SamplingOptions &options);
 
+  /// Greedy generate() with the draft (app/Speculative.cpp): prefill both models, then rounds
+  /// of the draft's proposals and one verify step of this model, until `count` tokens; where a
+  /// round's positions would pass seq_len, plain decode steps finish.
+  llvm::Expected<std::vector<std::vector<int32_t>>> generateSpeculative(const std::vector<std::vector<int32_t>> &prompts,
+                                                                        int64_t count, const TokenCallback &onTokens);
+  /// The draft's `lookahead_` tokens after each sequence's last token ([lookahead][batch]): its
+  /// decode steps, fed on the device. Finished sequences (`active` false) run at position 0.
+  llvm::Expected<std::vector<std::vector<int32_t>>> draftTokens(const std::vector<std::vector<int32_t>> &sequences,
+                                                                const std::vector<bool> &active);
+  /// The verify step over each active sequence's last token and the draft's: this model's next
+  /// token after each ([batch][lookahead + 1]).
+  llvm::Expected<std::vector<std::vector<int32_t>>> verifyTokens(const std::vector<std::vector<int32_t>> &sequences,
+                                                                 const std::vector<bool> &active,
+                                                                 const std::vector<std::vector<int32_t>> &proposals);
+  /// The draft's step that runs each active sequence's token before its last, where a round kept
+  /// all of some sequence's proposals (the draft never ran the last of them).
+  llvm::Error catchUpDraft(const std::vector<std::vector<int32_t>> &sequences, const std::vector<bool> &active);
+  /// One plain decode step of this model over each active sequence's last token.
+  llvm::Expected<std::vector<int32_t>> decodeOnce(const std::vector<std::vector<int32_t>> &sequences,
+                                                  const std::vector<bool> &active);
+
   ModelConfig config_;
   int64_t batch_ = 0;
   Device device_ = Device::cpu();
@@ -110,6 +145,10 @@ private:
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
   std::map<int64_t, Prefill> prefill_; // by prompt positions
   std::vector<std::string> caches_;            // the KV caches' names
+  std::unique_ptr<Generator> draft_;           // speculative decoding's draft model, if any
+  int64_t lookahead_ = 0;                      // the draft's tokens a verify step checks
+  CompiledProgram verify_;                     // GPTOutput::Verify of lookahead_ + 1 tokens
+  bool verifySharesCaches_ = false;            // the verify program's caches are decode_'s memory
   GenerationStats stats_;
 };
 

@@ -42,6 +42,12 @@ static cl::opt<int64_t> BenchPromptLength("prompt-length", cl::desc("--generate:
 static cl::opt<int64_t> BenchTokens("tokens", cl::desc("--generate: new tokens for each prompt (default: to seq_len, at most 240)"),
                                     cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
 
+static cl::opt<std::string> BenchWeights("weights",
+                                         cl::desc("--generate: this checkpoint's weights (trained with the model "
+                                                  "file) instead of the initial ones"),
+                                         cl::value_desc("model.safetensors"), cl::sub(benchCommand()),
+                                         cl::cat(category()));
+
 /// Model FLOPs of one training step: 6 per parameter per token, plus attention's
 /// 12 * layers * seq_len * d_model per token (the PaLM appendix's count).
 double trainingFlops(const ModelConfig &c) {
@@ -80,6 +86,61 @@ double medianOf(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+/// Times `runs` generations of `prompts` after one untimed run (it compiles the prefill program
+/// and captures the steps) and prints the medians as a row; returns the row for --json.
+llvm::Expected<llvm::json::Object> timeGeneration(Generator &generator, const std::vector<std::vector<int32_t>> &prompts,
+                                                  int64_t count, const SamplingOptions &sampling, int64_t runs,
+                                                  const std::string &label) {
+  const int64_t batch = int64_t(prompts.size()), P = int64_t(prompts.front().size());
+  std::vector<double> prefill, step, decodeRate, overall;
+  GenerationStats speculation; // the timed runs' drafted and kept tokens
+  for (int64_t run = 0; run <= runs; ++run) {
+    auto out = generator.generate(prompts, count, sampling);
+    if (!out)
+      return out.takeError();
+    const GenerationStats &s = generator.stats();
+    if (run == 0)
+      continue;
+    speculation.draftedTokens += s.draftedTokens;
+    speculation.acceptedTokens += s.acceptedTokens;
+    prefill.push_back(1e3 * s.prefillSeconds);
+    if (s.decodeSteps) {
+      step.push_back(1e3 * s.decodeSeconds / s.decodeSteps);
+      decodeRate.push_back(double(s.generatedTokens - batch) / s.decodeSeconds);
+    }
+    overall.push_back(double(s.generatedTokens) / (s.prefillSeconds + s.decodeSeconds));
+  }
+  std::string where = deviceName(generator.describe());
+  double prefillMs = medianOf(prefill), stepMs = step.empty() ? 0 : medianOf(step);
+  double rate = decodeRate.empty() ? 0 : medianOf(decodeRate), promptRate = batch * P / (prefillMs / 1e3);
+  llvm::outs() << fmt::format("{:<10} {:<34} {:>11.2f} {:>12.0f} {:>11.3f} {:>13.0f} {:>13.0f}\n", label, where,
+                              prefillMs, promptRate, stepMs, rate, medianOf(overall));
+  double kept = speculation.draftedTokens ? double(speculation.acceptedTokens) / speculation.draftedTokens : 0;
+  if (speculation.draftedTokens)
+    llvm::outs() << fmt::format("           the draft's tokens kept: {:.1f}% (lookahead {}; a step is the draft's "
+                                "steps and the model's check)\n",
+                                100 * kept, generator.lookahead());
+  const ModelConfig &config = generator.config();
+  llvm::json::Object row{{"commit", buildCommit()},
+                         {"model", config.name},
+                         {"parameters", config.numParams()},
+                         {"device", where},
+                         {"recipe", label},
+                         {"batch", batch},
+                         {"prompt_length", P},
+                         {"new_tokens", count},
+                         {"prefill_ms", prefillMs},
+                         {"prompt_tokens_per_s", promptRate},
+                         {"decode_ms_per_step", stepMs},
+                         {"decode_tokens_per_s", rate},
+                         {"overall_tokens_per_s", medianOf(overall)}};
+  if (speculation.draftedTokens) {
+    row["lookahead"] = generator.lookahead();
+    row["draft_tokens_kept"] = kept;
+  }
+  return row;
+}
+
 /// tgc bench --generate: for each recipe, `batch` random prompts of --prompt-length tokens
 /// continued greedily by --tokens tokens, from the model's initial weights; one untimed run
 /// (it compiles the prefill program and captures the steps), then --bench-steps timed runs,
@@ -103,14 +164,28 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
   if (!flags)
     return report(flags.takeError());
   const SamplingOptions &sampling = *flags;
+  if (auto err = checkDraftFlags(sampling))
+    return report(std::move(err));
   std::string how = sampling.temperature > 0 ? fmt::format("sampled at temperature {}, top-k {}, top-p {}",
                                                            sampling.temperature, sampling.topK, sampling.topP)
                                              : "greedy";
   llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens, {} new tokens each ({}), "
                               "1 warm-up + {} timed runs per precision (medians)\n",
                               base.name, batch, P, count, how, runs);
-  llvm::outs() << fmt::format("{:<6} {:<34} {:>11} {:>12} {:>11} {:>13} {:>13}\n", "recipe", "device", "prefill ms",
+  llvm::outs() << fmt::format("{:<10} {:<34} {:>11} {:>12} {:>11} {:>13} {:>13}\n", "recipe", "device", "prefill ms",
                               "prompt tok/s", "ms a step", "decode tok/s", "overall tok/s");
+  // --weights: a checkpoint of this model (its tensors are bound by name and type).
+  std::optional<std::pair<ModelConfig, Checkpoint>> weights;
+  if (!BenchWeights.empty()) {
+    auto trained = loadTrained(BenchWeights);
+    if (!trained)
+      return report(trained.takeError());
+    if (trained->first.vocab != base.vocab || trained->first.dModel != base.dModel ||
+        trained->first.layers != base.layers)
+      return report(flagError(fmt::format("--weights {}: the checkpoint's model ({}) is not {}", BenchWeights.getValue(),
+                                          trained->first.name, base.name)));
+    weights = std::move(*trained);
+  }
   Rng rng(mix64(base.train.seed));
   std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(P));
   for (auto &prompt : prompts)
@@ -126,44 +201,24 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
     auto graph = buildGPT(config, 1, GPTOutput::Logits);
     if (!graph)
       return report(graph.takeError());
-    auto generator = Generator::create(config, initParams(**graph, config.train.seed), batch, device);
+    auto generator = Generator::create(config, weights ? weights->second.tensors : initParams(**graph, config.train.seed),
+                                       batch, device);
     if (!generator) {
-      llvm::outs() << fmt::format("{:<6} {}\n", recipe, llvm::toString(generator.takeError()));
+      llvm::outs() << fmt::format("{:<10} {}\n", recipe, llvm::toString(generator.takeError()));
       continue;
     }
-    std::vector<double> prefill, step, decodeRate, overall;
-    for (int64_t run = 0; run <= runs; ++run) {
-      auto out = (*generator)->generate(prompts, count, sampling);
-      if (!out)
-        return report(out.takeError());
-      const GenerationStats &s = (*generator)->stats();
-      if (run == 0)
-        continue;
-      prefill.push_back(1e3 * s.prefillSeconds);
-      if (s.decodeSteps) {
-        step.push_back(1e3 * s.decodeSeconds / s.decodeSteps);
-        decodeRate.push_back(double(batch * s.decodeSteps) / s.decodeSeconds);
-      }
-      overall.push_back(double(s.generatedTokens) / (s.prefillSeconds + s.decodeSeconds));
-    }
-    std::string where = deviceName((*generator)->describe());
-    double prefillMs = medianOf(prefill), stepMs = step.empty() ? 0 : medianOf(step);
-    double rate = decodeRate.empty() ? 0 : medianOf(decodeRate), promptRate = batch * P / (prefillMs / 1e3);
-    llvm::outs() << fmt::format("{:<6} {:<34} {:>11.2f} {:>12.0f} {:>11.3f} {:>13.0f} {:>13.0f}\n", recipe, where,
-                                prefillMs, promptRate, stepMs, rate, medianOf(overall));
-    results.push_back(llvm::json::Object{{"commit", buildCommit()},
-                                         {"model", config.name},
-                                         {"parameters", config.numParams()},
-                                         {"device", where},
-                                         {"recipe", recipe},
-                                         {"batch", batch},
-                                         {"prompt_length", P},
-                                         {"new_tokens", count},
-                                         {"prefill_ms", prefillMs},
-                                         {"prompt_tokens_per_s", promptRate},
-                                         {"decode_ms_per_step", stepMs},
-                                         {"decode_tokens_per_s", rate},
-                                         {"overall_tokens_per_s", medianOf(overall)}});
+    auto row = timeGeneration(**generator, prompts, count, sampling, runs, recipe);
+    if (!row)
+      return report(row.takeError());
+    results.push_back(std::move(*row));
+    if (DraftPath.empty())
+      continue;
+    if (auto err = attachDraft(**generator, sampling))
+      return report(std::move(err));
+    row = timeGeneration(**generator, prompts, count, sampling, runs, recipe + "+draft");
+    if (!row)
+      return report(row.takeError());
+    results.push_back(std::move(*row));
   }
   if (!BenchJson.empty()) {
     std::string text;
@@ -256,28 +311,34 @@ llvm::json::Array printMemory(const Executor &executor) {
   return lines;
 }
 
+/// tgc bench --generate's flags checked, then benchGeneration.
+int runBenchGeneration(const ModelConfig &base) {
+  if (Gpus != 1)
+    return report(flagError("--gpus is for training: generation runs on one GPU"));
+  std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
+  auto device = resolveDevice();
+  if (!device)
+    return report(device.takeError());
+  if (recipes.empty())
+    recipes = {*device == Device::Cuda ? "bf16" : "fp32"};
+  if (!BenchJson.empty())
+    if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}, {"--weights", BenchWeights}}))
+      return report(std::move(err));
+  return benchGeneration(base, recipes, *device);
+}
+
 } // namespace
 
 int runBench() {
-  if (auto err = checkNotEmpty({&BenchJson}))
+  if (auto err = checkNotEmpty({&BenchJson, &BenchWeights, &DraftPath}))
     return report(std::move(err));
   auto base = loadConfig(BenchModel); // with --batch and --fp8-min-dim applied
   if (!base)
     return report(base.takeError());
-  if (BenchGenerate) {
-    if (Gpus != 1)
-      return report(flagError("--gpus is for training: generation runs on one GPU"));
-    std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
-    auto device = resolveDevice();
-    if (!device)
-      return report(device.takeError());
-    if (recipes.empty())
-      recipes = {*device == Device::Cuda ? "bf16" : "fp32"};
-    if (!BenchJson.empty())
-      if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
-        return report(std::move(err));
-    return benchGeneration(*base, recipes, *device);
-  }
+  if (BenchGenerate)
+    return runBenchGeneration(*base);
+  if (BenchWeights.getNumOccurrences() || DraftPath.getNumOccurrences())
+    return report(flagError("--weights and --draft are for generation: give --generate"));
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
   constexpr int64_t kMostSteps = 1000000; // (and no overflow in the step counts below)
   if (BenchSteps < 1 || BenchSteps > kMostSteps || BenchWarmup < 0 || BenchWarmup > kMostSteps)

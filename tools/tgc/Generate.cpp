@@ -144,6 +144,8 @@ int runGenerate() {
     return report(std::move(err));
   if (auto err = checkNotEmpty({&LogitsPath, &TokenizerPath}))
     return report(std::move(err));
+  if (auto err = checkNotEmpty({&DraftPath}))
+    return report(std::move(err));
   if (auto err = checkDistinctFiles(
           {{"the checkpoint", CheckpointPath}, {"--prompts", PromptsFile}, {"--logits", LogitsPath},
            {"--tokenizer", TokenizerPath}}))
@@ -183,6 +185,8 @@ int runGenerate() {
   auto generator = Generator::create(config, checkpoint.tensors, batch, *device);
   if (!generator)
     return report(generator.takeError());
+  if (auto err = attachDraft(**generator, *options))
+    return report(std::move(err));
   if (!LogitsPath.empty()) {
     if (prompts->size() != 1)
       return report(flagError("--logits writes one prompt's logits: give one prompt (--prompt)"));
@@ -232,6 +236,13 @@ int runGenerate() {
     llvm::errs() << fmt::format("  decode:   {} tokens in {:.2f} ms ({:.0f} tokens/s, {:.3f} ms a step of {} sequences)\n",
                                 decoded, 1e3 * total.decodeSeconds, decoded / std::max(total.decodeSeconds, 1e-9),
                                 1e3 * total.decodeSeconds / total.decodeSteps, batch);
+  if (total.verifySteps)
+    llvm::errs() << fmt::format("  speculative: {} of {} drafted tokens kept ({:.1f}%), {:.2f} tokens a sequence "
+                                "each step of the model (lookahead {})\n",
+                                total.acceptedTokens, total.draftedTokens,
+                                100.0 * total.acceptedTokens / std::max<int64_t>(total.draftedTokens, 1),
+                                double(decoded) / std::max<int64_t>(total.sequences, 1) / total.decodeSteps,
+                                (*generator)->lookahead());
   return 0;
 }
 

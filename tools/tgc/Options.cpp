@@ -162,6 +162,53 @@ llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed) {
   return SamplingOptions{Temperature, TopK, TopP, seed};
 }
 
+cl::opt<std::string> DraftPath("draft",
+                               cl::desc("Speculative decoding (greedy): this checkpoint, a smaller model of the same "
+                                        "vocabulary, proposes --lookahead tokens a sequence that the model checks in "
+                                        "one step; the tokens stay greedy decoding's"),
+                               cl::value_desc("draft.safetensors"), cl::sub(generateCommand()), cl::sub(benchCommand()),
+                               cl::cat(category()));
+cl::opt<int64_t> Lookahead("lookahead", cl::desc("With --draft: the draft's tokens each step of the model checks"),
+                           cl::init(4), cl::sub(generateCommand()), cl::sub(benchCommand()), cl::cat(category()));
+
+llvm::Error checkDraftFlags(const SamplingOptions &sampling) {
+  if (DraftPath.empty()) {
+    if (Lookahead.getNumOccurrences() || DraftPath.getNumOccurrences())
+      return flagError("--lookahead and --draft go with a draft checkpoint: give --draft draft.safetensors");
+    return llvm::Error::success();
+  }
+  if (sampling.temperature > 0)
+    return flagError("--draft decodes greedily (the tokens of plain greedy decoding): drop --temperature");
+  if (Lookahead < 1 || Lookahead > 64)
+    return flagError(fmt::format("--lookahead must be between 1 and 64, got {}", int64_t(Lookahead)));
+  return llvm::Error::success();
+}
+
+llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling) {
+  if (auto err = checkDraftFlags(sampling))
+    return err;
+  if (DraftPath.empty())
+    return llvm::Error::success();
+  auto trained = loadTrained(DraftPath);
+  if (!trained)
+    return trained.takeError();
+  auto &[config, checkpoint] = *trained;
+  config.precision.recipe = generator.config().precision.recipe;
+  // One error naming the draft's file.
+  auto named = [](llvm::Error err) {
+    std::string text = llvm::toString(std::move(err));
+    llvm::StringRef rest(text);
+    rest.consume_front("error: ");
+    return makeError("error: --draft {}: {}", DraftPath.getValue(), rest.str());
+  };
+  auto draft = Generator::create(config, checkpoint.tensors, generator.batch(), generator.device());
+  if (!draft)
+    return named(draft.takeError());
+  if (auto err = generator.setDraft(std::move(*draft), Lookahead))
+    return named(std::move(err));
+  return llvm::Error::success();
+}
+
 /// Prints one line for the error (control bytes escaped) and returns the exit code.
 int report(llvm::Error err) {
   // Every path and name a message quotes, escaped once here (a second time changes nothing).

@@ -57,6 +57,15 @@ extern cl::opt<double> LearningRate;
 extern cl::opt<std::string> DeviceFlag;
 /// generate's and bench --generate's --temperature, --top-k and --top-p, checked, with `seed`.
 llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed);
+/// generate's and bench --generate's speculative decoding: --draft (a checkpoint) and
+/// --lookahead.
+extern cl::opt<std::string> DraftPath;
+/// Gives `generator` the --draft checkpoint as its draft model, created for its batch, device
+/// and recipe, proposing --lookahead tokens a step (nothing without --draft). Refused with
+/// sampling: speculation here keeps greedy decoding's tokens.
+llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling);
+/// --draft and --lookahead checked (with `sampling`) before anything runs.
+llvm::Error checkDraftFlags(const SamplingOptions &sampling);
 
 /// --gpus N (Ranks.cpp): data-parallel training on N GPUs, one process each.
 extern cl::opt<int> Gpus;

@@ -1,0 +1,20 @@
+// The generation programs' setup, shared by plain (Generate.cpp) and speculative decoding
+// (Speculative.cpp).
+#pragma once
+
+#include "app/Generate.h"
+#include "models/GPTBuilder.h"
+
+namespace tgc {
+
+/// Binds `options` to the sample op's inputs of a prefill, decode or verify program.
+llvm::Error bindSampling(Executor &executor, const SamplingOptions &options);
+
+/// Compiles `output`'s program of `config` for `batch` sequences (`length` positions for a
+/// prefill, tokens a sequence for a verify step) and binds the weights (and FP8 scaling state)
+/// from `weights`; KV caches start at zero.
+llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
+                                                 const std::map<std::string, Tensor> &weights, int64_t batch,
+                                                 Device device, GPTOutput output, int64_t length = 0);
+
+} // namespace tgc
