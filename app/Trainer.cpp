@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -39,6 +40,7 @@ llvm::Expected<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig &conf
   if (communicator) {
     trainer->rank_ = communicator->rank();
     trainer->ranks_ = communicator->ranks();
+    trainer->communicator_ = communicator;
   }
   if (config.train.batch % trainer->ranks_ != 0)
     return stringError(fmt::format("error: the batch of {} sequences does not split evenly over {} ranks",
@@ -143,6 +145,12 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
     auto tensor = executor_->read(op->result()->name());
     if (!tensor)
       return tensor.takeError();
+    if (const Value *param = shardedParameter(*op)) { // every rank's shard, in the parameter's shape
+      auto whole = gatherShards(*tensor, param->type());
+      if (!whole)
+        return whole.takeError();
+      tensor = std::move(*whole);
+    }
     checkpoint.tensors.emplace(op->result()->name(), std::move(*tensor));
   }
   checkpoint.meta = checkpointMetadata(config_, stepsDone_, data_->describe(), dataPath_);
@@ -232,10 +240,44 @@ llvm::Error Trainer::bindFrom(const Checkpoint &checkpoint, llvm::StringRef path
     auto it = checkpoint.tensors.find(name);
     if (it == checkpoint.tensors.end())
       return stringError(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
-    if (auto err = executor_->bind(name, it->second))
+    Tensor value = it->second;
+    if (const Value *param = shardedParameter(*op)) { // this rank's shard of the whole
+      if (value.type != param->type())
+        return stringError(fmt::format("{}: error: the checkpoint's '{}' is {}, not {} as its parameter", path.str(),
+                                       name, value.type.str(), param->type().str()));
+      value = shardOf(value, op->result()->type());
+    }
+    if (auto err = executor_->bind(name, std::move(value)))
       return stringError(fmt::format("{}: error: {}", path.str(), llvm::toString(std::move(err))));
   }
   return llvm::Error::success();
+}
+
+const Value *Trainer::shardedParameter(const Op &op) const {
+  llvm::StringRef name = op.result()->name();
+  if (op.kind() != OpKind::State || !program::isOptimizerMoment(name))
+    return nullptr;
+  const Value *param = program_->lookup(name.drop_back(std::strlen(".adam_m")));
+  return param && param->type() != op.result()->type() ? param : nullptr;
+}
+
+Tensor Trainer::shardOf(const Tensor &whole, const TensorType &shard) const {
+  Tensor part = Tensor::zeros(shard);
+  int64_t n = shard.numElements(), first = rank_ * n, total = int64_t(whole.data.size());
+  for (int64_t i = 0; i < n && first + i < total; ++i)
+    part.data[i] = whole.data[first + i];
+  return part;
+}
+
+llvm::Expected<Tensor> Trainer::gatherShards(const Tensor &shard, const TensorType &whole) const {
+  if (!communicator_)
+    return stringError("error: a sharded optimizer state needs the ranks' communicator to be saved");
+  std::vector<float> all(shard.data.size() * size_t(ranks_));
+  if (auto err = communicator_->allGatherHost(shard.data.data(), all.data(), all.size()))
+    return std::move(err);
+  Tensor t = Tensor::zeros(whole);
+  std::copy(all.begin(), all.begin() + int64_t(t.data.size()), t.data.begin());
+  return t;
 }
 
 llvm::Expected<ModelConfig> Trainer::fittingModel(const Checkpoint &checkpoint, llvm::StringRef path,

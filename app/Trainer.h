@@ -66,7 +66,9 @@ public:
   int ranks() const { return ranks_; }
   Executor &executor() { return *executor_; }
 
-  /// Every parameter and state tensor plus the metadata to resume.
+  /// Every parameter and state tensor plus the metadata to resume. Under shard: optimizer the
+  /// moments are gathered from every rank (each rank calls it, at the same step), so that the
+  /// checkpoint is an unsharded run's and resumes on any number of ranks.
   llvm::Expected<Checkpoint> checkpoint() const;
   /// The FP8 scaling state alone (what summarizeFp8State reads): a few small tensors, where
   /// checkpoint() copies every parameter and moment to the host.
@@ -90,6 +92,15 @@ private:
   llvm::Expected<ModelConfig> fittingModel(const Checkpoint &checkpoint, llvm::StringRef path,
                                            const char *message) const;
 
+  /// Under shard: optimizer, the parameter whose shard the AdamW moment `op` holds (a state of
+  /// the shard's size), else null.
+  const Value *shardedParameter(const Op &op) const;
+  /// This rank's part of `whole` flattened and zero-padded: a tensor of type `shard`.
+  Tensor shardOf(const Tensor &whole, const TensorType &shard) const;
+  /// Every rank's `shard` gathered into a tensor of type `whole` (a collective: every rank calls
+  /// it, in the same order).
+  llvm::Expected<Tensor> gatherShards(const Tensor &shard, const TensorType &whole) const;
+
   ModelConfig config_;
   std::unique_ptr<Graph> program_;
   std::unique_ptr<Executor> executor_;
@@ -102,6 +113,7 @@ private:
   int64_t stepsDone_ = 0;
   std::string tokenizer_;
   int rank_ = 0, ranks_ = 1;
+  Communicator *communicator_ = nullptr; // the ranks', where there are several
 };
 
 /// The model description stored in a checkpoint.

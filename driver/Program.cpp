@@ -31,10 +31,12 @@ PrecisionConfig resolveRecipe(PrecisionConfig precision, const Device &device) {
 }
 
 llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Device &device, bool training,
-                                            int ranks, PrecisionConfig &precision) {
+                                            int ranks, PrecisionConfig &precision, int rank) {
   PipelineOptions options;
   options.passOptions.train = config.train;
   options.passOptions.dataParallel.ranks = ranks;
+  options.passOptions.dataParallel.rank = rank;
+  options.passOptions.dataParallel.shardOptimizer = config.train.shardOptimizer;
   // TGC_BUCKET_MB: the gradients' all_reduce buckets (PyTorch DDP's bucket_cap_mb, 25 MiB).
   if (const char *mb = std::getenv("TGC_BUCKET_MB")) {
     int64_t value = 0;
@@ -61,7 +63,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  bool training, Communicator *communicator) {
   CompiledProgram program;
   auto pipeline = devicePipeline(config, device, training, communicator ? communicator->ranks() : 1,
-                                 program.precision);
+                                 program.precision, communicator ? communicator->rank() : 0);
   if (!pipeline)
     return pipeline.takeError();
   if (auto err = pipeline->run(*graph))

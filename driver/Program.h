@@ -38,10 +38,10 @@ struct CompiledProgram {
   PrecisionConfig precision; // resolved
 };
 
-/// The pass pipeline compileForDevice runs for `config` on `device` (`ranks` data-parallel
-/// ranks), and in `precision` the recipe it resolves.
+/// The pass pipeline compileForDevice runs for `config` on `device` (rank `rank` of `ranks`
+/// data-parallel ranks), and in `precision` the recipe it resolves.
 llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Device &device, bool training,
-                                            int ranks, PrecisionConfig &precision);
+                                            int ranks, PrecisionConfig &precision, int rank = 0);
 
 /// Runs the training or the inference pipeline on `graph` (the builder's output) and creates
 /// the executor. On the GPU the program is compiled by gpuPipeline (the fusions the GPU

@@ -532,19 +532,6 @@ llvm::Expected<TypeList> inferSumSquares(Operands ops, const AttrMap &, llvm::Ar
   return TypeList{kScalar};
 }
 
-llvm::Expected<TypeList> inferAllReduce(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
-  auto reduce = attrs.getString("reduce");
-  if (!reduce || (*reduce != "avg" && *reduce != "sum" && *reduce != "max"))
-    return makeError("needs attribute reduce = \"avg\", \"sum\" or \"max\"");
-  TypeList types;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].dtype != DType::F32)
-      return makeError("operand {} is {}: all_reduce takes f32 tensors", i, ops[i].str());
-    types.push_back(ops[i]);
-  }
-  return types;
-}
-
 llvm::Expected<TypeList> inferClipScale(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   auto maxNorm = requireFloatAttr(attrs, "max_norm");
   if (!maxNorm)

@@ -1,5 +1,5 @@
-// What the two files of type rules (Infer.cpp: the basic ops and the dispatch; InferFused.cpp:
-// the fused, FP8 and generation ops) share: each op's rule infer<Enum>, dispatched from the op
+// What the files of type rules (Infer.cpp: the basic ops and the dispatch; InferFused.cpp: the
+// fused, FP8 and generation ops; InferCollectives.cpp: data parallelism's) share: each op's rule infer<Enum>, dispatched from the op
 // table, and the checks they have in common. Internal to ir/.
 #pragma once
 

@@ -69,6 +69,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
     {"fp8_scaling", {"delayed", "current", "mixed", "block"}},
+    {"shard", {"none", "optimizer"}},
 };
 
 } // namespace
@@ -200,6 +201,10 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     return err;
   if (o.seed)
     t.seed = *o.seed;
+  std::string shard = t.shardOptimizer ? "optimizer" : "none";
+  if (auto err = overrideChoice("shard", "shard", o.shard, shard))
+    return err;
+  t.shardOptimizer = shard == "optimizer";
   if (o.recompute)
     t.recompute = *o.recompute;
   if (auto err = overrideNumber("recompute_layers", "recompute-layers", o.recomputeLayers, t.recomputeLayers))
@@ -553,7 +558,7 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
       readMapping(top["train"], "train",
                   {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
                    "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "recompute_layers",
-                   "memory_budget", "seed"},
+                   "memory_budget", "shard", "seed"},
                   train)) {
     readInt(train, "batch", t.batch, false);
     readDouble(train, "lr", t.lr);
@@ -567,6 +572,9 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
     readDouble(train, "min_lr_ratio", t.minLrRatio);
     readBool(train, "decay_embeddings", t.decayEmbeddings);
     readRecompute(train, t);
+    std::string shard = "none";
+    readChoice(train, "shard", shard);
+    t.shardOptimizer = shard == "optimizer";
     readUInt(train, "seed", t.seed);
   }
 }
@@ -733,13 +741,15 @@ static std::string ropeScalingText(const ModelConfig &c) {
                      formatDouble(s.originalLength));
 }
 
-/// recompute_layers and memory_budget where they are set.
+/// recompute_layers, memory_budget and shard where they are set.
 static std::string recomputeText(const TrainConfig &t) {
   std::string text;
   if (t.recompute && !t.recomputeAuto && t.recomputeLayers >= 0)
     text += fmt::format("  recompute_layers: {}\n", t.recomputeLayers);
   if (t.recomputeAuto && t.memoryBudgetGiB > 0)
     text += fmt::format("  memory_budget: {}\n", t.memoryBudgetGiB);
+  if (t.shardOptimizer)
+    text += "  shard: optimizer\n";
   return text;
 }
 

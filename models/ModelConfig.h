@@ -47,6 +47,10 @@ struct TrainConfig {
   bool recomputes(std::optional<int64_t> layer) const {
     return recompute && (recomputeLayers < 0 || (layer && *layer < recomputeLayers));
   }
+  /// shard: optimizer (ZeRO) under data parallelism: each rank keeps AdamW's moments of its
+  /// 1 / ranks of every parameter and updates only that part; the gradients are reduce-scattered
+  /// and the parameters all-gathered (transforms/training/AdamW.cpp).
+  bool shardOptimizer = false;
   uint64_t seed = 1234;
 };
 
@@ -186,6 +190,7 @@ struct ConfigOverrides {
   std::optional<bool> fp8LmHead; // --fp8-lm-head: the LM head out of keep_bf16
   std::optional<bool> fp8Weights, fp8Attention;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
+  std::optional<std::string> shard; // --shard none | optimizer
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag
 /// ("--batch must be between 1 and 65536, got 0").

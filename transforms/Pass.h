@@ -34,7 +34,11 @@ private:
 /// gradients each all_reduce takes (PyTorch DDP's bucket_cap_mb is 25 MiB).
 struct DataParallelOptions {
   int ranks = 1;
+  int rank = 0; // this program's rank (ZeRO's shards are the rank's own)
   int64_t bucketBytes = int64_t(25) << 20;
+  /// ZeRO: the gradients reduce-scattered, AdamW's moments and update on this rank's shard of
+  /// each parameter, the parameters all-gathered after (TrainConfig::shardOptimizer).
+  bool shardOptimizer = false;
 };
 
 /// What passes that need settings read (the optimizer's hyperparameters).

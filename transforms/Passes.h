@@ -44,6 +44,6 @@ std::unique_ptr<Pass> createConcatPadsPass();
 /// forward's.
 std::unique_ptr<Pass> createExpandLayerNormFusedPass(const TrainConfig &train = TrainConfig());
 std::unique_ptr<Pass> createDataParallelPass(const DataParallelOptions &options);
-std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config);
+std::unique_ptr<Pass> createAdamWPass(const TrainConfig &config, const DataParallelOptions &dataParallel = {});
 
 } // namespace tgc

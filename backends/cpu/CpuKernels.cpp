@@ -699,6 +699,31 @@ llvm::Error evalAllReduce(const AttrMap &, Operands in, Results out) {
   return llvm::Error::success();
 }
 
+// ZeRO: rank r's part of each operand flattened and zero-padded (ir/Ops.def). Here each rank's
+// own values: the interpreter reduces or gathers over the ranks through its communicator
+// (Interpreter::runCollective), where it has one.
+llvm::Error evalShard(const AttrMap &a, Operands in, Results out) {
+  int64_t n = out[0].type.numElements(), first = *a.getInt("rank") * n;
+  const std::vector<float> &x = in[0]->data;
+  for (int64_t i = 0; i < n && first + i < int64_t(x.size()); ++i)
+    out[0].data[i] = x[first + i];
+  return llvm::Error::success();
+}
+
+llvm::Error evalReduceScatter(const AttrMap &a, Operands in, Results out) {
+  for (size_t i = 0; i < in.size(); ++i)
+    if (llvm::Error err = evalShard(a, in.slice(i, 1), out.slice(i, 1)))
+      return err;
+  return llvm::Error::success();
+}
+
+llvm::Error evalAllGather(const AttrMap &, Operands in, Results out) {
+  // (One rank: each result is its operand. More take the interpreter's communicator.)
+  for (size_t i = 0; i < in.size(); ++i)
+    std::copy(in[i]->data.begin(), in[i]->data.end(), out[i].data.begin());
+  return llvm::Error::success();
+}
+
 // Optimizer.
 
 llvm::Error evalSumSquares(const AttrMap &, Operands in, Results out) {

@@ -58,6 +58,43 @@ llvm::Error evalOp(const Op &op, cpu::Operands operands, cpu::Results results) {
   return kEvalFns[static_cast<unsigned>(op.kind())](op.attrs(), operands, results);
 }
 
+llvm::Error Interpreter::runCollective(const Op &op, llvm::ArrayRef<const Tensor *> operands,
+                                       llvm::MutableArrayRef<Tensor> results) {
+  bool zero = op.kind() == OpKind::ReduceScatter || op.kind() == OpKind::AllGather;
+  if (op.kind() != OpKind::AllReduce && !zero)
+    return llvm::Error::success();
+  int64_t ranks = zero ? *op.attrs().getInt("ranks") : 1;
+  if (!communicator_) {
+    if (ranks > 1) // (evalOp gave one rank's view)
+      return makeError("{} over {} ranks needs the ranks' communicator (data-parallel training)", op.name().str(),
+                       ranks);
+    return llvm::Error::success();
+  }
+  if (zero && ranks != communicator_->ranks())
+    return makeError("the program shards over {} ranks; this run has {}", ranks, communicator_->ranks());
+  if (op.kind() == OpKind::AllGather) {
+    for (size_t i = 0; i < results.size(); ++i)
+      if (auto err = communicator_->allGatherHost(operands[i]->data.data(), results[i].data.data(),
+                                                  results[i].data.size()))
+        return err;
+    return llvm::Error::success();
+  }
+  ReduceOp reduce = *parseReduceOp(*op.attrs().getString("reduce"));
+  if (op.kind() == OpKind::AllReduce) {
+    for (Tensor &t : results)
+      if (auto err = communicator_->allReduceHost(t.data.data(), t.data.size(), reduce))
+        return err;
+    return llvm::Error::success();
+  }
+  for (size_t i = 0; i < results.size(); ++i) { // each operand flattened, padded to ranks parts
+    std::vector<float> padded(results[i].data.size() * size_t(ranks), 0.0f);
+    std::copy(operands[i]->data.begin(), operands[i]->data.end(), padded.begin());
+    if (auto err = communicator_->reduceScatterHost(padded.data(), results[i].data.data(), padded.size(), reduce))
+      return err;
+  }
+  return llvm::Error::success();
+}
+
 Interpreter::Interpreter(const Graph &graph, Communicator *communicator)
     : graph_(graph), communicator_(communicator) {
   keepFreedMemoryInTheHeap();
@@ -177,12 +214,8 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
       if (auto err = evalOp(op, operands, results))
         return makeError("%{} = {}: {}", op.result()->name(), op.name().str(),
                     llvm::toString(std::move(err)));
-      if (op.kind() == OpKind::AllReduce && communicator_) {
-        ReduceOp reduce = *parseReduceOp(*op.attrs().getString("reduce"));
-        for (Tensor &t : results)
-          if (auto err = communicator_->allReduceHost(t.data.data(), t.data.size(), reduce))
-            return makeError("%{} = {}: {}", op.result()->name(), op.name().str(), llvm::toString(std::move(err)));
-      }
+      if (auto err = runCollective(op, operands, results))
+        return makeError("%{} = {}: {}", op.result()->name(), op.name().str(), llvm::toString(std::move(err)));
       if (profiling_)
         profile_[op.name().str()] += std::chrono::duration<double, std::milli>(
                                          std::chrono::steady_clock::now() - start)

@@ -43,6 +43,9 @@ public:
 
 private:
   const Graph &graph_;
+  /// The collectives (all_reduce, reduce_scatter, all_gather) over the ranks through
+  /// communicator_, after evalOp gave one rank's results; nothing for other ops.
+  llvm::Error runCollective(const Op &op, llvm::ArrayRef<const Tensor *> operands, llvm::MutableArrayRef<Tensor> results);
   Communicator *communicator_ = nullptr;
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run

@@ -157,6 +157,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.disabled = config.disabledPasses;
   options.passOptions.train = config.train;
   options.passOptions.dataParallel.ranks = Ranks;
+  options.passOptions.dataParallel.shardOptimizer = config.train.shardOptimizer; // (rank 0's program)
   auto precision = compileRecipe(config.precision);
   if (!precision)
     return precision.takeError();

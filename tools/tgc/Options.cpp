@@ -127,6 +127,12 @@ cl::opt<bool> Recompute("recompute",
                         cl::desc("The backward recomputes the fused layers' norms and activations, and under fp8 the transposes of the inputs it keeps anyway, instead of keeping the forward's (less memory, more time)"),
                         cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                         cl::cat(category()));
+cl::opt<std::string> Shard("shard",
+                           cl::desc("none | optimizer: under data parallelism each rank keeps AdamW's moments of its "
+                                    "1/N of every parameter and updates only that (ZeRO; the gradients "
+                                    "reduce-scattered, the parameters all-gathered). The CPU reference so far"),
+                           cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
+                           cl::cat(category()));
 cl::opt<int64_t> RecomputeLayers("recompute-layers",
                                  cl::desc("--recompute in the first N layers only (h0 .. h{N-1}); the others keep the "
                                           "forward's values"),
@@ -268,6 +274,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.fp8Weights = Fp8Weights;
   if (given(Fp8Attention))
     o.fp8Attention = Fp8Attention;
+  if (given(Shard))
+    o.shard = Shard;
   if (auto err = applyOverrides(*config, o))
     return std::move(err);
   for (const std::string &name : DisablePass)

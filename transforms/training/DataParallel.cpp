@@ -11,6 +11,9 @@
 // - under FP8, each quantized tensor's amax is the maximum over the ranks before its scale is
 //   updated (Transformer Engine's reduce_amax) and the saturation counts are summed, so every
 //   rank keeps the same scaling state.
+// Under shard: optimizer (ZeRO) the buckets are reduce_scatter {reduce = "avg"}: each rank keeps
+// its shard of each averaged gradient (what the adamw pass then updates), the loss gets an
+// all_reduce of its own.
 // Runs after fp8-update and before adamw. With one rank it changes nothing.
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -61,15 +64,19 @@ public:
     }
     auto loss = program::outputIndex(graph, program::kLoss);
     Builder b(graph);
+    const bool shard = options_.shardOptimizer;
     for (size_t k = 0; k < buckets.size(); ++k) {
       std::vector<Value *> operands = buckets[k];
       bool withLoss = loss && k + 1 == buckets.size();
-      if (withLoss)
-        operands.push_back(graph.outputs()[*loss]);
       // Right after the bucket's last gradient (or at the end).
       size_t last = index.lookup(buckets[k].back()->def());
       b.setInsertionPoint(last + 1 < ops.size() ? ops[last + 1] : nullptr);
-      if (!reduceOver(graph, b, operands, "avg", /*outputOnly=*/withLoss ? operands.back() : nullptr))
+      if (shard && withLoss && !reduceOver(graph, b, {graph.outputs()[*loss]}, OpKind::AllReduce, graph.outputs()[*loss]))
+        break;
+      if (withLoss && !shard)
+        operands.push_back(graph.outputs()[*loss]);
+      OpKind kind = shard ? OpKind::ReduceScatter : OpKind::AllReduce;
+      if (!reduceOver(graph, b, operands, kind, /*outputOnly=*/withLoss && !shard ? operands.back() : nullptr))
         break;
     }
     // FP8: the amaxes and saturation counts of this step, before the first scale update.
@@ -100,17 +107,21 @@ public:
   }
 
 private:
-  /// One all_reduce over `values`, whose results take their names (the values become
-  /// NAME.local) and their uses; `outputOnly`'s result replaces it only as a graph output.
-  static Op *reduceOver(Graph &graph, Builder &b, const std::vector<Value *> &values, const char *reduce,
-                        Value *outputOnly) {
+  /// One all_reduce {reduce = "avg"} over `values` (reduce_scatter: this rank's shards), whose
+  /// results take their names (the values become NAME.local) and their uses; `outputOnly`'s
+  /// result replaces it only as a graph output.
+  Op *reduceOver(Graph &graph, Builder &b, const std::vector<Value *> &values, OpKind kind, Value *outputOnly) const {
     std::vector<std::string> names;
     for (Value *v : values) {
       names.push_back(v->name());
       graph.rename(v, graph.uniqueName(v->name() + ".local"));
     }
-    Op *all = b.createOp(OpKind::AllReduce, values, attrs({{"reduce", std::string(reduce)}}),
-                         graph.uniqueName(names.front() + ".all"));
+    AttrMap a = attrs({{"reduce", std::string("avg")}});
+    if (kind == OpKind::ReduceScatter) {
+      a.set("ranks", int64_t(options_.ranks));
+      a.set("rank", int64_t(options_.rank));
+    }
+    Op *all = b.createOp(kind, values, std::move(a), graph.uniqueName(names.front() + ".all"));
     if (!all)
       return nullptr;
     for (size_t i = 0; i < values.size(); ++i) {

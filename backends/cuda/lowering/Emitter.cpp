@@ -1,4 +1,5 @@
 #include "backends/cuda/lowering/Emitter.h"
+#include "backends/cuda/lowering/Families.h"
 #include "support/Error.h"
 
 #include "support/Numerics.h"
@@ -28,8 +29,11 @@ double fp8Largest(const AttrMap &attrs) { return fp8Max(fp8FormatOf(attrs)); }
 std::string fp8MarginScale(const AttrMap &attrs) { return lit(std::ldexp(1.0, int(fp8Margin(attrs)))); }
 
 llvm::Error unsupported(const Op &op) {
-  return makeError("error: %{} = {} has no GPU lowering yet (the GPU backend runs gpuPipeline's programs)",
-                   op.numResults() ? op.result()->name().c_str() : "", op.name().str().c_str());
+  GpuLoweringInfo info = gpuLoweringOf(op.kind());
+  std::string why = info.how == GpuLowering::NotYet && info.where ? info.where
+                                                                 : "the GPU backend runs gpuPipeline's programs";
+  return makeError("error: %{} = {} has no GPU lowering yet ({})", op.numResults() ? op.result()->name().c_str() : "",
+                   op.name().str().c_str(), why);
 }
 
 std::string kernelSource(const KernelText &k) {

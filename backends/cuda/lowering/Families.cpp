@@ -19,6 +19,10 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
     return {G::Alias, "the operand's memory"};
   case OpKind::AllReduce:
     return {G::Collective, "NCCL (runtime/Collectives.cpp)"};
+  case OpKind::ReduceScatter:
+  case OpKind::AllGather:
+  case OpKind::Shard:
+    return {G::NotYet, "ZeRO's sharded optimizer runs on the CPU reference so far"};
   case OpKind::MatMul:
   case OpKind::MatMulBias:
   case OpKind::MatMulBiasGelu:
