@@ -7,6 +7,36 @@
 #include "decode.cuh"
 #include "Sampling.h"
 
+// sampleRows' block: 1024 threads a row.
+constexpr int kSampleThreads = 1024;
+// Loads each thread has in flight at once in the passes over a row: one row's block waits on
+// memory's latency, not its bandwidth (one element a thread at a time made each of the ten
+// passes over GPT-2's 50,257 logits wait 49 times).
+constexpr int kSampleUnroll = 8;
+
+// f(i, logit, weight) for the row's elements i = threadIdx.x + k * kSampleThreads in order of k,
+// kSampleUnroll loads (of the logit, and of the weight where weights is not null; 1 otherwise) in
+// flight at once.
+template <int64 N, typename F>
+__device__ __forceinline__ void sampleForEach(const float *x, const unsigned long long *weights, F f) {
+  constexpr int64 Step = (int64)kSampleThreads * kSampleUnroll;
+  for (int64 base = threadIdx.x; base < N; base += Step) {
+    float v[kSampleUnroll];
+    unsigned long long w[kSampleUnroll];
+#pragma unroll
+    for (int u = 0; u < kSampleUnroll; ++u) {
+      int64 i = base + (int64)u * kSampleThreads;
+      v[u] = i < N ? x[i] : 0.0f;
+      w[u] = i < N && weights ? weights[i] : 1ull;
+    }
+#pragma unroll
+    for (int u = 0; u < kSampleUnroll; ++u) {
+      int64 i = base + (int64)u * kSampleThreads;
+      if (i < N) f(i, v[u], w[u]);
+    }
+  }
+}
+
 // The row's largest logit and its index, from argmaxParts' parts, given to every thread.
 template <int64 N, int64 Chunk>
 __device__ void sampleRowBest(const float *parts, int64 row, float &best, int &index) {
@@ -86,10 +116,10 @@ __device__ unsigned sampleThreshold(const float *x, const unsigned long long *we
     // share their leading bytes, and 50k atomics on one bin serialised took half a millisecond.
     int bin = -1;
     unsigned long long sum = 0;
-    for (int64 i = threadIdx.x; i < N; i += blockDim.x) {
-      unsigned key = samplingKey(x[i]);
+    sampleForEach<N>(x, weights, [&](int64, float logit, unsigned long long weight) {
+      unsigned key = samplingKey(logit);
       if (key < lowest || (key & decided) != prefix)
-        continue;
+        return;
       int b = (int)((key >> shift) & 255u);
       if (b != bin) {
         if (sum)
@@ -97,8 +127,8 @@ __device__ unsigned sampleThreshold(const float *x, const unsigned long long *we
         bin = b;
         sum = 0;
       }
-      sum += weights ? weights[i] : 1ull;
-    }
+      sum += weight;
+    });
     if (sum)
       atomicAdd(&bins[bin], sum);
     __syncthreads();
@@ -148,9 +178,10 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
   unsigned long long kept = 0;
   unsigned lowest = topK > 0 && topK < N ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK, kept) : 0u;
   unsigned long long total = 0;
-  for (int64 i = threadIdx.x; i < N; i += blockDim.x)
-    if (samplingKey(x[i]) >= lowest)
-      total += weights[i];
+  sampleForEach<N>(x, weights, [&](int64, float logit, unsigned long long weight) {
+    if (samplingKey(logit) >= lowest)
+      total += weight;
+  });
   total = sampleBlockSum(total);
   if (total == 0) { // no finite logit
     if (threadIdx.x == 0)
@@ -161,12 +192,22 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
     lowest = sampleThreshold<N>(x, weights, lowest, samplingMassTarget(total, topP), total);
   unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
   unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
-  constexpr int64 Run = (N + 1023) / 1024;
+  constexpr int64 Run = (N + kSampleThreads - 1) / kSampleThreads;
   int64 first = threadIdx.x * Run, last = first + Run < N ? first + Run : N;
   unsigned long long own = 0;
-  for (int64 i = first; i < last; ++i)
-    if (samplingKey(x[i]) >= lowest)
-      own += weights[i];
+  for (int64 at = first; at < last; at += kSampleUnroll) { // kSampleUnroll loads in flight
+    float v[kSampleUnroll];
+    unsigned long long w[kSampleUnroll];
+#pragma unroll
+    for (int u = 0; u < kSampleUnroll; ++u) {
+      v[u] = at + u < last ? x[at + u] : 0.0f;
+      w[u] = at + u < last ? weights[at + u] : 0ull;
+    }
+#pragma unroll
+    for (int u = 0; u < kSampleUnroll; ++u)
+      if (at + u < last && samplingKey(v[u]) >= lowest)
+        own += w[u];
+  }
   unsigned long long running = sampleExclusiveScan(own);
   if (running <= draw && draw < running + own)
     for (int64 i = first; i < last; ++i)
