@@ -14,13 +14,14 @@ constexpr int kSampleThreads = 1024;
 // passes over GPT-2's 50,257 logits wait 49 times).
 constexpr int kSampleUnroll = 8;
 
-// f(i, logit, weight) for the row's elements i = threadIdx.x + k * kSampleThreads in order of k,
-// kSampleUnroll loads (of the logit, and of the weight where weights is not null; 1 otherwise) in
-// flight at once.
+// f(valid, logit, weight) for the row's elements i = threadIdx.x + k * kSampleThreads in order
+// of k, kSampleUnroll loads (of the logit, and of the weight where weights is not null; 1
+// otherwise) in flight at once. Every thread calls f the same number of times (valid is false
+// past the row's end), so that f may use warp-wide intrinsics.
 template <int64 N, typename F>
 __device__ __forceinline__ void sampleForEach(const float *x, const unsigned long long *weights, F f) {
   constexpr int64 Step = (int64)kSampleThreads * kSampleUnroll;
-  for (int64 base = threadIdx.x; base < N; base += Step) {
+  for (int64 base = threadIdx.x; base - threadIdx.x < N; base += Step) {
     float v[kSampleUnroll];
     unsigned long long w[kSampleUnroll];
 #pragma unroll
@@ -30,11 +31,25 @@ __device__ __forceinline__ void sampleForEach(const float *x, const unsigned lon
       w[u] = i < N && weights ? weights[i] : 1ull;
     }
 #pragma unroll
-    for (int u = 0; u < kSampleUnroll; ++u) {
-      int64 i = base + (int64)u * kSampleThreads;
-      if (i < N) f(i, v[u], w[u]);
-    }
+    for (int u = 0; u < kSampleUnroll; ++u) f(base + (int64)u * kSampleThreads < N, v[u], w[u]);
   }
+}
+
+// Adds `weight` to bins[bin] (nothing where bin < 0); every lane of the warp calls it. The lanes
+// of one bin add their sum in one atomic (a weight is at most 2^40: its low 21 and high 20 bits
+// summed over 32 lanes fit 32 bits), so that the lanes of the common leading bytes do not queue
+// on one 64-bit shared atomic each.
+__device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin, unsigned long long weight) {
+#if __CUDA_ARCH__ >= 800
+  unsigned peers = __match_any_sync(0xffffffffu, bin);
+  unsigned low = __reduce_add_sync(peers, (unsigned)(weight & 0x1fffffull));
+  unsigned high = __reduce_add_sync(peers, (unsigned)(weight >> 21));
+  if (bin >= 0 && (int)(threadIdx.x % 32) == __ffs(peers) - 1)
+    atomicAdd(&bins[bin], ((unsigned long long)high << 21) + low);
+#else
+  if (bin >= 0)
+    atomicAdd(&bins[bin], weight);
+#endif
 }
 
 // The row's largest logit and its index, from argmaxParts' parts, given to every thread.
@@ -102,35 +117,33 @@ __device__ unsigned long long sampleExclusiveScan(unsigned long long value) {
 template <int64 N>
 __device__ unsigned sampleThreshold(const float *x, const unsigned long long *weights, unsigned lowest,
                                     unsigned long long target, unsigned long long &kept) {
-  __shared__ unsigned long long bins[256];
+  constexpr int Copies = 8; // histograms: warp w adds to copy w % Copies, then they are summed
+  __shared__ unsigned long long copies[Copies][256];
+  unsigned long long *bins = copies[0];
   __shared__ unsigned sharedPrefix;
   __shared__ unsigned long long sharedAbove, sharedKept;
   unsigned prefix = 0;
   unsigned long long above = 0; // the weight of the keys above the prefix's range
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x)
-      bins[b] = 0;
+    for (int k = threadIdx.x; k < Copies * 256; k += blockDim.x)
+      copies[k / 256][k % 256] = 0;
     __syncthreads();
     unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-    // Each thread sums its run of tokens in one bin before it adds to the shared bin: logits
-    // share their leading bytes, and 50k atomics on one bin serialised took half a millisecond.
-    int bin = -1;
-    unsigned long long sum = 0;
-    sampleForEach<N>(x, weights, [&](int64, float logit, unsigned long long weight) {
+    // Logits share their leading bytes: 50k atomics on a few bins queued for half a
+    // millisecond. Each warp's lanes of a bin add once (sampleAddToBin), into one of 8 copies.
+    unsigned long long *mine = copies[(threadIdx.x / 32) % Copies];
+    sampleForEach<N>(x, weights, [&](bool valid, float logit, unsigned long long weight) {
       unsigned key = samplingKey(logit);
-      if (key < lowest || (key & decided) != prefix)
-        return;
-      int b = (int)((key >> shift) & 255u);
-      if (b != bin) {
-        if (sum)
-          atomicAdd(&bins[bin], sum);
-        bin = b;
-        sum = 0;
-      }
-      sum += weight;
+      bool counted = valid && key >= lowest && (key & decided) == prefix;
+      sampleAddToBin(mine, counted ? (int)((key >> shift) & 255u) : -1, weight);
     });
-    if (sum)
-      atomicAdd(&bins[bin], sum);
+    __syncthreads();
+    for (int k = threadIdx.x; k < 256; k += blockDim.x) {
+      unsigned long long sum = 0;
+      for (int c = 0; c < Copies; ++c)
+        sum += copies[c][k];
+      bins[k] = sum;
+    }
     __syncthreads();
     // Thread t holds bin 255 - t: the bins above it are the threads before it. The bin where
     // the running weight from the top reaches the target is the next byte (bin 0 if none).
@@ -178,8 +191,8 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
   unsigned long long kept = 0;
   unsigned lowest = topK > 0 && topK < N ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK, kept) : 0u;
   unsigned long long total = 0;
-  sampleForEach<N>(x, weights, [&](int64, float logit, unsigned long long weight) {
-    if (samplingKey(logit) >= lowest)
+  sampleForEach<N>(x, weights, [&](bool valid, float logit, unsigned long long weight) {
+    if (valid && samplingKey(logit) >= lowest)
       total += weight;
   });
   total = sampleBlockSum(total);
