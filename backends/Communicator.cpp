@@ -1,4 +1,5 @@
 #include "backends/Communicator.h"
+#include "backends/TcpGroup.h"
 #include "support/Error.h"
 
 #include <algorithm>
@@ -47,20 +48,14 @@ struct LocalGroup::Shared {
   };
   std::vector<Rank> ranks;
 
-  /// Element i reduced over the ranks' inputs, in rank order.
-  float reduced(size_t i, ReduceOp op) const {
-    double acc = calls[0].in[i];
-    for (size_t r = 1; r < calls.size(); ++r)
-      acc = op == ReduceOp::Max ? std::max(acc, double(calls[r].in[i])) : acc + double(calls[r].in[i]);
-    if (op == ReduceOp::Avg)
-      acc /= double(calls.size());
-    return float(acc);
-  }
-
   /// The last rank's work: every rank's result (all_reduce's in place, after all are read).
   void run() {
     const Call &first = calls[0];
     size_t n = calls.size(), part = first.count / n;
+    std::vector<const float *> inputs;
+    for (const Call &c : calls)
+      inputs.push_back(c.in);
+    auto reduced = [&](size_t i, ReduceOp op) { return reduceInRankOrder(inputs.data(), n, i, op); };
     if (first.kind == Kind::AllReduce) {
       std::vector<float> result(first.count);
       for (size_t i = 0; i < first.count; ++i)

@@ -6,6 +6,7 @@
 // goes to /dev/null, their errors stay on standard error. The launcher waits: when a rank fails
 // or is killed, it stops the others (SIGTERM, then SIGKILL after 2 s), which would otherwise
 // wait in a collective for it forever, says which rank ended how, and exits with its status.
+#include "backends/TcpGroup.h"
 #include "backends/cuda/libraries/Nccl.h"
 #include "backends/cuda/Target.h"
 #include "support/Error.h"
@@ -77,6 +78,8 @@ int exitCodeOf(int status) {
 std::optional<int> launchRanks() {
   if (std::getenv(kRankVar) || Gpus == 1)
     return std::nullopt; // a rank, or one GPU: this process trains
+  if (const char *world = std::getenv("WORLD_SIZE"); world && llvm::StringRef(world).trim() != "1")
+    return report(flagError("--gpus starts its own ranks: drop it where WORLD_SIZE describes the run's processes"));
   if (Gpus < 1 || Gpus > 64)
     return report(flagError(fmt::format("--gpus takes 1 to 64, got {}", int(Gpus))));
   if (DeviceFlag == "cpu")
@@ -188,9 +191,98 @@ std::optional<int> launchRanks() {
   return exitCode;
 }
 
+namespace {
+
+/// An environment variable as an integer in [low, high], or `fallback` where it is unset.
+llvm::Expected<int> intFromEnvironment(const char *name, int low, int high, std::optional<int> fallback) {
+  const char *text = std::getenv(name);
+  if (!text) {
+    if (fallback)
+      return *fallback;
+    return flagError(fmt::format("{} is not set: a run across processes (torchrun's WORLD_SIZE) needs RANK, "
+                                 "MASTER_ADDR and MASTER_PORT too",
+                                 name));
+  }
+  int value = 0;
+  if (llvm::StringRef(text).trim().getAsInteger(10, value) || value < low || value > high)
+    return flagError(fmt::format("{}={} is not an integer in [{}, {}]", name, text, low, high));
+  return value;
+}
+
+/// A rank of a run whose processes someone else started (torchrun, or by hand), described by
+/// torchrun's environment: WORLD_SIZE, RANK, LOCAL_RANK (the GPU; default RANK), MASTER_ADDR
+/// (default 127.0.0.1) and MASTER_PORT, where rank 0 listens. They meet over TCP (TcpGroup.h,
+/// TGC_RENDEZVOUS_TIMEOUT seconds, default 300): on the CPU its collectives are the run's; on
+/// GPUs it hands every rank rank 0's NCCL unique id. Ranks other than 0 print nothing on
+/// standard output (their errors stay on standard error).
+llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks) {
+  auto rank = intFromEnvironment("RANK", 0, ranks - 1, std::nullopt);
+  if (!rank)
+    return rank.takeError();
+  auto port = intFromEnvironment("MASTER_PORT", 1, 65535, std::nullopt);
+  if (!port)
+    return port.takeError();
+  auto local = intFromEnvironment("LOCAL_RANK", 0, 1023, *rank);
+  if (!local)
+    return local.takeError();
+  auto timeout = intFromEnvironment("TGC_RENDEZVOUS_TIMEOUT", 1, 86400, 300);
+  if (!timeout)
+    return timeout.takeError();
+  if (Gpus != 1)
+    return flagError("--gpus starts its own ranks: drop it where WORLD_SIZE describes the run's processes");
+  const char *host = std::getenv("MASTER_ADDR");
+  Rendezvous rendezvous{host && *host ? host : "127.0.0.1", *port, *rank, ranks, double(*timeout), ""};
+  RankSetup setup;
+  setup.rank = *rank;
+  setup.ranks = ranks;
+  auto device = DeviceFlag == "cpu" ? llvm::Expected<Device>(Device::cpu()) : detectCudaDevice(*local);
+  if (!device && DeviceFlag == "cuda")
+    return stringError(fmt::format("rank {}: {}", *rank, llvm::toString(device.takeError())));
+  setup.device = device ? *device : (llvm::consumeError(device.takeError()), Device::cpu());
+  NcclUniqueId id{};
+  if (setup.device == Device::Cuda && *rank == 0) { // rank 0 makes NCCL's id; the rendezvous hands it out
+    auto nccl = loadNccl();
+    if (!nccl)
+      return nccl.takeError();
+    if (int result = (*nccl)->getUniqueId(&id); result != 0)
+      return flagError(fmt::format("ncclGetUniqueId failed: {}", (*nccl)->errorString(result)));
+    rendezvous.payload = uniqueIdToHex(id);
+  }
+  auto group = joinTcpGroup(rendezvous);
+  if (!group)
+    return group.takeError();
+  if (*rank > 0) { // rank 0 prints
+    llvm::outs().flush();
+    int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0)
+      ::dup2(null, 1), ::close(null);
+  }
+  if (setup.device == Device::Cpu) {
+    setup.communicator = std::move(*group);
+    return std::move(setup);
+  }
+  auto received = uniqueIdFromHex(rendezvous.payload);
+  if (!received)
+    return received.takeError();
+  auto communicator = NcclCommunicator::create(*received, *rank, ranks, *local);
+  if (!communicator)
+    return communicator.takeError();
+  setup.communicator = std::move(*communicator);
+  return std::move(setup);
+}
+
+} // namespace
+
 llvm::Expected<RankSetup> joinRanks() {
   RankSetup setup;
   const char *rankText = std::getenv(kRankVar);
+  if (!rankText && std::getenv("WORLD_SIZE")) {
+    auto ranks = intFromEnvironment("WORLD_SIZE", 1, 4096, std::nullopt);
+    if (!ranks)
+      return ranks.takeError();
+    if (*ranks > 1)
+      return joinEnvironmentRanks(*ranks);
+  }
   if (!rankText) {
     auto device = resolveDevice();
     if (!device)

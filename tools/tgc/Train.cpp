@@ -222,11 +222,16 @@ llvm::Expected<std::unique_ptr<Trainer>> prepareRun(const ModelConfig &config, c
   return std::move(*trainer);
 }
 
+/// Whether this process writes the run's files: rank 0 does.
+bool WritesFiles = true;
+
 /// The checkpoint of `t` at --save, with a line saying so.
 llvm::Error save(Trainer &t, llvm::StringRef why = "") {
-  auto checkpoint = t.checkpoint();
+  auto checkpoint = t.checkpoint(); // (a collective under shard: optimizer)
   if (!checkpoint)
     return checkpoint.takeError();
+  if (!WritesFiles)
+    return llvm::Error::success();
   if (auto err = writeCheckpoint(SavePath, *checkpoint))
     return err;
   llvm::outs() << fmt::format("saved {} (step {}){}\n", SavePath.getValue(), t.stepsDone(), why.str());
@@ -526,7 +531,10 @@ int runTrain() {
     return report(trainer.takeError());
   Trainer &t = **trainer;
   if (setup->rank > 0) { // rank 0 writes the checkpoints and the log (every rank holds the same)
-    SavePath = "";
+    // Under shard: optimizer a save gathers the moments from every rank: all take part.
+    if (!t.config().train.shardOptimizer)
+      SavePath = "";
+    WritesFiles = false;
     LogPath = "";
   }
   const ModelConfig &c = t.config();
@@ -536,9 +544,11 @@ int runTrain() {
   out.every = LogEvery > 0 ? int64_t(LogEvery) : std::max<int64_t>(1, out.total / 20);
   printRunHeader(t);
   if (t.ranks() > 1)
-    llvm::outs() << fmt::format("data parallel: {} GPUs of this machine, one process each, through NCCL ({} sequences "
-                                "each; rank 0 prints and writes)\n",
-                                t.ranks(), c.train.batch / t.ranks());
+    llvm::outs() << fmt::format("data parallel: {} ranks, one process each, {} ({} sequences each{}; rank 0 prints "
+                                "and writes)\n",
+                                t.ranks(), std::getenv("WORLD_SIZE") ? "met over TCP" : "on the GPUs of this machine",
+                                c.train.batch / t.ranks(),
+                                c.train.shardOptimizer ? ", AdamW's state sharded" : "");
   llvm::outs() << fmt::format("data: {}\n", t.data().describe());
   for (const std::string &line : t.executor().memoryReport())
     llvm::outs() << "memory: " << line << "\n";
