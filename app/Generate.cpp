@@ -74,6 +74,12 @@ llvm::Error bindSampling(Executor &executor, const SamplingOptions &options) {
   return executor.bind(program::kSampleSeed, seed);
 }
 
+llvm::Expected<unsigned> launchAndReadNext(Executor &executor) {
+  if (auto err = executor.launch())
+    return std::move(err);
+  return executor.readLater(program::kNext);
+}
+
 llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
                                                  const std::map<std::string, Tensor> &weights,
                                                  int64_t batch, Device device, GPTOutput output,
@@ -275,9 +281,7 @@ Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t co
         return std::move(err);
     if (auto err = bindPositions(step))
       return std::move(err);
-    if (auto err = executor.launch())
-      return std::move(err);
-    auto ticket = executor.readLater(program::kNext);
+    auto ticket = launchAndReadNext(executor);
     if (!ticket)
       return ticket.takeError();
     if (waiting)

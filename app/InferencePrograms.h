@@ -10,6 +10,10 @@ namespace tgc {
 /// Binds `options` to the sample op's inputs of a prefill, decode or verify program.
 llvm::Error bindSampling(Executor &executor, const SamplingOptions &options);
 
+/// Starts a step of a decode program (Executor::launch) and queues the copy of its %next: the
+/// ticket to collect each sequence's token with.
+llvm::Expected<unsigned> launchAndReadNext(Executor &executor);
+
 /// Compiles `output`'s program of `config` for `batch` sequences (`length` positions for a
 /// prefill, tokens a sequence for a verify step) and binds the weights (and FP8 scaling state)
 /// from `weights`; KV caches start at zero.

@@ -92,9 +92,7 @@ Generator::draftTokens(const std::vector<std::vector<int32_t>> &sequences, const
       positions[b] = active[b] ? lastPosition(sequences[b]) + int32_t(j) : 0;
     if (auto err = executor.bind(program::kPositions, Tensor{column, {}, positions}))
       return std::move(err);
-    if (auto err = executor.launch())
-      return std::move(err);
-    auto ticket = executor.readLater(program::kNext);
+    auto ticket = launchAndReadNext(executor);
     if (!ticket)
       return ticket.takeError();
     tickets.push_back(*ticket);

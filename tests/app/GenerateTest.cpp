@@ -2,6 +2,7 @@
 // token a step, gives each position the logits the full program gives that position, for the
 // model variants and in fp32 and bf16; the generator's tokens agree with and without the cache.
 #include "tests/RandomWeights.h"
+#include "tests/app/GenerationCases.h"
 #include "backends/cpu/Pipeline.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
@@ -22,23 +23,6 @@ using namespace tgc;
 using namespace tgc::test;
 
 namespace {
-
-std::unique_ptr<Graph> inferenceProgram(const ModelConfig &c, int64_t batch, GPTOutput output, int64_t length = 0) {
-  auto graph = unwrap(buildGPT(c, batch, output, length));
-  if (!graph)
-    return nullptr;
-  PipelineOptions options;
-  options.passOptions.precision = resolveRecipeForCpu(c.precision);
-  auto pipeline = unwrap(PassPipeline::create(forwardPipeline(), options));
-  EXPECT_FALSE(bool(pipeline.run(*graph)));
-  return graph;
-}
-
-struct Case {
-  const char *model;
-  const char *recipe;
-  double bound; // relative to the largest logit
-};
 
 /// What the KV-cache tests compare with: the full program's logits for B random sequences of
 /// seq_len tokens, from random weights, and the decode program to compare.
@@ -181,23 +165,7 @@ TEST_P(KvCache, PrefillThenDecodeGiveTheFullProgramsLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, KvCache,
-    testing::Values(Case{"models/tiny.yaml", "fp32", 1e-5},
-                    // RMSNorm, SwiGLU, tied embeddings, no biases
-                    Case{"tests/models/tiny-variants.yaml", "fp32", 1e-5},
-                    // The attention's probabilities are rounded to BF16 in both, from values that
-                    // differ in the last bits: one can land on the neighbouring BF16.
-                    Case{"models/tiny.yaml", "bf16", 1e-2},
-                    // RoPE (the caches hold rotated keys) and two KV heads for four query heads
-                    Case{"models/llama-tiny.yaml", "fp32", 1e-5}, Case{"models/llama-tiny.yaml", "bf16", 1e-2}),
-    [](const testing::TestParamInfo<Case> &info) {
-      std::string model = info.param.model; // tiny_fp32, tiny_variants_fp32, llama_tiny_bf16, ...
-      model = model.substr(model.rfind('/') + 1);
-      model = model.substr(0, model.find('.'));
-      std::replace(model.begin(), model.end(), '-', '_');
-      return model + "_" + info.param.recipe;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, KvCache, generationCases(), caseName);
 
 TEST(KvCacheOps, RowsWrittenAttendedAndPositionsChecked) {
   auto g = unwrap(parseGraph("graph @g\n%k = input() : f32[2,4,2]\n%v = input() : f32[2,4,2]\n"

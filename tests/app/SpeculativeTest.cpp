@@ -3,6 +3,7 @@
 // gives plain greedy decoding's tokens, whatever the draft proposes and however many tokens a
 // step keeps.
 #include "tests/RandomWeights.h"
+#include "tests/app/GenerationCases.h"
 #include "app/Generate.h"
 #include "backends/cpu/Interpreter.h"
 #include "backends/cpu/Pipeline.h"
@@ -19,23 +20,6 @@ using namespace tgc::test;
 
 namespace {
 
-std::unique_ptr<Graph> cpuProgram(const ModelConfig &c, int64_t batch, GPTOutput output, int64_t length = 0) {
-  auto graph = unwrap(buildGPT(c, batch, output, length));
-  if (!graph)
-    return nullptr;
-  PipelineOptions options;
-  options.passOptions.precision = resolveRecipeForCpu(c.precision);
-  auto pipeline = unwrap(PassPipeline::create(forwardPipeline(), options));
-  EXPECT_FALSE(bool(pipeline.run(*graph)));
-  return graph;
-}
-
-struct Case {
-  const char *model;
-  const char *recipe;
-  double bound; // relative to the largest logit
-};
-
 class VerifyProgram : public testing::TestWithParam<Case> {};
 
 TEST_P(VerifyProgram, EachRowGivesTheFullProgramsLogitsAtItsPosition) {
@@ -49,8 +33,8 @@ TEST_P(VerifyProgram, EachRowGivesTheFullProgramsLogitsAtItsPosition) {
   ModelConfig c = unwrap(loadModelConfig(sourcePath(param.model)));
   c.precision.recipe = *parseRecipe(param.recipe);
   const int64_t T = c.seqLen, V = c.vocab;
-  auto full = cpuProgram(c, B, GPTOutput::Logits), decode = cpuProgram(c, B, GPTOutput::Decode);
-  auto verify = cpuProgram(c, B, GPTOutput::Verify, S);
+  auto full = inferenceProgram(c, B, GPTOutput::Logits), decode = inferenceProgram(c, B, GPTOutput::Decode);
+  auto verify = inferenceProgram(c, B, GPTOutput::Verify, S);
   ASSERT_TRUE(full && decode && verify);
   Rng rng(freshSeed());
   std::map<std::string, Tensor> weights = randomWeights(*full, rng);
@@ -116,19 +100,7 @@ TEST_P(VerifyProgram, EachRowGivesTheFullProgramsLogitsAtItsPosition) {
   runVerify({start[0] + 1, start[1] - 2});
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, VerifyProgram,
-                         testing::Values(Case{"models/tiny.yaml", "fp32", 1e-5},
-                                         Case{"tests/models/tiny-variants.yaml", "fp32", 1e-5},
-                                         Case{"models/tiny.yaml", "bf16", 1e-2},
-                                         Case{"models/llama-tiny.yaml", "fp32", 1e-5},
-                                         Case{"models/llama-tiny.yaml", "bf16", 1e-2}),
-                         [](const testing::TestParamInfo<Case> &info) {
-                           std::string model = info.param.model;
-                           model = model.substr(model.rfind('/') + 1);
-                           model = model.substr(0, model.find('.'));
-                           std::replace(model.begin(), model.end(), '-', '_');
-                           return model + "_" + info.param.recipe;
-                         });
+INSTANTIATE_TEST_SUITE_P(Models, VerifyProgram, generationCases(), caseName);
 
 class SpeculativeGenerator : public testing::TestWithParam<const char *> {};
 
