@@ -25,7 +25,7 @@ TEST_P(GpuVerify, RowsFollowTheCpuOverRandomCaches) {
     recipe = recipe.substr(6);
   }
   const bool bf16 = recipe == "bf16";
-  const double bound = !bf16 ? 1e-5 : model == std::string("models/tiny.yaml") ? 1e-2 : 2e-2; // as GpuDecode's
+  const double bound = !bf16 ? 1e-5 : model == std::string("models/tiny.yaml") ? 1.2e-2 : 2e-2; // as GpuDecode's
   ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
   const int64_t B = 4, S = 5, T = c.seqLen;
   auto program = unwrap(buildGPT(c, B, GPTOutput::Verify, S));
