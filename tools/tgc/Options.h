@@ -75,6 +75,7 @@ struct RankSetup {
   int rank = 0, ranks = 1;
   Device device;
   std::unique_ptr<Communicator> communicator;
+  bool overTcp = false; // the ranks met over TCP (torchrun's or SLURM's environment)
 };
 /// In the process the user started with --gpus N (N > 1): starts the N ranks of this command,
 /// waits for them and returns the exit status. std::nullopt where this process trains itself

@@ -209,38 +209,71 @@ llvm::Expected<int> intFromEnvironment(const char *name, int low, int high, std:
   return value;
 }
 
-/// A rank of a run whose processes someone else started (torchrun, or by hand), described by
-/// torchrun's environment: WORLD_SIZE, RANK, LOCAL_RANK (the GPU; default RANK), MASTER_ADDR
-/// (default 127.0.0.1) and MASTER_PORT, where rank 0 listens. They meet over TCP (TcpGroup.h,
-/// TGC_RENDEZVOUS_TIMEOUT seconds, default 300): on the CPU its collectives are the run's; on
-/// GPUs it hands every rank rank 0's NCCL unique id. Ranks other than 0 print nothing on
-/// standard output (their errors stay on standard error).
-llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks) {
-  auto rank = intFromEnvironment("RANK", 0, ranks - 1, std::nullopt);
+/// The first host of SLURM's node list: "gpu[01-04,07],login" -> "gpu01".
+std::string firstHostOf(llvm::StringRef nodes) {
+  size_t bracket = nodes.find('['), comma = nodes.find(',');
+  if (bracket == llvm::StringRef::npos || (comma != llvm::StringRef::npos && comma < bracket))
+    return nodes.substr(0, comma).trim().str();
+  llvm::StringRef inside = nodes.substr(bracket + 1).split(']').first, after = nodes.substr(bracket + 1).split(']').second;
+  llvm::StringRef first = inside.split(',').first.split('-').first;
+  return (nodes.substr(0, bracket) + first + after.split(',').first).str();
+}
+
+/// Where a rank of a run started by someone else is: torchrun's WORLD_SIZE, RANK, LOCAL_RANK
+/// (the GPU; default RANK), MASTER_ADDR (default 127.0.0.1) and MASTER_PORT, or SLURM's
+/// SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID and the node list's first host (MASTER_ADDR and
+/// MASTER_PORT still win; the port's default is torchrun's 29500 there).
+struct EnvironmentRank {
+  int rank = 0, ranks = 1, local = 0, port = 0;
+  std::string host;
+};
+llvm::Expected<EnvironmentRank> environmentRank(int ranks, bool slurm) {
+  EnvironmentRank e;
+  e.ranks = ranks;
+  auto rank = intFromEnvironment(slurm ? "SLURM_PROCID" : "RANK", 0, ranks - 1, std::nullopt);
   if (!rank)
     return rank.takeError();
-  auto port = intFromEnvironment("MASTER_PORT", 1, 65535, std::nullopt);
+  auto port = intFromEnvironment("MASTER_PORT", 1, 65535, slurm ? std::optional<int>(29500) : std::nullopt);
   if (!port)
     return port.takeError();
-  auto local = intFromEnvironment("LOCAL_RANK", 0, 1023, *rank);
+  auto local = intFromEnvironment(slurm ? "SLURM_LOCALID" : "LOCAL_RANK", 0, 1023, *rank);
   if (!local)
     return local.takeError();
+  e.rank = *rank, e.port = *port, e.local = *local;
+  const char *host = std::getenv("MASTER_ADDR");
+  const char *nodes = slurm ? std::getenv("SLURM_JOB_NODELIST") : nullptr;
+  if (slurm && !nodes)
+    nodes = std::getenv("SLURM_NODELIST");
+  e.host = host && *host ? host : nodes && *nodes ? firstHostOf(nodes) : "127.0.0.1";
+  return e;
+}
+
+/// A rank of a run whose processes someone else started (torchrun, SLURM, or by hand; see
+/// environmentRank). They meet over TCP (TcpGroup.h, TGC_RENDEZVOUS_TIMEOUT seconds, default
+/// 300): on the CPU its collectives are the run's; on GPUs it hands every rank rank 0's NCCL
+/// unique id. Ranks other than 0 print nothing on standard output (their errors stay on
+/// standard error).
+llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks, bool slurm) {
+  auto where = environmentRank(ranks, slurm);
+  if (!where)
+    return where.takeError();
   auto timeout = intFromEnvironment("TGC_RENDEZVOUS_TIMEOUT", 1, 86400, 300);
   if (!timeout)
     return timeout.takeError();
+  const int rank = where->rank, local = where->local;
   if (Gpus != 1)
     return flagError("--gpus starts its own ranks: drop it where WORLD_SIZE describes the run's processes");
-  const char *host = std::getenv("MASTER_ADDR");
-  Rendezvous rendezvous{host && *host ? host : "127.0.0.1", *port, *rank, ranks, double(*timeout), ""};
+  Rendezvous rendezvous{where->host, where->port, rank, ranks, double(*timeout), ""};
   RankSetup setup;
-  setup.rank = *rank;
+  setup.rank = rank;
   setup.ranks = ranks;
-  auto device = DeviceFlag == "cpu" ? llvm::Expected<Device>(Device::cpu()) : detectCudaDevice(*local);
+  setup.overTcp = true;
+  auto device = DeviceFlag == "cpu" ? llvm::Expected<Device>(Device::cpu()) : detectCudaDevice(local);
   if (!device && DeviceFlag == "cuda")
-    return stringError(fmt::format("rank {}: {}", *rank, llvm::toString(device.takeError())));
+    return stringError(fmt::format("rank {}: {}", rank, llvm::toString(device.takeError())));
   setup.device = device ? *device : (llvm::consumeError(device.takeError()), Device::cpu());
   NcclUniqueId id{};
-  if (setup.device == Device::Cuda && *rank == 0) { // rank 0 makes NCCL's id; the rendezvous hands it out
+  if (setup.device == Device::Cuda && rank == 0) { // rank 0 makes NCCL's id; the rendezvous hands it out
     auto nccl = loadNccl();
     if (!nccl)
       return nccl.takeError();
@@ -251,7 +284,7 @@ llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks) {
   auto group = joinTcpGroup(rendezvous);
   if (!group)
     return group.takeError();
-  if (*rank > 0) { // rank 0 prints
+  if (rank > 0) { // rank 0 prints
     llvm::outs().flush();
     int null = ::open("/dev/null", O_WRONLY);
     if (null >= 0)
@@ -264,7 +297,7 @@ llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks) {
   auto received = uniqueIdFromHex(rendezvous.payload);
   if (!received)
     return received.takeError();
-  auto communicator = NcclCommunicator::create(*received, *rank, ranks, *local);
+  auto communicator = NcclCommunicator::create(*received, rank, ranks, local);
   if (!communicator)
     return communicator.takeError();
   setup.communicator = std::move(*communicator);
@@ -276,12 +309,13 @@ llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks) {
 llvm::Expected<RankSetup> joinRanks() {
   RankSetup setup;
   const char *rankText = std::getenv(kRankVar);
-  if (!rankText && std::getenv("WORLD_SIZE")) {
-    auto ranks = intFromEnvironment("WORLD_SIZE", 1, 4096, std::nullopt);
+  bool torchrun = std::getenv("WORLD_SIZE"), slurm = !torchrun && std::getenv("SLURM_NTASKS");
+  if (!rankText && (torchrun || slurm)) {
+    auto ranks = intFromEnvironment(torchrun ? "WORLD_SIZE" : "SLURM_NTASKS", 1, 4096, std::nullopt);
     if (!ranks)
       return ranks.takeError();
     if (*ranks > 1)
-      return joinEnvironmentRanks(*ranks);
+      return joinEnvironmentRanks(*ranks, slurm);
   }
   if (!rankText) {
     auto device = resolveDevice();

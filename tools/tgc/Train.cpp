@@ -546,7 +546,7 @@ int runTrain() {
   if (t.ranks() > 1)
     llvm::outs() << fmt::format("data parallel: {} ranks, one process each, {} ({} sequences each{}; rank 0 prints "
                                 "and writes)\n",
-                                t.ranks(), std::getenv("WORLD_SIZE") ? "met over TCP" : "on the GPUs of this machine",
+                                t.ranks(), setup->overTcp ? "met over TCP" : "on the GPUs of this machine",
                                 c.train.batch / t.ranks(),
                                 c.train.shardOptimizer ? ", AdamW's state sharded" : "");
   llvm::outs() << fmt::format("data: {}\n", t.data().describe());
