@@ -12,6 +12,7 @@
 #include "backends/cuda/Report.h"
 #include "driver/RecomputeBudget.h"
 #include "ir/Parser.h"
+#include "models/ProgramInterface.h"
 #include "ir/Printer.h"
 #include "models/GPTBuilder.h"
 #include "support/Files.h"
@@ -132,6 +133,23 @@ llvm::Expected<PrecisionConfig> explainedRecipe(const ModelConfig &config) {
   return precision;
 }
 
+/// What one rank keeps of a training program's leaves from step to step, by class: what
+/// shard: optimizer divides (AdamW's moments) and what it does not.
+void printLeafBytes(const Graph &graph, bool sharded, llvm::raw_ostream &os) {
+  double parameters = 0, moments = 0, other = 0;
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
+      continue;
+    const TensorType &type = op->result()->type();
+    double mib = double(type.numElements()) * dtypeBytes(type.dtype) / (1 << 20);
+    (op->kind() == OpKind::Param ? parameters : program::isOptimizerMoment(op->result()->name()) ? moments : other) += mib;
+  }
+  if (moments == 0) // (not a training program)
+    return;
+  os << fmt::format("// a rank's leaves: parameters {:.2f} MiB, AdamW's moments {:.2f} MiB{}, other state {:.2f} MiB\n",
+                    parameters, moments, sharded ? fmt::format(" (its 1/{} share)", int(Ranks)) : "", other);
+}
+
 /// Model file -> forward (or training) graph -> pipeline (minus --disable-pass).
 llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, bool training,
                                                     bool stats, std::vector<std::string> dumpAfter) {
@@ -176,6 +194,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     llvm::errs() << fmt::format("// op counts of @{} (passes: {})\n", (*graph)->name(),
                                 fmt::join(pipeline->passNames(), ","));
     printOpCountTable(before, countOps(**graph), llvm::errs());
+    printLeafBytes(**graph, config.train.shardOptimizer && Ranks > 1, llvm::errs());
     printGpuMemoryReport(**graph, llvm::errs());
   }
   return graph;
