@@ -243,9 +243,11 @@ llvm::Expected<std::vector<Peer>> gather(Rendezvous &r, Clock::time_point until)
   if (::bind(listener.fd, reinterpret_cast<sockaddr *>(&address), sizeof address) != 0 || ::listen(listener.fd, 64) != 0)
     return fail(fmt::format("rank 0 cannot listen on port {}: {}", r.port, std::strerror(errno)));
   for (int joined = 0; joined < r.ranks - 1;) {
-    if (auto err = waitFor(listener, POLLIN, until, "heard"))
+    if (auto err = waitFor(listener, POLLIN, until, "heard")) {
+      llvm::consumeError(std::move(err));
       return fail(fmt::format("rank 0: {} of the other {} ranks joined on port {} within {} s", joined, r.ranks - 1,
                               r.port, r.timeoutSeconds));
+    }
     sockaddr_in from{};
     socklen_t size = sizeof from;
     Peer peer{::accept(listener.fd, reinterpret_cast<sockaddr *>(&from), &size), ""};
