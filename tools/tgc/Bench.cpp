@@ -3,6 +3,7 @@
 #include "app/Generate.h"
 #include "app/Init.h"
 #include "app/PrecisionProbe.h"
+#include "app/Tokenizer.h"
 #include "app/Trainer.h"
 #include "models/GPTBuilder.h"
 #include "support/BuildInfo.h"
@@ -42,6 +43,10 @@ static cl::opt<int64_t> BenchPromptLength("prompt-length", cl::desc("--generate:
 static cl::opt<int64_t> BenchTokens("tokens", cl::desc("--generate: new tokens for each prompt (default: to seq_len, at most 240)"),
                                     cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
 
+static cl::opt<std::string> BenchPromptText("prompt-text",
+                                            cl::desc("--generate: this text as every sequence's prompt, through the "
+                                                     "--weights checkpoint's tokenizer (instead of random tokens)"),
+                                            cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<std::string> BenchWeights("weights",
                                          cl::desc("--generate: this checkpoint's weights (trained with the model "
                                                   "file) instead of the initial ones"),
@@ -145,21 +150,73 @@ llvm::Expected<llvm::json::Object> timeGeneration(Generator &generator, const st
 /// continued greedily by --tokens tokens, from the model's initial weights; one untimed run
 /// (it compiles the prefill program and captures the steps), then --bench-steps timed runs,
 /// of which the medians are reported.
+/// --weights: a checkpoint of `base` (its tensors are bound by name and type), or nothing.
+llvm::Expected<std::optional<std::pair<ModelConfig, Checkpoint>>> benchWeights(const ModelConfig &base) {
+  if (BenchWeights.empty())
+    return std::nullopt;
+  auto trained = loadTrained(BenchWeights);
+  if (!trained)
+    return trained.takeError();
+  if (trained->first.vocab != base.vocab || trained->first.dModel != base.dModel || trained->first.layers != base.layers)
+    return flagError(fmt::format("--weights {}: the checkpoint's model ({}) is not {}", BenchWeights.getValue(),
+                                 trained->first.name, base.name));
+  return std::optional(std::move(*trained));
+}
+
+/// `batch` prompts: --prompt-text through the --weights checkpoint's tokenizer, the same text for
+/// every sequence (a trained model's continuation of text, which a draft guesses as it would
+/// in use), or --prompt-length random tokens each.
+llvm::Expected<std::vector<std::vector<int32_t>>>
+benchPrompts(const ModelConfig &base, int64_t batch, const std::optional<std::pair<ModelConfig, Checkpoint>> &weights) {
+  if (BenchPromptText.getNumOccurrences()) {
+    if (!weights)
+      return flagError("--prompt-text goes through a trained model's tokenizer: give --weights CKPT");
+    auto tokenizer = checkpointTokenizer(weights->second.meta, BenchWeights);
+    if (!tokenizer)
+      return tokenizer.takeError();
+    if (!*tokenizer)
+      return flagError(fmt::format("--weights {}: the checkpoint carries no tokenizer for --prompt-text",
+                                   BenchWeights.getValue()));
+    auto tokens = (*tokenizer)->encode(BenchPromptText);
+    if (!tokens)
+      return flagError("--prompt-text: " + llvm::toString(tokens.takeError()));
+    if (tokens->empty() || int64_t(tokens->size()) > base.seqLen)
+      return flagError(fmt::format("--prompt-text: {} tokens; the model's window is 1 to {}", tokens->size(),
+                                   base.seqLen));
+    return std::vector<std::vector<int32_t>>(size_t(batch), *tokens);
+  }
+  Rng rng(mix64(base.train.seed));
+  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(BenchPromptLength));
+  for (auto &prompt : prompts)
+    for (int32_t &t : prompt)
+      t = int32_t(rng.below(base.vocab));
+  return prompts;
+}
+
 int benchGeneration(const ModelConfig &base, const std::vector<std::string> &recipes, Device device) {
-  const int64_t batch = BatchSize.getNumOccurrences() ? int64_t(BatchSize) : 1, P = BenchPromptLength;
-  if (P < 1 || P > base.seqLen)
-    return report(flagError(fmt::format("--prompt-length must be between 1 and seq_len = {}, got {}", base.seqLen, P)));
+  const int64_t batch = BatchSize.getNumOccurrences() ? int64_t(BatchSize) : 1;
+  if (BenchPromptLength < 1 || BenchPromptLength > base.seqLen)
+    return report(flagError(fmt::format("--prompt-length must be between 1 and seq_len = {}, got {}", base.seqLen,
+                                        int64_t(BenchPromptLength))));
+  const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
+  if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
+    return report(flagError("--batch must be 1 to 4096 and --bench-steps 1 to 1000 with --generate"));
+  auto weights = benchWeights(base);
+  if (!weights)
+    return report(weights.takeError());
+  auto chosen = benchPrompts(base, batch, *weights);
+  if (!chosen)
+    return report(chosen.takeError());
+  const std::vector<std::vector<int32_t>> &prompts = *chosen;
+  const int64_t P = int64_t(prompts.front().size());
   // (--tokens 0 given is refused, as a count below 1 is: the default is only when it is absent)
   const int64_t count =
       BenchTokens.getNumOccurrences() ? int64_t(BenchTokens) : std::min<int64_t>(240, base.seqLen - P + 1);
-  const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
   if (count < 1)
     return report(flagError(fmt::format("--tokens must be at least 1, got {}", count)));
   if (P + count - 1 > base.seqLen)
-    return report(flagError(fmt::format("--prompt-length {} and --tokens {} must fit seq_len {} (prompt + tokens - 1 "
+    return report(flagError(fmt::format("prompts of {} tokens and --tokens {} must fit seq_len {} (prompt + tokens - 1 "
                                         "positions)", P, count, base.seqLen)));
-  if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
-    return report(flagError("--batch must be 1 to 4096 and --bench-steps 1 to 1000 with --generate"));
   auto flags = samplingFlags(base.train.seed);
   if (!flags)
     return report(flags.takeError());
@@ -169,28 +226,12 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
   std::string how = sampling.temperature > 0 ? fmt::format("sampled at temperature {}, top-k {}, top-p {}",
                                                            sampling.temperature, sampling.topK, sampling.topP)
                                              : "greedy";
-  llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens, {} new tokens each ({}), "
+  llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens{}, {} new tokens each ({}), "
                               "1 warm-up + {} timed runs per precision (medians)\n",
-                              base.name, batch, P, count, how, runs);
+                              base.name, batch, P, BenchPromptText.getNumOccurrences() ? " (--prompt-text)" : "", count,
+                              how, runs);
   llvm::outs() << fmt::format("{:<10} {:<34} {:>11} {:>12} {:>11} {:>13} {:>13}\n", "recipe", "device", "prefill ms",
                               "prompt tok/s", "ms a step", "decode tok/s", "overall tok/s");
-  // --weights: a checkpoint of this model (its tensors are bound by name and type).
-  std::optional<std::pair<ModelConfig, Checkpoint>> weights;
-  if (!BenchWeights.empty()) {
-    auto trained = loadTrained(BenchWeights);
-    if (!trained)
-      return report(trained.takeError());
-    if (trained->first.vocab != base.vocab || trained->first.dModel != base.dModel ||
-        trained->first.layers != base.layers)
-      return report(flagError(fmt::format("--weights {}: the checkpoint's model ({}) is not {}", BenchWeights.getValue(),
-                                          trained->first.name, base.name)));
-    weights = std::move(*trained);
-  }
-  Rng rng(mix64(base.train.seed));
-  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(P));
-  for (auto &prompt : prompts)
-    for (int32_t &t : prompt)
-      t = int32_t(rng.below(base.vocab));
   llvm::json::Array results;
   for (const std::string &recipe : recipes) {
     std::optional<Recipe> parsed = parseRecipe(recipe);
@@ -201,8 +242,8 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
     auto graph = buildGPT(config, 1, GPTOutput::Logits);
     if (!graph)
       return report(graph.takeError());
-    auto generator = Generator::create(config, weights ? weights->second.tensors : initParams(**graph, config.train.seed),
-                                       batch, device);
+    auto generator = Generator::create(
+        config, *weights ? (*weights)->second.tensors : initParams(**graph, config.train.seed), batch, device);
     if (!generator) {
       llvm::outs() << fmt::format("{:<10} {}\n", recipe, llvm::toString(generator.takeError()));
       continue;
