@@ -5,10 +5,20 @@
 
 namespace tgc::infer {
 
+/// dtype, where present, is "bf16": the values cross the ranks in BF16.
+static llvm::Error checkWireDType(const AttrMap &attrs) {
+  auto dtype = attrs.getString("dtype");
+  if (dtype && *dtype != "bf16")
+    return makeError("dtype must be \"bf16\" (or absent: fp32), got \"{}\"", *dtype);
+  return llvm::Error::success();
+}
+
 llvm::Expected<TypeList> inferAllReduce(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {
   auto reduce = attrs.getString("reduce");
   if (!reduce || (*reduce != "avg" && *reduce != "sum" && *reduce != "max"))
     return makeError("needs attribute reduce = \"avg\", \"sum\" or \"max\"");
+  if (auto err = checkWireDType(attrs))
+    return std::move(err);
   TypeList types;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].dtype != DType::F32)
@@ -42,6 +52,8 @@ llvm::Expected<TypeList> inferReduceScatter(Operands ops, const AttrMap &attrs, 
   auto ranks = shardRanks(attrs, true);
   if (!ranks)
     return ranks.takeError();
+  if (auto err = checkWireDType(attrs))
+    return std::move(err);
   TypeList types;
   for (size_t i = 0; i < ops.size(); ++i) {
     auto shard = shardOf(ops[i], *ranks, i, "reduce_scatter");

@@ -70,6 +70,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"amax_compute_algo", {"max", "most_recent"}},
     {"fp8_scaling", {"delayed", "current", "mixed", "block"}},
     {"shard", {"none", "optimizer"}},
+    {"grad_reduce", {"fp32", "bf16"}},
 };
 
 } // namespace
@@ -205,6 +206,10 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
   if (auto err = overrideChoice("shard", "shard", o.shard, shard))
     return err;
   t.shardOptimizer = shard == "optimizer";
+  std::string reduce = t.bf16GradientReduce ? "bf16" : "fp32";
+  if (auto err = overrideChoice("grad_reduce", "grad-reduce", o.gradReduce, reduce))
+    return err;
+  t.bf16GradientReduce = reduce == "bf16";
   if (o.recompute)
     t.recompute = *o.recompute;
   if (auto err = overrideNumber("recompute_layers", "recompute-layers", o.recomputeLayers, t.recomputeLayers))
@@ -558,7 +563,7 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
       readMapping(top["train"], "train",
                   {"batch", "lr", "steps", "warmup", "weight_decay", "beta1", "beta2", "eps",
                    "grad_clip", "min_lr_ratio", "decay_embeddings", "recompute", "recompute_layers",
-                   "memory_budget", "shard", "seed"},
+                   "memory_budget", "shard", "grad_reduce", "seed"},
                   train)) {
     readInt(train, "batch", t.batch, false);
     readDouble(train, "lr", t.lr);
@@ -575,6 +580,9 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
     std::string shard = "none";
     readChoice(train, "shard", shard);
     t.shardOptimizer = shard == "optimizer";
+    std::string reduce = "fp32";
+    readChoice(train, "grad_reduce", reduce);
+    t.bf16GradientReduce = reduce == "bf16";
     readUInt(train, "seed", t.seed);
   }
 }

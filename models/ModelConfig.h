@@ -51,6 +51,9 @@ struct TrainConfig {
   /// 1 / ranks of every parameter and updates only that part; the gradients are reduce-scattered
   /// and the parameters all-gathered (transforms/training/AdamW.cpp).
   bool shardOptimizer = false;
+  /// grad_reduce: bf16: the gradients cross the ranks in BF16 (half the bytes): each rank's
+  /// rounded to BF16, the reduced values rounded again (DataParallel.cpp).
+  bool bf16GradientReduce = false;
   uint64_t seed = 1234;
 };
 
@@ -191,6 +194,7 @@ struct ConfigOverrides {
   std::optional<bool> fp8Weights, fp8Attention;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
   std::optional<std::string> shard; // --shard none | optimizer
+  std::optional<std::string> gradReduce; // --grad-reduce fp32 | bf16
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag
 /// ("--batch must be between 1 and 65536, got 0").

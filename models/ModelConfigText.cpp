@@ -41,6 +41,8 @@ static std::string recomputeText(const TrainConfig &t) {
     text += fmt::format("  memory_budget: {}\n", t.memoryBudgetGiB);
   if (t.shardOptimizer)
     text += "  shard: optimizer\n";
+  if (t.bf16GradientReduce)
+    text += "  grad_reduce: bf16\n";
   return text;
 }
 

@@ -39,6 +39,9 @@ struct DataParallelOptions {
   /// ZeRO: the gradients reduce-scattered, AdamW's moments and update on this rank's shard of
   /// each parameter, the parameters all-gathered after (TrainConfig::shardOptimizer).
   bool shardOptimizer = false;
+  /// The gradients reduced in BF16 (TrainConfig::bf16GradientReduce): the buckets' collectives
+  /// carry dtype = "bf16".
+  bool bf16Gradients = false;
 };
 
 /// What passes that need settings read (the optimizer's hyperparameters).

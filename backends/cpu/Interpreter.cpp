@@ -3,6 +3,7 @@
 #include "backends/Prologue.h"
 #include "backends/cpu/CpuKernels.h"
 #include "support/Error.h"
+#include "support/Numerics.h"
 #include "support/Trace.h"
 
 #include "llvm/ADT/SmallPtrSet.h"
@@ -64,10 +65,19 @@ llvm::Error Interpreter::runCollective(const Op &op, llvm::ArrayRef<const Tensor
   if (op.kind() != OpKind::AllReduce && !zero)
     return llvm::Error::success();
   int64_t ranks = zero ? *op.attrs().getInt("ranks") : 1;
+  // dtype = "bf16": what crosses the ranks is rounded to BF16, and so is what comes back.
+  bool bf16 = op.attrs().getString("dtype") == std::optional<std::string>("bf16");
+  auto wire = [&](float *data, size_t count) {
+    if (bf16)
+      for (size_t i = 0; i < count; ++i)
+        data[i] = roundToBf16(data[i]);
+  };
   if (!communicator_) {
     if (ranks > 1) // (evalOp gave one rank's view)
       return makeError("{} over {} ranks needs the ranks' communicator (data-parallel training)", op.name().str(),
                        ranks);
+    for (Tensor &t : results)
+      wire(t.data.data(), t.data.size());
     return llvm::Error::success();
   }
   if (zero && ranks != communicator_->ranks())
@@ -81,16 +91,21 @@ llvm::Error Interpreter::runCollective(const Op &op, llvm::ArrayRef<const Tensor
   }
   ReduceOp reduce = *parseReduceOp(*op.attrs().getString("reduce"));
   if (op.kind() == OpKind::AllReduce) {
-    for (Tensor &t : results)
+    for (Tensor &t : results) {
+      wire(t.data.data(), t.data.size());
       if (auto err = communicator_->allReduceHost(t.data.data(), t.data.size(), reduce))
         return err;
+      wire(t.data.data(), t.data.size());
+    }
     return llvm::Error::success();
   }
   for (size_t i = 0; i < results.size(); ++i) { // each operand flattened, padded to ranks parts
     std::vector<float> padded(results[i].data.size() * size_t(ranks), 0.0f);
     std::copy(operands[i]->data.begin(), operands[i]->data.end(), padded.begin());
+    wire(padded.data(), padded.size());
     if (auto err = communicator_->reduceScatterHost(padded.data(), results[i].data.data(), padded.size(), reduce))
       return err;
+    wire(results[i].data.data(), results[i].data.size());
   }
   return llvm::Error::success();
 }

@@ -305,3 +305,28 @@ TEST(ShardedOptimizer, ACheckpointResumesOnAnotherRankCount) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Bf16GradientReduce, RanksFollowFp32ReductionWithinBf16sRounding) {
+  // grad_reduce: bf16: every gradient crosses the ranks rounded to BF16 and comes back rounded:
+  // the ranks still agree bit for bit, the losses move (the option does something) and stay
+  // within BF16's rounding of the fp32 reduction's over 20 steps, sharded or not.
+  ModelConfig config = parityConfig();
+  std::vector<RankRun> fp32 = train(config, 2, 20);
+  config.train.bf16GradientReduce = true;
+  for (bool shard : {false, true}) {
+    SCOPED_TRACE(shard ? "sharded" : "unsharded");
+    config.train.shardOptimizer = shard;
+    std::vector<RankRun> bf16 = train(config, 2, 20);
+    ASSERT_EQ(bf16[0].error, "");
+    ASSERT_EQ(bf16[1].error, "");
+    EXPECT_EQ(bf16[0].losses, bf16[1].losses);
+    compareStates(bf16[0], bf16[1], fp32[0]); // the same bits on both ranks
+    EXPECT_NE(bf16[0].losses, fp32[0].losses);
+    EXPECT_EQ(bf16[0].losses[0], fp32[0].losses[0]); // (the first loss is before any update)
+    EXPECT_LT(maxRelativeDifference(bf16[0].losses, fp32[0].losses), 5e-3);
+  }
+}
+
+} // namespace

@@ -133,6 +133,11 @@ cl::opt<std::string> Shard("shard",
                                     "reduce-scattered, the parameters all-gathered). The CPU reference so far"),
                            cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                            cl::cat(category()));
+cl::opt<std::string> GradReduce("grad-reduce",
+                                cl::desc("fp32 | bf16: under data parallelism the gradients cross the ranks in BF16 "
+                                         "(half the bytes; each rank's and the result rounded). The CPU reference so far"),
+                                cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
+                                cl::cat(category()));
 cl::opt<int64_t> RecomputeLayers("recompute-layers",
                                  cl::desc("--recompute in the first N layers only (h0 .. h{N-1}); the others keep the "
                                           "forward's values"),
@@ -276,6 +281,8 @@ llvm::Expected<ModelConfig> loadConfig(llvm::StringRef path) {
     o.fp8Attention = Fp8Attention;
   if (given(Shard))
     o.shard = Shard;
+  if (given(GradReduce))
+    o.gradReduce = GradReduce;
   if (auto err = applyOverrides(*config, o))
     return std::move(err);
   for (const std::string &name : DisablePass)

@@ -14,6 +14,8 @@
 // Under shard: optimizer (ZeRO) the buckets are reduce_scatter {reduce = "avg"}: each rank keeps
 // its shard of each averaged gradient (what the adamw pass then updates), the loss gets an
 // all_reduce of its own.
+// Under grad_reduce: bf16 the gradients' collectives carry dtype = "bf16": each rank's values
+// cross the ranks rounded to BF16 (half the bytes), and the results are rounded to BF16 too.
 // Runs after fp8-update and before adamw. With one rank it changes nothing.
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
@@ -71,12 +73,16 @@ public:
       // Right after the bucket's last gradient (or at the end).
       size_t last = index.lookup(buckets[k].back()->def());
       b.setInsertionPoint(last + 1 < ops.size() ? ops[last + 1] : nullptr);
-      if (shard && withLoss && !reduceOver(graph, b, {graph.outputs()[*loss]}, OpKind::AllReduce, graph.outputs()[*loss]))
+      // The loss goes with the last bucket, or alone where the gradients are reduced otherwise
+      // (in shards, or in BF16).
+      bool lossAlone = shard || options_.bf16Gradients;
+      if (lossAlone && withLoss &&
+          !reduceOver(graph, b, {graph.outputs()[*loss]}, OpKind::AllReduce, graph.outputs()[*loss], false))
         break;
-      if (withLoss && !shard)
+      if (withLoss && !lossAlone)
         operands.push_back(graph.outputs()[*loss]);
       OpKind kind = shard ? OpKind::ReduceScatter : OpKind::AllReduce;
-      if (!reduceOver(graph, b, operands, kind, /*outputOnly=*/withLoss && !shard ? operands.back() : nullptr))
+      if (!reduceOver(graph, b, operands, kind, /*outputOnly=*/withLoss && !lossAlone ? operands.back() : nullptr))
         break;
     }
     // FP8: the amaxes and saturation counts of this step, before the first scale update.
@@ -110,13 +116,16 @@ private:
   /// One all_reduce {reduce = "avg"} over `values` (reduce_scatter: this rank's shards), whose
   /// results take their names (the values become NAME.local) and their uses; `outputOnly`'s
   /// result replaces it only as a graph output.
-  Op *reduceOver(Graph &graph, Builder &b, const std::vector<Value *> &values, OpKind kind, Value *outputOnly) const {
+  Op *reduceOver(Graph &graph, Builder &b, const std::vector<Value *> &values, OpKind kind, Value *outputOnly,
+                 bool gradients = true) const {
     std::vector<std::string> names;
     for (Value *v : values) {
       names.push_back(v->name());
       graph.rename(v, graph.uniqueName(v->name() + ".local"));
     }
     AttrMap a = attrs({{"reduce", std::string("avg")}});
+    if (gradients && options_.bf16Gradients)
+      a.set("dtype", std::string("bf16"));
     if (kind == OpKind::ReduceScatter) {
       a.set("ranks", int64_t(options_.ranks));
       a.set("rank", int64_t(options_.rank));
