@@ -187,11 +187,14 @@ llvm::Error TcpRank::lead(const CallHeader &h, const float *in, float *out) {
     CallHeader theirs;
     if (auto err = recvAll(peer, &theirs, sizeof theirs, deadline()))
       return err;
-    if (!(theirs == h) && failure.empty())
-      failure = fmt::format("rank {} called another collective than rank 0, or with another count or reduction", r);
-    inputs[r].resize(inputCount(theirs, ranks_));
-    if (theirs.magic != kCall || inputs[r].size() > (size_t(1) << 34))
+    if (theirs.magic != kCall)
       return makeError("rank {} sent what is not a tgc collective", r);
+    if (!(theirs == h)) { // its data is not read: the group ends after the statuses
+      if (failure.empty())
+        failure = fmt::format("rank {} called another collective than rank 0, or with another count or reduction", r);
+      continue;
+    }
+    inputs[r].resize(inputCount(h, ranks_));
     if (auto err = recvAll(peer, inputs[r].data(), inputs[r].size() * 4, deadline()))
       return err;
     pointers[r] = inputs[r].data();
@@ -256,8 +259,9 @@ llvm::Expected<std::vector<Peer>> gather(Rendezvous &r, Clock::time_point until)
     char host[INET_ADDRSTRLEN] = "?";
     ::inet_ntop(AF_INET, &from.sin_addr, host, sizeof host);
     peer.name = fmt::format("a peer at {}", host);
-    Hello hello;
-    if (auto err = recvAll(peer, &hello, sizeof hello, until); err || hello.magic != kHello) {
+    Hello hello; // (a connection that says nothing for 5 s is not a rank: dropped)
+    auto helloBy = std::min(until, Clock::now() + std::chrono::seconds(5));
+    if (auto err = recvAll(peer, &hello, sizeof hello, helloBy); err || hello.magic != kHello) {
       llvm::consumeError(std::move(err));
       ::close(peer.fd); // not a tgc rank
       continue;

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <thread>
@@ -107,6 +108,41 @@ TEST(TcpGroup, CollectivesGiveLocalGroupsBits) {
     ASSERT_EQ(tcp[r].size(), local[r].size());
     EXPECT_EQ(tcp[r], local[r]) << "rank " << r;
   }
+}
+
+TEST(TcpGroup, AStrangerAtThePortIsIgnored) {
+  // Something that is not a tgc rank connects to rank 0's port first and sends other bytes:
+  // rank 0 drops it and the group forms with the real rank.
+  int port = freePort();
+  std::string zero, one;
+  std::thread root([&] {
+    Rendezvous r{"127.0.0.1", port, 0, 2, 10, "id"};
+    auto group = joinTcpGroup(r);
+    zero = group ? "" : llvm::toString(group.takeError());
+  });
+  for (int tries = 0; tries < 100; ++tries) { // once rank 0 listens
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(uint16_t(port));
+    bool connected = ::connect(fd, reinterpret_cast<sockaddr *>(&address), sizeof address) == 0;
+    if (connected) {
+      const char request[] = "GET / HTTP/1.0\r\n\r\n";
+      EXPECT_GT(::send(fd, request, sizeof request - 1, MSG_NOSIGNAL), 0);
+    }
+    ::close(fd);
+    if (connected)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Rendezvous r{"127.0.0.1", port, 1, 2, 10, ""};
+  auto group = joinTcpGroup(r);
+  one = group ? "" : llvm::toString(group.takeError());
+  root.join();
+  EXPECT_EQ(zero, "");
+  EXPECT_EQ(one, "");
+  EXPECT_EQ(r.payload, "id");
 }
 
 TEST(TcpGroup, WhatGoesWrongIsOneClearErrorWithinTheTimeout) {
