@@ -254,7 +254,7 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
     results.push_back(std::move(*row));
     if (DraftPath.empty())
       continue;
-    if (auto err = attachDraft(**generator, sampling))
+    if (auto err = attachDraft(**generator, sampling, *weights ? &(*weights)->second.meta : nullptr))
       return report(std::move(err));
     row = timeGeneration(**generator, prompts, count, sampling, runs, recipe + "+draft");
     if (!row)

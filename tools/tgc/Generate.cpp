@@ -185,7 +185,7 @@ int runGenerate() {
   auto generator = Generator::create(config, checkpoint.tensors, batch, *device);
   if (!generator)
     return report(generator.takeError());
-  if (auto err = attachDraft(**generator, *options))
+  if (auto err = attachDraft(**generator, *options, &checkpoint.meta))
     return report(std::move(err));
   if (!LogitsPath.empty()) {
     if (prompts->size() != 1)

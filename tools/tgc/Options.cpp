@@ -1,5 +1,6 @@
 #include "tools/tgc/Options.h"
 
+#include "app/Tokenizer.h"
 #include "app/Trainer.h"
 #include "backends/cuda/CudaExecutor.h"
 #include "models/ProgramInterface.h"
@@ -195,7 +196,7 @@ llvm::Error checkDraftFlags(const SamplingOptions &sampling) {
   return llvm::Error::success();
 }
 
-llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling) {
+llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling, const llvm::json::Object *modelMeta) {
   if (auto err = checkDraftFlags(sampling))
     return err;
   if (DraftPath.empty())
@@ -204,6 +205,15 @@ llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling) {
   if (!trained)
     return trained.takeError();
   auto &[config, checkpoint] = *trained;
+  // The same vocabulary in another tokenizer's ids would only be guessed wrong: refused.
+  auto tokenizerOf = [](const llvm::json::Object *meta) {
+    return meta ? meta->getString(kTokenizerMeta) : std::nullopt;
+  };
+  auto mine = tokenizerOf(modelMeta), theirs = tokenizerOf(&checkpoint.meta);
+  if (mine && theirs && *mine != *theirs)
+    return flagError(fmt::format("--draft {}: the draft carries another tokenizer than the model's: its token ids "
+                                 "mean other text",
+                                 DraftPath.getValue()));
   config.precision.recipe = generator.config().precision.recipe;
   // One error naming the draft's file.
   auto named = [](llvm::Error err) {

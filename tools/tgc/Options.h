@@ -62,8 +62,10 @@ llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed);
 extern cl::opt<std::string> DraftPath;
 /// Gives `generator` the --draft checkpoint as its draft model, created for its batch, device
 /// and recipe, proposing --lookahead tokens a step (nothing without --draft). Refused with
-/// sampling: speculation here keeps greedy decoding's tokens.
-llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling);
+/// sampling (speculation here keeps greedy decoding's tokens), and where the model's checkpoint
+/// (`modelMeta`, if known) and the draft's carry different tokenizers.
+llvm::Error attachDraft(Generator &generator, const SamplingOptions &sampling,
+                        const llvm::json::Object *modelMeta = nullptr);
 /// --draft and --lookahead checked (with `sampling`) before anything runs.
 llvm::Error checkDraftFlags(const SamplingOptions &sampling);
 
