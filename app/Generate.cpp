@@ -52,19 +52,18 @@ llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64
   return llvm::Error::success();
 }
 
-/// Each sequence's next token after a step of `executor` (a prefill or decode program): its
-/// %next, chosen on the device.
-llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t sequences) {
+} // namespace
+
+llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t count) {
   auto next = executor.read(program::kNext);
   if (!next)
     return next.takeError();
-  return std::vector<int32_t>(next->ints.begin(), next->ints.begin() + int64_t(sequences));
+  return std::vector<int32_t>(next->ints.begin(), next->ints.begin() + int64_t(count));
 }
 
 double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
-} // namespace
 
 llvm::Error bindSampling(Executor &executor, const SamplingOptions &options) {
   Tensor sampling = Tensor::zeros(TensorType(DType::F32, {3})), seed = Tensor::zeros(TensorType(DType::I32, {2}));

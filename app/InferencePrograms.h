@@ -5,10 +5,19 @@
 #include "app/Generate.h"
 #include "models/GPTBuilder.h"
 
+#include <chrono>
+
 namespace tgc {
 
 /// Binds `options` to the sample op's inputs of a prefill, decode or verify program.
 llvm::Error bindSampling(Executor &executor, const SamplingOptions &options);
+
+/// The first `count` values of a generation program's %next after its last step: each
+/// sequence's (or a verify step's each token's) next token, chosen on the device.
+llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t count);
+
+/// Seconds since `start`, for GenerationStats.
+double secondsSince(std::chrono::steady_clock::time_point start);
 
 /// Starts a step of a decode program (Executor::launch) and queues the copy of its %next: the
 /// ticket to collect each sequence's token with.

@@ -23,12 +23,21 @@ namespace {
 /// The position of a sequence's last token: where the next step feeds it.
 int32_t lastPosition(const std::vector<int32_t> &sequence) { return int32_t(sequence.size()) - 1; }
 
-/// `count` values of `name` from `executor`, read after its last step.
-llvm::Expected<std::vector<int32_t>> readInts(Executor &executor, llvm::StringRef name, size_t count) {
-  auto value = executor.read(name);
-  if (!value)
-    return value.takeError();
-  return std::vector<int32_t>(value->ints.begin(), value->ints.begin() + int64_t(count));
+/// Binds `executor`'s %tokens and %positions [batch, 1] for a step over each active sequence's
+/// token `back` places before its last, at that token's position (finished sequences and rows
+/// past them: token 0 at position 0).
+llvm::Error bindFeed(Executor &executor, int64_t batch, const std::vector<std::vector<int32_t>> &sequences,
+                     const std::vector<bool> &active, int32_t back) {
+  TensorType column(DType::I32, {batch, 1});
+  std::vector<int32_t> feed(batch, 0), positions(batch, 0);
+  for (size_t b = 0; b < sequences.size(); ++b)
+    if (active[b]) {
+      positions[b] = lastPosition(sequences[b]) - back;
+      feed[b] = sequences[b][size_t(positions[b])];
+    }
+  if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
+    return err;
+  return executor.bind(program::kPositions, Tensor{column, {}, positions});
 }
 
 /// Hands `names` of `from`'s leaves to `to` where they are not one memory.
@@ -75,23 +84,21 @@ llvm::Error Generator::setDraft(std::unique_ptr<Generator> draft, int64_t lookah
 llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::draftTokens(const std::vector<std::vector<int32_t>> &sequences, const std::vector<bool> &active) {
   Executor &executor = *draft_->decode_.executor;
-  TensorType column(DType::I32, {batch_, 1});
-  std::vector<int32_t> feed(batch_, 0), positions(batch_, 0);
-  for (size_t b = 0; b < sequences.size(); ++b)
-    if (active[b])
-      feed[b] = sequences[b].back();
-  if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
+  if (auto err = bindFeed(executor, batch_, sequences, active, 0))
     return std::move(err);
   // Each step's token is the next one's input on the device; the host reads them all at the end.
+  TensorType column(DType::I32, {batch_, 1});
+  std::vector<int32_t> positions(batch_, 0);
   std::vector<unsigned> tickets;
   for (int64_t j = 0; j < lookahead_; ++j) {
-    if (j > 0)
+    if (j > 0) {
       if (auto err = executor.feed(program::kNext, program::kTokens))
         return std::move(err);
-    for (size_t b = 0; b < sequences.size(); ++b)
-      positions[b] = active[b] ? lastPosition(sequences[b]) + int32_t(j) : 0;
-    if (auto err = executor.bind(program::kPositions, Tensor{column, {}, positions}))
-      return std::move(err);
+      for (size_t b = 0; b < sequences.size(); ++b)
+        positions[b] = active[b] ? lastPosition(sequences[b]) + int32_t(j) : 0;
+      if (auto err = executor.bind(program::kPositions, Tensor{column, {}, positions}))
+        return std::move(err);
+    }
     auto ticket = launchAndReadNext(executor);
     if (!ticket)
       return ticket.takeError();
@@ -133,7 +140,7 @@ Generator::verifyTokens(const std::vector<std::vector<int32_t>> &sequences, cons
     return std::move(err);
   if (auto err = executor.step())
     return std::move(err);
-  auto next = readInts(executor, program::kNext, size_t(batch_ * S));
+  auto next = nextTokens(executor, size_t(batch_ * S));
   if (!next)
     return next.takeError();
   std::vector<std::vector<int32_t>> successors(sequences.size());
@@ -145,20 +152,11 @@ Generator::verifyTokens(const std::vector<std::vector<int32_t>> &sequences, cons
 llvm::Expected<std::vector<int32_t>> Generator::decodeOnce(const std::vector<std::vector<int32_t>> &sequences,
                                                            const std::vector<bool> &active) {
   Executor &executor = *decode_.executor;
-  TensorType column(DType::I32, {batch_, 1});
-  std::vector<int32_t> feed(batch_, 0), positions(batch_, 0);
-  for (size_t b = 0; b < sequences.size(); ++b)
-    if (active[b]) {
-      feed[b] = sequences[b].back();
-      positions[b] = lastPosition(sequences[b]);
-    }
-  if (auto err = executor.bind(program::kTokens, Tensor{column, {}, feed}))
-    return std::move(err);
-  if (auto err = executor.bind(program::kPositions, Tensor{column, {}, positions}))
+  if (auto err = bindFeed(executor, batch_, sequences, active, 0))
     return std::move(err);
   if (auto err = executor.step())
     return std::move(err);
-  return readInts(executor, program::kNext, sequences.size());
+  return nextTokens(executor, sequences.size());
 }
 
 llvm::Error Generator::catchUpDraft(const std::vector<std::vector<int32_t>> &sequences,
@@ -166,16 +164,7 @@ llvm::Error Generator::catchUpDraft(const std::vector<std::vector<int32_t>> &seq
   // Each active sequence's token before its last, at its position: the last proposal where all
   // were kept, elsewhere a token the draft ran already (the same row written again).
   Executor &draft = *draft_->decode_.executor;
-  TensorType column(DType::I32, {batch_, 1});
-  std::vector<int32_t> feed(batch_, 0), positions(batch_, 0);
-  for (size_t b = 0; b < sequences.size(); ++b)
-    if (active[b]) {
-      positions[b] = lastPosition(sequences[b]) - 1;
-      feed[b] = sequences[b][size_t(positions[b])];
-    }
-  if (auto err = draft.bind(program::kTokens, Tensor{column, {}, feed}))
-    return err;
-  if (auto err = draft.bind(program::kPositions, Tensor{column, {}, positions}))
+  if (auto err = bindFeed(draft, batch_, sequences, active, 1))
     return err;
   return draft.launch();
 }
@@ -184,7 +173,6 @@ llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generateSpeculative(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
                                const TokenCallback &onTokens) {
   auto start = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   const size_t n = prompts.size();
   size_t longest = 0;
   for (const auto &p : prompts)
@@ -229,7 +217,7 @@ Generator::generateSpeculative(const std::vector<std::vector<int32_t>> &prompts,
   for (size_t b = 0; b < n; ++b)
     append(b, (*first)[b]);
   tell();
-  stats_.prefillSeconds = seconds();
+  stats_.prefillSeconds = secondsSince(start);
   start = std::chrono::steady_clock::now();
   auto anyActive = [&] { return std::find(active.begin(), active.end(), true) != active.end(); };
   // Rounds while every active sequence's verify step fits the window.
@@ -247,7 +235,7 @@ Generator::generateSpeculative(const std::vector<std::vector<int32_t>> &prompts,
     if (!successors)
       return successors.takeError();
     ++stats_.verifySteps;
-    std::vector<bool> catchUp(n, false);
+    bool catchUp = false; // some sequence kept all the proposals and goes on
     for (size_t b = 0; b < n; ++b) {
       if (!active[b])
         continue;
@@ -259,13 +247,12 @@ Generator::generateSpeculative(const std::vector<std::vector<int32_t>> &prompts,
       for (int64_t j = 0; j < kept; ++j)
         append(b, (*proposals)[j][b]);
       append(b, (*successors)[b][kept]);
-      catchUp[b] = kept == lookahead_ && active[b];
+      catchUp = catchUp || (kept == lookahead_ && active[b]);
     }
     tell();
-    if (std::find(catchUp.begin(), catchUp.end(), true) == catchUp.end())
-      continue;
-    if (auto err = catchUpDraft(sequences, active))
-      return std::move(err);
+    if (catchUp)
+      if (auto err = catchUpDraft(sequences, active))
+        return std::move(err);
   }
   // Near the window's end, plain decode steps of this model finish.
   if (anyActive() && !verifySharesCaches_)
@@ -281,7 +268,7 @@ Generator::generateSpeculative(const std::vector<std::vector<int32_t>> &prompts,
     tell();
   }
   stats_.decodeSteps += stats_.verifySteps;
-  stats_.decodeSeconds = seconds();
+  stats_.decodeSeconds = secondsSince(start);
   std::vector<std::vector<int32_t>> generated(n);
   for (size_t b = 0; b < n; ++b)
     generated[b].assign(sequences[b].begin() + int64_t(prompts[b].size()), sequences[b].end());

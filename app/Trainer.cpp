@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -257,7 +256,7 @@ const Value *Trainer::shardedParameter(const Op &op) const {
   llvm::StringRef name = op.result()->name();
   if (op.kind() != OpKind::State || !program::isOptimizerMoment(name))
     return nullptr;
-  const Value *param = program_->lookup(name.drop_back(std::strlen(".adam_m")));
+  const Value *param = program_->lookup(program::parameterOfMoment(name));
   return param && param->type() != op.result()->type() ? param : nullptr;
 }
 

@@ -46,6 +46,8 @@ inline std::string adamMomentOf(llvm::StringRef param, int which) {
 inline bool isOptimizerMoment(llvm::StringRef name) {
   return name.ends_with(".adam_m") || name.ends_with(".adam_v");
 }
+/// The parameter whose moment `name` is (isOptimizerMoment's names).
+inline llvm::StringRef parameterOfMoment(llvm::StringRef name) { return name.drop_back(llvm::StringRef(".adam_m").size()); }
 
 /// The operands of an FP8 GEMM whose scaling state a program keeps.
 enum class Fp8Role { Input, Weight, GradOutput };

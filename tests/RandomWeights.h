@@ -5,8 +5,10 @@
 #include "models/ProgramInterface.h"
 #include "support/Random.h"
 
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace tgc::test {
 
@@ -29,6 +31,17 @@ inline std::map<std::string, Tensor> randomWeights(const Graph &g, Rng &rng) {
       v += float(rng.normal() * 0.1);
   weights.merge(greedySampling(g));
   return weights;
+}
+
+/// Prompts of `lengths` tokens, each drawn below `vocab` in order.
+inline std::vector<std::vector<int32_t>> randomPrompts(Rng &rng, std::initializer_list<int64_t> lengths, int64_t vocab) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t length : lengths) {
+    prompts.emplace_back(size_t(length));
+    for (int32_t &t : prompts.back())
+      t = int32_t(rng.below(uint64_t(vocab)));
+  }
+  return prompts;
 }
 
 } // namespace tgc::test

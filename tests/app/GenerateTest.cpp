@@ -245,10 +245,7 @@ TEST_P(CachedGenerator, TokensWithAndWithoutTheCacheAgree) {
   ASSERT_TRUE(generator);
   // Three prompts of different lengths; the longest, 5 + 28 - 1 = 32 positions, fills the
   // whole cache; greedy, then sampled with a seed (top-k, then top-p too).
-  std::vector<std::vector<int32_t>> prompts{std::vector<int32_t>(5), std::vector<int32_t>(1), std::vector<int32_t>(3)};
-  for (auto &p : prompts)
-    for (int32_t &t : p)
-      t = int32_t(rng.below(c.vocab));
+  std::vector<std::vector<int32_t>> prompts = randomPrompts(rng, {5, 1, 3}, c.vocab);
   for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 1, 7}, SamplingOptions{1.2, 0, 0.7, 9}}) {
     std::vector<int64_t> streamed;
     auto cached = unwrap(generator->generate(prompts, 28, options, [&](int64_t step, const std::vector<int32_t> &tokens) {

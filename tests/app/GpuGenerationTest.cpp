@@ -20,19 +20,9 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
   // position, two KV heads for four query heads: caches of the KV heads, kv_write then the
   // attention reading KV head h / 2).
   SKIP_WITHOUT_GPU();
-  std::string recipe = GetParam();
-  const char *model = "models/tiny.yaml";
-  if (llvm::StringRef(GetParam()).starts_with("llama-")) {
-    model = "models/llama-tiny.yaml";
-    recipe = recipe.substr(6);
-  }
-  const bool bf16 = recipe == "bf16";
-  // BF16: the GPU rounds some intermediates the CPU keeps in fp32 (StorageRules' rounding rules),
-  // within BF16's rounding each; the Llama block's two SwiGLU layers and rotations compound them
-  // to 1.1% of the logits' scale at worst (measured on the H200), GPT-2's to 1.03%
-  // (TGC_TEST_SEED=783532246 on the H100 and the H200; ten other seeds under 1%).
-  const double bound = !bf16 ? 1e-5 : model == std::string("models/tiny.yaml") ? 1.2e-2 : 2e-2;
-  auto program = tinyGpuProgram(recipe, GPTOutput::Decode, model);
+  const GpuDecodeCase param = gpuDecodeCase(GetParam());
+  const double bound = param.bound;
+  auto program = tinyGpuProgram(param.recipe, GPTOutput::Decode, param.model);
   ASSERT_TRUE(program);
   Rng rng(freshSeed());
   std::map<std::string, Tensor> leaves = randomWeights(*program, rng);
@@ -64,12 +54,7 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, testing::Values("fp32", "bf16", "llama-fp32", "llama-bf16"),
-                         [](const testing::TestParamInfo<std::string> &info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, gpuDecodeCases(), gpuDecodeCaseName);
 
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   // gemv.cuh: the products of decode steps against a weight. 1 to 8 rows on the CUDA cores; 9
@@ -272,12 +257,7 @@ TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
     auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
     auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
     ASSERT_TRUE(cpu && gpu);
-    std::vector<std::vector<int32_t>> prompts;
-    for (int64_t length : {1, 7, 16, 20}) {
-      prompts.emplace_back(length);
-      for (int32_t &t : prompts.back())
-        t = int32_t(rng.below(c.vocab));
-    }
+    std::vector<std::vector<int32_t>> prompts = randomPrompts(rng, {1, 7, 16, 20}, c.vocab);
     for (SamplingOptions options : {SamplingOptions{}, SamplingOptions{0.8, 10, 0.9, 7}}) {
       auto want = unwrap(cpu->generate(prompts, c.seqLen - 20 + 1, options));
       auto got = unwrap(gpu->generate(prompts, c.seqLen - 20 + 1, options));

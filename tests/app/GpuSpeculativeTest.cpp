@@ -18,23 +18,12 @@ TEST_P(GpuVerify, RowsFollowTheCpuOverRandomCaches) {
   // the window's last row), over caches of random values: kv_write's rows at each sequence's
   // positions, then the attention of each query up to its own position (decode.cuh, S = 5).
   SKIP_WITHOUT_GPU();
-  std::string recipe = GetParam();
-  const char *model = "models/tiny.yaml";
-  if (llvm::StringRef(recipe).starts_with("llama-")) {
-    model = "models/llama-tiny.yaml";
-    recipe = recipe.substr(6);
-  }
-  const bool bf16 = recipe == "bf16";
-  const double bound = !bf16 ? 1e-5 : model == std::string("models/tiny.yaml") ? 1.2e-2 : 2e-2; // as GpuDecode's
-  ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
-  const int64_t B = 4, S = 5, T = c.seqLen;
-  auto program = unwrap(buildGPT(c, B, GPTOutput::Verify, S));
+  const GpuDecodeCase param = gpuDecodeCase(GetParam());
+  const bool bf16 = param.recipe == "bf16";
+  ModelConfig c = unwrap(loadModelConfig(sourcePath(param.model)));
+  const int64_t B = 4, S = 5, T = c.seqLen; // (tinyGpuProgram's batch of 4)
+  auto program = tinyGpuProgram(param.recipe, GPTOutput::Verify, param.model, S);
   ASSERT_TRUE(program);
-  PipelineOptions options;
-  options.passOptions.precision = c.precision;
-  options.passOptions.precision.recipe = *parseRecipe(recipe);
-  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(false, *parseRecipe(recipe)), options));
-  ASSERT_FALSE(bool(pipeline.run(*program)));
   Rng rng(freshSeed());
   std::map<std::string, Tensor> leaves = randomWeights(*program, rng);
   for (int trial = 0; trial < 3; ++trial) {
@@ -55,19 +44,14 @@ TEST_P(GpuVerify, RowsFollowTheCpuOverRandomCaches) {
     ASSERT_EQ(want.size(), 2u);
     ASSERT_EQ(got.size(), 2u);
     Gap gap = gapOf(want[0].data, got[0].data);
-    EXPECT_LE(gap.worst, bound * gap.scale) << "trial " << trial;
+    EXPECT_LE(gap.worst, param.bound * gap.scale) << "trial " << trial;
     if (!bf16) { // (under BF16 a near tie may go either way)
       EXPECT_EQ(got[1].ints, want[1].ints) << "trial " << trial;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, GpuVerify, testing::Values("fp32", "bf16", "llama-fp32", "llama-bf16"),
-                         [](const testing::TestParamInfo<std::string> &info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuVerify, gpuDecodeCases(), gpuDecodeCaseName);
 
 TEST(GpuSpeculative, GivesTheCpusPlainGreedyTokens) {
   // The model as its own draft (every proposal kept) and another model's draft, lookahead 3,
@@ -87,12 +71,7 @@ TEST(GpuSpeculative, GivesTheCpusPlainGreedyTokens) {
     auto cpu = unwrap(Generator::create(c, weights, 4, Device::cpu()));
     auto gpu = unwrap(Generator::create(c, weights, 4, theGpu()));
     ASSERT_TRUE(cpu && gpu);
-    std::vector<std::vector<int32_t>> prompts;
-    for (int64_t length : {1, 7, 12, 3}) {
-      prompts.emplace_back(length);
-      for (int32_t &t : prompts.back())
-        t = int32_t(rng.below(c.vocab));
-    }
+    std::vector<std::vector<int32_t>> prompts = randomPrompts(rng, {1, 7, 12, 3}, c.vocab);
     const int64_t count = c.seqLen - 12 + 1;
     auto want = unwrap(cpu->generate(prompts, count, {}));
     for (bool self : {true, false}) {

@@ -28,10 +28,12 @@ struct RankPlace {
 };
 
 /// `steps` steps of `config` on `ranks` threads, rank r where `place(r)` puts it. `failed` runs
-/// when a rank fails, so that the others do not wait for it in a collective (LocalGroup::abort).
+/// when a rank fails, so that the others do not wait for it in a collective (LocalGroup::abort);
+/// `before` runs on each rank's trainer first (a resume).
 inline std::vector<RankRun> trainRanks(const ModelConfig &config, int ranks, int64_t steps,
                                        const std::function<llvm::Expected<RankPlace>(int)> &place,
-                                       const std::function<void()> &failed = [] {}) {
+                                       const std::function<void()> &failed = [] {},
+                                       const std::function<llvm::Error(Trainer &)> &before = {}) {
   std::vector<RankRun> runs(ranks);
   auto body = [&](int r) {
     RankRun &run = runs[r];
@@ -45,6 +47,9 @@ inline std::vector<RankRun> trainRanks(const ModelConfig &config, int ranks, int
     auto trainer = Trainer::create(config, "", where->device, where->communicator);
     if (!trainer)
       return fail(trainer.takeError());
+    if (before)
+      if (llvm::Error err = before(**trainer))
+        return fail(std::move(err));
     for (int64_t i = 0; i < steps; ++i) {
       auto record = (*trainer)->step();
       if (!record)

@@ -116,10 +116,7 @@ TEST_P(SpeculativeGenerator, GivesPlainGreedyDecodingsTokens) {
   std::map<std::string, Tensor> weights = randomWeights(*graph, rng), other = randomWeights(*smallGraph, rng);
   auto generator = unwrap(Generator::create(c, weights, 4));
   ASSERT_TRUE(generator);
-  std::vector<std::vector<int32_t>> prompts{std::vector<int32_t>(5), std::vector<int32_t>(1), std::vector<int32_t>(3)};
-  for (auto &p : prompts)
-    for (int32_t &t : p)
-      t = int32_t(rng.below(c.vocab));
+  std::vector<std::vector<int32_t>> prompts = randomPrompts(rng, {5, 1, 3}, c.vocab);
   const int64_t count = c.seqLen - 4;
   auto plain = unwrap(generator->generate(prompts, count, {}));
   ASSERT_EQ(plain.size(), 3u);

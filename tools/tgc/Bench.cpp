@@ -43,10 +43,6 @@ static cl::opt<int64_t> BenchPromptLength("prompt-length", cl::desc("--generate:
 static cl::opt<int64_t> BenchTokens("tokens", cl::desc("--generate: new tokens for each prompt (default: to seq_len, at most 240)"),
                                     cl::init(0), cl::sub(benchCommand()), cl::cat(category()));
 
-static cl::opt<std::string> BenchPromptText("prompt-text",
-                                            cl::desc("--generate: this text as every sequence's prompt, through the "
-                                                     "--weights checkpoint's tokenizer (instead of random tokens)"),
-                                            cl::sub(benchCommand()), cl::cat(category()));
 static cl::opt<std::string> BenchWeights("weights",
                                          cl::desc("--generate: this checkpoint's weights (trained with the model "
                                                   "file) instead of the initial ones"),
@@ -98,7 +94,7 @@ llvm::Expected<llvm::json::Object> timeGeneration(Generator &generator, const st
                                                   const std::string &label) {
   const int64_t batch = int64_t(prompts.size()), P = int64_t(prompts.front().size());
   std::vector<double> prefill, step, decodeRate, overall;
-  GenerationStats speculation; // the timed runs' drafted and kept tokens
+  GenerationStats timed; // the timed runs' totals (the draft's tokens, drafted and kept)
   for (int64_t run = 0; run <= runs; ++run) {
     auto out = generator.generate(prompts, count, sampling);
     if (!out)
@@ -106,8 +102,7 @@ llvm::Expected<llvm::json::Object> timeGeneration(Generator &generator, const st
     const GenerationStats &s = generator.stats();
     if (run == 0)
       continue;
-    speculation.draftedTokens += s.draftedTokens;
-    speculation.acceptedTokens += s.acceptedTokens;
+    timed += s;
     prefill.push_back(1e3 * s.prefillSeconds);
     if (s.decodeSteps) {
       step.push_back(1e3 * s.decodeSeconds / s.decodeSteps);
@@ -120,8 +115,8 @@ llvm::Expected<llvm::json::Object> timeGeneration(Generator &generator, const st
   double rate = decodeRate.empty() ? 0 : medianOf(decodeRate), promptRate = batch * P / (prefillMs / 1e3);
   llvm::outs() << fmt::format("{:<10} {:<34} {:>11.2f} {:>12.0f} {:>11.3f} {:>13.0f} {:>13.0f}\n", label, where,
                               prefillMs, promptRate, stepMs, rate, medianOf(overall));
-  double kept = speculation.draftedTokens ? double(speculation.acceptedTokens) / speculation.draftedTokens : 0;
-  if (speculation.draftedTokens)
+  double kept = timed.draftedTokens ? double(timed.acceptedTokens) / timed.draftedTokens : 0;
+  if (timed.draftedTokens)
     llvm::outs() << fmt::format("           the draft's tokens kept: {:.1f}% (lookahead {}; a step is the draft's "
                                 "steps and the model's check)\n",
                                 100 * kept, generator.lookahead());
@@ -139,7 +134,7 @@ llvm::Expected<llvm::json::Object> timeGeneration(Generator &generator, const st
                          {"decode_ms_per_step", stepMs},
                          {"decode_tokens_per_s", rate},
                          {"overall_tokens_per_s", medianOf(overall)}};
-  if (speculation.draftedTokens) {
+  if (timed.draftedTokens) {
     row["lookahead"] = generator.lookahead();
     row["draft_tokens_kept"] = kept;
   }
@@ -168,7 +163,7 @@ llvm::Expected<std::optional<std::pair<ModelConfig, Checkpoint>>> benchWeights(c
 /// in use), or --prompt-length random tokens each.
 llvm::Expected<std::vector<std::vector<int32_t>>>
 benchPrompts(const ModelConfig &base, int64_t batch, const std::optional<std::pair<ModelConfig, Checkpoint>> &weights) {
-  if (BenchPromptText.getNumOccurrences()) {
+  if (PromptText.getNumOccurrences()) {
     if (!weights)
       return flagError("--prompt-text goes through a trained model's tokenizer: give --weights CKPT");
     auto tokenizer = checkpointTokenizer(weights->second.meta, BenchWeights);
@@ -177,7 +172,7 @@ benchPrompts(const ModelConfig &base, int64_t batch, const std::optional<std::pa
     if (!*tokenizer)
       return flagError(fmt::format("--weights {}: the checkpoint carries no tokenizer for --prompt-text",
                                    BenchWeights.getValue()));
-    auto tokens = (*tokenizer)->encode(BenchPromptText);
+    auto tokens = (*tokenizer)->encode(PromptText);
     if (!tokens)
       return flagError("--prompt-text: " + llvm::toString(tokens.takeError()));
     if (tokens->empty() || int64_t(tokens->size()) > base.seqLen)
@@ -228,7 +223,7 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
                                              : "greedy";
   llvm::outs() << fmt::format("tgc bench --generate {}: batch {}, prompts of {} tokens{}, {} new tokens each ({}), "
                               "1 warm-up + {} timed runs per precision (medians)\n",
-                              base.name, batch, P, BenchPromptText.getNumOccurrences() ? " (--prompt-text)" : "", count,
+                              base.name, batch, P, PromptText.getNumOccurrences() ? " (--prompt-text)" : "", count,
                               how, runs);
   llvm::outs() << fmt::format("{:<10} {:<34} {:>11} {:>12} {:>11} {:>13} {:>13}\n", "recipe", "device", "prefill ms",
                               "prompt tok/s", "ms a step", "decode tok/s", "overall tok/s");

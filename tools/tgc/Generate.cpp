@@ -18,10 +18,6 @@ static cl::opt<std::string> Prompt("prompt", cl::desc("Token ids, separated by s
                                    cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<std::string> PromptsFile("prompts", cl::desc("A file of prompts, one a line (token ids), generated in batches"),
                                         cl::sub(generateCommand()), cl::cat(category()));
-static cl::opt<std::string> PromptText("prompt-text",
-                                       cl::desc("A prompt as text, through the tokenizer; printed as text with its "
-                                                "continuation"),
-                                       cl::sub(generateCommand()), cl::cat(category()));
 static cl::opt<std::string> TokenizerPath("tokenizer",
                                           cl::desc("The tokenizer for --prompt-text (a tokenizer.json; default: the "
                                                    "one the checkpoint carries)"),

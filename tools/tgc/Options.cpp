@@ -174,6 +174,11 @@ llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed) {
   return SamplingOptions{Temperature, TopK, TopP, seed};
 }
 
+cl::opt<std::string> PromptText("prompt-text",
+                                cl::desc("A prompt as text, through the tokenizer (generate: printed as text with its "
+                                         "continuation; bench --generate: every sequence's, through the --weights "
+                                         "checkpoint's tokenizer, instead of random tokens)"),
+                                cl::sub(generateCommand()), cl::sub(benchCommand()), cl::cat(category()));
 cl::opt<std::string> DraftPath("draft",
                                cl::desc("Speculative decoding (greedy): this checkpoint, a smaller model of the same "
                                         "vocabulary, proposes --lookahead tokens a sequence that the model checks in "

@@ -60,6 +60,8 @@ llvm::Expected<SamplingOptions> samplingFlags(uint64_t seed);
 /// generate's and bench --generate's speculative decoding: --draft (a checkpoint) and
 /// --lookahead.
 extern cl::opt<std::string> DraftPath;
+/// generate's and bench --generate's --prompt-text.
+extern cl::opt<std::string> PromptText;
 /// Gives `generator` the --draft checkpoint as its draft model, created for its batch, device
 /// and recipe, proposing --lookahead tokens a step (nothing without --draft). Refused with
 /// sampling (speculation here keeps greedy decoding's tokens), and where the model's checkpoint

@@ -9,9 +9,8 @@
 
 // sampleRows' block: 1024 threads a row.
 constexpr int kSampleThreads = 1024;
-// Loads each thread has in flight at once in the passes over a row: one row's block waits on
-// memory's latency, not its bandwidth (one element a thread at a time made each of the ten
-// passes over GPT-2's 50,257 logits wait 49 times).
+// Loads each thread has in flight at once in the passes over a row (ten passes over GPT-2's
+// 50,257 logits: one block a row).
 constexpr int kSampleUnroll = 8;
 
 // f(valid, logit, weight) for the row's elements i = threadIdx.x + k * kSampleThreads in order
