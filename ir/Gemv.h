@@ -12,7 +12,9 @@ namespace tgc {
 /// How gemv.cuh runs a product of few rows, if it does.
 enum class FewRows {
   None,   ///< cuBLASLt's
-  Gemv,   ///< 1 to 8 rows: a warp per output column, on the CUDA cores (K a multiple of 8)
+  Gemv,   ///< 1 to 8 rows: warps over columns and slices of K (K a multiple of 8), which can
+          ///< normalise the rows first; 2 to 8 rows on tensor cores where Tensor's shape allows
+          ///< (the backend's choice)
   Tensor, ///< 9 to 64 rows: mma.sync tiles over slices of K (K a multiple of 32, N at most 16384)
 };
 
@@ -48,7 +50,7 @@ inline FewRows fewRows(const Op &op) {
   return FewRows::None;
 }
 
-/// A product of at most 8 rows (the warp-per-column kernel, which can normalise its rows first).
+/// A product of at most 8 rows (the GEMV kernels, which can normalise their rows first).
 inline bool isGemv(const Op &op) { return fewRows(op) == FewRows::Gemv; }
 
 } // namespace tgc

@@ -57,8 +57,8 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, gpuDecodeCases(), gpuDecodeCaseName);
 
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
-  // gemv.cuh: the products of decode steps against a weight. 1 to 8 rows on the CUDA cores; 9
-  // to 64 on tensor cores (partial and whole m16 tiles) with K in 8 slices (256), 1 slice (96:
+  // gemv.cuh: the products of decode steps against a weight. 1 row (and 2 to 8 where K is no
+  // multiple of 32 or N past 16384) on the CUDA cores; 2 to 64 on tensor cores (partial and whole m16 tiles) with K in 8 slices (256), 1 slice (96:
   // each warp all of K, written without shared memory), past 8 loads of weight a lane (2048: the
   // next weights load while these multiply); 200 columns (a partial block) and 16384 (the most
   // the tensor-core kernel takes); with and without a bias, and the bias then the GELU
@@ -76,6 +76,11 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   shapes.push_back({17, 256, 16384});
   shapes.push_back({17, 256, 16385});
   shapes.push_back({8, 256, 16385});
+  // The GEMV's tiles (Gemv.cpp's gemvTile): K in 8 slices with 2 columns a warp and a partial
+  // last block; 8 slices of 4 loads a lane; 2 slices of 3 loads.
+  shapes.push_back({1, 2048, 2100});
+  shapes.push_back({4, 8192, 2050});
+  shapes.push_back({2, 1536, 1000});
   for (const Shape &s : shapes)
     for (const char *kind : {"matmul", "matmul_bias", "matmul_bias_gelu"}) {
       const int64_t M = s.M, K = s.K, N = s.N;

@@ -27,7 +27,7 @@
     }                                                                                              \
   } while (0)
 
-// gemvBf16Rows's scheme with one-byte weights: a warp per output column, its row loaded 16 bytes
+// gemvBf16Rows's scheme (C = KS = 1) with one-byte weights: a warp per output column, its row loaded 16 bytes
 // (16 weights) a lane before the kernel awaits the one before it, the sum times scale_inv.
 template <int64 N, int64 K>
 __global__ void gemvFp8(const float *x, const unsigned char *w, float scaleInv, const float *bias, float *out) {
@@ -66,7 +66,7 @@ __global__ void gemvFp8(const float *x, const unsigned char *w, float scaleInv, 
 
 template <int64 N, int64 K>
 __global__ void gemvBf16Kernel(const float *x, const unsigned short *w, const float *bias, float *out) {
-  gemvBf16<1, N, K, true, false>(x, w, bias, out, nullptr);
+  gemvBf16<1, N, K, 1, 1, true, false>(x, w, bias, out, nullptr);
 }
 
 struct Product {

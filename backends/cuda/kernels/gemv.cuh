@@ -2,10 +2,11 @@
 // [N, K] in BF16: out [M, N] = x [M, K] @ w^T (+ bias [N]) (then the GELU), BF16 operands and
 // fp32 sums, as a gemm_dtype="bf16" GEMM computes them. Such a product reads the weight once and
 // does little else; what bounds it is how many bytes of the weight are in flight, and the launch.
-//   M <= 8:  a warp per output column reads its weight row in 16-byte loads and the rows of x
-//            (cached, every warp reads the same) and meets in shuffles: the weight streams at
-//            close to the memory's rate, where cuBLASLt's split-K tiles for one row ran at a
-//            seventh of it.
+//   M <= 8:  on the CUDA cores (gemvBf16Rows), a warp per few output columns and slice of K
+//            reads its weight in 16-byte loads and the rows of x (cached, every warp reads the
+//            same) and meets in shuffles: one row's weight streams at 67-93% of the memory's
+//            rate (gpt-1.3b's shapes on an H100), where cuBLASLt's split-K tiles for one row ran
+//            at a seventh of it. The backend takes 2 rows and more to tensor cores where it can.
 //   M <= 64: tensor cores (gemmRowsBf16): mma.sync over slices of K, every operand in 16-byte
 //            loads straight into registers.
 // Both load their first weights before they await the kernel before them (the weights are
@@ -47,104 +48,117 @@ __device__ __forceinline__ void writeProduct(Out out, float *pre, const float *b
     pre[r * N + n] = y;
 }
 
-// A warp per output column n, 8 a block; K a multiple of 8 (16-byte rows). The warp's weight row
-// is loaded into registers first, then the kernel awaits the one before it (awaitPreviousKernel:
-// the weights are parameters, which no kernel of the step writes before it), so the weight's
-// reading overlaps the previous kernel's end; Prologue (the fused norm) runs after that wait.
-// The outputs as writeProduct writes them; with Swiglu (w [2N, K]: gate rows, then up rows) the
-// warp takes rows n and N + n and writes swiglu's silu(gate) * up of the two sums (elementwise.cuh's
-// swigluValue): SwiGLU's product, the [M, 2N] h never written.
-template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, bool Swiglu = false, typename X, typename Out,
+// The block's 8 warps are KS slices of K by 8 / KS groups of C output columns (a block takes
+// 8 / KS * C columns; K / KS a multiple of 8: 16-byte rows). Each lane loads its columns'
+// 16-byte pieces of its slice into registers first (C * K / KS / 256 loads), then the kernel
+// awaits the one before it (awaitPreviousKernel: the weights are parameters, which no kernel of
+// the step writes before it), so the weight's reading overlaps the previous kernel's end;
+// Prologue (the fused norm) runs after that wait. A lane multiplies its pieces by the rows of x
+// (cached: every warp reads the same), the warp meets in shuffles, and the slices' sums meet in
+// shared memory in slice order (the same bits every run). C and KS (Gemv.cpp's gemvTile) trade
+// the blocks that stream the weight against the loads each lane keeps in flight and the times x
+// and the prologue are repeated (bench/gemv-decode.cu). The outputs as writeProduct writes them;
+// with Swiglu (w [2N, K]: gate rows, then up rows) the warp takes rows n and N + n and writes
+// swiglu's silu(gate) * up of the two sums (elementwise.cuh's swigluValue): SwiGLU's product,
+// the [M, 2N] h never written.
+template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, typename X, typename Out,
           typename Prologue>
 __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
                              float *pre = nullptr) {
   static_assert(!Swiglu || (!Bias && !Gelu), "SwiGLU's product has no bias or GELU");
-  constexpr int Loads = (int)((K + 255) / 256), Rows = Swiglu ? 2 : 1; // 16-byte loads a lane, weight rows
-  int64 n = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  uint4 row[Rows][Loads];
+  static_assert(8 % KS == 0 && K % (8 * KS) == 0, "whole 16-byte pieces in each slice");
+  constexpr int64 Slice = K / KS;
+  constexpr int Loads = (int)((Slice + 255) / 256), Rows = Swiglu ? 2 : 1, Columns = 8 / KS * C;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % KS;
+  const int64 n0 = blockIdx.x * (int64)Columns + warp / KS * C, k0 = slice * Slice;
+  uint4 row[C][Rows][Loads];
 #pragma unroll
-  for (int r = 0; r < Rows; ++r)
+  for (int c = 0; c < C; ++c)
 #pragma unroll
-    for (int i = 0; i < Loads; ++i) {
-      int64 k = lane * 8 + 256 * i;
-      row[r][i] = n < N && k < K ? *(const uint4 *)(w + (r * N + n) * K + k) : make_uint4(0, 0, 0, 0);
-    }
+    for (int r = 0; r < Rows; ++r)
+#pragma unroll
+      for (int i = 0; i < Loads; ++i) {
+        int64 n = n0 + c, k = lane * 8 + 256 * i;
+        row[c][r][i] = n < N && k < Slice ? *(const uint4 *)(w + (r * N + n) * K + k0 + k) : make_uint4(0, 0, 0, 0);
+      }
   awaitPreviousKernel();
   prologue();
-  if (n >= N) return;
-  float acc[Rows][M] = {};
+  float acc[C][Rows][M] = {};
 #pragma unroll
   for (int i = 0; i < Loads; ++i) {
     int64 k = lane * 8 + 256 * i;
-    if (k >= K) break;
-    float weights[Rows][8], values[8];
+    if (k >= Slice) break;
+    float values[M][8];
 #pragma unroll
-    for (int r = 0; r < Rows; ++r) unpack8(row[r][i], weights[r]);
+    for (int m = 0; m < M; ++m) load8(x + m * K, k0 + k, values[m]);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      load8(x + m * K, k, values);
+    for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int r = 0; r < Rows; ++r)
+      for (int r = 0; r < Rows; ++r) {
+        float weights[8];
+        unpack8(row[c][r][i], weights);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][m] += weights[r][e] * values[e];
-    }
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[c][r][m] += weights[e] * values[m][e];
+      }
   }
 #pragma unroll
-  for (int r = 0; r < Rows; ++r)
+  for (int c = 0; c < C; ++c)
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = warpSum(acc[r][m]);
-  if (lane < M) {
-    float value[Rows];
+    for (int r = 0; r < Rows; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[c][r][m] = warpSum(acc[c][r][m]);
+  // Lane m keeps row m's sums (every lane holds them all after the butterfly).
+  float mine[C][Rows];
+#pragma unroll
+  for (int c = 0; c < C; ++c)
 #pragma unroll
     for (int r = 0; r < Rows; ++r) {
-      value[r] = acc[r][0];
+      mine[c][r] = acc[c][r][0];
 #pragma unroll
       for (int m = 1; m < M; ++m)
-        if (lane == m) value[r] = acc[r][m];
+        if (lane == m) mine[c][r] = acc[c][r][m];
     }
+  auto write = [&](int64 m, int64 n, const float (&value)[Rows]) {
     if constexpr (Swiglu)
-      out[lane * N + n] = swigluValue(value[0], value[1]);
+      out[m * N + n] = swigluValue(value[0], value[1]);
     else
-      writeProduct<N, Bias, Gelu>(out, pre, bias, lane, n, value[0]);
+      writeProduct<N, Bias, Gelu>(out, pre, bias, m, n, value[0]);
+  };
+  if constexpr (KS == 1) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (lane < M && n0 + c < N) write(lane, n0 + c, mine[c]);
+    return;
+  } else {
+    __shared__ float partial[KS][Columns][Rows][M];
+    if (lane < M) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int r = 0; r < Rows; ++r) partial[slice][warp / KS * C + c][r][lane] = mine[c][r];
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < Columns * M; v += blockDim.x) {
+      int column = v / M, m = v % M;
+      int64 n = blockIdx.x * (int64)Columns + column;
+      if (n >= N) continue;
+      float value[Rows];
+#pragma unroll
+      for (int r = 0; r < Rows; ++r) {
+        value[r] = partial[0][column][r][m];
+#pragma unroll
+        for (int s = 1; s < KS; ++s) value[r] += partial[s][column][r][m];
+      }
+      write(m, n, value);
+    }
   }
 }
 
-template <int64 M, int64 N, int64 K, bool Bias, bool Gelu, typename X, typename Out>
+template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, typename X, typename Out>
 __device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
-  gemvBf16Rows<M, N, K, Bias, Gelu>(w, bias, out, [] {}, x, pre);
-}
-
-// residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K features
-// (act: the GELU, or SwiGLU of the product's [gate | up] halves, N the outputs)
-// (M K <= 16384: their BF16 copy in 32 KB of shared memory), and sum = a + b. Each block takes
-// the sum and the norm of every row into shared memory in BF16, the operand the product reads,
-// as residualNorm's residualNormHeld takes them (rows of at most 1024 by a warp each, wider ones
-// by the whole block in turn, as its wide rows), and block 0 writes the sums (the residual
-// stream); then the product as gemvBf16. The same values as residual_norm, the product and the
-// gelu one after the other: a decode step's norm costs no launch of its own.
-template <bool Layer, int64 M, int64 N, int64 K, bool Bias, bool Gelu, bool Swiglu = false, typename SumOut,
-          typename Out>
-__device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
-                                     const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
-  static_assert(M <= 8 && M * K <= 16384 && K % 8 == 0, "a few rows whose BF16 copy fits in 32 KB");
-  static_assert(RowInRegisters<K>::kByWarp || kWideNormThreads == 256, "the GEMV's 256 threads hold a wide row");
-  __shared__ __align__(16) unsigned short normed[M * K];
-  auto normalise = [&] {
-    if constexpr (RowInRegisters<K>::kByWarp) {
-      const int64 warp = threadIdx.x / 32;
-      if (warp < M)
-        residualNormHeld<Layer, K>(a + warp * K, b + warp * K, gamma, beta, sum + warp * K, blockIdx.x == 0,
-                                   Bf16Out{normed + warp * K}, eps);
-    } else {
-#pragma unroll 1
-      for (int64 m = 0; m < M; ++m)
-        residualNormHeld<Layer, K>(a + m * K, b + m * K, gamma, beta, sum + m * K, blockIdx.x == 0,
-                                   Bf16Out{normed + m * K}, eps);
-    }
-    __syncthreads();
-  };
-  gemvBf16Rows<M, N, K, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed);
+  gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, false>(w, bias, out, [] {}, x, pre);
 }
 
 // ---- 9 to 64 rows: tensor cores ----
@@ -166,9 +180,12 @@ __device__ __forceinline__ uint4 loadPairs8(const float *x, int64 i) {
 // permutation of k for both operands, so the sum is the product's, with no shared memory or
 // shuffle between. A lane holds the weights of 8 steps of K at once and loads the next 8 while
 // these multiply. With KSPLIT > 1 the slices' tiles are summed in shared memory in slice order
-// (the same bits every run); each output then as writeProduct writes it.
-template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, typename X, typename Out>
-__device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
+// (the same bits every run); each output then as writeProduct writes it. Prologue (the fused
+// norm, which writes x) runs after the kernel awaits the one before it, before x is read.
+template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, typename X, typename Out,
+          typename Prologue = void (*)()>
+__device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
+                             Prologue prologue = [] {}) {
   constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8;
   constexpr int64 Steps = K / KSPLIT / 32; // 32-element steps of K a warp takes
   constexpr int Group = 8;                 // steps whose weights a lane holds at once
@@ -187,6 +204,7 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
   };
   loadWeights(now, 0);
   awaitPreviousKernel();
+  prologue();
 
   float acc[RowTiles][4] = {};
   for (int64 first = 0; first < Steps; first += Group) {
@@ -247,4 +265,40 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
     for (int s = 1; s < KSPLIT; ++s) sum += partial[s][r][c];
     writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
   }
+}
+
+// residual_norm_linear: out = act(norm(a + b) @ w^T (+ bias)) over M <= 8 rows of K features
+// (act: the GELU, or SwiGLU of the product's [gate | up] halves, N the outputs)
+// (M K <= 16384: their BF16 copy in 32 KB of shared memory), and sum = a + b. Each block takes
+// the sum and the norm of every row into shared memory in BF16, the operand the product reads,
+// as residualNorm's residualNormHeld takes them (rows of at most 1024 by a warp each, wider ones
+// by the whole block in turn, as its wide rows), and block 0 writes the sums (the residual
+// stream); then the product as gemvBf16, or with MmaKSplit as gemmRowsBf16 in that many slices
+// of K. The same values as residual_norm, the product and the gelu one after the other: a
+// decode step's norm costs no launch of its own.
+template <bool Layer, int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, int MmaKSplit = 0,
+          typename SumOut, typename Out>
+__device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
+                                     const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
+  static_assert(M <= 8 && M * K <= 16384 && K % 8 == 0, "a few rows whose BF16 copy fits in 32 KB");
+  static_assert(RowInRegisters<K>::kByWarp || kWideNormThreads == 256, "the GEMV's 256 threads hold a wide row");
+  __shared__ __align__(16) unsigned short normed[M * K];
+  auto normalise = [&] {
+    if constexpr (RowInRegisters<K>::kByWarp) {
+      const int64 warp = threadIdx.x / 32;
+      if (warp < M)
+        residualNormHeld<Layer, K>(a + warp * K, b + warp * K, gamma, beta, sum + warp * K, blockIdx.x == 0,
+                                   Bf16Out{normed + warp * K}, eps);
+    } else {
+#pragma unroll 1
+      for (int64 m = 0; m < M; ++m)
+        residualNormHeld<Layer, K>(a + m * K, b + m * K, gamma, beta, sum + m * K, blockIdx.x == 0,
+                                   Bf16Out{normed + m * K}, eps);
+    }
+    __syncthreads();
+  };
+  if constexpr (MmaKSplit > 0)
+    gemmRowsBf16<M, N, K, MmaKSplit, Bias, Gelu>((const unsigned short *)normed, w, bias, out, nullptr, normalise);
+  else
+    gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed);
 }

@@ -1,6 +1,7 @@
 // The few-row product family (gemv.cuh): GEMVs on the CUDA cores or tensor cores, and the
 // residual norm fused into the GEMV that reads it.
 #include "backends/cuda/lowering/Families.h"
+#include "ir/Gemv.h"
 
 #include <fmt/format.h>
 
@@ -18,6 +19,51 @@ int rowsKSplit(int64_t K) {
   return kSplit;
 }
 
+/// gemvBf16Rows's tile (gemv.cuh): C columns a warp, K split over KS of the block's 8 warps.
+/// Measured at gpt-1.3b's and gpt2-124m's decode shapes, one row (tests/bench/gemv_decode.cu,
+/// BENCHMARKS.md session 41): a plain product streams best split into slices of K that are
+/// whole 512-byte warp loads, a lane holding at most 4 of them and the grid 1024 blocks or more
+/// (gpt-1.3b's 24 layers of products: 1093 -> 1011 us on an H100); a fused norm repeats the
+/// row's normalisation in every block, so there K stays whole and a warp takes up to 4 columns
+/// while a lane holds at most 8 loads (gpt2-124m's qkv and fc1 1.5x). Registers bound the rest:
+/// a lane's sums (C * Rows * M).
+struct GemvTile {
+  int columns = 1, kSplit = 1; // C, KS
+};
+GemvTile gemvTile(int64_t M, int64_t N, int64_t K, bool normed, bool swiglu) {
+  const int64_t rows = swiglu ? 2 : 1, kMinBlocks = 1024;
+  GemvTile tile;
+  if (!normed)
+    for (int kSplit : {8, 4, 2})
+      if (K % (256 * kSplit) == 0) {
+        tile.kSplit = kSplit;
+        break;
+      }
+  const int64_t loads = (K / tile.kSplit + 255) / 256, maxLoads = normed ? 8 : 4;
+  for (int columns : {4, 2}) {
+    int64_t blocks = (N + 8 / tile.kSplit * columns - 1) / (8 / tile.kSplit * columns);
+    if (columns * rows * loads <= maxLoads && columns * rows * M <= 16 && (normed || blocks >= kMinBlocks)) {
+      tile.columns = columns;
+      break;
+    }
+  }
+  return tile;
+}
+
+/// 2 to 8 rows run on tensor cores (gemmRowsBf16, its m16 tile partly empty) where its shape
+/// allows: on the CUDA cores each weight costs M multiply-adds and the rows' loads, which at 8
+/// rows bound the step (gpt-1.3b's decode at batch 8 on an H100: 4.47 ms a step on the CUDA
+/// cores, 3.61 on tensor cores; BENCHMARKS.md session 41). SwiGLU's paired rows stay on the
+/// CUDA cores, and so do heads wider than the tensor-core kernel takes.
+bool gemvOnTensorCores(int64_t M, int64_t N, int64_t K, bool swiglu) {
+  return M >= 2 && !swiglu && K % 32 == 0 && N <= kMaxTensorColumns;
+}
+
+int64_t gemvBlocks(int64_t N, GemvTile tile) {
+  int64_t columns = 8 / tile.kSplit * tile.columns;
+  return (N + columns - 1) / columns;
+}
+
 } // namespace
 
 /// A product of few rows against a weight (gemv.cuh): 1 to 8 rows on the CUDA cores, 9 to 64 on
@@ -32,9 +78,11 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
   std::string params = fmt::format("const {} *x, const unsigned short *w, {}float *out{}", xBf16 ? "unsigned short" : "float",
                                    bias ? "const float *bias, " : "", gelu ? ", float *pre" : "");
   std::string args = fmt::format("x, w, {}, out, {}", bias ? "bias" : "nullptr", gelu ? "pre" : "nullptr");
-  if (fewRows(op) == FewRows::Gemv) {
-    e.launch(0, params, (N + 7) / 8,
-             fmt::format("gemvBf16<{}, {}, {}, {}, {}>({})", M, N, K, boolText(bias), boolText(gelu), args));
+  if (fewRows(op) == FewRows::Gemv && !gemvOnTensorCores(M, N, K, false)) {
+    GemvTile tile = gemvTile(M, N, K, /*normed=*/false, /*swiglu=*/false);
+    e.launch(0, params, gemvBlocks(N, tile),
+             fmt::format("gemvBf16<{}, {}, {}, {}, {}, {}, {}>({})", M, N, K, tile.columns, tile.kSplit, boolText(bias),
+                         boolText(gelu), args));
   } else {
     int kSplit = rowsKSplit(K), columns = 64 / kSplit;
     e.launch(0, params, (N + columns - 1) / columns,
@@ -72,9 +120,14 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   if (!param)
     e.launch(launch++, params, elementwiseBlocks(w.numElements()),
              fmt::format("roundToBf16(w, (unsigned short *)scratch, {})", w.numElements()));
-  e.launch(launch, params, (N + 7) / 8,
-           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}{}>(a, b, gamma, {}, {}, {}, sum, out, {})",
-                       boolText(layer), M, N, K, boolText(bias), boolText(gelu), swiglu ? ", true" : "",
+  int mmaKSplit = gemvOnTensorCores(M, N, K, swiglu) ? rowsKSplit(K) : 0;
+  GemvTile tile = mmaKSplit ? GemvTile{} : gemvTile(M, N, K, /*normed=*/true, swiglu);
+  int64_t blocks = mmaKSplit ? (N + 64 / mmaKSplit - 1) / (64 / mmaKSplit) : gemvBlocks(N, tile);
+  e.launch(launch, params, blocks,
+           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, "
+                       "{})",
+                       boolText(layer), M, N, K, tile.columns, tile.kSplit, boolText(bias), boolText(gelu),
+                       boolText(swiglu), mmaKSplit,
                        layer ? "beta" : "nullptr",
                        param ? "w" : "(const unsigned short *)scratch", bias ? "bias" : "nullptr",
                        formatDouble(*a.getFloat("eps"))));
