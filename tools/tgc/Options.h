@@ -81,12 +81,14 @@ struct RankSetup {
   std::unique_ptr<Communicator> communicator;
   bool overTcp = false; // the ranks met over TCP (torchrun's or SLURM's environment)
 };
-/// In the process the user started with --gpus N (N > 1): starts the N ranks of this command,
-/// waits for them and returns the exit status. std::nullopt where this process trains itself
-/// (one GPU, or a rank).
+/// In the process the user started with --gpus N (N > 1): starts the N ranks of this command
+/// (over --nodes hosts, this host's N with torchrun's variables), waits for them and returns
+/// the exit status. std::nullopt where this process trains itself (one GPU a host, or a rank);
+/// the exit status of an error in --nodes, --node-rank or --rendezvous.
 std::optional<int> launchRanks();
-/// In a rank that launchRanks started: its GPU and the NCCL communicator, once every rank has
-/// joined. Elsewhere: resolveDevice() and one rank.
+/// In a rank that launchRanks started, or one of torchrun's or SLURM's, or the one rank of a
+/// host under --nodes: its device and the communicator, once every rank has joined. Elsewhere:
+/// resolveDevice() and one rank.
 llvm::Expected<RankSetup> joinRanks();
 
 /// Prints one line for the error ("tgc: error: ...") and returns the exit code.

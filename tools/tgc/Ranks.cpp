@@ -6,6 +6,9 @@
 // goes to /dev/null, their errors stay on standard error. The launcher waits: when a rank fails
 // or is killed, it stops the others (SIGTERM, then SIGKILL after 2 s), which would otherwise
 // wait in a collective for it forever, says which rank ended how, and exits with its status.
+// Over several hosts (--nodes M --node-rank i --rendezvous HOST:PORT on each) host i's launcher
+// starts its ranks with torchrun's variables instead (rank i * N + GPU of M * N), and they meet
+// as ranks that torchrun or SLURM started do: over TCP at the rendezvous, NCCL's id from rank 0.
 #include "backends/TcpGroup.h"
 #include "backends/cuda/libraries/Nccl.h"
 #include "backends/cuda/Target.h"
@@ -32,6 +35,18 @@ cl::opt<int> Gpus("gpus",
                   cl::desc("Train data-parallel on N GPUs of this machine, one process each (through NCCL); "
                            "--batch stays the global batch, split evenly over them"),
                   cl::init(1), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+
+cl::opt<int> Nodes("nodes",
+                   cl::desc("Train data-parallel over this many hosts, tgc started on each by hand with its "
+                            "--node-rank and the same --rendezvous; each host runs --gpus ranks"),
+                   cl::init(1), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<int> NodeRank("node-rank", cl::desc("With --nodes: this host's index, 0 to nodes - 1 (host 0 holds rank 0)"),
+                      cl::init(0), cl::sub(trainCommand()), cl::sub(benchCommand()), cl::cat(category()));
+cl::opt<std::string> RendezvousFlag("rendezvous",
+                                    cl::desc("With --nodes: HOST:PORT where host 0's first rank listens for the "
+                                             "others (torchrun's MASTER_ADDR:MASTER_PORT)"),
+                                    cl::value_desc("host:port"), cl::sub(trainCommand()), cl::sub(benchCommand()),
+                                    cl::cat(category()));
 
 namespace {
 
@@ -73,11 +88,93 @@ int exitCodeOf(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
 }
 
+/// Where the run's rank 0 listens, from --rendezvous, once --nodes, --node-rank and
+/// --rendezvous are checked; an empty host where --nodes is 1.
+struct NodesPlan {
+  std::string host;
+  int port = 0;
+};
+llvm::Expected<NodesPlan> nodesPlan() {
+  if (Nodes < 1 || Nodes > 4096)
+    return flagError(fmt::format("--nodes takes 1 to 4096, got {}", int(Nodes)));
+  if (Nodes == 1) {
+    if (NodeRank != 0 || !RendezvousFlag.empty())
+      return flagError("--node-rank and --rendezvous describe a run over several hosts: add --nodes");
+    return NodesPlan{};
+  }
+  if (NodeRank < 0 || NodeRank >= Nodes)
+    return flagError(fmt::format("--node-rank {} is not in [0, {}]", int(NodeRank), Nodes - 1));
+  if (RendezvousFlag.empty())
+    return flagError(fmt::format("--nodes {} needs --rendezvous HOST:PORT, where host 0 listens", int(Nodes)));
+  auto [host, portText] = llvm::StringRef(RendezvousFlag).rsplit(':');
+  int port = 0;
+  if (host.empty() || portText.getAsInteger(10, port) || port < 1 || port > 65535)
+    return flagError(fmt::format("--rendezvous '{}' is not HOST:PORT with a port in [1, 65535]",
+                                 std::string(RendezvousFlag)));
+  if (std::getenv("WORLD_SIZE"))
+    return flagError("--nodes describes the run's hosts: drop it where torchrun's WORLD_SIZE describes its processes");
+  return NodesPlan{host.str(), port};
+}
+
+/// Each rank's environment: the launcher's own, less what it sets, plus `common` and the
+/// rank's `own(r)`.
+template <typename Own>
+std::vector<std::vector<std::string>> rankEnvironments(const std::vector<std::string> &common, Own own) {
+  const llvm::StringRef ours[] = {kRankVar,    kRanksVar,     kIdVar,        kLauncherVar, "WORLD_SIZE",
+                                  "RANK",      "LOCAL_RANK",  "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::string> base;
+  for (char **e = environ; *e; ++e)
+    if (!llvm::is_contained(ours, llvm::StringRef(*e).split('=').first))
+      base.push_back(*e);
+  base.insert(base.end(), common.begin(), common.end());
+  base.push_back(fmt::format("{}={}", kLauncherVar, int(getpid())));
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < Gpus; ++r) {
+    envs.push_back(base);
+    for (std::string &e : own(r))
+      envs.back().push_back(std::move(e));
+  }
+  return envs;
+}
+
+/// Starts this program again as a rank with `args` and `env` (standard output to /dev/null
+/// where `quiet`; SIGINT and SIGTERM at their defaults, not the launcher's): 0, or errno.
+int spawnRank(std::vector<std::string> &args, std::vector<std::string> &env, bool quiet, pid_t &pid) {
+  std::vector<char *> argv, envp;
+  for (std::string &a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (std::string &e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (quiet)
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
+  int error = posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  return error;
+}
+
 } // namespace
 
 std::optional<int> launchRanks() {
-  if (std::getenv(kRankVar) || Gpus == 1)
-    return std::nullopt; // a rank, or one GPU: this process trains
+  if (std::getenv(kRankVar) || std::getenv(kLauncherVar))
+    return std::nullopt; // a rank a launcher started
+  auto nodes = nodesPlan();
+  if (!nodes)
+    return report(nodes.takeError());
+  if (Gpus == 1)
+    return std::nullopt; // one rank on this host: this process trains (joinRanks joins the others)
   if (const char *world = std::getenv("WORLD_SIZE"); world && llvm::StringRef(world).trim() != "1")
     return report(flagError("--gpus starts its own ranks: drop it where WORLD_SIZE describes the run's processes"));
   if (Gpus < 1 || Gpus > 64)
@@ -94,20 +191,24 @@ std::optional<int> launchRanks() {
   if (!nccl)
     return report(flagError(fmt::format("--gpus {} needs NCCL: {}", int(Gpus),
                                         llvm::toString(nccl.takeError()).substr(std::string("error: ").size()))));
-  NcclUniqueId id{};
-  if (int result = (*nccl)->getUniqueId(&id); result != 0)
-    return report(flagError(fmt::format("ncclGetUniqueId failed: {}", (*nccl)->errorString(result))));
   std::vector<std::string> args = commandLine();
   if (args.empty())
     return report(flagError("cannot read this process's command line (/proc/self/cmdline) to start the ranks"));
-  std::vector<std::string> baseEnv;
-  const llvm::StringRef ours[] = {kRankVar, kRanksVar, kIdVar, kLauncherVar}; // set below
-  for (char **e = environ; *e; ++e)
-    if (!llvm::is_contained(ours, llvm::StringRef(*e).split('=').first))
-      baseEnv.push_back(*e);
-  baseEnv.push_back(fmt::format("{}={}", kRanksVar, int(Gpus)));
-  baseEnv.push_back(fmt::format("{}={}", kIdVar, uniqueIdToHex(id)));
-  baseEnv.push_back(fmt::format("{}={}", kLauncherVar, int(getpid())));
+  std::vector<std::vector<std::string>> envs;
+  if (Nodes > 1) { // the hosts' ranks meet as torchrun's do (joinRanks): rank 0 hands out NCCL's id
+    envs = rankEnvironments({fmt::format("WORLD_SIZE={}", Nodes * Gpus), "MASTER_ADDR=" + nodes->host,
+                             fmt::format("MASTER_PORT={}", nodes->port)},
+                            [](int r) {
+                              return std::vector<std::string>{fmt::format("RANK={}", NodeRank * Gpus + r),
+                                                              fmt::format("LOCAL_RANK={}", r)};
+                            });
+  } else {
+    NcclUniqueId id{};
+    if (int result = (*nccl)->getUniqueId(&id); result != 0)
+      return report(flagError(fmt::format("ncclGetUniqueId failed: {}", (*nccl)->errorString(result))));
+    envs = rankEnvironments({fmt::format("{}={}", kRanksVar, int(Gpus)), fmt::format("{}={}", kIdVar, uniqueIdToHex(id))},
+                            [](int r) { return std::vector<std::string>{fmt::format("{}={}", kRankVar, r)}; });
+  }
   llvm::outs().flush();
   auto previousTerm = std::signal(SIGTERM, forwardTerm);
   // SIGINT from the terminal reaches the ranks themselves (one process group): each finishes its
@@ -115,31 +216,8 @@ std::optional<int> launchRanks() {
   auto previousInt = std::signal(SIGINT, SIG_IGN);
   children.assign(Gpus, 0);
   for (int r = 0; r < Gpus; ++r) {
-    std::vector<std::string> env = baseEnv;
-    env.push_back(fmt::format("{}={}", kRankVar, r));
-    std::vector<char *> argv, envp;
-    for (std::string &a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (std::string &e : env)
-      envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    if (r > 0)
-      posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawnattr_t attributes;
-    posix_spawnattr_init(&attributes);
-    sigset_t defaults;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
-    posix_spawnattr_setsigdefault(&attributes, &defaults); // not the launcher's SIG_IGN
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
     pid_t pid = 0;
-    int error = posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attributes);
+    int error = spawnRank(args, envs[r], /*quiet=*/NodeRank * Gpus + r > 0, pid);
     if (error) {
       llvm::errs() << fmt::format("tgc: error: cannot start rank {}: {}\n", r, strerror(error));
       forwardTerm(SIGKILL);
@@ -175,12 +253,10 @@ std::optional<int> launchRanks() {
     bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     if (failed && !killAt) {
       exitCode = exitCodeOf(status);
-      if (running > 0)
-        llvm::errs() << fmt::format("tgc: error: rank {} of {} (GPU {}) {}: stopping the other ranks\n", rank,
-                                    int(Gpus), rank, describeStatus(status));
-      else
-        llvm::errs() << fmt::format("tgc: error: rank {} of {} (GPU {}) {}\n", rank, int(Gpus), rank,
-                                    describeStatus(status));
+      // (Over several hosts the rank's number is the run's: the host's first rank's plus the GPU.)
+      llvm::errs() << fmt::format("tgc: error: rank {} of {} (GPU {}) {}{}\n", NodeRank * Gpus + rank,
+                                  Nodes * Gpus, rank, describeStatus(status),
+                                  running > 0 ? ": stopping this host's other ranks" : "");
       forwardTerm(SIGTERM);
       killAt = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     }
@@ -253,17 +329,17 @@ llvm::Expected<EnvironmentRank> environmentRank(int ranks, bool slurm) {
 /// 300): on the CPU its collectives are the run's; on GPUs it hands every rank rank 0's NCCL
 /// unique id. Ranks other than 0 print nothing on standard output (their errors stay on
 /// standard error).
-llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks, bool slurm) {
-  auto where = environmentRank(ranks, slurm);
-  if (!where)
-    return where.takeError();
+/// `launched`: this process is a rank that a host's launcher (--nodes with --gpus) started.
+llvm::Expected<RankSetup> joinEnvironmentRanks(const EnvironmentRank &where, bool launched) {
   auto timeout = intFromEnvironment("TGC_RENDEZVOUS_TIMEOUT", 1, 86400, 300);
   if (!timeout)
     return timeout.takeError();
-  const int rank = where->rank, local = where->local;
-  if (Gpus != 1)
+  const int rank = where.rank, local = where.local, ranks = where.ranks;
+  if (Gpus != 1 && !launched)
     return flagError("--gpus starts its own ranks: drop it where WORLD_SIZE describes the run's processes");
-  Rendezvous rendezvous{where->host, where->port, rank, ranks, double(*timeout), ""};
+  if (launched)
+    prctl(PR_SET_PDEATHSIG, SIGKILL); // ends with its launcher, as launchRanks's ranks do
+  Rendezvous rendezvous{where.host, where.port, rank, ranks, double(*timeout), ""};
   RankSetup setup;
   setup.rank = rank;
   setup.ranks = ranks;
@@ -309,13 +385,25 @@ llvm::Expected<RankSetup> joinEnvironmentRanks(int ranks, bool slurm) {
 llvm::Expected<RankSetup> joinRanks() {
   RankSetup setup;
   const char *rankText = std::getenv(kRankVar);
+  // A rank a host's launcher started (--nodes with --gpus) finds torchrun's variables it set.
+  bool launched = !rankText && std::getenv(kLauncherVar);
+  if (!rankText && !launched && Nodes > 1) { // --nodes, one rank on this host: this process
+    auto nodes = nodesPlan();
+    if (!nodes)
+      return nodes.takeError();
+    return joinEnvironmentRanks({int(NodeRank), int(Nodes), 0, nodes->port, nodes->host}, false);
+  }
   bool torchrun = std::getenv("WORLD_SIZE"), slurm = !torchrun && std::getenv("SLURM_NTASKS");
   if (!rankText && (torchrun || slurm)) {
     auto ranks = intFromEnvironment(torchrun ? "WORLD_SIZE" : "SLURM_NTASKS", 1, 4096, std::nullopt);
     if (!ranks)
       return ranks.takeError();
-    if (*ranks > 1)
-      return joinEnvironmentRanks(*ranks, slurm);
+    if (*ranks > 1) {
+      auto where = environmentRank(*ranks, slurm);
+      if (!where)
+        return where.takeError();
+      return joinEnvironmentRanks(*where, launched);
+    }
   }
   if (!rankText) {
     auto device = resolveDevice();
