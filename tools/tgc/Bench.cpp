@@ -351,6 +351,8 @@ llvm::json::Array printMemory(const Executor &executor) {
 int runBenchGeneration(const ModelConfig &base) {
   if (Gpus != 1)
     return report(flagError("--gpus is for training: generation runs on one GPU"));
+  if (Nodes != 1 || NodeRank.getNumOccurrences() || RendezvousFlag.getNumOccurrences())
+    return report(flagError("--nodes, --node-rank and --rendezvous are for training: generation runs on one GPU"));
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
   auto device = resolveDevice();
   if (!device)

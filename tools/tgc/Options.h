@@ -73,6 +73,10 @@ llvm::Error checkDraftFlags(const SamplingOptions &sampling);
 
 /// --gpus N (Ranks.cpp): data-parallel training on N GPUs, one process each.
 extern cl::opt<int> Gpus;
+/// --nodes M, --node-rank i, --rendezvous HOST:PORT (Ranks.cpp): training over M hosts.
+extern cl::opt<int> Nodes;
+extern cl::opt<int> NodeRank;
+extern cl::opt<std::string> RendezvousFlag;
 /// This process's part in a run: rank `rank` of `ranks` on `device`, with the communicator of
 /// the ranks (null for one rank). Rank 0 prints and writes files.
 struct RankSetup {
