@@ -66,8 +66,9 @@ int64_t gemvBlocks(int64_t N, GemvTile tile) {
 
 } // namespace
 
-/// A product of few rows against a weight (gemv.cuh): 1 to 8 rows on the CUDA cores, 9 to 64 on
-/// tensor cores; matmul_bias_gelu (fuse-gemv-gelu) applies the GELU as it writes.
+/// A product of few rows against a weight (gemv.cuh): one row (and up to 8 that the tensor-core
+/// kernel does not take) on the CUDA cores in gemvTile's tile, 2 to 64 on tensor cores;
+/// matmul_bias_gelu (fuse-gemv-gelu) applies the GELU as it writes.
 llvm::Error emitGemv(const Op &op, Emitter &e) {
   const TensorType &w = operandType(op, 1);
   int64_t N = w.dim(0), K = w.dim(1), M = operandType(op, 0).numElements() / K;
