@@ -369,6 +369,25 @@ llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &promp
   return out;
 }
 
+llvm::Expected<std::vector<std::pair<std::string, Tensor>>>
+Generator::promptValues(const std::vector<int32_t> &prompt) {
+  if (int64_t(prompt.size()) > config_.seqLen)
+    return makeError("the prompt has {} tokens, more than the model's window of {}", prompt.size(), config_.seqLen);
+  if (auto err = checkPrompts({prompt}, batch_, config_.vocab))
+    return std::move(err);
+  if (auto err = ensureWindowed())
+    return std::move(err);
+  std::vector<int32_t> tokens(batch_ * config_.seqLen, 0);
+  std::copy(prompt.begin(), prompt.end(), tokens.begin());
+  Executor &executor = *windowed_.executor;
+  executor.setTracingValues(true);
+  auto logits = runWindowed(tokens);
+  executor.setTracingValues(false);
+  if (!logits)
+    return logits.takeError();
+  return executor.tracedValues();
+}
+
 llvm::Expected<EvalResult> evaluateArithmetic(Generator &generator, const ModelConfig &config,
                                               int64_t sequences, int64_t promptLength,
                                               int64_t batch) {

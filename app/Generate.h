@@ -84,6 +84,10 @@ public:
   /// The logits of every position of `prompt` (1 to seq_len tokens), [length, vocab], from the
   /// full inference program (no cache): what a framework's forward pass gives, to compare.
   llvm::Expected<Tensor> promptLogits(const std::vector<int32_t> &prompt);
+  /// Every value the full inference program computes for `prompt` (in the first sequence, the
+  /// others' tokens zero), by name in program order (Executor::setTracingValues): where two
+  /// devices' runs of one checkpoint part.
+  llvm::Expected<std::vector<std::pair<std::string, Tensor>>> promptValues(const std::vector<int32_t> &prompt);
 
   /// Speculative decoding: from now on greedy generate() has `draft` (a smaller model of the same
   /// vocabulary, created for the same batch and device) propose `lookahead` tokens a sequence,

@@ -83,6 +83,12 @@ public:
   /// GEMM's label says its precision) since it was turned on.
   virtual void setProfiling(bool on) { (void)on; }
   virtual std::map<std::string, double> profileByOp() const { return {}; }
+  /// While on, each step keeps a copy of every op's results as the op leaves them, as read()
+  /// reads a value (on the GPU the step runs eagerly and reads each back: FP8 values as their
+  /// codes times the scale_inv used, BF16 stores widened); tracedValues() gives the last step's
+  /// by value name, in program order: where two devices' runs of one program part.
+  virtual void setTracingValues(bool on) { (void)on; }
+  virtual std::vector<std::pair<std::string, Tensor>> tracedValues() const { return {}; }
   /// Makes the program's prologue leaves (backends/Prologue.h: the FP8 weights between steps)
   /// from the other leaves as they are now: run after the leaves are initialised or restored,
   /// before the first step. A program without them runs nothing.

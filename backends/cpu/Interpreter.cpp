@@ -195,6 +195,7 @@ llvm::Error Interpreter::runPrologue() {
 
 llvm::Expected<std::vector<Tensor>> Interpreter::run() {
   values_.clear();
+  traced_.clear();
   std::vector<Op *> ops = graph_.ops();
   // The last op that reads each value: after it the value is freed.
   llvm::DenseMap<const Value *, size_t> lastUse = lastUses(ops);
@@ -238,8 +239,11 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
       if (traced)
         TraceLog::instance().add(traceProcess_, {op.name().str(), "op", "%" + op.result()->name(), startUs,
                                                  TraceLog::instance().nowUs() - startUs, runs_});
-      for (unsigned r = 0; r < op.numResults(); ++r)
+      for (unsigned r = 0; r < op.numResults(); ++r) {
+        if (tracing_)
+          traced_.emplace_back(op.result(r)->name(), results[r]);
         values_[op.result(r)] = std::move(results[r]);
+      }
     }
     for (const Value *v : op.operands()) {
       bool isOutput = llvm::is_contained(graph_.outputs(), v);

@@ -37,6 +37,8 @@ public:
     profiling_ = on || reportProfile_;
   }
   std::map<std::string, double> profileByOp() const override { return profile_; }
+  void setTracingValues(bool on) override { tracing_ = on; }
+  std::vector<std::pair<std::string, Tensor>> tracedValues() const override { return traced_; }
 
   /// A bound leaf, or a value of the last run that was still alive at its end (outputs).
   const Tensor *lookup(llvm::StringRef name) const;
@@ -49,7 +51,8 @@ private:
   Communicator *communicator_ = nullptr;
   llvm::DenseMap<const Value *, Tensor> bound_;  // inputs and parameters
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
-  bool profiling_ = false, reportProfile_ = false;
+  bool profiling_ = false, reportProfile_ = false, tracing_ = false;
+  std::vector<std::pair<std::string, Tensor>> traced_; // the last step's values (setTracingValues)
   int traceProcess_ = -1; // TGC_TRACE: this program's process in the trace (support/Trace.h)
   int64_t runs_ = 0;
   std::map<std::string, double> profile_;

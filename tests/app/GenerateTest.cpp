@@ -16,6 +16,7 @@
 #include "tests/TestUtil.h"
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -343,3 +344,27 @@ TEST(Generator, AnFp8CheckpointRunsInFp8OnlyTheLayersItTrainedInFp8) {
   EXPECT_EQ(tokens, unwrap(generator->generateWithoutCache({{1, 2, 3}, {4}, {7, 7}}, 5, {})));
 }
 } // namespace
+
+TEST(Generator, PromptValuesAreTheFullProgramsOwn) {
+  // promptValues traces the full inference program's run of a prompt (19 values of the fused
+  // 2-layer program): every value once, the token embedding first, and its logits
+  // promptLogits's bit for bit, run after it.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  Rng rng(freshSeed());
+  auto graph = unwrap(buildGPT(c, 2, GPTOutput::Logits));
+  ASSERT_TRUE(graph);
+  auto generator = unwrap(Generator::create(c, randomWeights(*graph, rng), 2));
+  ASSERT_TRUE(generator);
+  std::vector<int32_t> prompt = randomPrompts(rng, {7}, c.vocab)[0];
+  auto traced = unwrap(generator->promptValues(prompt));
+  ASSERT_GT(traced.size(), 10u);
+  std::set<std::string> names;
+  for (const auto &[name, value] : traced)
+    EXPECT_TRUE(names.insert(name).second) << "%" << name << " twice";
+  EXPECT_EQ(traced.front().first, "tok_emb");
+  auto logits = std::find_if(traced.begin(), traced.end(), [](const auto &v) { return v.first == "logits"; });
+  ASSERT_NE(logits, traced.end());
+  Tensor want = unwrap(generator->promptLogits(prompt));
+  ASSERT_LE(want.data.size(), logits->second.data.size());
+  EXPECT_TRUE(std::equal(want.data.begin(), want.data.end(), logits->second.data.begin()));
+}

@@ -278,6 +278,36 @@ TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
 
 namespace {
 
+/// Where the GPU's run of a prompt parts from the CPU's (Generator::promptValues): each value
+/// both hold, in the GPU's program order, whose RMS difference passes 1e-3 of the CPU value's
+/// RMS (the first 15 of them printed, with the largest difference), then how many did.
+void printValueGaps(Generator &gpu, Generator &cpu, const std::vector<int32_t> &sequence) {
+  auto onGpu = unwrap(gpu.promptValues(sequence)), onCpu = unwrap(cpu.promptValues(sequence));
+  std::map<std::string, const Tensor *> cpuValues;
+  for (const auto &[name, value] : onCpu)
+    cpuValues[name] = &value;
+  int parted = 0, compared = 0;
+  for (const auto &[name, value] : onGpu) {
+    auto it = cpuValues.find(name);
+    if (it == cpuValues.end() || it->second->data.size() != value.data.size() || value.data.empty())
+      continue;
+    ++compared;
+    double squaredError = 0, squared = 0, largest = 0;
+    for (size_t i = 0; i < value.data.size(); ++i) {
+      double difference = double(value.data[i]) - it->second->data[i];
+      squaredError += difference * difference;
+      squared += double(it->second->data[i]) * it->second->data[i];
+      largest = std::max(largest, std::abs(difference));
+    }
+    double relative = std::sqrt(squaredError / std::max(squared, 1e-300));
+    if (!(relative > 1e-3))
+      continue;
+    if (++parted <= 15)
+      fmt::print("  %{}: RMS difference {:.2e} of its RMS, largest {:.3g}\n", name, relative, largest);
+  }
+  fmt::print("values the GPU's and the CPU's runs both hold: {}; {} parted by more than 1e-3\n", compared, parted);
+}
+
 /// That the CPU's emulation of `gpu`'s checkpoint agrees with the GPU's `tokens` continuing
 /// `prompt`: the logits of the whole sequence within 2% of the largest (their products' sums
 /// run in another order, and a last-bit change may move an FP8 rounding by a step), and each
@@ -308,11 +338,53 @@ void expectCpuAgrees(Generator &gpu, Generator &cpu, const std::vector<int32_t> 
              largest, error, int64_t(worst) / V, int64_t(worst) % V, std::sqrt(squaredError / squared));
   float bound = 0.02f * largest;
   EXPECT_LE(error, bound) << "the largest logit is " << largest;
+  if (error > bound) // where the two runs part, to tell a fault from FP8's rounding
+    printValueGaps(gpu, cpu, sequence);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const float *row = onCpu.data.data() + (prompt.size() - 1 + i) * V;
     float best = *std::max_element(row, row + V);
     EXPECT_GE(row[tokens[i]], best - 2 * bound) << "new token " << i << ": " << tokens[i];
   }
+}
+
+TEST(GpuGeneration, TracedValuesAreTheStepsOwn) {
+  // Executor::setTracingValues on the GPU (through Generator::promptValues, bf16): the step runs
+  // eagerly and reads each op's results back; the last traced logits are promptLogits's, the
+  // CPU traces the values the GPU does (by name) but those only one side's passes make, and
+  // each shared value is within BF16's reach of the CPU's.
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Bf16;
+  Rng rng(freshSeed());
+  auto graph = unwrap(buildGPT(c, 2, GPTOutput::Logits));
+  ASSERT_TRUE(graph);
+  std::map<std::string, Tensor> weights = randomWeights(*graph, rng);
+  auto gpu = unwrap(Generator::create(c, weights, 2, theGpu()));
+  auto cpu = unwrap(Generator::create(c, weights, 2, Device::cpu()));
+  ASSERT_TRUE(gpu && cpu);
+  std::vector<int32_t> prompt = randomPrompts(rng, {9}, c.vocab)[0];
+  auto traced = unwrap(gpu->promptValues(prompt));
+  ASSERT_FALSE(traced.empty());
+  auto logits = std::find_if(traced.rbegin(), traced.rend(), [](const auto &v) { return v.first == "logits"; });
+  ASSERT_NE(logits, traced.rend());
+  Tensor want = unwrap(gpu->promptLogits(prompt));
+  const int64_t V = c.vocab;
+  for (size_t i = 0; i < want.data.size(); ++i)
+    ASSERT_EQ(logits->second.data[i], want.data[i]) << "position " << i / V << " token " << i % V;
+  auto onCpu = unwrap(cpu->promptValues(prompt));
+  std::map<std::string, const Tensor *> cpuValues;
+  for (const auto &[name, value] : onCpu)
+    cpuValues[name] = &value;
+  int shared = 0;
+  for (const auto &[name, value] : traced) {
+    auto it = cpuValues.find(name);
+    if (it == cpuValues.end() || it->second->data.size() != value.data.size())
+      continue;
+    ++shared;
+    Gap gap = gapOf(it->second->data, value.data);
+    EXPECT_LE(gap.worst, 2e-2 * gap.scale) << "%" << name;
+  }
+  EXPECT_GT(shared, 10);
 }
 
 TEST(GpuGeneration, AnFp8CheckpointGeneratesAtAnyBatchWithTheWindowsTokens) {

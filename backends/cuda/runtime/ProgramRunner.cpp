@@ -336,9 +336,28 @@ std::string ProgramRunner::profileLabel(size_t i) const {
 }
 
 
+/// setTracingValues: op `i`'s results as read() reads them, once the op has run.
+llvm::Error ProgramRunner::traceResults(size_t i) {
+  const Op &op = *ops_[i];
+  OpLowering::Kind kind = program_.lowering[i].kind;
+  if (kind == OpLowering::Leaf || kind == OpLowering::Assign || kind == OpLowering::Grouped)
+    return llvm::Error::success();
+  for (unsigned r = 0; r < op.numResults(); ++r) {
+    if (!buffer(op.result(r)))
+      continue; // a result nothing reads, never placed
+    auto value = read(op.result(r)->name());
+    if (!value)
+      return value.takeError();
+    traced_.emplace_back(op.result(r)->name(), std::move(*value));
+  }
+  afterGeneratedKernel_ = false; // read() waited for the stream: the next kernel follows nothing
+  return llvm::Error::success();
+}
+
 /// Enqueues one step on the stream: every op in order, then the assigns.
 llvm::Error ProgramRunner::launchStep() {
   afterGeneratedKernel_ = false; // the step's first kernel follows the copies that bind its inputs
+  traced_.clear();
   std::vector<std::pair<const Value *, const Value *>> assigns;
   // The parameters as the BF16 GEMMs read them (padding: zeros): those the step's AdamW updates
   // it also writes in BF16 (CudaProgram::optimizerWritesWeightCopy; converted once bound).
@@ -371,15 +390,18 @@ llvm::Error ProgramRunner::launchStep() {
     if (!timed) {
       if (auto err = launchOp(i))
         return err;
-      continue;
+    } else {
+      auto ms = Profiler::time(stream_, [&] { return launchOp(i); });
+      if (!ms)
+        return ms.takeError();
+      std::string label = profileLabel(i);
+      profiler_->add(label, *ms);
+      profiler_->trace(label, lowering.kind == OpLowering::Gemm ? "gemm" : "kernel",
+                       op.numResults() ? "%" + op.result()->name() : "", *ms);
     }
-    auto ms = Profiler::time(stream_, [&] { return launchOp(i); });
-    if (!ms)
-      return ms.takeError();
-    std::string label = profileLabel(i);
-    profiler_->add(label, *ms);
-    profiler_->trace(label, lowering.kind == OpLowering::Gemm ? "gemm" : "kernel",
-                     op.numResults() ? "%" + op.result()->name() : "", *ms);
+    if (tracingValues_)
+      if (auto err = traceResults(i))
+        return err;
   }
   if (profiler_->timesOps())
     profiler_->endStep();
@@ -463,8 +485,9 @@ llvm::Error ProgramRunner::launch() {
     paramsBound_ = false;
   }
   // The whole step is captured once as a CUDA graph and replayed: one launch a step, no host
-  // synchronisation inside it. (Poisoning between runs is a debugging mode and stays eager.)
-  if (options_.poisonResults || profiler_->timesOps()) {
+  // synchronisation inside it. (Poisoning between runs and tracing values are debugging modes
+  // and stay eager.)
+  if (options_.poisonResults || profiler_->timesOps() || tracingValues_) {
     if (auto err = launchStep())
       return err;
   } else {

@@ -45,6 +45,8 @@ public:
   llvm::Error launch() override;
   void setProfiling(bool on) override { profiler_->setTimingOps(on); }
   std::map<std::string, double> profileByOp() const override { return profiler_->byOp(); }
+  void setTracingValues(bool on) override { tracingValues_ = on; }
+  std::vector<std::pair<std::string, Tensor>> tracedValues() const override { return traced_; }
   llvm::Expected<bool> fillNormal(llvm::StringRef name, uint64_t stream, double std) override;
   llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) override;
   llvm::Expected<unsigned> readLater(llvm::StringRef name) override;
@@ -145,6 +147,11 @@ private:
   // each step; otherwise (generation) once after the parameters are bound, outside the steps.
   // paramsBound_: the parameters changed since their BF16 copy was made (at first: never made).
   bool assignsParams_ = false, paramsBound_ = true;
+  // setTracingValues: the steps run eagerly, each op's results read back after it (ops run by
+  // a group's launches, Grouped, are not: their values are written elsewhere in the step).
+  bool tracingValues_ = false;
+  std::vector<std::pair<std::string, Tensor>> traced_;
+  llvm::Error traceResults(size_t i);
 };
 
 } // namespace tgc

@@ -417,3 +417,36 @@ TEST(ArithmeticData, SameSeedSameBatchesDifferentSeedDifferentBatches) {
 }
 
 } // namespace
+
+TEST(Interpreter, TracesEachOpsResultsInProgramOrder) {
+  // setTracingValues: every op's results (both of a two-result op), named as in the graph, in
+  // program order, each the value the op computed (the outputs' are the outputs); a step
+  // without tracing keeps none, and a new traced step replaces the last one's.
+  Rng rng(freshSeed());
+  auto graph = unwrap(parseGraph("graph @g\n%x = input() : f32[3,4]\n"
+                                 "%w = param() {init=\"normal\", std=1.0} : f32[4,4]\n"
+                                 "%b = param() {init=\"zeros\"} : f32[4]\n%y = matmul(%x, %w) : f32[3,4]\n"
+                                 "%z, %h = matmul_bias_gelu(%y, %w, %b) : f32[3,4], f32[3,4]\n"
+                                 "%s = add(%z, %y) : f32[3,4]\nreturn %s\n",
+                                 "trace.ir"));
+  ASSERT_TRUE(graph);
+  Interpreter interp(*graph);
+  ASSERT_FALSE(bool(interp.bindAll({{"x", randomTensor(TensorType(DType::F32, {3, 4}), rng)},
+                                    {"w", randomTensor(TensorType(DType::F32, {4, 4}), rng)},
+                                    {"b", randomTensor(TensorType(DType::F32, {4}), rng)}})));
+  unwrap(interp.run());
+  EXPECT_TRUE(interp.tracedValues().empty());
+  interp.setTracingValues(true);
+  for (int run = 0; run < 2; ++run) {
+    std::vector<Tensor> outputs = unwrap(interp.run());
+    auto traced = interp.tracedValues();
+    std::vector<std::string> names;
+    for (const auto &[name, value] : traced)
+      names.push_back(name);
+    EXPECT_EQ(names, (std::vector<std::string>{"y", "z", "h", "s"}));
+    ASSERT_EQ(traced.size(), 4u);
+    EXPECT_EQ(traced[3].second.data, outputs[0].data);
+    for (size_t i = 0; i < traced[1].second.data.size(); ++i) // s = z + y, from the traced z and y
+      EXPECT_EQ(traced[1].second.data[i] + traced[0].second.data[i], outputs[0].data[i]);
+  }
+}
