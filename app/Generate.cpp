@@ -351,17 +351,25 @@ llvm::Expected<Tensor> Generator::runWindowed(const std::vector<int32_t> &tokens
   return executor.read(program::kLogits);
 }
 
-llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &prompt) {
-  const int64_t T = config_.seqLen, V = config_.vocab, length = int64_t(prompt.size());
-  if (length > T)
-    return makeError("the prompt has {} tokens, more than the model's window of {}", length, T);
-  if (auto err = checkPrompts({prompt}, batch_, V))
+llvm::Expected<std::vector<int32_t>> Generator::windowOf(const std::vector<int32_t> &prompt) {
+  const int64_t T = config_.seqLen;
+  if (int64_t(prompt.size()) > T)
+    return makeError("the prompt has {} tokens, more than the model's window of {}", prompt.size(), T);
+  if (auto err = checkPrompts({prompt}, batch_, config_.vocab))
     return std::move(err);
   if (auto err = ensureWindowed())
     return std::move(err);
   std::vector<int32_t> tokens(batch_ * T, 0);
   std::copy(prompt.begin(), prompt.end(), tokens.begin());
-  auto logits = runWindowed(tokens);
+  return tokens;
+}
+
+llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &prompt) {
+  const int64_t V = config_.vocab, length = int64_t(prompt.size());
+  auto tokens = windowOf(prompt);
+  if (!tokens)
+    return tokens.takeError();
+  auto logits = runWindowed(*tokens);
   if (!logits)
     return logits.takeError();
   Tensor out = Tensor::zeros(TensorType(DType::F32, {length, V}));
@@ -371,17 +379,12 @@ llvm::Expected<Tensor> Generator::promptLogits(const std::vector<int32_t> &promp
 
 llvm::Expected<std::vector<std::pair<std::string, Tensor>>>
 Generator::promptValues(const std::vector<int32_t> &prompt) {
-  if (int64_t(prompt.size()) > config_.seqLen)
-    return makeError("the prompt has {} tokens, more than the model's window of {}", prompt.size(), config_.seqLen);
-  if (auto err = checkPrompts({prompt}, batch_, config_.vocab))
-    return std::move(err);
-  if (auto err = ensureWindowed())
-    return std::move(err);
-  std::vector<int32_t> tokens(batch_ * config_.seqLen, 0);
-  std::copy(prompt.begin(), prompt.end(), tokens.begin());
+  auto tokens = windowOf(prompt);
+  if (!tokens)
+    return tokens.takeError();
   Executor &executor = *windowed_.executor;
   executor.setTracingValues(true);
-  auto logits = runWindowed(tokens);
+  auto logits = runWindowed(*tokens);
   executor.setTracingValues(false);
   if (!logits)
     return logits.takeError();

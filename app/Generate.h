@@ -111,6 +111,9 @@ private:
     bool sharesCaches = false;
   };
   llvm::Error ensureWindowed();
+  /// `prompt` checked (1 to seq_len tokens of the vocabulary) as the windowed program's tokens
+  /// [batch, seq_len]: the first sequence's, the others zero; the program compiled if needed.
+  llvm::Expected<std::vector<int32_t>> windowOf(const std::vector<int32_t> &prompt);
   /// The windowed program's logits [batch, seq_len, vocab] of `tokens` [batch, seq_len].
   llvm::Expected<Tensor> runWindowed(const std::vector<int32_t> &tokens);
   /// The prefill program of `positions` (a prefillLength), compiled when first needed.

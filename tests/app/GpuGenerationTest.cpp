@@ -278,14 +278,20 @@ TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
 
 namespace {
 
+/// Traced values (Generator::promptValues) by name.
+std::map<std::string, const Tensor *> valuesByName(const std::vector<std::pair<std::string, Tensor>> &values) {
+  std::map<std::string, const Tensor *> byName;
+  for (const auto &[name, value] : values)
+    byName[name] = &value;
+  return byName;
+}
+
 /// Where the GPU's run of a prompt parts from the CPU's (Generator::promptValues): each value
 /// both hold, in the GPU's program order, whose RMS difference passes 1e-3 of the CPU value's
 /// RMS (the first 15 of them printed, with the largest difference), then how many did.
 void printValueGaps(Generator &gpu, Generator &cpu, const std::vector<int32_t> &sequence) {
   auto onGpu = unwrap(gpu.promptValues(sequence)), onCpu = unwrap(cpu.promptValues(sequence));
-  std::map<std::string, const Tensor *> cpuValues;
-  for (const auto &[name, value] : onCpu)
-    cpuValues[name] = &value;
+  std::map<std::string, const Tensor *> cpuValues = valuesByName(onCpu);
   int parted = 0, compared = 0;
   for (const auto &[name, value] : onGpu) {
     auto it = cpuValues.find(name);
@@ -372,9 +378,7 @@ TEST(GpuGeneration, TracedValuesAreTheStepsOwn) {
   for (size_t i = 0; i < want.data.size(); ++i)
     ASSERT_EQ(logits->second.data[i], want.data[i]) << "position " << i / V << " token " << i % V;
   auto onCpu = unwrap(cpu->promptValues(prompt));
-  std::map<std::string, const Tensor *> cpuValues;
-  for (const auto &[name, value] : onCpu)
-    cpuValues[name] = &value;
+  std::map<std::string, const Tensor *> cpuValues = valuesByName(onCpu);
   int shared = 0;
   for (const auto &[name, value] : traced) {
     auto it = cpuValues.find(name);

@@ -52,34 +52,6 @@ __device__ void gridBarrier(unsigned *barrier, unsigned blocks) {
   __syncthreads();
 }
 
-// The next byte of the key, as sampleThreshold decides it from one round's 256 bins (read from
-// global memory past the L1): thread t takes bin 255 - t; the bin where the running weight from
-// the top reaches the target.
-__device__ void decideByte(const unsigned long long *bins, int shift, unsigned &prefix, unsigned long long &above,
-                           unsigned long long target, unsigned long long &kept) {
-  __shared__ unsigned sharedPrefix;
-  __shared__ unsigned long long sharedAbove, sharedKept;
-  int b = 255 - (int)threadIdx.x;
-  unsigned long long own = b >= 0 ? __ldcg(bins + b) : 0ull;
-  unsigned long long before = above + sampleExclusiveScan(own);
-  if (threadIdx.x == 0) {
-    sharedPrefix = prefix;
-    sharedAbove = above;
-    sharedKept = above + __ldcg(bins);
-  }
-  __syncthreads();
-  if (b >= 0 && before < target && target <= before + own) {
-    sharedPrefix = prefix | (unsigned)b << shift;
-    sharedAbove = before;
-    sharedKept = before + own;
-  }
-  __syncthreads();
-  prefix = sharedPrefix;
-  above = sharedAbove;
-  kept = sharedKept;
-  __syncthreads();
-}
-
 template <int64 N, int64 Chunk>
 struct GridRow {
   static constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
@@ -109,7 +81,9 @@ __device__ unsigned gridThreshold(const unsigned (&key)[Per], const unsigned lon
     if (local[threadIdx.x])
       atomicAdd(rowBins + slot * 256 + threadIdx.x, local[threadIdx.x]);
     gridBarrier(barrier, blocks);
-    decideByte(rowBins + slot * 256, shift, prefix, above, target, kept);
+    local[threadIdx.x] = __ldcg(rowBins + slot * 256 + threadIdx.x); // the row's bins, past the L1
+    __syncthreads();
+    sampleNextByte(local, shift, target, prefix, above, kept);
   }
   return prefix;
 }

@@ -109,6 +109,35 @@ __device__ unsigned long long sampleExclusiveScan(unsigned long long value) {
   return earlier + inclusive - value;
 }
 
+// One radix round's decision from its 256 bins (in shared memory, complete): the next byte of
+// the key at `shift` is the bin where the weight from the top, past `above` (the keys above the
+// prefix's range), reaches `target` (bin 0 if none); prefix, above and kept (the weight of the
+// keys >= the prefix so far) move on to it. Thread t holds bin 255 - t, so the bins above it
+// are the threads before it; every thread of the block calls it.
+__device__ void sampleNextByte(const unsigned long long *bins, int shift, unsigned long long target, unsigned &prefix,
+                               unsigned long long &above, unsigned long long &kept) {
+  __shared__ unsigned sharedPrefix;
+  __shared__ unsigned long long sharedAbove, sharedKept;
+  int b = 255 - (int)threadIdx.x;
+  unsigned long long own = b >= 0 ? bins[b] : 0ull;
+  unsigned long long before = above + sampleExclusiveScan(own);
+  if (threadIdx.x == 0) {
+    sharedPrefix = prefix;
+    sharedAbove = above;
+    sharedKept = above + bins[0];
+  }
+  __syncthreads();
+  if (b >= 0 && before < target && target <= before + own) {
+    sharedPrefix = prefix | (unsigned)b << shift;
+    sharedAbove = before;
+    sharedKept = before + own;
+  }
+  __syncthreads();
+  prefix = sharedPrefix;
+  above = sharedAbove;
+  kept = sharedKept;
+}
+
 // The largest key t such that the row's tokens of key >= t and >= lowest weigh at least target
 // (each weighs 1 where weights is null), and in `kept` what they weigh: a radix select, a byte
 // of the key a round, each round's 256 sums made by integer atomics in shared memory (the same
@@ -119,8 +148,6 @@ __device__ unsigned sampleThreshold(const float *x, const unsigned long long *we
   constexpr int Copies = 8; // histograms: warp w adds to copy w % Copies, then they are summed
   __shared__ unsigned long long copies[Copies][256];
   unsigned long long *bins = copies[0];
-  __shared__ unsigned sharedPrefix;
-  __shared__ unsigned long long sharedAbove, sharedKept;
   unsigned prefix = 0;
   unsigned long long above = 0; // the weight of the keys above the prefix's range
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -144,28 +171,9 @@ __device__ unsigned sampleThreshold(const float *x, const unsigned long long *we
       bins[k] = sum;
     }
     __syncthreads();
-    // Thread t holds bin 255 - t: the bins above it are the threads before it. The bin where
-    // the running weight from the top reaches the target is the next byte (bin 0 if none).
-    int b = 255 - (int)threadIdx.x;
-    unsigned long long own = b >= 0 ? bins[b] : 0ull;
-    unsigned long long before = above + sampleExclusiveScan(own);
-    if (threadIdx.x == 0) {
-      sharedPrefix = prefix;
-      sharedAbove = above;
-      sharedKept = above + bins[0];
-    }
-    __syncthreads();
-    if (b >= 0 && before < target && target <= before + own) {
-      sharedPrefix = prefix | (unsigned)b << shift;
-      sharedAbove = before;
-      sharedKept = before + own;
-    }
-    __syncthreads();
-    prefix = sharedPrefix;
-    above = sharedAbove;
+    sampleNextByte(bins, shift, target, prefix, above, kept);
   }
-  kept = sharedKept; // after the last round: the weight of the keys >= the threshold
-  return prefix;
+  return prefix; // kept: after the last round, the weight of the keys >= the threshold
 }
 
 // Launch 2: a block of 1024 threads a row: argmax under temperature <= 0, else the top-k key,

@@ -64,6 +64,12 @@ int64_t gemvBlocks(int64_t N, GemvTile tile) {
   return (N + columns - 1) / columns;
 }
 
+/// gemmRowsBf16's blocks: 64 / kSplit columns each.
+int64_t rowsBlocks(int64_t N, int kSplit) {
+  int64_t columns = 64 / kSplit;
+  return (N + columns - 1) / columns;
+}
+
 } // namespace
 
 /// A product of few rows against a weight (gemv.cuh): one row (and up to 8 that the tensor-core
@@ -85,8 +91,8 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
              fmt::format("gemvBf16<{}, {}, {}, {}, {}, {}, {}>({})", M, N, K, tile.columns, tile.kSplit, boolText(bias),
                          boolText(gelu), args));
   } else {
-    int kSplit = rowsKSplit(K), columns = 64 / kSplit;
-    e.launch(0, params, (N + columns - 1) / columns,
+    int kSplit = rowsKSplit(K);
+    e.launch(0, params, rowsBlocks(N, kSplit),
              fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}>({})", M, N, K, kSplit, boolText(bias), boolText(gelu),
                          args));
   }
@@ -123,7 +129,7 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
              fmt::format("roundToBf16(w, (unsigned short *)scratch, {})", w.numElements()));
   int mmaKSplit = gemvOnTensorCores(M, N, K, swiglu) ? rowsKSplit(K) : 0;
   GemvTile tile = mmaKSplit ? GemvTile{} : gemvTile(M, N, K, /*normed=*/true, swiglu);
-  int64_t blocks = mmaKSplit ? (N + 64 / mmaKSplit - 1) / (64 / mmaKSplit) : gemvBlocks(N, tile);
+  int64_t blocks = mmaKSplit ? rowsBlocks(N, mmaKSplit) : gemvBlocks(N, tile);
   e.launch(launch, params, blocks,
            fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, "
                        "{})",
