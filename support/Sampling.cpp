@@ -18,7 +18,7 @@ SamplingParams unpackSampling(const float sampling[3], const int32_t seed[2]) {
   SamplingParams params;
   params.temperature = sampling[0];
   params.topP = sampling[1];
-  params.topK = int64_t(sampling[2]);
+  params.topK = samplingTopK(sampling[2], int64_t(1) << 62); // (0 for any k out of range)
   params.seed = uint64_t(uint32_t(seed[0])) | uint64_t(uint32_t(seed[1])) << 32;
   return params;
 }

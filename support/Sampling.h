@@ -77,12 +77,22 @@ TGC_SP_FN unsigned samplingKey(float logit) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-/// The weight the top-p cut keeps at least: ceil(total * topP), within [1, total].
+/// The weight the top-p cut keeps at least: ceil(total * topP), within [1, total] (1 for topP
+/// <= 0 or NaN: the most likely token alone; converted only once in range, as a double out of
+/// a 64-bit integer's range converts differently on the host and the device).
 TGC_SP_FN unsigned long long samplingMassTarget(unsigned long long total, float topP) {
-  unsigned long long target = (unsigned long long)TGC_SP_CEIL(TGC_SP_MUL(double(total), double(topP)));
-  return target < 1 ? 1 : target > total ? total : target;
+  double target = TGC_SP_CEIL(TGC_SP_MUL(double(total), double(topP)));
+  if (!(target >= 1.0))
+    return 1;
+  if (!(target < double(total)))
+    return total;
+  return (unsigned long long)target;
 }
-
+/// How many of `vocab` tokens the top-k cut keeps: k truncated, 0 (no cut) unless 1 <= k < vocab
+/// (NaN too), so that no float out of range is converted.
+TGC_SP_FN long long samplingTopK(float k, long long vocab) {
+  return k >= 1.0f && double(k) < double(vocab) ? (long long)k : 0;
+}
 /// Row `row`'s draw for the token after position `counter`, scaled to [0, total): the high 64
 /// bits of a SplitMix64 hash of (seed, row, counter) times total.
 TGC_SP_FN unsigned long long samplingDraw(unsigned long long seed, long long row, long long counter,

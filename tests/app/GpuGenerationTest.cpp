@@ -221,7 +221,7 @@ TEST(GpuGeneration, SampledTokensAreTheCpusForTheSameSeed) {
       ASSERT_TRUE(graph);
       struct Case { float temperature, topP, topK; };
       for (Case k : {Case{0, 1, 0}, Case{0.8f, 1, 0}, Case{1, 1, 40}, Case{0.7f, 0.9f, 0}, Case{1.2f, 0.95f, 100},
-                     Case{1, 1, 1}, Case{2, 0.5f, 0}}) {
+                     Case{1, 1, 1}, Case{2, 0.5f, 0}, Case{1, -0.5f, -3}, Case{0.9f, 1.5f, 1e9f}}) {
         SCOPED_TRACE(fmt::format("V {}, B {}, temperature {}, top_p {}, top_k {}", V, B, k.temperature, k.topP, k.topK));
         std::map<std::string, Tensor> leaves;
         Tensor logits = Tensor::zeros(graph->lookup("logits")->type());

@@ -107,3 +107,32 @@ TEST(Sampling, GreedyIsTheFirstLargestAndDrawsAreTheSeeds) {
 }
 
 } // namespace
+
+TEST(Sampling, SettingsOutOfRangeAreDefinedTheSameOnBothSides) {
+  // The sample op reads its settings as floats, whatever they hold: a top-p at or below 0 (or
+  // NaN) keeps the most likely token alone, one at or above 1 every token; a top-k below 1, at
+  // or above the vocabulary, or NaN cuts nothing. No float out of an integer's range is converted
+  // (the host and the device would convert it differently).
+  EXPECT_EQ(samplingMassTarget(1000, -0.5f), 1u);
+  EXPECT_EQ(samplingMassTarget(1000, 0.0f), 1u);
+  EXPECT_EQ(samplingMassTarget(1000, std::nanf("")), 1u);
+  EXPECT_EQ(samplingMassTarget(1000, 0.2501f), 251u);
+  EXPECT_EQ(samplingMassTarget(1000, 1.7f), 1000u);
+  EXPECT_EQ(samplingMassTarget(~0ull, 1.0f), ~0ull);
+  EXPECT_EQ(samplingMassTarget(~0ull, 0.5f), 1ull << 63);
+  EXPECT_EQ(samplingTopK(-1.2f, 50), 0);
+  EXPECT_EQ(samplingTopK(0.9f, 50), 0);
+  EXPECT_EQ(samplingTopK(2.7f, 50), 2);
+  EXPECT_EQ(samplingTopK(49.5f, 50), 49);
+  EXPECT_EQ(samplingTopK(50.0f, 50), 0);
+  EXPECT_EQ(samplingTopK(1e30f, 50), 0);
+  EXPECT_EQ(samplingTopK(std::nanf(""), 50), 0);
+  const std::vector<float> logits = {1.0f, 2.5f, 0.0f, 2.0f, -1.0f, 3.0f, 2.5f};
+  float sampling[3] = {1.0f, -0.3f, -2.0f};
+  int32_t seed[2] = {7, 0};
+  SamplingParams params = unpackSampling(sampling, seed);
+  EXPECT_EQ(params.topK, 0);
+  EXPECT_EQ(histogram(logits, params, 200), (std::map<int32_t, int>{{5, 200}}));
+  sampling[2] = 1e30f;
+  EXPECT_EQ(unpackSampling(sampling, seed).topK, 0);
+}

@@ -187,7 +187,7 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
   int index;
   sampleRowBest<N, Chunk>(parts, row, best, index);
   float temperature = sampling[0], topP = sampling[1];
-  int64 topK = (int64)sampling[2];
+  int64 topK = samplingTopK(sampling[2], N);
   if (!(temperature > 0.0f)) {
     if (threadIdx.x == 0)
       out[row] = index;
@@ -196,7 +196,7 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
   const float *x = logits + row * N;
   const unsigned long long *weights = allWeights + row * N;
   unsigned long long kept = 0;
-  unsigned lowest = topK > 0 && topK < N ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK, kept) : 0u;
+  unsigned lowest = topK > 0 ? sampleThreshold<N>(x, nullptr, 0u, (unsigned long long)topK, kept) : 0u;
   unsigned long long total = 0;
   sampleForEach<N>(x, weights, [&](bool valid, float logit, unsigned long long weight) {
     if (valid && samplingKey(logit) >= lowest)
