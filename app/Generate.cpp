@@ -391,6 +391,16 @@ Generator::promptValues(const std::vector<int32_t> &prompt) {
   return executor.tracedValues();
 }
 
+llvm::Error Generator::roundAs(Generator &device) {
+  if (auto err = ensureWindowed())
+    return err;
+  if (auto err = device.ensureWindowed())
+    return err;
+  if (!windowed_.executor->setRoundedValues(device.windowed_.executor->roundedValues()))
+    return makeError("error: {} does not round values as another device does", describe());
+  return llvm::Error::success();
+}
+
 llvm::Expected<EvalResult> evaluateArithmetic(Generator &generator, const ModelConfig &config,
                                               int64_t sequences, int64_t promptLength,
                                               int64_t batch) {

@@ -88,6 +88,10 @@ public:
   /// others' tokens zero), by name in program order (Executor::setTracingValues): where two
   /// devices' runs of one checkpoint part.
   llvm::Expected<std::vector<std::pair<std::string, Tensor>>> promptValues(const std::vector<int32_t> &prompt);
+  /// From now on the full inference program (promptLogits, promptValues) rounds to BF16 the
+  /// values `device`'s rounds beyond their types (Executor::roundedValues: the GPU's storage
+  /// rules), so that this generator (on the CPU) emulates that one's numerics.
+  llvm::Error roundAs(Generator &device);
 
   /// Speculative decoding: from now on greedy generate() has `draft` (a smaller model of the same
   /// vocabulary, created for the same batch and device) propose `lookahead` tokens a sequence,

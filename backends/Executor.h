@@ -89,6 +89,17 @@ public:
   /// by value name, in program order: where two devices' runs of one program part.
   virtual void setTracingValues(bool on) { (void)on; }
   virtual std::vector<std::pair<std::string, Tensor>> tracedValues() const { return {}; }
+  /// The values this executor rounds to BF16 beyond their types in the program, by name: the
+  /// GPU's storage rules (CudaProgram::bf16Rounding: a norm's output an FP8 cast reads, as
+  /// Transformer Engine stores it, and others); none on the CPU.
+  virtual std::vector<std::string> roundedValues() const { return {}; }
+  /// Rounds the named values of the program to BF16 (to nearest, even) as their ops make them:
+  /// another executor's roundedValues(), so that this one emulates that one's storage. False
+  /// where this executor does not (names it does not hold are ignored).
+  virtual bool setRoundedValues(const std::vector<std::string> &names) {
+    (void)names;
+    return false;
+  }
   /// Makes the program's prologue leaves (backends/Prologue.h: the FP8 weights between steps)
   /// from the other leaves as they are now: run after the leaves are initialised or restored,
   /// before the first step. A program without them runs nothing.

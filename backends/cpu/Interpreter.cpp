@@ -168,6 +168,14 @@ const Tensor *Interpreter::lookup(llvm::StringRef name) const {
   return jt == values_.end() ? nullptr : &jt->second;
 }
 
+bool Interpreter::setRoundedValues(const std::vector<std::string> &names) {
+  rounded_.clear();
+  for (const std::string &name : names)
+    if (const Value *v = graph_.lookup(name); v && v->def() && !isLeaf(v->def()->kind()))
+      rounded_.insert(v);
+  return true;
+}
+
 llvm::Error Interpreter::runPrologue() {
   auto prologue = prologueOps(graph_);
   if (!prologue)
@@ -240,6 +248,9 @@ llvm::Expected<std::vector<Tensor>> Interpreter::run() {
         TraceLog::instance().add(traceProcess_, {op.name().str(), "op", "%" + op.result()->name(), startUs,
                                                  TraceLog::instance().nowUs() - startUs, runs_});
       for (unsigned r = 0; r < op.numResults(); ++r) {
+        if (rounded_.count(op.result(r)))
+          for (float &v : results[r].data)
+            v = roundToBf16(v);
         if (tracing_)
           traced_.emplace_back(op.result(r)->name(), results[r]);
         values_[op.result(r)] = std::move(results[r]);

@@ -9,6 +9,7 @@
 #include "support/Memory.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <map>
 #include <optional>
@@ -39,6 +40,7 @@ public:
   std::map<std::string, double> profileByOp() const override { return profile_; }
   void setTracingValues(bool on) override { tracing_ = on; }
   std::vector<std::pair<std::string, Tensor>> tracedValues() const override { return traced_; }
+  bool setRoundedValues(const std::vector<std::string> &names) override;
 
   /// A bound leaf, or a value of the last run that was still alive at its end (outputs).
   const Tensor *lookup(llvm::StringRef name) const;
@@ -53,6 +55,7 @@ private:
   llvm::DenseMap<const Value *, Tensor> values_; // intermediates of the last run
   bool profiling_ = false, reportProfile_ = false, tracing_ = false;
   std::vector<std::pair<std::string, Tensor>> traced_; // the last step's values (setTracingValues)
+  llvm::DenseSet<const Value *> rounded_;              // rounded to BF16 when made (setRoundedValues)
   int traceProcess_ = -1; // TGC_TRACE: this program's process in the trace (support/Trace.h)
   int64_t runs_ = 0;
   std::map<std::string, double> profile_;

@@ -336,6 +336,18 @@ std::string ProgramRunner::profileLabel(size_t i) const {
 }
 
 
+/// The results of bf16Rounding's ops that they write in BF16, in program order (an FP8
+/// matmul_bias's BF16 bias is its operand's copy, not a value of the program: not among them).
+std::vector<std::string> ProgramRunner::roundedValues() const {
+  std::vector<std::string> names;
+  for (const Op *op : ops_)
+    if (program_.bf16Rounding.count(op))
+      for (unsigned r = 0; r < op->numResults(); ++r)
+        if (program_.bf16Stored.count(op->result(r)))
+          names.push_back(op->result(r)->name());
+  return names;
+}
+
 /// setTracingValues: op `i`'s results as read() reads them, once the op has run.
 llvm::Error ProgramRunner::traceResults(size_t i) {
   const Op &op = *ops_[i];

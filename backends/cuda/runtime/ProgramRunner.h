@@ -47,6 +47,7 @@ public:
   std::map<std::string, double> profileByOp() const override { return profiler_->byOp(); }
   void setTracingValues(bool on) override { tracingValues_ = on; }
   std::vector<std::pair<std::string, Tensor>> tracedValues() const override { return traced_; }
+  std::vector<std::string> roundedValues() const override;
   llvm::Expected<bool> fillNormal(llvm::StringRef name, uint64_t stream, double std) override;
   llvm::Error feed(llvm::StringRef value, llvm::StringRef leaf) override;
   llvm::Expected<unsigned> readLater(llvm::StringRef name) override;

@@ -450,3 +450,31 @@ TEST(Interpreter, TracesEachOpsResultsInProgramOrder) {
       EXPECT_EQ(traced[1].second.data[i] + traced[0].second.data[i], outputs[0].data[i]);
   }
 }
+
+TEST(Interpreter, RoundsTheNamedValuesToBf16AsTheyAreMade) {
+  // setRoundedValues (a GPU's roundedValues, emulated): the named intermediate is rounded to
+  // BF16 as its op makes it, so the ops that read it read the rounded value; leaves and unknown
+  // names are ignored, and an empty list turns the rounding off.
+  Rng rng(freshSeed());
+  auto graph = unwrap(parseGraph("graph @g\n%x = input() : f32[3,8]\n%w = param() {init=\"normal\", std=1.0} : f32[8,8]\n"
+                                 "%y = matmul(%x, %w) : f32[3,8]\n%s = add(%y, %x) : f32[3,8]\nreturn %s\n",
+                                 "round.ir"));
+  ASSERT_TRUE(graph);
+  Interpreter interp(*graph);
+  Tensor x = randomTensor(TensorType(DType::F32, {3, 8}), rng);
+  ASSERT_FALSE(bool(interp.bindAll({{"x", x}, {"w", randomTensor(TensorType(DType::F32, {8, 8}), rng)}})));
+  interp.setTracingValues(true);
+  std::vector<Tensor> exact = unwrap(interp.run());
+  std::vector<float> y = interp.tracedValues()[0].second.data;
+  EXPECT_TRUE(interp.setRoundedValues({"y", "x", "nothing"}));
+  std::vector<Tensor> rounded = unwrap(interp.run());
+  int changed = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    EXPECT_EQ(interp.tracedValues()[0].second.data[i], roundToBf16(y[i]));
+    EXPECT_EQ(rounded[0].data[i], roundToBf16(y[i]) + x.data[i]); // x itself not rounded
+    changed += rounded[0].data[i] != exact[0].data[i];
+  }
+  EXPECT_GT(changed, 0);
+  EXPECT_TRUE(interp.setRoundedValues({}));
+  EXPECT_EQ(unwrap(interp.run())[0].data, exact[0].data);
+}
