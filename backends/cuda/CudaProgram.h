@@ -22,6 +22,7 @@ struct KernelLaunch {
   std::string name;
   int64_t blocks = 1;
   int threads = 256;
+  bool cooperative = false; // its blocks wait for each other: launched all resident at once
 };
 
 /// How the executor runs one op.

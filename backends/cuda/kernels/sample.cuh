@@ -1,7 +1,9 @@
-// The sample op (support/Sampling.h's definition) in three launches: argmax's parts (each row's
-// largest logit and its index, decode.cuh), the weights of every token (many blocks a row), and
-// a block of 1024 threads a row for the thresholds and the draw. Every decision is an integer
-// sum or an integer comparison, so the token is the CPU's whatever the order of the sums.
+// The sample op (support/Sampling.h's definition) after argmax's parts (each row's largest logit
+// and its index, decode.cuh): where all of the rows' blocks fit the GPU at once, one cooperative
+// launch over every block of every row (sampleGrid, below); otherwise the weights of every token
+// (many blocks a row), then a block of 1024 threads a row for the thresholds and the draw
+// (sampleRows). Every decision is an integer sum or an integer comparison, so the token is the
+// CPU's whatever the order of the sums.
 #pragma once
 
 #include "decode.cuh"
@@ -235,4 +237,165 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
         out[row] = (int)i;
         break;
       }
+}
+
+// ---- The draw over all of a row's blocks: one cooperative launch after argmaxParts ----
+// Launch 0 (argmaxParts, then sampleGridClear) zeroes each row's sums; launch 1 is
+// sampleGrid's, Rows x Chunks blocks of kSampleGridThreads all resident at once (a cooperative
+// launch): each block holds its chunk's keys and weights in registers, adds its counts to the
+// row's bins in global memory, and after a barrier of the row's blocks every block takes the
+// same decision from the same integer sums (sampleNextByte), so the token is sampleRows's, the
+// CPU's, by construction. Each round passes over registers, not over the row in memory.
+
+constexpr int kSampleGridThreads = 256; // a block; thread t holds bin 255 - t in sampleNextByte
+constexpr int kSampleGridBlocksPerSM = 4;
+constexpr int kSampleGridSlots = 9; // bins of 4 top-k rounds, the total, 4 top-p rounds
+
+template <int64 N, int64 Chunk>
+struct SampleGrid {
+  static constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
+  static constexpr int Per = (int)(Chunk / kSampleGridThreads); // a thread's contiguous run
+  // 64-bit words a row: the slots' bins, the chunks' sums, the barrier (two 32-bit words).
+  static constexpr int64 Words = kSampleGridSlots * 256 + Chunks + 1;
+  static_assert(Chunk % kSampleGridThreads == 0, "a chunk is whole runs of the block's threads");
+};
+
+// Zeroes the rows' words (launch 0's blocks, after argmaxParts): sampleGrid reads them as sums.
+template <int64 N, int64 Chunk>
+__device__ void sampleGridClear(unsigned long long *scratch, int64 rows) {
+  const int64 words = rows * SampleGrid<N, Chunk>::Words;
+  for (int64 i = (int64)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (int64)gridDim.x * blockDim.x)
+    scratch[i] = 0;
+}
+
+// Each of a row's `blocks` blocks waits here for the others (the cooperative launch keeps them
+// all resident; rows wait apart). `barrier`: the row's count (zero between barriers) and a
+// generation that the last block to arrive moves on.
+__device__ void sampleGridBarrier(unsigned *barrier, unsigned blocks) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned *generation = barrier + 1;
+    unsigned seen = *generation;
+    __threadfence();
+    if (atomicAdd(barrier, 1u) == blocks - 1) {
+      barrier[0] = 0;
+      __threadfence();
+      atomicAdd(barrier + 1, 1u);
+    } else {
+      while (*generation == seen) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// sampleThreshold over the row's blocks: the largest key t >= lowest whose keys (>= t) weigh at
+// least target (4 rounds, in the bins of slots slot..slot+3), and in kept what they weigh.
+template <int Per>
+__device__ unsigned sampleGridThreshold(const unsigned (&key)[Per], const unsigned long long (&weight)[Per],
+                                        bool weighted, unsigned lowest, unsigned long long target,
+                                        unsigned long long *rowBins, int slot, unsigned *barrier, unsigned blocks,
+                                        unsigned long long &kept) {
+  __shared__ unsigned long long local[256];
+  unsigned prefix = 0;
+  unsigned long long above = 0;
+  for (int shift = 24; shift >= 0; shift -= 8, ++slot) {
+    local[threadIdx.x] = 0;
+    __syncthreads();
+    unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+#pragma unroll
+    for (int k = 0; k < Per; ++k) {
+      bool counted = key[k] >= lowest && (key[k] & decided) == prefix && weight[k] != ~0ull;
+      sampleAddToBin(local, counted ? (int)((key[k] >> shift) & 255u) : -1, weighted ? weight[k] : 1ull);
+    }
+    __syncthreads();
+    if (local[threadIdx.x])
+      atomicAdd(rowBins + slot * 256 + threadIdx.x, local[threadIdx.x]);
+    sampleGridBarrier(barrier, blocks);
+    local[threadIdx.x] = __ldcg(rowBins + slot * 256 + threadIdx.x); // the row's bins, past the L1
+    __syncthreads();
+    sampleNextByte(local, shift, target, prefix, above, kept);
+  }
+  return prefix;
+}
+
+// The weight of this thread's kept tokens (keys >= lowest; ~0 marks a place past the row).
+template <int Per>
+__device__ unsigned long long sampleGridKept(const unsigned (&key)[Per], const unsigned long long (&weight)[Per],
+                                             unsigned lowest) {
+  unsigned long long own = 0;
+#pragma unroll
+  for (int k = 0; k < Per; ++k)
+    if (weight[k] != ~0ull && key[k] >= lowest)
+      own += weight[k];
+  return own;
+}
+
+// Launch 1: the sample op's token for each row, as sampleRows gives it (ArgChunk: argmaxParts's
+// chunk; Chunk: a block's share of the row; scratch: sampleGridClear's zeroed words).
+template <int64 N, int64 ArgChunk, int64 Chunk, int64 Stride>
+__device__ void sampleGrid(const float *logits, const float *parts, const int *counters, const float *sampling,
+                           const int *seed, unsigned long long *scratch, int *out) {
+  using G = SampleGrid<N, Chunk>;
+  constexpr int Per = G::Per;
+  constexpr unsigned blocks = (unsigned)G::Chunks;
+  const int64 row = blockIdx.x / G::Chunks, chunk = blockIdx.x % G::Chunks;
+  unsigned long long *rowBins = scratch + row * G::Words, *chunkSums = rowBins + kSampleGridSlots * 256;
+  unsigned *barrier = (unsigned *)(chunkSums + G::Chunks);
+  float best;
+  int index;
+  sampleRowBest<N, ArgChunk>(parts, row, best, index);
+  const float temperature = sampling[0], topP = sampling[1];
+  const int64 topK = samplingTopK(sampling[2], N);
+  if (!(temperature > 0.0f)) { // every block returns here alike: no barrier waits
+    if (chunk == 0 && threadIdx.x == 0)
+      out[row] = index;
+    return;
+  }
+  const int64 first = chunk * Chunk + (int64)threadIdx.x * Per; // this thread's run
+  unsigned key[Per];
+  unsigned long long weight[Per];
+#pragma unroll
+  for (int k = 0; k < Per; ++k) {
+    float logit = first + k < N ? logits[row * N + first + k] : 0.0f;
+    key[k] = samplingKey(logit);
+    weight[k] = first + k < N ? samplingWeight(logit, best, temperature) : ~0ull;
+  }
+  unsigned long long kept = 0;
+  unsigned lowest = 0;
+  if (topK > 0)
+    lowest = sampleGridThreshold<Per>(key, weight, false, 0u, (unsigned long long)topK, rowBins, 0, barrier, blocks,
+                                      kept);
+  unsigned long long own = sampleGridKept<Per>(key, weight, lowest), blockTotal = sampleBlockSum(own);
+  if (threadIdx.x == 0 && blockTotal)
+    atomicAdd(rowBins + 4 * 256, blockTotal);
+  sampleGridBarrier(barrier, blocks);
+  unsigned long long total = __ldcg(rowBins + 4 * 256);
+  if (total == 0) { // no finite logit (every block sees it: none waits again)
+    if (chunk == 0 && threadIdx.x == 0)
+      out[row] = index;
+    return;
+  }
+  if (topP < 1.0f) {
+    lowest = sampleGridThreshold<Per>(key, weight, true, lowest, samplingMassTarget(total, topP), rowBins, 5, barrier,
+                                      blocks, total);
+    own = sampleGridKept<Per>(key, weight, lowest);
+  }
+  unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
+  unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
+  unsigned long long running = sampleExclusiveScan(own), mine = sampleBlockSum(own);
+  if (threadIdx.x == 0)
+    chunkSums[chunk] = mine;
+  sampleGridBarrier(barrier, blocks);
+  for (int64 c = 0; c < chunk; ++c)
+    running += __ldcg(chunkSums + c);
+  if (running <= draw && draw < running + own) {
+#pragma unroll
+    for (int k = 0; k < Per; ++k)
+      if (weight[k] != ~0ull && key[k] >= lowest && (running += weight[k]) > draw) {
+        out[row] = (int)(first + k);
+        break;
+      }
+  }
 }

@@ -30,6 +30,44 @@ std::string cacheRopeTable(const Op &op, Emitter &e, int64_t T, int64_t Dh) {
   return ", const double *table";
 }
 
+// sample.cuh's: sampleGrid's block, the blocks an SM holds (its launch bounds) and its rounds' bins.
+constexpr int kSampleGridThreads = 256, kSampleGridBlocksPerSM = 4, kSampleGridSlots = 9;
+
+/// The sample op after argmaxParts (launch 0, into scratch 0): where every row's blocks of
+/// 2048 or 4096 logits fit the GPU at once (sampleGrid's blocks an SM), one cooperative launch
+/// of them all, its sums in scratch 1, which launch 0 zeroes; otherwise the weights of every
+/// token into scratch 1, then a block a row (sampleRows).
+llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_t argChunk) {
+  const int64_t chunks = (n + argChunk - 1) / argChunk, stride = op.attrs().getInt("stride").value_or(0);
+  const std::string params = "const float *x, const int *counters, const float *sampling, const int *seed, int *out, "
+                             "float *parts, float *scratch";
+  const int64_t resident = int64_t(kSampleGridBlocksPerSM) * e.program_.multiprocessors;
+  for (int64_t chunk : {int64_t(2048), int64_t(4096)}) {
+    int64_t gridChunks = (n + chunk - 1) / chunk;
+    if (rows * gridChunks > resident)
+      continue;
+    e.lowering.scratchFloats.push_back(2 * rows * (kSampleGridSlots * 256 + gridChunks + 1));
+    e.launch(0, params, rows * chunks,
+             fmt::format("argmaxParts<{0}, {1}>(x, parts); sampleGridClear<{0}, {2}>((unsigned long long *)scratch, {3})",
+                         n, argChunk, chunk, rows));
+    e.launch(1, params, rows * gridChunks,
+             fmt::format("sampleGrid<{}, {}, {}, {}>(x, parts, counters, sampling, seed, (unsigned long long *)scratch, out)",
+                         n, argChunk, chunk, stride),
+             kSampleGridThreads, kSampleGridBlocksPerSM);
+    e.cooperative();
+    return llvm::Error::success();
+  }
+  e.lowering.scratchFloats.push_back(2 * rows * n); // the weights, 64-bit integers
+  e.launch(0, params, rows * chunks, fmt::format("argmaxParts<{}, {}>(x, parts)", n, argChunk));
+  e.launch(1, params, rows * chunks,
+           fmt::format("sampleWeights<{}, {}>(x, parts, sampling, (unsigned long long *)scratch)", n, argChunk));
+  e.launch(2, params, rows,
+           fmt::format("sampleRows<{}, {}, {}>(x, parts, counters, sampling, seed, (const unsigned long long *)scratch, out)",
+                       n, argChunk, stride),
+           1024);
+  return llvm::Error::success();
+}
+
 } // namespace
 
 /// Generation's ops (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
@@ -38,7 +76,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   e.uses("decode.cuh");
   if (op.kind() == OpKind::Argmax || op.kind() == OpKind::Sample) {
     // Parts of 2048 elements a block (a vocabulary of 50k: 25 blocks a row), then a combine;
-    // sample (sample.cuh) makes the weights from the parts, then draws with a block a row.
+    // sample (sample.cuh) draws from the parts and the logits (emitSample).
     constexpr int64_t kChunk = 2048;
     int64_t n = operandType(op, 0).dim(-1), rows = operandType(op, 0).numElements() / n, chunks = (n + kChunk - 1) / kChunk;
     e.lowering.scratchFloats = {2 * rows * chunks};
@@ -50,17 +88,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
       return llvm::Error::success();
     }
     e.uses("sample.cuh");
-    e.lowering.scratchFloats.push_back(2 * rows * n); // the weights, 64-bit integers
-    const std::string params = "const float *x, const int *counters, const float *sampling, const int *seed, int *out, "
-                               "float *parts, float *weights";
-    e.launch(0, params, rows * chunks, fmt::format("argmaxParts<{}, {}>(x, parts)", n, kChunk));
-    e.launch(1, params, rows * chunks,
-             fmt::format("sampleWeights<{}, {}>(x, parts, sampling, (unsigned long long *)weights)", n, kChunk));
-    e.launch(2, params, rows,
-             fmt::format("sampleRows<{}, {}, {}>(x, parts, counters, sampling, seed, (const unsigned long long *)weights, out)",
-                         n, kChunk, a.getInt("stride").value_or(0)),
-             1024);
-    return llvm::Error::success();
+    return emitSample(op, e, n, rows, kChunk);
   }
   // qkv's rows: the queries' Q, then the keys' and the values' D, a cache row's width (Q = D but
   // under grouped-query attention).

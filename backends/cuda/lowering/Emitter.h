@@ -175,6 +175,9 @@ public:
   }
   /// The last launch's kernel awaits the kernel before it itself (KernelText::awaitsItself).
   void awaitsItself() { kernels.back().awaitsItself = true; }
+  /// The last launch's blocks wait for each other (KernelLaunch::cooperative): the caller has
+  /// checked that they fit the GPU at once.
+  void cooperative() { lowering.launches.back().cooperative = true; }
   /// An elementwise launch over `count` elements.
   void elementwise(const std::string &params, int64_t count, const std::string &call) {
     launch(0, params, elementwiseBlocks(count), call);

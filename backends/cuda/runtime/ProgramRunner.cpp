@@ -304,10 +304,15 @@ llvm::Error ProgramRunner::launchOp(size_t i) {
       config.gridDim = dim3(unsigned(launch.blocks));
       config.blockDim = dim3(unsigned(launch.threads));
       config.stream = stream_;
-      cudaLaunchAttribute serialization{};
+      cudaLaunchAttribute serialization{}, cooperative{};
       serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       serialization.val.programmaticStreamSerializationAllowed = 1;
-      if (programmaticLaunch_ && afterGeneratedKernel_) {
+      cooperative.id = cudaLaunchAttributeCooperative;
+      cooperative.val.cooperative = 1;
+      if (launch.cooperative) { // starts once the kernel before it has ended, all its blocks at once
+        config.attrs = &cooperative;
+        config.numAttrs = 1;
+      } else if (programmaticLaunch_ && afterGeneratedKernel_) {
         config.attrs = &serialization;
         config.numAttrs = 1;
       }
