@@ -43,18 +43,20 @@ TEST(GpuLowering, EveryOpOfTheTableHasAWayOntoTheGpu) {
   EXPECT_GT(families, 40); // most ops are kernel families' (46 today)
 }
 
-/// The programs the GPU runs: the tiny and odd models' training programs, decode steps and
-/// prefills under each recipe, after gpuPipeline's passes.
+/// The programs the GPU runs: the tiny and odd models' training programs and decode steps
+/// (at their batch and at batch 1, whose products normalise their row) under each recipe,
+/// after gpuPipeline's passes.
 std::vector<std::unique_ptr<Graph>> gpuPrograms() {
   std::vector<std::unique_ptr<Graph>> programs;
   for (const char *model : {"models/tiny.yaml", "tests/models/odd.yaml"})
     for (const char *recipe : {"fp32", "bf16", "fp8"})
-      for (GPTOutput output : {GPTOutput::Loss, GPTOutput::Decode}) {
+      for (int program = 0; program < 3; ++program) {
+        GPTOutput output = program == 0 ? GPTOutput::Loss : GPTOutput::Decode;
         ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
         c.precision.recipe = *parseRecipe(recipe);
         c.precision.fp8MinDim = 0;
         bool training = output == GPTOutput::Loss;
-        auto graph = unwrap(buildGPT(c, c.train.batch, output));
+        auto graph = unwrap(buildGPT(c, program == 2 ? 1 : c.train.batch, output));
         PipelineOptions options;
         options.passOptions.train = c.train;
         options.passOptions.precision = c.precision;
