@@ -1,0 +1,169 @@
+// What the decode step's attention over a BF16 KV cache reaches of the memory's rate (#41: long
+// contexts at >= 70%): decode.cuh's decodeAttention at the shapes of gpt-1.3b (16 heads of 128)
+// and gpt2-124m (12 of 64), for each part size Keys (32 .. 256 keys a block) and both ways of
+// reading the part (shared tiles of keys and values loaded together, as the step that writes its
+// caches runs; or straight from memory), one query a sequence at the same position. Each case:
+// a CUDA graph of 24 launches (a model's layers) over one cache too large for the L2; the bytes
+// counted are the keys and values read up to the position. Every case's output is checked
+// against the first case of its shape (within 1e-3 of the largest: the parts sum in another
+// order). Not part of the build:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o decode_attention \
+//     tests/bench/decode_attention.cu && ./decode_attention
+#include "decode.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#define CK(x)                                                                                                          \
+  do {                                                                                                                 \
+    auto s_ = (x);                                                                                                     \
+    if ((int)s_) {                                                                                                     \
+      printf("error %d (%s) at %s:%d\n", (int)s_, cudaGetErrorString((cudaError_t)s_), __FILE__, __LINE__);           \
+      exit(1);                                                                                                         \
+    }                                                                                                                  \
+  } while (0)
+
+// Tiles: as the step runs it (Write, the keys and values of the part loaded into shared memory
+// together; the position's row written from qkv into the cache first). Otherwise the plain
+// attention over the caches (no write), read from memory.
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, bool Tiles>
+__global__ void __launch_bounds__(128) attention(const float *qkv, unsigned short *k, unsigned short *v,
+                                                 const int *positions, float *out, float *partial, unsigned *done,
+                                                 float scale) {
+  constexpr int64 Splits = (T + Keys - 1) / Keys;
+  if constexpr (Tiles)
+    decodeAttention<true, B, H, Dh, T, Keys, Splits, true, true>(qkv, (const unsigned short *)k,
+                                                                 (const unsigned short *)v, positions, out, partial,
+                                                                 done, scale, Bf16Out{k}, Bf16Out{v});
+  else
+    decodeAttention<true, B, H, Dh, T, Keys, Splits>(qkv, (const unsigned short *)k, (const unsigned short *)v,
+                                                     positions, out, partial, done, scale);
+}
+
+__global__ void fillBits(unsigned short *x, long n, unsigned seed) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    x[i] = (unsigned short)(0x3e00 + (h & 0x7ff) - 0x400 * (h >> 31)); // BF16 in about +-[2^-3, 2^-2]
+  }
+}
+
+__global__ void fillFloats(float *x, long n, unsigned seed) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2246822519u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    x[i] = ((h & 0xffff) / 32768.0f - 1.0f) * 2.0f;
+  }
+}
+
+double bandwidth = 0; // bytes/us of the device's memory (from its clock and bus width)
+
+struct Case {
+  float us;
+  std::vector<float> out;
+};
+
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, bool Tiles>
+Case run(int position) {
+  constexpr int64 D = H * Dh, W = 3 * D, Splits = (T + Keys - 1) / Keys;
+  unsigned short *k, *v;
+  float *qkv, *out, *partial;
+  int *positions;
+  unsigned *done;
+  CK(cudaMalloc(&k, B * T * D * 2));
+  CK(cudaMalloc(&v, B * T * D * 2));
+  CK(cudaMalloc(&qkv, B * W * 4));
+  CK(cudaMalloc(&out, B * D * 4));
+  CK(cudaMalloc(&partial, B * H * Splits * (Dh + 2) * 4));
+  CK(cudaMalloc(&positions, B * 4));
+  CK(cudaMalloc(&done, B * H * 4));
+  CK(cudaMemset(done, 0, B * H * 4));
+  fillBits<<<1024, 256>>>(k, B * T * D, 1);
+  fillBits<<<1024, 256>>>(v, B * T * D, 2);
+  fillFloats<<<64, 256>>>(qkv, B * W, 3);
+  std::vector<int> at(B, position);
+  CK(cudaMemcpy(positions, at.data(), B * 4, cudaMemcpyHostToDevice));
+  const float scale = 1.0f / std::sqrt((float)Dh);
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int layer = 0; layer < 24; ++layer)
+    attention<B, H, Dh, T, Keys, Tiles>
+        <<<B * H * Splits, 128, 0, stream>>>(qkv, k, v, positions, out, partial, done, scale);
+  CK(cudaStreamEndCapture(stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaGraphLaunch(exec, stream));
+  CK(cudaEventRecord(e0, stream));
+  for (int r = 0; r < 5; ++r) CK(cudaGraphLaunch(exec, stream));
+  CK(cudaEventRecord(e1, stream));
+  CK(cudaEventSynchronize(e1));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  Case c{1000 * ms / (5 * 24), std::vector<float>(B * D)};
+  CK(cudaMemcpy(c.out.data(), out, B * D * 4, cudaMemcpyDeviceToHost));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  for (void *p : {(void *)k, (void *)v, (void *)qkv, (void *)out, (void *)partial, (void *)positions, (void *)done})
+    cudaFree(p);
+  return c;
+}
+
+int checkedAgainst(const std::vector<float> &want, const std::vector<float> &got) {
+  float largest = 0, worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, std::fabs(want[i]));
+    worst = std::max(worst, std::fabs(want[i] - got[i]));
+  }
+  return worst <= 1e-3f * largest ? 0 : (printf("  differs from the first case: %g of %g\n", worst, largest), 1);
+}
+
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, bool Tiles>
+int report(const char *name, int position, const std::vector<float> *reference, std::vector<float> *first) {
+  Case c = run<B, H, Dh, T, Keys, Tiles>(position);
+  const double bytes = 2.0 * B * (position + 1) * H * Dh * 2;
+  printf("%-10s B %2lld T %5lld at %5d  Keys %3lld %-6s: %8.2f us  %7.1f GB/s  %5.1f%%\n", name, B, T, position, Keys,
+         Tiles ? "tiles" : "memory", c.us, bytes / c.us / 1e3, 100 * bytes / c.us / bandwidth);
+  if (first)
+    *first = c.out;
+  return reference ? checkedAgainst(*reference, c.out) : 0;
+}
+
+// Every part size and both reads at one shape and position.
+template <int64 B, int64 H, int64 Dh, int64 T>
+int shape(const char *name, int position) {
+  std::vector<float> first;
+  int differing = report<B, H, Dh, T, 32, true>(name, position, nullptr, &first);
+  differing += report<B, H, Dh, T, 64, true>(name, position, &first, nullptr);
+  differing += report<B, H, Dh, T, 32, false>(name, position, &first, nullptr);
+  differing += report<B, H, Dh, T, 64, false>(name, position, &first, nullptr);
+  differing += report<B, H, Dh, T, 128, false>(name, position, &first, nullptr);
+  differing += report<B, H, Dh, T, 256, false>(name, position, &first, nullptr);
+  return differing;
+}
+
+int main() {
+  int clockKHz = 0, busBits = 0;
+  CK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, 0));
+  CK(cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, 0));
+  bandwidth = 2.0 * clockKHz * 1e3 * busBits / 8 / 1e6; // bytes/us
+  printf("memory: %.0f GB/s by its clock and bus\n", bandwidth / 1e3);
+  int differing = 0;
+  differing += shape<8, 16, 128, 4096>("gpt-1.3b", 4000);   // the long-context target's shape
+  differing += shape<8, 16, 128, 4096>("gpt-1.3b", 1000);
+  differing += shape<1, 16, 128, 2048>("gpt-1.3b", 256);    // a batch-1 step's short context
+  differing += shape<32, 12, 64, 1024>("gpt2-124m", 1000);  // after 1000-token prompts
+  printf("%s\n", differing ? "OUTPUTS DIFFER" : "every case's output within 1e-3 of the first's");
+  return differing != 0;
+}
