@@ -30,7 +30,9 @@ std::vector<RankRun> trainOnGpus(const ModelConfig &config, int ranks, int64_t s
   });
 }
 
-void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
+/// `bf16Gradients`: the two GPUs' gradients cross in BF16 (grad_reduce: bf16); one GPU has
+/// nothing to reduce.
+void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients = false) {
   if (auto gpu = detectCudaDevice(1); !gpu) {
     GTEST_SKIP() << "needs two GPUs: " << llvm::toString(gpu.takeError());
   }
@@ -41,7 +43,9 @@ void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
   config.precision.recipe = recipe;
   config.precision.fp8MinDim = 0; // under fp8, every linear layer
   config.train.steps = 50;
-  std::vector<RankRun> one = trainOnGpus(config, 1, 50), two = trainOnGpus(config, 2, 50);
+  std::vector<RankRun> one = trainOnGpus(config, 1, 50);
+  config.train.bf16GradientReduce = bf16Gradients;
+  std::vector<RankRun> two = trainOnGpus(config, 2, 50);
   ASSERT_EQ(one[0].error, "");
   ASSERT_EQ(two[0].error, "");
   ASSERT_EQ(two[1].error, "");
@@ -70,6 +74,39 @@ void expectTwoGpusFollowOne(Recipe recipe, double tolerance) {
 TEST(GpuDataParallel, TwoGpusFollowOneGpuInBf16For50Steps) { expectTwoGpusFollowOne(Recipe::Bf16, 5e-3); }
 TEST(GpuDataParallel, TwoGpusFollowOneGpuInFp8For50StepsWithTheSameScales) {
   expectTwoGpusFollowOne(Recipe::Fp8, 2e-2);
+}
+TEST(GpuDataParallel, TwoGpusReducingGradientsInBf16FollowOneGpu) {
+  // NCCL's BF16 all-reduce through the staging buffer (runtime/Collectives.cpp), within the
+  // bound the CPU ranks meet against fp32 reduction (Bf16GradientReduce in DataParallelTest).
+  expectTwoGpusFollowOne(Recipe::Bf16, 5e-3, true);
+}
+
+TEST(GpuDataParallel, OneGpuRoundsABf16AllReduceAsTheCpu) {
+  // all_reduce {dtype = "bf16"} over one rank: each result is its operand rounded to BF16 (to
+  // nearest, even), the CPU's bits, written in place and into a buffer of its own alike.
+  SKIP_WITHOUT_GPU();
+  auto graph = unwrap(parseGraph("graph @g\n%x = input() : f32[37,5]\n%y = input() : f32[3]\n"
+                                 "%a, %b = all_reduce(%x, %y) {dtype=\"bf16\", reduce=\"avg\"} : f32[37,5], f32[3]\n"
+                                 "%c = add(%a, %a) : f32[37,5]\nreturn %c, %b\n",
+                                 "bf16.ir"));
+  ASSERT_TRUE(graph);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = {{"x", Tensor::zeros(TensorType(DType::F32, {37, 5}))},
+                                          {"y", Tensor::zeros(TensorType(DType::F32, {3}))}};
+  for (auto &[name, t] : leaves)
+    for (float &v : t.data)
+      v = float(rng.normal());
+  std::vector<Tensor> want, got;
+  runOnBoth(*graph, leaves, want, got);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].data, want[0].data);
+  EXPECT_EQ(got[1].data, want[1].data);
+  int rounded = 0;
+  for (size_t i = 0; i < leaves["x"].data.size(); ++i) {
+    EXPECT_EQ(got[0].data[i], 2 * roundToBf16(leaves["x"].data[i]));
+    rounded += got[0].data[i] != 2 * leaves["x"].data[i];
+  }
+  EXPECT_GT(rounded, 0);
 }
 
 

@@ -184,3 +184,12 @@ __device__ void roundToBf16(const float *x, unsigned short *out, int64 count) {
 extern "C" __global__ void tgc_float_to_bf16(const float *x, unsigned short *out, int64 count) {
   roundToBf16(x, out, count);
 }
+
+// An all_reduce {dtype = "bf16"}'s values back from the wire (runtime/Collectives.cpp launches
+// it by name), and, over one rank, its results: its operands rounded to BF16, widened again.
+extern "C" __global__ void tgc_bf16_to_float(const unsigned short *x, float *out, int64 count) {
+  FOR_EACH_ELEMENT(i, count) out[i] = __uint_as_float((unsigned)x[i] << 16);
+}
+extern "C" __global__ void tgc_round_through_bf16(const float *x, float *out, int64 count) {
+  FOR_EACH_ELEMENT(i, count) out[i] = __uint_as_float((unsigned)bf16Bits(x[i]) << 16);
+}

@@ -32,9 +32,6 @@ llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
   case GpuLowering::Alias:
     return OpLowering::Alias;
   case GpuLowering::Collective:
-    if (op.attrs().has("dtype"))
-      return makeError("error: %{} = {} reduces in BF16 (grad_reduce: bf16), which runs on the CPU reference so far",
-                       op.result()->name(), op.name().str());
     return OpLowering::Collective;
   case GpuLowering::Expanded:
   case GpuLowering::NotYet:

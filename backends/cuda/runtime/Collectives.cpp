@@ -16,11 +16,27 @@ Collectives::~Collectives() {
     cudaStreamDestroy(commStream_);
 }
 
+/// Whether all_reduce `op` sends its values in BF16.
+bool reducesInBf16(const Op &op) { return op.attrs().getString("dtype") == std::optional<std::string>("bf16"); }
+
 llvm::Error Collectives::prepare(const std::vector<Op *> &ops, const CudaProgram &program,
-                                 Communicator *communicator) {
+                                 Communicator *communicator, DeviceMemory &memory, cudaLibrary_t library) {
   events_.resize(ops.size());
   joinsBefore_.resize(ops.size());
   bool any = false;
+  size_t stagedBytes = 0; // the largest BF16 all_reduce: its operands, and the padding between them
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (program.lowering[i].kind == OpLowering::Collective && reducesInBf16(*ops[i])) {
+      size_t bytes = 0;
+      for (const Value *operand : ops[i]->operands())
+        bytes += size_t(deviceBytesOf(operand->type())) / 2 + 512;
+      stagedBytes = std::max(stagedBytes, bytes);
+    }
+  if (stagedBytes) {
+    CUDA_CHECK(cudaLibraryGetKernel(&toBf16_, library, "tgc_float_to_bf16"));
+    CUDA_CHECK(cudaLibraryGetKernel(&fromBf16_, library, "tgc_bf16_to_float"));
+    CUDA_CHECK(cudaLibraryGetKernel(&roundThroughBf16_, library, "tgc_round_through_bf16"));
+  }
   llvm::DenseMap<const Op *, size_t> index;
   for (size_t i = 0; i < ops.size(); ++i)
     index[ops[i]] = i;
@@ -38,7 +54,13 @@ llvm::Error Collectives::prepare(const std::vector<Op *> &ops, const CudaProgram
     CUDA_CHECK(cudaEventCreateWithFlags(&events_[i].done, cudaEventDisableTiming));
   }
   if (!any || !communicator || communicator->ranks() <= 1)
-    return llvm::Error::success(); // one rank: each result is its operand
+    return llvm::Error::success(); // one rank: each result is its operand (rounded under bf16)
+  if (stagedBytes) {
+    auto staging = memory.allocate(stagedBytes, false, "BF16 gradients on the wire");
+    if (!staging)
+      return staging.takeError();
+    staging_ = (unsigned short *)*staging;
+  }
   comm_ = communicator->ncclComm();
   if (!comm_)
     return makeError("error: the GPU reduces over ranks through NCCL, and this run's ranks have no "
@@ -51,8 +73,24 @@ llvm::Error Collectives::prepare(const std::vector<Op *> &ops, const CudaProgram
   return llvm::Error::success();
 }
 
+llvm::Error Collectives::convert(cudaKernel_t kernel, const void *from, void *to, int64_t count,
+                                 cudaStream_t stream) const {
+  void *args[] = {&from, &to, &count};
+  unsigned blocks = unsigned(std::min<int64_t>((count + 255) / 256, 8192));
+  CUDA_CHECK(cudaLaunchKernel((const void *)kernel, dim3(blocks), dim3(256), args, 0, stream));
+  return llvm::Error::success();
+}
+
 llvm::Error Collectives::run(size_t i, const Op &op, const BufferMap &buffers, cudaStream_t stream,
                              bool onMainStream) {
+  const bool bf16 = reducesInBf16(op);
+  if (!nccl_ && bf16) { // one rank: each operand rounded to BF16 and back
+    for (unsigned k = 0; k < op.numOperands(); ++k)
+      if (auto err = convert(roundThroughBf16_, buffers.lookup(op.operand(k)), buffers.lookup(op.result(k)),
+                             op.operand(k)->type().numElements(), stream))
+        return err;
+    return llvm::Error::success();
+  }
   if (!nccl_) { // one rank
     for (unsigned k = 0; k < op.numOperands(); ++k)
       if (buffers.lookup(op.result(k)) != buffers.lookup(op.operand(k)))
@@ -94,16 +132,33 @@ llvm::Error Collectives::run(size_t i, const Op &op, const BufferMap &buffers, c
     return makeError("error: {} failed for %{}: {} (NCCL {})", call, op.result()->name(), nccl_->errorString(result),
                      result);
   };
+  // Under bf16 each call's range goes through the staging buffer: rounded into it, reduced
+  // there in BF16, widened into the results (their padding included: zeros stay zeros).
+  std::vector<unsigned short *> staged;
+  size_t offset = 0;
+  for (const Range &c : calls) {
+    staged.push_back(bf16 ? staging_ + offset : nullptr);
+    offset += (c.bytes / 4 + 255) / 256 * 256; // elements, 512-byte aligned
+    if (bf16)
+      if (auto err = convert(toBf16_, c.send, staged.back(), int64_t(c.bytes / 4), on))
+        return err;
+  }
   if (auto err = check(nccl_->groupStart(), "ncclGroupStart"))
     return err;
-  for (const Range &c : calls)
-    if (auto err = check(nccl_->allReduce(c.send, c.receive, c.bytes / 4, kNcclFloat32, ncclOp, comm_, on),
-                         "ncclAllReduce")) {
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const Range &c = calls[k];
+    int result = bf16 ? nccl_->allReduce(staged[k], staged[k], c.bytes / 4, kNcclBfloat16, ncclOp, comm_, on)
+                      : nccl_->allReduce(c.send, c.receive, c.bytes / 4, kNcclFloat32, ncclOp, comm_, on);
+    if (auto err = check(result, "ncclAllReduce")) {
       nccl_->groupEnd();
       return err;
     }
+  }
   if (auto err = check(nccl_->groupEnd(), "ncclGroupEnd"))
     return err;
+  for (size_t k = 0; bf16 && k < calls.size(); ++k)
+    if (auto err = convert(fromBf16_, staged[k], calls[k].receive, int64_t(calls[k].bytes / 4), on))
+      return err;
   if (on != stream)
     CUDA_CHECK(cudaEventRecord(events_[i].done, on));
   return llvm::Error::success();

@@ -1,7 +1,10 @@
 // The all_reduce ops of a program (OpLowering::Collective) over its ranks: NCCL on a
 // communication stream of their own, started from an event recorded on the main stream at the
 // op's place and joined before its results' first reader, and all of them before the step
-// ends. With one rank each result is its operand (a copy where their buffers differ).
+// ends. With one rank each result is its operand (a copy where their buffers differ). Under
+// dtype = "bf16" (grad_reduce: bf16) the values cross the ranks in BF16: rounded into a staging
+// buffer, reduced there by NCCL in BF16, and widened into the results (with one rank, each
+// result is its operand rounded to BF16, as the CPU's).
 #pragma once
 
 #include "backends/Communicator.h"
@@ -25,7 +28,10 @@ public:
 
   /// The events of `ops`' all_reduce ops and where each is joined; NCCL where `communicator`
   /// has more than one rank.
-  llvm::Error prepare(const std::vector<Op *> &ops, const CudaProgram &program, Communicator *communicator);
+  /// `memory` holds the BF16 staging buffer; `library` the program's CUBIN (common.cuh's
+  /// conversion kernels).
+  llvm::Error prepare(const std::vector<Op *> &ops, const CudaProgram &program, Communicator *communicator,
+                      DeviceMemory &memory, cudaLibrary_t library);
   /// Enqueues all_reduce op `i`: on the communication stream after what `stream` has queued,
   /// or on `stream` itself when `onMainStream` (profiling: then it is timed).
   llvm::Error run(size_t i, const Op &op, const BufferMap &buffers, cudaStream_t stream, bool onMainStream);
@@ -42,7 +48,11 @@ private:
   struct Events {
     cudaEvent_t ready = nullptr, done = nullptr;
   };
+  /// Launches common.cuh's conversion `kernel` over `count` elements on `stream`.
+  llvm::Error convert(cudaKernel_t kernel, const void *from, void *to, int64_t count, cudaStream_t stream) const;
   const NcclApi *nccl_ = nullptr;
+  cudaKernel_t toBf16_ = nullptr, fromBf16_ = nullptr, roundThroughBf16_ = nullptr;
+  unsigned short *staging_ = nullptr; // the BF16 all_reduce ops' values on the wire (one at a time)
   void *comm_ = nullptr;
   cudaStream_t commStream_ = nullptr;
   std::vector<Events> events_;                   // per op (events only for all_reduce ops)

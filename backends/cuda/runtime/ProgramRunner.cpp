@@ -78,7 +78,7 @@ llvm::Error ProgramRunner::initialize() {
       return err;
   if (auto err = useBf16OperandCopies())
     return err;
-  if (auto err = collectives_.prepare(ops_, program_, options_.communicator))
+  if (auto err = collectives_.prepare(ops_, program_, options_.communicator, memory_, library_))
     return err;
   return gemms_.tune(ops_, buffers_, inPlace_, stream_);
 }
