@@ -9,21 +9,13 @@
 // order). Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o decode_attention \
 //     tests/bench/decode_attention.cu && ./decode_attention
+#include "bench_util.cuh"
 #include "decode.cuh"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
-
-#define CK(x)                                                                                                          \
-  do {                                                                                                                 \
-    auto s_ = (x);                                                                                                     \
-    if ((int)s_) {                                                                                                     \
-      printf("error %d (%s) at %s:%d\n", (int)s_, cudaGetErrorString((cudaError_t)s_), __FILE__, __LINE__);           \
-      exit(1);                                                                                                         \
-    }                                                                                                                  \
-  } while (0)
 
 // Tiles: as the step runs it (Write, the keys and values of the part loaded into shared memory
 // together; the position's row written from qkv into the cache first). Otherwise the plain
@@ -90,31 +82,13 @@ Case run(int position) {
   std::vector<int> at(B, position);
   CK(cudaMemcpy(positions, at.data(), B * 4, cudaMemcpyHostToDevice));
   const float scale = 1.0f / std::sqrt((float)Dh);
-  cudaStream_t stream;
-  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int layer = 0; layer < 24; ++layer)
+  // 24 launches, a model's layers; the last one's output is the case's.
+  float us = timeGraph(24, [&](int, cudaStream_t stream) {
     attention<B, H, Dh, T, Keys, Tiles>
         <<<B * H * Splits, 128, 0, stream>>>(qkv, k, v, positions, out, partial, done, scale);
-  CK(cudaStreamEndCapture(stream, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(exec, stream));
-  CK(cudaEventRecord(e0, stream));
-  for (int r = 0; r < 5; ++r) CK(cudaGraphLaunch(exec, stream));
-  CK(cudaEventRecord(e1, stream));
-  CK(cudaEventSynchronize(e1));
-  float ms;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  Case c{1000 * ms / (5 * 24), std::vector<float>(B * D)};
+  });
+  Case c{us, std::vector<float>(B * D)};
   CK(cudaMemcpy(c.out.data(), out, B * D * 4, cudaMemcpyDeviceToHost));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
   for (void *p : {(void *)k, (void *)v, (void *)qkv, (void *)out, (void *)partial, (void *)positions, (void *)done})
     cudaFree(p);
   return c;

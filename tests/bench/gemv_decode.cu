@@ -5,12 +5,11 @@
 // together exceed the L2) and as gpt-1.3b's 24 layers of four products. Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o gemv_decode \
 //     tests/bench/gemv_decode.cu && ./gemv_decode
+#include "bench_util.cuh"
 #include "gemv.cuh"
 
 #include <cstdio>
 #include <vector>
-
-#define CK(x) do { auto s = (x); if ((int)s) { printf("error %d at %s:%d\n", (int)s, __FILE__, __LINE__); exit(1); } } while (0)
 
 template <int64 N, int64 K, int C, int KS, bool Gelu>
 __global__ void plainProduct(const unsigned short *x, const unsigned short *w, const float *bias, float *out) {
@@ -64,33 +63,6 @@ void launchProduct(const Buffers &buf, const unsigned short *w, cudaStream_t str
   else
     launch(plainProduct<N, K, C, KS, Gelu>, blocksFor<C, KS>(N), stream, (const unsigned short *)buf.x, w,
            (const float *)buf.bias, buf.out);
-}
-
-// The mean microseconds of each launch `record(i, stream)` makes, i < count, replayed from a graph.
-template <typename Record>
-float timeGraph(int count, Record record) {
-  cudaStream_t stream;
-  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < count; ++i) record(i, stream);
-  CK(cudaStreamEndCapture(stream, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(exec, stream));
-  CK(cudaEventRecord(e0, stream));
-  for (int r = 0; r < 5; ++r) CK(cudaGraphLaunch(exec, stream));
-  CK(cudaEventRecord(e1, stream));
-  CK(cudaEventSynchronize(e1));
-  float ms;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  return 1000 * ms / (5 * count);
 }
 
 unsigned short *weights(long elements) {

@@ -5,6 +5,7 @@
 // for greedy, top-k, top-p and both, and times both paths in CUDA graphs. Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o sample_grid \
 //     tests/bench/sample_grid.cu && ./sample_grid
+#include "bench_util.cuh"
 #include "sample.cuh"
 
 #include <cmath>
@@ -12,15 +13,6 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
-
-#define CK(x)                                                                                                          \
-  do {                                                                                                                 \
-    auto s_ = (x);                                                                                                     \
-    if ((int)s_) {                                                                                                     \
-      printf("error %d (%s) at %s:%d\n", (int)s_, cudaGetErrorString((cudaError_t)s_), __FILE__, __LINE__);           \
-      exit(1);                                                                                                         \
-    }                                                                                                                  \
-  } while (0)
 
 constexpr int64 kVocab = 50257, kArgChunk = 2048; // GPT-2's vocabulary; Decode.cpp's parts
 
