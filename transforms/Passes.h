@@ -30,6 +30,7 @@ std::unique_ptr<Pass> createFuseResidualNormGemvPass();
 std::unique_ptr<Pass> createFuseGemvGeluPass();
 std::unique_ptr<Pass> createFuseBiasActivationPass();
 std::unique_ptr<Pass> createFuseBiasPass();
+std::unique_ptr<Pass> createFuseGeluEpiloguePass();
 std::unique_ptr<Pass> createFuseCrossEntropyPass();
 std::unique_ptr<Pass> createFuseSoftmaxPass();
 std::unique_ptr<Pass> createAssignPrecisionPass(const PrecisionConfig &config);

@@ -29,8 +29,9 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe, Fp8Scaling sc
   // before it, the loss its gradient; the attention keeps its head-major operands for its gradient; FP8 GEMMs go into
   // cuBLASLt's TN layout. In a decode step, the cache ops rotate the qkv they read (instead of rope ops
   // before them), the attention writes the caches it reads, and the
-  // GEMVs of few rows normalise their own input (and apply the GELU after them), or, past 8
-  // rows, apply the GELU after them; an FP8 product adds its bias in its epilogue, and fc2's
+  // GEMV of one row normalises its own input (and applies the GELU after it), or, past one
+  // row, applies the GELU after it; a BF16 fc1 of many rows that no gradient reads the h of (a
+  // prompt, a recomputed layer) applies the GELU in its epilogue; an FP8 product adds its bias in its epilogue, and fc2's
   // quantize applies the GELU before it; a cast-transpose of a gradient sums its columns where
   // a bias gradient sums the same gradient, and an FP8 head's output gradient is made by the
   // quantize that reads the logits for the loss; with fp8_weights each weight's cast-transpose moves
@@ -40,7 +41,7 @@ std::vector<std::string> gpuPipeline(bool training, Recipe recipe, Fp8Scaling sc
   passes.insert(passes.end() - 1, {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
                                    "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
                                    "fuse-cache-rope", "fuse-kv-write", "fuse-residual-norm-gemv", "fuse-gemv-gelu",
-                                   "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
+                                   "fuse-gelu-epilogue", "legalize-fp8-gemm", "fuse-fp8-bias", "fuse-gelu-quantize",
                                    "fuse-quantize-bias-grad", "fuse-cross-entropy-quantize", "fp8-weights",
                                    "requantize-transposes", "unit-transposes"});
   // Block scaling's cast applies a GELU or SwiGLU (and their gradients) as it reads, sums a

@@ -150,7 +150,8 @@ TEST(Fusion, RMSNormSwiGLUTiedNoBiasMatchesUnfused) {
 // product before it, the other bias gradients into the GELU's,
 // the loss's gradient into the loss; the attention's gradient reads its forward's head-major q, k, v.
 const std::vector<std::string> kGpuLowering = {"expand-layernorm-fused", "fuse-residual-norm", "fuse-norm-grad-add",
-                                               "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads"};
+                                               "fuse-norm-bias-grad", "fuse-dgelu", "fuse-gelu-bias-grad", "fuse-cross-entropy-grad", "keep-attention-heads",
+                                               "fuse-gelu-epilogue"};
 
 // The Llama block (RoPE, two KV heads for four query heads, RMSNorm, SwiGLU): its attention is
 // one attention op with kv_heads and rope_theta, bit for bit the unfused graph's, in fp32 and
@@ -193,6 +194,16 @@ TEST(Fusion, GpuExpansionInBf16MatchesUnfused) {
   ModelConfig c = loadModel("models/tiny.yaml");
   c.precision.recipe = Recipe::Bf16;
   compareFusedWithPlain(c, 2, fusionPasses(), kGpuLowering);
+  // 96 rows (past the few-row products): where no gradient keeps fc1's h (the forward alone),
+  // fuse-gelu-epilogue gives fc1's product the GELU, its h unread.
+  compareFusedWithPlain(c, 3, fusionPasses(), kGpuLowering);
+  auto forward = gradientProgram(c, 3, fusionPasses(), GPTOutput::Logits, kGpuLowering);
+  ASSERT_TRUE(forward);
+  int epilogues = 0;
+  for (const Op *op : forward->ops())
+    epilogues += op->kind() == OpKind::MatMulBiasGelu && op->result(1)->users().empty();
+  EXPECT_EQ(epilogues, c.layers);
+  EXPECT_EQ(countOps(*forward)["gelu"], 0);
 }
 
 TEST(Fusion, GpuExpansionOfRMSNormSwiGLUTiedNoBiasMatchesUnfused) {

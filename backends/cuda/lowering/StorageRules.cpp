@@ -132,11 +132,15 @@ bool onTensorCores(const Op &op) {
 /// read and whose h only matmul_dgelu reads, with those matmul_dgelu (the DGELU epilogue), whose
 /// results only BF16 GEMMs and column sums read: cuBLASLt's BF16 epilogues take the output, the
 /// bias and h in one type. The bias must be a parameter: the executor's BF16 copy holds it.
+/// Where nothing reads h (fuse-gelu-epilogue's), the GELU_BIAS epilogue writes the activation
+/// alone.
 Rounded geluEpilogues(const Op &op, const StorageQuery &q) {
   if (op.kind() != OpKind::MatMulBiasGelu || !hasBf16Gemms(op.attrs()) || fewRows(op) != FewRows::None ||
       !isWeight(q.program(), op.operand(2)))
     return {};
   const Value *act = op.result(0), *h = op.result(1);
+  if (h->users().empty() && q.intermediate(h))
+    return q.onlyGemmsRead(act) ? Rounded{{&op, act}} : Rounded{};
   bool chosen = q.onlyGemmsRead(act) && !h->users().empty() && q.intermediate(h);
   for (const Op *user : h->users())
     chosen &= user->kind() == OpKind::MatMulDGelu && user->operand(0) != h && user->operand(1) != h &&

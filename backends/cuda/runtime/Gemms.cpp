@@ -139,10 +139,14 @@ llvm::Error GemmRunner::plan(size_t i, const Op &op, const CudaProgram &program,
   if (fp8)
     if (auto err = setFp8Scales(*blas_, plan.desc, op, scaleInv, blockScales))
       return err;
+  // A matmul_bias_gelu whose pre-activation nothing reads (never placed): GELU_BIAS, no aux.
+  const bool aux = biasGelu && buffers.lookup(op.result(1));
   if (bias) {
     // D = x w^T + bias, or GELU of it (the tanh form) with the pre-activation into the second
     // result (the backward reads it): no separate bias-add and GELU kernels.
-    cublasLtEpilogue_t epilogue = biasGelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    cublasLtEpilogue_t epilogue = aux        ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                  : biasGelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                             : CUBLASLT_EPILOGUE_BIAS;
     const void *biasPointer = buffers.lookup(op.operand(2));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &biasPointer, sizeof biasPointer));
@@ -156,10 +160,11 @@ llvm::Error GemmRunner::plan(size_t i, const Op &op, const CudaProgram &program,
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DGELU;
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   }
-  if (biasGelu || dgelu) {
-    void *aux = buffers.lookup(biasGelu ? op.result(1) : op.operand(2));
+  if (aux || dgelu) {
+    void *auxPointer = buffers.lookup(biasGelu ? op.result(1) : op.operand(2));
     int64_t auxLd = n;
-    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &auxPointer,
+                                               sizeof auxPointer));
     CUBLAS_CHECK(blas_->matmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxLd, sizeof auxLd));
   }
   cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -199,7 +204,8 @@ llvm::Error GemmRunner::plan(size_t i, const Op &op, const CudaProgram &program,
   // The device's name and architecture (not its index) and the library's version.
   plan.key = fmt::format("{} cublasLt {}: {}x{}x{} batch {}{}, {} {}, {}{}{}{}{}", device, blas_->getVersion(),
                          m, k, n, batches, sharedB ? " (shared B)" : "", ta ? "T" : "N", tb ? "T" : "N",
-                         plan.bf16 ? "bf16" : fp8 ? "fp8" : "f32", bias ? " bias" : "", biasGelu ? " gelu" : "",
+                         plan.bf16 ? "bf16" : fp8 ? "fp8" : "f32", bias ? " bias" : "",
+                         aux ? " gelu" : biasGelu ? " gelu (no aux)" : "",
                          dgelu ? " dgelu" : "", bf16Out ? " bf16 out" : "");
   return llvm::Error::success();
 }
