@@ -131,6 +131,9 @@ struct CudaProgram {
   /// any options and whatever their output type, every FP8 matmul_bias (fuse-fp8-bias): cuBLASLt's
   /// FP8 epilogues add a BF16 bias only.
   llvm::DenseSet<const Op *> bf16Rounding;
+  /// The matmul_bias_gelu ops whose pre-activation nothing reads (no op, no output:
+  /// fuse-gelu-epilogue's): cuBLASLt's GELU_BIAS epilogue, without the aux output.
+  llvm::DenseSet<const Op *> geluWithoutAux;
   /// The attention ops cuDNN runs (LoweringOptions::cudnnAttention), with their workspaces.
   llvm::DenseMap<const Op *, int64_t> cudnnAttention;
   /// The grouped AdamW writes the BF16 copy of the parameters it updates (the one BF16 GEMMs and

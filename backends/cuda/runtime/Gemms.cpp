@@ -139,8 +139,8 @@ llvm::Error GemmRunner::plan(size_t i, const Op &op, const CudaProgram &program,
   if (fp8)
     if (auto err = setFp8Scales(*blas_, plan.desc, op, scaleInv, blockScales))
       return err;
-  // A matmul_bias_gelu whose pre-activation nothing reads (never placed): GELU_BIAS, no aux.
-  const bool aux = biasGelu && buffers.lookup(op.result(1));
+  // A matmul_bias_gelu whose pre-activation nothing reads: GELU_BIAS, no aux.
+  const bool aux = biasGelu && !program.geluWithoutAux.count(&op);
   if (bias) {
     // D = x w^T + bias, or GELU of it (the tanh form) with the pre-activation into the second
     // result (the backward reads it): no separate bias-add and GELU kernels.

@@ -635,6 +635,35 @@ TEST(MemoryPlan, Bf16KvCachesTakeHalfTheState) {
   }
 }
 
+TEST(MemoryPlan, APromptsFc1WritesItsBf16GeluWithoutThePreActivation) {
+  // A bf16 prompt of 8 x 16 rows (past the few-row products): each fc1 is a matmul_bias_gelu
+  // whose h nothing reads (fuse-gelu-epilogue), run as GELU_BIAS (geluWithoutAux), its
+  // activation stored in BF16 for fc2 and its bias the BF16 copy. A training step's fc1 keeps
+  // h for the gradient: GELU_AUX_BIAS.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  for (bool training : {false, true}) {
+    auto graph = unwrap(buildGPT(c, 8, training ? GPTOutput::Loss : GPTOutput::Prefill, training ? 0 : 16));
+    ASSERT_TRUE(graph);
+    PipelineOptions options;
+    options.passOptions.precision.recipe = Recipe::Bf16;
+    options.passOptions.train = c.train;
+    auto pipeline = unwrap(PassPipeline::create(gpuPipeline(training, Recipe::Bf16), options));
+    ASSERT_FALSE(bool(pipeline.run(*graph)));
+    CudaProgram program = unwrap(lowerToCuda(*graph));
+    int fc1 = 0;
+    for (const Op *op : graph->ops()) {
+      if (op->kind() != OpKind::MatMulBiasGelu)
+        continue;
+      ++fc1;
+      EXPECT_EQ(program.geluWithoutAux.count(op), training ? 0u : 1u) << op->result()->name();
+      EXPECT_TRUE(program.bf16Stored.count(op->result(0))) << op->result()->name();
+      EXPECT_TRUE(program.bf16Rounding.count(op)) << op->result()->name();
+    }
+    EXPECT_EQ(fc1, c.layers);
+    EXPECT_EQ(program.geluWithoutAux.size(), training ? 0u : size_t(c.layers));
+  }
+}
+
 TEST(MemoryPlan, InPlaceOnlyWhereNothingReadsTheOldValueAfterwards) {
   // AdamW's parameter and second moment go in place; its first moment does not, because %late
   // reads the old %m after the update. %t reads %s through gelu, not an in-place kernel, so it
