@@ -33,6 +33,8 @@ llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates)
     need("ncclCommInitRank", api.commInitRank);
     need("ncclCommDestroy", api.commDestroy);
     need("ncclAllReduce", api.allReduce);
+    need("ncclReduceScatter", api.reduceScatter);
+    need("ncclAllGather", api.allGather);
     need("ncclGroupStart", api.groupStart);
     need("ncclGroupEnd", api.groupEnd);
     need("ncclGetErrorString", api.errorString);

@@ -30,6 +30,11 @@ struct NcclApi {
   int (*commInitRank)(void **comm, int ranks, NcclUniqueId id, int rank) = nullptr;
   int (*commDestroy)(void *comm) = nullptr;
   int (*allReduce)(const void *send, void *receive, size_t count, int type, int op, void *comm, void *stream) = nullptr;
+  /// count: the elements each rank receives (its part); send holds ranks x count.
+  int (*reduceScatter)(const void *send, void *receive, size_t count, int type, int op, void *comm,
+                       void *stream) = nullptr;
+  /// count: the elements each rank sends; receive holds ranks x count, in rank order.
+  int (*allGather)(const void *send, void *receive, size_t count, int type, void *comm, void *stream) = nullptr;
   int (*groupStart)() = nullptr;
   int (*groupEnd)() = nullptr;
   const char *(*errorString)(int result) = nullptr;

@@ -18,11 +18,11 @@ GpuLoweringInfo gpuLoweringOf(OpKind kind) {
   case OpKind::Reshape:
     return {G::Alias, "the operand's memory"};
   case OpKind::AllReduce:
-    return {G::Collective, "NCCL (runtime/Collectives.cpp)"};
   case OpKind::ReduceScatter:
   case OpKind::AllGather:
+    return {G::Collective, "NCCL (runtime/Collectives.cpp)"};
   case OpKind::Shard:
-    return {G::NotYet, "ZeRO's sharded optimizer runs on the CPU reference so far"};
+    return {G::Family, "Layout.cpp", emitLayout};
   case OpKind::MatMul:
   case OpKind::MatMulBias:
   case OpKind::MatMulBiasGelu:

@@ -1,5 +1,5 @@
 // The layout family (layout.cuh): transposes (tiles for the last two axes, bytes for FP8),
-// concatenation, slices and padding.
+// concatenation, slices and padding, and ZeRO's shard (a padded slice of a flattened parameter).
 #include "backends/cuda/lowering/Families.h"
 
 #include <fmt/format.h>
@@ -42,6 +42,12 @@ llvm::Error emitLayout(const Op &op, Emitter &e) {
     for (unsigned d = 0; d < out.rank(); ++d)
       dims += fmt::format(", {}, {}", out.shape[d], inStrides[perm[d]]);
     e.elementwise(params, n, fmt::format("permute<{}, {}{}>(x, out)", t, n, dims));
+    return llvm::Error::success();
+  }
+  if (op.kind() == OpKind::Shard) { // this rank's part of x flattened, zeros past its end
+    int64_t part = out.numElements(), first = *a.getInt("rank") * part;
+    e.elementwise("const float *x, float *out", part,
+                  fmt::format("pad<{0}, 1, {0}, {1}, {2}>(x, out)", part, in.numElements(), -first));
     return llvm::Error::success();
   }
   int64_t axis = *a.getInt("axis"), inner = 1;

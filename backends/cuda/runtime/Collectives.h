@@ -1,7 +1,9 @@
-// The all_reduce ops of a program (OpLowering::Collective) over its ranks: NCCL on a
-// communication stream of their own, started from an event recorded on the main stream at the
-// op's place and joined before its results' first reader, and all of them before the step
-// ends. With one rank each result is its operand (a copy where their buffers differ). Under
+// The collectives of a program (OpLowering::Collective: all_reduce, and ZeRO's reduce_scatter
+// and all_gather) over its ranks: NCCL on a communication stream of their own, started from an
+// event recorded on the main stream at the op's place and joined before its results' first
+// reader, and all of them before the step ends. With one rank each result is its operand (a
+// copy where their buffers differ). A reduce_scatter pads each operand to ranks x part in a
+// staging buffer first (NCCL splits equal parts). Under
 // dtype = "bf16" (grad_reduce: bf16) the values cross the ranks in BF16: rounded into a staging
 // buffer, reduced there by NCCL in BF16, and widened into the results (with one rank, each
 // result is its operand rounded to BF16, as the CPU's).
@@ -50,9 +52,15 @@ private:
   };
   /// Launches common.cuh's conversion `kernel` over `count` elements on `stream`.
   llvm::Error convert(cudaKernel_t kernel, const void *from, void *to, int64_t count, cudaStream_t stream) const;
+  /// An error naming NCCL's `call` and `op` where `result` is not success.
+  llvm::Error check(int result, const char *call, const Op &op) const;
+  llvm::Error runOneRank(const Op &op, const BufferMap &buffers, cudaStream_t stream) const;
+  llvm::Error allReduce(const Op &op, const BufferMap &buffers, cudaStream_t on) const;
+  llvm::Error reduceScatter(const Op &op, const BufferMap &buffers, cudaStream_t on) const;
+  llvm::Error allGather(const Op &op, const BufferMap &buffers, cudaStream_t on) const;
   const NcclApi *nccl_ = nullptr;
   cudaKernel_t toBf16_ = nullptr, fromBf16_ = nullptr, roundThroughBf16_ = nullptr;
-  unsigned short *staging_ = nullptr; // the BF16 all_reduce ops' values on the wire (one at a time)
+  char *staging_ = nullptr; // padded reduce-scatter parts, BF16 values on the wire (one collective at a time)
   void *comm_ = nullptr;
   cudaStream_t commStream_ = nullptr;
   std::vector<Events> events_;                   // per op (events only for all_reduce ops)

@@ -2,6 +2,7 @@
 // ir/Ops.def has a way onto the GPU, the family's emitter where kernels lower it, and the ops
 // the GPU pipeline expands never reach the lowering. (An op added to the table without a case
 // in Families.cpp already fails the build: its switch has no default, under -Werror=switch.)
+#include "backends/cpu/Pipeline.h"
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/lowering/Families.h"
 #include "backends/cuda/lowering/Lowering.h"
@@ -100,3 +101,49 @@ return %y
 }
 
 } // namespace
+
+TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsAsKernels) {
+  // ZeRO's program (rank 1 of 2, the gradients in fp32 and in BF16): the gradients'
+  // reduce_scatter and the parameters' all_gather are collectives (runtime/Collectives.cpp),
+  // each shard a kernel that takes the rank's part of the flattened parameter with zeros past
+  // its end, and the AdamW updates of shards lie outside the parameter layout (per-op kernels).
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
+  for (bool bf16Gradients : {false, true}) {
+    SCOPED_TRACE(bf16Gradients ? "bf16 gradients" : "fp32 gradients");
+    auto graph = unwrap(buildGPT(c, c.train.batch / 2, GPTOutput::Loss));
+    ASSERT_TRUE(graph);
+    PipelineOptions options;
+    options.passOptions.train = c.train;
+    options.passOptions.precision = resolveRecipeForCpu(c.precision);
+    options.passOptions.dataParallel.ranks = 2;
+    options.passOptions.dataParallel.rank = 1;
+    options.passOptions.dataParallel.shardOptimizer = true;
+    options.passOptions.dataParallel.bf16Gradients = bf16Gradients;
+    auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, options.passOptions.precision.recipe), options));
+    if (auto err = pipeline.run(*graph))
+      FAIL() << llvm::toString(std::move(err));
+    CudaProgram program = unwrap(lowerToCuda(*graph));
+    std::vector<Op *> ops = graph->ops();
+    int scatters = 0, gathers = 0, shards = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op &op = *ops[i];
+      if (op.kind() == OpKind::ReduceScatter || op.kind() == OpKind::AllGather) {
+        (op.kind() == OpKind::ReduceScatter ? scatters : gathers)++;
+        EXPECT_EQ(program.lowering[i].kind, OpLowering::Collective) << op.result()->name();
+      } else if (op.kind() == OpKind::Shard) {
+        ++shards;
+        ASSERT_EQ(program.lowering[i].kind, OpLowering::Kernels) << op.result()->name();
+        int64_t part = op.result()->type().numElements();
+        EXPECT_NE(program.source.find(fmt::format("pad<{0}, 1, {0}, {1}, {2}>(x, out)", part,
+                                                  op.operand(0)->type().numElements(), -part)),
+                  std::string::npos)
+            << op.result()->name();
+      } else if (op.kind() == OpKind::AdamW) {
+        EXPECT_FALSE(llvm::is_contained(program.layout.updates, &op)) << op.result()->name();
+      }
+    }
+    EXPECT_GE(scatters, 1);
+    EXPECT_GE(gathers, 1);
+    EXPECT_EQ(shards, 5 + 12 * c.layers); // two embeddings, the final norm's two, the head; 12 a layer
+  }
+}
