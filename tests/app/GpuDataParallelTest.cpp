@@ -30,6 +30,20 @@ std::vector<RankRun> trainOnGpus(const ModelConfig &config, int ranks, int64_t s
   });
 }
 
+/// Each input of `graph` drawn from a normal distribution (a fresh seed).
+std::map<std::string, Tensor> normalInputs(const Graph &graph) {
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> inputs;
+  for (const Op *op : graph.ops())
+    if (op->kind() == OpKind::Input) {
+      Tensor t = Tensor::zeros(op->result()->type());
+      for (float &v : t.data)
+        v = float(rng.normal());
+      inputs[op->result()->name()] = std::move(t);
+    }
+  return inputs;
+}
+
 /// `bf16Gradients`: the two GPUs' gradients cross in BF16 (grad_reduce: bf16); `shard`: the two
 /// GPUs shard AdamW's state (ZeRO-1); one GPU has nothing to reduce or shard.
 void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients = false, bool shard = false) {
@@ -105,12 +119,7 @@ TEST(GpuDataParallel, OneGpuRunsZerosOpsAsTheCpu) {
       "%g = all_gather(%t) {ranks=1} : f32[7]\nreturn %r, %b, %s, %g\n",
       "zero.ir"));
   ASSERT_TRUE(graph);
-  Rng rng(freshSeed());
-  std::map<std::string, Tensor> leaves = {{"x", Tensor::zeros(TensorType(DType::F32, {5, 3}))},
-                                          {"p", Tensor::zeros(TensorType(DType::F32, {7}))}};
-  for (auto &[name, t] : leaves)
-    for (float &v : t.data)
-      v = float(rng.normal());
+  std::map<std::string, Tensor> leaves = normalInputs(*graph);
   std::vector<Tensor> want, got;
   runOnBoth(*graph, leaves, want, got);
   ASSERT_EQ(got.size(), 4u);
@@ -130,12 +139,7 @@ TEST(GpuDataParallel, OneGpuRoundsABf16AllReduceAsTheCpu) {
                                  "%c = add(%a, %a) : f32[37,5]\nreturn %c, %b\n",
                                  "bf16.ir"));
   ASSERT_TRUE(graph);
-  Rng rng(freshSeed());
-  std::map<std::string, Tensor> leaves = {{"x", Tensor::zeros(TensorType(DType::F32, {37, 5}))},
-                                          {"y", Tensor::zeros(TensorType(DType::F32, {3}))}};
-  for (auto &[name, t] : leaves)
-    for (float &v : t.data)
-      v = float(rng.normal());
+  std::map<std::string, Tensor> leaves = normalInputs(*graph);
   std::vector<Tensor> want, got;
   runOnBoth(*graph, leaves, want, got);
   ASSERT_EQ(got.size(), 2u);

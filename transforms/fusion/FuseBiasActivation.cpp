@@ -2,12 +2,6 @@
 // matmul_bias_gelu, cuBLASLt's GELU_AUX_BIAS epilogue; the pre-activation is its second result
 // (the backward reads it). fuse-bias: a linear and its bias add that are left become
 // matmul_bias, the BIAS epilogue.
-// fuse-gelu-epilogue: a BF16 matmul_bias of many rows whose only reader is a GELU (what
-// expand-layernorm-fused makes of fc1 where no gradient keeps its h: a prompt's forward, a
-// recomputed layer) becomes matmul_bias_gelu with its pre-activation unread, which the GPU runs
-// as cuBLASLt's GELU_BIAS epilogue writing the activation in BF16: the fp32 product is never
-// written, nor read back and written again by a GELU kernel.
-#include "ir/Gemv.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 
@@ -60,30 +54,9 @@ public:
   }
 };
 
-class FuseGeluEpilogue : public FusionPass {
-public:
-  std::optional<FusionMatch> match(const Graph &graph, Op *gelu) const override {
-    if (gelu->kind() != OpKind::Gelu)
-      return std::nullopt;
-    Op *product = definedBy(gelu->operand(0), OpKind::MatMulBias);
-    if (!product || !hasBf16Gemms(product->attrs()) || fewRows(*product) != FewRows::None ||
-        soleUser(graph, product->result()) != gelu)
-      return std::nullopt;
-    FusionMatch m;
-    m.pattern = {product, gelu};
-    Replacement &r = m.replacement;
-    r.kind = OpKind::MatMulBiasGelu;
-    copyGemmDType(*product, r.attrs);
-    r.operands.append(product->operands().begin(), product->operands().end());
-    r.replaces = {gelu->result(), product->result()};
-    return m;
-  }
-};
-
 } // namespace
 
 std::unique_ptr<Pass> createFuseBiasPass() { return std::make_unique<FuseBias>(); }
-std::unique_ptr<Pass> createFuseGeluEpiloguePass() { return std::make_unique<FuseGeluEpilogue>(); }
 
 std::unique_ptr<Pass> createFuseBiasActivationPass() {
   return std::make_unique<FuseBiasActivation>();

@@ -7,6 +7,12 @@
 // fuse-gemv-gelu: a few-row product with a bias whose only reader is a GELU (a decode step's fc1
 // past one row, where the norm stays a kernel of its own) becomes matmul_bias_gelu, which gemv.cuh
 // runs with the GELU applied as the product is written: one launch less a layer.
+//
+// fuse-gelu-epilogue: the same for a BF16 product of many rows (what expand-layernorm-fused
+// makes of fc1 where no gradient keeps its h: a prompt's forward, a recomputed layer), its
+// pre-activation unread, which the GPU runs as cuBLASLt's GELU_BIAS epilogue writing the
+// activation in BF16: the fp32 product is never written, nor read back and written again by a
+// GELU kernel.
 #include "ir/Attributes.h"
 #include "ir/Gemv.h"
 #include "transforms/Passes.h"
@@ -62,13 +68,20 @@ public:
   }
 };
 
-class FuseGemvGelu : public FusionPass {
+/// fuse-gemv-gelu (`few`: gemv.cuh's products) and fuse-gelu-epilogue (BF16 products of many
+/// rows, cuBLASLt's): product (+ bias) -> gelu becomes matmul_bias_gelu.
+class FuseProductGelu : public FusionPass {
 public:
+  explicit FuseProductGelu(bool few) : few_(few) {}
   std::optional<FusionMatch> match(const Graph &graph, Op *gelu) const override {
     if (gelu->kind() != OpKind::Gelu)
       return std::nullopt;
     Op *product = definedBy(gelu->operand(0), OpKind::MatMulBias);
-    if (!product || fewRows(*product) == FewRows::None || soleUser(graph, product->result()) != gelu)
+    if (!product || soleUser(graph, product->result()) != gelu)
+      return std::nullopt;
+    bool taken = few_ ? fewRows(*product) != FewRows::None
+                      : hasBf16Gemms(product->attrs()) && fewRows(*product) == FewRows::None;
+    if (!taken)
       return std::nullopt;
     FusionMatch m;
     m.pattern = {product, gelu};
@@ -79,12 +92,16 @@ public:
     r.replaces = {gelu->result(), product->result()};
     return m;
   }
+
+private:
+  bool few_;
 };
 
 } // namespace
 
 std::unique_ptr<Pass> createFuseResidualNormGemvPass() { return std::make_unique<FuseResidualNormGemv>(); }
 
-std::unique_ptr<Pass> createFuseGemvGeluPass() { return std::make_unique<FuseGemvGelu>(); }
+std::unique_ptr<Pass> createFuseGemvGeluPass() { return std::make_unique<FuseProductGelu>(true); }
+std::unique_ptr<Pass> createFuseGeluEpiloguePass() { return std::make_unique<FuseProductGelu>(false); }
 
 } // namespace tgc
