@@ -54,7 +54,8 @@ llvm::Error Collectives::prepare(const std::vector<Op *> &ops, const CudaProgram
     if (program.lowering[i].kind != OpLowering::Collective)
       continue;
     any = true;
-    if (ranksOf(*ops[i]) != 1 && ranksOf(*ops[i]) != ranks)
+    // A ZeRO collective's parts are the program's rank count's (NCCL's, the run's).
+    if (ops[i]->kind() != OpKind::AllReduce && ranksOf(*ops[i]) != ranks)
       return makeError("error: %{} = {} shards over {} ranks; this run has {}", ops[i]->result()->name(),
                        ops[i]->name().str(), ranksOf(*ops[i]), ranks);
     staged = std::max(staged, stagingBytes(*ops[i], ranks));
