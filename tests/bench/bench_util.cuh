@@ -1,5 +1,6 @@
 // What the standalone GPU measurements (tests/bench/*.cu) share: stopping at the first CUDA
-// error with its place, and the time of a launch replayed from a CUDA graph.
+// error with its place, a launch with one attribute, random BF16 operands, and the time of a
+// launch replayed from a CUDA graph.
 #pragma once
 
 #include <cstdio>
@@ -41,4 +42,36 @@ float timeGraph(int count, Record record) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   return 1000 * ms / (5 * count);
+}
+
+// `kernel` over `blocks` blocks of `threads` on `stream` with one launch attribute: programmatic
+// stream serialization (the decode step's launches) or cooperative (all blocks resident).
+template <typename Kernel, typename... Args>
+cudaError_t launchWith(cudaLaunchAttributeID id, Kernel kernel, long blocks, int threads, cudaStream_t stream,
+                       Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((unsigned)blocks);
+  config.blockDim = dim3((unsigned)threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = id;
+  if (id == cudaLaunchAttributeCooperative)
+    attribute.val.cooperative = 1;
+  else
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// n BF16 values of hashed signs and mantissas whose magnitudes lie in [2^e, 2^(e+1)) for
+// `exponentBits` (the BF16 bits of 2^e, e.g. 0x3c00 for 2^-7), from `seed`.
+__global__ void fillBits(unsigned short *x, long n, unsigned seed, unsigned exponentBits) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    x[i] = (unsigned short)(exponentBits + (h & 0x7ff) - 0x400 * (h >> 31));
+  }
 }

@@ -34,16 +34,6 @@ __global__ void __launch_bounds__(128) attention(const float *qkv, unsigned shor
                                                      positions, out, partial, done, scale);
 }
 
-__global__ void fillBits(unsigned short *x, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    x[i] = (unsigned short)(0x3e00 + (h & 0x7ff) - 0x400 * (h >> 31)); // BF16 in about +-[2^-3, 2^-2]
-  }
-}
-
 __global__ void fillFloats(float *x, long n, unsigned seed) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
     unsigned h = (unsigned)i * 2246822519u ^ seed;
@@ -76,8 +66,8 @@ Case run(int position) {
   CK(cudaMalloc(&positions, B * 4));
   CK(cudaMalloc(&done, B * H * 4));
   CK(cudaMemset(done, 0, B * H * 4));
-  fillBits<<<1024, 256>>>(k, B * T * D, 1);
-  fillBits<<<1024, 256>>>(v, B * T * D, 2);
+  fillBits<<<1024, 256>>>(k, B * T * D, 1, 0x3e00); // about +-[2^-3, 2^-2]
+  fillBits<<<1024, 256>>>(v, B * T * D, 2, 0x3e00);
   fillFloats<<<64, 256>>>(qkv, B * W, 3);
   std::vector<int> at(B, position);
   CK(cudaMemcpy(positions, at.data(), B * 4, cudaMemcpyHostToDevice));

@@ -22,14 +22,6 @@ __global__ void normedProduct(const float *a, const float *b, const float *gamma
   residualNormGemvBf16<true, 1, N, K, C, KS, true, Gelu, false>(a, b, gamma, beta, w, bias, sum, out, 1e-5);
 }
 
-__global__ void fillBits(unsigned short *x, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    x[i] = (unsigned short)(0x3c00 + (h & 0x7ff) - 0x400 * (h >> 31)); // BF16 in about +-[2^-7, 2^-6]
-  }
-}
-
 struct Buffers { // activations shared by every launch; x in BF16, as the decode step stores it
   float *x, *bias, *a, *b, *gamma, *beta, *sum, *out;
 };
@@ -42,16 +34,7 @@ constexpr long blocksFor(long N) {
 
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, long blocks, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((unsigned)blocks);
-  config.blockDim = dim3(256);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&config, kernel, args...));
+  CK(launchWith(cudaLaunchAttributeProgrammaticStreamSerialization, kernel, blocks, 256, stream, args...));
 }
 
 // One product's launch on weight w.
@@ -68,7 +51,7 @@ void launchProduct(const Buffers &buf, const unsigned short *w, cudaStream_t str
 unsigned short *weights(long elements) {
   unsigned short *w;
   CK(cudaMalloc(&w, elements * 2));
-  fillBits<<<1024, 256>>>(w, elements, (unsigned)elements);
+  fillBits<<<1024, 256>>>(w, elements, (unsigned)elements, 0x3c00); // about +-[2^-7, 2^-6]
   return w;
 }
 

@@ -65,18 +65,10 @@ template <int64 Chunk>
 cudaError_t launchGridOf(const Buffers &b, int rows, cudaStream_t s) {
   constexpr int64 chunks = (kVocab + kArgChunk - 1) / kArgChunk;
   argmaxPartsClearKernel<kVocab, Chunk><<<rows * chunks, 256, 0, s>>>(b.logits, b.parts, b.scratch, rows);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((unsigned)(rows * SampleGrid<kVocab, Chunk>::Chunks));
-  config.blockDim = dim3(kSampleGridThreads);
-  config.stream = s;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeCooperative;
-  attribute.val.cooperative = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, sampleGridKernel<kVocab, Chunk, 0>, (const float *)b.logits,
-                            (const float *)b.parts, (const int *)b.counters, (const float *)b.sampling,
-                            (const int *)b.seed, b.scratch, b.outGrid);
+  return launchWith(cudaLaunchAttributeCooperative, sampleGridKernel<kVocab, Chunk, 0>,
+                    rows * SampleGrid<kVocab, Chunk>::Chunks, kSampleGridThreads, s, (const float *)b.logits,
+                    (const float *)b.parts, (const int *)b.counters, (const float *)b.sampling, (const int *)b.seed,
+                    b.scratch, b.outGrid);
 }
 cudaError_t launchGrid(const Buffers &b, int rows, cudaStream_t s) {
   return rows <= 8 ? launchGridOf<2048>(b, rows, s) : launchGridOf<4096>(b, rows, s);
@@ -97,63 +89,6 @@ void fillRows(std::vector<float> &host, int rows, int kind, std::mt19937 &rng) {
         v = rng() % 2 ? NAN : -INFINITY;
       host[r * kVocab + i] = v;
     }
-}
-
-// Microseconds a sample takes, from a CUDA graph of 50, or (where the cooperative launch does
-// not capture) from 50 launches on a stream, *captured saying which.
-float timeGraph(const Buffers &b, int rows, bool grid, bool *captured) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  constexpr int count = 50;
-  auto record = [&] {
-    cudaError_t error = cudaSuccess;
-    for (int i = 0; i < count && error == cudaSuccess; ++i) {
-      if (grid)
-        error = launchGrid(b, rows, s);
-      else
-        launchRows(b, rows, s);
-    }
-    return error;
-  };
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  cudaError_t recorded = record();
-  cudaError_t ended = cudaStreamEndCapture(s, &graph);
-  *captured = recorded == cudaSuccess && ended == cudaSuccess &&
-              cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  if (!*captured) {
-    printf("(the grid path does not capture: %s; timed from a stream)\n",
-           cudaGetErrorString(recorded != cudaSuccess ? recorded : ended));
-    cudaGetLastError();
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(record());
-    CK(cudaEventRecord(e0, s));
-    CK(record());
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaStreamDestroy(s);
-    return 1000 * ms / count;
-  }
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(exec, s));
-  CK(cudaEventRecord(e0, s));
-  for (int r = 0; r < 5; ++r)
-    CK(cudaGraphLaunch(exec, s));
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-  return 1000 * ms / (5 * count);
 }
 
 int main() {
@@ -207,10 +142,11 @@ int main() {
   for (int rows : {1, 8, 32})
     for (const auto &setting : settings) {
       CK(cudaMemcpy(b.sampling, setting, 3 * 4, cudaMemcpyHostToDevice));
-      bool rowsCaptured = false, gridCaptured = false;
-      float rowsUs = timeGraph(b, rows, false, &rowsCaptured), gridUs = timeGraph(b, rows, true, &gridCaptured);
-      printf("rows %2d, T %.1f p %.2f k %2.0f: sampleRows path %7.2f us, grid path %7.2f us%s\n", rows, setting[0],
-             setting[1], setting[2], rowsUs, gridUs, gridCaptured ? "" : " (stream)");
+      // 50 samples a graph (the cooperative launch captures, as the decode step's does).
+      float rowsUs = timeGraph(50, [&](int, cudaStream_t s) { launchRows(b, rows, s); });
+      float gridUs = timeGraph(50, [&](int, cudaStream_t s) { CK(launchGrid(b, rows, s)); });
+      printf("rows %2d, T %.1f p %.2f k %2.0f: sampleRows path %7.2f us, grid path %7.2f us\n", rows, setting[0],
+             setting[1], setting[2], rowsUs, gridUs);
     }
   return differing != 0;
 }

@@ -143,6 +143,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     program.adamwInCast.erase(adamw);
   if (auto err = chooseFp8Biases(graph, program))
     return std::move(err);
+  // (Before the rounding rules: geluEpilogues reads it.)
   for (const Op *op : ops)
     if (op->kind() == OpKind::MatMulBiasGelu && op->result(1)->users().empty() &&
         !llvm::is_contained(graph.outputs(), op->result(1)))

@@ -139,7 +139,7 @@ Rounded geluEpilogues(const Op &op, const StorageQuery &q) {
       !isWeight(q.program(), op.operand(2)))
     return {};
   const Value *act = op.result(0), *h = op.result(1);
-  if (h->users().empty() && q.intermediate(h))
+  if (q.program().geluWithoutAux.count(&op))
     return q.onlyGemmsRead(act) ? Rounded{{&op, act}} : Rounded{};
   bool chosen = q.onlyGemmsRead(act) && !h->users().empty() && q.intermediate(h);
   for (const Op *user : h->users())

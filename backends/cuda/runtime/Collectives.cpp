@@ -25,8 +25,8 @@ int64_t ranksOf(const Op &op) { return op.kind() == OpKind::AllReduce ? 1 : *op.
 constexpr size_t aligned512(size_t bytes) { return (bytes + 511) / 512 * 512; }
 
 /// The staging bytes collective `op` needs over `ranks` ranks: a BF16 all_reduce's operands
-/// in BF16 (with the padding between merged runs); a reduce_scatter's operands zero-padded to
-/// ranks x part, and under bf16 its parts as they come back.
+/// in BF16 (with the padding between merged runs); a reduce_scatter's operands that need
+/// zero-padding to ranks x part, or all of them under bf16 with their parts as they come back.
 size_t stagingBytes(const Op &op, int64_t ranks) {
   size_t bytes = 0;
   const bool bf16 = reducesInBf16(op);
@@ -34,7 +34,7 @@ size_t stagingBytes(const Op &op, int64_t ranks) {
     size_t count = size_t(operand->type().numElements()), part = (count + size_t(ranks) - 1) / size_t(ranks);
     if (op.kind() == OpKind::AllReduce && bf16)
       bytes += count * 2 + 1024;
-    else if (op.kind() == OpKind::ReduceScatter)
+    else if (op.kind() == OpKind::ReduceScatter && (bf16 || size_t(ranks) * part > count))
       bytes += aligned512(size_t(ranks) * part * (bf16 ? 2 : 4)) + (bf16 ? aligned512(part * 2) : 0);
   }
   return bytes;
@@ -200,8 +200,9 @@ llvm::Error Collectives::allReduce(const Op &op, const BufferMap &buffers, cudaS
 }
 
 /// ZeRO's gradient reduce-scatter: each operand (N elements, flattened) zero-padded to R x n in
-/// the staging buffer (rounded to BF16 under bf16), NCCL's reduce-scatter of it, this rank's
-/// part n into the result (widened from BF16 under bf16).
+/// the staging buffer (rounded to BF16 under bf16; an fp32 operand with N = R x n is sent as it
+/// lies), NCCL's reduce-scatter of it, this rank's part n into the result (widened from BF16
+/// under bf16).
 llvm::Error Collectives::reduceScatter(const Op &op, const BufferMap &buffers, cudaStream_t on) const {
   const bool bf16 = reducesInBf16(op);
   const size_t ranks = size_t(ranksOf(op)), width = bf16 ? 2 : 4;
@@ -216,18 +217,21 @@ llvm::Error Collectives::reduceScatter(const Op &op, const BufferMap &buffers, c
     Part p;
     p.count = size_t(op.operand(k)->type().numElements());
     p.part = size_t(op.result(k)->type().numElements());
-    p.send = staging_ + offset;
-    offset += aligned512(ranks * p.part * width);
+    const bool padded = ranks * p.part > p.count;
+    char *operand = (char *)buffers.lookup(op.operand(k));
+    // An fp32 operand of whole parts is sent from where it lies; the others are staged.
+    const bool staged = bf16 || padded;
+    p.send = staged ? staging_ + offset : operand;
+    offset += staged ? aligned512(ranks * p.part * width) : 0;
     p.receive = bf16 ? staging_ + offset : (char *)buffers.lookup(op.result(k));
     offset += bf16 ? aligned512(p.part * width) : 0;
-    const void *operand = buffers.lookup(op.operand(k));
     if (bf16) {
       if (auto err = convert(toBf16_, operand, p.send, int64_t(p.count), on))
         return err;
-    } else {
+    } else if (padded) {
       CUDA_CHECK(cudaMemcpyAsync(p.send, operand, p.count * 4, cudaMemcpyDeviceToDevice, on));
     }
-    if (ranks * p.part > p.count)
+    if (padded)
       CUDA_CHECK(cudaMemsetAsync(p.send + p.count * width, 0, (ranks * p.part - p.count) * width, on));
     parts.push_back(p);
   }

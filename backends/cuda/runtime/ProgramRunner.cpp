@@ -361,7 +361,7 @@ llvm::Error ProgramRunner::traceResults(size_t i) {
     return llvm::Error::success();
   for (unsigned r = 0; r < op.numResults(); ++r) {
     if (!buffer(op.result(r)))
-      continue; // a result nothing reads, never placed
+      continue; // a result without memory of its own
     auto value = read(op.result(r)->name());
     if (!value)
       return value.takeError();
