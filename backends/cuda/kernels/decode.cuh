@@ -17,13 +17,13 @@ __device__ void kvCopy(const float *k, const float *v, float *kOut, float *vOut)
 // position t by rope's table of T positions where Rope (fuse-cache-rope): element d's pair is
 // (d, d + Dh / 2) of its head, turned as ropePair turns it (the rope op's bits); a position
 // outside the table (which the CPU reports as an error) leaves it as it is.
-template <bool Rope, int64 T, int64 Dh>
-__device__ __forceinline__ float rotatedElement(const float *x, int64 d, int64 t, const double *table) {
+template <bool Rope, int64 T, int64 Dh, typename In>
+__device__ __forceinline__ float rotatedElement(const In *x, int64 d, int64 t, const double *table) {
   if (!Rope || t < 0 || t >= T)
-    return x[d];
+    return elementValue(x[d]);
   constexpr int64 Half = Dh / 2;
   int64 head = d - d % Dh, i = d % Half;
-  float a = x[head + i], b = x[head + i + Half];
+  float a = elementValue(x[head + i]), b = elementValue(x[head + i + Half]);
   ropePair<T, Half, false>(a, b, table, t, i);
   return d % Dh < Half ? a : b;
 }
@@ -33,18 +33,19 @@ __device__ __forceinline__ float rotatedElement(const float *x, int64 d, int64 t
 // grouped-query attention); first is positions[b], or 0 for a prompt. A position outside the
 // cache (which the CPU reports as an error) writes nothing.
 // Under gemm_dtype="bf16" (Bf16) the rows are rounded to BF16, as the CPU writes them; a cache
-// stored in BF16 (Out = Bf16Out) holds them in two bytes. With Dh (rope_theta: heads of Dh),
-// each key is rotated at its row first (rotatedElement, table the op's constants).
-template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, int64 Q = D, int64 Dh = 0, typename Out>
-__device__ void kvWriteRows(const float *qkv, const int *positions, Out kOut, Out vOut,
-                            const double *table = nullptr) {
+// stored in BF16 (Out = Bf16Out) holds them in two bytes, as qkv may (In: a prefill's rows, which
+// cuDNN's attention reads in place). With Dh (rope_theta: heads of Dh), each key is rotated at
+// its row first (rotatedElement, table the op's constants).
+template <int64 B, int64 S, int64 T, int64 D, bool Positioned, bool Bf16, int64 Q = D, int64 Dh = 0, typename In,
+          typename Out>
+__device__ void kvWriteRows(const In *qkv, const int *positions, Out kOut, Out vOut, const double *table = nullptr) {
   FOR_EACH_ELEMENT(i, B * S * D) {
     int64 d = i % D, s = (i / D) % S, b = i / (S * D);
     int64 row = (Positioned ? positions[b] : 0) + s;
     if (row < 0 || row >= T) continue;
-    const float *keys = qkv + (b * S + s) * (Q + 2 * D) + Q;
+    const In *keys = qkv + (b * S + s) * (Q + 2 * D) + Q;
     kOut[(b * T + row) * D + d] = gemmOperand<Bf16>(rotatedElement<(Dh > 0), T, (Dh > 0 ? Dh : 2)>(keys, d, row, table));
-    vOut[(b * T + row) * D + d] = gemmOperand<Bf16>(keys[D + d]);
+    vOut[(b * T + row) * D + d] = gemmOperand<Bf16>(elementValue(keys[D + d]));
   }
 }
 

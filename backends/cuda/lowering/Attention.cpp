@@ -164,7 +164,8 @@ llvm::Error emitCudnnAttention(const Op &op, Emitter &e, const AttentionLaunch &
     // Pointers: qkv, out [, its copy], lse, heads (a result with head_major), scratch.
     std::string params = headMajor ? "const float *qkv, float *out, float *lse, float *heads"
                                    : "const float *qkv, float *out, float *lse";
-    bool rows = headMajor && e.program_.qkvRows.count(op.result(2)); // heads is qkv's memory
+    // In place: keeping heads, they are qkv's memory; without, qkv stored in BF16 is read so.
+    bool rows = headMajor ? e.program_.qkvRows.count(op.result(2)) : e.program_.bf16Stored.count(op.operand(0));
     unsigned heads = rows ? 0 : headMajor ? e.resultPointer(2) : e.addScratch(copyBytes / 4);
     unsigned outBuffer = cudnnResultBuffer(e, op.result(0), e.resultPointer(0), headBytes);
     unsigned workspace = e.addScratch(std::max<int64_t>(workspaceFloats, 1));

@@ -97,9 +97,9 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
     int64_t B = cache.dim(0), T = cache.dim(1), D = cache.dim(2), S = qkv.dim(1), Q = qkv.dim(2) - 2 * D;
     bool positioned = op.numOperands() > 3, rope = a.has("rope_theta");
     int64_t Dh = rope ? D / *a.getInt("kv_heads") : 0;
-    std::string params = positioned ? "const float *k, const float *v, const float *qkv, const int *positions, "
-                                      "float *kOut, float *vOut"
-                                    : "const float *k, const float *v, const float *qkv, float *kOut, float *vOut";
+    // qkv as stored: fp32, or BF16 where cuDNN's attention reads its rows in place.
+    std::string params = fmt::format("const float *k, const float *v, {} *qkv, {}float *kOut, float *vOut",
+                                     e.inputType(op.operand(2)), positioned ? "const int *positions, " : "");
     params += cacheRopeTable(op, e, T, Dh);
     unsigned launch = copyCachesUnlessInPlace(op, e, params, 0);
     e.launch(launch, params, elementwiseBlocks(B * S * D),

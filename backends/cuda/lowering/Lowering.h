@@ -25,7 +25,9 @@ std::optional<CudnnAttentionShape> cudnnAttentionShape(const Graph &graph, const
 /// its gradients, can read q, k and v in place from the rows of qkv: with storeBf16 and
 /// bf16Rounding, qkv is a BF16 matmul_bias's (bias a parameter) that only `forward` reads, and
 /// the copy only head-major gradients read. The executor then plans the forward and all those
-/// gradients with CudnnAttentionShape::qkvRows, or none of them with cuDNN.
+/// gradients with CudnnAttentionShape::qkvRows, or none of them with cuDNN. A forward without a
+/// gradient (two results: a prefill's, an evaluation's) reads the rows where qkv is that GEMM's
+/// and otherwise read only by BF16 kv_writes (the prompt's keys and values into the caches).
 bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOptions &options);
 /// Whether cuDNN, running `backward`, can read dout where its GEMM writes it: with storeBf16 and
 /// bf16Rounding, dout is a BF16 matmul's that only `backward` reads.

@@ -376,18 +376,36 @@ bool writesBf16Instead(const Op *gemm, OpKind kind) {
 
 } // namespace
 
+/// `qkv` is read by `forward` once and otherwise only as the rows BF16 kv_writes put in the
+/// caches (a prompt's keys and values: the writes round them as the attention does).
+static bool readByAttentionAndCacheWrites(const Graph &graph, const Value *qkv, const Op &forward) {
+  if (llvm::is_contained(graph.outputs(), qkv) || llvm::count(forward.operands(), qkv) != 1)
+    return false;
+  return llvm::all_of(qkv->users(), [&](const Op *user) {
+    return user == &forward || (user->kind() == OpKind::KvWrite && hasBf16Gemms(user->attrs()) &&
+                                llvm::count(user->operands(), qkv) == 1 && user->operand(2) == qkv);
+  });
+}
+
 bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOptions &options) {
   AttentionHeads h = attentionHeads(forward.attrs());
-  if (!options.storeBf16 || !options.bf16Rounding || forward.kind() != OpKind::Attention ||
-      forward.numResults() != 3 || h.grouped() || h.ropeTheta) // (qkv's rows: 3 D wide, q and k as written)
+  if (!options.storeBf16 || !options.bf16Rounding || forward.kind() != OpKind::Attention || h.grouped() ||
+      h.ropeTheta) // (qkv's rows: 3 D wide, q and k as written)
     return false;
-  // qkv from a BF16 GEMM adding a parameter's bias (the executor's BF16 copy holds it), read by
-  // this attention alone; its head-major copy read by head-major gradients alone, as q, k, v.
-  const Value *qkv = forward.operand(0), *heads = forward.result(2);
+  // qkv from a BF16 GEMM adding a parameter's bias (the executor's BF16 copy holds it).
+  const Value *qkv = forward.operand(0);
   const Op *gemm = qkv->def();
-  if (!writesBf16Instead(gemm, OpKind::MatMulBias) || !readOnlyBy(graph, qkv, forward) ||
-      !reshapeRoot(gemm->operand(2))->def() || reshapeRoot(gemm->operand(2))->def()->kind() != OpKind::Param ||
-      heads->users().empty() || llvm::is_contained(graph.outputs(), heads))
+  if (!writesBf16Instead(gemm, OpKind::MatMulBias) || !reshapeRoot(gemm->operand(2))->def() ||
+      reshapeRoot(gemm->operand(2))->def()->kind() != OpKind::Param)
+    return false;
+  // A forward without a gradient (prefill, evaluation): qkv read by it and by the cache writes.
+  if (forward.numResults() == 2)
+    return readByAttentionAndCacheWrites(graph, qkv, forward);
+  // Training's: qkv read by this attention alone; its head-major copy read by head-major
+  // gradients alone, as q, k, v.
+  const Value *heads = forward.result(2);
+  if (forward.numResults() != 3 || !readOnlyBy(graph, qkv, forward) || heads->users().empty() ||
+      llvm::is_contained(graph.outputs(), heads))
     return false;
   return llvm::all_of(heads->users(), [&](const Op *user) {
     return user->kind() == OpKind::AttentionBackward && isHeadMajor(user->attrs()) && readOnlyBy(graph, heads, *user) &&
@@ -468,15 +486,16 @@ llvm::Error chooseCudnnRows(const Graph &graph, const LoweringOptions &options, 
     if (!program.cudnnAttention.count(op))
       continue;
     if (op->kind() == OpKind::Attention && cudnnReadsQkvRows(graph, *op, options)) {
-      const Value *qkv = op->operand(0), *heads = op->result(2);
-      for (const Op *user : heads->users())
+      const Value *qkv = op->operand(0), *heads = op->numResults() > 2 ? op->result(2) : nullptr;
+      for (const Op *user : heads ? heads->users() : llvm::ArrayRef<Op *>())
         if (!program.cudnnAttention.count(user))
           return makeError("error: %{}: cuDNN runs the attention that reads q, k and v in place "
                            "but not its gradient %{}",
                            op->result()->name().c_str(), user->result()->name().c_str());
       program.bf16Rounding.insert(qkv->def());
       program.bf16Stored.insert(qkv);
-      program.qkvRows[heads] = qkv;
+      if (heads)
+        program.qkvRows[heads] = qkv;
     }
     if (op->kind() == OpKind::AttentionBackward && cudnnReadsDoutRows(graph, *op, options)) {
       program.bf16Rounding.insert(op->operand(0)->def());

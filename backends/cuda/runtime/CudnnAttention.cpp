@@ -97,8 +97,9 @@ void CudnnAttentionRunner::plan(const Graph &graph, bool enabled, const DeviceIn
     if (ops[i]->kind() != OpKind::Attention || !cudnnReadsQkvRows(graph, *ops[i], lowering))
       continue;
     std::vector<const Op *> group = {ops[i]};
-    for (const Op *user : ops[i]->result(2)->users())
-      group.push_back(user);
+    if (ops[i]->numResults() > 2) // the gradients of a forward keeping heads (a prefill's has none)
+      for (const Op *user : ops[i]->result(2)->users())
+        group.push_back(user);
     if (llvm::all_of(group, [&](const Op *op) { return lowering.cudnnAttention.count(op); }))
       continue;
     for (const Op *op : group)

@@ -324,6 +324,56 @@ TEST(CudnnLowering, CudnnReadsQkvAndDoutWhereTheirGemmsWriteThemInBf16) {
   EXPECT_EQ(program.source.find("toHeadsBf16<"), std::string::npos);
 }
 
+TEST(CudnnLowering, APrefillsQkvGemmWritesBf16RowsThatCudnnAndTheCacheWritesRead) {
+  // A prefill's attention keeps no heads: qkv, read by it and by the BF16 kv_write alone, is
+  // written in BF16 by its GEMM (the bias from the BF16 copy), cuDNN reads q, k and v in its rows
+  // (no head-major copy), and the cache write reads those rows as BF16. Without cuDNN the
+  // attention's kernels read fp32 qkv as before.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  auto graph = unwrap(buildGPT(c, 4, GPTOutput::Prefill, 32)); // 128 rows: cuBLASLt's products
+  PipelineOptions pipelineOptions;
+  pipelineOptions.passOptions.precision.recipe = Recipe::Bf16;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/false, Recipe::Bf16), pipelineOptions));
+  ASSERT_FALSE(bool(pipeline.run(*graph)));
+  CudaProgram without = unwrap(lowerToCuda(*graph));
+  LoweringOptions options;
+  for (const Op *op : graph->ops())
+    if (auto shape = cudnnAttentionShape(*graph, *op, options)) {
+      EXPECT_TRUE(shape->qkvRows);
+      options.cudnnAttention[op] = 4096;
+    }
+  ASSERT_EQ(options.cudnnAttention.size(), size_t(c.layers));
+  CudaProgram program = unwrap(lowerToCuda(*graph, options));
+  EXPECT_TRUE(program.qkvRows.empty()); // no heads to alias
+  std::vector<Op *> ops = graph->ops();
+  int writes = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op *op = ops[i];
+    if (op->kind() == OpKind::KvWrite) {
+      ++writes;
+      EXPECT_TRUE(program.bf16Stored.count(op->operand(2))) << op->result()->name();
+      EXPECT_FALSE(without.bf16Stored.count(op->operand(2))) << op->result()->name();
+    }
+    if (!options.cudnnAttention.count(op))
+      continue;
+    SCOPED_TRACE(op->result()->name());
+    const Value *qkv = op->operand(0);
+    EXPECT_TRUE(program.bf16Stored.count(qkv));
+    EXPECT_TRUE(program.bf16Rounding.count(qkv->def()));
+    const OpLowering &l = program.lowering[i];
+    EXPECT_TRUE(l.launches.empty());
+    int64_t D = qkv->type().dim(2) / 3;
+    for (int part = 0; part < 3; ++part) {
+      EXPECT_EQ(l.libraryBuffers[part].pointer, 0u);
+      EXPECT_EQ(l.libraryBuffers[part].offset, part * 2 * D);
+    }
+  }
+  EXPECT_EQ(writes, c.layers);
+  EXPECT_EQ(program.source.find("toHeadsBf16<"), std::string::npos);
+  EXPECT_NE(program.source.find("const unsigned short *qkv"), std::string::npos);
+  EXPECT_EQ(without.source.find("const unsigned short *qkv"), std::string::npos);
+}
+
 TEST(CudnnLowering, FP8QuantizesReadCudnnsOutAndDqkvInBf16) {
   // Under FP8 the projection's input quantize reads the attention's out and the qkv output
   // gradient's quantize reads dqkv: cuDNN writes both in BF16, which the quantizes read as they
