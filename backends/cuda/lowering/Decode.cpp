@@ -150,10 +150,14 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   bool inPlace = launch == 0;
   // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
   // programmatic launch, in place, with the positions an input (written before the step), they
-  // load before the kernel awaits the one before it (Early).
+  // load before the kernel awaits the one before it (Early). That pays where the step waits on
+  // latency: fewer (query, head) pairs than SMs, heads of at most 64. Elsewhere each block reads
+  // its part straight from memory, more loads in flight (grouped heads still need the tiles to
+  // write their rows).
   int64_t cacheBytes = bf16Caches ? 2 : 4;
   const Op *positions = op.operand(3)->def();
-  bool tiles = Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
+  bool latencyBound = B * S * H < 132 && Dh <= 64;
+  bool tiles = (heads.grouped() || latencyBound) && Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
   std::string tableArgument = rope.empty() ? "" : ", table";
   if (heads.grouped() && !tiles) {
     // Grouped heads write their rows only through tiles (decode.cuh): here kv_write's launch,
