@@ -22,7 +22,7 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
     os << fmt::format("// contiguous buffers: parameters {:.1f} MiB ({} tensors), gradients "
                       "{:.1f} MiB, state {:.1f} MiB (AdamW's moments {:.1f} MiB)\n",
                       mib(layout.paramBytes), layout.params.size(), mib(layout.gradBytes),
-                      mib(layout.stateBytes), mib(2 * layout.updatedBytes));
+                      mib(layout.stateBytes), mib(adamwMoments(graph, *lowered).bytes));
     printMemoryBreakdown(memoryBreakdown(graph, *lowered, plan), os, "// memory by class: ");
     os << "// (this plan has tgc's own attention kernels; where cuDNN runs the attention, what is stored "
           "in BF16 changes: `tgc bench` and `tgc train` print the plan the GPU runs)\n";

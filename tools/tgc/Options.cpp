@@ -131,12 +131,12 @@ cl::opt<bool> Recompute("recompute",
 cl::opt<std::string> Shard("shard",
                            cl::desc("none | optimizer: under data parallelism each rank keeps AdamW's moments of its "
                                     "1/N of every parameter and updates only that (ZeRO; the gradients "
-                                    "reduce-scattered, the parameters all-gathered). The CPU reference so far"),
+                                    "reduce-scattered, the parameters all-gathered; NCCL's on GPUs)"),
                            cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                            cl::cat(category()));
 cl::opt<std::string> GradReduce("grad-reduce",
                                 cl::desc("fp32 | bf16: under data parallelism the gradients cross the ranks in BF16 "
-                                         "(half the bytes; each rank's and the result rounded). The CPU reference so far"),
+                                         "(half the bytes; each rank's and the result rounded; NCCL's bfloat16 on GPUs)"),
                                 cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                                 cl::cat(category()));
 cl::opt<int64_t> RecomputeLayers("recompute-layers",

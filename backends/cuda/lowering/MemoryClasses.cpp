@@ -56,10 +56,29 @@ const char *arenaClass(const MemoryPlan::Span &span, const CudaProgram &program,
 
 } // namespace
 
+// The moments of the parameters' layout take twice its updated bytes; a shard's moments lie in
+// the state after them.
+AdamWMoments adamwMoments(const Graph &graph, const CudaProgram &program) {
+  const ParameterLayout &layout = program.layout;
+  AdamWMoments m{2 * layout.updatedBytes, 1};
+  for (const Op *op : graph.ops()) {
+    if (op->kind() != OpKind::AdamW || llvm::is_contained(layout.updates, op))
+      continue;
+    for (unsigned k : {2u, 3u})
+      if (layout.state.count(op->operand(k)))
+        m.bytes += stateSpanOf(program, op->operand(k));
+    if (const Op *shard = op->operand(0)->def(); shard && shard->kind() == OpKind::Shard)
+      m.ranks = shard->attrs().getInt("ranks").value_or(1);
+  }
+  return m;
+}
+
 MemoryBreakdown memoryBreakdown(const Graph &graph, const CudaProgram &program, const MemoryPlan &plan) {
   MemoryBreakdown b;
   const ParameterLayout &layout = program.layout;
-  int64_t moments = 2 * layout.updatedBytes, fp8Weights = 0, fp8Transposes = 0;
+  AdamWMoments adamw = adamwMoments(graph, program);
+  int64_t moments = adamw.bytes;
+  int64_t fp8Weights = 0, fp8Transposes = 0;
   for (const auto &[leaf, offset] : layout.state) // the FP8 weights kept between steps (fp8-weights)
     if (isPrologueLeaf(*leaf->def()) && isFp8(leaf->type().dtype)) {
       const Op *quantize = quantizeOf(leaf);
@@ -67,7 +86,8 @@ MemoryBreakdown memoryBreakdown(const Graph &graph, const CudaProgram &program, 
     }
   b.persistent = {{"master weights (fp32)", layout.paramBytes},
                   {"gradients (fp32)", layout.gradBytes},
-                  {"AdamW moments", moments},
+                  {adamw.ranks > 1 ? fmt::format("AdamW moments (this rank's 1/{} shard)", adamw.ranks) : "AdamW moments",
+                   moments},
                   {"FP8 weights between steps", fp8Weights},
                   {"FP8 weight transposes between steps", fp8Transposes},
                   {"other state (FP8 scaling, caches)", layout.stateBytes - moments - fp8Weights - fp8Transposes},

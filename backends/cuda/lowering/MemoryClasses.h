@@ -28,6 +28,14 @@ struct MemoryBreakdown {
   int64_t arenaBytes = 0;
 };
 
+/// AdamW's moments (its operands 2 and 3): their bytes in the state, and where they are shards
+/// (ZeRO: each update reads its rank's shard of the parameter) over how many ranks, else 1.
+struct AdamWMoments {
+  int64_t bytes = 0;
+  int64_t ranks = 1;
+};
+AdamWMoments adamwMoments(const Graph &graph, const CudaProgram &program);
+
 /// `plan`'s bytes by class (see the file comment). A training program's activations are split
 /// into those the ops the loss depends on make (the forward's, kept for the backward) and the rest.
 MemoryBreakdown memoryBreakdown(const Graph &graph, const CudaProgram &program, const MemoryPlan &plan);

@@ -24,6 +24,8 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
   return program.bf16Stored.count(v) ? v->type().numElements() * 2 : deviceBytesOf(v->type());
 }
 
+int64_t stateSpanOf(const CudaProgram &program, const Value *v) { return aligned(storedBytesOf(program, v)); }
+
 bool isBf16Gemm(const Op &op) {
   return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
           op.kind() == OpKind::MatMulBiasGelu || op.kind() == OpKind::MatMulDGelu) &&
@@ -213,7 +215,7 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
   for (const Op *op : ops)
     if (op->kind() == OpKind::State && !layout.state.count(op->result())) {
       layout.state[op->result()] = layout.stateBytes;
-      layout.stateBytes += aligned(storedBytesOf(program, op->result())); // a BF16 KV cache: half
+      layout.stateBytes += stateSpanOf(program, op->result()); // a BF16 KV cache: half
     }
   return layout;
 }

@@ -17,6 +17,9 @@ namespace tgc {
 int64_t deviceBytesOf(const TensorType &t);
 /// What value `v` takes in `program`'s memory: half its f32 bytes when stored in BF16.
 int64_t storedBytesOf(const CudaProgram &program, const Value *v);
+/// What state leaf `v` spans in the state buffer outside the parameters' layout: its stored
+/// bytes, aligned as the layout places it.
+int64_t stateSpanOf(const CudaProgram &program, const Value *v);
 
 struct MemoryPlan {
   llvm::DenseMap<const Value *, int64_t> offsets; // bytes into the arena

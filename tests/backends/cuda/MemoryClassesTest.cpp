@@ -20,13 +20,16 @@ struct Planned {
   MemoryPlan plan;
 };
 
-/// `c`'s training program on the GPU's pipeline, lowered and planned.
-Planned planModel(const ModelConfig &c, std::vector<std::string> disabled = {}) {
+/// `c`'s training program on the GPU's pipeline, lowered and planned (with `dataParallel`: one
+/// rank's program).
+Planned planModel(const ModelConfig &c, std::vector<std::string> disabled = {},
+                  DataParallelOptions dataParallel = {}) {
   Planned p;
-  p.graph = unwrap(buildGPT(c, c.train.batch));
+  p.graph = unwrap(buildGPT(c, c.train.batch / dataParallel.ranks));
   PipelineOptions options;
   options.passOptions.train = c.train;
   options.passOptions.precision = c.precision;
+  options.passOptions.dataParallel = dataParallel;
   options.disabled = disabled;
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(/*training=*/true, c.precision.recipe, c.precision.fp8Scaling), options));
   EXPECT_FALSE(bool(pipeline.run(*p.graph)));
@@ -173,6 +176,41 @@ TEST(MemoryClasses, TheBf16WeightCopyHoldsWhatIsReadInBf16) {
       EXPECT_GE(offset, fp8.program.weightCopyBegin) << op->result()->name();
       EXPECT_LT(offset, fp8.program.weightCopyEnd) << op->result()->name();
     }
+}
+
+TEST(MemoryClasses, AShardedRankHoldsItsShareOfTheMomentsAndNoGradientBuffer) {
+  // ZeRO over 2 and 4 ranks: each rank's persistent memory is the fp32 master weights and its
+  // 1/N of AdamW's moments (each parameter's shard padded to whole parts: at most N - 1 floats
+  // more, and the state's alignment), named so; no gradient buffer (the gradients are
+  // intermediates reduce-scattered into shards) and no other state under BF16.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Bf16;
+  Planned whole = planModel(c);
+  MemoryBreakdown unsharded = memoryBreakdown(*whole.graph, whole.program, whole.plan);
+  const int64_t moments = bytesOf(unsharded.persistent, "AdamW moments");
+  ASSERT_GT(moments, 0);
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE(fmt::format("{} ranks", ranks));
+    DataParallelOptions dp;
+    dp.ranks = ranks;
+    dp.shardOptimizer = true;
+    Planned p = planModel(c, {}, dp);
+    MemoryBreakdown b = memoryBreakdown(*p.graph, p.program, p.plan);
+    int64_t share = bytesOf(b.persistent, fmt::format("AdamW moments (this rank's 1/{} shard)", ranks));
+    EXPECT_EQ(adamwMoments(*p.graph, p.program).bytes, share);
+    EXPECT_EQ(adamwMoments(*p.graph, p.program).ranks, ranks);
+    int64_t tensors = int64_t(2 * p.program.layout.params.size());
+    EXPECT_GE(share, moments / ranks - tensors * 512);
+    EXPECT_LE(share, moments / ranks + tensors * 256);
+    EXPECT_EQ(bytesOf(b.persistent, "AdamW moments"), 0);
+    EXPECT_EQ(bytesOf(b.persistent, "gradients (fp32)"), 0);
+    EXPECT_EQ(bytesOf(b.persistent, "other state (FP8 scaling, caches)"), 0);
+    EXPECT_EQ(bytesOf(b.persistent, "master weights (fp32)"), bytesOf(unsharded.persistent, "master weights (fp32)"));
+    int64_t persistent = 0;
+    for (const MemoryClass &m : b.persistent)
+      persistent += m.bytes;
+    EXPECT_EQ(persistent, p.plan.persistentBytes);
+  }
 }
 
 } // namespace
