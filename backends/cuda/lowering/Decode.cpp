@@ -116,7 +116,8 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   const TensorType &out = outputType(op);
   AttentionHeads heads = attentionHeads(a);
   int64_t B = out.dim(0), S = out.dim(1), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
-  int64_t keys = std::min<int64_t>(T, B * S * H < 132 ? 32 : 64), splits = (T + keys - 1) / keys;
+  const int64_t pairs = B * S * H, sms = e.program_.multiprocessors;
+  int64_t keys = std::min<int64_t>(T, pairs < sms ? 32 : 64), splits = (T + keys - 1) / keys;
   e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)
   // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
@@ -156,7 +157,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   // write their rows).
   int64_t cacheBytes = bf16Caches ? 2 : 4;
   const Op *positions = op.operand(3)->def();
-  bool latencyBound = B * S * H < 132 && Dh <= 64;
+  bool latencyBound = pairs < sms && Dh <= 64;
   bool tiles = (heads.grouped() || latencyBound) && Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
   std::string tableArgument = rope.empty() ? "" : ", table";
   if (heads.grouped() && !tiles) {
