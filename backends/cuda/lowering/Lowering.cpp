@@ -24,6 +24,8 @@ namespace {
 llvm::Expected<OpLowering::Kind> loweringKind(const Op &op) {
   if (fewRows(op) != FewRows::None)
     return OpLowering::Kernels; // a GEMV (Gemv.cpp), not cuBLASLt
+  if (prefixOfGathered(op))
+    return OpLowering::Alias; // the gathered parameter's leading elements, where they lie
   switch (gpuLoweringOf(op.kind()).how) {
   case GpuLowering::Leaf:
     return OpLowering::Leaf;

@@ -26,6 +26,18 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
 
 int64_t stateSpanOf(const CudaProgram &program, const Value *v) { return aligned(storedBytesOf(program, v)); }
 
+bool prefixOfGathered(const Op &op) {
+  if (op.kind() != OpKind::Slice || op.attrs().getInt("start").value_or(-1) != 0)
+    return false;
+  const Value *gathered = op.operand(0);
+  if (!gathered->def() || gathered->def()->kind() != OpKind::AllGather)
+    return false;
+  int64_t axis = op.attrs().getInt("axis").value_or(0), leading = 1;
+  for (int64_t d = 0; d < axis; ++d)
+    leading *= gathered->type().dim(d);
+  return leading == 1 && op.result()->type().dtype == gathered->type().dtype;
+}
+
 bool isBf16Gemm(const Op &op) {
   return (op.kind() == OpKind::MatMul || op.kind() == OpKind::MatMulBias ||
           op.kind() == OpKind::MatMulBiasGelu || op.kind() == OpKind::MatMulDGelu) &&
@@ -81,6 +93,26 @@ std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size
   return bytes;
 }
 
+namespace {
+/// Where `assign` gives a parameter its gathered value through views (reshapes, a prefix slice):
+/// the all_gather's result, read by that view alone. Else null.
+const Value *gatheredInto(const Op &assign, const CudaProgram &program,
+                          const llvm::DenseMap<const Op *, int64_t> &index) {
+  const Value *leaf = assign.operand(0), *v = assign.operand(1);
+  if (!leaf->def() || leaf->def()->kind() != OpKind::Param)
+    return nullptr;
+  while (v->def() && program.lowering[size_t(index.lookup(v->def()))].kind == OpLowering::Alias) {
+    const Op *view = v->def();
+    if (prefixOfGathered(*view))
+      return view->operand(0)->users().size() == 1 ? view->operand(0) : nullptr;
+    if (view->kind() != OpKind::Reshape || view->operand(0)->users().size() != 1)
+      return nullptr;
+    v = view->operand(0);
+  }
+  return nullptr;
+}
+} // namespace
+
 llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
                                                            const CudaProgram &program) {
   std::vector<Op *> ops = graph.ops();
@@ -113,8 +145,14 @@ llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
       continue;
     const Value *leaf = assign->operand(0), *value = assign->operand(1);
     const Op *def = value->def();
-    if (!def || assigned.lookup(value) != 1 ||
-        deviceBytesOf(leaf->type()) != deviceBytesOf(value->type()) ||
+    if (!def || assigned.lookup(value) != 1)
+      continue;
+    if (const Value *gathered = gatheredInto(*assign, program, index)) {
+      if (lastRead.lookup(leaf) <= index.lookup(gathered->def()))
+        inPlace[gathered] = leaf;
+      continue;
+    }
+    if (deviceBytesOf(leaf->type()) != deviceBytesOf(value->type()) ||
         program.lowering[index.lookup(def)].kind == OpLowering::Alias)
       continue;
     unsigned r = 0;
@@ -178,6 +216,12 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
     if (usual)
       updateOf[p] = op;
   }
+  // The bytes each parameter's slot holds: its own, or what is gathered into it (ZeRO: the
+  // ranks' parts, zeros past its end).
+  llvm::DenseMap<const Value *, int64_t> slotBytes;
+  for (auto [value, leaf] : program.inPlace)
+    if (leaf->def() && leaf->def()->kind() == OpKind::Param)
+      slotBytes[leaf] = std::max(slotBytes.lookup(leaf), deviceBytesOf(value->type()));
   // Parameters: AdamW's in an FP8 cast, AdamW's with weight decay, AdamW's without, then the
   // rest, each in program order.
   for (int group = -1; group < 3; ++group) {
@@ -190,7 +234,8 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
       if (group != (!update ? 2 : cast ? -1 : decayed ? 0 : 1))
         continue;
       layout.params[op->result()] = layout.paramBytes;
-      layout.paramBytes += aligned(deviceBytesOf(op->result()->type()), kParamAlignment);
+      int64_t bytes = std::max(deviceBytesOf(op->result()->type()), slotBytes.lookup(op->result()));
+      layout.paramBytes += aligned(bytes, kParamAlignment);
     }
     if (group == -1)
       layout.castBytes = layout.paramBytes;

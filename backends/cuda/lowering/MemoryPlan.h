@@ -48,6 +48,10 @@ struct MemoryPlan {
 
 /// Whether `op` is a GEMM (matmul, matmul_bias, matmul_bias_gelu, matmul_dgelu) on BF16 operands.
 bool isBf16Gemm(const Op &op);
+
+/// A slice that keeps the leading elements of an all_gather's result (ZeRO's parameter out of
+/// its ranks' parts): a view of it, no copy (OpLowering::Alias).
+bool prefixOfGathered(const Op &op);
 /// Whether `v` is a parameter (or a reshape of one): the executor keeps a BF16 copy of the
 /// parameter buffer for the BF16 GEMMs, written once a step.
 bool isWeight(const CudaProgram &program, const Value *v);
@@ -70,7 +74,10 @@ std::vector<int64_t> opLocalBytes(const Op &op, const CudaProgram &program, size
 /// V a result of op D, where no op after D reads L (nor a reshape of it) and D reads L only as
 /// inPlaceOperand(D, r) (the op table's InPlace column: its kernel reads each element of that
 /// operand before it writes the same element of the result, and no other element after). The
-/// map goes from V to L.
+/// map goes from V to L. Also ZeRO's gathered parameters: Assign(P, reshape(slice(G))), G an
+/// all_gather's result (the ranks' parts of P, zeros past its end) read by that prefix slice
+/// alone (prefixOfGathered: an alias), is written into P's slot, which layoutParameters makes
+/// as large as G; G -> P.
 llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
                                                            const CudaProgram &program);
 

@@ -515,7 +515,8 @@ void chooseBf16Values(const Graph &graph, CudaProgram &program) {
   for (const Op *op : graph.ops()) {
     // The op table's Bf16Out column; gemv.cuh's products write through an output type too.
     // cuDNN's attention writes its results in BF16 (the gradient's dqkv too).
-    if (!opInfo(op->kind()).bf16Outputs && fewRows(*op) == FewRows::None && !program.cudnnAttention.count(op))
+    if ((!opInfo(op->kind()).bf16Outputs && fewRows(*op) == FewRows::None && !program.cudnnAttention.count(op)) ||
+        prefixOfGathered(*op)) // (a view of fp32 memory)
       continue;
     for (unsigned r = 0; r < op->numResults(); ++r) {
       const Value *v = op->result(r);

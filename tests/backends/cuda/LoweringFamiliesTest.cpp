@@ -6,6 +6,7 @@
 #include "backends/cuda/Pipeline.h"
 #include "backends/cuda/lowering/Families.h"
 #include "backends/cuda/lowering/Lowering.h"
+#include "backends/cuda/lowering/MemoryPlan.h"
 #include "ir/Parser.h"
 #include "models/GPTBuilder.h"
 #include "transforms/Pass.h"
@@ -107,6 +108,8 @@ TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsA
   // reduce_scatter and the parameters' all_gather are collectives (runtime/Collectives.cpp),
   // each shard a kernel that takes the rank's part of the flattened parameter with zeros past
   // its end, and the AdamW updates of shards lie outside the parameter layout (per-op kernels).
+  // The all_gather writes each parameter's parts into its own slot, the slice back to its size
+  // a view (no copy, no gathered copy in the arena).
   ModelConfig c = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
   for (bool bf16Gradients : {false, true}) {
     SCOPED_TRACE(bf16Gradients ? "bf16 gradients" : "fp32 gradients");
@@ -124,7 +127,7 @@ TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsA
       FAIL() << llvm::toString(std::move(err));
     CudaProgram program = unwrap(lowerToCuda(*graph));
     std::vector<Op *> ops = graph->ops();
-    int scatters = 0, gathers = 0, shards = 0;
+    int scatters = 0, gathers = 0, shards = 0, views = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
       const Op &op = *ops[i];
       if (op.kind() == OpKind::ReduceScatter || op.kind() == OpKind::AllGather) {
@@ -140,10 +143,29 @@ TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsA
             << op.result()->name();
       } else if (op.kind() == OpKind::AdamW) {
         EXPECT_FALSE(llvm::is_contained(program.layout.updates, &op)) << op.result()->name();
+      } else if (op.kind() == OpKind::Slice && op.operand(0)->def()->kind() == OpKind::AllGather) {
+        ++views;
+        EXPECT_TRUE(prefixOfGathered(op)) << op.result()->name();
+        EXPECT_EQ(program.lowering[i].kind, OpLowering::Alias) << op.result()->name();
+      }
+      if (op.kind() != OpKind::AllGather)
+        continue;
+      // Each parameter gathered into its own slot, which holds the ranks' parts: no copy.
+      for (unsigned r = 0; r < op.numResults(); ++r) {
+        const Value *gathered = op.result(r);
+        const Value *param = program.inPlace.lookup(gathered);
+        ASSERT_TRUE(param && param->def()->kind() == OpKind::Param) << gathered->name();
+        int64_t slot = program.layout.paramBytes - program.layout.params.lookup(param);
+        for (auto [other, offset] : program.layout.params)
+          if (offset > program.layout.params.lookup(param))
+            slot = std::min(slot, offset - program.layout.params.lookup(param));
+        EXPECT_GE(slot, gathered->type().numElements() * 4) << gathered->name();
+        EXPECT_GT(gathered->type().numElements(), 0);
       }
     }
     EXPECT_GE(scatters, 1);
     EXPECT_GE(gathers, 1);
     EXPECT_EQ(shards, 5 + 12 * c.layers); // two embeddings, the final norm's two, the head; 12 a layer
+    EXPECT_EQ(views, shards); // each parameter's gathered parts cut back to its size as a view
   }
 }
