@@ -26,6 +26,28 @@ int64_t storedBytesOf(const CudaProgram &program, const Value *v) {
 
 int64_t stateSpanOf(const CudaProgram &program, const Value *v) { return aligned(storedBytesOf(program, v)); }
 
+std::vector<size_t> collectiveJoins(const std::vector<Op *> &ops, const CudaProgram &program) {
+  std::vector<size_t> joins(ops.size(), ops.size());
+  llvm::DenseMap<const Op *, size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i)
+    index[ops[i]] = i;
+  std::vector<size_t> scatters;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (program.lowering[i].kind != OpLowering::Collective)
+      continue;
+    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
+      for (const Op *user : ops[i]->result(r)->users())
+        joins[i] = std::min(joins[i], index.lookup(user));
+    if (ops[i]->kind() == OpKind::ReduceScatter)
+      scatters.push_back(i);
+  }
+  // A reduce-scatter's operands are a bucket of the rank's gradients in the arena: joined before
+  // the reduce-scatter two buckets on (one more in flight meanwhile), they go then.
+  for (size_t k = 0; k + 2 < scatters.size(); ++k)
+    joins[scatters[k]] = std::min(joins[scatters[k]], scatters[k + 2]);
+  return joins;
+}
+
 bool prefixOfGathered(const Op &op) {
   if (op.kind() != OpKind::Slice || op.attrs().getInt("start").value_or(-1) != 0)
     return false;
@@ -306,18 +328,16 @@ void placeItems(std::vector<Item> &items, MemoryPlan &plan) {
   }
 }
 
-/// An all_reduce runs on its own stream from its place until its results' first reader: NCCL
-/// reads its operands and writes its results meanwhile, so both live until its results' last.
+/// A collective runs on its own stream from its place until the main stream joins it
+/// (collectiveJoins): NCCL reads its operands and writes its results until then.
 void extendCollectiveLives(const std::vector<Op *> &ops, const CudaProgram &program,
                            const llvm::DenseMap<const Value *, const Value *> &owner,
                            llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> &life) {
-  for (int64_t i = int64_t(ops.size()) - 1; i >= 0; --i) {
+  std::vector<size_t> joins = collectiveJoins(ops, program);
+  for (size_t i = 0; i < ops.size(); ++i) {
     if (program.lowering[i].kind != OpLowering::Collective)
       continue;
-    int64_t last = i;
-    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
-      if (const Value *o = owner.lookup(ops[i]->result(r)))
-        last = std::max(last, life[o].second);
+    int64_t last = int64_t(joins[i]); // (ops.size(): the step's end)
     for (const Value *v : ops[i]->operands())
       if (const Value *o = owner.lookup(v))
         life[o].second = std::max(life[o].second, last);

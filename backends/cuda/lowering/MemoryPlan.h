@@ -49,6 +49,13 @@ struct MemoryPlan {
 /// Whether `op` is a GEMM (matmul, matmul_bias, matmul_bias_gelu, matmul_dgelu) on BF16 operands.
 bool isBf16Gemm(const Op &op);
 
+/// Where the main stream joins each collective of `ops` (by op index; ops.size() for the other
+/// ops, and for a collective nothing reads before the step's end): before its results' first
+/// reader, and a reduce_scatter also before the reduce_scatter two after it (ZeRO: its operands,
+/// a bucket of the rank's gradients, then go; at most two buckets in flight). The executor
+/// waits there (runtime/Collectives.cpp), and the memory plan keeps the operands until then.
+std::vector<size_t> collectiveJoins(const std::vector<Op *> &ops, const CudaProgram &program);
+
 /// A slice that keeps the leading elements of an all_gather's result (ZeRO's parameter out of
 /// its ranks' parts): a view of it, no copy (OpLowering::Alias).
 bool prefixOfGathered(const Op &op);

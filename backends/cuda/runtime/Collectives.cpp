@@ -47,9 +47,7 @@ llvm::Error Collectives::prepare(const std::vector<Op *> &ops, const CudaProgram
   bool any = false;
   const int64_t ranks = communicator ? communicator->ranks() : 1;
   size_t staged = 0; // the largest staging any collective needs (they run one at a time)
-  llvm::DenseMap<const Op *, size_t> index;
-  for (size_t i = 0; i < ops.size(); ++i)
-    index[ops[i]] = i;
+  std::vector<size_t> joins = collectiveJoins(ops, program); // (the memory plan's too)
   for (size_t i = 0; i < ops.size(); ++i) {
     if (program.lowering[i].kind != OpLowering::Collective)
       continue;
@@ -59,12 +57,8 @@ llvm::Error Collectives::prepare(const std::vector<Op *> &ops, const CudaProgram
       return makeError("error: %{} = {} shards over {} ranks; this run has {}", ops[i]->result()->name(),
                        ops[i]->name().str(), ranksOf(*ops[i]), ranks);
     staged = std::max(staged, stagingBytes(*ops[i], ranks));
-    size_t first = ops.size(); // its results' first reader
-    for (unsigned r = 0; r < ops[i]->numResults(); ++r)
-      for (const Op *user : ops[i]->result(r)->users())
-        first = std::min(first, index.lookup(user));
-    if (first < ops.size())
-      joinsBefore_[first].push_back(i);
+    if (joins[i] < ops.size())
+      joinsBefore_[joins[i]].push_back(i);
     CUDA_CHECK(cudaEventCreateWithFlags(&events_[i].ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&events_[i].done, cudaEventDisableTiming));
   }

@@ -1,7 +1,8 @@
 // The collectives of a program (OpLowering::Collective: all_reduce, and ZeRO's reduce_scatter
 // and all_gather) over its ranks: NCCL on a communication stream of their own, started from an
-// event recorded on the main stream at the op's place and joined before its results' first
-// reader, and all of them before the step ends. With one rank each result is its operand (a
+// event recorded on the main stream at the op's place and joined where collectiveJoins says
+// (before its results' first reader; a reduce_scatter also before the one two buckets on), and
+// all of them before the step ends. With one rank each result is its operand (a
 // copy where their buffers differ). A reduce_scatter pads each operand to ranks x part in a
 // staging buffer first (NCCL splits equal parts). Under
 // dtype = "bf16" (grad_reduce: bf16) the values cross the ranks in BF16: rounded into a staging

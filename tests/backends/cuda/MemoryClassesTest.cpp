@@ -213,4 +213,45 @@ TEST(MemoryClasses, AShardedRankHoldsItsShareOfTheMomentsAndNoGradientBuffer) {
   }
 }
 
+TEST(MemoryClasses, ABucketsGradientsGoOnceTheReduceScatterTwoOnIsLaunched) {
+  // ZeRO in buckets of 64 KiB: the main stream joins each reduce_scatter before its results'
+  // first reader and before the reduce_scatter two buckets on (collectiveJoins, which the
+  // executor's Collectives follow), and the plan keeps each bucket's local gradients until then,
+  // no longer: at most three buckets of them are alive at once.
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Bf16;
+  DataParallelOptions dp;
+  dp.ranks = 2;
+  dp.shardOptimizer = true;
+  dp.bucketBytes = 64 << 10;
+  Planned p = planModel(c, {}, dp);
+  std::vector<Op *> ops = p.graph->ops();
+  std::vector<size_t> joins = collectiveJoins(ops, p.program), scatters;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i]->kind() == OpKind::ReduceScatter)
+      scatters.push_back(i);
+  ASSERT_GE(scatters.size(), 4u);
+  llvm::DenseMap<const Value *, const MemoryPlan::Span *> spans;
+  for (const MemoryPlan::Span &span : p.plan.spans)
+    if (span.value && !span.shadow)
+      spans[span.value] = &span;
+  int checked = 0;
+  for (size_t k = 0; k < scatters.size(); ++k) {
+    const Op &scatter = *ops[scatters[k]];
+    SCOPED_TRACE(scatter.result()->name());
+    size_t first = ops.size();
+    for (unsigned r = 0; r < scatter.numResults(); ++r)
+      for (const Op *user : scatter.result(r)->users())
+        first = std::min(first, size_t(llvm::find(ops, user) - ops.begin()));
+    size_t want = k + 2 < scatters.size() ? std::min(first, scatters[k + 2]) : first;
+    EXPECT_EQ(joins[scatters[k]], want);
+    for (const Value *local : scatter.operands())
+      if (const MemoryPlan::Span *span = spans.lookup(local)) {
+        ++checked;
+        EXPECT_EQ(span->last, int64_t(joins[scatters[k]])) << local->name();
+      }
+  }
+  EXPECT_GT(checked, int(scatters.size()));
+}
+
 } // namespace
