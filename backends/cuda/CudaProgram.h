@@ -59,6 +59,10 @@ struct OpLowering {
   // them (the LR schedule's lr, min_lr, warmup and steps: tgc train --steps N, --lr X) then
   // share one compiled module, and the kernel cache serves the second.
   std::vector<double> constants;
+  // Values whose device addresses the executor writes, once every op is placed, into a buffer
+  // of the op's own (64-bit), passed after the constants: a grouped launch over tensors that
+  // lie apart (ZeRO's shards in the arena) finds each there.
+  std::vector<const Value *> addresses;
   // Operands that are parameters whose BF16 copy (the executor's, made from the parameter
   // buffer) the launches take instead of their fp32 values: a GEMV's weight.
   std::vector<unsigned> bf16Weights;

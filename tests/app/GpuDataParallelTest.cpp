@@ -130,6 +130,54 @@ TEST(GpuDataParallel, OneGpuRunsZerosOpsAsTheCpu) {
   EXPECT_EQ(got[3].data, leaves["p"].data);
 }
 
+TEST(GpuDataParallel, OneGpuUpdatesZerosShardsInALaunchEachAsTheCpu) {
+  // ZeRO's update of rank 1 of 2 written out for three parameters (one without weight decay):
+  // the shards, the gradient norm's sums (ended by the ranks' all_reduce) and AdamW each run as
+  // one launch over the executor's address table (OptimizerGroups.cpp), and give the per-op
+  // arithmetic's bits, the CPU's: the new shards, the norm and the clip.
+  SKIP_WITHOUT_GPU();
+  std::string ir = "graph @g\n%lr = input() : f32[]\n%step = input() : i32[]\n";
+  const int64_t sizes[] = {7, 10, 33};
+  std::string sums, updates, results;
+  for (int k = 1; k <= 3; ++k) {
+    int64_t n = sizes[k - 1], part = (n + 1) / 2;
+    ir += fmt::format("%p{0} = input() : f32[{1}]\n%g{0} = input() : f32[{2}]\n", k, n, part);
+    sums += fmt::format("%q{0} = sum_squares(%g{0}) : f32[]\n", k);
+    updates += fmt::format("%s{0} = shard(%p{0}) {{rank=1, ranks=2}} : f32[{1}]\n"
+                           "%m{0} = state() {{init=\"zeros\"}} : f32[{1}]\n%v{0} = state() {{init=\"zeros\"}} : f32[{1}]\n"
+                           "%n{0}, %n{0}.m, %n{0}.v = adamw(%s{0}, %g{0}, %m{0}, %v{0}, %lr, %clip, %step) "
+                           "{{beta1=0.9, beta2=0.95, eps=1e-08, weight_decay={2}}} : f32[{1}], f32[{1}], f32[{1}]\n"
+                           "assign(%m{0}, %n{0}.m)\nassign(%v{0}, %n{0}.v)\n",
+                           k, part, k == 2 ? "0.0" : "0.1");
+    results += fmt::format("%n{}, ", k);
+  }
+  ir += sums + "%a = add(%q1, %q2) : f32[]\n%local = add(%a, %q3) : f32[]\n"
+               "%total = all_reduce(%local) {reduce=\"sum\"} : f32[]\n%clip = clip_scale(%total) {max_norm=1.0} : f32[]\n" +
+        updates + "return " + results + "%total, %clip\n";
+  auto graph = unwrap(parseGraph(ir, "zero-update.ir"));
+  ASSERT_TRUE(graph);
+  std::map<std::string, Tensor> leaves = normalInputs(*graph);
+  leaves["lr"].data = {0.01f};
+  leaves["step"] = Tensor{TensorType(DType::I32, {}), {}, {3}};
+  Rng rng(freshSeed());
+  for (const Op *op : graph->ops()) // the moments as earlier steps leave them: m any, v positive
+    if (op->kind() == OpKind::State) {
+      Tensor moment = Tensor::zeros(op->result()->type());
+      bool second = op->result()->name()[0] == 'v';
+      for (float &x : moment.data) {
+        double r = rng.normal();
+        x = second ? float(0.01 * r * r + 1e-4) : float(0.1 * r);
+      }
+      leaves[op->result()->name()] = std::move(moment);
+    }
+  std::vector<Tensor> want, got;
+  runOnBoth(*graph, leaves, want, got);
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t r = 0; r < got.size(); ++r)
+    EXPECT_EQ(got[r].data, want[r].data) << "result " << r;
+  EXPECT_NE(want[0].data, std::vector<float>(4, 0.0f));
+}
+
 TEST(GpuDataParallel, OneGpuRoundsABf16AllReduceAsTheCpu) {
   // all_reduce {dtype = "bf16"} over one rank: each result is its operand rounded to BF16 (to
   // nearest, even), the CPU's bits, written in place and into a buffer of its own alike.

@@ -117,21 +117,78 @@ __device__ QuantizeAdamW<ParamOut> quantizeAdamW(const float *param, const float
   return {param, grad, m, v, newParam, newM, newV, adam, adam.decay(weightDecay)};
 }
 
-// The gradient norm's sums of squares over Tensors gradients of the gradient buffer, the
-// chain of adds that follows them taken in one kernel. `tensors` holds, for each gradient in
-// the order the adds take it, {offset, count, elements per block, first block} (as doubles:
-// the executor's constants). Launch 0: each block sums the squares of a contiguous range of
-// one gradient, as sumSquaresPartials does for that gradient alone.
+// The tensor whose blocks this block is among: `tensors` holds 4 doubles a tensor, the first
+// block of each at field 3 (ascending).
 template <int64 Tensors>
-__device__ void gradNormPartials(const float *grads, float *scratch, const double *tensors) {
-  __shared__ double shared[256];
-  double *partial = (double *)scratch;
+__device__ __forceinline__ int tensorOfBlock(const double *tensors) {
   int t = 0;
   for (int lo = 1, hi = Tensors - 1; lo <= hi;) { // the last tensor whose first block <= this one
     int mid = (lo + hi) / 2;
     if ((int64)tensors[4 * mid + 3] <= blockIdx.x) t = mid, lo = mid + 1; else hi = mid - 1;
   }
-  const float *x = grads + (int64)tensors[4 * t];
+  return t;
+}
+
+// ZeRO's shards of Tensors parameters, one launch: tensor t's parameter at addresses[2t] and
+// its shard at addresses[2t + 1] (the executor's table), `tensors` {count, part, first
+// element, first block} for each (the constants): the shard's element i is the flattened
+// parameter's element first + i, zero past its end, as the per-op shard (layout.cuh's pad).
+template <int64 Tensors>
+__device__ void shardTensors(const double *tensors, const unsigned long long *addresses) {
+  const int t = tensorOfBlock<Tensors>(tensors);
+  const float *x = (const float *)addresses[2 * t];
+  float *out = (float *)addresses[2 * t + 1];
+  const int64 count = (int64)tensors[4 * t], part = (int64)tensors[4 * t + 1], first = (int64)tensors[4 * t + 2];
+  const int64 block = (int64)tensors[4 * t + 3], blocks = (t + 1 < Tensors ? (int64)tensors[4 * t + 7] : gridDim.x) - block;
+  const int64 perBlock = (part + blocks - 1) / blocks, begin = (blockIdx.x - block) * perBlock;
+  const int64 end = begin + perBlock < part ? begin + perBlock : part;
+  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x)
+    out[i] = first + i < count ? x[first + i] : 0.0f;
+}
+
+// AdamW over Tensors tensors that lie apart (ZeRO's shards), one launch: tensor t's parameter,
+// gradient, moments and new parameter at addresses[5t .. 5t + 4] (the executor's table; the
+// moments updated in place), and `tensors` {count, elements per block, decayed (0 or 1), first
+// block} for each (the constants). Each block updates a range of one tensor with the per-op
+// adamw's arithmetic, so the same bits.
+template <int64 Tensors>
+__device__ void adamwTensors(const float *lr, const float *clip, const int *step, const double *tensors,
+                             const unsigned long long *addresses, double beta1, double beta2, float eps,
+                             double weightDecay) {
+  const int t = tensorOfBlock<Tensors>(tensors);
+  const float *param = (const float *)addresses[5 * t], *grad = (const float *)addresses[5 * t + 1];
+  float *m = (float *)addresses[5 * t + 2], *v = (float *)addresses[5 * t + 3], *newParam = (float *)addresses[5 * t + 4];
+  const int64 count = (int64)tensors[4 * t], perBlock = (int64)tensors[4 * t + 1];
+  const int64 begin = (blockIdx.x - (int64)tensors[4 * t + 3]) * perBlock;
+  const int64 end = begin + perBlock < count ? begin + perBlock : count;
+  AdamWStep adam(lr, clip, step, beta1, beta2, eps);
+  const float decay = adam.decay(tensors[4 * t + 2] != 0.0 ? weightDecay : 0.0);
+  for (int64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    if (adam.skips()) {
+      newParam[i] = param[i];
+      continue;
+    }
+    float mi = m[i], vi = v[i];
+    newParam[i] = adam.update(param[i], grad[i], mi, vi, decay);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+// The gradient norm's sums of squares over Tensors gradients, the chain of adds that follows
+// them taken in one kernel. `tensors` holds, for each gradient in the order the adds take it,
+// {offset, count, elements per block, first block} (as doubles: the executor's constants): the
+// offset into the gradient buffer `grads`, or where the gradients lie apart (ZeRO's shards)
+// none, each at its entry of `addresses` (the executor's table). Launch 0: each block sums the
+// squares of a contiguous range of one gradient, as sumSquaresPartials does for that gradient
+// alone.
+template <int64 Tensors>
+__device__ void gradNormPartials(const float *grads, float *scratch, const double *tensors,
+                                 const unsigned long long *addresses = nullptr) {
+  __shared__ double shared[256];
+  double *partial = (double *)scratch;
+  const int t = tensorOfBlock<Tensors>(tensors);
+  const float *x = addresses ? (const float *)addresses[t] : grads + (int64)tensors[4 * t];
   int64 count = (int64)tensors[4 * t + 1], perBlock = (int64)tensors[4 * t + 2];
   int64 begin = (blockIdx.x - (int64)tensors[4 * t + 3]) * perBlock, end = begin + perBlock < count ? begin + perBlock : count;
   double sum = 0;

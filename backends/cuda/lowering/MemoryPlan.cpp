@@ -366,6 +366,8 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       plan.persistentBytes += aligned(floats * 4);
     if (!lowering.constants.empty())
       plan.persistentBytes += aligned(int64_t(lowering.constants.size() * sizeof(double)));
+    if (!lowering.addresses.empty())
+      plan.persistentBytes += aligned(int64_t(lowering.addresses.size() * sizeof(uint64_t)));
     for (unsigned r = 0; r < op.numResults(); ++r) {
       const Value *v = op.result(r);
       if (lowering.kind == OpLowering::Leaf) {
@@ -395,10 +397,12 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
     for (const Value *v : op.operands())
       if (const Value *o = owner.lookup(v))
         life[o].second = std::max(life[o].second, i);
-    // A launch that takes other ops' values (a grouped launch, AdamW in a cast) reads them here.
-    for (const Value *v : program.lowering[i].arguments)
-      if (const Value *o = owner.lookup(v))
-        life[o].second = std::max(life[o].second, i);
+    // A launch that takes other ops' values (a grouped launch, AdamW in a cast; through an
+    // address table, one over tensors that lie apart) reads and writes them here.
+    for (const auto *values : {&program.lowering[i].arguments, &program.lowering[i].addresses})
+      for (const Value *v : *values)
+        if (const Value *o = owner.lookup(v))
+          life[o].second = std::max(life[o].second, i);
     if (op.kind() == OpKind::Assign) // copied when the step ends
       if (const Value *o = owner.lookup(op.operand(1)))
         life[o].second = end;

@@ -1,9 +1,12 @@
 // The optimizer's program-level lowering: the per-parameter AdamW ops and the gradient norm's
 // chain of sum_squares and adds, each as one group of launches over the contiguous parameter
-// layout (ParameterLayout), with the arithmetic of the per-op kernels (Emitter.h).
+// layout (ParameterLayout) or, for ZeRO's shards, over an address table, with the arithmetic
+// of the per-op kernels (Emitter.h).
 #include "backends/cuda/lowering/Emitter.h"
 #include "backends/cuda/lowering/Lowering.h"
 #include "backends/cuda/lowering/MemoryPlan.h"
+
+#include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -36,6 +39,18 @@ std::pair<int64_t, int64_t> weightsReadInBf16(const std::vector<Op *> &ops, cons
 }
 
 namespace {
+
+/// Ops `members` become Grouped: `grouped` runs in op `at`'s place, its kernel `text`.
+void install(const std::vector<size_t> &members, size_t at, OpLowering grouped, KernelText text, CudaProgram &program,
+             std::vector<std::vector<KernelText>> &kernels) {
+  for (size_t i : members) {
+    program.lowering[i] = OpLowering{};
+    program.lowering[i].kind = OpLowering::Grouped;
+    kernels[i].clear();
+  }
+  program.lowering[at] = std::move(grouped);
+  kernels[at] = {std::move(text)};
+}
 
 /// One launch for every AdamW op of the layout, over the contiguous parameters, gradients and
 /// moments: the same elementwise arithmetic (the same bits), the weight decay chosen by offset.
@@ -114,8 +129,122 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
       {comment, name, copy ? kAdamWCopyParams : kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}};
 }
 
+/// ZeRO's AdamW ops, each over its rank's shard of a parameter (in the arena, apart): one
+/// launch over all of them where the last ran, each tensor found in an address table
+/// (OpLowering::addresses: parameter shard, gradient shard, moments, new shard), with the per-op
+/// arithmetic (the same bits). Nothing happens unless they share their settings and inputs,
+/// their moments are updated in place, and nothing but assigns reads their results before the
+/// last of them. Returns the ops grouped.
+llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaProgram &program,
+                                             std::vector<std::vector<KernelText>> &kernels) {
+  std::vector<size_t> members;
+  llvm::DenseMap<const Op *, size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    index[ops[i]] = i;
+    const Op &op = *ops[i];
+    if (op.kind() == OpKind::AdamW && op.operand(0)->def() && op.operand(0)->def()->kind() == OpKind::Shard)
+      members.push_back(i);
+  }
+  if (members.size() < 2)
+    return {};
+  const Op &first = *ops[members.front()];
+  const size_t last = members.back();
+  double decay = 0;
+  for (size_t i : members) {
+    const Op &op = *ops[i];
+    for (const char *attr : {"beta1", "beta2", "eps"})
+      if (op.attrs().getFloat(attr) != first.attrs().getFloat(attr))
+        return {};
+    for (unsigned k = 4; k < 7; ++k) // lr, clip, step
+      if (op.operand(k) != first.operand(k))
+        return {};
+    double wd = op.attrs().getFloat("weight_decay").value_or(0);
+    if (wd != 0 && decay != 0 && wd != decay)
+      return {};
+    decay = wd != 0 ? wd : decay;
+    if (program.inPlace.lookup(op.result(1)) != op.operand(2) || program.inPlace.lookup(op.result(2)) != op.operand(3))
+      return {};
+    for (const Op *user : op.result(0)->users())
+      if (index.lookup(user) <= last)
+        return {};
+    for (unsigned r = 1; r < 3; ++r)
+      for (const Op *user : op.result(r)->users())
+        if (user->kind() != OpKind::Assign)
+          return {};
+  }
+  constexpr int64_t kPerBlock = 4096;
+  OpLowering grouped;
+  int64_t blocks = 0;
+  for (size_t i : members) {
+    const Op &op = *ops[i];
+    int64_t count = op.result(0)->type().numElements(), b = (count + kPerBlock - 1) / kPerBlock;
+    bool decayed = op.attrs().getFloat("weight_decay").value_or(0) != 0;
+    for (double field : {double(count), double(kPerBlock), decayed ? 1.0 : 0.0, double(blocks)})
+      grouped.constants.push_back(field);
+    blocks += b;
+    for (const Value *v : {op.operand(0), op.operand(1), op.operand(2), op.operand(3), op.result(0)})
+      grouped.addresses.push_back(v);
+  }
+  std::string name = fmt::format("k{}_adamw_shards", last);
+  grouped.launches.push_back({name, blocks, kThreads});
+  grouped.arguments = {first.operand(4), first.operand(5), first.operand(6)};
+  grouped.label = "adamw (all shards)";
+  const AttrMap &a = first.attrs();
+  install(members, last, std::move(grouped),
+          {fmt::format("// AdamW for the rank's shards of all {} parameters at once, each found in the address table",
+                       members.size()),
+           name,
+           "const float *lr, const float *clip, const int *step, const double *tensors, "
+           "const unsigned long long *addresses",
+           fmt::format("adamwTensors<{}>(lr, clip, step, tensors, addresses, {}, {}, {}, {});", members.size(),
+                       formatDouble(*a.getFloat("beta1")), formatDouble(*a.getFloat("beta2")), lit(*a.getFloat("eps")),
+                       formatDouble(decay))},
+          program, kernels);
+  llvm::DenseSet<const Op *> updates;
+  for (size_t i : members)
+    updates.insert(ops[i]);
+  return updates;
+}
+
+/// ZeRO's shard ops whose shards only the grouped AdamW (`updates`, which runs after them all)
+/// reads: one launch where the last of them ran, each parameter and its shard in an address
+/// table, the per-op values (optimizer.cuh's shardTensors).
+void groupShards(const std::vector<Op *> &ops, const llvm::DenseSet<const Op *> &updates, CudaProgram &program,
+                 std::vector<std::vector<KernelText>> &kernels) {
+  constexpr int64_t kShardPerBlock = 4096; // elements a block copies (at most)
+  std::vector<size_t> members;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i]->kind() == OpKind::Shard && program.lowering[i].kind == OpLowering::Kernels &&
+        llvm::all_of(ops[i]->result()->users(), [&](const Op *user) { return updates.count(user) > 0; }))
+      members.push_back(i);
+  if (members.size() < 2)
+    return;
+  OpLowering grouped;
+  int64_t blocks = 0;
+  for (size_t i : members) {
+    const Op &op = *ops[i];
+    int64_t part = op.result()->type().numElements(), first = *op.attrs().getInt("rank") * part;
+    for (int64_t field : {op.operand(0)->type().numElements(), part, first, blocks})
+      grouped.constants.push_back(double(field));
+    blocks += (part + kShardPerBlock - 1) / kShardPerBlock;
+    grouped.addresses.push_back(op.operand(0));
+    grouped.addresses.push_back(op.result());
+  }
+  const size_t last = members.back();
+  std::string name = fmt::format("k{}_shards", last);
+  grouped.launches.push_back({name, blocks, kThreads});
+  grouped.label = "shards (all parameters)";
+  install(members, last, std::move(grouped),
+          {fmt::format("// The rank's shards of all {} parameters at once, each found in the address table",
+                       members.size()),
+           name, "const double *tensors, const unsigned long long *addresses",
+           fmt::format("shardTensors<{}>(tensors, addresses);", members.size())},
+          program, kernels);
+}
+
 /// The gradient norm, add(...add(sum_squares(g0), sum_squares(g1))..., sum_squares(gN)) over
-/// laid-out gradients, as two launches where the final add ran: every gradient's block partial
+/// laid-out gradients (or, through an address table, over gradients that lie apart: ZeRO's
+/// shards, whose chain a scalar all_reduce ends before the clip), as two launches where the final add ran: every gradient's block partial
 /// sums in one, then in one block each gradient's sum and the float adds in order (the same
 /// bits as the per-op kernels). The other ops of the chain become Grouped.
 void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
@@ -132,9 +261,12 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
     const Op *op = ops[last];
     if (op->kind() != OpKind::ClipScale)
       continue;
-    // Walk the chain back from the clip's operand.
+    // Walk the chain back from the clip's operand (through ZeRO's all_reduce of the shards' sum).
     std::vector<const Op *> sums, adds;
     const Value *v = op->operand(0);
+    if (v->def() && v->def()->kind() == OpKind::AllReduce && v->def()->numOperands() == 1 && v->type().rank() == 0 &&
+        onlyUse(v->def()->operand(0)))
+      v = v->def()->operand(0);
     while (v->def() && v->def()->kind() == OpKind::Add && v->type().rank() == 0) {
       const Op *add = v->def();
       const Op *right = add->operand(1)->def();
@@ -153,30 +285,37 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
     bool inner = true; // every add but the last is read by the next add only
     for (size_t k = 0; k + 1 < adds.size(); ++k)
       inner &= onlyUse(adds[k]->result()) && adds[k + 1]->operand(0) == adds[k]->result();
+    // Laid out: offsets into the gradient buffer; else each gradient in an address table.
     bool laidOut = llvm::all_of(sums, [&](const Op *s) { return program.layout.grads.count(s->operand(0)); });
-    if (!inner || !laidOut)
+    if (!inner)
       continue;
     const Value *base = sums.front()->operand(0);
     for (const Op *s : sums)
-      if (program.layout.grads.lookup(s->operand(0)) < program.layout.grads.lookup(base))
+      if (laidOut && program.layout.grads.lookup(s->operand(0)) < program.layout.grads.lookup(base))
         base = s->operand(0);
     // Each gradient's {offset, count, elements per block, first block}, in the order the adds
     // take them: the kernels read it from the op's constants.
-    int64_t baseOffset = program.layout.grads.lookup(base) / 4, blocks = 0;
+    int64_t baseOffset = laidOut ? program.layout.grads.lookup(base) / 4 : 0, blocks = 0;
     OpLowering grouped;
     for (const Op *s : sums) {
       int64_t count = s->operand(0)->type().numElements(), b = sumSquaresBlocks(count);
-      for (int64_t field : {program.layout.grads.lookup(s->operand(0)) / 4 - baseOffset, count, (count + b - 1) / b, blocks})
+      int64_t offset = laidOut ? program.layout.grads.lookup(s->operand(0)) / 4 - baseOffset : 0;
+      for (int64_t field : {offset, count, (count + b - 1) / b, blocks})
         grouped.constants.push_back(double(field));
       blocks += b;
+      if (!laidOut)
+        grouped.addresses.push_back(s->operand(0));
     }
     size_t at = index.lookup(adds.back());
     std::string name = fmt::format("k{}_grad_norm", at);
-    const char *params = "const float *grads, float *out, float *scratch, const double *tensors";
+    const char *params = laidOut ? "const float *grads, float *out, float *scratch, const double *tensors"
+                                 : "float *out, float *scratch, const double *tensors, const unsigned long long *grads";
     int64_t n = int64_t(sums.size());
     grouped.launches = {{name, blocks, kThreads}, {name + "_1", 1, kThreads}};
     grouped.scratchFloats = {2 * blocks};
     grouped.arguments = {base, adds.back()->result()};
+    if (!laidOut)
+      grouped.arguments = {adds.back()->result()};
     grouped.label = "grad norm (all gradients)";
     for (const std::vector<const Op *> *list : {&sums, &adds})
       for (const Op *member : *list) {
@@ -186,10 +325,11 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
         kernels[i].clear();
       }
     program.lowering[at] = std::move(grouped);
-    std::string comment = fmt::format("// The gradient norm: the sums of squares of {} gradients in the gradient buffer "
-                                      "and the adds of them", n);
+    std::string comment = fmt::format("// The gradient norm: the sums of squares of {} gradients {} and the adds of them",
+                                      n, laidOut ? "in the gradient buffer" : "in the address table");
     kernels[at] = {{comment + ": each block a range of one gradient", name, params,
-                    fmt::format("gradNormPartials<{}>(grads, scratch, tensors);", n)},
+                    laidOut ? fmt::format("gradNormPartials<{}>(grads, scratch, tensors);", n)
+                            : fmt::format("gradNormPartials<{}>(nullptr, scratch, tensors, grads);", n)},
                    {comment + ": the gradients' partials, then the adds", name + "_1", params,
                     fmt::format("gradNormTotal<{}, {}>(out, scratch, tensors);", n, blocks)}};
   }
@@ -200,6 +340,8 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
 void groupOptimizer(const std::vector<Op *> &ops, CudaProgram &program,
                     std::vector<std::vector<KernelText>> &kernels) {
   groupAdamW(ops, program, kernels);
+  llvm::DenseSet<const Op *> shardUpdates = groupShardedAdamW(ops, program, kernels);
+  groupShards(ops, shardUpdates, program, kernels); // the shards only those read
   castWithAdamW(ops, program, kernels); // after: it writes the BF16 copy where the group does
   groupGradientNorm(ops, program, kernels);
 }

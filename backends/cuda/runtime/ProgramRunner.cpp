@@ -71,6 +71,8 @@ llvm::Error ProgramRunner::initialize() {
   for (size_t i = 0; i < ops_.size(); ++i)
     if (auto err = placeOp(i, plan, regions))
       return err;
+  if (auto err = uploadAddresses())
+    return err;
   // The GEMMs once every op is placed: an FP8 operand kept from the step before (fp8-weights)
   // is made by a quantize later in the step, whose scale_inv and block scales the GEMM reads.
   for (size_t i = 0; i < ops_.size(); ++i)
@@ -167,6 +169,27 @@ llvm::Error ProgramRunner::placeOp(size_t i, const MemoryPlan &plan, const Regio
     if (quantizeOptions(op.attrs()).blockScaling) // emitBlockQuantize's buffers after the totals
       blockScales_[&op] = {static_cast<float *>(persistent_[i].at(1)),
                            persistent_[i].size() > 2 ? static_cast<float *>(persistent_[i][2]) : nullptr};
+  }
+  return llvm::Error::success();
+}
+
+/// The address tables of grouped launches over tensors that lie apart (OpLowering::addresses),
+/// once every value has its buffer: after each op's constants.
+llvm::Error ProgramRunner::uploadAddresses() {
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const std::vector<const Value *> &values = program_.lowering[i].addresses;
+    if (values.empty())
+      continue;
+    std::vector<uint64_t> table;
+    for (const Value *v : values) {
+      if (!buffer(v))
+        return makeError("%{}'s grouped launch reads %{}, which has no buffer", ops_[i]->result()->name(), v->name());
+      table.push_back(reinterpret_cast<uint64_t>(buffer(v)));
+    }
+    auto p = memory_.upload(table.data(), table.size() * sizeof(uint64_t), "kernel buffers");
+    if (!p)
+      return p.takeError();
+    persistent_[i].push_back(*p);
   }
   return llvm::Error::success();
 }

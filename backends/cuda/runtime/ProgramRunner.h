@@ -69,6 +69,7 @@ private:
   llvm::Error placeOp(size_t i, const MemoryPlan &plan, const Regions &regions);
   /// Op `i`'s GEMM plan (cuBLASLt's descriptors and algorithm, its operands' scales), once
   /// every op is placed.
+  llvm::Error uploadAddresses();
   llvm::Error planGemm(size_t i, const MemoryPlan &plan, const Regions &regions);
   /// BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
   /// parameter region; operands stored in BF16 or with a BF16 copy are read as they are.

@@ -12,6 +12,7 @@
 #include "transforms/Pass.h"
 #include "tests/TestUtil.h"
 
+#include <map>
 #include <set>
 
 using namespace tgc;
@@ -103,29 +104,39 @@ return %y
 
 } // namespace
 
-TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsAsKernels) {
+/// ZeRO's training program for the GPU: rank 1 of 2 of the tiny parity model, the gradients
+/// reduced in fp32 or BF16.
+struct ShardedProgram {
+  std::unique_ptr<Graph> graph;
+  CudaProgram program;
+};
+ShardedProgram shardedProgram(bool bf16Gradients) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
+  ShardedProgram p;
+  p.graph = unwrap(buildGPT(c, c.train.batch / 2, GPTOutput::Loss));
+  PipelineOptions options;
+  options.passOptions.train = c.train;
+  options.passOptions.precision = resolveRecipeForCpu(c.precision);
+  options.passOptions.dataParallel.ranks = 2;
+  options.passOptions.dataParallel.rank = 1;
+  options.passOptions.dataParallel.shardOptimizer = true;
+  options.passOptions.dataParallel.bf16Gradients = bf16Gradients;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, options.passOptions.precision.recipe), options));
+  if (auto err = pipeline.run(*p.graph))
+    ADD_FAILURE() << llvm::toString(std::move(err));
+  p.program = unwrap(lowerToCuda(*p.graph));
+  return p;
+}
+
+TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndGathersInPlace) {
   // ZeRO's program (rank 1 of 2, the gradients in fp32 and in BF16): the gradients'
   // reduce_scatter and the parameters' all_gather are collectives (runtime/Collectives.cpp),
-  // each shard a kernel that takes the rank's part of the flattened parameter with zeros past
-  // its end, and the AdamW updates of shards lie outside the parameter layout (per-op kernels).
-  // The all_gather writes each parameter's parts into its own slot, the slice back to its size
-  // a view (no copy, no gathered copy in the arena).
-  ModelConfig c = unwrap(loadModelConfig(sourcePath("tests/reference/tiny-parity.yaml")));
+  // and the AdamW updates of shards lie outside the parameter layout. The all_gather writes each
+  // parameter's parts into its own slot, the slice back to its size a view (no copy, no
+  // gathered copy in the arena).
   for (bool bf16Gradients : {false, true}) {
     SCOPED_TRACE(bf16Gradients ? "bf16 gradients" : "fp32 gradients");
-    auto graph = unwrap(buildGPT(c, c.train.batch / 2, GPTOutput::Loss));
-    ASSERT_TRUE(graph);
-    PipelineOptions options;
-    options.passOptions.train = c.train;
-    options.passOptions.precision = resolveRecipeForCpu(c.precision);
-    options.passOptions.dataParallel.ranks = 2;
-    options.passOptions.dataParallel.rank = 1;
-    options.passOptions.dataParallel.shardOptimizer = true;
-    options.passOptions.dataParallel.bf16Gradients = bf16Gradients;
-    auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, options.passOptions.precision.recipe), options));
-    if (auto err = pipeline.run(*graph))
-      FAIL() << llvm::toString(std::move(err));
-    CudaProgram program = unwrap(lowerToCuda(*graph));
+    auto [graph, program] = shardedProgram(bf16Gradients);
     std::vector<Op *> ops = graph->ops();
     int scatters = 0, gathers = 0, shards = 0, views = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -135,12 +146,6 @@ TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsA
         EXPECT_EQ(program.lowering[i].kind, OpLowering::Collective) << op.result()->name();
       } else if (op.kind() == OpKind::Shard) {
         ++shards;
-        ASSERT_EQ(program.lowering[i].kind, OpLowering::Kernels) << op.result()->name();
-        int64_t part = op.result()->type().numElements();
-        EXPECT_NE(program.source.find(fmt::format("pad<{0}, 1, {0}, {1}, {2}>(x, out)", part,
-                                                  op.operand(0)->type().numElements(), -part)),
-                  std::string::npos)
-            << op.result()->name();
       } else if (op.kind() == OpKind::AdamW) {
         EXPECT_FALSE(llvm::is_contained(program.layout.updates, &op)) << op.result()->name();
       } else if (op.kind() == OpKind::Slice && op.operand(0)->def()->kind() == OpKind::AllGather) {
@@ -160,12 +165,72 @@ TEST(GpuLowering, AShardedTrainingStepRunsItsCollectivesThroughNcclAndItsShardsA
           if (offset > program.layout.params.lookup(param))
             slot = std::min(slot, offset - program.layout.params.lookup(param));
         EXPECT_GE(slot, gathered->type().numElements() * 4) << gathered->name();
-        EXPECT_GT(gathered->type().numElements(), 0);
       }
     }
     EXPECT_GE(scatters, 1);
     EXPECT_GE(gathers, 1);
-    EXPECT_EQ(shards, 5 + 12 * c.layers); // two embeddings, the final norm's two, the head; 12 a layer
+    EXPECT_EQ(shards, 5 + 12 * 2); // two embeddings, the final norm's two, the head; 12 a layer (2 layers)
     EXPECT_EQ(views, shards); // each parameter's gathered parts cut back to its size as a view
   }
+}
+
+TEST(GpuLowering, AShardedStepTakesItsShardsUpdatesAndNormInALaunchEach) {
+  // ZeRO's shards lie apart in the arena: the shard ops, the AdamW updates and the gradient
+  // norm's sums each run as one launch (where the last of them ran; the norm's where its last
+  // add ran) over an address table (OpLowering::addresses: each shard's parameter and shard;
+  // each update's shard, gradient, moments and new shard; each gradient shard), with the
+  // per-op arithmetic; the plan keeps every value a table names until its launch.
+  auto [graph, program] = shardedProgram(false);
+  std::vector<Op *> ops = graph->ops();
+  MemoryPlan plan = planMemory(*graph, program);
+  llvm::DenseMap<const Value *, const MemoryPlan::Span *> spans;
+  for (const MemoryPlan::Span &span : plan.spans)
+    if (span.value && !span.shadow)
+      spans[span.value] = &span;
+  std::map<std::string, size_t> groups; // label -> op index
+  std::vector<const Op *> shards, updates;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpLowering &l = program.lowering[i];
+    if (ops[i]->kind() == OpKind::Shard)
+      shards.push_back(ops[i]);
+    if (ops[i]->kind() == OpKind::AdamW)
+      updates.push_back(ops[i]);
+    if (ops[i]->kind() == OpKind::Shard || ops[i]->kind() == OpKind::AdamW)
+      EXPECT_EQ(l.kind, l.label.empty() ? OpLowering::Grouped : OpLowering::Kernels) << ops[i]->result()->name();
+    if (l.label.empty())
+      continue;
+    groups[l.label] = i;
+    for (const Value *v : l.addresses)
+      if (const MemoryPlan::Span *span = spans.lookup(v))
+        EXPECT_GE(span->last, int64_t(i)) << l.label << ": %" << v->name();
+  }
+  ASSERT_EQ(groups.count("shards (all parameters)"), 1u);
+  ASSERT_EQ(groups.count("adamw (all shards)"), 1u);
+  ASSERT_EQ(groups.count("grad norm (all gradients)"), 1u);
+  const OpLowering &shard = program.lowering[groups["shards (all parameters)"]];
+  const OpLowering &adamw = program.lowering[groups["adamw (all shards)"]];
+  EXPECT_EQ(ops[groups["shards (all parameters)"]], shards.back());
+  EXPECT_EQ(ops[groups["adamw (all shards)"]], updates.back());
+  ASSERT_EQ(shard.addresses.size(), 2 * shards.size());
+  ASSERT_EQ(adamw.addresses.size(), 5 * updates.size());
+  for (size_t k = 0; k < shards.size(); ++k) {
+    EXPECT_EQ(shard.addresses[2 * k], shards[k]->operand(0));
+    EXPECT_EQ(shard.addresses[2 * k + 1], shards[k]->result());
+    int64_t part = shards[k]->result()->type().numElements();
+    EXPECT_EQ(shard.constants[4 * k + 1], double(part));
+    EXPECT_EQ(shard.constants[4 * k + 2], double(part)); // rank 1's first element
+  }
+  for (size_t k = 0; k < updates.size(); ++k) {
+    EXPECT_EQ(adamw.addresses[5 * k], updates[k]->operand(0));
+    EXPECT_EQ(adamw.addresses[5 * k + 1], updates[k]->operand(1));
+    EXPECT_EQ(adamw.addresses[5 * k + 4], updates[k]->result(0));
+    EXPECT_EQ(adamw.constants[4 * k + 2], updates[k]->attrs().getFloat("weight_decay").value_or(0) != 0 ? 1.0 : 0.0);
+  }
+  const OpLowering &norm = program.lowering[groups["grad norm (all gradients)"]];
+  EXPECT_EQ(norm.addresses.size(), updates.size());
+  for (const Value *g : norm.addresses)
+    EXPECT_EQ(g->def()->kind(), OpKind::ReduceScatter) << g->name();
+  for (const char *kernel : {"shardTensors<", "adamwTensors<", "gradNormPartials<"})
+    EXPECT_NE(program.source.find(kernel), std::string::npos) << kernel;
+  EXPECT_EQ(program.source.find("pad<"), std::string::npos); // no shard of its own
 }
