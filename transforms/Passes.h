@@ -11,6 +11,7 @@ std::unique_ptr<Pass> createFuseAttentionPass();
 std::unique_ptr<Pass> createFuseLayerNormMLPPass();
 std::unique_ptr<Pass> createFuseSwigluPass();
 std::unique_ptr<Pass> createUnitTransposesPass();
+std::unique_ptr<Pass> createPruneLastRowsPass();
 std::unique_ptr<Pass> createRequantizeTransposesPass(const TrainConfig &train);
 std::unique_ptr<Pass> createFuseLayerNormLinearPass();
 std::unique_ptr<Pass> createFuseResidualNormPass();

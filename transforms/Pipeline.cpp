@@ -60,6 +60,7 @@ std::vector<std::string> forwardPipeline() {
     if (p == "fuse-attention")
       passes.push_back("assign-precision");
   }
+  passes.push_back("prune-last-rows"); // (a prompt's program: nothing elsewhere)
   passes.push_back("dce");
   return passes;
 }

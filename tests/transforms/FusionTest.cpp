@@ -338,10 +338,12 @@ TEST(Fusion, GpuDecodeStepMatchesUnfused) {
 
 /// A prompt of 5 positions through llama-tiny (grouped heads, and every head its own KV head),
 /// unfused and with every fusion and the GPU's lowering passes, bit for bit: its logits and the
-/// caches it writes, where the attention and kv_write rotate the qkv they read (fuse-cache-rope).
+/// caches it writes, where the attention and kv_write rotate the qkv they read (fuse-cache-rope),
+/// and the last layer after its attention runs on each sequence's last row alone
+/// (prune-last-rows: its operands from before gathered at %last_rows).
 TEST(Fusion, GpuPromptMatchesUnfused) {
   std::vector<std::string> lowering = kGpuLowering;
-  lowering.insert(lowering.end(), {"fuse-cache-rope", "fuse-kv-write", "unit-transposes"});
+  lowering.insert(lowering.end(), {"fuse-cache-rope", "fuse-kv-write", "unit-transposes", "prune-last-rows"});
   for (int64_t kvHeads : {0, 2}) {
     SCOPED_TRACE("kv_heads " + std::to_string(kvHeads));
     ModelConfig c = loadModel("models/llama-tiny.yaml");
@@ -354,6 +356,12 @@ TEST(Fusion, GpuPromptMatchesUnfused) {
     OpCounts counts = countOps(*fused);
     EXPECT_EQ(counts["rope"], 0);
     EXPECT_EQ(counts["attention"], c.layers);
+    // The attention's and the residual's rows gathered in place of the layer's output's.
+    EXPECT_EQ(countOps(*plain)["embedding"] + 1, counts["embedding"]);
+    for (const Op *op : fused->ops()) // the last layer's products after its attention: a row a sequence
+      if (op->kind() == OpKind::MatMul && llvm::StringRef(op->result()->name()).starts_with("h1.") &&
+          !llvm::StringRef(op->result()->name()).contains("attn.q"))
+        EXPECT_EQ(op->operand(0)->type().numElements() / op->operand(0)->type().dim(-1), batch) << op->result()->name();
     Rng rng(freshSeed());
     std::map<std::string, Tensor> leaves = randomWeights(*plain, rng);
     leaves["tokens"] = Tensor::zeros(TensorType(DType::I32, {batch, length}));
