@@ -24,7 +24,7 @@ done
   echo "== failed"
   grep -h '^\[  FAILED  \] [A-Za-z]' "$scratch"/shard*.txt | sed 's/ ([0-9]* ms)$//' | sort -u || true
   for f in "$scratch"/shard*.txt; do # a crash or the time limit leaves no summary
-    grep -q 'tests\? ran' "$f" || echo "$(basename "$f" .txt) ended in: $(grep '^\[ RUN' "$f" | tail -1)"
+    grep -q '^\[==========\] .* ran\.' "$f" || echo "$(basename "$f" .txt) ended in: $(grep '^\[ RUN' "$f" | tail -1)"
   done
   echo "== passed: $(cat "$scratch"/shard*.txt | grep -c '^\[       OK \]'), skipped: $(cat "$scratch"/shard*.txt | grep -c '^\[  SKIPPED \] [A-Za-z].* ms)$')"
   cat "$scratch"/shard*.txt
