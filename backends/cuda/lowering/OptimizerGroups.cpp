@@ -237,7 +237,8 @@ void groupShards(const std::vector<Op *> &ops, const llvm::DenseSet<const Op *> 
   install(members, last, std::move(grouped),
           {fmt::format("// The rank's shards of all {} parameters at once, each found in the address table",
                        members.size()),
-           name, "const double *tensors, const unsigned long long *addresses",
+           // (The launch takes the last shard op's own operand and result first, unused.)
+           name, "const float *x, float *out, const double *tensors, const unsigned long long *addresses",
            fmt::format("shardTensors<{}>(tensors, addresses);", members.size())},
           program, kernels);
 }

@@ -234,3 +234,55 @@ TEST(GpuLowering, AShardedStepTakesItsShardsUpdatesAndNormInALaunchEach) {
     EXPECT_NE(program.source.find(kernel), std::string::npos) << kernel;
   EXPECT_EQ(program.source.find("pad<"), std::string::npos); // no shard of its own
 }
+
+/// That each launch of `program` names a kernel of its source taking the parameters the executor
+/// passes (ProgramRunner::launchPointers): the op's operands and results (or its `arguments`),
+/// its scratch and persistent buffers, its constants and its address table. Returns the
+/// launches checked.
+int expectKernelsTakeWhatTheExecutorPasses(const Graph &graph, const CudaProgram &program) {
+  int checked = 0;
+  std::vector<Op *> ops = graph.ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpLowering &l = program.lowering[i];
+    if (l.kind != OpLowering::Kernels)
+      continue;
+    size_t passed = (l.arguments.empty() ? ops[i]->numOperands() + ops[i]->numResults() : l.arguments.size()) +
+                    l.scratchFloats.size() + l.persistentFloats.size() + !l.constants.empty() + !l.addresses.empty();
+    for (const KernelLaunch &launch : l.launches) {
+      // (`__global__ void [__launch_bounds__(...)] NAME(params)`.)
+      size_t at = program.source.find(" " + launch.name + "(");
+      size_t line = program.source.rfind('\n', at);
+      EXPECT_TRUE(at != std::string::npos && llvm::StringRef(program.source).slice(line, at).contains("__global__ void"))
+          << launch.name;
+      if (at == std::string::npos)
+        continue;
+      size_t open = program.source.find('(', at), close = program.source.find(')', open);
+      llvm::StringRef params = llvm::StringRef(program.source).slice(open + 1, close);
+      EXPECT_EQ(size_t(params.count(',') + 1), passed) << launch.name << "(" << params.str() << ")";
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+TEST(GpuLowering, EachKernelTakesTheParametersTheExecutorPasses) {
+  // Every program of gpuPrograms(), a prompt's and ZeRO's (grouped launches over address tables).
+  std::vector<std::unique_ptr<Graph>> programs = gpuPrograms();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Bf16;
+  programs.push_back(unwrap(buildGPT(c, 4, GPTOutput::Prefill, 32)));
+  PipelineOptions options;
+  options.passOptions.precision = c.precision;
+  auto pipeline = unwrap(PassPipeline::create(gpuPipeline(false, c.precision.recipe), options));
+  EXPECT_FALSE(bool(pipeline.run(*programs.back())));
+  int checked = 0;
+  for (const auto &graph : programs) {
+    SCOPED_TRACE(graph->name());
+    checked += expectKernelsTakeWhatTheExecutorPasses(*graph, unwrap(lowerToCuda(*graph)));
+  }
+  for (bool bf16Gradients : {false, true}) {
+    ShardedProgram sharded = shardedProgram(bf16Gradients);
+    checked += expectKernelsTakeWhatTheExecutorPasses(*sharded.graph, sharded.program);
+  }
+  EXPECT_GT(checked, 500);
+}
