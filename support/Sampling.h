@@ -101,6 +101,13 @@ TGC_SP_FN unsigned long long samplingDraw(unsigned long long seed, long long row
   return TGC_SP_MULHI(h, total);
 }
 
+/// The draw over all of a row's blocks in one cooperative launch (sample.cuh's sampleGrid), as
+/// the kernel runs it and the host plans it: blocks of 256 threads, 4 resident on an SM, and
+/// each row's 64-bit words of sums but its blocks' own: the bins of 9 radix rounds (4 top-k, the
+/// total, 4 top-p) and the barrier (one word a block follows).
+constexpr int kSampleGridThreads = 256, kSampleGridBlocksPerSM = 4, kSampleGridSlots = 9;
+constexpr long long kSampleGridRowWords = kSampleGridSlots * 256 + 1;
+
 #if !defined(__CUDACC__)
 /// What the sample op reads besides the logits: temperature (<= 0: greedy), top_k (0: every
 /// token), top_p (1: no cut) and the seed.

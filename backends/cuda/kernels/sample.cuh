@@ -247,16 +247,15 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
 // same decision from the same integer sums (sampleNextByte), so the token is sampleRows's, the
 // CPU's, by construction. Each round passes over registers, not over the row in memory.
 
-constexpr int kSampleGridThreads = 256; // a block; thread t holds bin 255 - t in sampleNextByte
-constexpr int kSampleGridBlocksPerSM = 4;
-constexpr int kSampleGridSlots = 9; // bins of 4 top-k rounds, the total, 4 top-p rounds
+// (Sampling.h's kSampleGridThreads a block, thread t holding bin 255 - t in sampleNextByte;
+// kSampleGridSlots: bins of 4 top-k rounds, the total, 4 top-p rounds.)
 
 template <int64 N, int64 Chunk>
 struct SampleGrid {
   static constexpr int64 Chunks = (N + Chunk - 1) / Chunk;
   static constexpr int Per = (int)(Chunk / kSampleGridThreads); // a thread's contiguous run
   // 64-bit words a row: the slots' bins, the chunks' sums, the barrier (two 32-bit words).
-  static constexpr int64 Words = kSampleGridSlots * 256 + Chunks + 1;
+  static constexpr int64 Words = kSampleGridRowWords + Chunks;
   static_assert(Chunk % kSampleGridThreads == 0, "a chunk is whole runs of the block's threads");
 };
 

@@ -2,6 +2,7 @@
 #include "backends/cuda/lowering/Families.h"
 #include "ir/Rope.h"
 #include "support/Error.h"
+#include "support/Sampling.h"
 
 #include <fmt/format.h>
 
@@ -30,9 +31,6 @@ std::string cacheRopeTable(const Op &op, Emitter &e, int64_t T, int64_t Dh) {
   return ", const double *table";
 }
 
-// sample.cuh's: sampleGrid's block, the blocks an SM holds (its launch bounds) and its rounds' bins.
-constexpr int kSampleGridThreads = 256, kSampleGridBlocksPerSM = 4, kSampleGridSlots = 9;
-
 /// The sample op after argmaxParts (launch 0, into scratch 0): where every row's blocks of
 /// 2048 or 4096 logits fit the GPU at once (sampleGrid's blocks an SM), one cooperative launch
 /// of them all, its sums in scratch 1, which launch 0 zeroes; otherwise the weights of every
@@ -46,7 +44,7 @@ llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_
     int64_t gridChunks = (n + chunk - 1) / chunk;
     if (rows * gridChunks > resident)
       continue;
-    e.lowering.scratchFloats.push_back(2 * rows * (kSampleGridSlots * 256 + gridChunks + 1));
+    e.lowering.scratchFloats.push_back(2 * rows * (kSampleGridRowWords + gridChunks));
     e.launch(0, params, rows * chunks,
              fmt::format("argmaxParts<{0}, {1}>(x, parts); sampleGridClear<{0}, {2}>((unsigned long long *)scratch, {3})",
                          n, argChunk, chunk, rows));

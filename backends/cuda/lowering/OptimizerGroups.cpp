@@ -314,9 +314,8 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
     int64_t n = int64_t(sums.size());
     grouped.launches = {{name, blocks, kThreads}, {name + "_1", 1, kThreads}};
     grouped.scratchFloats = {2 * blocks};
-    grouped.arguments = {base, adds.back()->result()};
-    if (!laidOut)
-      grouped.arguments = {adds.back()->result()};
+    grouped.arguments = laidOut ? std::vector<const Value *>{base, adds.back()->result()}
+                                : std::vector<const Value *>{adds.back()->result()};
     grouped.label = "grad norm (all gradients)";
     for (const std::vector<const Op *> *list : {&sums, &adds})
       for (const Op *member : *list) {

@@ -374,11 +374,9 @@ bool writesBf16Instead(const Op *gemm, OpKind kind) {
          fewRows(*gemm) == FewRows::None;
 }
 
-} // namespace
-
 /// `qkv` is read by `forward` once and otherwise only as the rows BF16 kv_writes put in the
 /// caches (a prompt's keys and values: the writes round them as the attention does).
-static bool readByAttentionAndCacheWrites(const Graph &graph, const Value *qkv, const Op &forward) {
+bool readByAttentionAndCacheWrites(const Graph &graph, const Value *qkv, const Op &forward) {
   if (llvm::is_contained(graph.outputs(), qkv) || llvm::count(forward.operands(), qkv) != 1)
     return false;
   return llvm::all_of(qkv->users(), [&](const Op *user) {
@@ -386,6 +384,8 @@ static bool readByAttentionAndCacheWrites(const Graph &graph, const Value *qkv, 
                                 llvm::count(user->operands(), qkv) == 1 && user->operand(2) == qkv);
   });
 }
+
+} // namespace
 
 bool cudnnReadsQkvRows(const Graph &graph, const Op &forward, const LoweringOptions &options) {
   AttentionHeads h = attentionHeads(forward.attrs());
