@@ -144,22 +144,29 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
 }
 
 int64_t Generator::prefillLength(int64_t length) const {
-  int64_t positions = 16;
-  while (positions < length)
-    positions *= 2;
+  int64_t positions = std::max<int64_t>(kPrefillGranule, (length + kPrefillGranule - 1) / kPrefillGranule * kPrefillGranule);
   return std::min(positions, config_.seqLen);
 }
 
 llvm::Expected<Generator::Prefill *> Generator::prefillProgram(int64_t positions) {
   auto it = prefill_.find(positions);
-  if (it != prefill_.end())
+  if (it != prefill_.end()) {
+    it->second.lastUse = ++prefillUses_;
     return &it->second;
+  }
+  if (prefill_.size() >= kKeptPrefills) { // the least recently used goes, with its memory
+    auto oldest = prefill_.begin();
+    for (auto i = prefill_.begin(); i != prefill_.end(); ++i)
+      if (i->second.lastUse < oldest->second.lastUse)
+        oldest = i;
+    prefill_.erase(oldest);
+  }
   auto program = compileInference(config_, weights_, batch_, device_, GPTOutput::Prefill, positions);
   if (!program)
     return program.takeError();
   // On one GPU the prefill writes straight into the decode program's caches; elsewhere they
   // are copied after each prefill.
-  Prefill prefill{std::move(*program), true};
+  Prefill prefill{std::move(*program), true, ++prefillUses_};
   for (const std::string &cache : caches_) {
     auto sharing = prefill.program.executor->shareLeaf(cache, *decode_.executor);
     if (!sharing)

@@ -103,9 +103,16 @@ public:
   int64_t lookahead() const { return draft_ ? lookahead_ : 0; }
 
   const GenerationStats &stats() const { return stats_; }
-  /// The positions of the prefill program that runs prompts of up to `length` tokens: a power
-  /// of two, at least 16, at most seq_len (so that few programs serve every length).
+  /// The positions of the prefill program that runs prompts of up to `length` tokens: `length`
+  /// rounded up to a multiple of kPrefillGranule, at most seq_len. (A power of two, as before,
+  /// padded a prompt of 520 tokens to 1024 positions: nearly twice the work.)
   int64_t prefillLength(int64_t length) const;
+  static constexpr int64_t kPrefillGranule = 16;
+  /// The prefill programs kept compiled (each with its own activations' memory): the least
+  /// recently used goes when another length needs one.
+  static constexpr size_t kKeptPrefills = 4;
+  /// The prefill programs compiled now.
+  size_t prefillPrograms() const { return prefill_.size(); }
 
 private:
   /// A prefill program, and whether its KV caches are the decode program's memory (else they
@@ -113,6 +120,7 @@ private:
   struct Prefill {
     CompiledProgram program;
     bool sharesCaches = false;
+    int64_t lastUse = 0; // prefillUses_ when it last ran
   };
   llvm::Error ensureWindowed();
   /// `prompt` checked (1 to seq_len tokens of the vocabulary) as the windowed program's tokens
@@ -155,6 +163,7 @@ private:
   std::map<std::string, Tensor> weights_; // the weights and FP8 scaling state the programs bind
   CompiledProgram decode_, windowed_; // windowed_ compiled when first needed
   std::map<int64_t, Prefill> prefill_; // by prompt positions
+  int64_t prefillUses_ = 0;
   std::vector<std::string> caches_;            // the KV caches' names
   std::unique_ptr<Generator> draft_;           // speculative decoding's draft model, if any
   int64_t lookahead_ = 0;                      // the draft's tokens a verify step checks

@@ -272,6 +272,33 @@ TEST_P(CachedGenerator, TokensWithAndWithoutTheCacheAgree) {
             unwrap(generator->generate(prompts, 28, {}))[0]);
 }
 
+// Each prompt length runs a prefill program of that length rounded up to 16 positions (not to
+// a power of two), and the programs of earlier lengths give way beyond four: the tokens stay
+// those of the full program at every length, the first length's again after it was evicted.
+TEST(Generator, PrefillsRoundPromptsToSixteenPositionsAndKeepFourPrograms) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.seqLen = 128;
+  auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
+  ASSERT_TRUE(graph);
+  Rng rng(kGenerationSeed + 1);
+  std::map<std::string, Tensor> weights = randomWeights(*graph, rng);
+  auto generator = unwrap(Generator::create(c, weights, 2));
+  ASSERT_TRUE(generator);
+  EXPECT_EQ(generator->prefillLength(1), 16);
+  EXPECT_EQ(generator->prefillLength(16), 16);
+  EXPECT_EQ(generator->prefillLength(17), 32);
+  EXPECT_EQ(generator->prefillLength(65), 80);
+  EXPECT_EQ(generator->prefillLength(127), 128);
+  for (int64_t longest : {40, 17, 65, 81, 100, 33, 40}) {
+    std::vector<std::vector<int32_t>> prompts = randomPrompts(rng, {longest, 5}, c.vocab);
+    auto cached = unwrap(generator->generate(prompts, 4, {}));
+    EXPECT_EQ(generator->stats().prefillLength, (longest + 15) / 16 * 16) << longest;
+    EXPECT_EQ(cached, unwrap(generator->generateWithoutCache(prompts, 4, {}))) << longest;
+    EXPECT_LE(generator->prefillPrograms(), Generator::kKeptPrefills);
+  }
+  EXPECT_EQ(generator->prefillPrograms(), Generator::kKeptPrefills);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CachedGenerator, testing::Values("models/tiny.yaml", "models/llama-tiny.yaml"),
                          [](const testing::TestParamInfo<const char *> &info) {
                            return std::string(info.param).find("llama") != std::string::npos ? "llama" : "tiny";

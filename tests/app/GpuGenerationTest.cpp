@@ -435,7 +435,8 @@ TEST(GpuGeneration, AnFp8CheckpointGeneratesAtAnyBatchWithTheWindowsTokens) {
 }
 
 TEST(GpuGeneration, ABf16PrefillOfManyRowsAndDecodeOfManyHeadsKeepTheWindowsAndTheCpusTokens) {
-  // Forty prompts padded to the 32-position prefill: its 1280 rows go to cuBLASLt, whose qkv
+  // Forty prompts padded to the 48-position prefill (a multiple of 16, not of the attention's
+  // tiles, not a power of two): its 1920 rows go to cuBLASLt, whose qkv
   // product writes BF16 rows that cuDNN's attention (where it runs) and the cache writes read in
   // place; the decode step's 160 (sequence, head) pairs, more than the SMs, read the caches
   // straight from memory, not through tiles. The cached decode gives the full window's tokens,
@@ -443,20 +444,21 @@ TEST(GpuGeneration, ABf16PrefillOfManyRowsAndDecodeOfManyHeadsKeepTheWindowsAndT
   SKIP_WITHOUT_GPU();
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Bf16;
+  c.seqLen = 64;
   auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
   ASSERT_TRUE(graph);
   Rng rng(freshSeed());
   std::map<std::string, Tensor> weights = randomWeights(*graph, rng);
   std::vector<std::vector<int32_t>> prompts;
   for (int group = 0; group < 5; ++group)
-    for (auto &prompt : randomPrompts(rng, {24, 23, 20, 17, 12, 9, 5, 1}, c.vocab))
+    for (auto &prompt : randomPrompts(rng, {40, 33, 24, 17, 12, 9, 5, 1}, c.vocab))
       prompts.push_back(std::move(prompt));
   const int64_t batch = int64_t(prompts.size());
   auto gpu = unwrap(Generator::create(c, weights, batch, theGpu()));
   auto cpu = unwrap(Generator::create(c, weights, batch, Device::cpu()));
   ASSERT_TRUE(gpu && cpu);
   auto cached = unwrap(gpu->generate(prompts, 8, {}));
-  EXPECT_EQ(gpu->stats().prefillLength, 32);
+  EXPECT_EQ(gpu->stats().prefillLength, 48);
   EXPECT_TRUE(gpu->stats().cached);
   EXPECT_EQ(cached, unwrap(gpu->generateWithoutCache(prompts, 8, {})));
   ASSERT_FALSE(bool(cpu->roundAs(*gpu)));
