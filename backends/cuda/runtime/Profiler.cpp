@@ -16,7 +16,8 @@ namespace tgc {
 void Profiler::configure(const std::string &process) {
   if (const char *env = std::getenv("TGC_GPU_PROFILE")) {
     launches_ = std::string(env) == "launches";
-    graphs_ = std::string(env) == "graph";
+    bandwidth_ = std::string(env) == "bandwidth";
+    graphs_ = std::string(env) == "graph" || bandwidth_;
     ops_ = std::string(env) == "1" || launches_;
     print_ = ops_ || graphs_;
     fromEnvironment_ = ops_;
@@ -40,13 +41,31 @@ Profiler::~Profiler() {
   }
   std::sort(rows.rbegin(), rows.rend());
   llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops{}):\n", steps_, total,
-                              graphs_ ? ", each op replayed alone from a CUDA graph" : "");
+                              bandwidth_ ? ", each op replayed alone from a CUDA graph after an L2 flush"
+                              : graphs_  ? ", each op replayed alone from a CUDA graph"
+                                         : "");
+  if (bandwidth_)
+    llvm::errs() << fmt::format("  (bytes: the operands read and results written as stored; a KV cache by the "
+                                "rows read and written; % of the memory's {:.0f} GB/s)\n",
+                                peakGbPerSecond_);
+  double totalBytes = 0;
   for (auto &[ms, name] : rows) {
     llvm::errs() << fmt::format("  {:<26}{:>9.3f} ms {:>6.1f}%", name, ms, 100 * ms / total);
     if (int64_t calls = calls_.lookup(name))
       llvm::errs() << fmt::format("  {:>4} a step, {:8.2f} us each", calls, 1000 * ms / calls);
+    if (auto bytes = bytes_.find(name); bytes != bytes_.end() && ms > 0) {
+      double perStep = bytes->second / steps_, gbPerSecond = perStep / (ms * 1e6);
+      totalBytes += perStep;
+      llvm::errs() << fmt::format("  {:9.3f} MB {:7.0f} GB/s", perStep / 1e6, gbPerSecond);
+      if (peakGbPerSecond_ > 0)
+        llvm::errs() << fmt::format(" {:5.1f}%", 100 * gbPerSecond / peakGbPerSecond_);
+    }
     llvm::errs() << "\n";
   }
+  if (bandwidth_ && total > 0)
+    llvm::errs() << fmt::format("  all ops: {:.3f} MB a step in {:.3f} ms: {:.0f} GB/s ({:.3f} ms at the peak)\n",
+                                totalBytes / 1e6, total, totalBytes / (total * 1e6),
+                                peakGbPerSecond_ > 0 ? totalBytes / (peakGbPerSecond_ * 1e6) : 0.0);
 }
 
 void Profiler::noReplays() {

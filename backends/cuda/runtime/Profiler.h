@@ -2,8 +2,10 @@
 // event pair around each op and prints the time per op kind when the program ends;
 // TGC_GPU_PROFILE=launches times each kernel launch of an op on its own ("attention_backward
 // #3"); TGC_GPU_PROFILE=graph keeps the steps as graphs and, after each, replays every op alone
-// from a graph of its own; TGC_TRACE=FILE writes the ops of the first steps in Chrome's trace
-// event format (support/Trace.h). setProfiling (tgc bench) turns the per-op timing on too.
+// from a graph of its own; TGC_GPU_PROFILE=bandwidth replays them so with the L2 cache flushed
+// before each replay and prints the bytes each op moves and their rate against the memory's
+// (OpProfile.cpp); TGC_TRACE=FILE writes the ops of the first steps in Chrome's trace event
+// format (support/Trace.h). setProfiling (tgc bench) turns the per-op timing on too.
 #pragma once
 
 #include "llvm/ADT/STLFunctionalExtras.h"
@@ -29,8 +31,13 @@ public:
   /// Steps run eagerly, each op timed (TGC_GPU_PROFILE=1 or launches, TGC_TRACE, setProfiling).
   bool timesOps() const { return ops_; }
   bool timesLaunches() const { return launches_; }
-  /// Each op replayed alone from a graph after each step (TGC_GPU_PROFILE=graph).
+  /// Each op replayed alone from a graph after each step (TGC_GPU_PROFILE=graph, bandwidth).
   bool replaysOps() const { return graphs_; }
+  /// The replays start from a flushed L2 and count bytes (TGC_GPU_PROFILE=bandwidth).
+  bool measuresBandwidth() const { return bandwidth_; }
+  /// `bytes` moved by one call of `label` (measuresBandwidth), and the memory's peak rate.
+  void addBytes(const std::string &label, double bytes) { bytes_[label] += bytes; }
+  void setPeakBandwidth(double gbPerSecond) { peakGbPerSecond_ = gbPerSecond; }
   /// A program that updates its parameters cannot replay its ops: timed as TGC_GPU_PROFILE=1.
   void noReplays();
   void setTimingOps(bool on);
@@ -48,10 +55,11 @@ public:
   std::map<std::string, double> byOp() const { return ms_; }
 
 private:
-  bool ops_ = false, launches_ = false, graphs_ = false, print_ = false;
+  bool ops_ = false, launches_ = false, graphs_ = false, bandwidth_ = false, print_ = false;
   bool fromEnvironment_ = false; // ops_ as TGC_GPU_PROFILE set it
   int traceProcess_ = -1;
-  std::map<std::string, double> ms_;
+  std::map<std::string, double> ms_, bytes_;
+  double peakGbPerSecond_ = 0;
   llvm::StringMap<int64_t> calls_;
   int64_t steps_ = 0;
 };

@@ -39,6 +39,10 @@ void ProgramRunner::dropGraphs() {
       cudaGraphExecDestroy(exec);
       exec = nullptr;
     }
+  if (flushGraph_) {
+    cudaGraphExecDestroy(flushGraph_);
+    flushGraph_ = nullptr;
+  }
 }
 
 size_t ProgramRunner::storedBytes(const Value *v) const { return size_t(storedBytesOf(program_, v)); }
@@ -456,53 +460,6 @@ llvm::Error ProgramRunner::launchStep() {
     if (buffer(leaf) != buffer(value))
       CUDA_CHECK(cudaMemcpyAsync(buffer(leaf), buffer(value), size_t(deviceBytesOf(leaf->type())),
                                  cudaMemcpyDeviceToDevice, stream_));
-  return llvm::Error::success();
-}
-
-
-/// TGC_GPU_PROFILE=graph, after a step: each op's launches captured once as a graph of
-/// kRepeats copies of them, each replay timed: what the op costs inside the step's
-/// CUDA graph, launch gaps included. Inference programs only: repeating an op must not change
-/// what the step computed.
-llvm::Error ProgramRunner::profileOpGraphs() {
-  constexpr int kRepeats = 10;
-  if (opGraphs_.empty())
-    opGraphs_.resize(ops_.size(), nullptr);
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    const OpLowering &lowering = program_.lowering[i];
-    if (lowering.kind != OpLowering::Kernels && lowering.kind != OpLowering::Gemm)
-      continue;
-    if (!opGraphs_[i]) {
-      cudaGraph_t graph;
-      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      llvm::Error err = llvm::Error::success();
-      for (int r = 0; r < kRepeats && !err; ++r)
-        err = launchOp(i);
-      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-      if (err)
-        return err;
-      if (end != cudaSuccess)
-        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
-      CUDA_CHECK(cudaGraphInstantiate(&opGraphs_[i], graph, 0));
-      cudaGraphDestroy(graph);
-      CUDA_CHECK(cudaGraphLaunch(opGraphs_[i], stream_)); // untimed: the first replay uploads it
-    }
-    CUDA_CHECK(cudaEventRecord(start, stream_));
-    CUDA_CHECK(cudaGraphLaunch(opGraphs_[i], stream_));
-    CUDA_CHECK(cudaEventRecord(stop, stream_));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    profiler_->add(profileLabel(i), ms / kRepeats);
-    if (profiler_->steps() == 0)
-      profiler_->countCall(profileLabel(i));
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  profiler_->endStep();
   return llvm::Error::success();
 }
 

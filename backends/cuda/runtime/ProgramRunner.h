@@ -81,8 +81,17 @@ private:
   llvm::Error launchOp(size_t i);
   /// The pointers op `i`'s launches take, in the order the generated kernels' parameters name.
   std::vector<void *> launchPointers(size_t i, std::vector<size_t> &params) const;
-  /// TGC_GPU_PROFILE=graph: each op replayed alone from a graph of its own, timed.
+  /// TGC_GPU_PROFILE=graph or bandwidth: each op replayed alone from a graph of its own, timed
+  /// (OpProfile.cpp).
   llvm::Error profileOpGraphs();
+  /// Op `i`'s launches `repeats` times (each after an L2 flush with TGC_GPU_PROFILE=bandwidth),
+  /// captured as a graph.
+  llvm::Expected<cudaGraphExec_t> captureOpGraph(size_t i, int repeats);
+  /// The bytes op `i` reads and writes as its values are stored, a KV cache counted by the
+  /// `cacheRows` rows a decode attention reads (TGC_GPU_PROFILE=bandwidth).
+  int64_t bytesMoved(size_t i, int64_t cacheRows) const;
+  /// The cache rows a decode step's attentions read: each sequence's position and the rows before.
+  llvm::Expected<int64_t> cacheRowsRead() const;
   std::string profileLabel(size_t i) const;
   llvm::Error convertToBf16(const void *source, void *target, int64_t count);
   /// The step's graphs are stale (a leaf's buffer moved): captured again at the next step.
@@ -120,6 +129,9 @@ private:
   cudaKernel_t fillNormal_ = nullptr; // the prelude's normal draws (fillNormal)
   cudaGraphExec_t graphExec_ = nullptr;
   std::vector<cudaGraphExec_t> opGraphs_; // TGC_GPU_PROFILE=graph: per op
+  void *flushL2_ = nullptr;                // TGC_GPU_PROFILE=bandwidth: written before each replay
+  size_t flushBytes_ = 0;
+  cudaGraphExec_t flushGraph_ = nullptr;   // the flushes alone, timed to take them out
   /// Kernels launched with programmatic stream serialization (compute capability 9.0 on): each
   /// may start while the generated kernel before it ends; it waits for it in awaitPreviousKernel
   /// (common.cuh) before touching memory. Only in programs without cuBLASLt GEMMs nor

@@ -1,0 +1,204 @@
+// TGC_GPU_PROFILE=graph and bandwidth (Profiler.h): after a step, each op's launches replayed
+// alone from a CUDA graph of their own and timed. With bandwidth, each replay starts from a
+// flushed L2 cache (a buffer twice the L2's size written before it; the flushes timed alone and
+// taken out), so that an op reads its weights from the device's memory as in a step that streams
+// them all, and the bytes each op moves are counted: its operands read and its results written
+// as they are stored (a weight a BF16 product reads by its BF16 copy; an embedding by the rows
+// it takes; a KV cache by the rows the step's attention reads and writes). Bytes over time
+// against the memory's peak rate (clock x bus) say which kernels stream at the memory's rate,
+// and the sum of the ops' times against the step's (tgc bench) what the gaps between them cost.
+#include "backends/cuda/runtime/ProgramRunner.h"
+
+#include "backends/cuda/lowering/MemoryPlan.h"
+#include "backends/cuda/runtime/CudaCheck.h"
+#include "ir/Attributes.h"
+#include "models/ProgramInterface.h"
+
+#include "llvm/ADT/SmallPtrSet.h"
+
+#include <algorithm>
+
+namespace tgc {
+
+namespace {
+constexpr int kRepeats = 10; // replays in one graph: the launch's cost spread over them
+} // namespace
+
+llvm::Expected<cudaGraphExec_t> ProgramRunner::captureOpGraph(size_t i, int repeats) {
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  llvm::Error err = llvm::Error::success();
+  for (int r = 0; r < repeats && !err; ++r) {
+    if (flushL2_) {
+      if (cudaError_t flushed = cudaMemsetAsync(flushL2_, r & 0xff, flushBytes_, stream_); flushed != cudaSuccess)
+        err = cudaFailure("cudaMemsetAsync", __FILE__, __LINE__, cudaGetErrorString(flushed));
+      afterGeneratedKernel_ = false;
+    }
+    if (!err && i < ops_.size())
+      err = launchOp(i);
+  }
+  cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (err)
+    return std::move(err);
+  if (end != cudaSuccess)
+    return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (instantiated != cudaSuccess)
+    return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream_)); // untimed: the first replay uploads it
+  return exec;
+}
+
+/// After a step: each op's launches captured once as a graph of kRepeats copies of them, each
+/// replay timed: what the op costs inside the step's CUDA graph, launch gaps included.
+/// Inference programs only: repeating an op must not change what the step computed.
+llvm::Error ProgramRunner::profileOpGraphs() {
+  if (opGraphs_.empty())
+    opGraphs_.resize(ops_.size(), nullptr);
+  const bool bandwidth = profiler_->measuresBandwidth();
+  if (bandwidth && !flushL2_) {
+    int l2 = 0, clockKHz = 0, busBits = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_.index));
+    CUDA_CHECK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, device_.index));
+    CUDA_CHECK(cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, device_.index));
+    profiler_->setPeakBandwidth(2.0 * clockKHz * 1e3 * (busBits / 8) / 1e9); // double data rate
+    flushBytes_ = 2 * size_t(std::max(l2, 1 << 20));
+    auto flush = memory_.allocate(flushBytes_, false, "profiler's L2 flush");
+    if (!flush)
+      return flush.takeError();
+    flushL2_ = *flush;
+  }
+  int64_t cacheRows = 0;
+  if (bandwidth) {
+    auto rows = cacheRowsRead();
+    if (!rows)
+      return rows.takeError();
+    cacheRows = *rows;
+  }
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  auto timeGraph = [&](cudaGraphExec_t exec) -> llvm::Expected<float> {
+    CUDA_CHECK(cudaEventRecord(start, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    CUDA_CHECK(cudaEventRecord(stop, stream_));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+  };
+  auto run = [&]() -> llvm::Error {
+    float flushMs = 0;
+    if (bandwidth) { // the flushes alone (no op: index past the ops)
+      if (!flushGraph_) {
+        auto exec = captureOpGraph(ops_.size(), kRepeats);
+        if (!exec)
+          return exec.takeError();
+        flushGraph_ = *exec;
+      }
+      auto ms = timeGraph(flushGraph_);
+      if (!ms)
+        return ms.takeError();
+      flushMs = *ms;
+    }
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const OpLowering &lowering = program_.lowering[i];
+      if (lowering.kind != OpLowering::Kernels && lowering.kind != OpLowering::Gemm)
+        continue;
+      if (!opGraphs_[i]) {
+        auto exec = captureOpGraph(i, kRepeats);
+        if (!exec)
+          return exec.takeError();
+        opGraphs_[i] = *exec;
+      }
+      auto ms = timeGraph(opGraphs_[i]);
+      if (!ms)
+        return ms.takeError();
+      std::string label = profileLabel(i);
+      profiler_->add(label, std::max(0.0f, *ms - flushMs) / kRepeats);
+      if (bandwidth)
+        profiler_->addBytes(label, double(bytesMoved(i, cacheRows)));
+      if (profiler_->steps() == 0)
+        profiler_->countCall(label);
+    }
+    return llvm::Error::success();
+  };
+  llvm::Error err = run();
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (err)
+    return err;
+  profiler_->endStep();
+  return llvm::Error::success();
+}
+
+llvm::Expected<int64_t> ProgramRunner::cacheRowsRead() const {
+  const Value *positions = nullptr;
+  for (const Op *op : ops_)
+    if (op->kind() == OpKind::Input && op->result()->name() == program::kPositions)
+      positions = op->result();
+  if (!positions || positions->type().shape.empty())
+    return 0;
+  auto t = read(positions->name());
+  if (!t)
+    return t.takeError();
+  // Each sequence reads its rows up to its last position (a verify step's several tokens too).
+  const int64_t sequences = positions->type().shape[0], each = t->size() / std::max<int64_t>(sequences, 1);
+  int64_t rows = 0;
+  for (int64_t b = 0; b < sequences; ++b) {
+    int32_t last = 0;
+    for (int64_t j = 0; j < each; ++j)
+      last = std::max(last, t->ints[size_t(b * each + j)]);
+    rows += int64_t(last) + 1;
+  }
+  return rows;
+}
+
+int64_t ProgramRunner::bytesMoved(size_t i, int64_t cacheRows) const {
+  const Op &op = *ops_[i];
+  const bool bf16Products = hasBf16Gemms(op.attrs());
+  llvm::SmallPtrSet<const void *, 16> counted; // each buffer once (a result written in place)
+  int64_t bytes = 0;
+  auto rowBytesOf = [&](const Value *cache) {
+    const auto &shape = cache->type().shape;
+    return shape.size() < 2 ? 0 : int64_t(storedBytes(cache)) / std::max<int64_t>(shape[0] * shape[1], 1);
+  };
+  auto countRows = [&](const Value *cache, int64_t rows) {
+    counted.insert(buffer(cache));
+    bytes += rows * rowBytesOf(cache);
+  };
+  auto count = [&](const Value *v) {
+    if (!counted.insert(buffer(v)).second)
+      return;
+    bool weightCopy = bf16Products && v->type().shape.size() >= 2 && isWeight(program_, v);
+    bytes += weightCopy ? v->type().numElements() * 2 : int64_t(storedBytes(v));
+  };
+  if (op.kind() == OpKind::Embedding) { // the table's rows the indices name
+    const Value *table = op.operand(0);
+    int64_t rowBytes = int64_t(storedBytes(table)) / std::max<int64_t>(table->type().shape[0], 1);
+    counted.insert(buffer(table));
+    bytes += op.operand(1)->type().numElements() * rowBytes;
+  } else if (op.kind() == OpKind::DecodeAttention) { // the caches' rows up to each position
+    for (unsigned c = 1; c <= 2; ++c)
+      countRows(op.operand(c), cacheRows);
+    if (writesCache(op.attrs()))
+      for (unsigned c = 1; c <= 2; ++c)
+        countRows(op.result(c), op.operand(0)->type().shape[0]);
+  } else if (op.kind() == OpKind::KvWrite) { // the rows of the tokens written
+    const TensorType &qkv = op.operand(2)->type();
+    int64_t tokens = qkv.numElements() / std::max<int64_t>(qkv.shape.back(), 1);
+    for (unsigned c = 0; c < 2; ++c) {
+      counted.insert(buffer(op.operand(c)));
+      countRows(op.result(c), tokens);
+    }
+  }
+  for (const Value *v : op.operands())
+    count(v);
+  for (unsigned r = 0; r < op.numResults(); ++r)
+    count(op.result(r));
+  return bytes;
+}
+
+} // namespace tgc
