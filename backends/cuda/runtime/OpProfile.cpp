@@ -4,17 +4,15 @@
 // taken out), so that an op reads its weights from the device's memory as in a step that streams
 // them all, and the bytes each op moves are counted: its operands read and its results written
 // as they are stored (a weight a BF16 product reads by its BF16 copy; an embedding by the rows
-// it takes; a KV cache by the rows the step's attention reads and writes). Bytes over time
-// against the memory's peak rate (clock x bus) say which kernels stream at the memory's rate,
-// and the sum of the ops' times against the step's (tgc bench) what the gaps between them cost.
+// it takes; a KV cache by the rows the step's attention reads and writes: lowering/Traffic.h).
+// Bytes over time against the memory's peak rate (clock x bus) say which kernels stream at the
+// memory's rate, and the sum of the ops' times against the step's (tgc bench) what the gaps
+// between them cost.
 #include "backends/cuda/runtime/ProgramRunner.h"
 
-#include "backends/cuda/lowering/MemoryPlan.h"
+#include "backends/cuda/lowering/Traffic.h"
 #include "backends/cuda/runtime/CudaCheck.h"
-#include "ir/Attributes.h"
 #include "models/ProgramInterface.h"
-
-#include "llvm/ADT/SmallPtrSet.h"
 
 #include <algorithm>
 
@@ -119,7 +117,7 @@ llvm::Error ProgramRunner::profileOpGraphs() {
       std::string label = profileLabel(i);
       profiler_->add(label, std::max(0.0f, *ms - flushMs) / kRepeats);
       if (bandwidth)
-        profiler_->addBytes(label, double(bytesMoved(i, cacheRows)));
+        profiler_->addBytes(label, double(opTraffic(program_, *ops_[i], cacheRows)));
       if (profiler_->steps() == 0)
         profiler_->countCall(label);
     }
@@ -154,51 +152,6 @@ llvm::Expected<int64_t> ProgramRunner::cacheRowsRead() const {
     rows += int64_t(last) + 1;
   }
   return rows;
-}
-
-int64_t ProgramRunner::bytesMoved(size_t i, int64_t cacheRows) const {
-  const Op &op = *ops_[i];
-  const bool bf16Products = hasBf16Gemms(op.attrs());
-  llvm::SmallPtrSet<const void *, 16> counted; // each buffer once (a result written in place)
-  int64_t bytes = 0;
-  auto rowBytesOf = [&](const Value *cache) {
-    const auto &shape = cache->type().shape;
-    return shape.size() < 2 ? 0 : int64_t(storedBytes(cache)) / std::max<int64_t>(shape[0] * shape[1], 1);
-  };
-  auto countRows = [&](const Value *cache, int64_t rows) {
-    counted.insert(buffer(cache));
-    bytes += rows * rowBytesOf(cache);
-  };
-  auto count = [&](const Value *v) {
-    if (!counted.insert(buffer(v)).second)
-      return;
-    bool weightCopy = bf16Products && v->type().shape.size() >= 2 && isWeight(program_, v);
-    bytes += weightCopy ? v->type().numElements() * 2 : int64_t(storedBytes(v));
-  };
-  if (op.kind() == OpKind::Embedding) { // the table's rows the indices name
-    const Value *table = op.operand(0);
-    int64_t rowBytes = int64_t(storedBytes(table)) / std::max<int64_t>(table->type().shape[0], 1);
-    counted.insert(buffer(table));
-    bytes += op.operand(1)->type().numElements() * rowBytes;
-  } else if (op.kind() == OpKind::DecodeAttention) { // the caches' rows up to each position
-    for (unsigned c = 1; c <= 2; ++c)
-      countRows(op.operand(c), cacheRows);
-    if (writesCache(op.attrs()))
-      for (unsigned c = 1; c <= 2; ++c)
-        countRows(op.result(c), op.operand(0)->type().shape[0]);
-  } else if (op.kind() == OpKind::KvWrite) { // the rows of the tokens written
-    const TensorType &qkv = op.operand(2)->type();
-    int64_t tokens = qkv.numElements() / std::max<int64_t>(qkv.shape.back(), 1);
-    for (unsigned c = 0; c < 2; ++c) {
-      counted.insert(buffer(op.operand(c)));
-      countRows(op.result(c), tokens);
-    }
-  }
-  for (const Value *v : op.operands())
-    count(v);
-  for (unsigned r = 0; r < op.numResults(); ++r)
-    count(op.result(r));
-  return bytes;
 }
 
 } // namespace tgc

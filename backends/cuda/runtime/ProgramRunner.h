@@ -87,9 +87,6 @@ private:
   /// Op `i`'s launches `repeats` times (each after an L2 flush with TGC_GPU_PROFILE=bandwidth),
   /// captured as a graph.
   llvm::Expected<cudaGraphExec_t> captureOpGraph(size_t i, int repeats);
-  /// The bytes op `i` reads and writes as its values are stored, a KV cache counted by the
-  /// `cacheRows` rows a decode attention reads (TGC_GPU_PROFILE=bandwidth).
-  int64_t bytesMoved(size_t i, int64_t cacheRows) const;
   /// The cache rows a decode step's attentions read: each sequence's position and the rows before.
   llvm::Expected<int64_t> cacheRowsRead() const;
   std::string profileLabel(size_t i) const;
