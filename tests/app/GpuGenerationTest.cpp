@@ -436,7 +436,9 @@ TEST(GpuGeneration, AnFp8CheckpointGeneratesAtAnyBatchWithTheWindowsTokens) {
 
 TEST(GpuGeneration, ABf16PrefillOfManyRowsAndDecodeOfManyHeadsKeepTheWindowsAndTheCpusTokens) {
   // Forty prompts padded to the 48-position prefill (a multiple of 16, not of the attention's
-  // tiles, not a power of two): its 1920 rows go to cuBLASLt, whose qkv
+  // tiles, not a power of two; the window is as long, so that the full window's products have
+  // the prefill's shapes and cuBLASLt's bits, as the comparison of tokens needs): its 1920 rows
+  // go to cuBLASLt, whose qkv
   // product writes BF16 rows that cuDNN's attention (where it runs) and the cache writes read in
   // place; the decode step's 160 (sequence, head) pairs, more than the SMs, read the caches
   // straight from memory, not through tiles. The cached decode gives the full window's tokens,
@@ -444,7 +446,7 @@ TEST(GpuGeneration, ABf16PrefillOfManyRowsAndDecodeOfManyHeadsKeepTheWindowsAndT
   SKIP_WITHOUT_GPU();
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Bf16;
-  c.seqLen = 64;
+  c.seqLen = 48;
   auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
   ASSERT_TRUE(graph);
   Rng rng(freshSeed());
