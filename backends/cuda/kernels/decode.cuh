@@ -121,22 +121,39 @@ __device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, floa
   if (!last) return;
   __threadfence();
   // The other blocks' parts, read from L2 (__ldcg: never a stale L1 line), eight loads in flight
-  // a thread (one at a time, a long context's 128 parts took ~40 us of latency a layer).
+  // a thread (one at a time, a long context's 128 parts took ~40 us of latency a layer). Part
+  // s's maximum and sum go to thread s, and the first Early parts' values of column d to
+  // thread d, all loaded at once before the reductions: one trip to L2 where a short context's
+  // few parts waited for three (the same sums in the same order).
+  constexpr int Early = Splits < 8 ? (int)Splits : 8;
   const float *all = partial + bh * Splits * (Dh + 2);
-  float m = __int_as_float(0xff800000);
-  for (int64 s = threadIdx.x; s < counted; s += Threads) m = fmaxf(m, __ldcg(all + s * (Dh + 2)));
+  const int64 t = threadIdx.x;
+  float early[Early];
+#pragma unroll
+  for (int s = 0; s < Early; ++s) early[s] = t < Dh && s < counted ? __ldcg(all + s * (Dh + 2) + 2 + t) : 0.0f;
+  float mineM = t < counted ? __ldcg(all + t * (Dh + 2)) : __int_as_float(0xff800000);
+  float mineSum = t < counted ? __ldcg(all + t * (Dh + 2) + 1) : 0.0f;
+  float m = mineM;
+  for (int64 s = t + Threads; s < counted; s += Threads) m = fmaxf(m, __ldcg(all + s * (Dh + 2)));
   m = blockMax(m, reduced);
   float l = 0.0f;
-  for (int64 s = threadIdx.x; s < counted; s += Threads) {
-    float sum = __ldcg(all + s * (Dh + 2) + 1), w = sum > 0.0f ? expf(__ldcg(all + s * (Dh + 2)) - m) : 0.0f;
+  for (int64 s = t; s < counted; s += Threads) {
+    float sum = s == t ? mineSum : __ldcg(all + s * (Dh + 2) + 1);
+    float w = sum > 0.0f ? expf((s == t ? mineM : __ldcg(all + s * (Dh + 2))) - m) : 0.0f;
     parts[s] = w;
     l += w * sum;
   }
   l = blockReduce(l, reduced, [](float x, float y) { return x + y; }); // also orders the parts' writes
-  for (int64 d = threadIdx.x; d < Dh; d += Threads) {
+  for (int64 d = t; d < Dh; d += Threads) {
     float acc = 0.0f;
+    int64 s = 0;
+    if (d == t)
+#pragma unroll
+      for (; s < Early; ++s)
+        if (s < counted) acc += parts[s] * early[s];
+    s = d == t ? (Early < counted ? Early : counted) : 0;
 #pragma unroll 8
-    for (int64 s = 0; s < counted; ++s) acc += parts[s] * __ldcg(all + s * (Dh + 2) + 2 + d);
+    for (; s < counted; ++s) acc += parts[s] * __ldcg(all + s * (Dh + 2) + 2 + d);
     out[bh * Dh + d] = acc / l;
   }
 }
@@ -248,6 +265,17 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
       for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
     }
     __syncthreads();
+    // The only part (a context of at most Keys tokens): its sums are the result. The combine
+    // would weigh it by expf(m - m) = 1 and give the same bits, after a trip through L2, a fence
+    // and an atomic: the latency of a short context's step.
+    if (counted == 1) {
+      for (int64 d = threadIdx.x; d < Dh; d += Threads) {
+        float acc = 0.0f;
+        for (int g = 0; g < Groups; ++g) acc += sums[g][d];
+        out[bh * Dh + d] = acc / l;
+      }
+      return;
+    }
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
       float acc = 0.0f;
       for (int g = 0; g < Groups; ++g) acc += sums[g][d];
