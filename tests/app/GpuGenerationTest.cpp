@@ -436,17 +436,21 @@ TEST(GpuGeneration, AnFp8CheckpointGeneratesAtAnyBatchWithTheWindowsTokens) {
 
 TEST(GpuGeneration, ABf16PrefillOfManyRowsAndDecodeOfManyHeadsKeepTheWindowsAndTheCpusTokens) {
   // Forty prompts padded to the 48-position prefill (a multiple of 16, not of the attention's
-  // tiles, not a power of two; the window is as long, so that the full window's products have
-  // the prefill's shapes and cuBLASLt's bits, as the comparison of tokens needs): its 1920 rows
-  // go to cuBLASLt, whose qkv
+  // tiles, not a power of two, shorter than the cache): its 1920 rows go to cuBLASLt, whose qkv
   // product writes BF16 rows that cuDNN's attention (where it runs) and the cache writes read in
   // place; the decode step's 160 (sequence, head) pairs, more than the SMs, read the caches
-  // straight from memory, not through tiles. The cached decode gives the full window's tokens,
-  // and the CPU, rounding the values the GPU stores in BF16, agrees with them (expectCpuAgrees).
+  // straight from memory, not through tiles. Every token of the cached run, and of the full
+  // window's where the two part, is the CPU's best within the bound of expectCpuAgrees (the CPU
+  // rounding the values the GPU stores in BF16). The two GPU runs are not compared token for
+  // token: the prefill's last layer runs on the 40 rows the logits need, the window's on all
+  // 1920, and the decode's attention sums in parts what the window's sums whole, each in BF16
+  // products of other bits, and over 320 greedy choices of the tiny model's 64 tokens a near-tie
+  // goes either way (seen on an H100 in session 44). On the CPU the two runs give the same
+  // tokens (GenerateTest's cached and full programs).
   SKIP_WITHOUT_GPU();
   ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Bf16;
-  c.seqLen = 48;
+  c.seqLen = 64;
   auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
   ASSERT_TRUE(graph);
   Rng rng(freshSeed());
@@ -462,10 +466,20 @@ TEST(GpuGeneration, ABf16PrefillOfManyRowsAndDecodeOfManyHeadsKeepTheWindowsAndT
   auto cached = unwrap(gpu->generate(prompts, 8, {}));
   EXPECT_EQ(gpu->stats().prefillLength, 48);
   EXPECT_TRUE(gpu->stats().cached);
-  EXPECT_EQ(cached, unwrap(gpu->generateWithoutCache(prompts, 8, {})));
+  auto windowed = unwrap(gpu->generateWithoutCache(prompts, 8, {}));
+  ASSERT_EQ(cached.size(), prompts.size());
+  ASSERT_EQ(windowed.size(), prompts.size());
   ASSERT_FALSE(bool(cpu->roundAs(*gpu)));
-  for (size_t b : {size_t(0), size_t(12), prompts.size() - 1})
+  int parted = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    SCOPED_TRACE(fmt::format("sequence {} (a prompt of {})", b, prompts[b].size()));
     expectCpuAgrees(*gpu, *cpu, prompts[b], cached[b]);
+    if (cached[b] != windowed[b]) {
+      ++parted;
+      expectCpuAgrees(*gpu, *cpu, prompts[b], windowed[b]);
+    }
+  }
+  fmt::print("{} of {} sequences part from the full window's tokens\n", parted, prompts.size());
 }
 
 } // namespace
