@@ -104,8 +104,8 @@ public:
 
   const GenerationStats &stats() const { return stats_; }
   /// The positions of the prefill program that runs prompts of up to `length` tokens: `length`
-  /// rounded up to a multiple of kPrefillGranule, at most seq_len. (A power of two, as before,
-  /// padded a prompt of 520 tokens to 1024 positions: nearly twice the work.)
+  /// rounded up to a multiple of kPrefillGranule, at most seq_len (not to a power of two, which
+  /// would pad a prompt of 520 tokens to 1024 positions: nearly twice the work).
   int64_t prefillLength(int64_t length) const;
   static constexpr int64_t kPrefillGranule = 16;
   /// The prefill programs kept compiled (each with its own activations' memory): the least
