@@ -265,22 +265,18 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
       for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
     }
     __syncthreads();
-    // The only part (a context of at most Keys tokens): its sums are the result. The combine
-    // would weigh it by expf(m - m) = 1 and give the same bits, after a trip through L2, a fence
-    // and an atomic: the latency of a short context's step.
-    if (counted == 1) {
-      for (int64 d = threadIdx.x; d < Dh; d += Threads) {
-        float acc = 0.0f;
-        for (int g = 0; g < Groups; ++g) acc += sums[g][d];
-        out[bh * Dh + d] = acc / l;
-      }
-      return;
-    }
+    // The only part (a context of at most Keys tokens) writes the result: the combine would
+    // weigh it by expf(m - m) = 1 (the same bits) after a trip through L2, a fence and an atomic.
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
       float acc = 0.0f;
       for (int g = 0; g < Groups; ++g) acc += sums[g][d];
-      mine[2 + d] = acc;
+      if (counted == 1)
+        out[bh * Dh + d] = acc / l;
+      else
+        mine[2 + d] = acc;
     }
+    if (counted == 1)
+      return;
     if (threadIdx.x == 0) {
       mine[0] = m;
       mine[1] = l;
