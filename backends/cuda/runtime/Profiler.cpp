@@ -69,9 +69,10 @@ Profiler::~Profiler() {
 }
 
 void Profiler::noReplays() {
-  llvm::errs() << "tgc: TGC_GPU_PROFILE=graph replays each op after the step, which would update this "
-                  "program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n";
-  graphs_ = false;
+  llvm::errs() << fmt::format("tgc: TGC_GPU_PROFILE={} replays each op after the step, which would update "
+                              "this program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n",
+                              bandwidth_ ? "bandwidth" : "graph");
+  graphs_ = bandwidth_ = false;
   ops_ = true;
 }
 
