@@ -2,6 +2,7 @@
 
 #include "backends/cuda/lowering/Lowering.h"
 #include "backends/cuda/lowering/MemoryClasses.h"
+#include "backends/cuda/lowering/Traffic.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,6 +10,34 @@
 #include <map>
 
 namespace tgc {
+
+namespace {
+
+/// A decode (or verify) step's bytes as lowering/Traffic.h counts them: those of its weights and
+/// activations, and those of the KV caches' rows its attention reads, which grow with the
+/// tokens cached. Their sum over the memory's rate is the step's floor.
+void printStepTraffic(const Graph &graph, const CudaProgram &program, llvm::raw_ostream &os) {
+  int64_t rows = 0; // every sequence's cache full
+  for (const Op *op : graph.ops())
+    if (op->kind() == OpKind::DecodeAttention)
+      rows = op->operand(1)->type().dim(0) * op->operand(1)->type().dim(1);
+  if (!rows)
+    return;
+  int64_t base = 0, full = 0;
+  std::vector<Op *> ops = graph.ops();
+  for (size_t i = 0; i < ops.size(); ++i) { // the ops the GPU launches (not leaves, aliases or assigns)
+    OpLowering::Kind kind = program.lowering[i].kind;
+    if (kind != OpLowering::Kernels && kind != OpLowering::Gemm)
+      continue;
+    base += opTraffic(program, *ops[i], 0);
+    full += opTraffic(program, *ops[i], rows);
+  }
+  os << fmt::format("// a step moves {:.1f} MiB besides the caches' rows its attention reads, and {:.1f} KiB a token "
+                    "cached in each sequence ({:.1f} MiB with every cache full)\n",
+                    double(base) / (1 << 20), double(full - base) / rows / 1024, double(full) / (1 << 20));
+}
+
+} // namespace
 
 void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
   if (auto lowered = lowerToCuda(graph)) {
@@ -70,6 +99,7 @@ void printGpuMemoryReport(const Graph &graph, llvm::raw_ostream &os) {
       os << fmt::format("// {} values written into the state they are assigned to "
                         "({:.1f} MiB neither in the arena nor copied)\n",
                         lowered->inPlace.size(), mib(plan.inPlaceBytes));
+    printStepTraffic(graph, *lowered, os);
   } else {
     llvm::consumeError(lowered.takeError());
     os << "// GPU memory plan: this program has ops the GPU backend does not lower "

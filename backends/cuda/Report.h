@@ -1,5 +1,6 @@
 // The GPU's plan for a program, as tgc compile --stats prints it: the memory arena, the
-// contiguous parameter buffers, the grouped optimizer launches and the BF16 storage choices.
+// contiguous parameter buffers, the grouped optimizer launches, the BF16 storage choices, and a
+// decode step's bytes (its floor at the memory's rate).
 #pragma once
 
 #include "ir/Graph.h"
