@@ -40,6 +40,9 @@ int64_t opTraffic(const CudaProgram &program, const Op &op, int64_t cacheRows) {
     counted.insert(memoryOf(program, table));
     bytes += op.operand(1)->type().numElements() * storedBytesOf(program, table) /
              std::max<int64_t>(table->type().shape[0], 1);
+  } else if (op.kind() == OpKind::Slice) { // the part it keeps
+    counted.insert(memoryOf(program, op.operand(0)));
+    bytes += storedBytesOf(program, op.result());
   } else if (op.kind() == OpKind::DecodeAttention) { // the caches' rows up to each position
     for (unsigned c = 1; c <= 2; ++c)
       rows(op.operand(c), cacheRows);

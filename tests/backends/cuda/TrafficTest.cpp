@@ -79,6 +79,10 @@ TEST(Traffic, APrefillsCacheWriteMovesTheRowsOfItsTokens) {
   // 2 sequences x 16 tokens written into each cache, and the qkv rows read.
   const int64_t rowBytes = storedBytesOf(l.program, write->operand(0)) / (2 * 32);
   EXPECT_EQ(opTraffic(l.program, *write, 0), 2 * 2 * 16 * rowBytes + storedBytesOf(l.program, write->operand(2)));
+  // The positions' embeddings: the first 16 rows of wpe [32, 64] sliced, read and written once.
+  const Op *positions = l.find(OpKind::Slice, "pos_emb");
+  ASSERT_TRUE(positions);
+  EXPECT_EQ(opTraffic(l.program, *positions, 0), 2 * 16 * 64 * 4);
 }
 
 } // namespace
