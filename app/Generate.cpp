@@ -8,6 +8,8 @@
 #include "support/Sampling.h"
 #include "transforms/Pass.h"
 
+#include "llvm/Support/MathExtras.h"
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -144,7 +146,7 @@ Generator::create(const ModelConfig &config, const std::map<std::string, Tensor>
 }
 
 int64_t Generator::prefillLength(int64_t length) const {
-  int64_t positions = std::max<int64_t>(kPrefillGranule, (length + kPrefillGranule - 1) / kPrefillGranule * kPrefillGranule);
+  int64_t positions = int64_t(llvm::alignTo(uint64_t(std::max<int64_t>(length, 1)), kPrefillGranule));
   return std::min(positions, config_.seqLen);
 }
 

@@ -37,6 +37,8 @@ struct OpLowering {
     Collective, // all_reduce: NCCL on the executor's communication stream, joined before its
                 // results' first reader; a gradient reduced in place in the gradient buffer
   } kind = Kernels;
+  /// Whether the op runs work of its own on the device in its place: its kernels or its GEMM.
+  bool launchesWork() const { return kind == Kernels || kind == Gemm; }
   std::vector<KernelLaunch> launches;
   // When not empty, the launches take these values' buffers instead of the op's operands and
   // results (a grouped launch: the first tensor of each contiguous buffer it covers).

@@ -26,8 +26,7 @@ void printStepTraffic(const Graph &graph, const CudaProgram &program, llvm::raw_
   int64_t base = 0, full = 0;
   std::vector<Op *> ops = graph.ops();
   for (size_t i = 0; i < ops.size(); ++i) { // the ops the GPU launches (not leaves, aliases or assigns)
-    OpLowering::Kind kind = program.lowering[i].kind;
-    if (kind != OpLowering::Kernels && kind != OpLowering::Gemm)
+    if (!program.lowering[i].launchesWork())
       continue;
     base += opTraffic(program, *ops[i], 0);
     full += opTraffic(program, *ops[i], rows);

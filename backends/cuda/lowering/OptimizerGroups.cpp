@@ -40,16 +40,28 @@ std::pair<int64_t, int64_t> weightsReadInBf16(const std::vector<Op *> &ops, cons
 
 namespace {
 
-/// Ops `members` become Grouped: `grouped` runs in op `at`'s place, its kernel `text`.
-void install(const std::vector<size_t> &members, size_t at, OpLowering grouped, KernelText text, CudaProgram &program,
-             std::vector<std::vector<KernelText>> &kernels) {
+/// Ops `members` become Grouped: `grouped` runs in op `at`'s place, its kernels `texts`.
+void install(const std::vector<size_t> &members, size_t at, OpLowering grouped, std::vector<KernelText> texts,
+             CudaProgram &program, std::vector<std::vector<KernelText>> &kernels) {
   for (size_t i : members) {
     program.lowering[i] = OpLowering{};
     program.lowering[i].kind = OpLowering::Grouped;
     kernels[i].clear();
   }
   program.lowering[at] = std::move(grouped);
-  kernels[at] = {std::move(text)};
+  kernels[at] = std::move(texts);
+}
+
+/// Whether AdamW op `op` has `first`'s betas and epsilon and reads its learning rate, clip and
+/// step: one grouped launch can run both.
+bool sameAdamWSettings(const Op &op, const Op &first) {
+  for (const char *attr : {"beta1", "beta2", "eps"})
+    if (op.attrs().getFloat(attr) != first.attrs().getFloat(attr))
+      return false;
+  for (unsigned k = 4; k < 7; ++k) // lr, clip, step
+    if (op.operand(k) != first.operand(k))
+      return false;
+  return true;
 }
 
 /// One launch for every AdamW op of the layout, over the contiguous parameters, gradients and
@@ -69,12 +81,8 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
   double decay = 0;
   for (size_t i : members) {
     const Op &op = *ops[i];
-    for (const char *attr : {"beta1", "beta2", "eps"})
-      if (op.attrs().getFloat(attr) != first.attrs().getFloat(attr))
-        return;
-    for (unsigned k = 4; k < 7; ++k) // lr, clip, step
-      if (op.operand(k) != first.operand(k))
-        return;
+    if (!sameAdamWSettings(op, first))
+      return;
     double wd = op.attrs().getFloat("weight_decay").value_or(0);
     bool decayed = layout.params.lookup(op.operand(0)) < layout.decayedBytes;
     if (decayed ? (decay != 0 && wd != decay) || wd == 0 : wd != 0)
@@ -113,20 +121,15 @@ void groupAdamW(const std::vector<Op *> &ops, CudaProgram &program, std::vector<
     program.weightCopyBegin = 0;
     program.weightCopyEnd = layout.paramBytes;
   }
-  for (size_t i : members) {
-    program.lowering[i] = OpLowering{};
-    program.lowering[i].kind = OpLowering::Grouped;
-    kernels[i].clear();
-  }
-  program.lowering[members.front()] = std::move(grouped);
   std::string comment = fmt::format("// AdamW for all {} parameters at once, over the contiguous parameters, gradients "
                                     "and moments\n// ({} floats, padding included, which stays zero); the first {} "
                                     "have weight decay.",
                                     members.size(), count, decayed);
   if (copy)
     comment += " It writes their BF16 copy too.";
-  kernels[members.front()] = {
-      {comment, name, copy ? kAdamWCopyParams : kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}};
+  install(members, members.front(), std::move(grouped),
+          {{comment, name, copy ? kAdamWCopyParams : kAdamWParams, adamwCall(first.attrs(), count, decayed, decay) + ";"}},
+          program, kernels);
 }
 
 /// ZeRO's AdamW ops, each over its rank's shard of a parameter (in the arena, apart): one
@@ -152,12 +155,8 @@ llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaP
   double decay = 0;
   for (size_t i : members) {
     const Op &op = *ops[i];
-    for (const char *attr : {"beta1", "beta2", "eps"})
-      if (op.attrs().getFloat(attr) != first.attrs().getFloat(attr))
-        return {};
-    for (unsigned k = 4; k < 7; ++k) // lr, clip, step
-      if (op.operand(k) != first.operand(k))
-        return {};
+    if (!sameAdamWSettings(op, first))
+      return {};
     double wd = op.attrs().getFloat("weight_decay").value_or(0);
     if (wd != 0 && decay != 0 && wd != decay)
       return {};
@@ -191,14 +190,14 @@ llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaP
   grouped.label = "adamw (all shards)";
   const AttrMap &a = first.attrs();
   install(members, last, std::move(grouped),
-          {fmt::format("// AdamW for the rank's shards of all {} parameters at once, each found in the address table",
+          {{fmt::format("// AdamW for the rank's shards of all {} parameters at once, each found in the address table",
                        members.size()),
            name,
            "const float *lr, const float *clip, const int *step, const double *tensors, "
            "const unsigned long long *addresses",
            fmt::format("adamwTensors<{}>(lr, clip, step, tensors, addresses, {}, {}, {}, {});", members.size(),
                        formatDouble(*a.getFloat("beta1")), formatDouble(*a.getFloat("beta2")), lit(*a.getFloat("eps")),
-                       formatDouble(decay))},
+                       formatDouble(decay))}},
           program, kernels);
   llvm::DenseSet<const Op *> updates;
   for (size_t i : members)
@@ -235,19 +234,20 @@ void groupShards(const std::vector<Op *> &ops, const llvm::DenseSet<const Op *> 
   grouped.launches.push_back({name, blocks, kThreads});
   grouped.label = "shards (all parameters)";
   install(members, last, std::move(grouped),
-          {fmt::format("// The rank's shards of all {} parameters at once, each found in the address table",
+          {{fmt::format("// The rank's shards of all {} parameters at once, each found in the address table",
                        members.size()),
            // (The launch takes the last shard op's own operand and result first, unused.)
            name, "const float *x, float *out, const double *tensors, const unsigned long long *addresses",
-           fmt::format("shardTensors<{}>(tensors, addresses);", members.size())},
+           fmt::format("shardTensors<{}>(tensors, addresses);", members.size())}},
           program, kernels);
 }
 
 /// The gradient norm, add(...add(sum_squares(g0), sum_squares(g1))..., sum_squares(gN)) over
 /// laid-out gradients (or, through an address table, over gradients that lie apart: ZeRO's
-/// shards, whose chain a scalar all_reduce ends before the clip), as two launches where the final add ran: every gradient's block partial
-/// sums in one, then in one block each gradient's sum and the float adds in order (the same
-/// bits as the per-op kernels). The other ops of the chain become Grouped.
+/// shards, whose chain a scalar all_reduce ends before the clip), as two launches where the
+/// final add ran: every gradient's block partial sums in one, then in one block each gradient's
+/// sum and the float adds in order (the same bits as the per-op kernels). The other ops of the
+/// chain become Grouped.
 void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
                        std::vector<std::vector<KernelText>> &kernels) {
   llvm::DenseMap<const Value *, int> uses;
@@ -317,21 +317,19 @@ void groupGradientNorm(const std::vector<Op *> &ops, CudaProgram &program,
     grouped.arguments = laidOut ? std::vector<const Value *>{base, adds.back()->result()}
                                 : std::vector<const Value *>{adds.back()->result()};
     grouped.label = "grad norm (all gradients)";
+    std::vector<size_t> members;
     for (const std::vector<const Op *> *list : {&sums, &adds})
-      for (const Op *member : *list) {
-        size_t i = index.lookup(member);
-        program.lowering[i] = OpLowering{};
-        program.lowering[i].kind = OpLowering::Grouped;
-        kernels[i].clear();
-      }
-    program.lowering[at] = std::move(grouped);
+      for (const Op *member : *list)
+        members.push_back(index.lookup(member));
     std::string comment = fmt::format("// The gradient norm: the sums of squares of {} gradients {} and the adds of them",
                                       n, laidOut ? "in the gradient buffer" : "in the address table");
-    kernels[at] = {{comment + ": each block a range of one gradient", name, params,
-                    laidOut ? fmt::format("gradNormPartials<{}>(grads, scratch, tensors);", n)
-                            : fmt::format("gradNormPartials<{}>(nullptr, scratch, tensors, grads);", n)},
-                   {comment + ": the gradients' partials, then the adds", name + "_1", params,
-                    fmt::format("gradNormTotal<{}, {}>(out, scratch, tensors);", n, blocks)}};
+    install(members, at, std::move(grouped),
+            {{comment + ": each block a range of one gradient", name, params,
+              laidOut ? fmt::format("gradNormPartials<{}>(grads, scratch, tensors);", n)
+                      : fmt::format("gradNormPartials<{}>(nullptr, scratch, tensors, grads);", n)},
+             {comment + ": the gradients' partials, then the adds", name + "_1", params,
+              fmt::format("gradNormTotal<{}, {}>(out, scratch, tensors);", n, blocks)}},
+            program, kernels);
   }
 }
 

@@ -75,69 +75,51 @@ llvm::Error ProgramRunner::profileOpGraphs() {
       return rows.takeError();
     cacheRows = *rows;
   }
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  auto timeGraph = [&](cudaGraphExec_t exec) -> llvm::Expected<float> {
-    CUDA_CHECK(cudaEventRecord(start, stream_));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    CUDA_CHECK(cudaEventRecord(stop, stream_));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return ms;
+  auto timeGraph = [&](cudaGraphExec_t exec) {
+    return Profiler::time(stream_, [&]() -> llvm::Error {
+      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      return llvm::Error::success();
+    });
   };
-  auto run = [&]() -> llvm::Error {
-    float flushMs = 0;
-    if (bandwidth) { // the flushes alone (no op: index past the ops)
-      if (!flushGraph_) {
-        auto exec = captureOpGraph(ops_.size(), kRepeats);
-        if (!exec)
-          return exec.takeError();
-        flushGraph_ = *exec;
-      }
-      auto ms = timeGraph(flushGraph_);
-      if (!ms)
-        return ms.takeError();
-      flushMs = *ms;
+  float flushMs = 0;
+  if (bandwidth) { // the flushes alone (no op: index past the ops)
+    if (!flushGraph_) {
+      auto exec = captureOpGraph(ops_.size(), kRepeats);
+      if (!exec)
+        return exec.takeError();
+      flushGraph_ = *exec;
     }
-    for (size_t i = 0; i < ops_.size(); ++i) {
-      const OpLowering &lowering = program_.lowering[i];
-      if (lowering.kind != OpLowering::Kernels && lowering.kind != OpLowering::Gemm)
-        continue;
-      if (!opGraphs_[i]) {
-        auto exec = captureOpGraph(i, kRepeats);
-        if (!exec)
-          return exec.takeError();
-        opGraphs_[i] = *exec;
-      }
-      auto ms = timeGraph(opGraphs_[i]);
-      if (!ms)
-        return ms.takeError();
-      std::string label = profileLabel(i);
-      profiler_->add(label, std::max(0.0f, *ms - flushMs) / kRepeats);
-      if (bandwidth)
-        profiler_->addBytes(label, double(opTraffic(program_, *ops_[i], cacheRows)));
-      if (profiler_->steps() == 0)
-        profiler_->countCall(label);
+    auto ms = timeGraph(flushGraph_);
+    if (!ms)
+      return ms.takeError();
+    flushMs = *ms;
+  }
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (!program_.lowering[i].launchesWork())
+      continue;
+    if (!opGraphs_[i]) {
+      auto exec = captureOpGraph(i, kRepeats);
+      if (!exec)
+        return exec.takeError();
+      opGraphs_[i] = *exec;
     }
-    return llvm::Error::success();
-  };
-  llvm::Error err = run();
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (err)
-    return err;
+    auto ms = timeGraph(opGraphs_[i]);
+    if (!ms)
+      return ms.takeError();
+    std::string label = profileLabel(i);
+    profiler_->add(label, std::max(0.0f, *ms - flushMs) / kRepeats);
+    if (bandwidth)
+      profiler_->addBytes(label, double(opTraffic(program_, *ops_[i], cacheRows)));
+    if (profiler_->steps() == 0)
+      profiler_->countCall(label);
+  }
   profiler_->endStep();
   return llvm::Error::success();
 }
 
 llvm::Expected<int64_t> ProgramRunner::cacheRowsRead() const {
-  const Value *positions = nullptr;
-  for (const Op *op : ops_)
-    if (op->kind() == OpKind::Input && op->result()->name() == program::kPositions)
-      positions = op->result();
-  if (!positions || positions->type().shape.empty())
+  const Value *positions = graph_.lookup(program::kPositions);
+  if (!positions || positions->def()->kind() != OpKind::Input || positions->type().shape.empty())
     return 0;
   auto t = read(positions->name());
   if (!t)

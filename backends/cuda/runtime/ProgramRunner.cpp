@@ -413,7 +413,7 @@ llvm::Error ProgramRunner::launchStep() {
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op &op = *ops_[i];
     const OpLowering &lowering = program_.lowering[i];
-    if (options_.poisonResults && (lowering.kind == OpLowering::Kernels || lowering.kind == OpLowering::Gemm))
+    if (options_.poisonResults && lowering.launchesWork())
       for (unsigned r = 0; r < op.numResults(); ++r)
         if (!inPlace_.count(op.result(r))) { // poisoning it would poison the operand it updates
           CUDA_CHECK(cudaMemsetAsync(buffer(op.result(r)), 0xFF, storedBytes(op.result(r)), stream_));

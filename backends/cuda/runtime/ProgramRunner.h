@@ -67,9 +67,11 @@ private:
   llvm::Error allocateRegions(const MemoryPlan &plan, Regions &regions);
   /// Op `i`'s results in their buffers, its kernels, scratch, persistent buffers and constants.
   llvm::Error placeOp(size_t i, const MemoryPlan &plan, const Regions &regions);
+  /// The address tables of grouped launches over tensors that lie apart (OpLowering::addresses),
+  /// once every value has its buffer.
+  llvm::Error uploadAddresses();
   /// Op `i`'s GEMM plan (cuBLASLt's descriptors and algorithm, its operands' scales), once
   /// every op is placed.
-  llvm::Error uploadAddresses();
   llvm::Error planGemm(size_t i, const MemoryPlan &plan, const Regions &regions);
   /// BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
   /// parameter region; operands stored in BF16 or with a BF16 copy are read as they are.
