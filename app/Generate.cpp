@@ -84,17 +84,19 @@ llvm::Expected<unsigned> launchAndReadNext(Executor &executor) {
 llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
                                                  const std::map<std::string, Tensor> &weights,
                                                  int64_t batch, Device device, GPTOutput output,
-                                                 int64_t length) {
+                                                 int64_t length, Executor *regionsOf) {
   auto graph = buildGPT(config, batch, output, length);
   if (!graph)
     return graph.takeError();
-  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false);
+  auto program = compileForDevice(std::move(*graph), config, device, /*training=*/false, nullptr, regionsOf);
   if (!program)
     return program.takeError();
   for (const Op *op : program->graph->ops()) {
     if (op->kind() != OpKind::Param && op->kind() != OpKind::State)
       continue;
     llvm::StringRef name = op->result()->name();
+    if (program->executor->borrowsLeaf(name))
+      continue;
     auto it = weights.find(name.str());
     if (it == weights.end() && program::isKvCache(name)) {
       // The interpreter needs every leaf bound; the GPU's state starts zeroed (gpt2-124m's
@@ -163,7 +165,8 @@ llvm::Expected<Generator::Prefill *> Generator::prefillProgram(int64_t positions
         oldest = i;
     prefill_.erase(oldest);
   }
-  auto program = compileInference(config_, weights_, batch_, device_, GPTOutput::Prefill, positions);
+  auto program =
+      compileInference(config_, weights_, batch_, device_, GPTOutput::Prefill, positions, decode_.executor.get());
   if (!program)
     return program.takeError();
   // On one GPU the prefill writes straight into the decode program's caches; elsewhere they
@@ -181,7 +184,7 @@ llvm::Expected<Generator::Prefill *> Generator::prefillProgram(int64_t positions
 llvm::Error Generator::ensureWindowed() {
   if (windowed_.executor)
     return llvm::Error::success();
-  auto windowed = compileInference(config_, weights_, batch_, device_, GPTOutput::Logits);
+  auto windowed = compileInference(config_, weights_, batch_, device_, GPTOutput::Logits, 0, decode_.executor.get());
   if (!windowed)
     return windowed.takeError();
   windowed_ = std::move(*windowed);

@@ -25,9 +25,12 @@ llvm::Expected<unsigned> launchAndReadNext(Executor &executor);
 
 /// Compiles `output`'s program of `config` for `batch` sequences (`length` positions for a
 /// prefill, tokens a sequence for a verify step) and binds the weights (and FP8 scaling state)
-/// from `weights`; KV caches start at zero.
+/// from `weights`; KV caches start at zero. With `regionsOf` (the decode step's program), the
+/// GPU's program holds the weights, states and caches in that program's memory where laid out
+/// alike, and those are not bound again.
 llvm::Expected<CompiledProgram> compileInference(const ModelConfig &config,
                                                  const std::map<std::string, Tensor> &weights, int64_t batch,
-                                                 Device device, GPTOutput output, int64_t length = 0);
+                                                 Device device, GPTOutput output, int64_t length = 0,
+                                                 Executor *regionsOf = nullptr);
 
 } // namespace tgc

@@ -63,7 +63,8 @@ llvm::Error Generator::setDraft(std::unique_ptr<Generator> draft, int64_t lookah
   if (lookahead < 1 || lookahead + 1 > std::min(config_.seqLen, draft->config_.seqLen))
     return makeError("the lookahead must be between 1 and seq_len - 1 ({}), got {}",
                      std::min(config_.seqLen, draft->config_.seqLen) - 1, lookahead);
-  auto verify = compileInference(config_, weights_, batch_, device_, GPTOutput::Verify, lookahead + 1);
+  auto verify =
+      compileInference(config_, weights_, batch_, device_, GPTOutput::Verify, lookahead + 1, decode_.executor.get());
   if (!verify)
     return verify.takeError();
   // On one GPU the verify step reads and writes the decode step's caches; elsewhere they are

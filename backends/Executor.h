@@ -70,6 +70,12 @@ public:
     (void)name, (void)owner;
     return false;
   }
+  /// Whether leaf `name` lies in another executor's memory from the start (CudaOptions::
+  /// regionsOf): it holds that executor's value, which binding it would overwrite.
+  virtual bool borrowsLeaf(llvm::StringRef name) const {
+    (void)name;
+    return false;
+  }
   /// Draws leaf `name` on the device as initParams draws a normal parameter from `stream` (each
   /// element from the stream's draws 2i and 2i + 1, times `std`): the same bits, with nothing
   /// made or copied on the host. False where this executor does not (the caller draws on the

@@ -61,7 +61,8 @@ llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Dev
 
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  const ModelConfig &config, const Device &device,
-                                                 bool training, Communicator *communicator) {
+                                                 bool training, Communicator *communicator,
+                                                 Executor *regionsOf) {
   CompiledProgram program;
   auto pipeline = devicePipeline(config, device, training, communicator ? communicator->ranks() : 1,
                                  program.precision, communicator ? communicator->rank() : 0);
@@ -74,6 +75,7 @@ llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
     CudaOptions cuda;
     cuda.device = device.ordinal;
     cuda.communicator = communicator;
+    cuda.regionsOf = regionsOf;
     auto executor = createCudaExecutor(*program.graph, cuda);
     if (!executor)
       return executor.takeError();

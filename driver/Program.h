@@ -49,8 +49,11 @@ llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Dev
 /// is an error there, not a downgrade.
 /// `communicator`: the ranks of a data-parallel training run this program is one of (the
 /// data-parallel pass then reduces its gradients, loss and FP8 amaxes over them); none: one rank.
+/// `regionsOf`: on the GPU, a program whose parameter and state regions this one uses where they
+/// are laid out alike (CudaOptions::regionsOf); the interpreter holds its own.
 llvm::Expected<CompiledProgram> compileForDevice(std::unique_ptr<Graph> graph,
                                                  const ModelConfig &config, const Device &device,
-                                                 bool training, Communicator *communicator = nullptr);
+                                                 bool training, Communicator *communicator = nullptr,
+                                                 Executor *regionsOf = nullptr);
 
 } // namespace tgc

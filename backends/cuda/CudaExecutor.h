@@ -35,6 +35,11 @@ struct CudaOptions {
   /// BF16 attention on cuDNN's fused attention where cuDNN 9 is found and takes the shape
   /// (Cudnn.h), else tgc's kernels. TGC_CUDNN=0 in the environment turns it off too.
   bool cudnnAttention = true;
+  /// Another program on this device (a decode step's) whose parameter region, state region and
+  /// BF16 weight copy this one uses instead of allocating its own, each where the two programs
+  /// lay it out alike (a prompt's prefill: the same weights, the KV caches it writes for the
+  /// decode step); that program must outlive this one. Null: every region its own.
+  Executor *regionsOf = nullptr;
 };
 
 /// Compiles `graph` for the device and allocates its buffers. Fails with a clear message where

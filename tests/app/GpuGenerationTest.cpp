@@ -1,6 +1,7 @@
 // Generation on the GPU against the CPU (GenerateTest.cpp's twin): decode steps through the
 // whole cache, the few-row products, the normalising GEMVs, the attention writing the cache,
 // prefill then decode giving the CPU's tokens. Skipped where there is no GPU.
+#include "app/InferencePrograms.h"
 #include "tests/RandomWeights.h"
 #include "tests/backends/cuda/GpuTestUtil.h"
 
@@ -278,6 +279,47 @@ TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {
   }
 }
 
+
+TEST(GpuGeneration, APrefillHoldsTheDecodeStepsWeightsAndCachesInItsMemory) {
+  // CudaOptions::regionsOf: a prefill compiled beside the decode step uses the decode program's
+  // parameter and state regions and BF16 weight copy (its weights not bound again, its caches
+  // the decode step's), so it allocates at least the weights' fp32 bytes and the caches' less
+  // than one compiled alone; its logits are the alone program's, bit for bit.
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
+  c.precision.recipe = Recipe::Bf16;
+  auto graph = unwrap(buildGPT(c, 1, GPTOutput::Logits));
+  ASSERT_TRUE(graph);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> weights = randomWeights(*graph, rng);
+  int64_t weightBytes = 0;
+  for (const auto &[name, t] : weights)
+    weightBytes += 4 * t.type.numElements();
+  const int64_t batch = 2, positions = 16;
+  auto decode = unwrap(compileInference(c, weights, batch, theGpu(), GPTOutput::Decode));
+  auto shared = unwrap(compileInference(c, weights, batch, theGpu(), GPTOutput::Prefill, positions,
+                                        decode.executor.get()));
+  auto alone = unwrap(compileInference(c, weights, batch, theGpu(), GPTOutput::Prefill, positions));
+  for (const char *leaf : {"wte", "h0.attn.qkv.weight", "h1.attn.k_cache"}) {
+    EXPECT_TRUE(shared.executor->borrowsLeaf(leaf)) << leaf;
+    EXPECT_FALSE(alone.executor->borrowsLeaf(leaf)) << leaf;
+  }
+  EXPECT_GE(alone.executor->deviceBytes() - shared.executor->deviceBytes(), weightBytes);
+  Tensor tokens = Tensor::zeros(TensorType(DType::I32, {batch, positions}));
+  for (int32_t &t : tokens.ints)
+    t = int32_t(rng.below(c.vocab));
+  std::vector<Tensor> logits;
+  for (CompiledProgram *p : {&shared, &alone}) {
+    ASSERT_FALSE(bool(p->executor->bind(program::kTokens, tokens)));
+    ASSERT_FALSE(bool(p->executor->bind(program::kLastRows, Tensor{TensorType(DType::I32, {batch, 1}), {}, {15, 31}})));
+    ASSERT_FALSE(bool(bindSampling(*p->executor, SamplingOptions{})));
+    logits.push_back(unwrap(p->executor->run()).at(*program::outputIndex(*p->graph, program::kLogits)));
+  }
+  EXPECT_EQ(logits[0].data, logits[1].data);
+  // The shared prefill wrote the decode step's cache.
+  Tensor written = unwrap(decode.executor->read("h1.attn.k_cache"));
+  EXPECT_NE(std::count(written.data.begin(), written.data.end(), 0.0f), int64_t(written.data.size()));
+}
 
 } // namespace
 

@@ -75,6 +75,41 @@ llvm::Expected<bool> ProgramRunner::shareLeaf(llvm::StringRef name, Executor &ow
   return true;
 }
 
+bool ProgramRunner::borrowsLeaf(llvm::StringRef name) const {
+  const Value *v = graph_.lookup(name);
+  return v && borrowedLeaves_.count(v);
+}
+
+ProgramRunner::Borrowed ProgramRunner::borrowableRegions() const {
+  Borrowed borrowed;
+  const auto *owner = dynamic_cast<const ProgramRunner *>(options_.regionsOf);
+  if (!owner || owner->options_.device != options_.device)
+    return borrowed;
+  // Every leaf of this region at the owner's offset, with the owner's type and storage, and the
+  // regions the same size: then the owner's bytes are this program's.
+  auto alike = [&](const llvm::DenseMap<const Value *, int64_t> &mine, int64_t myBytes,
+                   const llvm::DenseMap<const Value *, int64_t> &theirs, int64_t theirBytes) {
+    if (myBytes == 0 || myBytes != theirBytes || mine.size() != theirs.size())
+      return false;
+    for (const auto &[v, offset] : mine) {
+      const Value *other = owner->graph_.lookup(v->name());
+      auto it = other ? theirs.find(other) : theirs.end();
+      if (it == theirs.end() || it->second != offset || other->type() != v->type() ||
+          program_.bf16Stored.count(v) != owner->program_.bf16Stored.count(other))
+        return false;
+    }
+    return true;
+  };
+  const ParameterLayout &mine = program_.layout, &theirs = owner->program_.layout;
+  borrowed.owner = owner;
+  borrowed.params = owner->params_ && alike(mine.params, mine.paramBytes, theirs.params, theirs.paramBytes);
+  borrowed.state = owner->state_ && alike(mine.state, mine.stateBytes, theirs.state, theirs.stateBytes);
+  borrowed.weightCopy = borrowed.params && owner->weightsBf16_ &&
+                        program_.weightCopyBegin == owner->program_.weightCopyBegin &&
+                        program_.weightCopyEnd == owner->program_.weightCopyEnd;
+  return borrowed;
+}
+
 llvm::Error ProgramRunner::copyLeafFrom(llvm::StringRef name, const Executor &from) {
   auto [v, source] = sameLeaf(name, from);
   if (!v)

@@ -91,9 +91,21 @@ llvm::Error ProgramRunner::initialize() {
 
 /// Intermediates live in one arena laid out by the memory plan; parameters, the gradients
 /// AdamW reads and state in three regions of the parameter layout (zeroed: their padding stays
-/// zero); inputs keep buffers of their own.
+/// zero), or the parameters and state in CudaOptions::regionsOf's where laid out alike; inputs
+/// keep buffers of their own.
 llvm::Error ProgramRunner::allocateRegions(const MemoryPlan &plan, Regions &regions) {
   const ParameterLayout &layout = program_.layout;
+  borrowed_ = borrowableRegions();
+  if (borrowed_.params || borrowed_.state) {
+    // The owner's uploads (its binds, on its stream) are done before this program reads them.
+    CUDA_CHECK(cudaStreamSynchronize(borrowed_.owner->stream_));
+    for (const auto &[v, offset] : borrowed_.params ? layout.params : decltype(layout.params){})
+      borrowedLeaves_.insert(v);
+    for (const auto &[v, offset] : borrowed_.state ? layout.state : decltype(layout.state){})
+      borrowedLeaves_.insert(v);
+  }
+  regions.params = borrowed_.params ? borrowed_.owner->params_ : nullptr;
+  regions.state = borrowed_.state ? borrowed_.owner->state_ : nullptr;
   struct Region {
     char **base;
     int64_t bytes;
@@ -103,6 +115,8 @@ llvm::Error ProgramRunner::allocateRegions(const MemoryPlan &plan, Regions &regi
                                   Region{&regions.params, layout.paramBytes, "master weights"},
                                   Region{&regions.grads, layout.gradBytes, "gradients"},
                                   Region{&regions.state, layout.stateBytes, "state"}}) {
+    if (*base)
+      continue; // the owner's
     auto p = memory_.allocate(size_t(std::max<int64_t>(bytes, 256)), true, use, bytes);
     if (!p)
       return p.takeError();
@@ -110,6 +124,7 @@ llvm::Error ProgramRunner::allocateRegions(const MemoryPlan &plan, Regions &regi
   }
   params_ = regions.params;
   paramBytes_ = layout.paramBytes;
+  state_ = regions.state;
   return llvm::Error::success();
 }
 
@@ -225,10 +240,16 @@ llvm::Error ProgramRunner::useBf16OperandCopies() {
     }
   // The copy holds the parameters read in BF16 (CudaProgram::weightCopyBegin, End).
   if (int64_t bytes = program_.weightCopyEnd - program_.weightCopyBegin; bytes > 0) {
-    auto copy = memory_.allocate(size_t(bytes / 2), false, "BF16 weight copy");
-    if (!copy)
-      return copy.takeError();
-    weightsBf16_ = static_cast<char *>(*copy);
+    if (borrowed_.weightCopy) {
+      // Made by whichever of the two programs steps first after the parameters change (the same
+      // bits from the same parameters).
+      weightsBf16_ = borrowed_.owner->weightsBf16_;
+    } else {
+      auto copy = memory_.allocate(size_t(bytes / 2), false, "BF16 weight copy");
+      if (!copy)
+        return copy.takeError();
+      weightsBf16_ = static_cast<char *>(*copy);
+    }
     for (size_t i = 0; i < ops_.size(); ++i) {
       for (int k = 0; k < 2; ++k)
         if (gemms_.at(i).fromWeightCopy[k])

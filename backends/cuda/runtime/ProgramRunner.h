@@ -54,6 +54,7 @@ public:
   llvm::Expected<Tensor> collect(unsigned ticket) override;
   llvm::Error copyLeafFrom(llvm::StringRef name, const Executor &from) override;
   llvm::Expected<bool> shareLeaf(llvm::StringRef name, Executor &owner) override;
+  bool borrowsLeaf(llvm::StringRef name) const override;
   llvm::Expected<Tensor> read(llvm::StringRef name) const override;
   llvm::Error runPrologue() override;
   std::string describe() const override { return description_; }
@@ -65,6 +66,15 @@ private:
     char *arena = nullptr, *params = nullptr, *grads = nullptr, *state = nullptr;
   };
   llvm::Error allocateRegions(const MemoryPlan &plan, Regions &regions);
+  /// The regions of CudaOptions::regionsOf's program this one uses (LeafAccess.cpp): its
+  /// parameters and its state where each is laid out as here (the same leaves by name, type,
+  /// storage and offset, the same size), its BF16 weight copy where the parameters are and the
+  /// copy spans the same bytes. Nulls for the others.
+  struct Borrowed {
+    const ProgramRunner *owner = nullptr;
+    bool params = false, state = false, weightCopy = false;
+  };
+  Borrowed borrowableRegions() const;
   /// Op `i`'s results in their buffers, its kernels, scratch, persistent buffers and constants.
   llvm::Error placeOp(size_t i, const MemoryPlan &plan, const Regions &regions);
   /// The address tables of grouped launches over tensors that lie apart (OpLowering::addresses),
@@ -156,6 +166,10 @@ private:
   char *params_ = nullptr;
   int64_t paramBytes_ = 0;
   char *weightsBf16_ = nullptr;
+  char *state_ = nullptr;
+  // The regions this program uses of another's (CudaOptions::regionsOf), and the leaves in them.
+  Borrowed borrowed_;
+  llvm::DenseSet<const Value *> borrowedLeaves_;
   // Whether the program assigns parameters (training): then the BF16 copy is written inside
   // each step; otherwise (generation) once after the parameters are bound, outside the steps.
   // paramsBound_: the parameters changed since their BF16 copy was made (at first: never made).
