@@ -128,6 +128,8 @@ int main() {
   differing += shape<8, 16, 128, 4096>("gpt-1.3b", 1000);
   differing += shape<1, 16, 128, 2048>("gpt-1.3b", 256);    // a batch-1 step's short context
   differing += shape<32, 12, 64, 1024>("gpt2-124m", 1000);  // after 1000-token prompts
+  differing += shape<32, 12, 64, 1024>("gpt2-124m", 48);    // a batch's short contexts
+  differing += shape<1, 12, 64, 1024>("gpt2-124m", 48);     // a batch-1 step's
   printf("%s\n", differing ? "OUTPUTS DIFFER" : "every case's output within 1e-3 of the first's");
   return differing != 0;
 }

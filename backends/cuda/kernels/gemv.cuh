@@ -171,42 +171,79 @@ __device__ __forceinline__ uint4 loadPairs8(const float *x, int64 i) {
   return make_uint4(packBf16(a.x, a.y), packBf16(a.z, a.w), packBf16(b.x, b.y), packBf16(b.z, b.w));
 }
 
+// gemmRowsBf16's slices of K summed in shared memory in slice order, each output then written.
+template <int64 M, int64 N, int KSPLIT, int RowTiles, int Columns, int CG, bool Bias, bool Gelu, typename Out>
+__device__ __forceinline__ void gemmRowsSum(const float (&acc)[CG][RowTiles][4], int slice, int group, int g, int q,
+                                            const float *bias, Out out, float *pre) {
+  __shared__ float partial[KSPLIT][RowTiles * 16][Columns];
+#pragma unroll
+  for (int c = 0; c < CG; ++c)
+#pragma unroll
+    for (int i = 0; i < RowTiles; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        partial[slice][16 * i + 8 * (e / 2) + g][group * 8 * CG + 8 * c + 2 * q + e % 2] = acc[c][i][e];
+  __syncthreads();
+  for (int v = threadIdx.x; v < M * Columns; v += blockDim.x) {
+    int r = v / Columns, c = v % Columns;
+    int64 n = blockIdx.x * (int64)Columns + c;
+    if (n >= N)
+      continue;
+    float sum = partial[0][r][c];
+#pragma unroll
+    for (int s = 1; s < KSPLIT; ++s) sum += partial[s][r][c];
+    writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
+  }
+}
+
 // M <= 64 rows (m16 tiles, rows past M zero), K a multiple of 32 * KSPLIT; 256 threads. The
-// block's 8 warps are KSPLIT slices of K by 8 / KSPLIT groups of 8 columns (a block takes
-// 64 / KSPLIT columns). Per 32 elements of K, lane (g, q) loads 16 bytes of its group's weight
-// row g (elements 8q..8q+7: the 8 rows in one 512-byte warp load) and 16 bytes of each x row
-// g + 8i, and two m16n8k16 products take them whole: the fragments' k slots (2q, 2q+1, 2q+8,
-// 2q+9) hold elements 8q..8q+3 in the first product and 8q+4..8q+7 in the second, the same
-// permutation of k for both operands, so the sum is the product's, with no shared memory or
-// shuffle between. A lane holds the weights of 8 steps of K at once and loads the next 8 while
-// these multiply. With KSPLIT > 1 the slices' tiles are summed in shared memory in slice order
-// (the same bits every run); each output then as writeProduct writes it. Prologue (the fused
-// norm, which writes x) runs after the kernel awaits the one before it, before x is read.
-template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, typename X, typename Out,
+// block's 8 warps are KSPLIT slices of K by 8 / KSPLIT groups of CG * 8 columns (a block takes
+// 64 / KSPLIT * CG columns). Per 32 elements of K, lane (g, q) loads 16 bytes of weight row g of
+// each of its CG column tiles (elements 8q..8q+7: a tile's 8 rows in one 512-byte warp load) and
+// 16 bytes of each x row g + 8i, and two m16n8k16 products a tile take them whole: the
+// fragments' k slots (2q, 2q+1, 2q+8, 2q+9) hold elements 8q..8q+3 in the first product and
+// 8q+4..8q+7 in the second, the same permutation of k for both operands, so the sum is the
+// product's, with no shared memory or shuffle between. The rows of x a warp loads serve its CG
+// tiles: a block reads all of x, so at 32 rows and more x's reads from L2 outweigh the weight's
+// unless a block takes many columns. A lane holds the weights of 8 / CG steps of K at once and
+// loads the next ones while these multiply. With KSPLIT > 1 the slices' tiles are summed in
+// shared memory in slice order (the same bits every run); each output then as writeProduct
+// writes it. Every column's sum takes the same products in the same order whatever CG is. Prologue
+// (the fused norm, which writes x) runs after the kernel awaits the one before it, before x is
+// read.
+template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, int CG = 1, typename X, typename Out,
           typename Prologue = void (*)()>
 __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
                              Prologue prologue = [] {}) {
-  constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8;
+  constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8 * CG;
   constexpr int64 Steps = K / KSPLIT / 32; // 32-element steps of K a warp takes
-  constexpr int Group = 8;                 // steps whose weights a lane holds at once
+  constexpr int Group = 8 / CG;            // steps whose weights a lane holds at once
   static_assert(M <= 64 && Warps % KSPLIT == 0 && K % (32 * KSPLIT) == 0, "9 to 64 rows, whole steps of K");
+  static_assert(CG == 1 || CG == 2 || CG == 4 || CG == 8, "1, 2, 4 or 8 column tiles a warp");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int slice = warp % KSPLIT, group = warp / KSPLIT;
-  const int64 col0 = blockIdx.x * (int64)Columns + group * 8; // the warp's first column
-  const int64 k0 = slice * (K / KSPLIT) + 8 * q;              // the lane's first element of K
-  const bool valid = col0 + g < N;
-  const unsigned short *row = w + (valid ? col0 + g : 0) * K + k0;
-  uint4 now[Group], next[Group];
-  auto loadWeights = [&](uint4(&dst)[Group], int64 first) {
+  const int64 col0 = blockIdx.x * (int64)Columns + group * 8 * CG; // the warp's first column
+  const int64 k0 = slice * (K / KSPLIT) + 8 * q;                   // the lane's first element of K
+  const unsigned short *rows[CG];
+  bool valid[CG];
+#pragma unroll
+  for (int c = 0; c < CG; ++c) {
+    valid[c] = col0 + 8 * c + g < N;
+    rows[c] = w + (valid[c] ? col0 + 8 * c + g : 0) * K + k0;
+  }
+  uint4 now[Group][CG], next[Group][CG];
+  auto loadWeights = [&](uint4(&dst)[Group][CG], int64 first) {
 #pragma unroll
     for (int j = 0; j < Group; ++j)
-      dst[j] = first + j < Steps && valid ? *(const uint4 *)(row + 32 * (first + j)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int c = 0; c < CG; ++c)
+        dst[j][c] = first + j < Steps && valid[c] ? *(const uint4 *)(rows[c] + 32 * (first + j)) : make_uint4(0, 0, 0, 0);
   };
   loadWeights(now, 0);
   awaitPreviousKernel();
   prologue();
 
-  float acc[RowTiles][4] = {};
+  float acc[CG][RowTiles][4] = {};
   for (int64 first = 0; first < Steps; first += Group) {
     if (first + Group < Steps)
       loadWeights(next, first + Group);
@@ -227,43 +264,34 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
       for (int i = 0; i < RowTiles; ++i) {
         const unsigned low[4] = {a[i][0].x, a[i][1].x, a[i][0].y, a[i][1].y};
         const unsigned high[4] = {a[i][0].z, a[i][1].z, a[i][0].w, a[i][1].w};
-        mmaBf16(acc[i], low, now[j].x, now[j].y);
-        mmaBf16(acc[i], high, now[j].z, now[j].w);
+#pragma unroll
+        for (int c = 0; c < CG; ++c) {
+          mmaBf16(acc[c][i], low, now[j][c].x, now[j][c].y);
+          mmaBf16(acc[c][i], high, now[j][c].z, now[j][c].w);
+        }
       }
     }
     if (first + Group < Steps) {
 #pragma unroll
-      for (int j = 0; j < Group; ++j) now[j] = next[j];
+      for (int j = 0; j < Group; ++j)
+#pragma unroll
+        for (int c = 0; c < CG; ++c) now[j][c] = next[j][c];
     }
   }
 
-  if (KSPLIT == 1) {
+  if constexpr (KSPLIT == 1) {
 #pragma unroll
-    for (int i = 0; i < RowTiles; ++i)
+    for (int c = 0; c < CG; ++c)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int64 r = 16 * i + 8 * (e / 2) + g, n = col0 + 2 * q + e % 2;
-        if (r < M && n < N)
-          writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, acc[i][e]);
-      }
-    return;
-  }
-  __shared__ float partial[KSPLIT][RowTiles * 16][Columns];
+      for (int i = 0; i < RowTiles; ++i)
 #pragma unroll
-  for (int i = 0; i < RowTiles; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      partial[slice][16 * i + 8 * (e / 2) + g][group * 8 + 2 * q + e % 2] = acc[i][e];
-  __syncthreads();
-  for (int v = threadIdx.x; v < M * Columns; v += blockDim.x) {
-    int r = v / Columns, c = v % Columns;
-    int64 n = blockIdx.x * (int64)Columns + c;
-    if (n >= N)
-      continue;
-    float sum = partial[0][r][c];
-#pragma unroll
-    for (int s = 1; s < KSPLIT; ++s) sum += partial[s][r][c];
-    writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
+        for (int e = 0; e < 4; ++e) {
+          int64 r = 16 * i + 8 * (e / 2) + g, n = col0 + 8 * c + 2 * q + e % 2;
+          if (r < M && n < N)
+            writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, acc[c][i][e]);
+        }
+  } else {
+    gemmRowsSum<M, N, KSPLIT, RowTiles, Columns, CG, Bias, Gelu>(acc, slice, group, g, q, bias, out, pre);
   }
 }
 
