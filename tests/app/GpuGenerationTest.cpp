@@ -75,6 +75,11 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   shapes.push_back({24, 96, 200});
   shapes.push_back({32, 2048, 200});
   shapes.push_back({17, 256, 16384});
+  // 2 column tiles a warp (K <= N: 24 rows; 40 rows, three row tiles), 4 (a block for every
+  // multiprocessor), both with a partial last block (Gemv.cpp's rowsColumnTiles).
+  shapes.push_back({24, 512, 1000});
+  shapes.push_back({40, 256, 6000});
+  shapes.push_back({16, 512, 5000});
   shapes.push_back({17, 256, 16385});
   shapes.push_back({8, 256, 16385});
   // The GEMV's tiles (Gemv.cpp's gemvTile): K in 8 slices with 2 columns a warp and a partial

@@ -64,10 +64,26 @@ int64_t gemvBlocks(int64_t N, GemvTile tile) {
   return (N + columns - 1) / columns;
 }
 
-/// gemmRowsBf16's blocks: 64 / kSplit columns each.
-int64_t rowsBlocks(int64_t N, int kSplit) {
-  int64_t columns = 64 / kSplit;
+/// gemmRowsBf16's blocks: 64 / kSplit * columnTiles columns each.
+int64_t rowsBlocks(int64_t N, int kSplit, int columnTiles = 1) {
+  int64_t columns = 64 / kSplit * columnTiles;
   return (N + columns - 1) / columns;
+}
+
+/// gemmRowsBf16's column tiles a warp (CG) for 9 to 64 rows: a block reads all of x for its
+/// columns, so more columns a block read x fewer times, while fewer blocks stream the weight.
+/// Measured at gpt2-124m's and gpt-1.3b's shapes, 16-64 rows (tests/bench/gemm_rows.cu,
+/// BENCHMARKS.md session 45): 4 tiles where that still leaves a block for every multiprocessor
+/// (gpt-1.3b's qkv and fc1 at 32 rows, 1.2x); else 2 where K is at most N (gpt2-124m's qkv,
+/// proj and fc1, 1.1-1.3x); else 1 (fc2's long K: fewer blocks left it slower). The block's
+/// sums in shared memory bound row tiles times CG at 8 (32 KB).
+int rowsColumnTiles(int64_t M, int64_t N, int64_t K, int kSplit, int multiprocessors) {
+  const int64_t rowTiles = (M + 15) / 16;
+  if (rowTiles * 4 <= 8 && rowsBlocks(N, kSplit, 4) >= multiprocessors)
+    return 4;
+  if (rowTiles * 2 <= 8 && K <= N)
+    return 2;
+  return 1;
 }
 
 } // namespace
@@ -91,10 +107,11 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
              fmt::format("gemvBf16<{}, {}, {}, {}, {}, {}, {}>({})", M, N, K, tile.columns, tile.kSplit, boolText(bias),
                          boolText(gelu), args));
   } else {
-    int kSplit = rowsKSplit(K);
-    e.launch(0, params, rowsBlocks(N, kSplit),
-             fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}>({})", M, N, K, kSplit, boolText(bias), boolText(gelu),
-                         args));
+    // 2 to 8 rows keep one tile a warp (their x is small); 9 to 64 take rowsColumnTiles'.
+    int kSplit = rowsKSplit(K), tiles = M > 8 ? rowsColumnTiles(M, N, K, kSplit, e.program_.multiprocessors) : 1;
+    e.launch(0, params, rowsBlocks(N, kSplit, tiles),
+             fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}{}>({})", M, N, K, kSplit, boolText(bias), boolText(gelu),
+                         tiles > 1 ? fmt::format(", {}", tiles) : "", args));
   }
   e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
