@@ -72,6 +72,6 @@ __global__ void fillBits(unsigned short *x, long n, unsigned seed, unsigned expo
     h ^= h >> 13;
     h *= 0x5bd1e995u;
     h ^= h >> 15;
-    x[i] = (unsigned short)(exponentBits + (h & 0x7ff) - 0x400 * (h >> 31));
+    x[i] = (unsigned short)(exponentBits + (h & 0x7f) + 0x8000 * (h >> 31)); // mantissa, sign
   }
 }
