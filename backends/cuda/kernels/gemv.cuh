@@ -171,59 +171,74 @@ __device__ __forceinline__ uint4 loadPairs8(const float *x, int64 i) {
   return make_uint4(packBf16(a.x, a.y), packBf16(a.z, a.w), packBf16(b.x, b.y), packBf16(b.z, b.w));
 }
 
-// gemmRowsBf16's slices of K summed in shared memory in slice order, each output then written.
-template <int64 M, int64 N, int KSPLIT, int RowTiles, int Columns, int CG, bool Bias, bool Gelu, typename Out>
-__device__ __forceinline__ void gemmRowsSum(const float (&acc)[CG][RowTiles][4], int slice, int group, int g, int q,
-                                            const float *bias, Out out, float *pre) {
-  __shared__ float partial[KSPLIT][RowTiles * 16][Columns];
+// A warp's sums of gemmRowsAccumulate given out: with one slice of K a block straight from its
+// registers, else the slices' tiles summed in shared memory in slice order; emit(r, n, sum) for
+// each row r < M and column n < N of the block's (column block `block`).
+template <int64 M, int64 N, int KSPLIT, int RowTiles, int Columns, int CG, typename Emit>
+__device__ __forceinline__ void gemmRowsEmit(const float (&acc)[CG][RowTiles][4], int64 block, int slice, int group,
+                                             int g, int q, Emit emit) {
+  if constexpr (KSPLIT == 1) {
+    const int64 col0 = block * Columns + group * 8 * CG;
 #pragma unroll
-  for (int c = 0; c < CG; ++c)
+    for (int c = 0; c < CG; ++c)
 #pragma unroll
-    for (int i = 0; i < RowTiles; ++i)
+      for (int i = 0; i < RowTiles; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        partial[slice][16 * i + 8 * (e / 2) + g][group * 8 * CG + 8 * c + 2 * q + e % 2] = acc[c][i][e];
-  __syncthreads();
-  for (int v = threadIdx.x; v < M * Columns; v += blockDim.x) {
-    int r = v / Columns, c = v % Columns;
-    int64 n = blockIdx.x * (int64)Columns + c;
-    if (n >= N)
-      continue;
-    float sum = partial[0][r][c];
+        for (int e = 0; e < 4; ++e) {
+          int64 r = 16 * i + 8 * (e / 2) + g, n = col0 + 8 * c + 2 * q + e % 2;
+          if (r < M && n < N)
+            emit(r, n, acc[c][i][e]);
+        }
+  } else {
+    __shared__ float sums[KSPLIT][RowTiles * 16][Columns];
 #pragma unroll
-    for (int s = 1; s < KSPLIT; ++s) sum += partial[s][r][c];
-    writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
+    for (int c = 0; c < CG; ++c)
+#pragma unroll
+      for (int i = 0; i < RowTiles; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sums[slice][16 * i + 8 * (e / 2) + g][group * 8 * CG + 8 * c + 2 * q + e % 2] = acc[c][i][e];
+    __syncthreads();
+    for (int v = threadIdx.x; v < M * Columns; v += blockDim.x) {
+      int r = v / Columns, c = v % Columns;
+      int64 n = block * Columns + c;
+      if (n >= N)
+        continue;
+      float sum = sums[0][r][c];
+#pragma unroll
+      for (int s = 1; s < KSPLIT; ++s) sum += sums[s][r][c];
+      emit(r, n, sum);
+    }
   }
 }
 
-// M <= 64 rows (m16 tiles, rows past M zero), K a multiple of 32 * KSPLIT; 256 threads. The
-// block's 8 warps are KSPLIT slices of K by 8 / KSPLIT groups of CG * 8 columns (a block takes
-// 64 / KSPLIT * CG columns). Per 32 elements of K, lane (g, q) loads 16 bytes of weight row g of
-// each of its CG column tiles (elements 8q..8q+7: a tile's 8 rows in one 512-byte warp load) and
-// 16 bytes of each x row g + 8i, and two m16n8k16 products a tile take them whole: the
-// fragments' k slots (2q, 2q+1, 2q+8, 2q+9) hold elements 8q..8q+3 in the first product and
-// 8q+4..8q+7 in the second, the same permutation of k for both operands, so the sum is the
-// product's, with no shared memory or shuffle between. The rows of x a warp loads serve its CG
-// tiles: a block reads all of x, so at 32 rows and more x's reads from L2 outweigh the weight's
-// unless a block takes many columns. A lane holds the weights of 8 / CG steps of K at once and
-// loads the next ones while these multiply. With KSPLIT > 1 the slices' tiles are summed in
-// shared memory in slice order (the same bits every run); each output then as writeProduct
-// writes it. Every column's sum takes the same products in the same order whatever CG is. Prologue
-// (the fused norm, which writes x) runs after the kernel awaits the one before it, before x is
-// read.
-template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, int CG = 1, typename X, typename Out,
-          typename Prologue = void (*)()>
-__device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
-                             Prologue prologue = [] {}) {
+// M <= 64 rows (m16 tiles, rows past M zero) of x [M, K] against w [N, K]: the sums over
+// elements [kFirst, kFirst + Span) of K of column block `block`'s outputs, into each warp's acc
+// (gemmRowsEmit gives them out); 256 threads. The block's 8 warps are KSPLIT slices of the span
+// by 8 / KSPLIT groups of CG * 8 columns (a block takes 64 / KSPLIT * CG columns). Per 32
+// elements of K, lane (g, q) loads 16 bytes of weight row g of each of its CG column tiles
+// (elements 8q..8q+7: a tile's 8 rows in one 512-byte warp load) and 16 bytes of each x row
+// g + 8i, and two m16n8k16 products a tile take them whole: the fragments' k slots (2q, 2q+1,
+// 2q+8, 2q+9) hold elements 8q..8q+3 in the first product and 8q+4..8q+7 in the second, the same
+// permutation of k for both operands, so the sum is the product's, with no shared memory or
+// shuffle between. The rows of x a warp loads serve its CG tiles: a block reads all of x's
+// span, so at 32 rows and more x's reads from L2 outweigh the weight's unless a block takes many
+// columns. A lane holds the weights of 8 / CG steps of K at once and loads the next ones while
+// these multiply. Every column's sum takes the same products in the same order whatever CG is.
+// Prologue (the fused norm, which writes x) runs after the kernel awaits the one before it,
+// before x is read.
+template <int64 M, int64 N, int64 K, int64 Span, int KSPLIT, int CG, typename X, typename Prologue>
+__device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned short *w, int64 block, int64 kFirst,
+                                                   Prologue prologue, float (&acc)[CG][(M + 15) / 16][4]) {
   constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8 * CG;
-  constexpr int64 Steps = K / KSPLIT / 32; // 32-element steps of K a warp takes
-  constexpr int Group = 8 / CG;            // steps whose weights a lane holds at once
-  static_assert(M <= 64 && Warps % KSPLIT == 0 && K % (32 * KSPLIT) == 0, "9 to 64 rows, whole steps of K");
+  constexpr int64 Steps = Span / KSPLIT / 32; // 32-element steps of K a warp takes
+  constexpr int Group = 8 / CG;               // steps whose weights a lane holds at once
+  static_assert(M <= 64 && Warps % KSPLIT == 0 && Span % (32 * KSPLIT) == 0, "9 to 64 rows, whole steps of K");
   static_assert(CG == 1 || CG == 2 || CG == 4 || CG == 8, "1, 2, 4 or 8 column tiles a warp");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int slice = warp % KSPLIT, group = warp / KSPLIT;
-  const int64 col0 = blockIdx.x * (int64)Columns + group * 8 * CG; // the warp's first column
-  const int64 k0 = slice * (K / KSPLIT) + 8 * q;                   // the lane's first element of K
+  const int64 col0 = block * Columns + group * 8 * CG;         // the warp's first column
+  const int64 k0 = kFirst + slice * (Span / KSPLIT) + 8 * q; // the lane's first element of K
   const unsigned short *rows[CG];
   bool valid[CG];
 #pragma unroll
@@ -243,7 +258,6 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
   awaitPreviousKernel();
   prologue();
 
-  float acc[CG][RowTiles][4] = {};
   for (int64 first = 0; first < Steps; first += Group) {
     if (first + Group < Steps)
       loadWeights(next, first + Group);
@@ -278,20 +292,65 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
         for (int c = 0; c < CG; ++c) now[j][c] = next[j][c];
     }
   }
+}
 
-  if constexpr (KSPLIT == 1) {
+// out = x @ w^T (+ bias) (then the GELU) for M <= 64 rows, K a multiple of 32 * KSPLIT, a block
+// per 64 / KSPLIT * CG columns (gemmRowsAccumulate over all of K); each output as writeProduct
+// writes it.
+template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, int CG = 1, typename X, typename Out,
+          typename Prologue = void (*)()>
+__device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
+                             Prologue prologue = [] {}) {
+  constexpr int RowTiles = (int)((M + 15) / 16), Columns = 8 / KSPLIT * 8 * CG;
+  float acc[CG][RowTiles][4] = {};
+  gemmRowsAccumulate<M, N, K, K, KSPLIT, CG>(x, w, blockIdx.x, 0, prologue, acc);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  gemmRowsEmit<M, N, KSPLIT, RowTiles, Columns, CG>(acc, blockIdx.x, warp % KSPLIT, warp / KSPLIT, lane / 4, lane % 4,
+                                                    [&](int64 r, int64 n, float sum) {
+                                                      writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
+                                                    });
+}
+
+// gemmRowsBf16 with K split over Parts blocks a column block as well (block b: column block
+// b / Parts, part b % Parts of K), for products whose columns are too few to give every
+// multiprocessor a block once a block takes enough of them to read x seldom (fc2's shape: K
+// four times N). Each block writes its part's sums to partial ([Parts, M, N] floats); the last
+// block of a column block to finish (counted in done, a zeroed buffer of one counter a column
+// block, which it zeroes again) sums the parts in part order (the same bits every run) and
+// writes each output as writeProduct does.
+template <int64 M, int64 N, int64 K, int KSPLIT, int CG, int Parts, bool Bias, bool Gelu, typename X, typename Out>
+__device__ void gemmRowsPartsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
+                                  float *partial, unsigned *done) {
+  constexpr int RowTiles = (int)((M + 15) / 16), Columns = 8 / KSPLIT * 8 * CG;
+  static_assert(K % Parts == 0, "whole parts of K");
+  const int64 block = blockIdx.x / Parts, part = blockIdx.x % Parts;
+  float acc[CG][RowTiles][4] = {};
+  gemmRowsAccumulate<M, N, K, K / Parts, KSPLIT, CG>(x, w, block, part * (K / Parts), [] {}, acc);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  gemmRowsEmit<M, N, KSPLIT, RowTiles, Columns, CG>(acc, block, warp % KSPLIT, warp / KSPLIT, lane / 4, lane % 4,
+                                                    [&](int64 r, int64 n, float sum) {
+                                                      partial[(part * M + r) * N + n] = sum;
+                                                    });
+  __shared__ bool last;
+  __threadfence(); // the part's sums visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done + block, 1u) == Parts - 1;
+    if (last)
+      done[block] = 0; // for the next launch
+  }
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  for (int v = threadIdx.x; v < M * Columns; v += blockDim.x) {
+    int64 r = v / Columns, n = block * Columns + v % Columns;
+    if (n >= N)
+      continue;
+    float sum = __ldcg(partial + r * N + n); // from L2: never a stale L1 line
 #pragma unroll
-    for (int c = 0; c < CG; ++c)
-#pragma unroll
-      for (int i = 0; i < RowTiles; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int64 r = 16 * i + 8 * (e / 2) + g, n = col0 + 8 * c + 2 * q + e % 2;
-          if (r < M && n < N)
-            writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, acc[c][i][e]);
-        }
-  } else {
-    gemmRowsSum<M, N, KSPLIT, RowTiles, Columns, CG, Bias, Gelu>(acc, slice, group, g, q, bias, out, pre);
+    for (int p = 1; p < Parts; ++p) sum += __ldcg(partial + (p * M + r) * N + n);
+    writeProduct<N, Bias, Gelu>(out, pre, bias, r, n, sum);
   }
 }
 
