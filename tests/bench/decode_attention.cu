@@ -1,12 +1,12 @@
 // What the decode step's attention over a BF16 KV cache reaches of the memory's rate (#41: long
 // contexts at >= 70%): decode.cuh's decodeAttention at the shapes of gpt-1.3b (16 heads of 128)
-// and gpt2-124m (12 of 64), for each part size Keys (32 .. 256 keys a block) and both ways of
-// reading the part (shared tiles of keys and values loaded together, as the step that writes its
-// caches runs; or straight from memory), one query a sequence at the same position. Each case:
+// and gpt2-124m (12 of 64), for each part size Keys (32 .. 256 keys a block) and each way of
+// reading the part (Kind below: the step's two ways, which write the position's row first, and
+// the plain read), one query a sequence at the same position. Each case:
 // a CUDA graph of 24 launches (a model's layers) over one cache too large for the L2; the bytes
 // counted are the keys and values read up to the position. Every case's output is checked
-// against the first case of its shape and kind (within 1e-3 of the largest: the parts sum in
-// another order). Not part of the build:
+// against the first case of its shape that reads the same row there (within 1e-3 of the largest:
+// the parts sum in another order). Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o decode_attention \
 //     tests/bench/decode_attention.cu && ./decode_attention
 #include "bench_util.cuh"
@@ -17,18 +17,22 @@
 #include <cstdio>
 #include <vector>
 
-// Tiles: as the step runs it (Write, the keys and values of the part loaded into shared memory
-// together; the position's row written from qkv into the cache first). Otherwise the plain
-// attention over the caches (no write), read from memory.
-template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, bool Tiles>
+// How a case reads the part: Tiles as a latency-bound step runs it (Write, the keys and values of
+// the part loaded into shared memory together; the position's row written from qkv into the
+// cache first); Written as a step of many (sequence, head) pairs runs it (Write, the part read
+// straight from memory after the row is written); Read, the plain attention over the caches (no
+// write), from memory.
+enum Kind { Read, Tiles, Written };
+
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, Kind How>
 __global__ void __launch_bounds__(128) attention(const float *qkv, unsigned short *k, unsigned short *v,
                                                  const int *positions, float *out, float *partial, unsigned *done,
                                                  float scale) {
   constexpr int64 Splits = (T + Keys - 1) / Keys;
-  if constexpr (Tiles)
-    decodeAttention<true, B, H, Dh, T, Keys, Splits, true, true>(qkv, (const unsigned short *)k,
-                                                                 (const unsigned short *)v, positions, out, partial,
-                                                                 done, scale, Bf16Out{k}, Bf16Out{v});
+  if constexpr (How != Read)
+    decodeAttention<true, B, H, Dh, T, Keys, Splits, true, How == Tiles>(qkv, (const unsigned short *)k,
+                                                                         (const unsigned short *)v, positions, out,
+                                                                         partial, done, scale, Bf16Out{k}, Bf16Out{v});
   else
     decodeAttention<true, B, H, Dh, T, Keys, Splits>(qkv, (const unsigned short *)k, (const unsigned short *)v,
                                                      positions, out, partial, done, scale);
@@ -51,7 +55,7 @@ struct Case {
   std::vector<float> out;
 };
 
-template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, bool Tiles>
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, Kind How>
 Case run(int position) {
   constexpr int64 D = H * Dh, W = 3 * D, Splits = (T + Keys - 1) / Keys;
   unsigned short *k, *v;
@@ -74,7 +78,7 @@ Case run(int position) {
   const float scale = 1.0f / std::sqrt((float)Dh);
   // 24 launches, a model's layers; the last one's output is the case's.
   float us = timeGraph(24, [&](int, cudaStream_t stream) {
-    attention<B, H, Dh, T, Keys, Tiles>
+    attention<B, H, Dh, T, Keys, How>
         <<<B * H * Splits, 128, 0, stream>>>(qkv, k, v, positions, out, partial, done, scale);
   });
   Case c{us, std::vector<float>(B * D)};
@@ -93,12 +97,12 @@ int checkedAgainst(const std::vector<float> &want, const std::vector<float> &got
   return worst <= 1e-3f * largest ? 0 : (printf("  differs from the first case: %g of %g\n", worst, largest), 1);
 }
 
-template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, bool Tiles>
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, Kind How>
 int report(const char *name, int position, const std::vector<float> *reference, std::vector<float> *first) {
-  Case c = run<B, H, Dh, T, Keys, Tiles>(position);
+  Case c = run<B, H, Dh, T, Keys, How>(position);
   const double bytes = 2.0 * B * (position + 1) * H * Dh * 2;
   printf("%-10s B %2lld T %5lld at %5d  Keys %3lld %-6s: %8.2f us  %7.1f GB/s  %5.1f%%\n", name, B, T, position, Keys,
-         Tiles ? "tiles" : "memory", c.us, bytes / c.us / 1e3, 100 * bytes / c.us / bandwidth);
+         How == Tiles ? "tiles" : How == Written ? "write" : "memory", c.us, bytes / c.us / 1e3, 100 * bytes / c.us / bandwidth);
   if (first)
     *first = c.out;
   return reference ? checkedAgainst(*reference, c.out) : 0;
@@ -107,15 +111,17 @@ int report(const char *name, int position, const std::vector<float> *reference, 
 // Every part size and both reads at one shape and position.
 template <int64 B, int64 H, int64 Dh, int64 T>
 int shape(const char *name, int position) {
-  // The tiled cases write the position's row from qkv first; the others read the cache's own
-  // row there: each kind is checked against its first case.
-  std::vector<float> tiled, read;
-  int differing = report<B, H, Dh, T, 32, true>(name, position, nullptr, &tiled);
-  differing += report<B, H, Dh, T, 64, true>(name, position, &tiled, nullptr);
-  differing += report<B, H, Dh, T, 32, false>(name, position, nullptr, &read);
-  differing += report<B, H, Dh, T, 64, false>(name, position, &read, nullptr);
-  differing += report<B, H, Dh, T, 128, false>(name, position, &read, nullptr);
-  differing += report<B, H, Dh, T, 256, false>(name, position, &read, nullptr);
+  // The tiled and written cases write the position's row from qkv first; the others read the
+  // cache's own row there: each is checked against the first case that reads the same row.
+  std::vector<float> written, read;
+  int differing = report<B, H, Dh, T, 32, Tiles>(name, position, nullptr, &written);
+  differing += report<B, H, Dh, T, 64, Tiles>(name, position, &written, nullptr);
+  differing += report<B, H, Dh, T, 32, Written>(name, position, &written, nullptr);
+  differing += report<B, H, Dh, T, 64, Written>(name, position, &written, nullptr);
+  differing += report<B, H, Dh, T, 32, Read>(name, position, nullptr, &read);
+  differing += report<B, H, Dh, T, 64, Read>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 128, Read>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 256, Read>(name, position, &read, nullptr);
   return differing;
 }
 
