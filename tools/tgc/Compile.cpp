@@ -197,6 +197,10 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
     printOpCountTable(before, countOps(**graph), llvm::errs());
     printLeafBytes(**graph, config.train.shardOptimizer && Ranks > 1, llvm::errs());
     printGpuMemoryReport(**graph, llvm::errs());
+    if (output == GPTOutput::Prefill || output == GPTOutput::Verify)
+      llvm::errs() << "// (on a GPU, tgc generate and bench --generate run this program beside the decode step's, "
+                      "whose parameters, state and BF16 weight copy it uses where laid out alike: it adds its arena "
+                      "and kernel buffers)\n";
   }
   return graph;
 }
