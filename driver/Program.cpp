@@ -37,6 +37,7 @@ llvm::Expected<PassPipeline> devicePipeline(const ModelConfig &config, const Dev
   options.passOptions.dataParallel.ranks = ranks;
   options.passOptions.dataParallel.rank = rank;
   options.passOptions.dataParallel.shardOptimizer = config.train.shardOptimizer;
+  options.passOptions.dataParallel.shardGradients = config.train.shardGradients;
   options.passOptions.dataParallel.bf16Gradients = config.train.bf16GradientReduce;
   // TGC_BUCKET_MB: the gradients' all_reduce buckets (PyTorch DDP's bucket_cap_mb, 25 MiB).
   if (const char *mb = std::getenv("TGC_BUCKET_MB")) {

@@ -69,7 +69,7 @@ const ChoiceSetting kChoiceSettings[] = {
     {"fp8_format", {"hybrid", "e4m3"}},
     {"amax_compute_algo", {"max", "most_recent"}},
     {"fp8_scaling", {"delayed", "current", "mixed", "block"}},
-    {"shard", {"none", "optimizer"}},
+    {"shard", {"none", "optimizer", "gradients"}},
     {"grad_reduce", {"fp32", "bf16"}},
 };
 
@@ -202,10 +202,11 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     return err;
   if (o.seed)
     t.seed = *o.seed;
-  std::string shard = t.shardOptimizer ? "optimizer" : "none";
+  std::string shard = t.shardGradients ? "gradients" : t.shardOptimizer ? "optimizer" : "none";
   if (auto err = overrideChoice("shard", "shard", o.shard, shard))
     return err;
-  t.shardOptimizer = shard == "optimizer";
+  t.shardOptimizer = shard != "none";
+  t.shardGradients = shard == "gradients";
   std::string reduce = t.bf16GradientReduce ? "bf16" : "fp32";
   if (auto err = overrideChoice("grad_reduce", "grad-reduce", o.gradReduce, reduce))
     return err;
@@ -579,7 +580,8 @@ void ConfigReader::readTrain(Fields &top, TrainConfig &t) {
     readRecompute(train, t);
     std::string shard = "none";
     readChoice(train, "shard", shard);
-    t.shardOptimizer = shard == "optimizer";
+    t.shardOptimizer = shard != "none";
+    t.shardGradients = shard == "gradients";
     std::string reduce = "fp32";
     readChoice(train, "grad_reduce", reduce);
     t.bf16GradientReduce = reduce == "bf16";

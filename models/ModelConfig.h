@@ -47,10 +47,12 @@ struct TrainConfig {
   bool recomputes(std::optional<int64_t> layer) const {
     return recompute && (recomputeLayers < 0 || (layer && *layer < recomputeLayers));
   }
-  /// shard: optimizer (ZeRO) under data parallelism: each rank keeps AdamW's moments of its
-  /// 1 / ranks of every parameter and updates only that part; the gradients are reduce-scattered
-  /// and the parameters all-gathered (transforms/training/AdamW.cpp).
-  bool shardOptimizer = false;
+  /// shard: optimizer (ZeRO-1) under data parallelism: each rank keeps AdamW's moments of its
+  /// 1 / ranks of every parameter and updates only that part, from its part of the all-reduced
+  /// gradients; the parameters are all-gathered after (transforms/training/AdamW.cpp).
+  /// shard: gradients (ZeRO-2) sets shardGradients too: the gradients are reduce-scattered, each
+  /// rank keeping its part of each (DataParallel.cpp), so no rank holds a whole gradient buffer.
+  bool shardOptimizer = false, shardGradients = false;
   /// grad_reduce: bf16: the gradients cross the ranks in BF16 (half the bytes): each rank's
   /// rounded to BF16, the reduced values rounded again (DataParallel.cpp).
   bool bf16GradientReduce = false;
@@ -193,7 +195,7 @@ struct ConfigOverrides {
   std::optional<bool> fp8LmHead; // --fp8-lm-head: the LM head out of keep_bf16
   std::optional<bool> fp8Weights, fp8Attention;
   std::optional<std::string> recipe, fp8Format, amaxComputeAlgo, fp8Scaling;
-  std::optional<std::string> shard; // --shard none | optimizer
+  std::optional<std::string> shard; // --shard none | optimizer | gradients
   std::optional<std::string> gradReduce; // --grad-reduce fp32 | bf16
 };
 /// Applies `overrides`, each checked as the model file's key is; an error names the flag

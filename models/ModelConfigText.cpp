@@ -40,7 +40,7 @@ static std::string recomputeText(const TrainConfig &t) {
   if (t.recomputeAuto && t.memoryBudgetGiB > 0)
     text += fmt::format("  memory_budget: {}\n", t.memoryBudgetGiB);
   if (t.shardOptimizer)
-    text += "  shard: optimizer\n";
+    text += t.shardGradients ? "  shard: gradients\n" : "  shard: optimizer\n";
   if (t.bf16GradientReduce)
     text += "  grad_reduce: bf16\n";
   return text;

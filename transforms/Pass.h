@@ -36,9 +36,10 @@ struct DataParallelOptions {
   int ranks = 1;
   int rank = 0; // this program's rank (ZeRO's shards are the rank's own)
   int64_t bucketBytes = int64_t(25) << 20;
-  /// ZeRO: the gradients reduce-scattered, AdamW's moments and update on this rank's shard of
-  /// each parameter, the parameters all-gathered after (TrainConfig::shardOptimizer).
-  bool shardOptimizer = false;
+  /// ZeRO: AdamW's moments and update on this rank's shard of each parameter, the parameters
+  /// all-gathered after (TrainConfig::shardOptimizer); with shardGradients (ZeRO-2) the gradients
+  /// reduce-scattered instead of all-reduced.
+  bool shardOptimizer = false, shardGradients = false;
   /// The gradients reduced in BF16 (TrainConfig::bf16GradientReduce): the buckets' collectives
   /// carry dtype = "bf16".
   bool bf16Gradients = false;

@@ -192,8 +192,9 @@ TEST(DataParallel, ThePassReducesEveryGradientInBucketsAfterItsLastProducer) {
 
 namespace {
 
-/// Under shard: optimizer the ranks' AdamW moments are shards of 1 / ranks of each parameter
-/// (padded with zeros to a multiple of ranks), gathered into a checkpoint like an unsharded run's.
+/// Under shard: gradients (ZeRO-2) the ranks' gradients and AdamW moments are shards of 1 / ranks
+/// of each parameter (padded with zeros to a multiple of ranks), gathered into a checkpoint like
+/// an unsharded run's.
 TEST(ShardedOptimizer, RanksFollowUnshardedDataParallelismIn3Recipes) {
   for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16, Recipe::Fp8}) {
     ModelConfig config = parityConfig();
@@ -201,7 +202,7 @@ TEST(ShardedOptimizer, RanksFollowUnshardedDataParallelismIn3Recipes) {
     config.precision.fp8MinDim = 0;
     SCOPED_TRACE(recipeName(recipe).str());
     std::vector<RankRun> plain = train(config, 2, 20);
-    config.train.shardOptimizer = true;
+    config.train.shardOptimizer = config.train.shardGradients = true;
     for (int ranks : recipe == Recipe::Fp32 ? std::vector<int>{2, 4} : std::vector<int>{4}) {
       SCOPED_TRACE(fmt::format("{} ranks", ranks));
       std::vector<RankRun> sharded = train(config, ranks, 20);
@@ -225,11 +226,52 @@ TEST(ShardedOptimizer, RanksFollowUnshardedDataParallelismIn3Recipes) {
   }
 }
 
+TEST(ShardedOptimizer, ZeroOneGivesZeroTwosBits) {
+  // shard: optimizer (ZeRO-1: whole gradients all-reduced, each rank updating its part of them)
+  // and shard: gradients (ZeRO-2: the gradients reduce-scattered) sum the same values in the same
+  // rank order: the same losses and tensors, bit for bit, on 2 ranks over 20 steps.
+  ModelConfig config = parityConfig();
+  config.train.shardOptimizer = true;
+  std::vector<RankRun> one = train(config, 2, 20);
+  config.train.shardGradients = true;
+  std::vector<RankRun> two = train(config, 2, 20);
+  ASSERT_EQ(one[0].error, "");
+  ASSERT_EQ(two[0].error, "");
+  EXPECT_EQ(one[0].losses, two[0].losses);
+  EXPECT_EQ(one[1].losses, two[1].losses);
+  EXPECT_LT(one[0].losses.back(), one[0].losses.front() - 0.5);
+  EXPECT_EQ(compareStates(one[0], one[1], two[0]), 0.0);
+}
+
+TEST(ShardedOptimizer, ZeroOneAllReducesAndUpdatesItsPartOfEachGradient) {
+  DataParallelOptions dataParallel;
+  dataParallel.ranks = 4;
+  dataParallel.rank = 1;
+  dataParallel.shardOptimizer = true;
+  auto graph = rankProgram(parityConfig(), 4, dataParallel);
+  ASSERT_TRUE(graph);
+  int updates = 0;
+  for (const Op *op : graph->ops()) {
+    EXPECT_NE(op->kind(), OpKind::ReduceScatter);
+    if (op->kind() != OpKind::AdamW)
+      continue;
+    ++updates;
+    // The gradient: rank 1's quarter of the whole all-reduced gradient.
+    const Op *shard = op->operand(1)->def();
+    ASSERT_EQ(shard->kind(), OpKind::Shard);
+    EXPECT_EQ(shard->attrs().getInt("rank"), 1);
+    EXPECT_EQ(shard->operand(0)->def()->kind(), OpKind::AllReduce);
+    EXPECT_EQ(op->operand(1)->type(), op->operand(0)->type());
+  }
+  EXPECT_GT(updates, 10);
+  EXPECT_EQ(graph->lookup("grad_norm.sumsq")->def()->kind(), OpKind::AllReduce);
+}
+
 TEST(ShardedOptimizer, ThePassesShardTheMomentsAndGatherTheParameters) {
   DataParallelOptions dataParallel;
   dataParallel.ranks = 4;
   dataParallel.rank = 3;
-  dataParallel.shardOptimizer = true;
+  dataParallel.shardOptimizer = dataParallel.shardGradients = true;
   auto graph = rankProgram(parityConfig(), 4, dataParallel);
   ASSERT_TRUE(graph);
   int scatters = 0, gathers = 0, updates = 0;
@@ -260,8 +302,8 @@ TEST(ShardedOptimizer, ThePassesShardTheMomentsAndGatherTheParameters) {
 }
 
 TEST(ShardedOptimizer, ACheckpointResumesOnAnotherRankCount) {
-  // 10 steps sharded on 2 ranks, saved (the moments gathered), resumed sharded on 4 and on 1
-  // rank unsharded for 5 more: the same losses as 15 steps on 2 ranks, but for rounding.
+  // 10 steps sharded (ZeRO-1) on 2 ranks, saved (the moments gathered), resumed sharded on 4 and
+  // on 1 rank unsharded for 5 more: the same losses as 15 steps on 2 ranks, but for rounding.
   ModelConfig config = parityConfig();
   config.train.shardOptimizer = true;
   std::vector<RankRun> straight = train(config, 2, 15), first = train(config, 2, 10);
@@ -301,7 +343,7 @@ TEST(Bf16GradientReduce, RanksFollowFp32ReductionWithinBf16sRounding) {
   config.train.bf16GradientReduce = true;
   for (bool shard : {false, true}) {
     SCOPED_TRACE(shard ? "sharded" : "unsharded");
-    config.train.shardOptimizer = shard;
+    config.train.shardOptimizer = config.train.shardGradients = shard;
     std::vector<RankRun> bf16 = train(config, 2, 20);
     ASSERT_EQ(bf16[0].error, "");
     ASSERT_EQ(bf16[1].error, "");

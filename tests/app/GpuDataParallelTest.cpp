@@ -56,7 +56,7 @@ std::vector<Tensor> expectTheCpusBits(const Graph &graph, const std::map<std::st
 }
 
 /// `bf16Gradients`: the two GPUs' gradients cross in BF16 (grad_reduce: bf16); `shard`: the two
-/// GPUs shard AdamW's state (ZeRO-1); one GPU has nothing to reduce or shard.
+/// GPUs shard AdamW's state and the gradients (ZeRO-2); one GPU has nothing to reduce or shard.
 void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients = false, bool shard = false) {
   if (auto gpu = detectCudaDevice(1); !gpu) {
     GTEST_SKIP() << "needs two GPUs: " << llvm::toString(gpu.takeError());
@@ -70,7 +70,7 @@ void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients 
   config.train.steps = 50;
   std::vector<RankRun> one = trainOnGpus(config, 1, 50);
   config.train.bf16GradientReduce = bf16Gradients;
-  config.train.shardOptimizer = shard;
+  config.train.shardOptimizer = config.train.shardGradients = shard;
   std::vector<RankRun> two = trainOnGpus(config, 2, 50);
   ASSERT_EQ(one[0].error, "");
   ASSERT_EQ(two[0].error, "");
@@ -111,7 +111,7 @@ TEST(GpuDataParallel, TwoGpusReducingGradientsInBf16FollowOneGpu) {
 }
 
 TEST(GpuDataParallel, TwoGpusShardingTheOptimizerFollowOneGpu) {
-  // ZeRO-1 through NCCL's reduce-scatter and all-gather (runtime/Collectives.cpp), the shards
+  // ZeRO-2 through NCCL's reduce-scatter and all-gather (runtime/Collectives.cpp), the shards
   // taken by the layout family's kernel; the sharded state's rows of DataParallelTest's CPU
   // twin (ShardedOptimizer) hold within the unsharded BF16 bound.
   expectTwoGpusFollowOne(Recipe::Bf16, 5e-3, false, true);

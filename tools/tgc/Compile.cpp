@@ -176,6 +176,7 @@ llvm::Expected<std::unique_ptr<Graph>> compileModel(const ModelConfig &config, b
   options.passOptions.train = config.train;
   options.passOptions.dataParallel.ranks = Ranks;
   options.passOptions.dataParallel.shardOptimizer = config.train.shardOptimizer; // (rank 0's program)
+  options.passOptions.dataParallel.shardGradients = config.train.shardGradients;
   options.passOptions.dataParallel.bf16Gradients = config.train.bf16GradientReduce;
   auto precision = compileRecipe(config.precision);
   if (!precision)

@@ -129,9 +129,10 @@ cl::opt<bool> Recompute("recompute",
                         cl::sub(compileCommand()), cl::sub(optCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                         cl::cat(category()));
 cl::opt<std::string> Shard("shard",
-                           cl::desc("none | optimizer: under data parallelism each rank keeps AdamW's moments of its "
-                                    "1/N of every parameter and updates only that (ZeRO; the gradients "
-                                    "reduce-scattered, the parameters all-gathered; NCCL's on GPUs)"),
+                           cl::desc("none | optimizer | gradients: under data parallelism each rank keeps AdamW's "
+                                    "moments of its 1/N of every parameter and updates only that, the parameters "
+                                    "all-gathered after (ZeRO-1); gradients: each rank also keeps only its 1/N of "
+                                    "each gradient, reduce-scattered instead of all-reduced (ZeRO-2; NCCL's on GPUs)"),
                            cl::sub(compileCommand()), cl::sub(trainCommand()), cl::sub(benchCommand()),
                            cl::cat(category()));
 cl::opt<std::string> GradReduce("grad-reduce",

@@ -548,7 +548,9 @@ int runTrain() {
                                 "and writes)\n",
                                 t.ranks(), setup->overTcp ? "met over TCP" : "on the GPUs of this machine",
                                 c.train.batch / t.ranks(),
-                                c.train.shardOptimizer ? ", AdamW's state sharded" : "");
+                                c.train.shardGradients   ? ", AdamW's state and the gradients sharded"
+                                : c.train.shardOptimizer ? ", AdamW's state sharded"
+                                                         : "");
   llvm::outs() << fmt::format("data: {}\n", t.data().describe());
   for (const std::string &line : t.executor().memoryReport())
     llvm::outs() << "memory: " << line << "\n";

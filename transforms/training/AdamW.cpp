@@ -1,10 +1,11 @@
 // adamw: the optimizer step as IR. Consumes the %p.grad outputs of autodiff and appends global
 // gradient-norm clipping, the learning-rate schedule and one adamw op per parameter, whose new
 // values are assigned back to the parameter and its two moments (state, fp32).
-// Under ZeRO (shard: optimizer, after data-parallel's reduce_scatter) each rank updates its
-// shard of each parameter: the gradients are shards, the moments are state of the shard's size
-// (1 / ranks of the memory), the norm's sum of squares is all-reduced, and one all_gather
-// rebuilds the parameters from the updated shards.
+// Under ZeRO (shard: optimizer or gradients) each rank updates its shard of each parameter: the
+// gradients are shards (ZeRO-2: data-parallel's reduce_scatter; ZeRO-1: this rank's part of each
+// all-reduced gradient, a shard op here), the moments are state of the shard's size (1 / ranks
+// of the memory), the norm's sum of squares is all-reduced, and one all_gather rebuilds the
+// parameters from the updated shards.
 #include "models/ProgramInterface.h"
 #include "support/Error.h"
 #include "transforms/Passes.h"
@@ -38,11 +39,20 @@ public:
 
     const bool sharded = dataParallel_.shardOptimizer && dataParallel_.ranks > 1;
     const int64_t ranks = sharded ? dataParallel_.ranks : 1;
-    for (auto &[param, grad] : trained)
-      if (sharded && grad->type() != TensorType(DType::F32, {(param->type().numElements() + ranks - 1) / ranks}))
-        return stringError(fmt::format("%{} is {}, not a shard of %{}: run data-parallel with shard first",
-                                       grad->name(), grad->type().str(), param->name()));
     Builder b(graph);
+    // ZeRO-2's gradients are this rank's shards (reduce_scatter); ZeRO-1's are whole (all_reduce),
+    // and the update takes this rank's part of each, as of the parameter.
+    for (auto &[param, grad] : trained) {
+      const TensorType shard(DType::F32, {(param->type().numElements() + ranks - 1) / ranks});
+      if (!sharded || grad->type() == shard)
+        continue;
+      if (grad->type() != param->type())
+        return stringError(fmt::format("%{} is {}, neither %{}'s type nor a shard of it", grad->name(),
+                                       grad->type().str(), param->name()));
+      b.setInsertionPoint(nullptr);
+      grad = b.create(OpKind::Shard, {grad}, attrs({{"ranks", ranks}, {"rank", int64_t(dataParallel_.rank)}}),
+                      grad->name() + ".shard");
+    }
     Value *step = b.input(program::kStep.str(), TensorType(DType::I32, {}));
     // Global norm over all gradients, summed in program order (deterministic); the last sum is
     // the program's output kGradNormSquared (sharded: the shards' sums, then over the ranks).

@@ -11,9 +11,10 @@
 // - under FP8, each quantized tensor's amax is the maximum over the ranks before its scale is
 //   updated (Transformer Engine's reduce_amax) and the saturation counts are summed, so every
 //   rank keeps the same scaling state.
-// Under shard: optimizer (ZeRO) the buckets are reduce_scatter {reduce = "avg"}: each rank keeps
+// Under shard: gradients (ZeRO-2) the buckets are reduce_scatter {reduce = "avg"}: each rank keeps
 // its shard of each averaged gradient (what the adamw pass then updates), the loss gets an
-// all_reduce of its own.
+// all_reduce of its own. Under shard: optimizer (ZeRO-1) they are all-reduced as unsharded, and
+// the adamw pass takes each rank's part of them.
 // Under grad_reduce: bf16 the gradients' collectives carry dtype = "bf16": each rank's values
 // cross the ranks rounded to BF16 (half the bytes), and the results are rounded to BF16 too.
 // Runs after fp8-update and before adamw. With one rank it changes nothing.
@@ -66,7 +67,7 @@ public:
     }
     auto loss = program::outputIndex(graph, program::kLoss);
     Builder b(graph);
-    const bool shard = options_.shardOptimizer;
+    const bool shard = options_.shardGradients; // ZeRO-2 (ZeRO-1 all-reduces as unsharded)
     for (size_t k = 0; k < buckets.size(); ++k) {
       std::vector<Value *> operands = buckets[k];
       bool withLoss = loss && k + 1 == buckets.size();

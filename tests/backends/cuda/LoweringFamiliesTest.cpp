@@ -119,7 +119,7 @@ ShardedProgram shardedProgram(bool bf16Gradients) {
   options.passOptions.precision = resolveRecipeForCpu(c.precision);
   options.passOptions.dataParallel.ranks = 2;
   options.passOptions.dataParallel.rank = 1;
-  options.passOptions.dataParallel.shardOptimizer = true;
+  options.passOptions.dataParallel.shardOptimizer = options.passOptions.dataParallel.shardGradients = true;
   options.passOptions.dataParallel.bf16Gradients = bf16Gradients;
   auto pipeline = unwrap(PassPipeline::create(gpuPipeline(true, options.passOptions.precision.recipe), options));
   if (auto err = pipeline.run(*p.graph))

@@ -193,7 +193,7 @@ TEST(MemoryClasses, AShardedRankHoldsItsShareOfTheMomentsAndNoGradientBuffer) {
     SCOPED_TRACE(fmt::format("{} ranks", ranks));
     DataParallelOptions dp;
     dp.ranks = ranks;
-    dp.shardOptimizer = true;
+    dp.shardOptimizer = dp.shardGradients = true;
     Planned p = planModel(c, {}, dp);
     MemoryBreakdown b = memoryBreakdown(*p.graph, p.program, p.plan);
     int64_t share = bytesOf(b.persistent, fmt::format("AdamW moments (this rank's 1/{} shard)", ranks));
@@ -222,7 +222,7 @@ TEST(MemoryClasses, ABucketsGradientsGoOnceTheReduceScatterTwoOnIsLaunched) {
   c.precision.recipe = Recipe::Bf16;
   DataParallelOptions dp;
   dp.ranks = 2;
-  dp.shardOptimizer = true;
+  dp.shardOptimizer = dp.shardGradients = true;
   dp.bucketBytes = 64 << 10;
   Planned p = planModel(c, {}, dp);
   std::vector<Op *> ops = p.graph->ops();
