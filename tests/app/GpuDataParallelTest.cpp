@@ -138,18 +138,19 @@ TEST(GpuDataParallel, OneGpuRunsZerosOpsAsTheCpu) {
   EXPECT_EQ(got[3].data, leaves["p"].data);
 }
 
-TEST(GpuDataParallel, OneGpuUpdatesZerosShardsInALaunchEachAsTheCpu) {
-  // ZeRO's update of rank 1 of 2 written out for three parameters (one without weight decay):
-  // the shards, the gradient norm's sums (ended by the ranks' all_reduce) and AdamW each run as
-  // one launch over the executor's address table (OptimizerGroups.cpp), and give the per-op
-  // arithmetic's bits, the CPU's: the new shards, the norm and the clip.
-  SKIP_WITHOUT_GPU();
+/// ZeRO's update of rank 1 of 2 written out for three parameters (one without weight decay),
+/// on the GPU against the CPU's bits: the new shards, the norm and the clip. Under ZeRO-2
+/// (`zeroOne` false) the gradients come as shards; under ZeRO-1 whole, their shards taken first.
+void expectZeroUpdateAsTheCpu(bool zeroOne) {
   std::string ir = "graph @g\n%lr = input() : f32[]\n%step = input() : i32[]\n";
   const int64_t sizes[] = {7, 10, 33};
   std::string sums, updates, results;
   for (int k = 1; k <= 3; ++k) {
     int64_t n = sizes[k - 1], part = (n + 1) / 2;
-    ir += fmt::format("%p{0} = input() : f32[{1}]\n%g{0} = input() : f32[{2}]\n", k, n, part);
+    ir += zeroOne ? fmt::format("%p{0} = input() : f32[{1}]\n%w{0} = input() : f32[{1}]\n"
+                                "%g{0} = shard(%w{0}) {{rank=1, ranks=2}} : f32[{2}]\n",
+                                k, n, part)
+                  : fmt::format("%p{0} = input() : f32[{1}]\n%g{0} = input() : f32[{2}]\n", k, n, part);
     sums += fmt::format("%q{0} = sum_squares(%g{0}) : f32[]\n", k);
     updates += fmt::format("%s{0} = shard(%p{0}) {{rank=1, ranks=2}} : f32[{1}]\n"
                            "%m{0} = state() {{init=\"zeros\"}} : f32[{1}]\n%v{0} = state() {{init=\"zeros\"}} : f32[{1}]\n"
@@ -181,6 +182,18 @@ TEST(GpuDataParallel, OneGpuUpdatesZerosShardsInALaunchEachAsTheCpu) {
   std::vector<Tensor> got = expectTheCpusBits(*graph, leaves, 5);
   ASSERT_EQ(got.size(), 5u);
   EXPECT_NE(got[0].data, std::vector<float>(4, 0.0f));
+}
+
+
+TEST(GpuDataParallel, OneGpuUpdatesZerosShardsInALaunchEachAsTheCpu) {
+  // The shards, the gradient norm's sums (ended by the ranks' all_reduce) and AdamW each run as
+  // one launch over the executor's address table (OptimizerGroups.cpp); ZeRO-1's gradient
+  // shards as a launch of their own, before the norm reads them.
+  SKIP_WITHOUT_GPU();
+  for (bool zeroOne : {false, true}) {
+    SCOPED_TRACE(zeroOne ? "ZeRO-1" : "ZeRO-2");
+    expectZeroUpdateAsTheCpu(zeroOne);
+  }
 }
 
 TEST(GpuDataParallel, OneGpuRoundsABf16AllReduceAsTheCpu) {

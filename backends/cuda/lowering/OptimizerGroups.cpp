@@ -205,19 +205,11 @@ llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaP
   return updates;
 }
 
-/// ZeRO's shard ops whose shards only the grouped AdamW (`updates`, which runs after them all)
-/// reads: one launch where the last of them ran, each parameter and its shard in an address
-/// table, the per-op values (optimizer.cuh's shardTensors).
-void groupShards(const std::vector<Op *> &ops, const llvm::DenseSet<const Op *> &updates, CudaProgram &program,
-                 std::vector<std::vector<KernelText>> &kernels) {
+/// One launch for the shard ops `members` where the last of them ran, each tensor and its shard in
+/// an address table, the per-op values (optimizer.cuh's shardTensors).
+void installShards(const std::vector<Op *> &ops, const std::vector<size_t> &members, CudaProgram &program,
+                   std::vector<std::vector<KernelText>> &kernels) {
   constexpr int64_t kShardPerBlock = 4096; // elements a block copies (at most)
-  std::vector<size_t> members;
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i]->kind() == OpKind::Shard && program.lowering[i].kind == OpLowering::Kernels &&
-        llvm::all_of(ops[i]->result()->users(), [&](const Op *user) { return updates.count(user) > 0; }))
-      members.push_back(i);
-  if (members.size() < 2)
-    return;
   OpLowering grouped;
   int64_t blocks = 0;
   for (size_t i : members) {
@@ -230,16 +222,48 @@ void groupShards(const std::vector<Op *> &ops, const llvm::DenseSet<const Op *> 
     grouped.addresses.push_back(op.result());
   }
   const size_t last = members.back();
+  const bool params = llvm::all_of(members, [&](size_t i) {
+    const Op *def = ops[i]->operand(0)->def();
+    return def && def->kind() == OpKind::Param;
+  });
   std::string name = fmt::format("k{}_shards", last);
   grouped.launches.push_back({name, blocks, kThreads});
-  grouped.label = "shards (all parameters)";
+  grouped.label = params ? "shards (all parameters)" : "shards (gradients)";
   install(members, last, std::move(grouped),
-          {{fmt::format("// The rank's shards of all {} parameters at once, each found in the address table",
-                       members.size()),
+          {{fmt::format("// The rank's shards of {} {} {} at once, each found in the address table",
+                       params ? "all" : "the", members.size(), params ? "parameters" : "tensors"),
            // (The launch takes the last shard op's own operand and result first, unused.)
            name, "const float *x, float *out, const double *tensors, const unsigned long long *addresses",
            fmt::format("shardTensors<{}>(tensors, addresses);", members.size())}},
           program, kernels);
+}
+
+/// ZeRO's shard ops in runs, in program order, whose shards are read only after the run's last
+/// op ran: by the grouped AdamW (`updates`, which runs after them all) or by ops after the run
+/// (ZeRO-1's gradient shards, which the gradient norm reads before the parameters' shards are
+/// taken); one launch a run of two or more (installShards).
+void groupShards(const std::vector<Op *> &ops, const llvm::DenseSet<const Op *> &updates, CudaProgram &program,
+                 std::vector<std::vector<KernelText>> &kernels) {
+  llvm::DenseMap<const Op *, size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i)
+    index[ops[i]] = i;
+  std::vector<std::vector<size_t>> runs(1);
+  size_t firstReader = SIZE_MAX; // of the current run's shards, outside `updates`
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]->kind() != OpKind::Shard || program.lowering[i].kind != OpLowering::Kernels)
+      continue;
+    if (i > firstReader) { // a shard of the run is read before this op: the run ends before it
+      runs.emplace_back();
+      firstReader = SIZE_MAX;
+    }
+    runs.back().push_back(i);
+    for (const Op *user : ops[i]->result()->users())
+      if (!updates.count(user))
+        firstReader = std::min(firstReader, index.lookup(user));
+  }
+  for (const std::vector<size_t> &run : runs)
+    if (run.size() >= 2)
+      installShards(ops, run, program, kernels);
 }
 
 /// The gradient norm, add(...add(sum_squares(g0), sum_squares(g1))..., sum_squares(gN)) over
