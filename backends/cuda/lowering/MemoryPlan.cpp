@@ -330,6 +330,20 @@ void placeItems(std::vector<Item> &items, MemoryPlan &plan) {
 
 /// A collective runs on its own stream from its place until the main stream joins it
 /// (collectiveJoins): NCCL reads its operands and writes its results until then.
+/// The operand that all_reduce `op`'s result `r` is reduced into in place, in the arena: one that
+/// only the all_reduce reads, of the result's type and storage (ZeRO-1's whole gradients, the
+/// loss, the norm's sum; the unsharded gradients are reduced in place in the gradient buffer).
+const Value *reducedInPlace(const Op &op, unsigned r, const CudaProgram &program) {
+  if (op.kind() != OpKind::AllReduce)
+    return nullptr;
+  const Value *local = op.operand(r), *v = op.result(r);
+  bool alone = local->users().size() == 1 && llvm::count(op.operands(), local) == 1;
+  return alone && local->type() == v->type() && !program.inPlace.count(local) &&
+                 program.bf16Stored.count(local) == program.bf16Stored.count(v)
+             ? local
+             : nullptr;
+}
+
 void extendCollectiveLives(const std::vector<Op *> &ops, const CudaProgram &program,
                            const llvm::DenseMap<const Value *, const Value *> &owner,
                            llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> &life) {
@@ -384,6 +398,12 @@ MemoryPlan planMemory(const Graph &graph, const CudaProgram &program) {
       if (const Value *qkv = program.qkvRows.lookup(v)) { // an attention's q, k, v: qkv's memory
         owner[v] = owner.lookup(qkv);
         continue;
+      }
+      if (const Value *local = reducedInPlace(op, r, program)) { // an all_reduce into its operand
+        if (const Value *o = owner.lookup(local)) {
+          owner[v] = o;
+          continue;
+        }
       }
       owner[v] = lowering.kind == OpLowering::Alias ? owner.lookup(op.operand(0)) : v;
       if (lowering.kind == OpLowering::Alias && !owner[v]) // an alias of a leaf

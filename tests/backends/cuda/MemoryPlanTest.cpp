@@ -709,4 +709,27 @@ return %late
   EXPECT_EQ(inPlace.size(), 3u);
 }
 
+TEST(MemoryPlan, AnAllReduceOfAValueOnlyItReadsReducesItInPlace) {
+  // ZeRO-1's whole gradients (and the loss, the norm's sum) are all-reduced in the arena: into
+  // the operand's own bytes where nothing else reads it (%g, so %r's memory is %g's), into bytes
+  // of their own where something does (%h, read by %y after the reduction).
+  auto graph = unwrap(parseGraph(R"(graph @g
+%x = input() : f32[64,32]
+%g = mul(%x, %x) : f32[64,32]
+%h = add(%x, %x) : f32[64,32]
+%r, %s = all_reduce(%g, %h) {reduce="avg"} : f32[64,32], f32[64,32]
+%y = add(%r, %h) : f32[64,32]
+%z = add(%y, %s) : f32[64,32]
+return %z
+)", "t.ir"));
+  ASSERT_TRUE(graph);
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  MemoryPlan plan = planMemory(*graph, program);
+  auto offset = [&](const char *name) { return plan.offsets.lookup(graph->lookup(name)); };
+  EXPECT_EQ(offset("r"), offset("g"));
+  EXPECT_NE(offset("s"), offset("h"));
+  EXPECT_NE(offset("r"), offset("h"));
+  EXPECT_NE(offset("s"), offset("r"));
+}
+
 } // namespace
