@@ -241,8 +241,8 @@ llvm::Error ProgramRunner::useBf16OperandCopies() {
   // The copy holds the parameters read in BF16 (CudaProgram::weightCopyBegin, End).
   if (int64_t bytes = program_.weightCopyEnd - program_.weightCopyBegin; bytes > 0) {
     if (borrowed_.weightCopy) {
-      // Made by whichever of the two programs steps first after the parameters change (the same
-      // bits from the same parameters).
+      // Each program writes it at its first step and after its parameters are bound, the same
+      // bits from the same parameters.
       weightsBf16_ = borrowed_.owner->weightsBf16_;
     } else {
       auto copy = memory_.allocate(size_t(bytes / 2), false, "BF16 weight copy");
