@@ -109,13 +109,15 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
   }
   // Flash-decoding: each (query, head) split into parts of Keys keys, each part a block, the
   // last block of each combining; parts of 32 keys where the queries and heads are fewer than
-  // the SMs (more blocks at the short positions of a decode), else 64. S queries a sequence
-  // (a draft's tokens checked at once; 1 in a decode step).
+  // half the SMs (more blocks at the short positions of a decode), else 64 (gpt-1.3b at batch
+  // 8, 128 pairs: a 4000-token context read 4% faster in parts of 64, a 1000-token one 6%;
+  // tests/bench/decode_attention.cu, BENCHMARKS.md session 45). S queries a sequence (a draft's
+  // tokens checked at once; 1 in a decode step).
   const TensorType &out = outputType(op);
   AttentionHeads heads = attentionHeads(a);
   int64_t B = out.dim(0), S = out.dim(1), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
   const int64_t pairs = B * S * H, sms = e.program_.multiprocessors;
-  int64_t keys = std::min<int64_t>(T, pairs < sms ? 32 : 64), splits = (T + keys - 1) / keys;
+  int64_t keys = std::min<int64_t>(T, 2 * pairs < sms ? 32 : 64), splits = (T + keys - 1) / keys;
   e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)
   // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
