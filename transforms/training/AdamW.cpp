@@ -40,6 +40,7 @@ public:
     const bool sharded = dataParallel_.shardOptimizer && dataParallel_.ranks > 1;
     const int64_t ranks = sharded ? dataParallel_.ranks : 1;
     Builder b(graph);
+    const AttrMap mine = attrs({{"ranks", ranks}, {"rank", int64_t(dataParallel_.rank)}}); // the rank's shards
     // ZeRO-2's gradients are this rank's shards (reduce_scatter); ZeRO-1's are whole (all_reduce),
     // and the update takes this rank's part of each, as of the parameter.
     for (auto &[param, grad] : trained) {
@@ -49,9 +50,7 @@ public:
       if (grad->type() != param->type())
         return stringError(fmt::format("%{} is {}, neither %{}'s type nor a shard of it", grad->name(),
                                        grad->type().str(), param->name()));
-      b.setInsertionPoint(nullptr);
-      grad = b.create(OpKind::Shard, {grad}, attrs({{"ranks", ranks}, {"rank", int64_t(dataParallel_.rank)}}),
-                      grad->name() + ".shard");
+      grad = b.create(OpKind::Shard, {grad}, mine, grad->name() + ".shard");
     }
     Value *step = b.input(program::kStep.str(), TensorType(DType::I32, {}));
     // Global norm over all gradients, summed in program order (deterministic); the last sum is
@@ -81,7 +80,6 @@ public:
     std::vector<std::pair<Value *, Value *>> shards; // (parameter, its updated shard)
     for (auto &[param, grad] : trained) {
       const std::string &p = param->name();
-      AttrMap mine = attrs({{"ranks", ranks}, {"rank", int64_t(dataParallel_.rank)}});
       Value *target = sharded ? b.create(OpKind::Shard, {param}, mine, p + ".shard") : param;
       Value *moment1 = stateLike(b, program::adamMomentOf(p, 1), target->type());
       Value *moment2 = stateLike(b, program::adamMomentOf(p, 2), target->type());

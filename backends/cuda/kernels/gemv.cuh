@@ -171,6 +171,13 @@ __device__ __forceinline__ uint4 loadPairs8(const float *x, int64 i) {
   return make_uint4(packBf16(a.x, a.y), packBf16(a.z, a.w), packBf16(b.x, b.y), packBf16(b.z, b.w));
 }
 
+// gemmRowsBf16's shape: m16 tiles of rows, and the columns a block takes (8 warps: KSPLIT slices
+// of K by 8 / KSPLIT groups of CG tiles of 8 columns).
+template <int64 M>
+constexpr int gemmRowTiles = (int)((M + 15) / 16);
+template <int KSPLIT, int CG>
+constexpr int gemmRowsColumns = 8 / KSPLIT * 8 * CG;
+
 // A warp's sums of gemmRowsAccumulate given out: with one slice of K a block straight from its
 // registers, else the slices' tiles summed in shared memory in slice order; emit(r, n, sum) for
 // each row r < M and column n < N of the block's (column block `block`).
@@ -229,8 +236,8 @@ __device__ __forceinline__ void gemmRowsEmit(const float (&acc)[CG][RowTiles][4]
 // before x is read.
 template <int64 M, int64 N, int64 K, int64 Span, int KSPLIT, int CG, typename X, typename Prologue>
 __device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned short *w, int64 block, int64 kFirst,
-                                                   Prologue prologue, float (&acc)[CG][(M + 15) / 16][4]) {
-  constexpr int Warps = 8, RowTiles = (int)((M + 15) / 16), Columns = Warps / KSPLIT * 8 * CG;
+                                                   Prologue prologue, float (&acc)[CG][gemmRowTiles<M>][4]) {
+  constexpr int Warps = 8, RowTiles = gemmRowTiles<M>, Columns = gemmRowsColumns<KSPLIT, CG>;
   constexpr int64 Steps = Span / KSPLIT / 32; // 32-element steps of K a warp takes
   constexpr int Group = 8 / CG;               // steps whose weights a lane holds at once
   static_assert(M <= 64 && Warps % KSPLIT == 0 && Span % (32 * KSPLIT) == 0, "9 to 64 rows, whole steps of K");
@@ -301,7 +308,7 @@ template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, int CG = 
           typename Prologue = void (*)()>
 __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
                              Prologue prologue = [] {}) {
-  constexpr int RowTiles = (int)((M + 15) / 16), Columns = 8 / KSPLIT * 8 * CG;
+  constexpr int RowTiles = gemmRowTiles<M>, Columns = gemmRowsColumns<KSPLIT, CG>;
   float acc[CG][RowTiles][4] = {};
   gemmRowsAccumulate<M, N, K, K, KSPLIT, CG>(x, w, blockIdx.x, 0, prologue, acc);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -321,7 +328,7 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
 template <int64 M, int64 N, int64 K, int KSPLIT, int CG, int Parts, bool Bias, bool Gelu, typename X, typename Out>
 __device__ void gemmRowsPartsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
                                   float *partial, unsigned *done) {
-  constexpr int RowTiles = (int)((M + 15) / 16), Columns = 8 / KSPLIT * 8 * CG;
+  constexpr int RowTiles = gemmRowTiles<M>, Columns = gemmRowsColumns<KSPLIT, CG>;
   static_assert(K % Parts == 0, "whole parts of K");
   const int64 block = blockIdx.x / Parts, part = blockIdx.x % Parts;
   float acc[CG][RowTiles][4] = {};

@@ -191,18 +191,30 @@ llvm::DenseMap<const Value *, const Value *> inPlaceValues(const Graph &graph,
 }
 
 namespace {
-/// Where `g` is a result of an all_reduce (a gradient averaged over the ranks) whose operand
-/// can share its memory: that operand, the rank's own gradient (written by kernels or a GEMM,
-/// not in place, read by the all_reduce alone). Else null.
-const Value *rankGradient(const Value *g, const CudaProgram &program, const llvm::DenseMap<const Op *, size_t> &index) {
-  const Op *def = g->def();
-  if (!def || def->kind() != OpKind::AllReduce)
+/// The operand all_reduce `op` reduces into its result `r` in place: one that only the all_reduce
+/// reads, of the result's type and storage, not written in place into a leaf. Else null. (The
+/// unsharded gradients so share the gradient buffer, rankGradient; other results, ZeRO-1's whole
+/// gradients, the loss, the norm's sum, their operand's bytes in the arena.)
+const Value *reducedInPlace(const Op &op, unsigned r, const CudaProgram &program) {
+  if (op.kind() != OpKind::AllReduce)
     return nullptr;
-  const Value *local = def->operand(g->index());
-  OpLowering::Kind kind = local->def() ? program.lowering[index.lookup(local->def())].kind : OpLowering::Leaf;
-  bool shares = (kind == OpLowering::Kernels || kind == OpLowering::Gemm) && !program.inPlace.count(local) &&
-                local->users().size() == 1 && local->type() == g->type();
-  return shares ? local : nullptr;
+  const Value *local = op.operand(r), *v = op.result(r);
+  bool alone = local->users().size() == 1 && llvm::count(op.operands(), local) == 1;
+  return alone && local->type() == v->type() && !program.inPlace.count(local) &&
+                 program.bf16Stored.count(local) == program.bf16Stored.count(v)
+             ? local
+             : nullptr;
+}
+
+/// Where `g` is a result of an all_reduce (a gradient averaged over the ranks) whose operand
+/// can share its memory in the gradient buffer: that operand, the rank's own gradient (written
+/// by kernels or a GEMM, reducedInPlace's). Else null.
+const Value *rankGradient(const Value *g, const CudaProgram &program, const llvm::DenseMap<const Op *, size_t> &index) {
+  const Value *local = g->def() ? reducedInPlace(*g->def(), g->index(), program) : nullptr;
+  if (!local || !local->def())
+    return nullptr;
+  OpLowering::Kind kind = program.lowering[index.lookup(local->def())].kind;
+  return kind == OpLowering::Kernels || kind == OpLowering::Gemm ? local : nullptr;
 }
 } // namespace
 
@@ -330,20 +342,6 @@ void placeItems(std::vector<Item> &items, MemoryPlan &plan) {
 
 /// A collective runs on its own stream from its place until the main stream joins it
 /// (collectiveJoins): NCCL reads its operands and writes its results until then.
-/// The operand that all_reduce `op`'s result `r` is reduced into in place, in the arena: one that
-/// only the all_reduce reads, of the result's type and storage (ZeRO-1's whole gradients, the
-/// loss, the norm's sum; the unsharded gradients are reduced in place in the gradient buffer).
-const Value *reducedInPlace(const Op &op, unsigned r, const CudaProgram &program) {
-  if (op.kind() != OpKind::AllReduce)
-    return nullptr;
-  const Value *local = op.operand(r), *v = op.result(r);
-  bool alone = local->users().size() == 1 && llvm::count(op.operands(), local) == 1;
-  return alone && local->type() == v->type() && !program.inPlace.count(local) &&
-                 program.bf16Stored.count(local) == program.bf16Stored.count(v)
-             ? local
-             : nullptr;
-}
-
 void extendCollectiveLives(const std::vector<Op *> &ops, const CudaProgram &program,
                            const llvm::DenseMap<const Value *, const Value *> &owner,
                            llvm::DenseMap<const Value *, std::pair<int64_t, int64_t>> &life) {

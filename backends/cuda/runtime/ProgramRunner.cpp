@@ -99,11 +99,13 @@ llvm::Error ProgramRunner::allocateRegions(const MemoryPlan &plan, Regions &regi
   if (borrowed_.params || borrowed_.state) {
     // The owner's uploads (its binds, on its stream) are done before this program reads them.
     CUDA_CHECK(cudaStreamSynchronize(borrowed_.owner->stream_));
-    for (const auto &[v, offset] : borrowed_.params ? layout.params : decltype(layout.params){})
-      borrowedLeaves_.insert(v);
-    for (const auto &[v, offset] : borrowed_.state ? layout.state : decltype(layout.state){})
-      borrowedLeaves_.insert(v);
   }
+  if (borrowed_.params)
+    for (const auto &[v, offset] : layout.params)
+      borrowedLeaves_.insert(v);
+  if (borrowed_.state)
+    for (const auto &[v, offset] : layout.state)
+      borrowedLeaves_.insert(v);
   regions.params = borrowed_.params ? borrowed_.owner->params_ : nullptr;
   regions.state = borrowed_.state ? borrowed_.owner->state_ : nullptr;
   struct Region {
