@@ -45,6 +45,17 @@ std::unique_ptr<Graph> rankProgram(const ModelConfig &config, int64_t batch, con
   return graph;
 }
 
+/// Rank `rank`'s training program of 4 ranks of the parity model under ZeRO-1, or ZeRO-2 with
+/// `gradients`.
+std::unique_ptr<Graph> shardedRankProgram(int rank, bool gradients) {
+  DataParallelOptions dataParallel;
+  dataParallel.ranks = 4;
+  dataParallel.rank = rank;
+  dataParallel.shardOptimizer = true;
+  dataParallel.shardGradients = gradients;
+  return rankProgram(parityConfig(), 4, dataParallel);
+}
+
 double maxRelativeDifference(const std::vector<double> &a, const std::vector<double> &b) {
   double worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
@@ -244,11 +255,7 @@ TEST(ShardedOptimizer, ZeroOneGivesZeroTwosBits) {
 }
 
 TEST(ShardedOptimizer, ZeroOneAllReducesAndUpdatesItsPartOfEachGradient) {
-  DataParallelOptions dataParallel;
-  dataParallel.ranks = 4;
-  dataParallel.rank = 1;
-  dataParallel.shardOptimizer = true;
-  auto graph = rankProgram(parityConfig(), 4, dataParallel);
+  auto graph = shardedRankProgram(1, /*gradients=*/false);
   ASSERT_TRUE(graph);
   int updates = 0;
   for (const Op *op : graph->ops()) {
@@ -268,11 +275,7 @@ TEST(ShardedOptimizer, ZeroOneAllReducesAndUpdatesItsPartOfEachGradient) {
 }
 
 TEST(ShardedOptimizer, ThePassesShardTheMomentsAndGatherTheParameters) {
-  DataParallelOptions dataParallel;
-  dataParallel.ranks = 4;
-  dataParallel.rank = 3;
-  dataParallel.shardOptimizer = dataParallel.shardGradients = true;
-  auto graph = rankProgram(parityConfig(), 4, dataParallel);
+  auto graph = shardedRankProgram(3, /*gradients=*/true);
   ASSERT_TRUE(graph);
   int scatters = 0, gathers = 0, updates = 0;
   for (const Op *op : graph->ops()) {
