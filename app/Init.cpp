@@ -15,16 +15,28 @@ constexpr int64_t kInitChunk = int64_t(1) << 20;
 
 std::vector<NormalLeaf> normalLeaves(const Graph &graph, uint64_t seed) {
   std::vector<NormalLeaf> leaves;
-  for (const Op *op : graph.ops())
-    if ((op->kind() == OpKind::Param || op->kind() == OpKind::State) && op->attrs().getString("init") == "normal")
-      leaves.push_back({op->result()->name(), mix64(seed) ^ hashName(op->result()->name()),
-                        op->attrs().getFloat("std").value_or(0.02)});
+  for (const Op *op : graph.ops()) {
+    if ((op->kind() != OpKind::Param && op->kind() != OpKind::State) || op->attrs().getString("init") != "normal")
+      continue;
+    NormalLeaf leaf{op->result()->name(), mix64(seed) ^ hashName(op->result()->name()),
+                    op->attrs().getFloat("std").value_or(0.02)};
+    if (auto whole = op->attrs().getInts("whole")) { // a shard: its part of the whole's draws
+      int64_t total = 1, n = op->result()->type().numElements();
+      for (int64_t d : *whole)
+        total *= d;
+      leaf.first = op->attrs().getInt("rank").value_or(0) * n;
+      leaf.count = std::clamp<int64_t>(total - leaf.first, 0, n);
+    }
+    leaves.push_back(std::move(leaf));
+  }
   return leaves;
 }
 
 llvm::Error initLeaves(Executor &executor, const Graph &graph, uint64_t seed, ZeroLeaves zeros) {
   std::set<std::string> drawn;
   for (const NormalLeaf &leaf : normalLeaves(graph, seed)) {
+    if (leaf.count >= 0)
+      continue; // a shard: drawn on the host (the executor fills whole tensors)
     auto filled = executor.fillNormal(leaf.name, leaf.stream, leaf.std);
     if (!filled)
       return filled.takeError();
@@ -41,6 +53,7 @@ std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, Zero
     std::vector<float> *data;
     uint64_t stream;
     double std;
+    int64_t count; // the elements drawn (the rest stay zero)
   };
   std::vector<NormalFill> normals;
   for (const Op *op : graph.ops()) {
@@ -56,17 +69,21 @@ std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed, Zero
       std::fill(t.data.begin(), t.data.end(), 1.0f);
   }
   for (const NormalLeaf &leaf : normalLeaves(graph, seed))
-    if (!skipped.count(leaf.name))
-      normals.push_back({&params.at(leaf.name).data, leaf.stream, leaf.std});
+    if (!skipped.count(leaf.name)) {
+      std::vector<float> &data = params.at(leaf.name).data;
+      // A shard's element i is the whole's first + i: the stream's draws 2(first + i), 2(first + i) + 1.
+      normals.push_back({&data, leaf.stream + uint64_t(2 * leaf.first), leaf.std,
+                         leaf.count < 0 ? int64_t(data.size()) : leaf.count});
+    }
   // The normal draws, in chunks of every tensor on every core: element i of a tensor is the
   // normal of its stream's draws 2i and 2i+1, whichever task computes it.
   std::vector<std::pair<size_t, int64_t>> tasks; // (tensor, first element)
   for (size_t t = 0; t < normals.size(); ++t)
-    for (int64_t begin = 0; begin < int64_t(normals[t].data->size()); begin += kInitChunk)
+    for (int64_t begin = 0; begin < normals[t].count; begin += kInitChunk)
       tasks.emplace_back(t, begin);
   llvm::parallelFor(0, tasks.size(), [&](size_t k) {
     const NormalFill &fill = normals[tasks[k].first];
-    int64_t begin = tasks[k].second, end = std::min<int64_t>(begin + kInitChunk, fill.data->size());
+    int64_t begin = tasks[k].second, end = std::min<int64_t>(begin + kInitChunk, fill.count);
     Rng rng(fill.stream + uint64_t(2 * begin));
     for (int64_t i = begin; i < end; ++i)
       (*fill.data)[i] = float(rng.normal() * fill.std);

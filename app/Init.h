@@ -27,11 +27,15 @@ std::map<std::string, Tensor> initParams(const Graph &graph, uint64_t seed,
                                          const std::set<std::string> &skipped = {});
 
 /// A leaf initialised from a normal distribution: its stream (from the seed and its name) and
-/// standard deviation.
+/// standard deviation. A parameter held as this rank's shard (a param {whole, rank, ranks}:
+/// ShardedFp8Weights.h) takes the whole's elements from `first` on, `count` of them (its
+/// padding past the whole's end stays zero): the bits its part of the whole would have.
 struct NormalLeaf {
   std::string name;
   uint64_t stream;
   double std;
+  int64_t first = 0;
+  int64_t count = -1; // all
 };
 std::vector<NormalLeaf> normalLeaves(const Graph &graph, uint64_t seed);
 

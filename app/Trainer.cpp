@@ -144,8 +144,8 @@ llvm::Expected<Checkpoint> Trainer::checkpoint() const {
     auto tensor = executor_->read(op->result()->name());
     if (!tensor)
       return tensor.takeError();
-    if (const Value *param = shardedParameter(*op)) { // every rank's shard, in the parameter's shape
-      auto whole = gatherShards(*tensor, param->type());
+    if (auto type = wholeOf(*op)) { // every rank's shard, in the whole's shape
+      auto whole = gatherShards(*tensor, *type);
       if (!whole)
         return whole.takeError();
       tensor = std::move(*whole);
@@ -240,10 +240,10 @@ llvm::Error Trainer::bindFrom(const Checkpoint &checkpoint, llvm::StringRef path
     if (it == checkpoint.tensors.end())
       return stringError(fmt::format("{}: error: the checkpoint has no tensor '{}'", path.str(), name));
     Tensor value = it->second;
-    if (const Value *param = shardedParameter(*op)) { // this rank's shard of the whole
-      if (value.type != param->type())
+    if (auto whole = wholeOf(*op)) { // this rank's shard of the whole
+      if (value.type != *whole)
         return stringError(fmt::format("{}: error: the checkpoint's '{}' is {}, not {} as its parameter", path.str(),
-                                       name, value.type.str(), param->type().str()));
+                                       name, value.type.str(), whole->str()));
       value = shardOf(value, op->result()->type());
     }
     if (auto err = executor_->bind(name, std::move(value)))
@@ -252,12 +252,20 @@ llvm::Error Trainer::bindFrom(const Checkpoint &checkpoint, llvm::StringRef path
   return llvm::Error::success();
 }
 
-const Value *Trainer::shardedParameter(const Op &op) const {
+std::optional<TensorType> Trainer::wholeOf(const Op &op) const {
+  if (op.kind() == OpKind::Param) {
+    auto whole = op.attrs().getInts("whole");
+    return whole ? std::optional(TensorType(DType::F32, Shape(whole->begin(), whole->end()))) : std::nullopt;
+  }
   llvm::StringRef name = op.result()->name();
   if (op.kind() != OpKind::State || !program::isOptimizerMoment(name))
-    return nullptr;
+    return std::nullopt;
   const Value *param = program_->lookup(program::parameterOfMoment(name));
-  return param && param->type() != op.result()->type() ? param : nullptr;
+  if (!param)
+    return std::nullopt;
+  if (auto whole = wholeOf(*param->def()))
+    return whole;
+  return param->type() != op.result()->type() ? std::optional(param->type()) : std::nullopt;
 }
 
 Tensor Trainer::shardOf(const Tensor &whole, const TensorType &shard) const {

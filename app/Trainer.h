@@ -92,9 +92,10 @@ private:
   llvm::Expected<ModelConfig> fittingModel(const Checkpoint &checkpoint, llvm::StringRef path,
                                            const char *message) const;
 
-  /// Under shard: optimizer, the parameter whose shard the AdamW moment `op` holds (a state of
-  /// the shard's size), else null.
-  const Value *shardedParameter(const Op &op) const;
+  /// Under shard: optimizer, the type of the whole tensor of which leaf `op` holds this rank's
+  /// shard: an AdamW moment's parameter's (a state of the shard's size), or a parameter kept as
+  /// its shard's ({whole}: an FP8 weight, ShardedFp8Weights.h). Else none.
+  std::optional<TensorType> wholeOf(const Op &op) const;
   /// This rank's part of `whole` flattened and zero-padded: a tensor of type `shard`.
   Tensor shardOf(const Tensor &whole, const TensorType &shard) const;
   /// Every rank's `shard` gathered into a tensor of type `whole` (a collective: every rank calls

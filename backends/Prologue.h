@@ -2,8 +2,9 @@
 // to the next (the FP8 weights of the fp8-weights pass, state {init="prologue"}), made again
 // from them where no step has made it yet: after the leaves are initialised or restored. It
 // is made by the ops whose results the step assigns to it, each operand read where the step
-// leaves it: the leaf it is, or the leaf it is assigned to. What the end of the step before
-// would have made.
+// leaves it: the leaf it is, or the leaf it is assigned to; an operand that is neither is made
+// by the ops before them, as the step makes it (collectives included: every rank runs its
+// prologue at the same point). What the end of the step before would have made.
 #pragma once
 
 #include "ir/Graph.h"
@@ -19,12 +20,12 @@ bool isPrologueLeaf(const Op &op);
 
 struct PrologueOp {
   const Op *op = nullptr;
-  std::vector<const Value *> operandLeaves; // the leaf each operand is read from
+  std::vector<const Value *> operandLeaves; // the leaf each operand is read from (null: made
+                                            // by an op before it in the prologue)
   std::vector<const Value *> resultLeaves;  // the leaf each result goes to (null: none)
 };
 
-/// The ops that make `graph`'s prologue leaves, in program order; an error where one reads a
-/// value that is neither a leaf nor assigned to one.
+/// The ops that make `graph`'s prologue leaves and what they read, in program order.
 llvm::Expected<std::vector<PrologueOp>> prologueOps(const Graph &graph);
 
 } // namespace tgc

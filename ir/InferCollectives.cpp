@@ -70,9 +70,9 @@ llvm::Expected<TypeList> inferAllGather(Operands ops, const AttrMap &attrs, llvm
     return ranks.takeError();
   TypeList types;
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].dtype != DType::F32 || ops[i].rank() != 1)
-      return makeError("operand {} is {}: all_gather takes f32 shards [n]", i, ops[i].str());
-    types.push_back(TensorType(DType::F32, {ops[i].dim(0) * *ranks}));
+    if ((ops[i].dtype != DType::F32 && !isFp8(ops[i].dtype)) || ops[i].rank() != 1)
+      return makeError("operand {} is {}: all_gather takes f32 or FP8 shards [n]", i, ops[i].str());
+    types.push_back(TensorType(ops[i].dtype, {ops[i].dim(0) * *ranks}));
   }
   return types;
 }

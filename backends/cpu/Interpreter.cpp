@@ -180,23 +180,31 @@ llvm::Error Interpreter::runPrologue() {
   auto prologue = prologueOps(graph_);
   if (!prologue)
     return prologue.takeError();
+  llvm::DenseMap<const Value *, Tensor> made; // what the prologue's ops made for the ones after
   for (const PrologueOp &p : *prologue) {
     llvm::SmallVector<const Tensor *, 4> operands;
-    for (const Value *leaf : p.operandLeaves) {
-      auto it = bound_.find(leaf);
-      if (it == bound_.end())
+    for (unsigned k = 0; k < p.op->numOperands(); ++k) {
+      const Value *leaf = p.operandLeaves[k];
+      auto &from = leaf ? bound_ : made;
+      auto it = from.find(leaf ? leaf : p.op->operand(k));
+      if (it == from.end())
         return makeError("the prologue's %{} reads %{}, which was not given a value", p.op->result()->name(),
-                         leaf->name());
+                         (leaf ? leaf : p.op->operand(k))->name());
       operands.push_back(&it->second);
     }
     llvm::SmallVector<Tensor, 4> results;
     for (unsigned r = 0; r < p.op->numResults(); ++r)
       results.push_back(Tensor::zeros(p.op->result(r)->type()));
-    if (auto err = evalOp(*p.op, operands, results))
+    llvm::Error err = evalOp(*p.op, operands, results);
+    if (!err)
+      err = runCollective(*p.op, operands, results);
+    if (err)
       return makeError("%{} = {}: {}", p.op->result()->name(), p.op->name().str(), llvm::toString(std::move(err)));
-    for (unsigned r = 0; r < p.op->numResults(); ++r)
+    for (unsigned r = 0; r < p.op->numResults(); ++r) {
       if (const Value *leaf = p.resultLeaves[r])
-        bound_[leaf] = std::move(results[r]);
+        bound_[leaf] = results[r];
+      made[p.op->result(r)] = std::move(results[r]);
+    }
   }
   return llvm::Error::success();
 }

@@ -3,6 +3,7 @@
 // The GPU runs the same program through NCCL (GpuDataParallelTest.cpp, two GPUs).
 #include "app/Trainer.h"
 #include "backends/Communicator.h"
+#include "backends/cpu/Pipeline.h"
 #include "models/GPTBuilder.h"
 #include "models/ProgramInterface.h"
 #include "tests/app/RankRuns.h"
@@ -331,6 +332,98 @@ TEST(ShardedOptimizer, ACheckpointResumesOnAnotherRankCount) {
     std::vector<double> tail(straight[0].losses.begin() + 10, straight[0].losses.end());
     EXPECT_LT(maxRelativeDifference(runs[0].losses, tail), 2e-5);
   }
+}
+
+TEST(ShardedOptimizer, Fp8WeightsGatherTheirCodesWithTheFp32GathersBits) {
+  // FP8 weights between steps under ZeRO-2: each rank quantizes its updated shard and the codes
+  // are gathered (a byte a parameter, not 4); the master weight stays a shard. Per-tensor
+  // quantization is elementwise at the scale every rank shares, and the amaxes' maximum and the
+  // counts' sum are the whole's: the same losses and tensors, bit for bit, as the fp32 gather
+  // with the weights quantized in the forward.
+  ModelConfig config = parityConfig();
+  config.precision.recipe = Recipe::Fp8;
+  config.precision.fp8MinDim = 0;
+  config.train.shardOptimizer = config.train.shardGradients = true;
+  std::vector<RankRun> fp32 = train(config, 4, 16);
+  config.precision.fp8Weights = true;
+  std::vector<RankRun> fp8 = train(config, 4, 16);
+  ASSERT_EQ(fp32[0].error, "");
+  for (const RankRun &r : fp8) {
+    ASSERT_EQ(r.error, "");
+    EXPECT_EQ(r.losses, fp32[0].losses);
+  }
+  EXPECT_LT(fp8[0].losses.back(), fp8[0].losses.front() - 0.5);
+  // The checkpoint holds the whole weights (gathered from the shards), as the fp32 gather's.
+  EXPECT_EQ(fp8[0].state.at("h0.mlp.fc1.weight").type, fp32[0].state.at("h0.mlp.fc1.weight").type);
+  EXPECT_EQ(compareStates(fp8[0], fp8[3], fp32[0]), 0.0);
+
+  // Saved at step 10 and resumed: the shards cut from the whole weights, their codes made again
+  // by the prologue (gathered over the ranks there too): on 4 ranks the same bits as straight on,
+  // on 2 the same run but for the order of the sums.
+  std::vector<RankRun> first = train(config, 4, 10);
+  ASSERT_EQ(first[0].error, "");
+  for (int ranks : {4, 2}) {
+    SCOPED_TRACE(fmt::format("resumed on {}", ranks));
+    std::vector<RankRun> runs = train(config, ranks, 6, [&](Trainer &trainer) {
+      Checkpoint c;
+      c.tensors = first[0].state;
+      c.meta = checkpointMetadata(trainer.config(), 10, trainer.data().describe(), "");
+      return trainer.resume(c, "saved");
+    });
+    ASSERT_EQ(runs[0].error, "");
+    std::vector<double> tail(fp8[0].losses.begin() + 10, fp8[0].losses.end());
+    if (ranks == 4)
+      EXPECT_EQ(runs[0].losses, tail);
+    else
+      EXPECT_LT(maxRelativeDifference(runs[0].losses, tail), 2e-3);
+  }
+}
+
+TEST(ShardedOptimizer, Fp8WeightsAreShardsWhoseCodesOneAllGatherRebuilds) {
+  ModelConfig config = parityConfig();
+  config.precision.recipe = Recipe::Fp8;
+  config.precision.fp8MinDim = 0;
+  config.precision.fp8Weights = true;
+  DataParallelOptions dataParallel;
+  dataParallel.ranks = 4;
+  dataParallel.rank = 2;
+  dataParallel.shardOptimizer = dataParallel.shardGradients = true;
+  auto graph = unwrap(buildGPT(config, 4));
+  PipelineOptions options;
+  options.passOptions.train = config.train;
+  options.passOptions.precision = config.precision;
+  options.passOptions.dataParallel = dataParallel;
+  auto pipeline = unwrap(PassPipeline::create(cpuPipeline(true, config.precision), options));
+  ASSERT_FALSE(bool(pipeline.run(*graph)));
+  int fp8Gathers = 0, fp32Gathered = 0, shards = 0, wholeParams = 0;
+  for (const Op *op : graph->ops()) {
+    if (op->kind() == OpKind::AllGather && isFp8(op->operand(0)->type().dtype)) {
+      ++fp8Gathers;
+      EXPECT_EQ(op->numOperands(), 4u * unsigned(config.layers) + 1); // qkv, proj, fc1, fc2; the head
+    } else if (op->kind() == OpKind::AllGather) {
+      for (const Value *v : op->operands()) // the updates of whole parameters alone
+        EXPECT_FALSE(v->def()->operand(0)->def()->attrs().has("whole")) << v->name();
+      fp32Gathered += int(op->numOperands());
+    }
+    if (op->kind() != OpKind::Param)
+      continue;
+    if (!op->attrs().has("whole")) {
+      ++wholeParams;
+      continue;
+    }
+    // rank 2's quarter of each linear weight: its shard, which AdamW reads and updates as it is.
+    ++shards;
+    auto whole = *op->attrs().getInts("whole");
+    EXPECT_EQ(op->attrs().getInt("rank"), 2);
+    EXPECT_EQ(op->result()->type(), TensorType(DType::F32, {(whole[0] * whole[1] + 3) / 4}));
+    for (const Op *user : op->result()->users())
+      EXPECT_TRUE(user->kind() == OpKind::AdamW ||
+                  (user->kind() == OpKind::Assign && user->operand(1)->def()->kind() == OpKind::AdamW))
+          << user->name().str();
+  }
+  EXPECT_EQ(fp8Gathers, 1);
+  EXPECT_EQ(shards, 4 * config.layers + 1);
+  EXPECT_EQ(fp32Gathered, wholeParams); // the embeddings, norms and biases
 }
 
 } // namespace

@@ -57,7 +57,9 @@ std::vector<Tensor> expectTheCpusBits(const Graph &graph, const std::map<std::st
 
 /// `bf16Gradients`: the two GPUs' gradients cross in BF16 (grad_reduce: bf16); `shard`: the two
 /// GPUs shard AdamW's state and the gradients (ZeRO-2); one GPU has nothing to reduce or shard.
-void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients = false, bool shard = false) {
+/// `fp8Weights`: both keep the FP8 weights between steps (sharded: their codes gathered).
+void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients = false, bool shard = false,
+                            bool fp8Weights = false) {
   if (auto gpu = detectCudaDevice(1); !gpu) {
     GTEST_SKIP() << "needs two GPUs: " << llvm::toString(gpu.takeError());
   }
@@ -68,6 +70,7 @@ void expectTwoGpusFollowOne(Recipe recipe, double tolerance, bool bf16Gradients 
   config.precision.recipe = recipe;
   config.precision.fp8MinDim = 0; // under fp8, every linear layer
   config.train.steps = 50;
+  config.precision.fp8Weights = fp8Weights;
   std::vector<RankRun> one = trainOnGpus(config, 1, 50);
   config.train.bf16GradientReduce = bf16Gradients;
   config.train.shardOptimizer = config.train.shardGradients = shard;
@@ -115,6 +118,12 @@ TEST(GpuDataParallel, TwoGpusShardingTheOptimizerFollowOneGpu) {
   // taken by the layout family's kernel; the sharded state's rows of DataParallelTest's CPU
   // twin (ShardedOptimizer) hold within the unsharded BF16 bound.
   expectTwoGpusFollowOne(Recipe::Bf16, 5e-3, false, true);
+}
+
+TEST(GpuDataParallel, TwoGpusShardingFp8WeightsGatherTheirCodes) {
+  // ZeRO-2 with the FP8 weights kept between steps: each GPU quantizes its updated shard and
+  // NCCL gathers the codes as bytes (ShardedFp8Weights.h), the prologue's gather included.
+  expectTwoGpusFollowOne(Recipe::Fp8, 2e-2, false, true, true);
 }
 
 TEST(GpuDataParallel, OneGpuRunsZerosOpsAsTheCpu) {

@@ -20,11 +20,14 @@
 // runPrologue makes it from the master weights and the scaling state, after initialisation and
 // after a resume, by the moved quantize itself (Executor::runPrologue), so a resumed run
 // continues bit for bit.
+//
+// Under ZeRO the updated shard is quantized and its codes gathered (ShardedFp8Weights.h).
 #include "ir/Attributes.h"
 #include "support/Error.h"
 #include "transforms/Passes.h"
 #include "transforms/Rewrite.h"
 #include "transforms/precision/Precision.h"
+#include "transforms/precision/ShardedFp8Weights.h"
 
 #include <fmt/format.h>
 
@@ -58,6 +61,7 @@ public:
       moved.push_back(op);
     }
     Builder b(graph);
+    std::vector<ShardedFp8Weight> sharded;
     for (Op *quantize : moved) {
       Value *weight = quantize->operand(0);
       auto prefixOr = scalingStatePrefix(*quantize, "fp8-weights");
@@ -87,18 +91,27 @@ public:
       if (transposeInBackward)
         if (auto err = transposeInTheBackward(graph, quantize, states[0]))
           return std::move(err);
-      // After the update, the next step's bytes: the new weight at the new scale.
-      Op *next = b.createOp(OpKind::Quantize, {assignedValue(weight), update->result(1), update->result(2)},
+      // After the update, the next step's bytes: the new weight at the new scale (under ZeRO,
+      // the rank's shard of it, whose codes are gathered: ShardedFp8Weights.h).
+      Value *shard = updatedShard(weight, *quantize);
+      if (shard)
+        nextAttrs.erase(kTranspose);
+      Op *next = b.createOp(OpKind::Quantize, {shard ? shard : assignedValue(weight), update->result(1), update->result(2)},
                             nextAttrs, prefix + ".next");
       if (!next)
         break;
       for (unsigned r = 0; r < kept; ++r) {
         graph.replaceAllUsesWith(quantize->result(r), states[r]);
-        b.create(OpKind::Assign, {states[r], next->result(r)}, {}, "");
+        if (!shard)
+          b.create(OpKind::Assign, {states[r], next->result(r)}, {}, "");
       }
+      if (shard)
+        sharded.push_back({weight, next, states});
       graph.eraseOp(quantize);
     }
     if (auto err = b.takeError())
+      return std::move(err);
+    if (auto err = gatherInFp8(graph, sharded))
       return std::move(err);
     return !moved.empty();
   }

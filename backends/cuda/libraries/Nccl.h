@@ -19,7 +19,7 @@ namespace tgc {
 struct NcclUniqueId {
   char internal[128]; // NCCL_UNIQUE_ID_BYTES
 };
-enum NcclDataType : int { kNcclFloat32 = 7, kNcclBfloat16 = 9 }; // ncclDataType_t
+enum NcclDataType : int { kNcclUint8 = 1, kNcclFloat32 = 7, kNcclBfloat16 = 9 }; // ncclDataType_t
 enum NcclReduceOp : int { kNcclSum = 0, kNcclMax = 2, kNcclAvg = 4 }; // ncclRedOp_t
 
 struct NcclApi {

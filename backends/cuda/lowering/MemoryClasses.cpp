@@ -82,7 +82,10 @@ MemoryBreakdown memoryBreakdown(const Graph &graph, const CudaProgram &program, 
   for (const auto &[leaf, offset] : layout.state) // the FP8 weights kept between steps (fp8-weights)
     if (isPrologueLeaf(*leaf->def()) && isFp8(leaf->type().dtype)) {
       const Op *quantize = quantizeOf(leaf);
-      (quantize && isQuantizeTranspose(*quantize, leaf) ? fp8Transposes : fp8Weights) += storedBytesOf(program, leaf);
+      const Value *step = assignedValue(leaf); // (under ZeRO: the gathered codes, transposed)
+      bool transposed = (quantize && isQuantizeTranspose(*quantize, leaf)) ||
+                        (step && step->def() && step->def()->kind() == OpKind::Transpose);
+      (transposed ? fp8Transposes : fp8Weights) += storedBytesOf(program, leaf);
     }
   b.persistent = {{"master weights (fp32)", layout.paramBytes},
                   {"gradients (fp32)", layout.gradBytes},

@@ -240,7 +240,10 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
       gradKind = program.lowering[index.lookup(local->def())].kind;
     else if (gradKind == OpLowering::Collective)
       gradKind = OpLowering::Leaf; // not laid out
-    bool usual = leafOf(p, OpKind::Param) && leafOf(m, OpKind::State) && leafOf(v, OpKind::State) &&
+    // (A parameter kept as its ZeRO shard, ShardedFp8Weights.h, is not: its gradient is a shard
+    // op's, alive in the arena from the backward's gradient to AdamW, as the other shards'.)
+    bool usual = leafOf(p, OpKind::Param) && !p->def()->attrs().has("whole") && leafOf(m, OpKind::State) &&
+                 leafOf(v, OpKind::State) &&
                  !updateOf.count(p) && program.inPlace.lookup(op->result(0)) == p &&
                  program.inPlace.lookup(op->result(1)) == m && program.inPlace.lookup(op->result(2)) == v &&
                  (gradKind == OpLowering::Kernels || gradKind == OpLowering::Gemm) &&

@@ -145,7 +145,9 @@ llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaP
   for (size_t i = 0; i < ops.size(); ++i) {
     index[ops[i]] = i;
     const Op &op = *ops[i];
-    if (op.kind() == OpKind::AdamW && op.operand(0)->def() && op.operand(0)->def()->kind() == OpKind::Shard)
+    const Op *target = op.kind() == OpKind::AdamW ? op.operand(0)->def() : nullptr;
+    // (A shard op's result, or a parameter kept as its shard: an FP8 weight, ShardedFp8Weights.h.)
+    if (target && (target->kind() == OpKind::Shard || (target->kind() == OpKind::Param && target->attrs().has("whole"))))
       members.push_back(i);
   }
   if (members.size() < 2)

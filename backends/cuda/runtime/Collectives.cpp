@@ -247,13 +247,14 @@ llvm::Error Collectives::reduceScatter(const Op &op, const BufferMap &buffers, c
 }
 
 /// ZeRO's parameter all-gather: each rank's part n of each operand into the result's R x n, in
-/// rank order (fp32: the master weights).
+/// rank order (fp32: the master weights; FP8: the codes of FP8 weights, a byte each).
 llvm::Error Collectives::allGather(const Op &op, const BufferMap &buffers, cudaStream_t on) const {
   if (auto err = check(nccl_->groupStart(), "ncclGroupStart", op))
     return err;
   for (unsigned k = 0; k < op.numOperands(); ++k)
     if (auto err = check(nccl_->allGather(buffers.lookup(op.operand(k)), buffers.lookup(op.result(k)),
-                                          size_t(op.operand(k)->type().numElements()), kNcclFloat32, comm_, on),
+                                          size_t(op.operand(k)->type().numElements()),
+                                          isFp8(op.operand(k)->type().dtype) ? kNcclUint8 : kNcclFloat32, comm_, on),
                          "ncclAllGather", op)) {
       nccl_->groupEnd();
       return err;

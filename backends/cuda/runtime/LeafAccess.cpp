@@ -121,9 +121,9 @@ llvm::Error ProgramRunner::copyLeafFrom(llvm::StringRef name, const Executor &fr
 }
 
 
-// The prologue's ops (backends/Prologue.h) launched outside a step: each operand takes its
-// leaf's value where it is not already in the leaf's memory (the arena's scale a step's update
-// writes, say), and each result goes to its leaf where not written there in place.
+// The prologue's ops (backends/Prologue.h) launched outside a step: each operand read from a
+// leaf takes its value where it is not already in the leaf's memory (the arena's scale a step's
+// update writes, say), and each result goes to its leaf where not written there in place.
 llvm::Error ProgramRunner::runPrologue() {
   auto prologue = prologueOps(graph_);
   if (!prologue)
@@ -143,11 +143,17 @@ llvm::Error ProgramRunner::runPrologue() {
   };
   for (const PrologueOp &p : *prologue) {
     for (unsigned k = 0; k < p.op->numOperands(); ++k)
-      if (auto err = copy(p.op->operand(k), p.operandLeaves[k]))
-        return err;
-    if (const Value *skip = program_.lowering[index.lookup(p.op)].zeroInPrologue)
+      if (p.operandLeaves[k]) // (else made by the prologue's op before, where the step makes it)
+        if (auto err = copy(p.op->operand(k), p.operandLeaves[k]))
+          return err;
+    size_t i = index.lookup(p.op);
+    if (const Value *skip = program_.lowering[i].zeroInPrologue)
       CUDA_CHECK(cudaMemsetAsync(buffer(skip), 0, 4, stream_)); // AdamW's skip: 0.0f
-    if (auto err = launchOp(index.lookup(p.op)))
+    // A collective (the FP8 codes of sharded weights, gathered) on this stream, in turn.
+    llvm::Error err = program_.lowering[i].kind == OpLowering::Collective
+                          ? collectives_.run(i, *p.op, buffers_, stream_, /*onMainStream=*/true)
+                          : launchOp(i);
+    if (err)
       return err;
     for (unsigned r = 0; r < p.op->numResults(); ++r)
       if (const Value *leaf = p.resultLeaves[r])
