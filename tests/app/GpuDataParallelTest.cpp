@@ -147,6 +147,29 @@ TEST(GpuDataParallel, OneGpuRunsZerosOpsAsTheCpu) {
   EXPECT_EQ(got[3].data, leaves["p"].data);
 }
 
+TEST(GpuDataParallel, OneGpuGathersFp8CodesThatAGemmReadsAsTheCpu) {
+  // A shard's FP8 codes all-gathered (one rank: the one part, as bytes), viewed in the weight's
+  // shape and read by an FP8 GEMM, which finds their scale through the gather
+  // (ShardedFp8Weights.h): the CPU's bits, the gathered codes included.
+  SKIP_WITHOUT_GPU();
+  auto graph = unwrap(parseGraph(
+      "graph @g\n%x = input() : f32[16,32]\n%w = input() : f32[1536]\n%s = input() : f32[]\n%si = input() : f32[]\n"
+      "%qw, %wa, %wc = quantize(%w, %s, %si) {format=\"e4m3\"} : f8e4m3[1536], f32[], f32[]\n"
+      "%g = all_gather(%qw) {ranks=1} : f8e4m3[1536]\n"
+      "%f = slice(%g) {axis=0, size=1536, start=0} : f8e4m3[1536]\n"
+      "%wq = reshape(%f) {shape=[48,32]} : f8e4m3[48,32]\n"
+      "%qx, %xa, %xc = quantize(%x, %s, %si) {format=\"e4m3\"} : f8e4m3[16,32], f32[], f32[]\n"
+      "%y = matmul(%qx, %wq) {transpose_b=true} : f32[16,48]\nreturn %y, %g, %wa\n",
+      "fp8-gather.ir"));
+  ASSERT_TRUE(graph);
+  std::map<std::string, Tensor> leaves = normalInputs(*graph);
+  leaves["s"].data = {16.0f};
+  leaves["si"].data = {1.0f / 16};
+  std::vector<Tensor> got = expectTheCpusBits(*graph, leaves, 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_NE(got[0].data, std::vector<float>(16 * 48, 0.0f));
+}
+
 /// ZeRO's update of rank 1 of 2 written out for three parameters (one without weight decay),
 /// on the GPU against the CPU's bits: the new shards, the norm and the clip. Under ZeRO-2
 /// (`zeroOne` false) the gradients come as shards; under ZeRO-1 whole, their shards taken first.

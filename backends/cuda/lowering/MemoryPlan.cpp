@@ -82,11 +82,20 @@ const Value *stepValueOf(const Value *v) {
 } // namespace
 
 const Op *quantizeOf(const Value *v) {
+  // Through views, transposes, the state the step before left, and ZeRO's gather of a shard's
+  // codes (ShardedFp8Weights.h: every rank's at the scale they share), to the quantize.
+  for (int hops = 0; v->def() && hops < 8; ++hops) {
+    const Op *def = v->def();
+    if (def->kind() == OpKind::Reshape || def->kind() == OpKind::Transpose || prefixOfGathered(*def))
+      v = def->operand(0);
+    else if (def->kind() == OpKind::AllGather)
+      v = def->operand(v->index());
+    else if (def->kind() == OpKind::State && stepValueOf(v) != v) // bytes kept from the step before
+      v = stepValueOf(v);
+    else
+      break;
+  }
   const Op *def = v->def();
-  while (def && (def->kind() == OpKind::Reshape || def->kind() == OpKind::Transpose))
-    def = def->operand(0)->def();
-  if (def && def->kind() == OpKind::State) // bytes kept from the step before: their quantize's
-    def = stepValueOf(def->result())->def();
   return def && def->kind() == OpKind::Quantize ? def : nullptr;
 }
 

@@ -67,8 +67,9 @@ bool isWeight(const CudaProgram &program, const Value *v);
 bool bf16Ready(const CudaProgram &program, const Value *v);
 /// The value whose memory `v` is: `v`, or the source of the reshapes it is.
 const Value *reshapeRoot(const Value *v);
-/// The quantize op whose bytes an FP8 value is (through reshapes and transposes, and from a
-/// state leaf to the quantize whose result the step assigns to it), if any.
+/// The quantize op whose bytes an FP8 value is (through reshapes and transposes, from a state
+/// leaf to the value the step assigns to it, and from ZeRO's gathered codes to the quantize of
+/// this rank's shard), if any.
 const Op *quantizeOf(const Value *v);
 /// Whether v is (a reshape of) `quantize`'s transpose q^T rather than its q.
 bool isQuantizeTranspose(const Op &quantize, const Value *v);
