@@ -360,8 +360,9 @@ TEST(Fusion, GpuPromptMatchesUnfused) {
     EXPECT_EQ(countOps(*plain)["embedding"] + 1, counts["embedding"]);
     for (const Op *op : fused->ops()) // the last layer's products after its attention: a row a sequence
       if (op->kind() == OpKind::MatMul && llvm::StringRef(op->result()->name()).starts_with("h1.") &&
-          !llvm::StringRef(op->result()->name()).contains("attn.q"))
+          !llvm::StringRef(op->result()->name()).contains("attn.q")) {
         EXPECT_EQ(op->operand(0)->type().numElements() / op->operand(0)->type().dim(-1), batch) << op->result()->name();
+      }
     Rng rng(freshSeed());
     std::map<std::string, Tensor> leaves = randomWeights(*plain, rng);
     leaves["tokens"] = Tensor::zeros(TensorType(DType::I32, {batch, length}));

@@ -195,14 +195,16 @@ TEST(GpuLowering, AShardedStepTakesItsShardsUpdatesAndNormInALaunchEach) {
       shards.push_back(ops[i]);
     if (ops[i]->kind() == OpKind::AdamW)
       updates.push_back(ops[i]);
-    if (ops[i]->kind() == OpKind::Shard || ops[i]->kind() == OpKind::AdamW)
+    if (ops[i]->kind() == OpKind::Shard || ops[i]->kind() == OpKind::AdamW) {
       EXPECT_EQ(l.kind, l.label.empty() ? OpLowering::Grouped : OpLowering::Kernels) << ops[i]->result()->name();
+    }
     if (l.label.empty())
       continue;
     groups[l.label] = i;
     for (const Value *v : l.addresses)
-      if (const MemoryPlan::Span *span = spans.lookup(v))
+      if (const MemoryPlan::Span *span = spans.lookup(v)) {
         EXPECT_GE(span->last, int64_t(i)) << l.label << ": %" << v->name();
+      }
   }
   ASSERT_EQ(groups.count("shards (all parameters)"), 1u);
   ASSERT_EQ(groups.count("adamw (all shards)"), 1u);
