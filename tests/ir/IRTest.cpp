@@ -209,7 +209,13 @@ INSTANTIATE_TEST_SUITE_P(
               "f8e5m2[2,4], f32[], f32[], f32[4]\nreturn %q\n",
               "bias_grad=true sums x or gelu_backward(x, h), not gelu(x), SwiGLU or its gradient, or the loss's "
               "gradient: drop "
-              "activation=\"gelu\"", "4:1"}));
+              "activation=\"gelu\"", "4:1"},
+        BadIR{"a shard of another size than its whole's part",
+              "graph @g\n%w = param() {init=\"zeros\", rank=1, ranks=4, whole=[10,3]} : f32[7]\nreturn %w\n",
+              "a shard of 30 elements over 4 ranks is f32[8], got f32[7]", "2:1"},
+        BadIR{"a shard of a rank past the ranks",
+              "graph @g\n%w = param() {init=\"zeros\", rank=4, ranks=4, whole=[10,3]} : f32[8]\nreturn %w\n",
+              "a shard needs 'whole' (a shape), 'ranks' (1 to 4096) and 'rank' in [0, ranks)", "2:1"}));
 
 TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {
   auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%a = gelu(%x) : f32[4]\n"
