@@ -356,6 +356,13 @@ TEST(ShardedOptimizer, Fp8WeightsGatherTheirCodesWithTheFp32GathersBits) {
   // The checkpoint holds the whole weights (gathered from the shards), as the fp32 gather's.
   EXPECT_EQ(fp8[0].state.at("h0.mlp.fc1.weight").type, fp32[0].state.at("h0.mlp.fc1.weight").type);
   EXPECT_EQ(compareStates(fp8[0], fp8[3], fp32[0]), 0.0);
+  // ZeRO-1 (the gradients all-reduced whole, each rank updating its part): the same bits too.
+  config.train.shardGradients = false;
+  std::vector<RankRun> zeroOne = train(config, 4, 16);
+  ASSERT_EQ(zeroOne[0].error, "");
+  EXPECT_EQ(zeroOne[2].losses, fp32[0].losses);
+  EXPECT_EQ(compareStates(zeroOne[0], zeroOne[2], fp32[0]), 0.0);
+  config.train.shardGradients = true;
 
   // Saved at step 10 and resumed: the shards cut from the whole weights, their codes made again
   // by the prologue (gathered over the ranks there too): on 4 ranks the same bits as straight on,
