@@ -62,25 +62,6 @@ llvm::Expected<TypeList> inferInput(Operands ops, const AttrMap &attrs, llvm::Ar
   return inferLeaf(ops, attrs, d);
 }
 
-/// A parameter held as ZeRO rank `rank`'s shard of a tensor of shape `whole`
-/// (ShardedFp8Weights.h): f32[ceil(N / ranks)].
-static llvm::Error checkShardOfWhole(const TensorType &type, const AttrMap &attrs) {
-  auto whole = attrs.getInts("whole");
-  std::optional<int64_t> ranks = attrs.getInt("ranks"), rank = attrs.getInt("rank");
-  if (!whole || whole->empty() || !ranks || *ranks < 1 || *ranks > 4096 || !rank || *rank < 0 || *rank >= *ranks)
-    return makeError("a shard needs 'whole' (a shape), 'ranks' (1 to 4096) and 'rank' in [0, ranks)");
-  int64_t total = 1;
-  for (int64_t d : *whole) {
-    if (d < 1 || d > (int64_t(1) << 40) / total)
-      return makeError("'whole' must be a shape of positive dimensions, at most 2^40 elements");
-    total *= d;
-  }
-  TensorType shard(DType::F32, {(total + *ranks - 1) / *ranks});
-  if (type != shard)
-    return makeError("a shard of {} elements over {} ranks is {}, got {}", total, *ranks, shard.str(), type.str());
-  return llvm::Error::success();
-}
-
 llvm::Expected<TypeList> inferParam(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> d) {
   auto types = inferLeaf(ops, attrs, d);
   if (!types)

@@ -1,5 +1,6 @@
 // Type rules of the collectives of data parallelism: all_reduce, and ZeRO's reduce_scatter,
-// all_gather and shard (a rank's part of a tensor flattened and zero-padded, ir/Ops.def).
+// all_gather and shard (a rank's part of a tensor flattened and zero-padded, ir/Ops.def), and
+// of a parameter held as such a part.
 #include "ir/InferRules.h"
 #include "support/Error.h"
 
@@ -75,6 +76,27 @@ llvm::Expected<TypeList> inferAllGather(Operands ops, const AttrMap &attrs, llvm
     types.push_back(TensorType(ops[i].dtype, {ops[i].dim(0) * *ranks}));
   }
   return types;
+}
+
+/// A parameter held as ZeRO rank `rank`'s shard of a tensor of shape `whole`
+/// (ShardedFp8Weights.h): f32[ceil(N / ranks)].
+llvm::Error checkShardOfWhole(const TensorType &type, const AttrMap &attrs) {
+  auto ranks = shardRanks(attrs, true);
+  if (!ranks)
+    return ranks.takeError();
+  auto whole = attrs.getInts("whole");
+  if (!whole || whole->empty())
+    return makeError("a shard's 'whole' must be a shape");
+  int64_t total = 1;
+  for (int64_t d : *whole) {
+    if (d < 1 || d > (int64_t(1) << 40) / total)
+      return makeError("'whole' must be a shape of positive dimensions, at most 2^40 elements");
+    total *= d;
+  }
+  TensorType shard(DType::F32, {(total + *ranks - 1) / *ranks});
+  if (type != shard)
+    return makeError("a shard of {} elements over {} ranks is {}, got {}", total, *ranks, shard.str(), type.str());
+  return llvm::Error::success();
 }
 
 llvm::Expected<TypeList> inferShard(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType>) {

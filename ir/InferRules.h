@@ -21,5 +21,8 @@ llvm::Expected<double> requireFloatAttr(const AttrMap &attrs, llvm::StringRef ke
 llvm::Expected<int64_t> requireIntAttr(const AttrMap &attrs, llvm::StringRef key);
 /// A norm's x [..., D], gamma [D] (and beta [D]) and eps.
 llvm::Error checkNorm(Operands ops, const AttrMap &attrs);
+/// A parameter {whole, rank, ranks}: ZeRO rank `rank`'s shard of a tensor of shape `whole`,
+/// f32[ceil(N / ranks)] (InferCollectives.cpp).
+llvm::Error checkShardOfWhole(const TensorType &type, const AttrMap &attrs);
 
 } // namespace tgc::infer

@@ -215,7 +215,7 @@ INSTANTIATE_TEST_SUITE_P(
               "a shard of 30 elements over 4 ranks is f32[8], got f32[7]", "2:1"},
         BadIR{"a shard of a rank past the ranks",
               "graph @g\n%w = param() {init=\"zeros\", rank=4, ranks=4, whole=[10,3]} : f32[8]\nreturn %w\n",
-              "a shard needs 'whole' (a shape), 'ranks' (1 to 4096) and 'rank' in [0, ranks)", "2:1"}));
+              "needs attribute rank in [0, ranks = 4)", "2:1"}));
 
 TEST(Verifier, CatchesUseBeforeDefinitionAfterABadRewrite) {
   auto g = unwrap(parseGraph("graph @g\n%x = input() : f32[4]\n%a = gelu(%x) : f32[4]\n"
