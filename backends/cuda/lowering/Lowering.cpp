@@ -170,8 +170,13 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     program.lowering[i] = std::move(e.lowering);
   }
   std::tie(program.weightCopyBegin, program.weightCopyEnd) = weightsReadInBf16(ops, program);
-  if (options.groupOptimizer)
+  if (options.groupOptimizer) {
     groupOptimizer(ops, program, kernels);
+    // The grouped launches' templates are optimizer.cuh's, whatever op leads them (a shard's
+    // group, in a program without AdamW, is led by a layout op).
+    if (llvm::any_of(program.lowering, [](const OpLowering &l) { return l.kind == OpLowering::Grouped; }))
+      headers.insert("optimizer.cuh");
+  }
   if (options.groupFp8Updates)
     groupFp8Updates(ops, program, kernels);
   program.source = assembleSource(headers, kernels, program);

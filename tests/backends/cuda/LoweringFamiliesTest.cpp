@@ -237,6 +237,19 @@ TEST(GpuLowering, AShardedStepTakesItsShardsUpdatesAndNormInALaunchEach) {
   EXPECT_EQ(program.source.find("pad<"), std::string::npos); // no shard of its own
 }
 
+TEST(GpuLowering, ShardsGroupedWithoutAnOptimizerIncludeTheirTemplates) {
+  // Two shard ops and no AdamW (GpuDataParallel.OneGpuRunsZerosOpsAsTheCpu's program): their
+  // grouped launch, led by a layout op, calls optimizer.cuh's shardTensors, which the source
+  // must include although no op of the optimizer family is in it.
+  auto graph = unwrap(parseGraph("graph @g\n%p = input() : f32[7]\n%s = shard(%p) {rank=1, ranks=2} : f32[4]\n"
+                                 "%t = shard(%p) {rank=0, ranks=1} : f32[7]\nreturn %s, %t\n",
+                                 "shards.ir"));
+  ASSERT_TRUE(graph);
+  CudaProgram program = unwrap(lowerToCuda(*graph));
+  EXPECT_NE(program.source.find("shardTensors<2>"), std::string::npos);
+  EXPECT_NE(program.source.find("#include \"optimizer.cuh\""), std::string::npos);
+}
+
 /// That each launch of `program` names a kernel of its source taking the parameters the executor
 /// passes (ProgramRunner::launchPointers): the op's operands and results (or its `arguments`),
 /// its scratch and persistent buffers, its constants and its address table. Returns the
