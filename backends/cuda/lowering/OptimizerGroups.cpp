@@ -145,7 +145,8 @@ llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaP
   for (size_t i = 0; i < ops.size(); ++i) {
     index[ops[i]] = i;
     const Op &op = *ops[i];
-    const Op *target = op.kind() == OpKind::AdamW ? op.operand(0)->def() : nullptr;
+    // (Not one whose FP8 cast makes its update, AdamWCast.cpp.)
+    const Op *target = op.kind() == OpKind::AdamW && !program.adamwInCast.count(&op) ? op.operand(0)->def() : nullptr;
     // (A shard op's result, or a parameter kept as its shard: an FP8 weight, ShardedFp8Weights.h.)
     if (target && (target->kind() == OpKind::Shard || (target->kind() == OpKind::Param && target->attrs().has("whole"))))
       members.push_back(i);
