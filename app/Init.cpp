@@ -20,12 +20,10 @@ std::vector<NormalLeaf> normalLeaves(const Graph &graph, uint64_t seed) {
       continue;
     NormalLeaf leaf{op->result()->name(), mix64(seed) ^ hashName(op->result()->name()),
                     op->attrs().getFloat("std").value_or(0.02)};
-    if (auto whole = op->attrs().getInts("whole")) { // a shard: its part of the whole's draws
-      int64_t total = 1, n = op->result()->type().numElements();
-      for (int64_t d : *whole)
-        total *= d;
+    if (auto whole = shardedParamWhole(*op)) { // a shard: its part of the whole's draws
+      int64_t n = op->result()->type().numElements();
       leaf.first = op->attrs().getInt("rank").value_or(0) * n;
-      leaf.count = std::clamp<int64_t>(total - leaf.first, 0, n);
+      leaf.count = std::clamp<int64_t>(whole->numElements() - leaf.first, 0, n);
     }
     leaves.push_back(std::move(leaf));
   }

@@ -253,17 +253,15 @@ llvm::Error Trainer::bindFrom(const Checkpoint &checkpoint, llvm::StringRef path
 }
 
 std::optional<TensorType> Trainer::wholeOf(const Op &op) const {
-  if (op.kind() == OpKind::Param) {
-    auto whole = op.attrs().getInts("whole");
-    return whole ? std::optional(TensorType(DType::F32, Shape(whole->begin(), whole->end()))) : std::nullopt;
-  }
+  if (op.kind() == OpKind::Param)
+    return shardedParamWhole(op);
   llvm::StringRef name = op.result()->name();
   if (op.kind() != OpKind::State || !program::isOptimizerMoment(name))
     return std::nullopt;
   const Value *param = program_->lookup(program::parameterOfMoment(name));
   if (!param)
     return std::nullopt;
-  if (auto whole = wholeOf(*param->def()))
+  if (auto whole = shardedParamWhole(*param->def()))
     return whole;
   return param->type() != op.result()->type() ? std::optional(param->type()) : std::nullopt;
 }

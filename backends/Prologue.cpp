@@ -1,7 +1,5 @@
 #include "backends/Prologue.h"
 
-#include "support/Error.h"
-
 #include "llvm/ADT/DenseMap.h"
 
 namespace tgc {
@@ -10,7 +8,7 @@ bool isPrologueLeaf(const Op &op) {
   return op.kind() == OpKind::State && op.attrs().getString("init") == "prologue";
 }
 
-llvm::Expected<std::vector<PrologueOp>> prologueOps(const Graph &graph) {
+std::vector<PrologueOp> prologueOps(const Graph &graph) {
   std::vector<Op *> ops = graph.ops();
   llvm::DenseMap<const Value *, const Value *> leafOf; // a value assigned to a leaf: the leaf
   llvm::DenseMap<const Op *, bool> makesPrologue;
@@ -34,12 +32,7 @@ llvm::Expected<std::vector<PrologueOp>> prologueOps(const Graph &graph) {
     const Op *op = pending.back();
     pending.pop_back();
     for (const Value *v : op->operands()) {
-      if (readFromLeaf(v))
-        continue;
-      if (!v->def())
-        return makeError("the prologue's %{} reads %{}, which is neither a leaf nor assigned to one",
-                         op->result()->name(), v->name());
-      if (!makesPrologue[v->def()]) {
+      if (!readFromLeaf(v) && !makesPrologue[v->def()]) {
         makesPrologue[v->def()] = true;
         pending.push_back(v->def());
       }

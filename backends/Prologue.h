@@ -9,8 +9,6 @@
 
 #include "ir/Graph.h"
 
-#include "llvm/Support/Error.h"
-
 #include <vector>
 
 namespace tgc {
@@ -26,6 +24,6 @@ struct PrologueOp {
 };
 
 /// The ops that make `graph`'s prologue leaves and what they read, in program order.
-llvm::Expected<std::vector<PrologueOp>> prologueOps(const Graph &graph);
+std::vector<PrologueOp> prologueOps(const Graph &graph);
 
 } // namespace tgc

@@ -46,6 +46,13 @@ Value *assignedValue(const Value *leaf) {
   return nullptr;
 }
 
+std::optional<TensorType> shardedParamWhole(const Op &op) {
+  auto whole = op.kind() == OpKind::Param ? op.attrs().getInts("whole") : std::nullopt;
+  if (!whole)
+    return std::nullopt;
+  return TensorType(DType::F32, Shape(whole->begin(), whole->end()));
+}
+
 int inPlaceOperand(OpKind kind, unsigned r) {
   llvm::StringRef column = opInfo(kind).inPlace;
   return r < column.size() && column[r] != '-' ? column[r] - '0' : -1;

@@ -8,6 +8,7 @@
 #include "llvm/Support/Error.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,10 @@ private:
 /// The value a step assigns to the leaf `leaf` (assign(%leaf, %value): what it holds from the
 /// step's end on), or null where none is.
 Value *assignedValue(const Value *leaf);
+
+/// Where `op` is a parameter kept as a ZeRO rank's shard of a larger tensor (param {whole, rank,
+/// ranks}: transforms/precision/ShardedFp8Weights.h), the whole's type; else none.
+std::optional<TensorType> shardedParamWhole(const Op &op);
 
 /// Builds ops with inferred result types. The first type error is kept and every later call
 /// returns nullptr, so a builder can be written straight through and checked once at the end.

@@ -177,11 +177,11 @@ bool Interpreter::setRoundedValues(const std::vector<std::string> &names) {
 }
 
 llvm::Error Interpreter::runPrologue() {
-  auto prologue = prologueOps(graph_);
-  if (!prologue)
-    return prologue.takeError();
-  llvm::DenseMap<const Value *, Tensor> made; // what the prologue's ops made for the ones after
-  for (const PrologueOp &p : *prologue) {
+  std::vector<PrologueOp> prologue = prologueOps(graph_);
+  // What the prologue's ops made for the ones after them that no leaf holds (those assigned to
+  // a leaf are read from it).
+  llvm::DenseMap<const Value *, Tensor> made;
+  for (const PrologueOp &p : prologue) {
     llvm::SmallVector<const Tensor *, 4> operands;
     for (unsigned k = 0; k < p.op->numOperands(); ++k) {
       const Value *leaf = p.operandLeaves[k];
@@ -200,11 +200,8 @@ llvm::Error Interpreter::runPrologue() {
       err = runCollective(*p.op, operands, results);
     if (err)
       return makeError("%{} = {}: {}", p.op->result()->name(), p.op->name().str(), llvm::toString(std::move(err)));
-    for (unsigned r = 0; r < p.op->numResults(); ++r) {
-      if (const Value *leaf = p.resultLeaves[r])
-        bound_[leaf] = results[r];
-      made[p.op->result(r)] = std::move(results[r]);
-    }
+    for (unsigned r = 0; r < p.op->numResults(); ++r)
+      (p.resultLeaves[r] ? bound_[p.resultLeaves[r]] : made[p.op->result(r)]) = std::move(results[r]);
   }
   return llvm::Error::success();
 }

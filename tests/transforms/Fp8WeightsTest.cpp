@@ -76,7 +76,7 @@ TEST(Fp8Weights, TheWeightsQuantizeAfterAdamWIntoStateTheForwardReads) {
     EXPECT_EQ(op->operand(1)->def()->kind(), OpKind::Fp8Update) << op->result()->name();
   }
   EXPECT_EQ(weightQuantizes, 4 * config.layers + 1);
-  auto prologue = unwrap(prologueOps(*graph));
+  std::vector<PrologueOp> prologue = prologueOps(*graph);
   ASSERT_EQ(prologue.size(), size_t(weightQuantizes));
   for (const PrologueOp &p : prologue) {
     // The quantize reads the master weight and the scaling state between steps.

@@ -1,10 +1,6 @@
 #include "transforms/precision/ShardedFp8Weights.h"
 
-#include "support/Error.h"
-
 #include "llvm/ADT/DenseSet.h"
-
-#include <fmt/format.h>
 
 namespace tgc {
 

@@ -251,7 +251,7 @@ ParameterLayout layoutParameters(const Graph &graph, const CudaProgram &program)
       gradKind = OpLowering::Leaf; // not laid out
     // (A parameter kept as its ZeRO shard, ShardedFp8Weights.h, is not: its gradient is a shard
     // op's, alive in the arena from the backward's gradient to AdamW, as the other shards'.)
-    bool usual = leafOf(p, OpKind::Param) && !p->def()->attrs().has("whole") && leafOf(m, OpKind::State) &&
+    bool usual = leafOf(p, OpKind::Param) && !shardedParamWhole(*p->def()) && leafOf(m, OpKind::State) &&
                  leafOf(v, OpKind::State) &&
                  !updateOf.count(p) && program.inPlace.lookup(op->result(0)) == p &&
                  program.inPlace.lookup(op->result(1)) == m && program.inPlace.lookup(op->result(2)) == v &&

@@ -148,7 +148,7 @@ llvm::DenseSet<const Op *> groupShardedAdamW(const std::vector<Op *> &ops, CudaP
     // (Not one whose FP8 cast makes its update, AdamWCast.cpp.)
     const Op *target = op.kind() == OpKind::AdamW && !program.adamwInCast.count(&op) ? op.operand(0)->def() : nullptr;
     // (A shard op's result, or a parameter kept as its shard: an FP8 weight, ShardedFp8Weights.h.)
-    if (target && (target->kind() == OpKind::Shard || (target->kind() == OpKind::Param && target->attrs().has("whole"))))
+    if (target && (target->kind() == OpKind::Shard || shardedParamWhole(*target)))
       members.push_back(i);
   }
   if (members.size() < 2)

@@ -125,9 +125,7 @@ llvm::Error ProgramRunner::copyLeafFrom(llvm::StringRef name, const Executor &fr
 // leaf takes its value where it is not already in the leaf's memory (the arena's scale a step's
 // update writes, say), and each result goes to its leaf where not written there in place.
 llvm::Error ProgramRunner::runPrologue() {
-  auto prologue = prologueOps(graph_);
-  if (!prologue)
-    return prologue.takeError();
+  std::vector<PrologueOp> prologue = prologueOps(graph_);
   llvm::DenseMap<const Op *, size_t> index;
   for (size_t i = 0; i < ops_.size(); ++i)
     index[ops_[i]] = i;
@@ -141,7 +139,7 @@ llvm::Error ProgramRunner::runPrologue() {
     afterGeneratedKernel_ = false;
     return llvm::Error::success();
   };
-  for (const PrologueOp &p : *prologue) {
+  for (const PrologueOp &p : prologue) {
     for (unsigned k = 0; k < p.op->numOperands(); ++k)
       if (p.operandLeaves[k]) // (else made by the prologue's op before, where the step makes it)
         if (auto err = copy(p.op->operand(k), p.operandLeaves[k]))
