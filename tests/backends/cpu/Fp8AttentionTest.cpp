@@ -119,8 +119,10 @@ TEST(Fp8Attention, MatchesFp32AttentionWithinWhatFp8RoundsTo) {
       c.scaleDQ = c.scaleDK = c.scaleDV = 1;
       Fp8AttentionGradients g = fp8AttentionBackward(s, q8, k8, v8, f.out, do8, c);
       EXPECT_NEAR(g.amaxDP, e.amaxDP, 0.1 * e.amaxDP);
-      // dS to E4M3 or E5M2 (2^-3 relative) and sums of many: within a few per cent.
-      double bound = grad == Fp8Format::E4M3 ? 0.12 : 0.2;
+      // dS to E4M3 or E5M2 (2^-3 relative) and sums of many: within a few per cent, more where
+      // a row's sum cancels (120 fresh seeds: dq and dk median 0.04 in E4M3, 0.06 in E5M2, the
+      // largest 0.14 in either; the E4M3 bound of 0.12 failed one run in fifty).
+      double bound = 0.2;
       EXPECT_LT(relativeError(g.dq, e.dq), bound);
       EXPECT_LT(relativeError(g.dk, e.dk), bound);
       EXPECT_LT(relativeError(g.dv, e.dv), 0.07);
