@@ -549,6 +549,15 @@ void ConfigReader::readStrings(const Fields &fields, llvm::StringRef key,
       fail(&item, fmt::format("{} holds names or glob patterns", key.str()));
       return;
     }
+    // Layer names and their patterns are single words: a space, a line break or a control
+    // character is a list's commas or a quote gone missing (and would not read back the same).
+    if (llvm::any_of(item.value, [](unsigned char ch) { return ch <= ' ' || ch == 0x7f; })) {
+      fail(&item, fmt::format("'{}' in {} holds a space or a control character; names and glob patterns are "
+                              "single words, separated by commas",
+                              llvm::StringRef(item.value).take_until([](char ch) { return ch == '\n'; }).str(),
+                              key.str()));
+      return;
+    }
     if (auto glob = llvm::GlobPattern::create(item.value); !glob) {
       fail(&item, fmt::format("'{}' in {} is not a glob pattern: {}", item.value, key.str(),
                               llvm::toString(glob.takeError())));
