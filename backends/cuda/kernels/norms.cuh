@@ -271,21 +271,18 @@ __device__ void normBackwardTile(const Dy *dy, const float *x, const float *gamm
   }
 }
 
-// Launch 2: the chunks' partial sums (reduce.cuh's columnTotal, 32 features a block).
+// Launch 2: the chunks' partial sums (reduce.cuh's columnTotals, 8 features a block).
 template <bool Layer, int64 D, int64 Rows, int64 Chunks, bool Sums, typename GammaOut, typename BetaOut,
           typename SumOut>
 __device__ void normBackwardColumns(const float *scratch, GammaOut dgamma, BetaOut dbeta, SumOut dsums) {
-  constexpr int S = Sums ? 3 : 2;
-  __shared__ double shared[kTotalParts][32];
   const double *partial = (const double *)scratch + 4 * Rows;
-  int64 j = totalColumn();
-  double dgammaSum = columnTotal<D, Chunks, S>(partial, j, 0, shared);
-  double dbetaSum = columnTotal<D, Chunks, S>(partial, j, 1, shared);
-  double dxSum = Sums ? columnTotal<D, Chunks, S>(partial, j, 2, shared) : 0.0;
-  if (threadIdx.x >= 32 || j >= D) return;
-  dgamma[j] = (float)dgammaSum;
-  if (Layer)
-    dbeta[j] = (float)dbetaSum;
-  if (Sums)
-    dsums[j] = (float)dxSum;
+  columnTotals<D, Chunks, Sums ? 3 : 2>(partial, [&](int k, int64 j, double total) {
+    if (k == 0)
+      dgamma[j] = (float)total;
+    else if (k == 1) {
+      if (Layer)
+        dbeta[j] = (float)total;
+    } else if (Sums)
+      dsums[j] = (float)total;
+  });
 }

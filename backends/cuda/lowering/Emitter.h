@@ -81,8 +81,8 @@ std::string fp8UpdateCall(const Op &op, const std::string &suffix);
 
 
 constexpr int64_t kChunk = 64; // rows per partial sum of a column reduction
-/// Blocks of a column reduction's last launch: 32 columns a block (reduce.cuh's columnTotal).
-inline int64_t columnTotalBlocks(int64_t columns) { return (columns + 31) / 32; }
+/// Blocks of a column reduction's last launch: 8 columns a block (reduce.cuh's columnTotals).
+inline int64_t columnTotalBlocks(int64_t columns) { return (columns + 7) / 8; }
 /// A float constant as CUDA source: the literal of its float value.
 std::string lit(double v);
 inline int64_t rowsOf(const TensorType &t) { return t.rank() ? t.numElements() / t.dim(-1) : 1; }

@@ -45,10 +45,12 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     bool layer = op.kind() == OpKind::LayerNormBackward;
     const TensorType &x = operandType(op, 1);
     int64_t d = x.dim(-1), rows = rowsOf(x);
-    // Chunks of 32 rows: blocks enough to fill the GPU at d 768 (a block spans up to 1024 features).
-    constexpr int64_t kNormChunk = 32;
-    int64_t chunks = (rows + kNormChunk - 1) / kNormChunk;
+    // Chunks of 64 rows where that leaves 256 blocks (a wave of two blocks a multiprocessor),
+    // else of 32: at gpt2-124m's 16384 rows of 768, chunks of 64 made launch 1 one wave instead of
+    // two and halved the partial sums launch 2 reads (a step 0.4% shorter on an H100).
     int64_t perThread = d % 4 == 0 ? 4 : 1, columnBlocks = (d + kThreads * perThread - 1) / (kThreads * perThread);
+    const int64_t kNormChunk = rows * columnBlocks >= 256 * 64 ? 64 : 32;
+    int64_t chunks = (rows + kNormChunk - 1) / kNormChunk;
     bool accumulate = op.numOperands() > 3; // the residual gradient dres, added to dx
     bool sums = op.numResults() > 3;        // dx_sums: dx's column sums too
     // dy in BF16 where its product writes it so (CudaProgram::bf16Rounding).

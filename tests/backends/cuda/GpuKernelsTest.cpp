@@ -124,13 +124,15 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   compile(wideDecode, GPTOutput::Decode, Recipe::Bf16, gpuPipeline(false, Recipe::Bf16));
   wide.train.recompute = true;
   compile(wide, GPTOutput::Loss, Recipe::Fp32, gpuPipeline(true, Recipe::Fp32));
-  // Many rows: the norms' gradient takes chunks of several rows a block (1616 rows: 3 a chunk,
-  // the last chunk 2), and the column sums many chunks.
+  // Many rows: the norms' gradient takes chunks of 32 rows a block (1616 rows: the last chunk
+  // 16), and the column sums many chunks; at 16400 rows chunks of 64 (the last 16).
   ModelConfig tall = odd;
   tall.vocab = 1000;
   tall.train.batch = 101;
   compile(tall, GPTOutput::Loss, Recipe::Bf16, gpuPipeline(true, Recipe::Bf16));
   compile(tall, GPTOutput::Loss, Recipe::Fp32, gpuPipeline(true, Recipe::Fp32));
+  tall.train.batch = 1025;
+  compile(tall, GPTOutput::Loss, Recipe::Bf16, gpuPipeline(true, Recipe::Bf16));
   return programs;
 }
 
