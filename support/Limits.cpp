@@ -9,7 +9,7 @@
 namespace tgc {
 
 std::optional<size_t> findDeepNesting(llvm::StringRef text, unsigned limit, bool yaml) {
-  unsigned depth = 0;
+  unsigned depth = 0, keys = 0; // keys: the run of YAML indicators ('?', "- ") this character ends
   bool inString = false, lineStart = true;
   for (size_t i = 0; i < text.size(); ++i) {
     char c = text[i];
@@ -37,6 +37,14 @@ std::optional<size_t> findDeepNesting(llvm::StringRef text, unsigned limit, bool
         inString = false;
       continue;
     }
+    const bool entry = c == '-' && i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '\t');
+    if (yaml && (c == '?' || entry)) { // a key or a sequence entry nesting the next ("? - ? - ...")
+      if (depth + ++keys > limit)
+        return i;
+      continue;
+    }
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+      keys = 0;
     if (!yaml && c == '"') {
       inString = true;
     } else if (c == '[' || c == '{') {

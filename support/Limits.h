@@ -23,7 +23,8 @@ constexpr uint64_t kMaxIrFileBytes = uint64_t(256) << 20;
 /// The offset in `text` where brackets ([ and {) first nest deeper than `limit`, if they do.
 /// JSON: brackets inside strings do not count. YAML: every bracket counts (a conservative
 /// bound), and so do lines indented past 4 * limit columns or opening more than `limit` block
-/// sequences ("- - - ...").
+/// sequences ("- - - ..."), and runs of key and entry indicators ("? ? ?", "{???", "? - ? -":
+/// each nesting the next), added to the brackets open around them.
 std::optional<size_t> findDeepNesting(llvm::StringRef text, unsigned limit, bool yaml = false);
 
 /// The 1-based line and column of `offset` in `text`.
