@@ -108,6 +108,8 @@ void readLlama(FieldReader &f, ModelConfig &m, HfNotes &notes) {
   m.dModel = f.integer("hidden_size");
   m.heads = f.integer("num_attention_heads");
   m.kvHeads = f.integer("num_key_value_heads", m.heads);
+  // (0 would read as tgc's "as many as the query heads": transformers divides by it.)
+  f.require(m.kvHeads >= 1, fmt::format("'num_key_value_heads' ({}) must be at least 1", m.kvHeads));
   m.layers = f.integer("num_hidden_layers");
   m.ffn = f.integer("intermediate_size");
   m.normEps = f.number("rms_norm_eps", 1e-6);

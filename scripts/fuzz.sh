@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes the readers of untrusted input with libFuzzer (clang, from Debian): the model file
 # reader, the IR parser, the checkpoint reader, tgc report's log and bench readers and the
-# tokenizer's text, each for SECONDS (default 60), starting from the seed corpora in
+# tokenizer's text (timed runs also the tokenizer file and a Hugging Face config.json), each
+# for SECONDS (default 60), starting from the seed corpora in
 # tests/fuzz/corpus and keeping what they find in build-fuzz/corpus-*. Built with
 # AddressSanitizer and UndefinedBehaviorSanitizer; a finding stops with its input saved and a
 # non-zero exit. First the tests of the layers the fuzzers build run under the same sanitizers.
@@ -21,16 +22,21 @@ flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefin
 # (clang for C too: GCC's C runtime libraries would bring GCC's ASan next to clang's.)
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTGC_CUDA=OFF -DTGC_FUZZ=ON -DCMAKE_CXX_FLAGS="$flags" > /dev/null
-cmake --build build-fuzz -j"$(nproc)" --target tgc_fuzz_model tgc_fuzz_ir tgc_fuzz_checkpoint tgc_fuzz_report \
-  tgc_fuzz_tokenizer tgc_sanitized_tests
+readers="model ir checkpoint report tokenizer"
+# Timed runs fuzz two more readers: the tokenizer file and a Hugging Face config.json (CI's
+# smoke test leaves them out, for its 10 minutes).
+[ "$seconds" = "--ci" ] || readers="$readers tokenizer_file hf_config"
+targets=()
+for reader in $readers; do targets+=(tgc_fuzz_$reader); done
+cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}" tgc_sanitized_tests
 # The support, IR and model tests under the same sanitizers (a finding stops here).
 echo "sanitizers: the support, IR and model tests (AddressSanitizer, UndefinedBehaviorSanitizer)"
 UBSAN_OPTIONS=print_stacktrace=1 build-fuzz/tgc_sanitized_tests --gtest_brief=1
-for reader in model ir checkpoint report tokenizer; do
+for reader in $readers; do
   corpus=build-fuzz/corpus-$reader
   rm -rf "$corpus" && mkdir -p "$corpus" # --ci: what earlier runs found would change the inputs
   [ "$seconds" = "--ci" ] || cp -n build-fuzz/kept-$reader/* "$corpus"/ 2>/dev/null || true
-  cp tests/fuzz/corpus/$reader/* "$corpus"/
+  cp tests/fuzz/corpus/${reader//_/-}/* "$corpus"/
   runs=("${limit[@]}")
   # (--ci: the checkpoint reader's inputs cost 4x the others'.)
   [ "$seconds" = "--ci" ] && [ "$reader" = checkpoint ] && runs=(-seed=1 -runs=25000)

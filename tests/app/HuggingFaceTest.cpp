@@ -256,6 +256,9 @@ TEST(HuggingFace, ConfigsTgcCannotExpressAreRefusedByName) {
       {R"({"model_type": "llama", "vocab_size": 8, "max_position_embeddings": 8, "hidden_size": 4,
           "intermediate_size": 8, "num_attention_heads": 3, "num_hidden_layers": 1})",
        "config.json (as a tgc model)"}, // the model file's own checks: heads (3) does not divide d_model (4)
+      {R"({"model_type": "llama", "vocab_size": 8, "max_position_embeddings": 8, "hidden_size": 4,
+          "intermediate_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "num_key_value_heads": 0})",
+       "'num_key_value_heads' (0) must be at least 1"}, // (tgc's 0 would mean as many as the heads)
   };
   for (const Bad &bad : bads) {
     auto json = llvm::json::parse(bad.config);
