@@ -13,21 +13,12 @@ std::optional<size_t> findDeepNesting(llvm::StringRef text, unsigned limit, bool
   bool inString = false, lineStart = true;
   for (size_t i = 0; i < text.size(); ++i) {
     char c = text[i];
-    if (yaml && lineStart) {
-      // Indentation and block sequence entries opened on this line.
+    if (yaml && lineStart) { // indentation (the block entries after it count below)
       size_t j = i;
       while (j < text.size() && text[j] == ' ')
         ++j;
       if (j - i > 4 * size_t(limit))
         return j;
-      unsigned entries = 0;
-      while (j + 1 < text.size() && text[j] == '-' && (text[j + 1] == ' ' || text[j + 1] == '\t')) {
-        if (++entries > limit)
-          return j;
-        j += 2;
-        while (j < text.size() && text[j] == ' ')
-          ++j;
-      }
     }
     lineStart = c == '\n';
     if (!yaml && inString) {
@@ -38,7 +29,7 @@ std::optional<size_t> findDeepNesting(llvm::StringRef text, unsigned limit, bool
       continue;
     }
     const bool entry = c == '-' && i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '\t');
-    if (yaml && (c == '?' || entry)) { // a key or a sequence entry nesting the next ("? - ? - ...")
+    if (yaml && (c == '?' || entry)) { // a key or a block entry nesting the next ("- - -", "? - ? -")
       if (depth + ++keys > limit)
         return i;
       continue;

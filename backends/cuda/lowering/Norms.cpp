@@ -49,8 +49,8 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     // else of 32: at gpt2-124m's 16384 rows of 768, chunks of 64 made launch 1 one wave instead of
     // two and halved the partial sums launch 2 reads (a step 0.4% shorter on an H100).
     int64_t perThread = d % 4 == 0 ? 4 : 1, columnBlocks = (d + kThreads * perThread - 1) / (kThreads * perThread);
-    const int64_t kNormChunk = rows * columnBlocks >= 256 * 64 ? 64 : 32;
-    int64_t chunks = (rows + kNormChunk - 1) / kNormChunk;
+    const int64_t chunkRows = rows * columnBlocks >= 256 * 64 ? 64 : 32;
+    int64_t chunks = (rows + chunkRows - 1) / chunkRows;
     bool accumulate = op.numOperands() > 3; // the residual gradient dres, added to dx
     bool sums = op.numResults() > 3;        // dx_sums: dx's column sums too
     // dy in BF16 where its product writes it so (CudaProgram::bf16Rounding).
@@ -61,7 +61,7 @@ llvm::Error emitNorm(const Op &op, Emitter &e) {
     e.launch(0, params, normBlocks(rows, d),
              fmt::format("normBackwardStats<{}, {}, {}>(dy, x, gamma, scratch, {})", boolText(layer), d, rows, eps));
     e.launch(1, params, chunks * columnBlocks,
-             fmt::format("normBackwardTile<{}, {}, {}, {}, {}>(dy, x, gamma, {}, dx, scratch)", d, rows, kNormChunk,
+             fmt::format("normBackwardTile<{}, {}, {}, {}, {}>(dy, x, gamma, {}, dx, scratch)", d, rows, chunkRows,
                          boolText(accumulate), boolText(sums), accumulate ? "dres" : "nullptr"));
     e.launch(2, params, columnTotalBlocks(d),
              fmt::format("normBackwardColumns<{}, {}, {}, {}, {}>(scratch, dgamma, {}, {})", boolText(layer), d, rows,
