@@ -1,8 +1,9 @@
 // Generation on the GPU against the CPU (GenerateTest.cpp's twin): decode steps through the
-// whole cache, the few-row products, the normalising GEMVs, the attention writing the cache,
-// prefill then decode giving the CPU's tokens. Skipped where there is no GPU.
+// whole cache, the few-row products, the normalising GEMVs, the attention writing the cache and
+// streaming long ones, prefill then decode giving the CPU's tokens. Skipped where there is no GPU.
 #include "app/InferencePrograms.h"
 #include "tests/RandomWeights.h"
+#include "support/Numerics.h"
 #include "tests/backends/cuda/GpuTestUtil.h"
 
 #include <algorithm>
@@ -207,6 +208,64 @@ TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
       Gap gap = gapOf(want[0].data, got[0].data);
       EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "max difference " << gap.worst;
     }
+}
+
+TEST(GpuGeneration, StreamedAttentionOverLongCachesMatchesTheCpu) {
+  // decode_stream.cuh's attention (more (sequence, head) pairs than SMs, or heads of 128: the
+  // parts read from memory, keys and values together, a running softmax a group of lanes),
+  // heads of 64 and 128 over a cache of 1024 positions: 12 sequences of 16 heads (192 pairs, a
+  // few parts of a couple of hundred keys each) and 2 (32 pairs, parts of a block's turn), at
+  // positions anywhere in it, the first and last included. Reading caches that are inputs, and
+  // writing caches that are state (in place; under bf16 stored in BF16, their values drawn in
+  // BF16 so that the CPU's are the same).
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  const int64_t T = 1024, H = 16;
+  for (int64_t B : {12, 2})
+    for (int64_t Dh : {64, 128})
+      for (bool write : {true, false})
+        for (bool bf16 : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} sequences, heads of {}, {}, {}", B, Dh, write ? "writing" : "reading",
+                                   bf16 ? "bf16" : "fp32"));
+          const int64_t D = H * Dh;
+          std::string cache = fmt::format("f32[{},{},{}]", B, T, D);
+          std::string text = fmt::format(
+              "graph @g\n%qkv = input() : f32[{0},1,{2}]\n%k = {3} : {1}\n%v = {3} : {1}\n"
+              "%positions = input() : i32[{0},1]\n%out{4} = decode_attention(%qkv, %k, %v, %positions) "
+              "{{{5}heads={6}, scale=0.125{7}}} : f32[{0},1,{8}]{9}\n{10}return %out\n",
+              B, cache, 3 * D, write ? "state() {init=\"zeros\"}" : "input()", write ? ", %k.new, %v.new" : "",
+              bf16 ? "gemm_dtype=\"bf16\", " : "", H, write ? ", write_cache=true" : "", D,
+              write ? ", " + cache + ", " + cache : "", write ? "assign(%k, %k.new)\nassign(%v, %v.new)\n" : "");
+          auto graph = unwrap(parseGraph(text, "decode-attention.ir"));
+          ASSERT_TRUE(graph);
+          std::map<std::string, Tensor> leaves;
+          for (const char *name : {"qkv", "k", "v"}) {
+            Tensor t = Tensor::zeros(graph->lookup(name)->type());
+            for (float &x : t.data)
+              x = float(rng.normal());
+            if (bf16 && name[0] != 'q')
+              for (float &x : t.data)
+                x = roundToBf16(x);
+            leaves[name] = std::move(t);
+          }
+          Tensor positions = Tensor::zeros(TensorType(DType::I32, {B, 1}));
+          for (int32_t &p : positions.ints)
+            p = int32_t(rng.below(T));
+          positions.ints[0] = int32_t(T - 1);
+          positions.ints[1] = 0;
+          leaves["positions"] = positions;
+          Interpreter cpu(*graph);
+          auto gpu = unwrap(createCudaExecutor(*graph));
+          ASSERT_TRUE(gpu);
+          ASSERT_FALSE(bool(cpu.bindAll(leaves)));
+          ASSERT_FALSE(bool(gpu->bindAll(leaves)));
+          std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
+          Gap gap = gapOf(want, got);
+          EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "max difference " << gap.worst;
+          if (write) // the caches, with this step's rows written (a BF16 cache read back widened)
+            for (const char *name : {"k", "v"})
+              EXPECT_EQ(unwrap(gpu->read(name)).data, unwrap(cpu.read(name)).data) << name;
+        }
 }
 
 TEST(GpuGeneration, SampledTokensAreTheCpusForTheSameSeed) {

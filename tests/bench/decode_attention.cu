@@ -12,7 +12,7 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o decode_attention \
 //     tests/bench/decode_attention.cu && ./decode_attention
 #include "bench_util.cuh"
-#include "decode.cuh"
+#include "decode_stream.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -23,8 +23,24 @@
 // the part loaded into shared memory together; the position's row written from qkv into the
 // cache first); Written as a step of many (sequence, head) pairs runs it (Write, the part read
 // straight from memory after the row is written); Read, the plain attention over the caches (no
-// write), from memory.
-enum Kind { Read, Tiles, Written };
+// write), from memory; Stream and StreamWritten, decode_stream.cuh's reads (as Read and Written),
+// their Keys a number of parts instead.
+enum Kind { Read, Tiles, Written, Stream, StreamWritten };
+
+template <Kind How, int64 T, int64 Keys>
+__host__ __device__ constexpr int64 splitsOf() { return How >= Stream ? Keys : (T + Keys - 1) / Keys; }
+
+template <int64 B, int64 H, int64 Dh, int64 T, int64 Parts, Kind How>
+__global__ void __launch_bounds__(128, 8) streamAttention(const float *qkv, unsigned short *k, unsigned short *v,
+                                                         const int *positions, float *out, float *partial,
+                                                         unsigned *done, float scale) {
+  if constexpr (How == StreamWritten)
+    decodeAttentionStream<true, B, H, Dh, T, Parts, true>(qkv, (const unsigned short *)k, (const unsigned short *)v,
+                                                          positions, out, partial, done, scale, Bf16Out{k}, Bf16Out{v});
+  else
+    decodeAttentionStream<true, B, H, Dh, T, Parts>(qkv, (const unsigned short *)k, (const unsigned short *)v,
+                                                    positions, out, partial, done, scale);
+}
 
 template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, Kind How>
 __global__ void __launch_bounds__(128) attention(const float *qkv, unsigned short *k, unsigned short *v,
@@ -59,7 +75,7 @@ struct Case {
 
 // 128 MB written before each cold launch: more than the L2 holds, so the rows read come from
 // memory, as in a decode step, where the layers' weights pass through the L2 between two
-// attentions of a layer.
+// attentions of a layer. Allocated by main's first call, before any capture.
 void *flushBuffer() {
   static void *buffer = nullptr;
   if (!buffer)
@@ -69,7 +85,7 @@ void *flushBuffer() {
 
 template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, Kind How>
 Case run(int position) {
-  constexpr int64 D = H * Dh, W = 3 * D, Splits = (T + Keys - 1) / Keys;
+  constexpr int64 D = H * Dh, W = 3 * D, Splits = splitsOf<How, T, Keys>();
   unsigned short *k, *v;
   float *qkv, *out, *partial;
   int *positions;
@@ -91,8 +107,12 @@ Case run(int position) {
   // 24 launches, a model's layers; the last one's output is the case's. Then each after a flush
   // of the L2, less the flushes alone.
   auto launch = [&](cudaStream_t stream) {
-    attention<B, H, Dh, T, Keys, How>
-        <<<B * H * Splits, 128, 0, stream>>>(qkv, k, v, positions, out, partial, done, scale);
+    if constexpr (How >= Stream)
+      streamAttention<B, H, Dh, T, Keys, How>
+          <<<B * H * Splits, 128, 0, stream>>>(qkv, k, v, positions, out, partial, done, scale);
+    else
+      attention<B, H, Dh, T, Keys, How>
+          <<<B * H * Splits, 128, 0, stream>>>(qkv, k, v, positions, out, partial, done, scale);
   };
   float us = timeGraph(24, [&](int, cudaStream_t stream) { launch(stream); });
   float flushed = timeGraph(24, [&](int i, cudaStream_t stream) {
@@ -122,9 +142,10 @@ template <int64 B, int64 H, int64 Dh, int64 T, int64 Keys, Kind How>
 int report(const char *name, int position, const std::vector<float> *reference, std::vector<float> *first) {
   Case c = run<B, H, Dh, T, Keys, How>(position);
   const double bytes = 2.0 * B * (position + 1) * H * Dh * 2;
-  printf("%-10s B %2lld T %5lld at %5d  Keys %3lld %-6s: %8.2f us  %7.1f GB/s  %5.1f%%;  from a flushed L2 %8.2f us  "
+  printf("%-10s B %2lld T %5lld at %5d  %s %3lld %-6s: %8.2f us  %7.1f GB/s  %5.1f%%;  from a flushed L2 %8.2f us  "
          "%5.1f%%\n",
-         name, B, T, position, Keys, How == Tiles ? "tiles" : How == Written ? "write" : "memory", c.us,
+         name, B, T, position, How >= Stream ? "Parts" : "Keys ", Keys,
+         How == Tiles ? "tiles" : How == Written ? "write" : How == Stream ? "stream" : How == StreamWritten ? "stw" : "memory", c.us,
          bytes / c.us / 1e3, 100 * bytes / c.us / bandwidth, c.coldUs, 100 * bytes / c.coldUs / bandwidth);
   if (first)
     *first = c.out;
@@ -145,6 +166,12 @@ int shape(const char *name, int position) {
   differing += report<B, H, Dh, T, 64, Read>(name, position, &read, nullptr);
   differing += report<B, H, Dh, T, 128, Read>(name, position, &read, nullptr);
   differing += report<B, H, Dh, T, 256, Read>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 4, Stream>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 8, Stream>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 16, Stream>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 32, Stream>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 64, Stream>(name, position, &read, nullptr);
+  differing += report<B, H, Dh, T, 16, StreamWritten>(name, position, &written, nullptr);
   return differing;
 }
 
@@ -154,6 +181,7 @@ int main() {
   CK(cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, 0));
   bandwidth = 2.0 * clockKHz * 1e3 * busBits / 8 / 1e6; // bytes/us
   printf("memory: %.0f GB/s by its clock and bus\n", bandwidth / 1e3);
+  flushBuffer(); // allocated here: cudaMalloc is not allowed while a graph is being captured
   int differing = 0;
   differing += shape<8, 16, 128, 4096>("gpt-1.3b", 4000);   // the long-context target's shape
   differing += shape<8, 16, 128, 4096>("gpt-1.3b", 1000);

@@ -1,10 +1,14 @@
-// The generation family (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
+// The generation family (decode.cuh, decode_stream.cuh): the KV-cache writes, the attention over
+// the cache, argmax.
 #include "backends/cuda/lowering/Families.h"
 #include "ir/Rope.h"
 #include "support/Error.h"
 #include "support/Sampling.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 namespace tgc {
 
@@ -66,6 +70,96 @@ llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_
   return llvm::Error::success();
 }
 
+/// decode_attention. Flash-decoding: each (query, head) split into parts, a block each, the
+/// last block of each combining. Where the caches' rows stream (decode_stream.cuh: whole 16-byte
+/// chunks) and the parts are read from memory, a fixed number of parts a query, their size from
+/// its position: as many as fill the resident blocks once (8 of 128 threads an SM) over the
+/// (query, head) pairs (the kernel takes at least a block's turn of keys a part, so short
+/// contexts use fewer). Otherwise (decode.cuh) parts of Keys keys: 32 where the queries and heads
+/// are fewer than half the SMs (more blocks at the short positions of a decode), else 64. S
+/// queries a sequence (a draft's tokens checked at once; 1 in a decode step).
+llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
+  const AttrMap &a = op.attrs();
+  const TensorType &out = outputType(op);
+  AttentionHeads heads = attentionHeads(a);
+  int64_t B = out.dim(0), S = out.dim(1), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
+  const int64_t pairs = B * S * H, sms = e.program_.multiprocessors;
+  // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
+  bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
+  const char *cache = bf16Caches ? "unsigned short" : "float";
+  const int64_t cacheBytes = bf16Caches ? 2 : 4, chunks = Dh * cacheBytes / 16;
+  // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
+  // programmatic launch, in place, with the positions an input (written before the step), they
+  // load before the kernel awaits the one before it (Early). That pays where the step waits on
+  // latency: fewer (query, head) pairs than SMs, heads of at most 64. Elsewhere each block reads
+  // its part straight from memory (grouped heads still need the tiles to write their rows).
+  int64_t keys = std::min<int64_t>(T, 2 * pairs < sms ? 32 : 64);
+  bool write = writesCache(a), latencyBound = pairs < sms && Dh <= 64;
+  bool tiles = write && (heads.grouped() || latencyBound) && Dh * cacheBytes % 16 == 0 &&
+               2 * keys * Dh * cacheBytes <= 32 * 1024;
+  bool stream = !tiles && Dh * cacheBytes % 16 == 0 && chunks <= 32 && (chunks & (chunks - 1)) == 0;
+  constexpr int64_t kStreamBlocksPerSM = 8;
+  int64_t splits = stream ? std::clamp<int64_t>(kStreamBlocksPerSM * sms / pairs, 1, (T + 31) / 32)
+                          : (T + keys - 1) / keys;
+  if (const char *forced = std::getenv("TGC_DECODE_PARTS"); forced && stream)
+    splits = std::max<int64_t>(1, std::atoll(forced));
+  e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
+  e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)
+  if (stream)
+    e.uses("decode_stream.cuh");
+  const int64_t blocks = B * S * H * splits;
+  // The kernel's call: decodeAttentionStream<Bf16, B, H, Dh, T, Splits, Write, KV, Rope, S>, or
+  // decodeAttention<Bf16, B, H, Dh, T, Keys, Splits, Write, Tiles, Early, KV, Rope, S>.
+  std::string table = cacheRopeTable(op, e, T, Dh);
+  bool rope = !table.empty();
+  std::string tableArgument = rope ? ", table" : "", scale = lit(*a.getFloat("scale"));
+  auto call = [&](bool writing, bool early, const std::string &caches, const std::string &outputs) {
+    std::string shape = fmt::format("{}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T);
+    std::string flags = stream ? fmt::format("{}, {}, {}, {}, {}", splits, boolText(writing), heads.kvHeads,
+                                             boolText(rope), S)
+                               : fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", keys, splits, boolText(writing),
+                                             boolText(tiles && writing), boolText(early), heads.kvHeads,
+                                             boolText(rope), S);
+    return fmt::format("{}<{}, {}>(qkv, {}, positions, out, partial, done, {}, {}{})",
+                       stream ? "decodeAttentionStream" : "decodeAttention", shape, flags, caches, scale, outputs,
+                       tableArgument);
+  };
+  const int minBlocks = stream ? int(kStreamBlocksPerSM) : 0;
+  if (!write) {
+    e.launch(0,
+             fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
+                         "float *partial, unsigned *done{1}",
+                         cache, table),
+             blocks, call(false, false, "k, v", "(float *)nullptr, (float *)nullptr"), 128, minBlocks);
+    return llvm::Error::success();
+  }
+  // fuse-kv-write's: the attention reads the caches it writes (kOut, vOut; typed Bf16Out where
+  // stored in BF16), copied first where they are not written in place, as kv_write's.
+  std::string params = fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
+                                   "float *kOut, float *vOut, float *partial, unsigned *done{1}",
+                                   cache, table);
+  unsigned launch = copyCachesUnlessInPlace(op, e, params, 1);
+  bool inPlace = launch == 0;
+  const std::string caches = "readable(kOut), readable(vOut)";
+  if (heads.grouped() && !tiles) {
+    // Grouped heads write their rows only through tiles (decode.cuh): here kv_write's launch,
+    // then the attention over the caches it wrote.
+    e.launch(launch, params, elementwiseBlocks(B * heads.kvHeads * Dh),
+             fmt::format("kvWriteRows<{}, 1, {}, {}, true, {}, {}{}>(qkv, positions, kOut, vOut{})", B, T,
+                         heads.kvHeads * Dh, boolText(hasBf16Gemms(a)), D, rope ? fmt::format(", {}", Dh) : "",
+                         tableArgument));
+    e.launch(launch + 1, params, blocks, call(false, false, caches, "(float *)nullptr, (float *)nullptr"), 128,
+             minBlocks);
+    return llvm::Error::success();
+  }
+  const Op *positions = op.operand(3)->def();
+  bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
+  e.launch(launch, params, blocks, call(true, early, caches, "kOut, vOut"), 128, minBlocks);
+  if (early)
+    e.awaitsItself();
+  return llvm::Error::success();
+}
+
 } // namespace
 
 /// Generation's ops (decode.cuh): the KV-cache writes, the attention over the cache, argmax.
@@ -107,84 +201,7 @@ llvm::Error emitDecode(const Op &op, Emitter &e) {
                          rope ? ", table" : ""));
     return llvm::Error::success();
   }
-  // Flash-decoding: each (query, head) split into parts of Keys keys, each part a block, the
-  // last block of each combining; parts of 32 keys where the queries and heads are fewer than
-  // half the SMs (more blocks at the short positions of a decode), else 64 (gpt-1.3b at batch
-  // 8, 128 pairs: a 4000-token context read 4% faster in parts of 64, a 1000-token one 6%;
-  // tests/bench/decode_attention.cu, BENCHMARKS.md session 45). S queries a sequence (a draft's
-  // tokens checked at once; 1 in a decode step).
-  const TensorType &out = outputType(op);
-  AttentionHeads heads = attentionHeads(a);
-  int64_t B = out.dim(0), S = out.dim(1), D = out.dim(2), T = operandType(op, 1).dim(1), H = heads.heads, Dh = D / H;
-  const int64_t pairs = B * S * H, sms = e.program_.multiprocessors;
-  int64_t keys = std::min<int64_t>(T, 2 * pairs < sms ? 32 : 64), splits = (T + keys - 1) / keys;
-  e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
-  e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)
-  // The caches as they are stored: BF16 (chooseBf16Caches) or fp32.
-  bool bf16Caches = e.program_.bf16Stored.count(op.operand(1)) && e.program_.bf16Stored.count(op.operand(2));
-  const char *cache = bf16Caches ? "unsigned short" : "float";
-  std::string shape = fmt::format("{}, {}, {}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T, keys, splits);
-  const int64_t blocks = B * S * H * splits;
-  // Under rope_theta the query (and the key written) rotated: the table after the parameters,
-  // Rope after KV in the template's arguments.
-  std::string table = cacheRopeTable(op, e, T, Dh), rope = table.empty() ? "" : ", true";
-  if (!writesCache(a)) {
-    e.launch(0,
-             fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
-                         "float *partial, unsigned *done{1}",
-                         cache, table),
-             blocks,
-             fmt::format("decodeAttention<{}{}>(qkv, k, v, positions, out, partial, done, {}{})", shape,
-                         heads.grouped() || !rope.empty() || S > 1
-                             ? fmt::format(", false, false, false, {}, {}, {}", heads.kvHeads, boolText(!rope.empty()), S)
-                             : "",
-                         lit(*a.getFloat("scale")), rope.empty() ? "" : ", (float *)nullptr, (float *)nullptr, table"),
-             128);
-    return llvm::Error::success();
-  }
-  // fuse-kv-write's: the attention reads the caches it writes (kOut, vOut; typed Bf16Out where
-  // stored in BF16), copied first where they are not written in place, as kv_write's.
-  std::string params = fmt::format("const float *qkv, const {0} *k, const {0} *v, const int *positions, float *out, "
-                                   "float *kOut, float *vOut, float *partial, unsigned *done{1}",
-                                   cache, table);
-  unsigned launch = copyCachesUnlessInPlace(op, e, params, 1);
-  bool inPlace = launch == 0;
-  // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
-  // programmatic launch, in place, with the positions an input (written before the step), they
-  // load before the kernel awaits the one before it (Early). That pays where the step waits on
-  // latency: fewer (query, head) pairs than SMs, heads of at most 64. Elsewhere each block reads
-  // its part straight from memory, more loads in flight (grouped heads still need the tiles to
-  // write their rows).
-  int64_t cacheBytes = bf16Caches ? 2 : 4;
-  const Op *positions = op.operand(3)->def();
-  bool latencyBound = pairs < sms && Dh <= 64;
-  bool tiles = (heads.grouped() || latencyBound) && Dh * cacheBytes % 16 == 0 && 2 * keys * Dh * cacheBytes <= 32 * 1024;
-  std::string tableArgument = rope.empty() ? "" : ", table";
-  if (heads.grouped() && !tiles) {
-    // Grouped heads write their rows only through tiles (decode.cuh): here kv_write's launch,
-    // then the attention over the caches it wrote.
-    e.launch(launch, params, elementwiseBlocks(B * heads.kvHeads * Dh),
-             fmt::format("kvWriteRows<{}, 1, {}, {}, true, {}, {}{}>(qkv, positions, kOut, vOut{})", B, T,
-                         heads.kvHeads * Dh, boolText(hasBf16Gemms(a)), D, rope.empty() ? "" : fmt::format(", {}", Dh),
-                         tableArgument));
-    e.launch(launch + 1, params, blocks,
-             fmt::format("decodeAttention<{}, false, false, false, {}{}>(qkv, readable(kOut), readable(vOut), "
-                         "positions, out, partial, done, {}, (float *)nullptr, (float *)nullptr{})",
-                         shape, heads.kvHeads, rope, lit(*a.getFloat("scale")), tableArgument),
-             128);
-    return llvm::Error::success();
-  }
-  bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
-  e.launch(launch, params, blocks,
-           fmt::format("decodeAttention<{}, true, {}, {}{}>(qkv, readable(kOut), readable(vOut), positions, out, "
-                       "partial, done, {}, kOut, vOut{})",
-                       shape, boolText(tiles), boolText(early),
-                       heads.grouped() || !rope.empty() ? fmt::format(", {}{}", heads.kvHeads, rope) : "",
-                       lit(*a.getFloat("scale")), tableArgument),
-           128);
-  if (early)
-    e.awaitsItself();
-  return llvm::Error::success();
+  return emitDecodeAttention(op, e);
 }
 
 } // namespace tgc

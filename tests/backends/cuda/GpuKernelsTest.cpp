@@ -50,7 +50,9 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   variant.tieEmbeddings = false;
   auto compile = [&](const ModelConfig &c, GPTOutput output, Recipe recipe, std::vector<std::string> passes) {
     // A prefill of an odd prompt length: 5 positions.
-    auto graph = unwrap(buildGPT(c, c.train.batch, output, output == GPTOutput::Prefill ? 5 : 0));
+    // and a check of 3 draft tokens a sequence.
+    int64_t length = output == GPTOutput::Prefill ? 5 : output == GPTOutput::Verify ? 3 : 0;
+    auto graph = unwrap(buildGPT(c, c.train.batch, output, length));
     PipelineOptions options;
     options.passOptions.train = c.train;
     options.passOptions.precision = c.precision;
@@ -92,7 +94,7 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   compile(pairs, GPTOutput::Loss, Recipe::Fp8, gpuPipeline(true, Recipe::Fp8));
   // Their decode steps and prompts, the cache ops rotating what they read (fuse-cache-rope),
   // and multi-head with Llama 3's RoPE scaling: its attention writes the caches and rotates the
-  // key it writes.
+  // key it writes; its draft check reads them streamed (decode_stream.cuh).
   ModelConfig mha = llama;
   mha.kvHeads = 0;
   mha.ropeScaling = RopeScaling{8.0, 1.0, 4.0, 8.0};
@@ -101,6 +103,8 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
       compile(*c, GPTOutput::Decode, recipe, gpuPipeline(false, recipe));
       compile(*c, GPTOutput::Prefill, recipe, gpuPipeline(false, recipe));
     }
+  for (Recipe recipe : {Recipe::Fp32, Recipe::Bf16})
+    compile(mha, GPTOutput::Verify, recipe, gpuPipeline(false, recipe));
   // FP8 with current scaling (each quantize scales by its own amax, with a margin).
   ModelConfig current = odd;
   current.precision.fp8Scaling = Fp8Scaling::Current;
@@ -186,7 +190,7 @@ TEST_P(KernelFamilies, MatchTheCpuAtOddShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Headers, KernelFamilies,
-                         testing::Values("attention.cuh", "decode.cuh", "elementwise.cuh", "embedding.cuh",
+                         testing::Values("attention.cuh", "decode.cuh", "decode_stream.cuh", "elementwise.cuh", "embedding.cuh",
                                          "fp8.cuh", "gemv.cuh", "layout.cuh", "loss.cuh", "norms.cuh", "optimizer.cuh",
                                          "reduce.cuh", "softmax.cuh"),
                          [](const testing::TestParamInfo<std::string> &info) {
