@@ -29,11 +29,6 @@ namespace tgc {
 
 namespace {
 
-template <typename... Args>
-llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
-}
-
 // The checksums a checkpoint carries in its tgc metadata: each tensor's bytes (xxHash64, by
 // name), and the metadata's own (over its JSON without this entry, the tensors' included), so
 // that a flipped bit in a weight, a moment or the step is an error naming it, not a quietly
@@ -75,17 +70,18 @@ llvm::json::Object metaWithDigests(const llvm::json::Object &source, const std::
 llvm::Error takeDigests(llvm::json::Object &meta, std::map<std::string, std::string> &digests, llvm::StringRef path) {
   std::optional<llvm::StringRef> own = meta.getString(kMetaDigest);
   if (!own)
-    return meta.get(kMetaDigest) ? fail(path, "the 'tgc' metadata's checksum is not a string") : llvm::Error::success();
+    return meta.get(kMetaDigest) ? fileContentError(path, "the 'tgc' metadata's checksum is not a string")
+                                 : llvm::Error::success();
   std::string expected = own->str();
   std::string text = jsonText(copyExcept(meta, {kMetaDigest}));
   if (digestOf(text.data(), text.size()) != expected)
-    return fail(path, "the 'tgc' metadata does not match its checksum: it was changed or damaged after the "
-                      "checkpoint was written");
+    return fileContentError(path, "the 'tgc' metadata does not match its checksum: it was changed or damaged after the "
+                                  "checkpoint was written");
   if (const llvm::json::Object *tensors = meta.getObject(kTensorDigests))
     for (const auto &[name, value] : *tensors) {
       auto digest = value.getAsString();
       if (!digest)
-        return fail(path, "the checksum of tensor '{}' is not a string", name.str());
+        return fileContentError(path, "the checksum of tensor '{}' is not a string", name.str());
       digests[name.str()] = digest->str();
     }
   meta = copyExcept(meta, {kMetaDigest, kTensorDigests});
@@ -109,7 +105,7 @@ llvm::Expected<std::string> formatCheckpoint(const Checkpoint &checkpoint, llvm:
   uint64_t bytes = 0;
   for (const auto &[name, tensor] : checkpoint.tensors) {
     if (!isFloat(tensor.type.dtype))
-      return fail(path, "tensor '{}' is not floating point", name);
+      return fileContentError(path, "tensor '{}' is not floating point", name);
     entries.push_back({name, TensorType(DType::F32, tensor.type.shape)});
     digests[name] = digestOf(tensor.data.data(), tensor.data.size() * 4);
     bytes += tensor.data.size() * 4;
@@ -126,7 +122,7 @@ llvm::Error writeCheckpointStreamed(llvm::StringRef path, std::vector<Checkpoint
   llvm::sort(entries, [](const CheckpointEntry &a, const CheckpointEntry &b) { return a.name < b.name; });
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].name == entries[i - 1].name)
-      return fail(path, "tensor '{}' is given twice", entries[i].name);
+      return fileContentError(path, "tensor '{}' is given twice", entries[i].name);
   // The header first with each checksum's place held (they are fixed-width hex), then each
   // tensor as `produce` makes it, then the header again over the first with the checksums.
   std::map<std::string, std::string> digests;
@@ -140,13 +136,13 @@ llvm::Error writeCheckpointStreamed(llvm::StringRef path, std::vector<Checkpoint
       if (!values)
         return values.takeError();
       if (int64_t(values->size()) != e.type.numElements())
-        return fail(path, "tensor '{}': {} values for its shape {}", e.name, values->size(), e.type.str());
+        return fileContentError(path, "tensor '{}': {} values for its shape {}", e.name, values->size(), e.type.str());
       digests[e.name] = digestOf(values->data(), values->size() * 4);
       os.write(reinterpret_cast<const char *>(values->data()), values->size() * 4);
     }
     std::string header = formatHeader(entries, jsonText(metaWithDigests(meta, digests)));
     if (header.size() != placeholder.size())
-      return fail(path, "the header changed length once its checksums were known");
+      return fileContentError(path, "the header changed length once its checksums were known");
     os.pwrite(header.data(), header.size(), 0);
     return llvm::Error::success();
   });
@@ -174,14 +170,15 @@ llvm::Error checkFinite(const Checkpoint &checkpoint, llvm::StringRef path) {
   }
   if (bad.empty())
     return llvm::Error::success();
-  return fail(path, "{} {} NaN or Inf ({}{}): the run that wrote it diverged; --allow-nonfinite reads it anyway",
-              tensors, tensors == 1 ? "tensor holds" : "tensors hold", fmt::join(bad, ", "), tensors > 3 ? ", ..." : "");
+  return fileContentError(
+      path, "{} {} NaN or Inf ({}{}): the run that wrote it diverged; --allow-nonfinite reads it anyway", tensors,
+      tensors == 1 ? "tensor holds" : "tensors hold", fmt::join(bad, ", "), tensors > 3 ? ", ..." : "");
 }
 
 llvm::Expected<Checkpoint> readCheckpoint(llvm::StringRef path, const std::function<bool(llvm::StringRef)> &wanted) {
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
   if (!buffer)
-    return fail(path, "cannot read: {}", buffer.getError().message());
+    return fileContentError(path, "cannot read: {}", buffer.getError().message());
   return parseCheckpoint((*buffer)->getBuffer(), path, wanted);
 }
 
@@ -195,14 +192,14 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
   if (header->hasMetadata) {
     auto text = header->metadata.find("tgc");
     if (text == header->metadata.end())
-      return fail(path, "the safetensors metadata has no 'tgc' entry: not written by tgc");
+      return fileContentError(path, "the safetensors metadata has no 'tgc' entry: not written by tgc");
     if (findDeepNesting(text->second, kMaxJsonDepth))
-      return fail(path, "the 'tgc' metadata is nested deeper than {} levels", kMaxJsonDepth);
+      return fileContentError(path, "the 'tgc' metadata is nested deeper than {} levels", kMaxJsonDepth);
     auto metaJson = llvm::json::parse(text->second);
     if (!metaJson || !metaJson->getAsObject()) {
       if (!metaJson)
         llvm::consumeError(metaJson.takeError());
-      return fail(path, "the 'tgc' metadata is not a JSON object");
+      return fileContentError(path, "the 'tgc' metadata is not a JSON object");
     }
     checkpoint.meta = std::move(*metaJson->getAsObject());
     if (auto err = takeDigests(checkpoint.meta, digests, path))
@@ -210,15 +207,16 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
   }
   for (const SafeTensorsEntry &e : header->entries)
     if (e.dtype != "F32")
-      return fail(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", e.name, e.dtype);
+      return fileContentError(path, "tensor '{}': dtype {} (tgc checkpoints hold F32)", e.name, e.dtype);
   if (checkpoint.meta.empty())
-    return fail(path, "no tgc metadata: not a tgc checkpoint");
+    return fileContentError(path, "no tgc metadata: not a tgc checkpoint");
   // A checkpoint with checksums lists every tensor it was written with: one without a checksum
   // was added later, and is refused before any tensor is read (it may be gigabytes).
   if (!digests.empty())
     for (const SafeTensorsEntry &e : header->entries)
       if (!digests.count(e.name))
-        return fail(path, "tensor '{}' has no checksum: it is not one the checkpoint was written with", e.name);
+        return fileContentError(path, "tensor '{}' has no checksum: it is not one the checkpoint was written with",
+                                e.name);
   // The tensors are copied out of the mapped file: a file that declares more than the memory
   // holds (a sparse file costs the disk nothing) is an error, not an out-of-memory kill.
   uint64_t copied = 0;
@@ -226,8 +224,8 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
     copied += !wanted || wanted(e.name) ? e.end - e.begin : 0;
   std::optional<int64_t> available = availableHostMemory();
   if (available && int64_t(copied) > *available)
-    return fail(path, "its tensors take {:.1f} GiB and this machine has {:.1f} GiB available", copied / 1073741824.0,
-                *available / 1073741824.0);
+    return fileContentError(path, "its tensors take {:.1f} GiB and this machine has {:.1f} GiB available",
+                            copied / 1073741824.0, *available / 1073741824.0);
   const char *data = bytes.data() + header->dataOffset;
   for (const SafeTensorsEntry &e : header->entries) {
     if (wanted && !wanted(e.name))
@@ -235,9 +233,10 @@ llvm::Expected<Checkpoint> parseCheckpoint(llvm::StringRef bytes, llvm::StringRe
     Tensor tensor = Tensor::zeros(TensorType(DType::F32, Shape(e.shape.begin(), e.shape.end())));
     std::memcpy(tensor.data.data(), data + e.begin, e.end - e.begin);
     if (auto it = digests.find(e.name); it != digests.end() && digestOf(data + e.begin, e.end - e.begin) != it->second)
-      return fail(path, "tensor '{}' does not match its checksum: its bytes were changed or damaged after the "
-                        "checkpoint was written",
-                  e.name);
+      return fileContentError(path,
+                              "tensor '{}' does not match its checksum: its bytes were changed or damaged after the "
+                              "checkpoint was written",
+                              e.name);
     checkpoint.tensors.emplace(e.name, std::move(tensor));
   }
   return checkpoint;

@@ -24,11 +24,6 @@ namespace tgc {
 
 namespace {
 
-template <typename... Args>
-llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
-}
-
 // transformers keeps these buffers in some checkpoints; they are not weights (the causal mask,
 // RoPE's inverse frequencies), and tgc makes its own.
 bool isBuffer(llvm::StringRef name) {
@@ -40,12 +35,12 @@ llvm::Expected<llvm::json::Object> readJsonFile(llvm::StringRef path, llvm::Stri
   if (!text)
     return text.takeError();
   if (findDeepNesting((*text)->getBuffer(), kMaxJsonDepth))
-    return fail(path, "nested deeper than {} levels", kMaxJsonDepth);
+    return fileContentError(path, "nested deeper than {} levels", kMaxJsonDepth);
   auto json = llvm::json::parse((*text)->getBuffer());
   if (!json)
-    return fail(path, "not JSON: {}", llvm::toString(json.takeError()));
+    return fileContentError(path, "not JSON: {}", llvm::toString(json.takeError()));
   if (!json->getAsObject())
-    return fail(path, "not a JSON object");
+    return fileContentError(path, "not a JSON object");
   return std::move(*json->getAsObject());
 }
 
@@ -65,12 +60,12 @@ public:
         return json.takeError();
       const llvm::json::Object *map = json->getObject("weight_map");
       if (!map)
-        return fail(index, "no 'weight_map' object: not a safetensors index");
+        return fileContentError(index, "no 'weight_map' object: not a safetensors index");
       std::set<std::string> shards;
       for (const auto &[name, file] : *map) {
         auto shard = file.getAsString();
         if (!shard || shard->contains('/') || shard->starts_with("."))
-          return fail(index, "tensor '{}': its file is not a name in the folder", name.str());
+          return fileContentError(index, "tensor '{}': its file is not a name in the folder", name.str());
         shards.insert(shard->str());
       }
       for (const std::string &shard : shards) {
@@ -79,18 +74,19 @@ public:
         files.push_back(path.str().str());
       }
     } else {
-      return fail(folder, "no model.safetensors or model.safetensors.index.json: not a Hugging Face model folder");
+      return fileContentError(folder,
+                              "no model.safetensors or model.safetensors.index.json: not a Hugging Face model folder");
     }
     for (const std::string &path : files) {
       auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
       if (!buffer)
-        return fail(path, "cannot read: {}", buffer.getError().message());
+        return fileContentError(path, "cannot read: {}", buffer.getError().message());
       auto header = parseSafeTensorsHeader((*buffer)->getBuffer(), path);
       if (!header)
         return header.takeError();
       for (const SafeTensorsEntry &e : header->entries)
         if (!where_.try_emplace(e.name, Place{files_.size(), e}).second)
-          return fail(path, "tensor '{}' is in two of the checkpoint's files", e.name);
+          return fileContentError(path, "tensor '{}' is in two of the checkpoint's files", e.name);
       files_.push_back({path, std::move(*buffer), std::move(*header)});
     }
     return llvm::Error::success();
@@ -229,8 +225,8 @@ llvm::Expected<std::vector<float>> gatherParam(const ModelConfig &model, const H
     const SafeTensorsEntry *e = tensors.find(name);
     std::vector<int64_t> want = hfShape(param.type, rows[k], source.transposed);
     if (e->shape != want)
-      return fail(tensors.fileOf(name), "tensor '{}' has shape [{}], where this config's model needs [{}]", name,
-                  fmt::join(e->shape, ", "), fmt::join(want, ", "));
+      return fileContentError(tensors.fileOf(name), "tensor '{}' has shape [{}], where this config's model needs [{}]",
+                              name, fmt::join(e->shape, ", "), fmt::join(want, ", "));
     std::vector<float> values = tensors.read(name);
     if (source.transposed)
       values = transposed(values, want[0], want[1]);
@@ -266,7 +262,7 @@ llvm::Expected<ModelConfig> importHf(llvm::StringRef folder, llvm::StringRef che
       if (!tensors.find(hf) && hf.rfind("transformer.", 0) == 0 && tensors.find(hf.substr(12)))
         hf = hf.substr(12); // (GPT2Model's names, without GPT2LMHeadModel's "transformer.")
       if (!tensors.find(hf))
-        return fail(folder, "the checkpoint has no tensor '{}' (for tgc's {})", hf, p.name);
+        return fileContentError(folder, "the checkpoint has no tensor '{}' (for tgc's {})", hf, p.name);
       used.insert(hf);
     }
   for (const std::string &hf : tensors.names()) {
@@ -274,12 +270,12 @@ llvm::Expected<ModelConfig> importHf(llvm::StringRef folder, llvm::StringRef che
       continue;
     if (hf == "lm_head.weight" && model->tieEmbeddings) { // a tied head saved anyway: the same values
       if (tensors.read(hf) != tensors.read(sources.at("wte").names[0]))
-        return fail(tensors.fileOf(hf), "lm_head.weight differs from the embedding it is tied to "
-                                        "(tie_word_embeddings): which is the head?");
+        return fileContentError(tensors.fileOf(hf), "lm_head.weight differs from the embedding it is tied to "
+                                                    "(tie_word_embeddings): which is the head?");
       continue;
     }
-    return fail(tensors.fileOf(hf), "tensor '{}' is not part of a {} model as config.json describes it", hf,
-                model->position == PositionKind::Learned ? "GPT-2" : "Llama");
+    return fileContentError(tensors.fileOf(hf), "tensor '{}' is not part of a {} model as config.json describes it", hf,
+                            model->position == PositionKind::Learned ? "GPT-2" : "Llama");
   }
   llvm::json::Object meta = checkpointMetadata(*model, 0, fmt::format("none: converted from {}", folder.str()), "");
   // The folder's tokenizer travels in the checkpoint, where tgc reads it.
@@ -330,7 +326,7 @@ llvm::Error exportHf(const ModelConfig &model, const Checkpoint &checkpoint, llv
     shapes.emplace_back(name, hfShape(checkpoint.tensors.at(part.param).type, part.rows, part.transposed));
   std::string header = formatSafeTensorsHeader(shapes, {{"format", "pt"}});
   if (auto err = llvm::sys::fs::create_directories(folder))
-    return fail(folder, "cannot create the folder: {}", err.message());
+    return fileContentError(folder, "cannot create the folder: {}", err.message());
   llvm::SmallString<256> weights(folder), configPath(folder);
   llvm::sys::path::append(weights, "model.safetensors");
   llvm::sys::path::append(configPath, "config.json");

@@ -19,11 +19,6 @@ namespace tgc {
 
 namespace {
 
-template <typename... Args>
-llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
-}
-
 // A header larger than this is not a checkpoint (the safetensors reference uses 100 MB).
 constexpr uint64_t kMaxHeaderBytes = 100 << 20;
 
@@ -55,30 +50,32 @@ llvm::Expected<SafeTensorsEntry> parseEntry(const std::string &name, const llvm:
                                             uint64_t dataSize, llvm::StringRef path) {
   const llvm::json::Object *entry = value.getAsObject();
   if (!entry)
-    return fail(path, "tensor '{}': entry is not an object", name);
+    return fileContentError(path, "tensor '{}': entry is not an object", name);
   auto dtype = entry->getString("dtype");
   if (!dtype || !safeTensorsElementBytes(*dtype))
-    return fail(path, "tensor '{}': dtype {} (tgc reads F32, F16 and BF16)", name, dtype ? dtype->str() : "missing");
+    return fileContentError(path, "tensor '{}': dtype {} (tgc reads F32, F16 and BF16)", name,
+                            dtype ? dtype->str() : "missing");
   const llvm::json::Array *shapeArray = entry->getArray("shape");
   const llvm::json::Array *offsets = entry->getArray("data_offsets");
   if (!shapeArray || !offsets || offsets->size() != 2)
-    return fail(path, "tensor '{}': missing shape or data_offsets", name);
+    return fileContentError(path, "tensor '{}': missing shape or data_offsets", name);
   SafeTensorsEntry out{name, dtype->str(), {}, 0, 0};
   TensorType type(DType::F32, {});
   for (const llvm::json::Value &d : *shapeArray) {
     auto dim = d.getAsInteger();
     if (!dim || *dim <= 0 || *dim > kMaxDim || type.rank() == kMaxRank)
-      return fail(path, "tensor '{}': bad shape", name);
+      return fileContentError(path, "tensor '{}': bad shape", name);
     type.shape.push_back(*dim);
   }
   if (auto err = checkTypeLimits(type))
-    return fail(path, "tensor '{}': {}", name, llvm::toString(std::move(err)));
+    return fileContentError(path, "tensor '{}': {}", name, llvm::toString(std::move(err)));
   out.shape.assign(type.shape.begin(), type.shape.end());
   auto begin = (*offsets)[0].getAsUINT64(), end = (*offsets)[1].getAsUINT64();
   uint64_t bytes = uint64_t(type.numElements()) * uint64_t(safeTensorsElementBytes(out.dtype));
   if (!begin || !end || *begin > *end || *end > dataSize || *end - *begin != bytes)
-    return fail(path, "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data (truncated file?)", name,
-                TensorType(DType::F32, type.shape).str(), dataSize);
+    return fileContentError(path,
+                            "tensor '{}': data_offsets do not fit its shape {} in {} bytes of data (truncated file?)",
+                            name, TensorType(DType::F32, type.shape).str(), dataSize);
   out.begin = *begin;
   out.end = *end;
   return out;
@@ -130,27 +127,28 @@ int64_t safeTensorsElementBytes(llvm::StringRef dtype) {
 
 llvm::Expected<SafeTensorsHeader> parseSafeTensorsHeader(llvm::StringRef bytes, llvm::StringRef path) {
   if (bytes.size() < 8)
-    return fail(path, "not a safetensors checkpoint: {} bytes, shorter than the 8-byte header size", bytes.size());
+    return fileContentError(path, "not a safetensors checkpoint: {} bytes, shorter than the 8-byte header size",
+                            bytes.size());
   uint64_t headerSize = 0;
   for (int i = 0; i < 8; ++i)
     headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
   if (headerSize > kMaxHeaderBytes || headerSize > bytes.size() - 8)
-    return fail(path, "not a safetensors checkpoint or truncated: header of {} bytes in a file of {}", headerSize,
-                bytes.size());
+    return fileContentError(path, "not a safetensors checkpoint or truncated: header of {} bytes in a file of {}",
+                            headerSize, bytes.size());
   llvm::StringRef headerText = bytes.substr(8, headerSize);
   if (auto deep = findDeepNesting(headerText, kMaxJsonDepth))
-    return fail(path, "malformed safetensors header: nested deeper than {} levels at byte {}", kMaxJsonDepth,
-                8 + *deep);
+    return fileContentError(path, "malformed safetensors header: nested deeper than {} levels at byte {}",
+                            kMaxJsonDepth, 8 + *deep);
   // Malformed JSON first: a flipped brace would otherwise shift the depths the duplicate scan
   // counts and name a duplicate that is not there.
   auto parsed = llvm::json::parse(headerText);
   if (!parsed)
-    return fail(path, "malformed safetensors header: {}", llvm::toString(parsed.takeError()));
+    return fileContentError(path, "malformed safetensors header: {}", llvm::toString(parsed.takeError()));
   if (auto key = duplicateTopLevelKey(headerText))
-    return fail(path, "tensor '{}' appears twice in the header", *key);
+    return fileContentError(path, "tensor '{}' appears twice in the header", *key);
   llvm::json::Object *object = parsed->getAsObject();
   if (!object)
-    return fail(path, "malformed safetensors header: not a JSON object");
+    return fileContentError(path, "malformed safetensors header: not a JSON object");
   SafeTensorsHeader header;
   header.dataOffset = 8 + headerSize;
   uint64_t dataSize = bytes.size() - header.dataOffset;
@@ -178,13 +176,15 @@ llvm::Expected<SafeTensorsHeader> parseSafeTensorsHeader(llvm::StringRef bytes, 
   uint64_t next = 0;
   for (const SafeTensorsEntry &e : header.entries) {
     if (e.begin != next)
-      return fail(path, "tensor '{}': its data starts at byte {} of the data, where {} was expected ({})", e.name,
-                  e.begin, next, e.begin < next ? "it overlaps the tensor before it" : "a gap before it");
+      return fileContentError(path, "tensor '{}': its data starts at byte {} of the data, where {} was expected ({})",
+                              e.name, e.begin, next,
+                              e.begin < next ? "it overlaps the tensor before it" : "a gap before it");
     next = e.end;
   }
   if (next != dataSize)
-    return fail(path, "{} bytes after the last tensor's data: not the safetensors layout (a wrong header length?)",
-                dataSize - next);
+    return fileContentError(
+        path, "{} bytes after the last tensor's data: not the safetensors layout (a wrong header length?)",
+        dataSize - next);
   return header;
 }
 

@@ -21,11 +21,6 @@ namespace tgc {
 
 namespace {
 
-template <typename... Args>
-llvm::Error fail(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
-  return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
-}
-
 /// GPT-2's map of the 256 bytes to printable characters (bytes_to_unicode): the printable
 /// Latin-1 ones stand for themselves, the others take 256 + n in order.
 std::vector<uint32_t> byteCharacters() {
@@ -69,20 +64,21 @@ private:
 llvm::Error ByteLevelBpe::load(const llvm::json::Object &json, llvm::StringRef path) {
   const llvm::json::Object *model = json.getObject("model");
   if (!model || model->getString("type") != "BPE")
-    return fail(path, "its model is not a BPE (\"model\": {{\"type\": \"BPE\", ...}}): tgc reads byte-level BPE "
-                      "tokenizers");
+    return fileContentError(path,
+                            "its model is not a BPE (\"model\": {{\"type\": \"BPE\", ...}}): tgc reads byte-level BPE "
+                            "tokenizers");
   for (const char *key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (auto v = model->getString(key); v && !v->empty())
-      return fail(path, "the BPE's {} \"{}\": byte-level BPE has none", key, v->str());
+      return fileContentError(path, "the BPE's {} \"{}\": byte-level BPE has none", key, v->str());
   if (const llvm::json::Value *dropout = model->get("dropout"); dropout && dropout->kind() != llvm::json::Value::Null)
-    return fail(path, "the BPE's dropout: tgc encodes deterministically");
+    return fileContentError(path, "the BPE's dropout: tgc encodes deterministically");
   if (const llvm::json::Value *n = json.get("normalizer"); n && n->kind() != llvm::json::Value::Null)
-    return fail(path, "a normalizer: tgc's byte-level BPE takes the text as it is");
+    return fileContentError(path, "a normalizer: tgc's byte-level BPE takes the text as it is");
   const llvm::json::Object *pre = json.getObject("pre_tokenizer");
   if (!pre || pre->getString("type") != "ByteLevel")
-    return fail(path, "its pre_tokenizer is not ByteLevel: tgc reads GPT-2's byte-level BPE");
+    return fileContentError(path, "its pre_tokenizer is not ByteLevel: tgc reads GPT-2's byte-level BPE");
   if (pre->getBoolean("use_regex") == false)
-    return fail(path, "its ByteLevel pre_tokenizer has use_regex false: tgc splits with GPT-2's pattern");
+    return fileContentError(path, "its ByteLevel pre_tokenizer has use_regex false: tgc splits with GPT-2's pattern");
   prefixSpace_ = pre->getBoolean("add_prefix_space").value_or(false);
   std::vector<uint32_t> chars = byteCharacters();
   for (uint32_t b = 0; b < 256; ++b) {
@@ -93,11 +89,11 @@ llvm::Error ByteLevelBpe::load(const llvm::json::Object &json, llvm::StringRef p
   }
   const llvm::json::Object *vocab = model->getObject("vocab");
   if (!vocab)
-    return fail(path, "the BPE has no vocab");
+    return fileContentError(path, "the BPE has no vocab");
   for (const auto &[token, id] : *vocab) {
     auto i = id.getAsInteger();
     if (!i || *i < 0 || *i >= (1 << 24))
-      return fail(path, "vocab entry '{}': its id is not an integer in [0, 2^24)", token.str());
+      return fileContentError(path, "vocab entry '{}': its id is not an integer in [0, 2^24)", token.str());
     vocab_[token] = int32_t(*i);
     if (size_t(*i) >= tokens_.size())
       tokens_.resize(size_t(*i) + 1), added_.resize(size_t(*i) + 1);
@@ -105,7 +101,7 @@ llvm::Error ByteLevelBpe::load(const llvm::json::Object &json, llvm::StringRef p
   }
   const llvm::json::Array *merges = model->getArray("merges");
   if (!merges)
-    return fail(path, "the BPE has no merges");
+    return fileContentError(path, "the BPE has no merges");
   for (size_t r = 0; r < merges->size(); ++r) {
     std::pair<std::string, std::string> pair;
     if (auto text = (*merges)[r].getAsString()) { // "a b"
@@ -115,7 +111,7 @@ llvm::Error ByteLevelBpe::load(const llvm::json::Object &json, llvm::StringRef p
       pair = {(*two)[0].getAsString().value_or("").str(), (*two)[1].getAsString().value_or("").str()};
     }
     if (pair.first.empty() || pair.second.empty() || !vocab_.count(pair.first + pair.second))
-      return fail(path, "merge {} is not two tokens whose join is in the vocab", r);
+      return fileContentError(path, "merge {} is not two tokens whose join is in the vocab", r);
     ranks_.emplace(std::move(pair), int(r));
   }
   if (const llvm::json::Array *added = json.getArray("added_tokens"))
@@ -124,7 +120,7 @@ llvm::Error ByteLevelBpe::load(const llvm::json::Object &json, llvm::StringRef p
       auto content = t ? t->getString("content") : std::nullopt;
       auto id = t ? t->getInteger("id") : std::nullopt;
       if (!content || content->empty() || !id || *id < 0 || *id >= (1 << 24))
-        return fail(path, "an added token without content or an id in [0, 2^24)");
+        return fileContentError(path, "an added token without content or an id in [0, 2^24)");
       addedTokens_.emplace_back(content->str(), int32_t(*id));
       if (size_t(*id) >= tokens_.size())
         tokens_.resize(size_t(*id) + 1), added_.resize(size_t(*id) + 1);
@@ -135,7 +131,7 @@ llvm::Error ByteLevelBpe::load(const llvm::json::Object &json, llvm::StringRef p
                    [](const auto &a, const auto &b) { return a.first.size() > b.first.size(); });
   for (uint32_t b = 0; b < 256; ++b)
     if (!vocab_.count(byteChar_[b]))
-      return fail(path, "byte {} has no token: not a byte-level vocabulary", b);
+      return fileContentError(path, "byte {} has no token: not a byte-level vocabulary", b);
   return llvm::Error::success();
 }
 
@@ -316,7 +312,7 @@ llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef bytes,
     bool carried = bytes.starts_with(kSentencePiecePrefix);
     if (carried)
       if (auto err = llvm::decodeBase64(bytes.drop_front(kSentencePiecePrefix.size()), model))
-        return fail(path, "a SentencePiece model that is not base64: {}", llvm::toString(std::move(err)));
+        return fileContentError(path, "a SentencePiece model that is not base64: {}", llvm::toString(std::move(err)));
     llvm::StringRef serialized = carried ? llvm::StringRef(model.data(), model.size()) : bytes;
     auto tokenizer = parseSentencePiece(serialized, path);
     if (!tokenizer)
@@ -325,13 +321,13 @@ llvm::Expected<std::unique_ptr<Tokenizer>> parseTokenizer(llvm::StringRef bytes,
     return tokenizer;
   }
   if (findDeepNesting(bytes, kMaxJsonDepth))
-    return fail(path, "nested deeper than {} levels", kMaxJsonDepth);
+    return fileContentError(path, "nested deeper than {} levels", kMaxJsonDepth);
   auto json = llvm::json::parse(bytes);
   if (!json)
-    return fail(path, "not a tokenizer.json: {}", llvm::toString(json.takeError()));
+    return fileContentError(path, "not a tokenizer.json: {}", llvm::toString(json.takeError()));
   const llvm::json::Object *object = json->getAsObject();
   if (!object)
-    return fail(path, "not a tokenizer.json: not a JSON object");
+    return fileContentError(path, "not a tokenizer.json: not a JSON object");
   auto bpe = std::make_unique<ByteLevelBpe>();
   if (auto err = bpe->load(*object, path))
     return std::move(err);
@@ -357,7 +353,7 @@ llvm::Expected<std::string> tokenCache(llvm::StringRef textPath, const Tokenizer
     return cache;
   auto ids = tokenizer.encode((*text)->getBuffer());
   if (!ids)
-    return fail(textPath, "{}", llvm::toString(ids.takeError()));
+    return fileContentError(textPath, "{}", llvm::toString(ids.takeError()));
   std::string bytes;
   bytes.reserve(ids->size() * 4);
   for (int32_t id : *ids)

@@ -34,4 +34,10 @@ llvm::Error fileError(llvm::StringRef path, fmt::format_string<Args...> format, 
   return stringError(escapeForMessage(path) + ": error: " + fmt::format(format, std::forward<Args>(args)...));
 }
 
+/// fileError for a message that quotes what the file holds: the whole message escaped.
+template <typename... Args>
+llvm::Error fileContentError(llvm::StringRef path, fmt::format_string<Args...> format, Args &&...args) {
+  return stringError(escapeForMessage(path.str() + ": error: " + fmt::format(format, std::forward<Args>(args)...)));
+}
+
 } // namespace tgc

@@ -12,18 +12,18 @@ namespace {
 
 // The soname of the major version tgc was built with (cublas_api.h).
 std::string libraryName() { return fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR); }
-constexpr const char *kEnvironment = "TGC_CUBLASLT_LIBRARY";
+constexpr const char *kCublasLtEnvironment = "TGC_CUBLASLT_LIBRARY";
 
 } // namespace
 
 std::vector<std::string> cublasLtCandidates() {
-  return libraryCandidates(kEnvironment, "cublas", libraryName().c_str());
+  return libraryCandidates(kCublasLtEnvironment, "cublas", libraryName().c_str());
 }
 
 llvm::Expected<CublasLtApi> loadCublasLtFrom(const std::vector<std::string> &candidates) {
   std::string soname = libraryName();
   return openLibrary<CublasLtApi>(
-      "cuBLASLt", soname.c_str(), kEnvironment, candidates, [](void *library, CublasLtApi &api) {
+      "cuBLASLt", soname.c_str(), kCublasLtEnvironment, candidates, [](void *library, CublasLtApi &api) {
         SymbolBinder need(library);
         need("cublasLtCreate", api.create);
         need("cublasLtDestroy", api.destroy);

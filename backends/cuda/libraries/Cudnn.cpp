@@ -16,7 +16,7 @@ namespace tgc {
 
 namespace {
 
-constexpr const char *kLibrary = "libcudnn.so.9", *kEnvironment = "TGC_CUDNN_LIBRARY";
+constexpr const char *kCudnnLibrary = "libcudnn.so.9", *kCudnnEnvironment = "TGC_CUDNN_LIBRARY";
 
 void forwardGraph(GraphBuilder &g, const AttentionLayout &l) {
   const Dims &statDims = l.statDims, &scoreDims = l.scoreDims;
@@ -96,10 +96,10 @@ std::string CudnnApi::describe(int status) const {
   return fmt::format("{} ({}){}{}", errorString ? errorString(status) : "", status, message[0] ? ": " : "", message);
 }
 
-std::vector<std::string> cudnnCandidates() { return libraryCandidates(kEnvironment, "cudnn", kLibrary); }
+std::vector<std::string> cudnnCandidates() { return libraryCandidates(kCudnnEnvironment, "cudnn", kCudnnLibrary); }
 
 llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidates) {
-  auto api = openLibrary<CudnnApi>("cuDNN", kLibrary, kEnvironment, candidates, [](void *library, CudnnApi &api) {
+  auto api = openLibrary<CudnnApi>("cuDNN", kCudnnLibrary, kCudnnEnvironment, candidates, [](void *library, CudnnApi &api) {
     SymbolBinder need(library);
     need("cudnnGetVersion", api.getVersion);
     need("cudnnCreate", api.create);

@@ -17,16 +17,16 @@ namespace tgc {
 
 namespace {
 
-constexpr const char *kLibrary = "libnccl.so.2", *kEnvironment = "TGC_NCCL_LIBRARY";
+constexpr const char *kNcclLibrary = "libnccl.so.2", *kNcclEnvironment = "TGC_NCCL_LIBRARY";
 
 } // namespace
 
 std::string NcclApi::versionText() const { return versionFromCode(size_t(version)); } // NCCL_VERSION_CODE
 
-std::vector<std::string> ncclCandidates() { return libraryCandidates(kEnvironment, "nccl", kLibrary); }
+std::vector<std::string> ncclCandidates() { return libraryCandidates(kNcclEnvironment, "nccl", kNcclLibrary); }
 
 llvm::Expected<NcclApi> loadNcclFrom(const std::vector<std::string> &candidates) {
-  return openLibrary<NcclApi>("NCCL", kLibrary, kEnvironment, candidates, [](void *library, NcclApi &api) {
+  return openLibrary<NcclApi>("NCCL", kNcclLibrary, kNcclEnvironment, candidates, [](void *library, NcclApi &api) {
     SymbolBinder need(library);
     need("ncclGetVersion", api.getVersion);
     need("ncclGetUniqueId", api.getUniqueId);
