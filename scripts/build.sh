@@ -4,7 +4,8 @@
 # job builds the runner alone, not the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@"
+# One translation unit a source unless the arguments ask for a unity build (scripts/test.sh).
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=OFF "$@"
 targets=()
 [ -n "${TGC_BUILD_TARGETS:-}" ] && targets=(--target ${TGC_BUILD_TARGETS})
 cmake --build build -j"$(nproc)" "${targets[@]}"
