@@ -53,28 +53,24 @@ inline __attribute__((always_inline)) void dotRows(const float *a, const float *
   for (int r = 0; r < Rows; ++r)
     for (int q = 0; q < kVectors; ++q)
       acc[r][q] = Lanes8{};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int q = 0; q < kVectors; ++q) {
-      Lanes8 x;
-      std::memcpy(&x, a + i + 8 * q, sizeof x);
-      for (int r = 0; r < Rows; ++r) {
-        Lanes8 y;
-        std::memcpy(&y, b + r * stride + i + 8 * q, sizeof y);
-        acc[r][q] += x * y;
-      }
-    }
-  // The last n % 32 products, each into lane t % 32: whole vectors of eight, then one at a time.
-  int64_t whole = (n - i) / 8;
-  for (int q = 0; q < whole; ++q) {
+  // Lanes 8q .. 8q + 7 of each row's sums take the products of a and b's rows at t .. t + 7.
+  auto addEight = [&](int64_t t, int q) {
     Lanes8 x;
-    std::memcpy(&x, a + i + 8 * q, sizeof x);
+    std::memcpy(&x, a + t, sizeof x);
     for (int r = 0; r < Rows; ++r) {
       Lanes8 y;
-      std::memcpy(&y, b + r * stride + i + 8 * q, sizeof y);
+      std::memcpy(&y, b + r * stride + t, sizeof y);
       acc[r][q] += x * y;
     }
-  }
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int q = 0; q < kVectors; ++q)
+      addEight(i + 8 * q, q);
+  // The last n % 32 products, each into lane t % 32: whole vectors of eight, then one at a time.
+  int64_t whole = (n - i) / 8;
+  for (int q = 0; q < whole; ++q)
+    addEight(i + 8 * q, q);
   i += 8 * whole;
   for (int r = 0; r < Rows; ++r) {
     if (i < n) {

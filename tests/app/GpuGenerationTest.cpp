@@ -166,6 +166,18 @@ TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
       }
 }
 
+/// decode_attention's qkv and caches (%qkv, %k, %v of `graph`) drawn from a standard normal.
+std::map<std::string, Tensor> normalLeaves(const Graph &graph, Rng &rng) {
+  std::map<std::string, Tensor> leaves;
+  for (const char *name : {"qkv", "k", "v"}) {
+    Tensor t = Tensor::zeros(graph.lookup(name)->type());
+    for (float &x : t.data)
+      x = float(rng.normal());
+    leaves[name] = std::move(t);
+  }
+  return leaves;
+}
+
 TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
   // decode.cuh's attention writing the caches (fuse-kv-write's; not in place: they are inputs
   // here, copied first), 8 sequences of 16 heads over a cache of 512 positions (16 parts of 32
@@ -188,13 +200,7 @@ TEST(GpuGeneration, AttentionOverTheCacheWritingItMatchesTheCpu) {
           B, T, D, Q + 2 * D, bf16 ? "gemm_dtype=\"bf16\", " : "", H, kv, Q);
       auto graph = unwrap(parseGraph(text, "decode-attention.ir"));
       ASSERT_TRUE(graph);
-      std::map<std::string, Tensor> leaves;
-      for (const char *name : {"qkv", "k", "v"}) {
-        Tensor t = Tensor::zeros(graph->lookup(name)->type());
-        for (float &x : t.data)
-          x = float(rng.normal());
-        leaves[name] = std::move(t);
-      }
+      std::map<std::string, Tensor> leaves = normalLeaves(*graph, rng);
       Tensor positions = Tensor::zeros(TensorType(DType::I32, {B, 1}));
       for (int32_t &p : positions.ints)
         p = int32_t(rng.below(T));
@@ -238,16 +244,11 @@ TEST(GpuGeneration, StreamedAttentionOverLongCachesMatchesTheCpu) {
               write ? ", " + cache + ", " + cache : "", write ? "assign(%k, %k.new)\nassign(%v, %v.new)\n" : "");
           auto graph = unwrap(parseGraph(text, "decode-attention.ir"));
           ASSERT_TRUE(graph);
-          std::map<std::string, Tensor> leaves;
-          for (const char *name : {"qkv", "k", "v"}) {
-            Tensor t = Tensor::zeros(graph->lookup(name)->type());
-            for (float &x : t.data)
-              x = float(rng.normal());
-            if (bf16 && name[0] != 'q')
-              for (float &x : t.data)
+          std::map<std::string, Tensor> leaves = normalLeaves(*graph, rng);
+          if (bf16)
+            for (const char *cache : {"k", "v"})
+              for (float &x : leaves[cache].data)
                 x = roundToBf16(x);
-            leaves[name] = std::move(t);
-          }
           Tensor positions = Tensor::zeros(TensorType(DType::I32, {B, 1}));
           for (int32_t &p : positions.ints)
             p = int32_t(rng.below(T));
