@@ -129,6 +129,14 @@ __device__ __forceinline__ float4 bf16Four(uint2 q) {
   return make_float4(__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u), __uint_as_float(q.y << 16),
                      __uint_as_float(q.y & 0xffff0000u));
 }
+// Eight BF16 values in 16 bytes (the first lowest) as floats.
+__device__ __forceinline__ void unpack8(uint4 q, float (&out)[8]) {
+  unsigned words[4] = {q.x, q.y, q.z, q.w};
+  for (int e = 0; e < 4; ++e) {
+    out[2 * e] = __uint_as_float(words[e] << 16);
+    out[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+  }
+}
 // Four BF16 values (8-byte aligned) as floats.
 __device__ __forceinline__ float4 load4(const unsigned short *x, int64 i) { return bf16Four(*(const uint2 *)(x + i)); }
 

@@ -8,14 +8,7 @@
 #include "decode.cuh"
 
 // 16 bytes of a cache row as floats: 8 BF16 values, or 4 fp32.
-__device__ __forceinline__ void chunkFloats(uint4 c, float (&out)[8]) {
-  const unsigned w[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
+__device__ __forceinline__ void chunkFloats(uint4 c, float (&out)[8]) { unpack8(c, out); }
 __device__ __forceinline__ void chunkFloats(uint4 c, float (&out)[4]) {
   out[0] = __uint_as_float(c.x), out[1] = __uint_as_float(c.y);
   out[2] = __uint_as_float(c.z), out[3] = __uint_as_float(c.w);

@@ -20,18 +20,11 @@
 #include "tensorcore.cuh"
 
 // Eight consecutive elements of x at x + i (i a multiple of 8), as the GEMM reads them: fp32
-// rounded to BF16, or stored in BF16 (unpack8 widens eight BF16 values loaded as 16 bytes).
+// rounded to BF16, or stored in BF16 (common.cuh's unpack8 widens the 16 bytes loaded).
 __device__ __forceinline__ void load8(const float *x, int64 i, float (&out)[8]) {
   float4 a = *(const float4 *)(x + i), b = *(const float4 *)(x + i + 4);
   out[0] = roundBf16(a.x), out[1] = roundBf16(a.y), out[2] = roundBf16(a.z), out[3] = roundBf16(a.w);
   out[4] = roundBf16(b.x), out[5] = roundBf16(b.y), out[6] = roundBf16(b.z), out[7] = roundBf16(b.w);
-}
-__device__ __forceinline__ void unpack8(uint4 q, float (&out)[8]) {
-  unsigned words[4] = {q.x, q.y, q.z, q.w};
-  for (int e = 0; e < 4; ++e) {
-    out[2 * e] = __uint_as_float(words[e] << 16);
-    out[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-  }
 }
 __device__ __forceinline__ void load8(const unsigned short *x, int64 i, float (&out)[8]) {
   unpack8(*(const uint4 *)(x + i), out);

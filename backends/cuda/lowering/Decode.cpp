@@ -97,7 +97,10 @@ llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
   bool write = writesCache(a), latencyBound = pairs < sms && Dh <= 64;
   bool tiles = write && (heads.grouped() || latencyBound) && Dh * cacheBytes % 16 == 0 &&
                2 * keys * Dh * cacheBytes <= 32 * 1024;
+  // (decode_stream.cuh's streamable(): rows of a power of two of 16-byte chunks, at most a warp.)
   bool stream = !tiles && Dh * cacheBytes % 16 == 0 && chunks <= 32 && (chunks & (chunks - 1)) == 0;
+  // (At most a part per 32 keys of the cache: a part takes at least the kernel's turn, 32 keys
+  // or more, so further parts would stay empty.)
   constexpr int64_t kStreamBlocksPerSM = 8;
   int64_t splits = stream ? std::clamp<int64_t>(kStreamBlocksPerSM * sms / pairs, 1, (T + 31) / 32)
                           : (T + keys - 1) / keys;

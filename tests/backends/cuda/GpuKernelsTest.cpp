@@ -49,8 +49,7 @@ std::vector<std::unique_ptr<Graph>> oddPrograms() {
   variant.bias = false;
   variant.tieEmbeddings = false;
   auto compile = [&](const ModelConfig &c, GPTOutput output, Recipe recipe, std::vector<std::string> passes) {
-    // A prefill of an odd prompt length: 5 positions.
-    // and a check of 3 draft tokens a sequence.
+    // A prefill of an odd prompt length (5 positions), a check of 3 draft tokens a sequence.
     int64_t length = output == GPTOutput::Prefill ? 5 : output == GPTOutput::Verify ? 3 : 0;
     auto graph = unwrap(buildGPT(c, c.train.batch, output, length));
     PipelineOptions options;
@@ -190,9 +189,9 @@ TEST_P(KernelFamilies, MatchTheCpuAtOddShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Headers, KernelFamilies,
-                         testing::Values("attention.cuh", "decode.cuh", "decode_stream.cuh", "elementwise.cuh", "embedding.cuh",
-                                         "fp8.cuh", "gemv.cuh", "layout.cuh", "loss.cuh", "norms.cuh", "optimizer.cuh",
-                                         "reduce.cuh", "softmax.cuh"),
+                         testing::Values("attention.cuh", "decode.cuh", "decode_stream.cuh", "elementwise.cuh",
+                                         "embedding.cuh", "fp8.cuh", "gemv.cuh", "layout.cuh", "loss.cuh", "norms.cuh",
+                                         "optimizer.cuh", "reduce.cuh", "softmax.cuh"),
                          [](const testing::TestParamInfo<std::string> &info) {
                            return info.param.substr(0, info.param.find('.'));
                          });
