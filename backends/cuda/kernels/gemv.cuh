@@ -100,7 +100,6 @@ __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out
         int64 n = n0 + c, k = lane * 8 + 256 * i;
         row[c][r][i] = n < N && k < Slice ? *(const uint4 *)(w + (r * N + n) * K + k0 + k) : make_uint4(0, 0, 0, 0);
       }
-  prefetchShare(next);
   awaitPreviousKernel();
   prologue();
   float acc[C][Rows][M] = {};
@@ -123,6 +122,7 @@ __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out
           for (int e = 0; e < 8; ++e) acc[c][r][m] += weights[e] * values[m][e];
       }
   }
+  prefetchShare(next);
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
@@ -284,7 +284,6 @@ __device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned sh
         dst[j][c] = first + j < Steps && valid[c] ? *(const uint4 *)(rows[c] + 32 * (first + j)) : make_uint4(0, 0, 0, 0);
   };
   loadWeights(now, 0);
-  prefetchShare(nextWeight);
   awaitPreviousKernel();
   prologue();
 
@@ -322,6 +321,7 @@ __device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned sh
         for (int c = 0; c < CG; ++c) now[j][c] = next[j][c];
     }
   }
+  prefetchShare(nextWeight);
 }
 
 // out = x @ w^T (+ bias) (then the GELU) for M <= 64 rows, K a multiple of 32 * KSPLIT, a block
