@@ -181,25 +181,25 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
 
 /// The weights each product prefetches (OpLowering::prefetch): the next op's in program order
 /// that reads a parameter's BF16 copy in its kernels, the first's after the last (the next
-/// step's), its leading kPrefetchBytes at most. What the L2 holds bounds it: the weight being
-/// read and the one prefetched share the L2 (50 MB on an H100 and an H200), so a larger share
-/// would evict what was prefetched before its product reads it. TGC_PREFETCH_MB=N sets the
-/// bound (0: no prefetch).
+/// step's), its leading TGC_PREFETCH_MB MiB at most (up to 1024). Off unless that is set: asked
+/// for at a product's start, the prefetch took the memory from the product's own loads and made
+/// every decode step slower (BENCHMARKS.md, session 50); asked for in a block's tail, as
+/// gemv.cuh now does, it can only take time the memory would idle, which TGC_PREFETCH_MB=N
+/// against 0 measures.
 void choosePrefetches(const std::vector<Op *> &ops, CudaProgram &program) {
-  int64_t bound = kPrefetchBytes;
-  if (const char *forced = std::getenv("TGC_PREFETCH_MB"))
-    bound = std::max<int64_t>(0, std::atoll(forced)) << 20;
+  const char *bound = std::getenv("TGC_PREFETCH_MB");
+  int64_t bytes = bound ? std::clamp<int64_t>(std::atoll(bound), 0, 1024) << 20 : 0;
   std::vector<size_t> readers;
   for (size_t i = 0; i < ops.size(); ++i)
     if (program.lowering[i].kind == OpLowering::Kernels && !program.lowering[i].bf16Weights.empty())
       readers.push_back(i);
-  for (size_t k = 0; k < readers.size() && bound > 0; ++k) {
+  for (size_t k = 0; k < readers.size() && bytes > 0; ++k) {
     OpLowering &l = program.lowering[readers[k]];
     if (!l.prefetchParams)
       continue;
     size_t next = readers[(k + 1) % readers.size()];
     l.prefetch = ops[next]->operand(program.lowering[next].bf16Weights.front());
-    l.prefetchBytes = std::min(bound, l.prefetch->type().numElements() * 2) / 16 * 16;
+    l.prefetchBytes = std::min(bytes, l.prefetch->type().numElements() * 2) / 16 * 16;
   }
 }
 

@@ -107,11 +107,13 @@ std::vector<Reader> readers(const Lowered &l) {
 }
 
 TEST(Prefetch, EachProductOfADecodeStepAsksL2ForTheNextProductsWeight) {
+  ::setenv("TGC_PREFETCH_MB", "16", 1);
   Lowered l = lower("models/tiny.yaml", GPTOutput::Decode, 1);
+  ::unsetenv("TGC_PREFETCH_MB");
   std::vector<Reader> list = readers(l);
   // Two layers' qkv, proj, fc1 and fc2, then the head: each prefetches the next's weight, all
-  // of it (the tiny model's are far below kPrefetchBytes), and the head the first layer's qkv
-  // (the next step's first product).
+  // of it (the tiny model's are far below 16 MiB), and the head the first layer's qkv (the next
+  // step's first product).
   ASSERT_EQ(list.size(), 9u);
   EXPECT_EQ(list[0].weight, "h0.attn.qkv.weight");
   EXPECT_EQ(list[0].prefetch, "h0.attn.proj.weight");
@@ -127,7 +129,7 @@ TEST(Prefetch, EachProductOfADecodeStepAsksL2ForTheNextProductsWeight) {
   EXPECT_NE(l.program.source.find("L2Prefetch{next, nextEnd})"), std::string::npos);
 }
 
-TEST(Prefetch, TheBoundCutsALargeWeightAndZeroTurnsItOff) {
+TEST(Prefetch, TheBoundCutsALargeWeightAndZeroOrNoneTurnsItOff) {
   // gpt2-124m's products: its tied head (wte [50257, 768], 77 MB in BF16) is cut to the bound,
   // 1 MiB, as is every weight of 1 MiB or more (qkv's 3.5 MB); proj's 1.2 MB is 1 MiB too.
   ::setenv("TGC_PREFETCH_MB", "1", 1);
@@ -136,10 +138,15 @@ TEST(Prefetch, TheBoundCutsALargeWeightAndZeroTurnsItOff) {
   EXPECT_EQ(list[47].prefetch, "wte");
   for (const Reader &r : list)
     EXPECT_EQ(r.bytes, int64_t(1) << 20) << r.weight;
-  ::setenv("TGC_PREFETCH_MB", "0", 1);
+  for (const char *off : {"0", "-3", "none"}) {
+    ::setenv("TGC_PREFETCH_MB", off, 1);
+    for (const Reader &r : readers(lower("models/tiny.yaml", GPTOutput::Decode, 1)))
+      EXPECT_EQ(r.prefetch, "") << off << " " << r.weight;
+  }
+  // Unset (the default): no prefetch, the kernels' pointers null.
+  ::unsetenv("TGC_PREFETCH_MB");
   for (const Reader &r : readers(lower("models/tiny.yaml", GPTOutput::Decode, 1)))
     EXPECT_EQ(r.prefetch, "") << r.weight;
-  ::unsetenv("TGC_PREFETCH_MB");
 }
 
 } // namespace
