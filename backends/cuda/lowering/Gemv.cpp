@@ -1,10 +1,10 @@
 // The few-row product family (gemv.cuh): GEMVs on the CUDA cores or tensor cores, and the
 // residual norm fused into the GEMV that reads it.
-#include "backends/cuda/lowering/Families.h"
 #include "ir/Gemv.h"
+#include "backends/cuda/lowering/Families.h"
+#include "support/Environment.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -185,10 +185,9 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
 /// for at a product's start, the prefetch took the memory from the product's own loads and made
 /// every decode step slower (BENCHMARKS.md, session 50); asked for in a block's tail, as
 /// gemv.cuh now does, it can only take time the memory would idle, which TGC_PREFETCH_MB=N
-/// against 0 measures.
+/// against the variable unset measures.
 void choosePrefetches(const std::vector<Op *> &ops, CudaProgram &program) {
-  const char *bound = std::getenv("TGC_PREFETCH_MB");
-  int64_t bytes = bound ? std::clamp<int64_t>(std::atoll(bound), 0, 1024) << 20 : 0;
+  int64_t bytes = environmentCount("TGC_PREFETCH_MB", 0, 1024, "a GiB") << 20;
   std::vector<size_t> readers;
   for (size_t i = 0; i < ops.size(); ++i)
     if (program.lowering[i].kind == OpLowering::Kernels && !program.lowering[i].bf16Weights.empty())

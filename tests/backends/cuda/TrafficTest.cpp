@@ -138,7 +138,7 @@ TEST(Prefetch, TheBoundCutsALargeWeightAndZeroOrNoneTurnsItOff) {
   EXPECT_EQ(list[47].prefetch, "wte");
   for (const Reader &r : list)
     EXPECT_EQ(r.bytes, int64_t(1) << 20) << r.weight;
-  for (const char *off : {"0", "-3", "none"}) {
+  for (const char *off : {"0", "-3", "none"}) { // (each said on stderr: not a count)
     ::setenv("TGC_PREFETCH_MB", off, 1);
     for (const Reader &r : readers(lower("models/tiny.yaml", GPTOutput::Decode, 1)))
       EXPECT_EQ(r.prefetch, "") << off << " " << r.weight;
