@@ -300,6 +300,9 @@ private:
   bool readMapping(const YNode *node, llvm::StringRef section,
                    llvm::ArrayRef<llvm::StringRef> allowed, Fields &fields);
   std::optional<std::string> scalar(const YNode *node, llvm::StringRef key);
+  /// Field `key`'s node and its single value, where the reader has not failed and the field is
+  /// there (a field that is not a single value fails the reader).
+  std::optional<std::pair<const YNode *, std::string>> field(const Fields &fields, llvm::StringRef key);
   void readInt(const Fields &fields, llvm::StringRef key, int64_t &out, bool required) {
     SettingRange range = settingRange(key);
     readInt(fields, key, out, int64_t(range.min), int64_t(range.max), required);
@@ -365,6 +368,16 @@ std::optional<std::string> ConfigReader::scalar(const YNode *node, llvm::StringR
   return node->value;
 }
 
+std::optional<std::pair<const YNode *, std::string>> ConfigReader::field(const Fields &fields, llvm::StringRef key) {
+  if (failed() || !fields.count(key))
+    return std::nullopt;
+  const YNode *node = fields.lookup(key);
+  auto text = scalar(node, key);
+  if (!text)
+    return std::nullopt;
+  return std::pair{node, *text};
+}
+
 void ConfigReader::readInt(const Fields &fields, llvm::StringRef key, int64_t &out, int64_t min,
                            int64_t max, bool required) {
   if (failed())
@@ -394,16 +407,14 @@ void ConfigReader::readInt(const Fields &fields, llvm::StringRef key, int64_t &o
 }
 
 void ConfigReader::readUInt(const Fields &fields, llvm::StringRef key, uint64_t &out) {
-  if (failed() || !fields.count(key))
+  auto f = field(fields, key);
+  if (!f)
     return;
-  auto *node = fields.lookup(key);
-  auto text = scalar(node, key);
-  if (!text)
-    return;
+  auto [node, text] = *f;
   uint64_t value = 0;
-  auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-  if (ec != std::errc() || ptr != text->data() + text->size()) {
-    fail(node, fmt::format("{} must be a non-negative 64-bit integer, got '{}'", key.str(), *text));
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    fail(node, fmt::format("{} must be a non-negative 64-bit integer, got '{}'", key.str(), text));
     return;
   }
   out = value;
@@ -411,38 +422,34 @@ void ConfigReader::readUInt(const Fields &fields, llvm::StringRef key, uint64_t 
 
 void ConfigReader::readDouble(const Fields &fields, llvm::StringRef key, double &out, double min,
                               double max) {
-  if (failed() || !fields.count(key))
+  auto f = field(fields, key);
+  if (!f)
     return;
-  auto *node = fields.lookup(key);
-  auto text = scalar(node, key);
-  if (!text)
-    return;
+  auto [node, text] = *f;
   double value = 0;
-  auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-  if (ec != std::errc() || ptr != text->data() + text->size() || !std::isfinite(value)) {
-    fail(node, fmt::format("{} must be a number, got '{}'", key.str(), *text));
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(value)) {
+    fail(node, fmt::format("{} must be a number, got '{}'", key.str(), text));
     return;
   }
   if (value < min || value > max) {
-    fail(node, fmt::format("{} ({}) must be between {} and {}", key.str(), *text, min, max));
+    fail(node, fmt::format("{} ({}) must be between {} and {}", key.str(), text, min, max));
     return;
   }
   out = value;
 }
 
 void ConfigReader::readBool(const Fields &fields, llvm::StringRef key, bool &out) {
-  if (failed() || !fields.count(key))
+  auto f = field(fields, key);
+  if (!f)
     return;
-  auto *node = fields.lookup(key);
-  auto text = scalar(node, key);
-  if (!text)
-    return;
-  if (*text == "true")
+  auto [node, text] = *f;
+  if (text == "true")
     out = true;
-  else if (*text == "false")
+  else if (text == "false")
     out = false;
   else
-    fail(node, fmt::format("{} must be true or false, got '{}'", key.str(), *text));
+    fail(node, fmt::format("{} must be true or false, got '{}'", key.str(), text));
 }
 
 /// recompute (true, false or auto), recompute_layers (the first N layers: recompute on) and
@@ -518,20 +525,18 @@ void ConfigReader::readRopeScaling(const Fields &model, ModelConfig &config) {
 
 void ConfigReader::readChoice(const Fields &fields, llvm::StringRef key, std::string &out) {
   llvm::ArrayRef<llvm::StringRef> choices = settingChoices(key);
-  if (failed() || !fields.count(key))
+  auto f = field(fields, key);
+  if (!f)
     return;
-  auto *node = fields.lookup(key);
-  auto text = scalar(node, key);
-  if (!text)
-    return;
-  if (!llvm::is_contained(choices, *text)) {
+  auto [node, text] = *f;
+  if (!llvm::is_contained(choices, text)) {
     std::string list;
     for (llvm::StringRef c : choices)
       list += (list.empty() ? "" : " | ") + c.str();
-    fail(node, fmt::format("{} must be one of {}, got '{}'", key.str(), list, *text));
+    fail(node, fmt::format("{} must be one of {}, got '{}'", key.str(), list, text));
     return;
   }
-  out = *text;
+  out = text;
 }
 
 void ConfigReader::readStrings(const Fields &fields, llvm::StringRef key,
