@@ -54,6 +54,14 @@ llvm::Error checkPrompts(const std::vector<std::vector<int32_t>> &prompts, int64
   return llvm::Error::success();
 }
 
+/// A generate call's prompts and sampling settings, checked before anything runs.
+llvm::Error checkRequest(const std::vector<std::vector<int32_t>> &prompts, int64_t batch,
+                         const SamplingOptions &options, int64_t vocab) {
+  if (auto err = checkPrompts(prompts, batch, vocab))
+    return err;
+  return checkSampling(options, vocab);
+}
+
 } // namespace
 
 llvm::Expected<std::vector<int32_t>> nextTokens(Executor &executor, size_t count) {
@@ -231,9 +239,7 @@ llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generate(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
                     const SamplingOptions &options, const TokenCallback &onTokens) {
   const int64_t T = config_.seqLen, V = config_.vocab;
-  if (auto err = checkPrompts(prompts, batch_, V))
-    return std::move(err);
-  if (auto err = checkSampling(options, V))
+  if (auto err = checkRequest(prompts, batch_, options, V))
     return std::move(err);
   size_t longest = 0;
   for (const auto &p : prompts)
@@ -312,9 +318,7 @@ llvm::Expected<std::vector<std::vector<int32_t>>>
 Generator::generateWithoutCache(const std::vector<std::vector<int32_t>> &prompts, int64_t count,
                                 const SamplingOptions &options, const TokenCallback &onTokens) {
   const int64_t T = config_.seqLen, V = config_.vocab;
-  if (auto err = checkPrompts(prompts, batch_, V))
-    return std::move(err);
-  if (auto err = checkSampling(options, V))
+  if (auto err = checkRequest(prompts, batch_, options, V))
     return std::move(err);
   if (auto err = ensureWindowed())
     return std::move(err);
