@@ -263,9 +263,10 @@ TEST(GpuGeneration, StreamedAttentionOverLongCachesMatchesTheCpu) {
           std::vector<float> want = unwrap(cpu.run()).at(0).data, got = unwrap(gpu->run()).at(0).data;
           Gap gap = gapOf(want, got);
           EXPECT_LE(gap.worst, (bf16 ? 1e-2 : 1e-5) * gap.scale) << "max difference " << gap.worst;
-          if (write) // the caches, with this step's rows written (a BF16 cache read back widened)
+          if (write) { // the caches, with this step's rows written (a BF16 cache read back widened)
             for (const char *name : {"k", "v"})
               EXPECT_EQ(unwrap(gpu->read(name)).data, unwrap(cpu.read(name)).data) << name;
+          }
         }
 }
 
