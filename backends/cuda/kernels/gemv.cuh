@@ -11,8 +11,9 @@
 //            loads straight into registers.
 // Both load their first weights before they await the kernel before them (the weights are
 // parameters, which no kernel of the step writes), so under programmatic launch the weight's
-// reading overlaps the previous kernel's end; then they ask L2 for the next product's weight
-// (L2Prefetch), so that the memory streams it while this product waits and finishes.
+// reading overlaps the previous kernel's end. Where the executor passes one (TGC_PREFETCH_MB),
+// each block asks L2 for its share of the next product's weight once its own is multiplied
+// (L2Prefetch).
 #pragma once
 
 #include "common.cuh"
@@ -22,9 +23,10 @@
 
 // The leading bytes of the weight the step's next product reads, [begin, end) of its BF16 copy
 // (null: none; the executor passes them, OpLowering::prefetch). A decode step is a chain of
-// products each bound by reading its weight, with latency between them (the await, x's loads,
-// the sums' reduction, the next grid's ramp) in which the memory would idle; asked for early,
-// the next weight streams into L2 through that time, and its product reads it from there.
+// products each bound by reading its weight, with latency between them (the reduction, the
+// next grid's ramp, its await and x's loads) in which the memory would idle; asked for once a
+// block's own weights are in, the next weight can stream into L2 through that time. (Asked for
+// at the product's start it took the memory from the product's own loads: slower.)
 struct L2Prefetch {
   const unsigned short *begin = nullptr, *end = nullptr;
 };

@@ -33,17 +33,17 @@ struct GemvTile {
   int columns = 1, kSplit = 1; // C, KS
 };
 
-/// The kernel parameters, after all the others, that pass a product's launch the next product's
-/// weight to prefetch (gemv.cuh's L2Prefetch), where the step writes no parameter (a decode
-/// step, a prompt: programmatic launch) and its weight is a parameter; choosePrefetches picks
-/// the weight. The same text at every layer, so that one compiled kernel serves them all.
-std::string prefetchParams(Emitter &e) {
-  if (!e.program_.programmatic)
-    return "";
-  e.lowering.prefetchParams = true;
-  return ", const unsigned short *next, const unsigned short *nextEnd";
+/// Whether a product's launch takes the next product's weight to prefetch (gemv.cuh's
+/// L2Prefetch) as two pointers after all its other parameters: where the step writes no
+/// parameter (a decode step, a prompt: programmatic launch) and its weight is a parameter.
+/// choosePrefetches picks the weight. The kernel text is the same at every layer, so one
+/// compiled kernel serves them all.
+void takePrefetch(Emitter &e, bool paramWeight) { e.lowering.prefetchParams = paramWeight && e.program_.programmatic; }
+/// The parameters takePrefetch adds, and the call's arguments for them (`before`: the defaulted
+/// arguments between).
+std::string prefetchParams(const Emitter &e) {
+  return e.lowering.prefetchParams ? ", const unsigned short *next, const unsigned short *nextEnd" : "";
 }
-/// The call's last arguments for prefetchParams' (`before`: the defaulted arguments between).
 std::string prefetchArgument(const Emitter &e, const char *before) {
   return e.lowering.prefetchParams ? fmt::format("{}, L2Prefetch{{next, nextEnd}}", before) : "";
 }
@@ -115,6 +115,7 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
   bool xBf16 = e.program_.bf16Stored.count(op.operand(0));
   e.uses("gemv.cuh");
   e.lowering.bf16Weights = {1};
+  takePrefetch(e, /*paramWeight=*/true);
   std::string params =
       fmt::format("const {} *x, const unsigned short *w, {}float *out{}{}", xBf16 ? "unsigned short" : "float",
                   bias ? "const float *bias, " : "", gelu ? ", float *pre" : "", prefetchParams(e));
@@ -155,11 +156,12 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
     e.lowering.bf16Weights = {weight};
   else
     e.lowering.scratchFloats = {(w.numElements() + 1) / 2};
+  takePrefetch(e, param);
   std::string params =
       fmt::format("const float *a, const float *b, const float *gamma, {}const {} *w, "
                   "{}float *sum, float *out{}{}",
                   layer ? "const float *beta, " : "", param ? "unsigned short" : "float",
-                  bias ? "const float *bias, " : "", param ? "" : ", float *scratch", param ? prefetchParams(e) : "");
+                  bias ? "const float *bias, " : "", param ? "" : ", float *scratch", prefetchParams(e));
   unsigned launch = 0;
   if (!param)
     e.launch(launch++, params, elementwiseBlocks(w.numElements()),
@@ -173,7 +175,7 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
                   "{}{})",
                   boolText(layer), M, N, K, tile.columns, tile.kSplit, boolText(bias), boolText(gelu), boolText(swiglu),
                   mmaKSplit, layer ? "beta" : "nullptr", param ? "w" : "(const unsigned short *)scratch",
-                  bias ? "bias" : "nullptr", formatDouble(*a.getFloat("eps")), param ? prefetchArgument(e, "") : ""));
+                  bias ? "bias" : "nullptr", formatDouble(*a.getFloat("eps")), prefetchArgument(e, "")));
   if (param)
     e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
@@ -188,11 +190,13 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
 /// against the variable unset measures.
 void choosePrefetches(const std::vector<Op *> &ops, CudaProgram &program) {
   int64_t bytes = environmentCount("TGC_PREFETCH_MB", 0, 1024, "a GiB") << 20;
+  if (bytes == 0)
+    return;
   std::vector<size_t> readers;
   for (size_t i = 0; i < ops.size(); ++i)
     if (program.lowering[i].kind == OpLowering::Kernels && !program.lowering[i].bf16Weights.empty())
       readers.push_back(i);
-  for (size_t k = 0; k < readers.size() && bytes > 0; ++k) {
+  for (size_t k = 0; k < readers.size(); ++k) {
     OpLowering &l = program.lowering[readers[k]];
     if (!l.prefetchParams)
       continue;
