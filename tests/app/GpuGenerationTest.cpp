@@ -58,6 +58,43 @@ TEST_P(GpuDecode, StepsFollowTheCpuThroughTheWholeCache) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuDecode, gpuDecodeCases(), gpuDecodeCaseName);
 
+TEST(GpuGeneration, MarginalProfileLeavesTheStepsAsTheyWere) {
+  // TGC_GPU_PROFILE=marginal replays the whole step, and the step without each kind of op, before
+  // each step (OpProfile.cpp): those replays write the caches' rows at the step's position from
+  // wrong values, which the step then writes again. The steps' logits and the caches are the
+  // same bits as an executor's without the profile, and the profile is printed.
+  SKIP_WITHOUT_GPU();
+  auto program = tinyGpuProgram("bf16", GPTOutput::Decode);
+  ASSERT_TRUE(program);
+  Rng rng(freshSeed());
+  std::map<std::string, Tensor> leaves = randomWeights(*program, rng);
+  auto plain = unwrap(createCudaExecutor(*program));
+  ::setenv("TGC_GPU_PROFILE", "marginal", 1);
+  auto profiled = unwrap(createCudaExecutor(*program));
+  ::unsetenv("TGC_GPU_PROFILE");
+  ASSERT_TRUE(plain && profiled);
+  ASSERT_FALSE(bool(plain->bindAll(leaves)));
+  ASSERT_FALSE(bool(profiled->bindAll(leaves)));
+  const TensorType column = program->lookup("tokens")->type();
+  int64_t vocab = program->lookup("wte")->type().dim(0);
+  for (int32_t pos = 0; pos < 6; ++pos) {
+    Tensor tokens = Tensor::zeros(column), positions = Tensor::zeros(column);
+    for (int32_t &t : tokens.ints)
+      t = int32_t(rng.below(vocab));
+    std::fill(positions.ints.begin(), positions.ints.end(), pos);
+    std::map<std::string, Tensor> step{{"tokens", tokens}, {"positions", positions}};
+    ASSERT_FALSE(bool(plain->bindAll(step)));
+    ASSERT_FALSE(bool(profiled->bindAll(step)));
+    EXPECT_EQ(unwrap(profiled->run()).at(0).data, unwrap(plain->run()).at(0).data) << "position " << pos;
+  }
+  EXPECT_EQ(unwrap(profiled->read("h1.attn.v_cache")).data, unwrap(plain->read("h1.attn.v_cache")).data);
+  testing::internal::CaptureStderr();
+  profiled.reset(); // prints the profile
+  std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_NE(printed.find("6 steps; the step replayed from a CUDA graph"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("decode_attention"), std::string::npos) << printed;
+}
+
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   // gemv.cuh: the products of decode steps against a weight. 1 row (and 2 to 8 where K is no
   // multiple of 32 or N past 16384) on the CUDA cores; 2 to 64 on tensor cores (partial and whole m16 tiles) with K in 8 slices (256), 1 slice (96:

@@ -7,12 +7,14 @@
 // it takes; a KV cache by the rows the step's attention reads and writes: lowering/Traffic.h).
 // Bytes over time against the memory's peak rate (clock x bus) say which kernels stream at the
 // memory's rate, and the sum of the ops' times against the step's (tgc bench) what the gaps
-// between them cost.
+// between them cost. TGC_GPU_PROFILE=marginal times the whole step without each kind of op.
 #include "backends/cuda/runtime/ProgramRunner.h"
 
 #include "backends/cuda/lowering/Traffic.h"
 #include "backends/cuda/runtime/CudaCheck.h"
 #include "models/ProgramInterface.h"
+
+#include "llvm/ADT/STLExtras.h"
 
 #include <algorithm>
 
@@ -112,6 +114,59 @@ llvm::Error ProgramRunner::profileOpGraphs() {
       profiler_->addBytes(label, double(opTraffic(program_, *ops_[i], cacheRows)));
     if (profiler_->steps() == 0)
       profiler_->countCall(label);
+  }
+  profiler_->endStep();
+  return llvm::Error::success();
+}
+
+/// TGC_GPU_PROFILE=marginal, before each step: the step's launches captured kRepeats times as one
+/// graph, and again without each kind of op (the ops of one profile label); each replay timed.
+/// What a kind's absence saves is its cost in the chain of the step, what its neighbours hide of
+/// it under programmatic launch taken out, where graph's replays time an op alone, its neighbours'
+/// overlap missing. The replays run before the step, which then writes again all they wrote (a
+/// decode step: its cache rows at its position), so that the program goes on as without them.
+llvm::Error ProgramRunner::profileMarginal() {
+  if (stepGraphs_.empty()) {
+    std::vector<std::string> labels = {""}; // the whole step first
+    for (size_t i = 0; i < ops_.size(); ++i)
+      if (program_.lowering[i].launchesWork()) {
+        std::string label = profileLabel(i);
+        if (!llvm::is_contained(labels, label))
+          labels.push_back(label);
+        profiler_->countCall(label);
+      }
+    for (const std::string &label : labels) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      llvm::Error err = llvm::Error::success();
+      for (int r = 0; r < kRepeats && !err; ++r)
+        err = launchStep(label);
+      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      if (err)
+        return err;
+      if (end != cudaSuccess)
+        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
+      cudaGraphExec_t exec = nullptr;
+      cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (instantiated != cudaSuccess)
+        return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
+      stepGraphs_.emplace_back(label, exec);
+      CUDA_CHECK(cudaGraphLaunch(exec, stream_)); // untimed: the first replay uploads it
+    }
+  }
+  float whole = 0;
+  for (auto &[label, exec] : stepGraphs_) {
+    auto ms = Profiler::time(stream_, [&, exec = exec]() -> llvm::Error {
+      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      return llvm::Error::success();
+    });
+    if (!ms)
+      return ms.takeError();
+    if (label.empty())
+      profiler_->addStep(whole = *ms / kRepeats);
+    else
+      profiler_->add(label, whole - *ms / kRepeats);
   }
   profiler_->endStep();
   return llvm::Error::success();

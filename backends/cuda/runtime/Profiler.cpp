@@ -18,8 +18,9 @@ void Profiler::configure(const std::string &process) {
     launches_ = std::string(env) == "launches";
     bandwidth_ = std::string(env) == "bandwidth";
     graphs_ = std::string(env) == "graph" || bandwidth_;
+    marginal_ = std::string(env) == "marginal";
     ops_ = std::string(env) == "1" || launches_;
-    print_ = ops_ || graphs_;
+    print_ = ops_ || graphs_ || marginal_;
     fromEnvironment_ = ops_;
   }
   if (TraceLog::instance().enabled() && !launches_) {
@@ -40,10 +41,17 @@ Profiler::~Profiler() {
     total += ms / steps_;
   }
   std::sort(rows.rbegin(), rows.rend());
-  llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops{}):\n", steps_, total,
-                              bandwidth_ ? ", each op replayed alone from a CUDA graph after an L2 flush"
-                              : graphs_  ? ", each op replayed alone from a CUDA graph"
-                                         : "");
+  if (marginal_) {
+    total = stepMs_ / steps_; // the shares: of the step, not of the sum
+    llvm::errs() << fmt::format("GPU time per step by op ({} steps; the step replayed from a CUDA graph: {:.3f} ms; "
+                                "each kind: what the step saves without it):\n",
+                                steps_, total);
+  } else {
+    llvm::errs() << fmt::format("GPU time per step by op ({} steps, {:.2f} ms in ops{}):\n", steps_, total,
+                                bandwidth_ ? ", each op replayed alone from a CUDA graph after an L2 flush"
+                                : graphs_  ? ", each op replayed alone from a CUDA graph"
+                                           : "");
+  }
   if (bandwidth_)
     llvm::errs() << fmt::format("  (bytes: the operands read and results written as stored; a KV cache by the "
                                 "rows read and written; % of the memory's {:.0f} GB/s)\n",
@@ -69,10 +77,10 @@ Profiler::~Profiler() {
 }
 
 void Profiler::noReplays() {
-  llvm::errs() << fmt::format("tgc: TGC_GPU_PROFILE={} replays each op after the step, which would update "
-                              "this program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n",
-                              bandwidth_ ? "bandwidth" : "graph");
-  graphs_ = bandwidth_ = false;
+  llvm::errs() << fmt::format("tgc: TGC_GPU_PROFILE={} replays the step's ops outside the step, which would "
+                              "update this program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n",
+                              marginal_ ? "marginal" : bandwidth_ ? "bandwidth" : "graph");
+  graphs_ = bandwidth_ = marginal_ = false;
   ops_ = true;
 }
 

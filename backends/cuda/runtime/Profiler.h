@@ -4,7 +4,9 @@
 // #3"); TGC_GPU_PROFILE=graph keeps the steps as graphs and, after each, replays every op alone
 // from a graph of its own; TGC_GPU_PROFILE=bandwidth replays them so with the L2 cache flushed
 // before each replay and prints the bytes each op moves and their rate against the memory's
-// (OpProfile.cpp); TGC_TRACE=FILE writes the ops of the first steps in Chrome's trace event
+// (OpProfile.cpp); TGC_GPU_PROFILE=marginal replays the whole step from a graph before each
+// step, and again without each kind of op, and prints what each kind's absence saves: its cost
+// in the chain, its overlap with its neighbours taken out; TGC_TRACE=FILE writes the ops of the first steps in Chrome's trace event
 // format (support/Trace.h). setProfiling (tgc bench) turns the per-op timing on too.
 #pragma once
 
@@ -33,6 +35,10 @@ public:
   bool timesLaunches() const { return launches_; }
   /// Each op replayed alone from a graph after each step (TGC_GPU_PROFILE=graph, bandwidth).
   bool replaysOps() const { return graphs_; }
+  /// The step replayed whole and without each kind of op before each step (marginal).
+  bool replaysSteps() const { return marginal_; }
+  /// One replay of the whole step took `ms` (replaysSteps; the kinds' costs go to add).
+  void addStep(double ms) { stepMs_ += ms; }
   /// The replays start from a flushed L2 and count bytes (TGC_GPU_PROFILE=bandwidth).
   bool measuresBandwidth() const { return bandwidth_; }
   /// `bytes` moved by one call of `label` (measuresBandwidth), and the memory's peak rate.
@@ -55,11 +61,11 @@ public:
   std::map<std::string, double> byOp() const { return ms_; }
 
 private:
-  bool ops_ = false, launches_ = false, graphs_ = false, bandwidth_ = false, print_ = false;
+  bool ops_ = false, launches_ = false, graphs_ = false, bandwidth_ = false, marginal_ = false, print_ = false;
   bool fromEnvironment_ = false; // ops_ as TGC_GPU_PROFILE set it
   int traceProcess_ = -1;
   std::map<std::string, double> ms_, bytes_;
-  double peakGbPerSecond_ = 0;
+  double peakGbPerSecond_ = 0, stepMs_ = 0;
   llvm::StringMap<int64_t> calls_;
   int64_t steps_ = 0;
 };

@@ -43,6 +43,9 @@ void ProgramRunner::dropGraphs() {
     cudaGraphExecDestroy(flushGraph_);
     flushGraph_ = nullptr;
   }
+  for (auto &[label, exec] : stepGraphs_)
+    cudaGraphExecDestroy(exec);
+  stepGraphs_.clear();
 }
 
 size_t ProgramRunner::storedBytes(const Value *v) const { return size_t(storedBytesOf(program_, v)); }
@@ -62,7 +65,7 @@ llvm::Error ProgramRunner::initialize() {
   for (const Op *op : ops_)
     if (op->kind() == OpKind::Assign && op->operand(0)->def()->kind() == OpKind::Param)
       assignsParams_ = true;
-  if (profiler_->replaysOps() && assignsParams_)
+  if ((profiler_->replaysOps() || profiler_->replaysSteps()) && assignsParams_)
     profiler_->noReplays();
   kernels_.resize(ops_.size());
   scratch_.resize(ops_.size());
@@ -427,7 +430,7 @@ llvm::Error ProgramRunner::traceResults(size_t i) {
 }
 
 /// Enqueues one step on the stream: every op in order, then the assigns.
-llvm::Error ProgramRunner::launchStep() {
+llvm::Error ProgramRunner::launchStep(llvm::StringRef without) {
   afterGeneratedKernel_ = false; // the step's first kernel follows the copies that bind its inputs
   traced_.clear();
   std::vector<std::pair<const Value *, const Value *>> assigns;
@@ -459,6 +462,8 @@ llvm::Error ProgramRunner::launchStep() {
     }
     bool timed = profiling && (lowering.kind == OpLowering::Gemm || lowering.kind == OpLowering::Collective ||
                                (lowering.kind == OpLowering::Kernels && !profiler_->timesLaunches()));
+    if (!without.empty() && lowering.launchesWork() && profileLabel(i) == without)
+      continue;
     if (!timed) {
       if (auto err = launchOp(i))
         return err;
@@ -509,6 +514,9 @@ llvm::Error ProgramRunner::launch() {
       return err;
     paramsBound_ = false;
   }
+  if (profiler_->replaysSteps())
+    if (auto err = profileMarginal())
+      return err;
   // The whole step is captured once as a CUDA graph and replayed: one launch a step, no host
   // synchronisation inside it. (Poisoning between runs and tracing values are debugging modes
   // and stay eager.)

@@ -86,8 +86,9 @@ private:
   /// BF16 GEMM operands that are parameters (or reshapes of them) read the BF16 copy of the
   /// parameter region; operands stored in BF16 or with a BF16 copy are read as they are.
   llvm::Error useBf16OperandCopies();
-  /// Enqueues one step: every op in order, then the assigns.
-  llvm::Error launchStep();
+  /// Enqueues one step: every op in order, then the assigns; the ops profiled as `without`
+  /// left out (TGC_GPU_PROFILE=marginal).
+  llvm::Error launchStep(llvm::StringRef without = {});
   /// Enqueues op `i`'s kernels, GEMM or collective (nothing for leaves, aliases, grouped ops
   /// and assigns).
   llvm::Error launchOp(size_t i);
@@ -99,6 +100,9 @@ private:
   /// Op `i`'s launches `repeats` times (each after an L2 flush with TGC_GPU_PROFILE=bandwidth),
   /// captured as a graph.
   llvm::Expected<cudaGraphExec_t> captureOpGraph(size_t i, int repeats);
+  /// TGC_GPU_PROFILE=marginal, before a step: the step replayed from a graph whole and without
+  /// each kind of op in turn; what leaving a kind out saves is what it costs in the chain.
+  llvm::Error profileMarginal();
   /// The cache rows a decode step's attentions read: each sequence's position and the rows before.
   llvm::Expected<int64_t> cacheRowsRead() const;
   std::string profileLabel(size_t i) const;
@@ -141,6 +145,8 @@ private:
   void *flushL2_ = nullptr;                // TGC_GPU_PROFILE=bandwidth: written before each replay
   size_t flushBytes_ = 0;
   cudaGraphExec_t flushGraph_ = nullptr;   // the flushes alone, timed to take them out
+  // TGC_GPU_PROFILE=marginal: the whole step's graph (label ""), then one without each kind.
+  std::vector<std::pair<std::string, cudaGraphExec_t>> stepGraphs_;
   /// Kernels launched with programmatic stream serialization (compute capability 9.0 on): each
   /// may start while the generated kernel before it ends; it waits for it in awaitPreviousKernel
   /// (common.cuh) before touching memory. Only in programs without cuBLASLt GEMMs nor
