@@ -13,6 +13,16 @@ __device__ __forceinline__ void chunkFloats(uint4 c, float (&out)[4]) {
   out[0] = __uint_as_float(c.x), out[1] = __uint_as_float(c.y);
   out[2] = __uint_as_float(c.z), out[3] = __uint_as_float(c.w);
 }
+// chunkFloats' inverse: 16 bytes of a cache row as the cache stores the floats (BF16 as
+// Bf16Out stores it, or fp32).
+__device__ __forceinline__ uint4 cacheChunk(const float (&x)[8]) {
+  unsigned words[4];
+  for (int e = 0; e < 4; ++e) words[e] = bf16Bits(x[2 * e]) | (unsigned)bf16Bits(x[2 * e + 1]) << 16;
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+__device__ __forceinline__ uint4 cacheChunk(const float (&x)[4]) {
+  return make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3]));
+}
 
 // The keys a part of a query at `position` takes (streamed parts): the context split over
 // Splits parts, at least a block's turn of keys each, so that short contexts use fewer parts.
@@ -40,8 +50,8 @@ __host__ __device__ constexpr bool streamable() {
 // With Early (a step under programmatic launch writing its caches in place, its positions an
 // input: decode.cuh's Early), the part's first turn of keys and values is loaded before the
 // kernel awaits the one before it: those rows are written by earlier steps, and only qkv comes
-// from the kernel before. The row this step writes, loaded stale then, is loaded again once
-// written.
+// from the kernel before. The row this step writes, loaded stale then, is made again from qkv
+// as the cache stores it (no trip to memory after the write).
 template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Splits, bool Write, int64 KV, bool Rope, int64 S, bool Early,
           typename Cache, typename Out, typename CacheOut>
 __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
@@ -98,17 +108,23 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
     combineDecodeParts<Threads, Dh, Splits>(bh, counted, partial, done, out, parts, reduced, last);
     return;
   }
-  for (int64 d = threadIdx.x; d < Dh; d += Threads)
-    q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + row * W + h * Dh, d, at, table));
-  __syncthreads();
-  if (Early && writes && at < first + Turn) { // the row written above, loaded stale: from L2 again
+  if (Early && writes && at < first + Turn) { // the row loaded stale: made from qkv as written above
+    const float *fresh = qkv + row * W + H * Dh + kh * Dh;
 #pragma unroll
     for (int u = 0; u < Unroll; ++u)
       if (first + u * Groups + group == at) {
-        kc[u] = __ldcg((const uint4 *)(k + base + at * D));
-        vc[u] = __ldcg((const uint4 *)(v + base + at * D));
+        float key[E], value[E];
+        for (int i = 0; i < E; ++i) {
+          key[i] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(fresh, d0 + i, at, table));
+          value[i] = gemmOperand<Bf16>(fresh[D + d0 + i]);
+        }
+        kc[u] = cacheChunk(key);
+        vc[u] = cacheChunk(value);
       }
   }
+  for (int64 d = threadIdx.x; d < Dh; d += Threads)
+    q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + row * W + h * Dh, d, at, table));
+  __syncthreads();
   float mq[E], acc[E];
 #pragma unroll
   for (int i = 0; i < E; ++i) mq[i] = q[d0 + i], acc[i] = 0.0f;
