@@ -13,16 +13,6 @@ __device__ __forceinline__ void chunkFloats(uint4 c, float (&out)[4]) {
   out[0] = __uint_as_float(c.x), out[1] = __uint_as_float(c.y);
   out[2] = __uint_as_float(c.z), out[3] = __uint_as_float(c.w);
 }
-// chunkFloats' inverse: 16 bytes of a cache row as the cache stores the floats (BF16 as
-// Bf16Out stores it, or fp32).
-__device__ __forceinline__ uint4 cacheChunk(const float (&x)[8]) {
-  unsigned words[4];
-  for (int e = 0; e < 4; ++e) words[e] = bf16Bits(x[2 * e]) | (unsigned)bf16Bits(x[2 * e + 1]) << 16;
-  return make_uint4(words[0], words[1], words[2], words[3]);
-}
-__device__ __forceinline__ uint4 cacheChunk(const float (&x)[4]) {
-  return make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3]));
-}
 
 // The keys a part of a query at `position` takes (streamed parts): the context split over
 // Splits parts, at least a block's turn of keys each, so that short contexts use fewer parts.
@@ -47,19 +37,13 @@ __host__ __device__ constexpr bool streamable() {
 // values, rescaled as the maximum grows; the groups are combined at the end. The weights
 // multiplying the values are rounded to BF16 under gemm_dtype, as decode.cuh's, each before
 // later rescalings; the sums are of the unrounded weights.
-// With Early (a step under programmatic launch writing its caches in place, its positions an
-// input: decode.cuh's Early), the part's first turn of keys and values is loaded before the
-// kernel awaits the one before it: those rows are written by earlier steps, and only qkv comes
-// from the kernel before. The row this step writes, loaded stale then, is made again from qkv
-// as the cache stores it (no trip to memory after the write).
-template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Splits, bool Write, int64 KV, bool Rope, int64 S, bool Early,
-          typename Cache, typename Out, typename CacheOut>
+template <bool Bf16, int64 H, int64 Dh, int64 T, int64 Splits, bool Write, int64 KV, bool Rope, int64 S, typename Cache,
+          typename Out, typename CacheOut>
 __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const Cache *k, const Cache *v,
                                  const int *positions, Out out, float *partial, unsigned *done, float scale,
                                  CacheOut kOut, CacheOut vOut, const double *table) {
   static_assert(streamable<Dh, Cache>(), "rows of a power of two of 16-byte chunks");
   static_assert(!Write || (S == 1 && KV == H), "the row written by its own head's block alone");
-  static_assert(!Early || Write, "early loads: a step that writes its own row");
   constexpr int64 D = KV * Dh, W = H * Dh + 2 * D, G = H / KV;
   constexpr int Threads = 128, E = 16 / (int)sizeof(Cache), Lanes = (int)(Dh / E), Groups = Threads / Lanes;
   constexpr int Unroll = 4;
@@ -75,26 +59,7 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
     return;
   int64 first = split * keys, end = position + 1 < first + keys ? position + 1 : first + keys;
   float *mine = partial + (bh * Splits + split) * (Dh + 2);
-  const int group = threadIdx.x / Lanes, d0 = threadIdx.x % Lanes * E;
-  const int64 base = (b * T) * D + kh * Dh + d0;
-  uint4 kc[Unroll], vc[Unroll];
-  auto loadTurn = [&](int64 j0) { // every load of the turn in flight before any is used
-#pragma unroll
-    for (int u = 0; u < Unroll; ++u) {
-      int64 j = j0 + u * Groups + group;
-      kc[u] = vc[u] = make_uint4(0, 0, 0, 0); // past the end: zeros, weighted by 0
-      if (j < end) {
-        kc[u] = *(const uint4 *)(k + base + j * D);
-        vc[u] = *(const uint4 *)(v + base + j * D);
-      }
-    }
-  };
-  if (Early) {
-    loadTurn(first);
-    awaitPreviousKernel();
-  }
-  const bool writes = Write && at >= 0 && at < T && first <= at && at < end;
-  if (writes) {
+  if (Write && at >= 0 && at < T && first <= at && at < end) {
     const float *fresh = qkv + row * W + H * Dh + kh * Dh;
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
       int64 cell = (b * T + at) * D + kh * Dh + d;
@@ -108,30 +73,26 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
     combineDecodeParts<Threads, Dh, Splits>(bh, counted, partial, done, out, parts, reduced, last);
     return;
   }
-  if (Early && writes && at < first + Turn) { // the row loaded stale: made from qkv as written above
-    const float *fresh = qkv + row * W + H * Dh + kh * Dh;
-#pragma unroll
-    for (int u = 0; u < Unroll; ++u)
-      if (first + u * Groups + group == at) {
-        float key[E], value[E];
-        for (int i = 0; i < E; ++i) {
-          key[i] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(fresh, d0 + i, at, table));
-          value[i] = gemmOperand<Bf16>(fresh[D + d0 + i]);
-        }
-        kc[u] = cacheChunk(key);
-        vc[u] = cacheChunk(value);
-      }
-  }
   for (int64 d = threadIdx.x; d < Dh; d += Threads)
     q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + row * W + h * Dh, d, at, table));
   __syncthreads();
+  const int group = threadIdx.x / Lanes, d0 = threadIdx.x % Lanes * E;
   float mq[E], acc[E];
 #pragma unroll
   for (int i = 0; i < E; ++i) mq[i] = q[d0 + i], acc[i] = 0.0f;
   float m = __int_as_float(0xff800000), l = 0.0f;
+  const int64 base = (b * T) * D + kh * Dh + d0;
   for (int64 j0 = first; j0 < end; j0 += Turn) { // the same turns for every lane: the shuffles
-    if (!Early || j0 != first)
-      loadTurn(j0);
+    uint4 kc[Unroll], vc[Unroll];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) { // every load of the turn in flight before any is used
+      int64 j = j0 + u * Groups + group;
+      kc[u] = vc[u] = make_uint4(0, 0, 0, 0); // past the end: zeros, weighted by 0
+      if (j < end) {
+        kc[u] = *(const uint4 *)(k + base + j * D);
+        vc[u] = *(const uint4 *)(v + base + j * D);
+      }
+    }
     float s[Unroll], top = m;
 #pragma unroll
     for (int u = 0; u < Unroll; ++u) {
@@ -193,11 +154,11 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
 // A block a part, numbered split first; B * S queries of H heads, Splits parts each (those past
 // a query's context return at once).
 template <bool Bf16, int64 B, int64 H, int64 Dh, int64 T, int64 Splits, bool Write = false, int64 KV = H,
-          bool Rope = false, int64 S = 1, bool Early = false, typename Cache, typename Out, typename CacheOut = float *>
+          bool Rope = false, int64 S = 1, typename Cache, typename Out, typename CacheOut = float *>
 __device__ void decodeAttentionStream(const float *qkv, const Cache *k, const Cache *v, const int *positions, Out out,
                                       float *partial, unsigned *done, float scale, CacheOut kOut = nullptr,
                                       CacheOut vOut = nullptr, const double *table = nullptr) {
-  decodeStreamPart<Bf16, H, Dh, T, Splits, Write, KV, Rope, S, Early>(blockIdx.x / (B * S * H), blockIdx.x % (B * S * H), qkv,
+  decodeStreamPart<Bf16, H, Dh, T, Splits, Write, KV, Rope, S>(blockIdx.x / (B * S * H), blockIdx.x % (B * S * H), qkv,
                                                                k, v, positions, out, partial, done, scale, kOut, vOut,
                                                                table);
 }

@@ -90,7 +90,7 @@ llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
   const int64_t cacheBytes = bf16Caches ? 2 : 4, chunks = Dh * cacheBytes / 16;
   // The keys and values go through shared tiles of at most 32 KB (decode.cuh's Tiles); under
   // programmatic launch, in place, with the positions an input (written before the step), they
-  // load before the kernel awaits the one before it (Early; streamed parts their first turn). That pays where the step waits on
+  // load before the kernel awaits the one before it (Early). That pays where the step waits on
   // latency: fewer (query, head) pairs than SMs, heads of at most 64. Elsewhere each block reads
   // its part straight from memory (grouped heads still need the tiles to write their rows).
   int64_t keys = std::min<int64_t>(T, 2 * pairs < sms ? 32 : 64);
@@ -111,15 +111,15 @@ llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
   if (stream)
     e.uses("decode_stream.cuh");
   const int64_t blocks = B * S * H * splits;
-  // The kernel's call: decodeAttentionStream<Bf16, B, H, Dh, T, Splits, Write, KV, Rope, S[, Early]>, or
+  // The kernel's call: decodeAttentionStream<Bf16, B, H, Dh, T, Splits, Write, KV, Rope, S>, or
   // decodeAttention<Bf16, B, H, Dh, T, Keys, Splits, Write, Tiles, Early, KV, Rope, S>.
   std::string table = cacheRopeTable(op, e, T, Dh);
   bool rope = !table.empty();
   std::string tableArgument = rope ? ", table" : "", scale = lit(*a.getFloat("scale"));
   auto call = [&](bool writing, bool early, const std::string &caches, const std::string &outputs) {
     std::string shape = fmt::format("{}, {}, {}, {}, {}", boolText(hasBf16Gemms(a)), B, H, Dh, T);
-    std::string flags = stream ? fmt::format("{}, {}, {}, {}, {}{}", splits, boolText(writing), heads.kvHeads,
-                                             boolText(rope), S, early ? ", true" : "")
+    std::string flags = stream ? fmt::format("{}, {}, {}, {}, {}", splits, boolText(writing), heads.kvHeads,
+                                             boolText(rope), S)
                                : fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", keys, splits, boolText(writing),
                                              boolText(tiles && writing), boolText(early), heads.kvHeads,
                                              boolText(rope), S);
@@ -156,8 +156,7 @@ llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
     return llvm::Error::success();
   }
   const Op *positions = op.operand(3)->def();
-  bool early = (tiles || stream) && e.program_.programmatic && inPlace && positions &&
-               positions->kind() == OpKind::Input;
+  bool early = tiles && e.program_.programmatic && inPlace && positions && positions->kind() == OpKind::Input;
   e.launch(launch, params, blocks, call(true, early, caches, "kOut, vOut"), 128, minBlocks);
   if (early)
     e.awaitsItself();
