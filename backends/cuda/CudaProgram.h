@@ -68,12 +68,6 @@ struct OpLowering {
   // Operands that are parameters whose BF16 copy (the executor's, made from the parameter
   // buffer) the launches take instead of their fp32 values: a GEMV's weight.
   std::vector<unsigned> bf16Weights;
-  // The launches take two pointers more, last: [begin, end) of the leading prefetchBytes of
-  // parameter `prefetch`'s BF16 copy, the weight of the step's next product, which they ask L2
-  // for (gemv.cuh's L2Prefetch; choosePrefetches). Null `prefetch`: two null pointers.
-  bool prefetchParams = false;
-  const Value *prefetch = nullptr;
-  int64_t prefetchBytes = 0;
   /// cuDNN's fused attention (Cudnn.h) runs in this op, before launch `libraryAt` (after all of
   /// them when it equals their number): its buffers (CudnnAttention::run's, then the workspace)
   /// are these entries of the pointer list the launches take (operands, each result and its

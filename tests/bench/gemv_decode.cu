@@ -2,8 +2,7 @@
 // (gemvBf16Rows) in each tile (C columns a warp, K split over KS warps; C 1 KS 1 is the
 // one-warp-a-column kernel before session 41) at gpt-1.3b's and gpt2-124m's shapes, alone (a
 // CUDA graph of 240 launches under programmatic dependent launch, cycling over weight copies that
-// together exceed the L2) and as gpt-1.3b's 24 layers of four products, each with and without
-// asking L2 for the leading MiB of the next product's weight (L2Prefetch). Not part of the build:
+// together exceed the L2) and as gpt-1.3b's 24 layers of four products. Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o gemv_decode \
 //     tests/bench/gemv_decode.cu && ./gemv_decode
 #include "bench_util.cuh"
@@ -14,15 +13,14 @@
 #include <vector>
 
 template <int64 N, int64 K, int C, int KS, bool Gelu>
-__global__ void plainProduct(const unsigned short *x, const unsigned short *w, const float *bias, float *out,
-                             L2Prefetch next) {
-  gemvBf16<1, N, K, C, KS, true, Gelu>(x, w, bias, out, nullptr, next);
+__global__ void plainProduct(const unsigned short *x, const unsigned short *w, const float *bias, float *out) {
+  gemvBf16<1, N, K, C, KS, true, Gelu>(x, w, bias, out, nullptr);
 }
 
 template <int64 N, int64 K, int C, int KS, bool Gelu>
 __global__ void normedProduct(const float *a, const float *b, const float *gamma, const float *beta,
-                              const unsigned short *w, const float *bias, float *sum, float *out, L2Prefetch next) {
-  residualNormGemvBf16<true, 1, N, K, C, KS, true, Gelu, false>(a, b, gamma, beta, w, bias, sum, out, 1e-5, next);
+                              const unsigned short *w, const float *bias, float *sum, float *out) {
+  residualNormGemvBf16<true, 1, N, K, C, KS, true, Gelu, false>(a, b, gamma, beta, w, bias, sum, out, 1e-5);
 }
 
 struct Buffers { // activations shared by every launch; x in BF16, as the decode step stores it
@@ -40,15 +38,15 @@ void launch(Kernel kernel, long blocks, cudaStream_t stream, Args... args) {
   CK(launchWith(cudaLaunchAttributeProgrammaticStreamSerialization, kernel, blocks, 256, stream, args...));
 }
 
-// One product's launch on weight w, prefetching next.
+// One product's launch on weight w.
 template <int64 N, int64 K, int C, int KS, bool Norm, bool Gelu>
-void launchProduct(const Buffers &buf, const unsigned short *w, cudaStream_t stream, L2Prefetch next = {}) {
+void launchProduct(const Buffers &buf, const unsigned short *w, cudaStream_t stream) {
   if constexpr (Norm)
     launch(normedProduct<N, K, C, KS, Gelu>, blocksFor<C, KS>(N), stream, (const float *)buf.a, (const float *)buf.b,
-           (const float *)buf.gamma, (const float *)buf.beta, w, (const float *)buf.bias, buf.sum, buf.out, next);
+           (const float *)buf.gamma, (const float *)buf.beta, w, (const float *)buf.bias, buf.sum, buf.out);
   else
     launch(plainProduct<N, K, C, KS, Gelu>, blocksFor<C, KS>(N), stream, (const unsigned short *)buf.x, w,
-           (const float *)buf.bias, buf.out, next);
+           (const float *)buf.bias, buf.out);
 }
 
 unsigned short *weights(long elements) {
@@ -81,34 +79,25 @@ void shapes(const char *name, const Buffers &buf) {
   shapes<N, K, Norm, Gelu, More...>(name, buf);
 }
 
-// gpt-1.3b's 24 layers (norm + qkv, proj, norm + fc1, fc2), each product in its tile (C, KS),
-// each asking L2 for the first prefetchMiB of the next one's weight (the last for the first's).
+// gpt-1.3b's 24 layers (norm + qkv, proj, norm + fc1, fc2), each product in its tile (C, KS).
 template <int Cq, int KSq, int Cp, int KSp, int C1, int KS1, int C2, int KS2>
-void layers(const Buffers &buf, long prefetchMiB = 0) {
+void layers(const Buffers &buf) {
   constexpr int64 D = 2048;
   std::vector<unsigned short *> w;
-  std::vector<long> elements;
   for (int l = 0; l < 24; ++l)
-    for (long n : {3 * D, D, 4 * D, 4 * D}) {
-      w.push_back(weights(n * D));
-      elements.push_back(n * D);
-    }
+    for (long n : {3 * D, D, 4 * D, 4 * D}) w.push_back(weights(n * D));
   float us = timeGraph(96, [&](int i, cudaStream_t s) {
     const unsigned short *p = w[i];
-    const int j = (i + 1) % 96;
-    L2Prefetch next;
-    if (prefetchMiB > 0)
-      next = {w[j], w[j] + std::min(elements[j], (prefetchMiB << 20) / 2)};
     switch (i % 4) {
-    case 0: launchProduct<3 * D, D, Cq, KSq, true, false>(buf, p, s, next); break;
-    case 1: launchProduct<D, D, Cp, KSp, false, false>(buf, p, s, next); break;
-    case 2: launchProduct<4 * D, D, C1, KS1, true, true>(buf, p, s, next); break;
-    default: launchProduct<D, 4 * D, C2, KS2, false, false>(buf, p, s, next);
+    case 0: launchProduct<3 * D, D, Cq, KSq, true, false>(buf, p, s); break;
+    case 1: launchProduct<D, D, Cp, KSp, false, false>(buf, p, s); break;
+    case 2: launchProduct<4 * D, D, C1, KS1, true, true>(buf, p, s); break;
+    default: launchProduct<D, 4 * D, C2, KS2, false, false>(buf, p, s);
     }
   });
   const double bytes = 24.0 * 12 * D * D * 2;
-  printf("gpt-1.3b's 24 layers, (C, KS) qkv %d %d, proj %d %d, fc1 %d %d, fc2 %d %d, prefetch %3ld MiB: %7.1f us a "
-         "step of products, %5.1f%% of the memory's rate\n", Cq, KSq, Cp, KSp, C1, KS1, C2, KS2, prefetchMiB, us * 96,
+  printf("gpt-1.3b's 24 layers, (C, KS) qkv %d %d, proj %d %d, fc1 %d %d, fc2 %d %d: %7.1f us a step of products, "
+         "%5.1f%% of the memory's rate\n", Cq, KSq, Cp, KSp, C1, KS1, C2, KS2, us * 96,
          100 * bytes / (us * 96) / bandwidth);
   for (auto p : w) cudaFree(p);
 }
@@ -129,7 +118,7 @@ int main() {
   layers<1, 1, 1, 1, 1, 1, 1, 1>(buf); // before session 41
   layers<2, 1, 4, 8, 2, 1, 2, 8>(buf);
   layers<1, 1, 4, 8, 1, 1, 2, 8>(buf);
-  for (long mib : {0, 2, 4, 8, 16, 0}) layers<1, 1, 2, 8, 1, 1, 1, 8>(buf, mib); // Gemv.cpp's gemvTile
+  layers<1, 1, 2, 8, 1, 1, 1, 8>(buf); // Gemv.cpp's gemvTile
   layers<1, 1, 1, 8, 1, 1, 1, 4>(buf);
   layers<1, 1, 2, 2, 1, 1, 1, 2>(buf);
   layers<1, 1, 1, 1, 1, 1, 1, 4>(buf);

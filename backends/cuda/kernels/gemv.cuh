@@ -11,41 +11,13 @@
 //            loads straight into registers.
 // Both load their first weights before they await the kernel before them (the weights are
 // parameters, which no kernel of the step writes), so under programmatic launch the weight's
-// reading overlaps the previous kernel's end. Where the executor passes one (TGC_PREFETCH_MB),
-// each block asks L2 for its share of the next product's weight once its own is multiplied
-// (L2Prefetch).
+// reading overlaps the previous kernel's end.
 #pragma once
 
 #include "common.cuh"
 #include "elementwise.cuh"
 #include "norms.cuh"
 #include "tensorcore.cuh"
-
-// The leading bytes of the weight the step's next product reads, [begin, end) of its BF16 copy
-// (null: none; the executor passes them, OpLowering::prefetch). A decode step is a chain of
-// products each bound by reading its weight, with latency between them (the reduction, the
-// next grid's ramp, its await and x's loads) in which the memory would idle; asked for once a
-// block's own weights are in, the next weight can stream into L2 through that time. (Asked for
-// at the product's start it took the memory from the product's own loads: slower.)
-struct L2Prefetch {
-  const unsigned short *begin = nullptr, *end = nullptr;
-};
-
-// Block b's share of next (16-byte pieces, the grid's blocks in turn) into L2, by one bulk
-// prefetch of its first thread (sm_90: cp.async.bulk; no completion to wait for).
-__device__ __forceinline__ void prefetchShare(L2Prefetch next) {
-#if __CUDA_ARCH__ >= 900
-  if (!next.begin || threadIdx.x != 0)
-    return;
-  const int64 bytes = (int64)(next.end - next.begin) * 2 / 16 * 16;
-  const int64 share = (bytes / gridDim.x + 15) / 16 * 16, first = blockIdx.x * share;
-  if (first >= bytes)
-    return;
-  const unsigned size = (unsigned)min(share, bytes - first);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((const char *)next.begin + first), "r"(size)
-               : "memory");
-#endif
-}
 
 // Eight consecutive elements of x at x + i (i a multiple of 8), as the GEMM reads them: fp32
 // rounded to BF16, or stored in BF16 (common.cuh's unpack8 widens the 16 bytes loaded).
@@ -85,7 +57,7 @@ __device__ __forceinline__ void writeProduct(Out out, float *pre, const float *b
 template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, typename X, typename Out,
           typename Prologue>
 __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
-                             float *pre = nullptr, L2Prefetch next = {}) {
+                             float *pre = nullptr) {
   static_assert(!Swiglu || (!Bias && !Gelu), "SwiGLU's product has no bias or GELU");
   static_assert(8 % KS == 0 && K % (8 * KS) == 0, "whole 16-byte pieces in each slice");
   constexpr int64 Slice = K / KS;
@@ -124,7 +96,6 @@ __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out
           for (int e = 0; e < 8; ++e) acc[c][r][m] += weights[e] * values[m][e];
       }
   }
-  prefetchShare(next);
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
@@ -179,9 +150,8 @@ __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out
 }
 
 template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, typename X, typename Out>
-__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
-                         L2Prefetch next = {}) {
-  gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, false>(w, bias, out, [] {}, x, pre, next);
+__device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
+  gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, false>(w, bias, out, [] {}, x, pre);
 }
 
 // ---- 9 to 64 rows: tensor cores ----
@@ -259,8 +229,7 @@ __device__ __forceinline__ void gemmRowsEmit(const float (&acc)[CG][RowTiles][4]
 // before x is read.
 template <int64 M, int64 N, int64 K, int64 Span, int KSPLIT, int CG, typename X, typename Prologue>
 __device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned short *w, int64 block, int64 kFirst,
-                                                   Prologue prologue, float (&acc)[CG][gemmRowTiles<M>][4],
-                                                   L2Prefetch nextWeight = {}) {
+                                                   Prologue prologue, float (&acc)[CG][gemmRowTiles<M>][4]) {
   constexpr int Warps = 8, RowTiles = gemmRowTiles<M>, Columns = gemmRowsColumns<KSPLIT, CG>;
   constexpr int64 Steps = Span / KSPLIT / 32; // 32-element steps of K a warp takes
   constexpr int Group = 8 / CG;               // steps whose weights a lane holds at once
@@ -323,7 +292,6 @@ __device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned sh
         for (int c = 0; c < CG; ++c) now[j][c] = next[j][c];
     }
   }
-  prefetchShare(nextWeight);
 }
 
 // out = x @ w^T (+ bias) (then the GELU) for M <= 64 rows, K a multiple of 32 * KSPLIT, a block
@@ -332,10 +300,10 @@ __device__ __forceinline__ void gemmRowsAccumulate(const X *x, const unsigned sh
 template <int64 M, int64 N, int64 K, int KSPLIT, bool Bias, bool Gelu, int CG = 1, typename X, typename Out,
           typename Prologue = void (*)()>
 __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
-                             Prologue prologue = [] {}, L2Prefetch next = {}) {
+                             Prologue prologue = [] {}) {
   constexpr int RowTiles = gemmRowTiles<M>, Columns = gemmRowsColumns<KSPLIT, CG>;
   float acc[CG][RowTiles][4] = {};
-  gemmRowsAccumulate<M, N, K, K, KSPLIT, CG>(x, w, blockIdx.x, 0, prologue, acc, next);
+  gemmRowsAccumulate<M, N, K, K, KSPLIT, CG>(x, w, blockIdx.x, 0, prologue, acc);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   gemmRowsEmit<M, N, KSPLIT, RowTiles, Columns, CG>(acc, blockIdx.x, warp % KSPLIT, warp / KSPLIT, lane / 4, lane % 4,
                                                     [&](int64 r, int64 n, float sum) {
@@ -398,8 +366,7 @@ __device__ void gemmRowsPartsBf16(const X *x, const unsigned short *w, const flo
 template <bool Layer, int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, int MmaKSplit = 0,
           typename SumOut, typename Out>
 __device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
-                                     const unsigned short *w, const float *bias, SumOut sum, Out out, double eps,
-                                     L2Prefetch next = {}) {
+                                     const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
   static_assert(M <= 8 && M * K <= 16384 && K % 8 == 0, "a few rows whose BF16 copy fits in 32 KB");
   static_assert(RowInRegisters<K>::kByWarp || kWideNormThreads == 256, "the GEMV's 256 threads hold a wide row");
   __shared__ __align__(16) unsigned short normed[M * K];
@@ -418,9 +385,7 @@ __device__ void residualNormGemvBf16(const float *a, const float *b, const float
     __syncthreads();
   };
   if constexpr (MmaKSplit > 0)
-    gemmRowsBf16<M, N, K, MmaKSplit, Bias, Gelu>((const unsigned short *)normed, w, bias, out, nullptr, normalise,
-                                                 next);
+    gemmRowsBf16<M, N, K, MmaKSplit, Bias, Gelu>((const unsigned short *)normed, w, bias, out, nullptr, normalise);
   else
-    gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed, nullptr,
-                                                     next);
+    gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed);
 }

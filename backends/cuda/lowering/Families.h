@@ -19,9 +19,6 @@ llvm::Error emitAttention(const Op &op, Emitter &e);   // Attention.cpp: attenti
 llvm::Error emitDecode(const Op &op, Emitter &e);      // Decode.cpp: decode.cuh
 llvm::Error emitGemv(const Op &op, Emitter &e);        // Gemv.cpp: gemv.cuh
 llvm::Error emitResidualNormGemv(const Op &op, Emitter &e); // Gemv.cpp: gemv.cuh
-/// Once every op's kernels are written: the weight each product's launches prefetch into L2
-/// (OpLowering::prefetch; Gemv.cpp), at most TGC_PREFETCH_MB of it (none unless it is set).
-void choosePrefetches(const std::vector<Op *> &ops, CudaProgram &program);
 
 /// How the GPU runs an op kind: by a kernel family's launches, as a cuBLASLt GEMM, bound or
 /// aliased by the executor, or not at all (a fused op the GPU pipeline expands first).

@@ -1,10 +1,8 @@
 // The few-row product family (gemv.cuh): GEMVs on the CUDA cores or tensor cores, and the
 // residual norm fused into the GEMV that reads it.
-#include "ir/Gemv.h"
 #include "backends/cuda/lowering/Families.h"
-#include "support/Environment.h"
+#include "ir/Gemv.h"
 
-#include <algorithm>
 #include <fmt/format.h>
 
 namespace tgc {
@@ -32,21 +30,6 @@ int rowsKSplit(int64_t K) {
 struct GemvTile {
   int columns = 1, kSplit = 1; // C, KS
 };
-
-/// Whether a product's launch takes the next product's weight to prefetch (gemv.cuh's
-/// L2Prefetch) as two pointers after all its other parameters: where the step writes no
-/// parameter (a decode step, a prompt: programmatic launch) and its weight is a parameter.
-/// choosePrefetches picks the weight. The kernel text is the same at every layer, so one
-/// compiled kernel serves them all.
-void takePrefetch(Emitter &e, bool paramWeight) { e.lowering.prefetchParams = paramWeight && e.program_.programmatic; }
-/// The parameters takePrefetch adds, and the call's arguments for them (`before`: the defaulted
-/// arguments between).
-std::string prefetchParams(const Emitter &e) {
-  return e.lowering.prefetchParams ? ", const unsigned short *next, const unsigned short *nextEnd" : "";
-}
-std::string prefetchArgument(const Emitter &e, const char *before) {
-  return e.lowering.prefetchParams ? fmt::format("{}, L2Prefetch{{next, nextEnd}}", before) : "";
-}
 GemvTile gemvTile(int64_t M, int64_t N, int64_t K, bool normed, bool swiglu) {
   const int64_t rows = swiglu ? 2 : 1, kMinBlocks = 1024;
   GemvTile tile;
@@ -115,23 +98,20 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
   bool xBf16 = e.program_.bf16Stored.count(op.operand(0));
   e.uses("gemv.cuh");
   e.lowering.bf16Weights = {1};
-  takePrefetch(e, /*paramWeight=*/true);
-  std::string params =
-      fmt::format("const {} *x, const unsigned short *w, {}float *out{}{}", xBf16 ? "unsigned short" : "float",
-                  bias ? "const float *bias, " : "", gelu ? ", float *pre" : "", prefetchParams(e));
+  std::string params = fmt::format("const {} *x, const unsigned short *w, {}float *out{}", xBf16 ? "unsigned short" : "float",
+                                   bias ? "const float *bias, " : "", gelu ? ", float *pre" : "");
   std::string args = fmt::format("x, w, {}, out, {}", bias ? "bias" : "nullptr", gelu ? "pre" : "nullptr");
   if (fewRows(op) == FewRows::Gemv && !gemvOnTensorCores(M, N, K, false)) {
     GemvTile tile = gemvTile(M, N, K, /*normed=*/false, /*swiglu=*/false);
     e.launch(0, params, gemvBlocks(N, tile),
-             fmt::format("gemvBf16<{}, {}, {}, {}, {}, {}, {}>({}{})", M, N, K, tile.columns, tile.kSplit,
-                         boolText(bias), boolText(gelu), args, prefetchArgument(e, "")));
+             fmt::format("gemvBf16<{}, {}, {}, {}, {}, {}, {}>({})", M, N, K, tile.columns, tile.kSplit, boolText(bias),
+                         boolText(gelu), args));
   } else {
     // 2 to 8 rows keep one tile a warp (their x is small); 9 to 64 take rowsColumnTiles'.
     int kSplit = rowsKSplit(K), tiles = M > 8 ? rowsColumnTiles(M, N, K, kSplit, e.program_.multiprocessors) : 1;
     e.launch(0, params, rowsBlocks(N, kSplit, tiles),
-             fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}{}>({}{})", M, N, K, kSplit, boolText(bias),
-                         boolText(gelu), tiles > 1 ? fmt::format(", {}", tiles) : "", args,
-                         prefetchArgument(e, ", [] {}")));
+             fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}{}>({})", M, N, K, kSplit, boolText(bias), boolText(gelu),
+                         tiles > 1 ? fmt::format(", {}", tiles) : "", args));
   }
   e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
@@ -156,12 +136,10 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
     e.lowering.bf16Weights = {weight};
   else
     e.lowering.scratchFloats = {(w.numElements() + 1) / 2};
-  takePrefetch(e, param);
-  std::string params =
-      fmt::format("const float *a, const float *b, const float *gamma, {}const {} *w, "
-                  "{}float *sum, float *out{}{}",
-                  layer ? "const float *beta, " : "", param ? "unsigned short" : "float",
-                  bias ? "const float *bias, " : "", param ? "" : ", float *scratch", prefetchParams(e));
+  std::string params = fmt::format("const float *a, const float *b, const float *gamma, {}const {} *w, "
+                                   "{}float *sum, float *out{}",
+                                   layer ? "const float *beta, " : "", param ? "unsigned short" : "float",
+                                   bias ? "const float *bias, " : "", param ? "" : ", float *scratch");
   unsigned launch = 0;
   if (!param)
     e.launch(launch++, params, elementwiseBlocks(w.numElements()),
@@ -169,41 +147,17 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   int mmaKSplit = gemvOnTensorCores(M, N, K, swiglu) ? rowsKSplit(K) : 0;
   GemvTile tile = mmaKSplit ? GemvTile{} : gemvTile(M, N, K, /*normed=*/true, swiglu);
   int64_t blocks = mmaKSplit ? rowsBlocks(N, mmaKSplit) : gemvBlocks(N, tile);
-  e.launch(
-      launch, params, blocks,
-      fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, "
-                  "{}{})",
-                  boolText(layer), M, N, K, tile.columns, tile.kSplit, boolText(bias), boolText(gelu), boolText(swiglu),
-                  mmaKSplit, layer ? "beta" : "nullptr", param ? "w" : "(const unsigned short *)scratch",
-                  bias ? "bias" : "nullptr", formatDouble(*a.getFloat("eps")), prefetchArgument(e, "")));
+  e.launch(launch, params, blocks,
+           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, "
+                       "{})",
+                       boolText(layer), M, N, K, tile.columns, tile.kSplit, boolText(bias), boolText(gelu),
+                       boolText(swiglu), mmaKSplit,
+                       layer ? "beta" : "nullptr",
+                       param ? "w" : "(const unsigned short *)scratch", bias ? "bias" : "nullptr",
+                       formatDouble(*a.getFloat("eps"))));
   if (param)
     e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
-}
-
-/// The weights each product prefetches (OpLowering::prefetch): the next op's in program order
-/// that reads a parameter's BF16 copy in its kernels, the first's after the last (the next
-/// step's), its leading TGC_PREFETCH_MB MiB at most (up to 1024). Off unless that is set: asked
-/// for at a product's start, the prefetch took the memory from the product's own loads and made
-/// every decode step slower (BENCHMARKS.md, session 50); asked for in a block's tail, as
-/// gemv.cuh now does, it can only take time the memory would idle, which TGC_PREFETCH_MB=N
-/// against the variable unset measures.
-void choosePrefetches(const std::vector<Op *> &ops, CudaProgram &program) {
-  int64_t bytes = environmentCount("TGC_PREFETCH_MB", 0, 1024, "a GiB") << 20;
-  if (bytes == 0)
-    return;
-  std::vector<size_t> readers;
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (program.lowering[i].kind == OpLowering::Kernels && !program.lowering[i].bf16Weights.empty())
-      readers.push_back(i);
-  for (size_t k = 0; k < readers.size(); ++k) {
-    OpLowering &l = program.lowering[readers[k]];
-    if (!l.prefetchParams)
-      continue;
-    size_t next = readers[(k + 1) % readers.size()];
-    l.prefetch = ops[next]->operand(program.lowering[next].bf16Weights.front());
-    l.prefetchBytes = std::min(bytes, l.prefetch->type().numElements() * 2) / 16 * 16;
-  }
 }
 
 } // namespace tgc

@@ -169,7 +169,6 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
     headers.insert(e.headers.begin(), e.headers.end());
     program.lowering[i] = std::move(e.lowering);
   }
-  choosePrefetches(ops, program);
   std::tie(program.weightCopyBegin, program.weightCopyEnd) = weightsReadInBf16(ops, program);
   if (options.groupOptimizer) {
     groupOptimizer(ops, program, kernels);

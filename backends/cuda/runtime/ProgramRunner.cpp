@@ -306,11 +306,6 @@ std::vector<void *> ProgramRunner::launchPointers(size_t i, std::vector<size_t> 
     add(s);
   for (void *s : persistent_[i])
     add(s);
-  if (lowering.prefetchParams) { // the next product's weight, its leading bytes (gemv.cuh's L2Prefetch)
-    char *next = lowering.prefetch ? static_cast<char *>(weightCopy(lowering.prefetch)) : nullptr;
-    add(next);
-    add(next ? next + lowering.prefetchBytes : nullptr);
-  }
   return pointers;
 }
 

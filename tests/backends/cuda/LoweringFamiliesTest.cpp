@@ -252,8 +252,8 @@ TEST(GpuLowering, ShardsGroupedWithoutAnOptimizerIncludeTheirTemplates) {
 
 /// That each launch of `program` names a kernel of its source taking the parameters the executor
 /// passes (ProgramRunner::launchPointers): the op's operands and results (or its `arguments`),
-/// its scratch and persistent buffers, its constants, its address table and the weight it
-/// prefetches (two pointers). Returns the launches checked.
+/// its scratch and persistent buffers, its constants and its address table. Returns the
+/// launches checked.
 int expectKernelsTakeWhatTheExecutorPasses(const Graph &graph, const CudaProgram &program) {
   int checked = 0;
   std::vector<Op *> ops = graph.ops();
@@ -262,8 +262,7 @@ int expectKernelsTakeWhatTheExecutorPasses(const Graph &graph, const CudaProgram
     if (l.kind != OpLowering::Kernels)
       continue;
     size_t passed = (l.arguments.empty() ? ops[i]->numOperands() + ops[i]->numResults() : l.arguments.size()) +
-                    l.scratchFloats.size() + l.persistentFloats.size() + !l.constants.empty() + !l.addresses.empty() +
-                    2 * l.prefetchParams;
+                    l.scratchFloats.size() + l.persistentFloats.size() + !l.constants.empty() + !l.addresses.empty();
     for (const KernelLaunch &launch : l.launches) {
       // (`__global__ void [__launch_bounds__(...)] NAME(params)`.)
       size_t at = program.source.find(" " + launch.name + "(");

@@ -1,15 +1,13 @@
 // The bytes TGC_GPU_PROFILE=bandwidth counts for each op (lowering/Traffic.h), on the tiny
 // model's BF16 decode step and prefill as the GPU lowers them: a product's weight by its BF16
-// copy, an embedding by its rows, the KV caches by the rows read and written; and which weight
-// each of the decode step's products asks L2 for ahead of its reader (OpLowering::prefetch).
-#include "backends/cuda/lowering/Traffic.h"
+// copy, an embedding by its rows, the KV caches by the rows read and written.
 #include "backends/cuda/Pipeline.h"
-#include "backends/cuda/lowering/Families.h"
 #include "backends/cuda/lowering/Lowering.h"
 #include "backends/cuda/lowering/MemoryPlan.h"
+#include "backends/cuda/lowering/Traffic.h"
 #include "models/GPTBuilder.h"
-#include "tests/TestUtil.h"
 #include "transforms/Pass.h"
+#include "tests/TestUtil.h"
 
 using namespace tgc;
 using namespace tgc::test;
@@ -28,8 +26,8 @@ struct Lowered {
   }
 };
 
-Lowered lower(const char *model, GPTOutput output, int64_t batch, int64_t length = 0) {
-  ModelConfig c = unwrap(loadModelConfig(sourcePath(model)));
+Lowered lowerTiny(GPTOutput output, int64_t batch, int64_t length = 0) {
+  ModelConfig c = unwrap(loadModelConfig(sourcePath("models/tiny.yaml")));
   c.precision.recipe = Recipe::Bf16;
   Lowered l;
   l.graph = unwrap(buildGPT(c, batch, output, length));
@@ -43,7 +41,7 @@ Lowered lower(const char *model, GPTOutput output, int64_t batch, int64_t length
 }
 
 TEST(Traffic, ADecodeStepsProductsEmbeddingsAndAttentionsMoveWhatTheyRead) {
-  Lowered l = lower("models/tiny.yaml", GPTOutput::Decode, 2);
+  Lowered l = lowerTiny(GPTOutput::Decode, 2);
   const CudaProgram &p = l.program;
   auto stored = [&](const Op &op, std::initializer_list<unsigned> operands, unsigned results) {
     int64_t bytes = 0;
@@ -72,7 +70,7 @@ TEST(Traffic, ADecodeStepsProductsEmbeddingsAndAttentionsMoveWhatTheyRead) {
 }
 
 TEST(Traffic, APrefillsCacheWriteMovesTheRowsOfItsTokens) {
-  Lowered l = lower("models/tiny.yaml", GPTOutput::Prefill, 2, 16);
+  Lowered l = lowerTiny(GPTOutput::Prefill, 2, 16);
   const Op *write = nullptr;
   for (const Op *op : l.graph->ops())
     if (op->kind() == OpKind::KvWrite && !write)
@@ -85,68 +83,6 @@ TEST(Traffic, APrefillsCacheWriteMovesTheRowsOfItsTokens) {
   const Op *positions = l.find(OpKind::Slice, "pos_emb");
   ASSERT_TRUE(positions);
   EXPECT_EQ(opTraffic(l.program, *positions, 0), 2 * 16 * 64 * 4);
-}
-
-/// The parameter each op reading a BF16 weight copy reads, and the one it prefetches, in order.
-struct Reader {
-  std::string weight, prefetch;
-  int64_t bytes;
-};
-std::vector<Reader> readers(const Lowered &l) {
-  std::vector<Reader> list;
-  const std::vector<Op *> ops = l.graph->ops();
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const OpLowering &lowering = l.program.lowering[i];
-    if (lowering.kind != OpLowering::Kernels || lowering.bf16Weights.empty())
-      continue;
-    EXPECT_TRUE(lowering.prefetchParams) << ops[i]->name().str();
-    list.push_back({ops[i]->operand(lowering.bf16Weights.front())->name(),
-                    lowering.prefetch ? lowering.prefetch->name() : "", lowering.prefetchBytes});
-  }
-  return list;
-}
-
-TEST(Prefetch, EachProductOfADecodeStepAsksL2ForTheNextProductsWeight) {
-  ::setenv("TGC_PREFETCH_MB", "16", 1);
-  Lowered l = lower("models/tiny.yaml", GPTOutput::Decode, 1);
-  ::unsetenv("TGC_PREFETCH_MB");
-  std::vector<Reader> list = readers(l);
-  // Two layers' qkv, proj, fc1 and fc2, then the head: each prefetches the next's weight, all
-  // of it (the tiny model's are far below 16 MiB), and the head the first layer's qkv (the next
-  // step's first product).
-  ASSERT_EQ(list.size(), 9u);
-  EXPECT_EQ(list[0].weight, "h0.attn.qkv.weight");
-  EXPECT_EQ(list[0].prefetch, "h0.attn.proj.weight");
-  EXPECT_EQ(list[0].bytes, 64 * 64 * 2);
-  EXPECT_EQ(list[2].prefetch, "h0.mlp.fc2.weight");
-  EXPECT_EQ(list[2].bytes, 64 * 256 * 2);
-  EXPECT_EQ(list[8].weight, "lm_head.weight");
-  EXPECT_EQ(list[8].prefetch, "h0.attn.qkv.weight");
-  for (size_t k = 0; k + 1 < list.size(); ++k)
-    EXPECT_EQ(list[k].prefetch, list[k + 1].weight) << k;
-  // The kernels take the two pointers last and pass them to the product.
-  EXPECT_NE(l.program.source.find("const unsigned short *next, const unsigned short *nextEnd)"), std::string::npos);
-  EXPECT_NE(l.program.source.find("L2Prefetch{next, nextEnd})"), std::string::npos);
-}
-
-TEST(Prefetch, TheBoundCutsALargeWeightAndZeroOrNoneTurnsItOff) {
-  // gpt2-124m's products: its tied head (wte [50257, 768], 77 MB in BF16) is cut to the bound,
-  // 1 MiB, as is every weight of 1 MiB or more (qkv's 3.5 MB); proj's 1.2 MB is 1 MiB too.
-  ::setenv("TGC_PREFETCH_MB", "1", 1);
-  std::vector<Reader> list = readers(lower("models/gpt2-124m.yaml", GPTOutput::Decode, 1));
-  ASSERT_EQ(list.size(), 12u * 4 + 1);
-  EXPECT_EQ(list[47].prefetch, "wte");
-  for (const Reader &r : list)
-    EXPECT_EQ(r.bytes, int64_t(1) << 20) << r.weight;
-  for (const char *off : {"0", "-3", "none"}) { // (each said on stderr: not a count)
-    ::setenv("TGC_PREFETCH_MB", off, 1);
-    for (const Reader &r : readers(lower("models/tiny.yaml", GPTOutput::Decode, 1)))
-      EXPECT_EQ(r.prefetch, "") << off << " " << r.weight;
-  }
-  // Unset (the default): no prefetch, the kernels' pointers null.
-  ::unsetenv("TGC_PREFETCH_MB");
-  for (const Reader &r : readers(lower("models/tiny.yaml", GPTOutput::Decode, 1)))
-    EXPECT_EQ(r.prefetch, "") << r.weight;
 }
 
 } // namespace
