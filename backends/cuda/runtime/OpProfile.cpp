@@ -25,29 +25,20 @@ constexpr int kRepeats = 10; // replays in one graph: the launch's cost spread o
 } // namespace
 
 llvm::Expected<cudaGraphExec_t> ProgramRunner::captureOpGraph(size_t i, int repeats) {
-  cudaGraph_t graph;
-  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  llvm::Error err = llvm::Error::success();
-  for (int r = 0; r < repeats && !err; ++r) {
-    if (flushL2_) {
-      if (cudaError_t flushed = cudaMemsetAsync(flushL2_, r & 0xff, flushBytes_, stream_); flushed != cudaSuccess)
-        err = cudaFailure("cudaMemsetAsync", __FILE__, __LINE__, cudaGetErrorString(flushed));
-      afterGeneratedKernel_ = false;
+  auto exec = captureGraph([&]() -> llvm::Error {
+    for (int r = 0; r < repeats; ++r) {
+      if (flushL2_) {
+        CUDA_CHECK(cudaMemsetAsync(flushL2_, r & 0xff, flushBytes_, stream_));
+        afterGeneratedKernel_ = false;
+      }
+      if (i < ops_.size())
+        if (auto err = launchOp(i))
+          return err;
     }
-    if (!err && i < ops_.size())
-      err = launchOp(i);
-  }
-  cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-  if (err)
-    return std::move(err);
-  if (end != cudaSuccess)
-    return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
-  cudaGraphExec_t exec = nullptr;
-  cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (instantiated != cudaSuccess)
-    return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
-  CUDA_CHECK(cudaGraphLaunch(exec, stream_)); // untimed: the first replay uploads it
+    return llvm::Error::success();
+  });
+  if (exec)
+    CUDA_CHECK(cudaGraphLaunch(*exec, stream_)); // untimed: the first replay uploads it
   return exec;
 }
 
@@ -136,23 +127,16 @@ llvm::Error ProgramRunner::profileMarginal() {
         profiler_->countCall(label);
       }
     for (const std::string &label : labels) {
-      cudaGraph_t graph;
-      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      llvm::Error err = llvm::Error::success();
-      for (int r = 0; r < kRepeats && !err; ++r)
-        err = launchStep(label);
-      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-      if (err)
-        return err;
-      if (end != cudaSuccess)
-        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
-      cudaGraphExec_t exec = nullptr;
-      cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      if (instantiated != cudaSuccess)
-        return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
-      stepGraphs_.emplace_back(label, exec);
-      CUDA_CHECK(cudaGraphLaunch(exec, stream_)); // untimed: the first replay uploads it
+      auto exec = captureGraph([&]() -> llvm::Error {
+        for (int r = 0; r < kRepeats; ++r)
+          if (auto err = launchStep(label))
+            return err;
+        return llvm::Error::success();
+      });
+      if (!exec)
+        return exec.takeError();
+      stepGraphs_.emplace_back(label, *exec);
+      CUDA_CHECK(cudaGraphLaunch(*exec, stream_)); // untimed: the first replay uploads it
     }
   }
   float whole = 0;

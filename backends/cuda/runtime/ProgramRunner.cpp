@@ -500,6 +500,27 @@ llvm::Error ProgramRunner::step() {
 }
 
 
+llvm::Expected<cudaGraphExec_t> ProgramRunner::captureGraph(llvm::function_ref<llvm::Error()> enqueue) {
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  llvm::Error err = enqueue();
+  cudaError_t end = cudaStreamEndCapture(stream_, &graph); // ends the capture whatever went wrong
+  if (err) {
+    if (end == cudaSuccess)
+      cudaGraphDestroy(graph);
+    return std::move(err);
+  }
+  if (end != cudaSuccess)
+    return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (instantiated != cudaSuccess)
+    return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
+  return exec;
+}
+
+
 llvm::Error ProgramRunner::launch() {
   // Parameters no step assigns, or whose BF16 copy AdamW writes, are converted to BF16 once
   // after they are bound, not per step.
@@ -520,18 +541,10 @@ llvm::Error ProgramRunner::launch() {
       return err;
   } else {
     if (!graphExec_) {
-      cudaGraph_t graph;
-      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      llvm::Error err = launchStep();
-      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-      if (err)
-        return err;
-      if (end != cudaSuccess)
-        return cudaFailure("cudaStreamEndCapture", __FILE__, __LINE__, cudaGetErrorString(end));
-      cudaError_t instantiated = cudaGraphInstantiate(&graphExec_, graph, 0);
-      cudaGraphDestroy(graph);
-      if (instantiated != cudaSuccess)
-        return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
+      auto exec = captureGraph([&] { return launchStep(); });
+      if (!exec)
+        return exec.takeError();
+      graphExec_ = *exec;
     }
     CUDA_CHECK(cudaGraphLaunch(graphExec_, stream_));
   }

@@ -97,6 +97,8 @@ private:
   /// TGC_GPU_PROFILE=graph or bandwidth: each op replayed alone from a graph of its own, timed
   /// (OpProfile.cpp).
   llvm::Error profileOpGraphs();
+  /// What `enqueue` puts on the stream, captured and instantiated as a graph (not launched).
+  llvm::Expected<cudaGraphExec_t> captureGraph(llvm::function_ref<llvm::Error()> enqueue);
   /// Op `i`'s launches `repeats` times (each after an L2 flush with TGC_GPU_PROFILE=bandwidth),
   /// captured as a graph.
   llvm::Expected<cudaGraphExec_t> captureOpGraph(size_t i, int repeats);
