@@ -1,6 +1,6 @@
 // What the standalone GPU measurements (tests/bench/*.cu) share: stopping at the first CUDA
-// error with its place, a launch with one attribute, random BF16 operands, and the time of a
-// launch replayed from a CUDA graph.
+// error with its place, the memory's rate, a launch with one attribute, random BF16 operands,
+// and the time of a launch replayed from a CUDA graph.
 #pragma once
 
 #include <cstdio>
@@ -15,6 +15,19 @@
       exit(1);                                                                                                         \
     }                                                                                                                  \
   } while (0)
+
+// Device 0's memory rate in bytes a microsecond, by its clock (double data rate) and bus width,
+// printed with its name and SMs.
+inline double memoryBandwidth() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int clockKHz = 0, busBits = 0;
+  CK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, 0));
+  CK(cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, 0));
+  double bytesPerUs = 2.0 * clockKHz * 1e3 * busBits / 8 / 1e6;
+  printf("%s: %d SMs, memory %.0f GB/s by its clock and bus\n", prop.name, prop.multiProcessorCount, bytesPerUs / 1e3);
+  return bytesPerUs;
+}
 
 // The mean microseconds of each launch `record(i, stream)` makes, i < count, captured into a
 // graph and replayed five times after a warm-up replay.

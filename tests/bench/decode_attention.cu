@@ -176,11 +176,7 @@ int shape(const char *name, int position) {
 }
 
 int main() {
-  int clockKHz = 0, busBits = 0;
-  CK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, 0));
-  CK(cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, 0));
-  bandwidth = 2.0 * clockKHz * 1e3 * busBits / 8 / 1e6; // bytes/us
-  printf("memory: %.0f GB/s by its clock and bus\n", bandwidth / 1e3);
+  bandwidth = memoryBandwidth();
   flushBuffer(); // allocated here: cudaMalloc is not allowed while a graph is being captured
   int differing = 0;
   differing += shape<8, 16, 128, 4096>("gpt-1.3b", 4000);   // the long-context target's shape

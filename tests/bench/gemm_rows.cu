@@ -122,11 +122,7 @@ int parts(const char *name, const std::vector<float> &first) {
 #define TILES64 8, 1, 8, 2, 4, 1, 4, 2, 2, 2, 1, 2
 
 int main() {
-  int clockKHz = 0, busBits = 0;
-  CK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, 0));
-  CK(cudaDeviceGetAttribute(&busBits, cudaDevAttrGlobalMemoryBusWidth, 0));
-  bandwidth = 2.0 * clockKHz * 1e3 * busBits / 8 / 1e6;
-  printf("memory: %.0f GB/s by its clock and bus\n", bandwidth / 1e3);
+  bandwidth = memoryBandwidth();
   CK(cudaMalloc(&x, 64 * 8192 * 2));
   CK(cudaMalloc(&bias, 8192 * 4));
   CK(cudaMalloc(&out, 64 * 8192 * 4));

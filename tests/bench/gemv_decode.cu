@@ -103,12 +103,7 @@ void layers(const Buffers &buf) {
 }
 
 int main() {
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  int clockKHz = 0;
-  CK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, 0));
-  bandwidth = 2.0 * clockKHz * 1e3 * (prop.memoryBusWidth / 8) / 1e6;
-  printf("%s: %d SMs, memory %.0f GB/s by its clock and bus\n", prop.name, prop.multiProcessorCount, bandwidth / 1e3);
+  bandwidth = memoryBandwidth();
   Buffers buf;
   float **all[] = {&buf.x, &buf.bias, &buf.a, &buf.b, &buf.gamma, &buf.beta, &buf.sum, &buf.out};
   for (float **p : all) {

@@ -162,13 +162,8 @@ void shape(const char *name, const Buffers &buf) {
 }
 
 int main() {
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  int clockKHz = 0;
-  CK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrMemoryClockRate, 0));
-  bandwidth = 2.0 * clockKHz * 1e3 * (prop.memoryBusWidth / 8) / 1e6;
-  sms = prop.multiProcessorCount;
-  printf("%s: %d SMs, memory %.0f GB/s by its clock and bus\n", prop.name, sms, bandwidth / 1e3);
+  bandwidth = memoryBandwidth();
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Buffers buf;
   float **all[] = {&buf.a, &buf.b, &buf.gamma, &buf.beta, &buf.bias, &buf.sum, &buf.out, &buf.check};
   for (float **p : all) {
