@@ -2,6 +2,7 @@
 
 #include "backends/Prologue.h"
 #include "backends/cpu/CpuKernels.h"
+#include "support/Environment.h"
 #include "support/Error.h"
 #include "support/Numerics.h"
 #include "support/Trace.h"
@@ -113,8 +114,7 @@ llvm::Error Interpreter::runCollective(const Op &op, llvm::ArrayRef<const Tensor
 Interpreter::Interpreter(const Graph &graph, Communicator *communicator)
     : graph_(graph), communicator_(communicator) {
   keepFreedMemoryInTheHeap();
-  if (const char *env = std::getenv("TGC_CPU_PROFILE"))
-    profiling_ = reportProfile_ = std::string(env) == "1";
+  profiling_ = reportProfile_ = environmentSwitch("TGC_CPU_PROFILE", false);
   if (TraceLog::instance().enabled())
     traceProcess_ = TraceLog::instance().beginProcess("@" + graph.name() + " on the CPU interpreter");
 }

@@ -2,6 +2,7 @@
 #include "backends/cuda/libraries/CudnnGraph.h"
 
 #include "backends/cuda/libraries/Libraries.h"
+#include "support/Environment.h"
 #include "support/Error.h"
 
 #include <dlfcn.h>
@@ -132,10 +133,7 @@ llvm::Expected<CudnnApi> loadCudnnFrom(const std::vector<std::string> &candidate
   return api;
 }
 
-bool cudnnTurnedOff() {
-  const char *env = std::getenv("TGC_CUDNN");
-  return env && std::string(env) == "0";
-}
+bool cudnnTurnedOff() { return !environmentSwitch("TGC_CUDNN", true); }
 
 llvm::Expected<const CudnnApi *> loadCudnn() {
   return loadOnce<CudnnApi>([] { return loadCudnnFrom(cudnnCandidates()); });

@@ -2,6 +2,7 @@
 // the cache, argmax.
 #include "backends/cuda/lowering/Families.h"
 #include "ir/Rope.h"
+#include "support/Environment.h"
 #include "support/Error.h"
 #include "support/Sampling.h"
 
@@ -104,8 +105,8 @@ llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
   constexpr int64_t kStreamBlocksPerSM = 8;
   int64_t splits = stream ? std::clamp<int64_t>(kStreamBlocksPerSM * sms / pairs, 1, (T + 31) / 32)
                           : (T + keys - 1) / keys;
-  if (const char *forced = std::getenv("TGC_DECODE_PARTS"); forced && stream)
-    splits = std::max<int64_t>(1, std::atoll(forced));
+  if (stream && std::getenv("TGC_DECODE_PARTS"))
+    splits = environmentCount("TGC_DECODE_PARTS", splits, (T + 31) / 32, "a part per 32 keys of the cache");
   e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)
   if (stream)

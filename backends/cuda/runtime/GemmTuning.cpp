@@ -1,5 +1,7 @@
 #include "backends/cuda/runtime/GemmTuning.h"
 
+#include "support/Environment.h"
+
 #include "llvm/ADT/StringRef.h"
 
 #include <cstdlib>
@@ -7,8 +9,7 @@
 namespace tgc {
 
 GemmTuner::GemmTuner(std::string file) : choices_(std::move(file)) {
-  if (const char *env = std::getenv("TGC_GEMM_AUTOTUNE"))
-    enabled_ = std::string(env) != "0";
+  enabled_ = environmentSwitch("TGC_GEMM_AUTOTUNE", enabled_);
 }
 
 std::optional<int> GemmTuner::kept(const std::string &key) const {

@@ -1,6 +1,7 @@
 #include "backends/cuda/runtime/Profiler.h"
 
 #include "backends/cuda/runtime/CudaCheck.h"
+#include "support/Environment.h"
 #include "support/Trace.h"
 
 #include "llvm/ADT/ScopeExit.h"
@@ -14,15 +15,15 @@
 namespace tgc {
 
 void Profiler::configure(const std::string &process) {
-  if (const char *env = std::getenv("TGC_GPU_PROFILE")) {
-    launches_ = std::string(env) == "launches";
-    bandwidth_ = std::string(env) == "bandwidth";
-    graphs_ = std::string(env) == "graph" || bandwidth_;
-    marginal_ = std::string(env) == "marginal";
-    ops_ = std::string(env) == "1" || launches_;
-    print_ = ops_ || graphs_ || marginal_;
-    fromEnvironment_ = ops_;
-  }
+  std::string mode =
+      environmentChoice("TGC_GPU_PROFILE", {"0", "1", "launches", "graph", "bandwidth", "marginal"}, "no profile");
+  launches_ = mode == "launches";
+  bandwidth_ = mode == "bandwidth";
+  graphs_ = mode == "graph" || bandwidth_;
+  marginal_ = mode == "marginal";
+  ops_ = mode == "1" || launches_;
+  print_ = ops_ || graphs_ || marginal_;
+  fromEnvironment_ = ops_;
   if (TraceLog::instance().enabled() && !launches_) {
     traceProcess_ = TraceLog::instance().beginProcess(process);
     ops_ = true; // eager, an event pair around each op

@@ -4,6 +4,7 @@
 #include "backends/cuda/lowering/MemoryPlan.h"
 #include "backends/cuda/runtime/CudaCheck.h"
 #include "ir/Attributes.h"
+#include "support/Environment.h"
 
 #include "llvm/ADT/STLExtras.h"
 
@@ -52,8 +53,7 @@ size_t ProgramRunner::storedBytes(const Value *v) const { return size_t(storedBy
 
 llvm::Error ProgramRunner::initialize() {
   CUDA_CHECK(cudaLibraryLoadData(&library_, cubin_.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
-  const char *pdl = std::getenv("TGC_PDL");
-  programmaticLaunch_ = device_.major >= 9 && !(pdl && std::string(pdl) == "0") && program_.programmatic;
+  programmaticLaunch_ = device_.major >= 9 && environmentSwitch("TGC_PDL", true) && program_.programmatic;
   CUDA_CHECK(cudaStreamCreate(&stream_));
   if (auto err = attention_->setStream(stream_))
     return err;

@@ -1,0 +1,76 @@
+// Settings read from environment variables (support/Environment.h): what each reader takes, and
+// the one line it says on stderr for a value it does not take.
+#include "support/Environment.h"
+
+#include <cstdlib>
+#include <gtest/gtest.h>
+
+using namespace tgc;
+
+namespace {
+
+constexpr const char *kName = "TGC_ENVIRONMENT_TEST";
+
+/// What `read` returns with kName set to `value` (unset where null), and what it printed.
+template <typename Read> auto withValue(const char *value, Read read, std::string &printed) {
+  if (value)
+    ::setenv(kName, value, 1);
+  else
+    ::unsetenv(kName);
+  testing::internal::CaptureStderr();
+  auto result = read();
+  printed = testing::internal::GetCapturedStderr();
+  ::unsetenv(kName);
+  return result;
+}
+
+TEST(Environment, ASwitchTakesZeroAndOneAndSaysAnythingElse) {
+  std::string printed;
+  auto on = [] { return environmentSwitch(kName, true); };
+  auto off = [] { return environmentSwitch(kName, false); };
+  EXPECT_TRUE(withValue(nullptr, on, printed));
+  EXPECT_FALSE(withValue(nullptr, off, printed));
+  EXPECT_TRUE(withValue("", on, printed));
+  EXPECT_EQ(printed, "");
+  EXPECT_FALSE(withValue("0", on, printed));
+  EXPECT_TRUE(withValue("1", off, printed));
+  EXPECT_EQ(printed, "");
+  // "off" is not 0: the default stays, and the line says so.
+  EXPECT_TRUE(withValue("off", on, printed));
+  EXPECT_EQ(printed, "tgc: TGC_ENVIRONMENT_TEST='off' is not 0 or 1: using 1\n");
+  EXPECT_FALSE(withValue("true", off, printed));
+  EXPECT_EQ(printed, "tgc: TGC_ENVIRONMENT_TEST='true' is not 0 or 1: using 0\n");
+}
+
+TEST(Environment, AChoiceIsOneOfItsNamesOrNone) {
+  std::string printed;
+  auto read = [] { return environmentChoice(kName, {"graph", "marginal"}, "no profile"); };
+  EXPECT_EQ(withValue(nullptr, read, printed), "");
+  EXPECT_EQ(withValue("marginal", read, printed), "marginal");
+  EXPECT_EQ(printed, "");
+  EXPECT_EQ(withValue("Graph", read, printed), "");
+  EXPECT_EQ(printed, "tgc: TGC_ENVIRONMENT_TEST='Graph' is not one of graph, marginal: no profile\n");
+  // A control byte in the value is shown escaped, and a long value cut at 40 bytes.
+  EXPECT_EQ(withValue("a\nb", read, printed), "");
+  EXPECT_EQ(printed, "tgc: TGC_ENVIRONMENT_TEST='a\\x0ab' is not one of graph, marginal: no profile\n");
+  EXPECT_EQ(withValue(std::string(100, 'x').c_str(), read, printed), "");
+  EXPECT_EQ(printed,
+            "tgc: TGC_ENVIRONMENT_TEST='" + std::string(40, 'x') + "' is not one of graph, marginal: no profile\n");
+}
+
+TEST(Environment, ACountIsAWholeNumberUpToItsBound) {
+  std::string printed;
+  auto read = [] { return environmentCount(kName, 8, 64, "the test's bound"); };
+  EXPECT_EQ(withValue(nullptr, read, printed), 8);
+  EXPECT_EQ(withValue("12", read, printed), 12);
+  EXPECT_EQ(printed, "");
+  EXPECT_EQ(withValue("100", read, printed), 64);
+  EXPECT_EQ(printed, "tgc: TGC_ENVIRONMENT_TEST=100 is more than the test's bound (64): using 64\n");
+  for (const char *bad : {"0", "-3", "4k", "", "99999999999999999999"}) {
+    EXPECT_EQ(withValue(bad, read, printed), 8) << bad;
+    EXPECT_EQ(printed, "tgc: TGC_ENVIRONMENT_TEST='" + std::string(bad) +
+                           "' is not a count (a whole number, 1 or more): using 8\n");
+  }
+}
+
+} // namespace
