@@ -1,6 +1,7 @@
 // What the files of type rules (Infer.cpp: the basic ops and the dispatch; InferFused.cpp: the
-// fused, FP8 and generation ops; InferCollectives.cpp: data parallelism's) share: each op's rule infer<Enum>, dispatched from the op
-// table, and the checks they have in common. Internal to ir/.
+// fused, FP8 and generation ops; InferPrecision.cpp: quantize and fp8_update;
+// InferCollectives.cpp: data parallelism's) share: each op's rule infer<Enum>, dispatched from
+// the op table, and the checks they have in common. Internal to ir/.
 #pragma once
 
 #include "ir/Infer.h"
@@ -8,6 +9,9 @@
 namespace tgc::infer {
 
 using Operands = llvm::ArrayRef<TensorType>;
+
+/// A scalar's type: the losses, the scales and the optimizer's step values.
+inline const TensorType kScalar(DType::F32, {});
 
 #define OP(Enum, Name, MinOperands, MaxOperands, Results, Gradient, Bf16Out, InPlace) \
   llvm::Expected<TypeList> infer##Enum(Operands ops, const AttrMap &attrs, llvm::ArrayRef<TensorType> declared);
