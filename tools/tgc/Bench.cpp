@@ -194,8 +194,10 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
     return report(flagError(fmt::format("--prompt-length must be between 1 and seq_len = {}, got {}", base.seqLen,
                                         int64_t(BenchPromptLength))));
   const int64_t runs = BenchSteps.getNumOccurrences() ? int64_t(BenchSteps) : 5;
-  if (batch < 1 || batch > 4096 || runs < 1 || runs > 1000)
-    return report(flagError("--batch must be 1 to 4096 and --bench-steps 1 to 1000 with --generate"));
+  if (batch < 1 || batch > 4096)
+    return report(flagError(fmt::format("--batch must be 1 to 4096 with --generate, got {}", batch)));
+  if (runs < 1 || runs > 1000)
+    return report(flagError(fmt::format("--bench-steps must be 1 to 1000 with --generate, got {}", runs)));
   auto weights = benchWeights(base);
   if (!weights)
     return report(weights.takeError());
