@@ -361,9 +361,12 @@ int runBenchGeneration(const ModelConfig &base) {
     return report(device.takeError());
   if (recipes.empty())
     recipes = {*device == Device::Cuda ? "bf16" : "fp32"};
-  if (!BenchJson.empty())
+  if (!BenchJson.empty()) { // refused before the runs, not after them
     if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}, {"--weights", BenchWeights}}))
       return report(std::move(err));
+    if (auto target = replaceableTarget(BenchJson); !target)
+      return report(target.takeError());
+  }
   return benchGeneration(base, recipes, *device);
 }
 
