@@ -4,8 +4,8 @@
 // and reads what block 0 of it wrote; against the same chain inside one persistent kernel, its
 // blocks meeting at a barrier of an atomic count a round (what one kernel a step would pay
 // instead), and against a kernel whose blocks hand their sums to the last of them (the split
-// parts' combine: a fence, an atomic and a read from L2). Microseconds a link, from CUDA graphs
-// of 200 links. Not part of the build:
+// parts' combine: a fence, an atomic and a read from L2), and against cooperative launches (the
+// sample op's). Microseconds a link, from CUDA graphs of 200 links. Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o launch_chain \
 //     tests/bench/launch_chain.cu && ./launch_chain
 #include "bench_util.cuh"
@@ -90,9 +90,15 @@ int main() {
       CK(launchWith(cudaLaunchAttributeProgrammaticStreamSerialization, lastBlock, blocks, 256, s, buf + 1024,
                     counts, buf + 4));
     });
-    printf("%5ld blocks of 256: a kernel boundary %6.2f us under programmatic launch, %6.2f us plainly; "
-           "a kernel whose last block combines %6.2f us\n",
-           blocks, pdl, plain, combine);
+    // Cooperative (all blocks resident, as sample.cuh's sampleGrid is launched): at most what the
+    // GPU holds at once.
+    float cooperative = blocks > 8L * sms ? 0.0f : timeGraph(links, [&](int i, cudaStream_t s) {
+      CK(launchWith(cudaLaunchAttributeCooperative, link<false>, blocks, 256, s, (const float *)buf + i % 2,
+                    buf + (i + 1) % 2));
+    });
+    printf("%5ld blocks of 256: a kernel boundary %6.2f us under programmatic launch, %6.2f us plainly, %6.2f us "
+           "cooperatively; a kernel whose last block combines %6.2f us\n",
+           blocks, pdl, plain, cooperative, combine);
   }
   // One kernel of an SM's worth of blocks per SM (all resident), `links` barriers.
   for (long blocks : {16L, (long)sms, 4L * sms}) {
