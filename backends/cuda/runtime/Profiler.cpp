@@ -80,7 +80,9 @@ Profiler::~Profiler() {
 void Profiler::noReplays() {
   llvm::errs() << fmt::format("tgc: TGC_GPU_PROFILE={} replays the step's ops outside the step, which would "
                               "update this program's parameters again: it is profiled as TGC_GPU_PROFILE=1 profiles\n",
-                              marginal_ ? "marginal" : bandwidth_ ? "bandwidth" : "graph");
+                              marginal_    ? "marginal"
+                              : bandwidth_ ? "bandwidth"
+                                           : "graph");
   graphs_ = bandwidth_ = marginal_ = false;
   ops_ = true;
 }

@@ -6,8 +6,9 @@
 // before each replay and prints the bytes each op moves and their rate against the memory's
 // (OpProfile.cpp); TGC_GPU_PROFILE=marginal replays the whole step from a graph before each
 // step, and again without each kind of op, and prints what each kind's absence saves: its cost
-// in the chain, its overlap with its neighbours taken out; TGC_TRACE=FILE writes the ops of the first steps in Chrome's trace event
-// format (support/Trace.h). setProfiling (tgc bench) turns the per-op timing on too.
+// in the chain, its overlap with its neighbours taken out; TGC_TRACE=FILE writes the ops of the
+// first steps in Chrome's trace event format (support/Trace.h). setProfiling (tgc bench) turns
+// the per-op timing on too.
 #pragma once
 
 #include "llvm/ADT/STLFunctionalExtras.h"

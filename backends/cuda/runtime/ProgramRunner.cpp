@@ -491,14 +491,12 @@ llvm::Error ProgramRunner::launchStep(llvm::StringRef without) {
   return llvm::Error::success();
 }
 
-
 llvm::Error ProgramRunner::step() {
   if (auto err = launch())
     return err;
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   return llvm::Error::success();
 }
-
 
 llvm::Expected<cudaGraphExec_t> ProgramRunner::captureGraph(llvm::function_ref<llvm::Error()> enqueue) {
   cudaGraph_t graph;
@@ -519,7 +517,6 @@ llvm::Expected<cudaGraphExec_t> ProgramRunner::captureGraph(llvm::function_ref<l
     return cudaFailure("cudaGraphInstantiate", __FILE__, __LINE__, cudaGetErrorString(instantiated));
   return exec;
 }
-
 
 llvm::Error ProgramRunner::launch() {
   // Parameters no step assigns, or whose BF16 copy AdamW writes, are converted to BF16 once

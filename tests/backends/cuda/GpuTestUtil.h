@@ -119,9 +119,8 @@ inline Tensor randomOperand(const Op &op, unsigned i, Rng &rng) {
   // its S rows, and decode_attention for its S queries (a rotation's table ends at T).
   bool position = (op.kind() == OpKind::KvWrite || op.kind() == OpKind::DecodeAttention) && i == 3;
   int64_t rows = op.kind() == OpKind::KvWrite ? op.operand(0)->type().dim(1) - op.operand(2)->type().dim(1) + 1
-                 : op.kind() == OpKind::DecodeAttention
-                     ? op.operand(1)->type().dim(1) - op.result(0)->type().dim(1) + 1
-                     : 0;
+                 : op.kind() == OpKind::DecodeAttention ? op.operand(1)->type().dim(1) - op.result(0)->type().dim(1) + 1
+                                                        : 0;
   for (int32_t &v : t.ints)
     v = position     ? int32_t(rng.below(rows))
         : scalarStep ? int32_t(1 + rng.below(20))
