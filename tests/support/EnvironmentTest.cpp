@@ -73,4 +73,17 @@ TEST(Environment, ACountIsAWholeNumberUpToItsBound) {
   }
 }
 
+TEST(Environment, AValueNotTakenIsSaidOnceAProcess) {
+  // A decode program reads TGC_DECODE_PARTS at each of its attentions: one line, not one a read.
+  static int runs = 0;
+  const std::string name = "TGC_ENVIRONMENT_ONCE_" + std::to_string(runs++);
+  ::setenv(name.c_str(), "many", 1);
+  testing::internal::CaptureStderr();
+  for (int read = 0; read < 3; ++read)
+    EXPECT_EQ(environmentCount(name.c_str(), 2, 32, "the test's bound"), 2);
+  std::string printed = testing::internal::GetCapturedStderr();
+  ::unsetenv(name.c_str());
+  EXPECT_EQ(printed, "tgc: " + name + "='many' is not a count (a whole number, 1 or more): using 2\n");
+}
+
 } // namespace
