@@ -1,6 +1,6 @@
 // What the standalone GPU measurements (tests/bench/*.cu) share: stopping at the first CUDA
-// error with its place, the memory's rate, a launch with one attribute, random BF16 operands,
-// and the time of a launch replayed from a CUDA graph.
+// error with its place, the memory's rate, a launch with one attribute, random BF16 operands and
+// weights, and the time of a launch replayed from a CUDA graph.
 #pragma once
 
 #include <cstdio>
@@ -87,4 +87,12 @@ __global__ void fillBits(unsigned short *x, long n, unsigned seed, unsigned expo
     h ^= h >> 15;
     x[i] = (unsigned short)(exponentBits + (h & 0x7f) + 0x8000 * (h >> 31)); // mantissa, sign
   }
+}
+
+// A weight of `elements` BF16 values about +-[2^-7, 2^-6] (fillBits from `seed`), on the device.
+inline unsigned short *bf16Weights(long elements, unsigned seed) {
+  unsigned short *w;
+  CK(cudaMalloc(&w, elements * 2));
+  fillBits<<<1024, 256>>>(w, elements, seed, 0x3c00);
+  return w;
 }

@@ -35,19 +35,13 @@ unsigned short *x = nullptr;
 float *bias = nullptr, *out = nullptr, *partial = nullptr;
 unsigned *done = nullptr;
 
-unsigned short *weights(long elements, unsigned seed) {
-  unsigned short *w;
-  CK(cudaMalloc(&w, elements * 2));
-  fillBits<<<1024, 256>>>(w, elements, seed, 0x3c00); // about +-[2^-7, 2^-6]
-  return w;
-}
-
 template <int64 M, int64 N, int64 K, int KS, int CG, bool Gelu>
 float time(std::vector<float> &result) {
   const long bytes = N * K * 2;
   const int copies = (int)std::max(2L, (400L << 20) / bytes);
   std::vector<unsigned short *> w;
-  for (int i = 0; i < copies; ++i) w.push_back(weights(N * K, 7)); // the same values: one output
+  for (int i = 0; i < copies; ++i)
+    w.push_back(bf16Weights(N * K, 7)); // the same values: one output
   constexpr long columns = 64 / KS * CG, blocks = (N + columns - 1) / columns;
   float us = timeGraph(240, [&](int i, cudaStream_t s) {
     CK(launchWith(cudaLaunchAttributeProgrammaticStreamSerialization, product<M, N, K, KS, CG, Gelu>, blocks, 256, s,
@@ -96,7 +90,8 @@ int parts(const char *name, const std::vector<float> &first) {
   const long bytes = N * K * 2;
   const int copies = (int)std::max(2L, (400L << 20) / bytes);
   std::vector<unsigned short *> w;
-  for (int i = 0; i < copies; ++i) w.push_back(weights(N * K, 7));
+  for (int i = 0; i < copies; ++i)
+    w.push_back(bf16Weights(N * K, 7));
   constexpr long columns = 64 / KS * CG, blocks = (N + columns - 1) / columns * Parts;
   float us = timeGraph(240, [&](int i, cudaStream_t s) {
     CK(launchWith(cudaLaunchAttributeProgrammaticStreamSerialization, partsProduct<M, N, K, KS, CG, Parts, Gelu>, blocks,

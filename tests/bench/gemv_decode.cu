@@ -49,13 +49,6 @@ void launchProduct(const Buffers &buf, const unsigned short *w, cudaStream_t str
            (const float *)buf.bias, buf.out);
 }
 
-unsigned short *weights(long elements) {
-  unsigned short *w;
-  CK(cudaMalloc(&w, elements * 2));
-  fillBits<<<1024, 256>>>(w, elements, (unsigned)elements, 0x3c00); // about +-[2^-7, 2^-6]
-  return w;
-}
-
 double bandwidth = 0; // bytes/us of the device's memory (from its clock and bus width)
 
 template <int64 N, int64 K, bool Norm, bool Gelu, int C, int KS>
@@ -63,7 +56,8 @@ void shape(const char *name, const Buffers &buf) {
   const long bytes = N * K * 2;
   const int copies = (int)std::max(2L, (400L << 20) / bytes);
   std::vector<unsigned short *> w;
-  for (int i = 0; i < copies; ++i) w.push_back(weights(N * K));
+  for (int i = 0; i < copies; ++i)
+    w.push_back(bf16Weights(N * K, (unsigned)(N * K)));
   float us = timeGraph(240, [&](int i, cudaStream_t s) { launchProduct<N, K, C, KS, Norm, Gelu>(buf, w[i % copies], s); });
   printf("%-10s N %6lld K %5lld  C %d KS %d: %8.2f us  %7.1f GB/s  %5.1f%% of the memory's rate\n", name, N, K, C, KS,
          us, bytes / us / 1e3, 100 * bytes / us / bandwidth);
@@ -85,7 +79,8 @@ void layers(const Buffers &buf) {
   constexpr int64 D = 2048;
   std::vector<unsigned short *> w;
   for (int l = 0; l < 24; ++l)
-    for (long n : {3 * D, D, 4 * D, 4 * D}) w.push_back(weights(n * D));
+    for (long n : {3 * D, D, 4 * D, 4 * D})
+      w.push_back(bf16Weights(n * D, (unsigned)(n * D)));
   float us = timeGraph(96, [&](int i, cudaStream_t s) {
     const unsigned short *p = w[i];
     switch (i % 4) {

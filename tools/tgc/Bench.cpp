@@ -315,11 +315,13 @@ void printFp8Layers(const Trainer &trainer) {
     llvm::outs() << "         " << resolved.measuredSummary << "\n";
 }
 
-/// --json, when given: not the model file, and a file the results may replace.
+/// --json, when given: not the model file nor --weights (generation's), and a file the results
+/// may replace; checked before the runs, not after them.
 llvm::Error checkBenchJson() {
   if (BenchJson.empty())
     return llvm::Error::success();
-  if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}}))
+  if (auto err =
+          checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}, {"--weights", BenchWeights}}))
     return err;
   auto target = replaceableTarget(BenchJson);
   return target ? llvm::Error::success() : target.takeError();
@@ -361,12 +363,8 @@ int runBenchGeneration(const ModelConfig &base) {
     return report(device.takeError());
   if (recipes.empty())
     recipes = {*device == Device::Cuda ? "bf16" : "fp32"};
-  if (!BenchJson.empty()) { // refused before the runs, not after them
-    if (auto err = checkDistinctFiles({{"the model file", BenchModel}, {"--json", BenchJson}, {"--weights", BenchWeights}}))
-      return report(std::move(err));
-    if (auto target = replaceableTarget(BenchJson); !target)
-      return report(target.takeError());
-  }
+  if (auto err = checkBenchJson())
+    return report(std::move(err));
   return benchGeneration(base, recipes, *device);
 }
 
@@ -396,7 +394,7 @@ int runBench() {
     recipes = setup->device == Device::Cuda ? std::vector<std::string>{"fp32", "bf16", "fp8", "auto"}
                                             : std::vector<std::string>{"fp32", "bf16", "fp8"};
   printBenchHeader(*base, setup->ranks);
-  if (auto err = checkBenchJson()) // refused before the runs, not after them
+  if (auto err = checkBenchJson())
     return report(std::move(err));
   llvm::json::Array results; // --json: one object per recipe
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;

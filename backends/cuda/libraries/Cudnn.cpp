@@ -10,7 +10,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 
 namespace tgc {

@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace tgc {
 
@@ -105,7 +104,7 @@ llvm::Error emitDecodeAttention(const Op &op, Emitter &e) {
   constexpr int64_t kStreamBlocksPerSM = 8;
   int64_t splits = stream ? std::clamp<int64_t>(kStreamBlocksPerSM * sms / pairs, 1, (T + 31) / 32)
                           : (T + keys - 1) / keys;
-  if (stream && std::getenv("TGC_DECODE_PARTS"))
+  if (stream)
     splits = environmentCount("TGC_DECODE_PARTS", splits, (T + 31) / 32, "a part per 32 keys of the cache");
   e.lowering.scratchFloats = {B * S * H * splits * (Dh + 2)};
   e.lowering.persistentFloats = {B * S * H}; // the blocks done, per (query, head)

@@ -4,8 +4,6 @@
 
 #include "llvm/ADT/StringRef.h"
 
-#include <cstdlib>
-
 namespace tgc {
 
 GemmTuner::GemmTuner(std::string file) : choices_(std::move(file)) {

@@ -22,24 +22,37 @@ namespace tgc {
 
 namespace {
 constexpr int kRepeats = 10; // replays in one graph: the launch's cost spread over them
+
+/// `exec` replayed once, untimed (the first replay uploads it), then passed on.
+llvm::Expected<cudaGraphExec_t> uploaded(llvm::Expected<cudaGraphExec_t> exec, cudaStream_t stream) {
+  if (exec)
+    CUDA_CHECK(cudaGraphLaunch(*exec, stream));
+  return exec;
+}
+
+/// Milliseconds one replay of `exec` takes on `stream`.
+llvm::Expected<float> timeGraph(cudaGraphExec_t exec, cudaStream_t stream) {
+  return Profiler::time(stream, [&]() -> llvm::Error {
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    return llvm::Error::success();
+  });
+}
 } // namespace
 
 llvm::Expected<cudaGraphExec_t> ProgramRunner::captureOpGraph(size_t i, int repeats) {
-  auto exec = captureGraph([&]() -> llvm::Error {
-    for (int r = 0; r < repeats; ++r) {
-      if (flushL2_) {
-        CUDA_CHECK(cudaMemsetAsync(flushL2_, r & 0xff, flushBytes_, stream_));
-        afterGeneratedKernel_ = false;
-      }
-      if (i < ops_.size())
-        if (auto err = launchOp(i))
-          return err;
-    }
-    return llvm::Error::success();
-  });
-  if (exec)
-    CUDA_CHECK(cudaGraphLaunch(*exec, stream_)); // untimed: the first replay uploads it
-  return exec;
+  return uploaded(captureGraph([&]() -> llvm::Error {
+                    for (int r = 0; r < repeats; ++r) {
+                      if (flushL2_) {
+                        CUDA_CHECK(cudaMemsetAsync(flushL2_, r & 0xff, flushBytes_, stream_));
+                        afterGeneratedKernel_ = false;
+                      }
+                      if (i < ops_.size())
+                        if (auto err = launchOp(i))
+                          return err;
+                    }
+                    return llvm::Error::success();
+                  }),
+                  stream_);
 }
 
 /// After a step: each op's launches captured once as a graph of kRepeats copies of them, each
@@ -68,12 +81,6 @@ llvm::Error ProgramRunner::profileOpGraphs() {
       return rows.takeError();
     cacheRows = *rows;
   }
-  auto timeGraph = [&](cudaGraphExec_t exec) {
-    return Profiler::time(stream_, [&]() -> llvm::Error {
-      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-      return llvm::Error::success();
-    });
-  };
   float flushMs = 0;
   if (bandwidth) { // the flushes alone (no op: index past the ops)
     if (!flushGraph_) {
@@ -82,7 +89,7 @@ llvm::Error ProgramRunner::profileOpGraphs() {
         return exec.takeError();
       flushGraph_ = *exec;
     }
-    auto ms = timeGraph(flushGraph_);
+    auto ms = timeGraph(flushGraph_, stream_);
     if (!ms)
       return ms.takeError();
     flushMs = *ms;
@@ -96,7 +103,7 @@ llvm::Error ProgramRunner::profileOpGraphs() {
         return exec.takeError();
       opGraphs_[i] = *exec;
     }
-    auto ms = timeGraph(opGraphs_[i]);
+    auto ms = timeGraph(opGraphs_[i], stream_);
     if (!ms)
       return ms.takeError();
     std::string label = profileLabel(i);
@@ -127,24 +134,21 @@ llvm::Error ProgramRunner::profileMarginal() {
         profiler_->countCall(label);
       }
     for (const std::string &label : labels) {
-      auto exec = captureGraph([&]() -> llvm::Error {
-        for (int r = 0; r < kRepeats; ++r)
-          if (auto err = launchStep(label))
-            return err;
-        return llvm::Error::success();
-      });
+      auto exec = uploaded(captureGraph([&]() -> llvm::Error {
+                             for (int r = 0; r < kRepeats; ++r)
+                               if (auto err = launchStep(label))
+                                 return err;
+                             return llvm::Error::success();
+                           }),
+                           stream_);
       if (!exec)
         return exec.takeError();
       stepGraphs_.emplace_back(label, *exec);
-      CUDA_CHECK(cudaGraphLaunch(*exec, stream_)); // untimed: the first replay uploads it
     }
   }
   float whole = 0;
   for (auto &[label, exec] : stepGraphs_) {
-    auto ms = Profiler::time(stream_, [&, exec = exec]() -> llvm::Error {
-      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-      return llvm::Error::success();
-    });
+    auto ms = timeGraph(exec, stream_);
     if (!ms)
       return ms.takeError();
     if (label.empty())

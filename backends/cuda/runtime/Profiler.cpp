@@ -8,7 +8,6 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <fmt/format.h>
 #include <vector>
 

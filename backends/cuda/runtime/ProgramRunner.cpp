@@ -9,7 +9,6 @@
 #include "llvm/ADT/STLExtras.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <fmt/format.h>
 
 namespace tgc {
