@@ -7,6 +7,7 @@
 #include "tests/backends/cuda/GpuTestUtil.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 using namespace tgc;
@@ -165,42 +166,46 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
 TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
   // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
   // (a partial last lane pass) and 1024 features (the most a warp holds), LayerNorm and RMSNorm,
-  // with a bias and the GELU or neither; 200 columns (a partial block). Both results against the
-  // CPU: the sum exactly, the product within BF16's reach (a norm value summed in another order
-  // can round to the neighbouring BF16 before the product reads it).
+  // with a bias and the GELU or neither; 200 columns (a partial block). Then one row of 1024 and
+  // 2048 features into 4502 columns: 1126 tiles, which an H100's or H200's 132 multiprocessors
+  // take in gemvBf16RowsStrided's one wave (Gemv.cpp), the last tile partial. Both results against
+  // the CPU: the sum exactly, the product within BF16's reach (a norm value summed in another
+  // order can round to the neighbouring BF16 before the product reads it).
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
-  const int64_t N = 200;
+  std::vector<std::array<int64_t, 3>> shapes{{1, 2048, 4502}, {1, 1024, 4502}}; // M, K, N
   for (int64_t M : {1, 3, 8})
     for (int64_t K : {64, 200, 1024})
-      for (bool layer : {true, false}) {
-        bool gelu = layer; // LayerNorm with a bias and the GELU, RMSNorm with neither
-        SCOPED_TRACE(fmt::format("{} rows of {}, {}", M, K, layer ? "layer_norm, bias, gelu" : "rms_norm"));
-        std::string text = fmt::format(
-            "graph @g\n%a = input() : f32[{0},1,{1}]\n%b = input() : f32[{0},1,{1}]\n"
-            "%gamma = input() : f32[{1}]\n{3}%w = param() {{init=\"normal\", std=1.0}} : f32[{2},{1}]\n{4}"
-            "%s, %y = residual_norm_linear(%a, %b, %gamma, {5}%w{6}) {{{7}eps=1e-05, gemm_dtype=\"bf16\", norm=\"{8}\"}} "
-            ": f32[{0},1,{1}], f32[{0},1,{2}]\nreturn %s, %y\n",
-            M, K, N, layer ? fmt::format("%beta = input() : f32[{}]\n", K) : "",
-            gelu ? fmt::format("%bias = input() : f32[{}]\n", N) : "", layer ? "%beta, " : "", gelu ? ", %bias" : "",
-            gelu ? "activation=\"gelu\", bias=true, " : "", layer ? "layer_norm" : "rms_norm");
-        auto graph = unwrap(parseGraph(text, "norm-gemv.ir"));
-        ASSERT_TRUE(graph);
-        std::map<std::string, Tensor> leaves;
-        for (const Op *op : graph->ops())
-          if (op->kind() == OpKind::Input || op->kind() == OpKind::Param) {
-            Tensor t = Tensor::zeros(op->result()->type());
-            for (float &v : t.data)
-              v = float(rng.normal());
-            leaves[op->result()->name()] = std::move(t);
-          }
-        std::vector<Tensor> want, got;
-        runOnBoth(*graph, leaves, want, got);
-        ASSERT_EQ(got.size(), 2u);
-        EXPECT_EQ(got[0].data, want[0].data); // the sums: one fp32 add each
-        Gap gap = gapOf(want[1].data, got[1].data);
-        EXPECT_LE(gap.worst, 1e-2 * gap.scale) << "max difference " << gap.worst << " at scale " << gap.scale;
-      }
+      shapes.push_back({M, K, 200});
+  for (auto [M, K, N] : shapes)
+    for (bool layer : {true, false}) {
+      bool gelu = layer; // LayerNorm with a bias and the GELU, RMSNorm with neither
+      SCOPED_TRACE(fmt::format("{} rows of {} into {}, {}", M, K, N, layer ? "layer_norm, bias, gelu" : "rms_norm"));
+      std::string text = fmt::format(
+          "graph @g\n%a = input() : f32[{0},1,{1}]\n%b = input() : f32[{0},1,{1}]\n"
+          "%gamma = input() : f32[{1}]\n{3}%w = param() {{init=\"normal\", std=1.0}} : f32[{2},{1}]\n{4}"
+          "%s, %y = residual_norm_linear(%a, %b, %gamma, {5}%w{6}) {{{7}eps=1e-05, gemm_dtype=\"bf16\", norm=\"{8}\"}} "
+          ": f32[{0},1,{1}], f32[{0},1,{2}]\nreturn %s, %y\n",
+          M, K, N, layer ? fmt::format("%beta = input() : f32[{}]\n", K) : "",
+          gelu ? fmt::format("%bias = input() : f32[{}]\n", N) : "", layer ? "%beta, " : "", gelu ? ", %bias" : "",
+          gelu ? "activation=\"gelu\", bias=true, " : "", layer ? "layer_norm" : "rms_norm");
+      auto graph = unwrap(parseGraph(text, "norm-gemv.ir"));
+      ASSERT_TRUE(graph);
+      std::map<std::string, Tensor> leaves;
+      for (const Op *op : graph->ops())
+        if (op->kind() == OpKind::Input || op->kind() == OpKind::Param) {
+          Tensor t = Tensor::zeros(op->result()->type());
+          for (float &v : t.data)
+            v = float(rng.normal());
+          leaves[op->result()->name()] = std::move(t);
+        }
+      std::vector<Tensor> want, got;
+      runOnBoth(*graph, leaves, want, got);
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_EQ(got[0].data, want[0].data); // the sums: one fp32 add each
+      Gap gap = gapOf(want[1].data, got[1].data);
+      EXPECT_LE(gap.worst, 1e-2 * gap.scale) << "max difference " << gap.worst << " at scale " << gap.scale;
+    }
 }
 
 /// decode_attention's qkv and caches (%qkv, %k, %v of `graph`) drawn from a standard normal.

@@ -2,8 +2,8 @@
 // block each tile of columns (768 to 2,048 blocks at gpt-1.3b's shapes, more than the GPU holds
 // at once), and an empty grid of 1,056 blocks already costs 3.2 us a launch on an H100
 // (launch_chain.cu). Here the same tiles taken by a grid of a few blocks an SM, each block
-// striding over tiles with the next tile's weights loaded while this one multiplies, x (or the
-// residual norm of a + b, residualNormGemvBf16's prologue) put in shared memory once a block.
+// striding over tiles with the next tile's weights loaded while this one multiplies
+// (gemvBf16RowsStrided; residualNormGemvBf16's prologue once a block).
 // Each shape against gemvBf16 / residualNormGemvBf16 at the same tile: the outputs compared bit
 // for bit (the same sums in the same order), the times of 240 launches under programmatic launch,
 // cycling over weight copies that exceed the L2. Not part of the build:
@@ -27,86 +27,18 @@ __global__ void tiled(const float *a, const float *b, const float *gamma, const 
     gemvBf16<1, N, K, C, KS, true, Gelu>(x, w, bias, out, nullptr);
 }
 
-// The same tiles (8 / KS * C columns, K in KS slices, as gemvBf16Rows's block) over a grid of any
-// size: block b takes tiles b, b + gridDim.x, ...; the first tile's weights load before the
-// kernel awaits the one before it, each next tile's before this one multiplies.
+// The same tiles over a grid of any size (gemv.cuh's gemvBf16RowsStrided): block b takes tiles b,
+// b + gridDim.x, ...; the first tile's weights load before the kernel awaits the one before it,
+// each next tile's before this one multiplies. The norm's rows in shared memory, x read as
+// gemvBf16 reads it.
 template <int64 N, int64 K, int C, int KS, bool Norm, bool Gelu>
 __global__ void __launch_bounds__(256) strided(const float *a, const float *b, const float *gamma, const float *beta,
-                                               const unsigned short *xg, const unsigned short *w, const float *bias,
+                                               const unsigned short *x, const unsigned short *w, const float *bias,
                                                float *sum, float *out) {
-  constexpr int64 Slice = K / KS;
-  constexpr int Loads = (int)((Slice + 255) / 256), Columns = 8 / KS * C;
-  constexpr int64 Tiles = (N + Columns - 1) / Columns;
-  __shared__ __align__(16) unsigned short x[K];
-  __shared__ float partial[KS][Columns];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % KS;
-  const int64 k0 = slice * Slice;
-  uint4 cur[C][Loads], nxt[C][Loads];
-  auto load = [&](uint4(&dst)[C][Loads], int64 tile) {
-    const int64 n0 = tile * Columns + warp / KS * C;
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int i = 0; i < Loads; ++i) {
-        int64 n = n0 + c, k = lane * 8 + 256 * i;
-        dst[c][i] = n < N && k < Slice ? *(const uint4 *)(w + n * K + k0 + k) : make_uint4(0, 0, 0, 0);
-      }
-  };
-  int64 tile = blockIdx.x;
-  if (tile < Tiles)
-    load(cur, tile);
-  awaitPreviousKernel();
-  if constexpr (Norm) { // as residualNormGemvBf16: a row of at most 1024 by warp 0, wider by the block
-    if (!RowInRegisters<K>::kByWarp || warp == 0)
-      residualNormHeld<true, K>(a, b, gamma, beta, sum, blockIdx.x == 0, Bf16Out{x}, 1e-5);
-  } else
-    for (int64 i = threadIdx.x * 8; i < K; i += 256 * 8) *(uint4 *)&x[i] = *(const uint4 *)(xg + i);
-  __syncthreads();
-  for (; tile < Tiles; tile += gridDim.x) {
-    if (tile + gridDim.x < Tiles)
-      load(nxt, tile + gridDim.x);
-    float acc[C] = {};
-#pragma unroll
-    for (int i = 0; i < Loads; ++i) {
-      int64 k = lane * 8 + 256 * i;
-      if (k >= Slice)
-        break;
-      float values[8];
-      unpack8(*(const uint4 *)&x[k0 + k], values);
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-        float weights[8];
-        unpack8(cur[c][i], weights);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[c] += weights[e] * values[e];
-      }
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[c] = warpSum(acc[c]);
-    const int64 n0 = tile * Columns;
-    if constexpr (KS == 1) {
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (lane == 0 && n0 + warp * C + c < N)
-          writeProduct<N, true, Gelu>(out, nullptr, bias, 0, n0 + warp * C + c, acc[c]);
-    } else {
-      if (lane == 0)
-#pragma unroll
-        for (int c = 0; c < C; ++c) partial[slice][warp / KS * C + c] = acc[c];
-      __syncthreads();
-      if (threadIdx.x < Columns && n0 + threadIdx.x < N) {
-        float value = partial[0][threadIdx.x];
-#pragma unroll
-        for (int s = 1; s < KS; ++s) value += partial[s][threadIdx.x];
-        writeProduct<N, true, Gelu>(out, nullptr, bias, 0, n0 + threadIdx.x, value);
-      }
-      __syncthreads(); // partial is read before the next tile writes it
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int i = 0; i < Loads; ++i) cur[c][i] = nxt[c][i];
-  }
+  if constexpr (Norm)
+    residualNormGemvBf16<true, 1, N, K, C, KS, true, Gelu, false, 0, true>(a, b, gamma, beta, w, bias, sum, out, 1e-5);
+  else
+    gemvBf16RowsStrided<1, N, K, C, KS, true, Gelu, false>(w, bias, out, [] {}, x);
 }
 
 struct Buffers { // activations shared by every launch

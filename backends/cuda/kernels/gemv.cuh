@@ -41,111 +41,176 @@ __device__ __forceinline__ void writeProduct(Out out, float *pre, const float *b
     pre[r * N + n] = y;
 }
 
-// The block's 8 warps are KS slices of K by 8 / KS groups of C output columns (a block takes
-// 8 / KS * C columns; K / KS a multiple of 8: 16-byte rows). Each lane loads its columns'
-// 16-byte pieces of its slice into registers first (C * K / KS / 256 loads), then the kernel
-// awaits the one before it (awaitPreviousKernel: the weights are parameters, which no kernel of
-// the step writes before it), so the weight's reading overlaps the previous kernel's end;
-// Prologue (the fused norm) runs after that wait. A lane multiplies its pieces by the rows of x
-// (cached: every warp reads the same), the warp meets in shuffles, and the slices' sums meet in
-// shared memory in slice order (the same bits every run). C and KS (Gemv.cpp's gemvTile) trade
-// the blocks that stream the weight against the loads each lane keeps in flight and the times x
-// and the prologue are repeated (bench/gemv-decode.cu). The outputs as writeProduct writes them;
-// with Swiglu (w [2N, K]: gate rows, then up rows) the warp takes rows n and N + n and writes
-// swiglu's silu(gate) * up of the two sums (elementwise.cuh's swigluValue): SwiGLU's product,
-// the [M, 2N] h never written.
+// The block's 8 warps are KS slices of K by 8 / KS groups of C output columns (a tile: 8 / KS * C
+// columns; K / KS a multiple of 8: 16-byte rows). Each lane loads its columns' 16-byte pieces of
+// its slice into registers first (C * K / KS / 256 loads), then the kernel awaits the one before
+// it (awaitPreviousKernel: the weights are parameters, which no kernel of the step writes before
+// it), so the weight's reading overlaps the previous kernel's end; Prologue (the fused norm) runs
+// after that wait. A lane multiplies its pieces by the rows of x (cached: every warp reads the
+// same), the warp meets in shuffles, and the slices' sums meet in shared memory in slice order
+// (the same bits every run). C and KS (Gemv.cpp's gemvTile) trade the blocks that stream the
+// weight against the loads each lane keeps in flight and the times x and the prologue are
+// repeated (bench/gemv-decode.cu). The outputs as writeProduct writes them; with Swiglu (w [2N,
+// K]: gate rows, then up rows) the warp takes rows n and N + n and writes swiglu's silu(gate) *
+// up of the two sums (elementwise.cuh's swigluValue): SwiGLU's product, the [M, 2N] h never
+// written. gemvBf16Rows gives a block a tile; gemvBf16RowsStrided a grid of any size its tiles
+// in turn.
+template <int64 N, int64 K, int C, int KS, bool Swiglu> struct GemvTiles {
+  static_assert(8 % KS == 0 && K % (8 * KS) == 0, "whole 16-byte pieces in each slice");
+  static constexpr int64 Slice = K / KS;
+  static constexpr int Loads = (int)((Slice + 255) / 256), Rows = Swiglu ? 2 : 1, Columns = 8 / KS * C;
+  static constexpr int64 Count = (N + Columns - 1) / Columns;
+  using Pieces = uint4[C][Rows][Loads]; // a lane's pieces of its tile's weight
+
+  // The lane's pieces of tile `tile`.
+  static __device__ __forceinline__ void load(const unsigned short *w, int64 tile, Pieces &row) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64 n0 = tile * Columns + warp / KS * C, k0 = warp % KS * Slice;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int i = 0; i < Loads; ++i) {
+          int64 n = n0 + c, k = lane * 8 + 256 * i;
+          row[c][r][i] = n < N && k < Slice ? *(const uint4 *)(w + (r * N + n) * K + k0 + k) : make_uint4(0, 0, 0, 0);
+        }
+  }
+
+  // Tile `tile`'s outputs from the lanes' pieces and the M rows of x. With KS > 1 the slices meet
+  // in shared memory: a block that takes another tile after this one syncs before it.
+  template <int64 M, bool Bias, bool Gelu, typename X, typename Out>
+  static __device__ __forceinline__ void multiply(const Pieces &row, int64 tile, const float *bias, Out out, const X *x,
+                                                  float *pre) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % KS;
+    const int64 n0 = tile * Columns + warp / KS * C, k0 = slice * Slice;
+    float acc[C][Rows][M] = {};
+#pragma unroll
+    for (int i = 0; i < Loads; ++i) {
+      int64 k = lane * 8 + 256 * i;
+      if (k >= Slice)
+        break;
+      float values[M][8];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        load8(x + m * K, k0 + k, values[m]);
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int r = 0; r < Rows; ++r) {
+          float weights[8];
+          unpack8(row[c][r][i], weights);
+#pragma unroll
+          for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              acc[c][r][m] += weights[e] * values[m][e];
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+          acc[c][r][m] = warpSum(acc[c][r][m]);
+    // Lane m keeps row m's sums (every lane holds them all after the butterfly).
+    float mine[C][Rows];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int r = 0; r < Rows; ++r) {
+        mine[c][r] = acc[c][r][0];
+#pragma unroll
+        for (int m = 1; m < M; ++m)
+          if (lane == m)
+            mine[c][r] = acc[c][r][m];
+      }
+    auto write = [&](int64 m, int64 n, const float(&value)[Rows]) {
+      if constexpr (Swiglu)
+        out[m * N + n] = swigluValue(value[0], value[1]);
+      else
+        writeProduct<N, Bias, Gelu>(out, pre, bias, m, n, value[0]);
+    };
+    if constexpr (KS == 1) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (lane < M && n0 + c < N)
+          write(lane, n0 + c, mine[c]);
+    } else {
+      __shared__ float partial[KS][Columns][Rows][M];
+      if (lane < M) {
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+          for (int r = 0; r < Rows; ++r)
+            partial[slice][warp / KS * C + c][r][lane] = mine[c][r];
+      }
+      __syncthreads();
+      for (int v = threadIdx.x; v < Columns * M; v += blockDim.x) {
+        int column = v / M, m = v % M;
+        int64 n = tile * Columns + column;
+        if (n >= N)
+          continue;
+        float value[Rows];
+#pragma unroll
+        for (int r = 0; r < Rows; ++r) {
+          value[r] = partial[0][column][r][m];
+#pragma unroll
+          for (int s = 1; s < KS; ++s)
+            value[r] += partial[s][column][r][m];
+        }
+        write(m, n, value);
+      }
+    }
+  }
+};
+
 template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, typename X, typename Out,
           typename Prologue>
 __device__ void gemvBf16Rows(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
                              float *pre = nullptr) {
   static_assert(!Swiglu || (!Bias && !Gelu), "SwiGLU's product has no bias or GELU");
-  static_assert(8 % KS == 0 && K % (8 * KS) == 0, "whole 16-byte pieces in each slice");
-  constexpr int64 Slice = K / KS;
-  constexpr int Loads = (int)((Slice + 255) / 256), Rows = Swiglu ? 2 : 1, Columns = 8 / KS * C;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slice = warp % KS;
-  const int64 n0 = blockIdx.x * (int64)Columns + warp / KS * C, k0 = slice * Slice;
-  uint4 row[C][Rows][Loads];
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-#pragma unroll
-    for (int r = 0; r < Rows; ++r)
-#pragma unroll
-      for (int i = 0; i < Loads; ++i) {
-        int64 n = n0 + c, k = lane * 8 + 256 * i;
-        row[c][r][i] = n < N && k < Slice ? *(const uint4 *)(w + (r * N + n) * K + k0 + k) : make_uint4(0, 0, 0, 0);
-      }
+  using Tiles = GemvTiles<N, K, C, KS, Swiglu>;
+  typename Tiles::Pieces row;
+  Tiles::load(w, blockIdx.x, row);
   awaitPreviousKernel();
   prologue();
-  float acc[C][Rows][M] = {};
-#pragma unroll
-  for (int i = 0; i < Loads; ++i) {
-    int64 k = lane * 8 + 256 * i;
-    if (k >= Slice) break;
-    float values[M][8];
-#pragma unroll
-    for (int m = 0; m < M; ++m) load8(x + m * K, k0 + k, values[m]);
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int r = 0; r < Rows; ++r) {
-        float weights[8];
-        unpack8(row[c][r][i], weights);
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[c][r][m] += weights[e] * values[m][e];
-      }
-  }
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-#pragma unroll
-    for (int r = 0; r < Rows; ++r)
-#pragma unroll
-      for (int m = 0; m < M; ++m) acc[c][r][m] = warpSum(acc[c][r][m]);
-  // Lane m keeps row m's sums (every lane holds them all after the butterfly).
-  float mine[C][Rows];
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-#pragma unroll
-    for (int r = 0; r < Rows; ++r) {
-      mine[c][r] = acc[c][r][0];
-#pragma unroll
-      for (int m = 1; m < M; ++m)
-        if (lane == m) mine[c][r] = acc[c][r][m];
-    }
-  auto write = [&](int64 m, int64 n, const float (&value)[Rows]) {
-    if constexpr (Swiglu)
-      out[m * N + n] = swigluValue(value[0], value[1]);
-    else
-      writeProduct<N, Bias, Gelu>(out, pre, bias, m, n, value[0]);
-  };
-  if constexpr (KS == 1) {
+  Tiles::template multiply<M, Bias, Gelu>(row, blockIdx.x, bias, out, x, pre);
+}
+
+// gemvBf16Rows's tiles over a grid of any size (Gemv.cpp gives it one wave where the tiles are
+// many): block b takes tiles b, b + gridDim.x, ..., the first tile's weights loaded before the
+// kernel awaits the one before it, each next tile's before this one multiplies (two tiles in
+// flight a lane). Where the prologue is a fused norm, fewer blocks repeat it. The same sums in
+// the same order as gemvBf16Rows at the same tile. gpt-1.3b's qkv and fc1 with their norm, one
+// row, a tile of 4 columns in 2 slices of K over 4 blocks an SM: 11.1 -> 10.4 us and 14.5 ->
+// 13.5 us on an H100 (tests/bench/gemv_waves.cu, BENCHMARKS.md session 52).
+template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, typename X, typename Out,
+          typename Prologue>
+__device__ void gemvBf16RowsStrided(const unsigned short *w, const float *bias, Out out, Prologue prologue, const X *x,
+                                    float *pre = nullptr) {
+  static_assert(!Swiglu || (!Bias && !Gelu), "SwiGLU's product has no bias or GELU");
+  using Tiles = GemvTiles<N, K, C, KS, Swiglu>;
+  typename Tiles::Pieces cur, next;
+  int64 tile = blockIdx.x;
+  if (tile < Tiles::Count)
+    Tiles::load(w, tile, cur);
+  awaitPreviousKernel();
+  prologue();
+  for (; tile < Tiles::Count; tile += gridDim.x) {
+    if (tile + gridDim.x < Tiles::Count)
+      Tiles::load(w, tile + gridDim.x, next);
+    Tiles::template multiply<M, Bias, Gelu>(cur, tile, bias, out, x, pre);
+    if constexpr (KS > 1)
+      __syncthreads(); // the slices' sums are read before the next tile writes them
 #pragma unroll
     for (int c = 0; c < C; ++c)
-      if (lane < M && n0 + c < N) write(lane, n0 + c, mine[c]);
-    return;
-  } else {
-    __shared__ float partial[KS][Columns][Rows][M];
-    if (lane < M) {
 #pragma unroll
-      for (int c = 0; c < C; ++c)
+      for (int r = 0; r < Tiles::Rows; ++r)
 #pragma unroll
-        for (int r = 0; r < Rows; ++r) partial[slice][warp / KS * C + c][r][lane] = mine[c][r];
-    }
-    __syncthreads();
-    for (int v = threadIdx.x; v < Columns * M; v += blockDim.x) {
-      int column = v / M, m = v % M;
-      int64 n = blockIdx.x * (int64)Columns + column;
-      if (n >= N) continue;
-      float value[Rows];
-#pragma unroll
-      for (int r = 0; r < Rows; ++r) {
-        value[r] = partial[0][column][r][m];
-#pragma unroll
-        for (int s = 1; s < KS; ++s) value[r] += partial[s][column][r][m];
-      }
-      write(m, n, value);
-    }
+        for (int i = 0; i < Tiles::Loads; ++i)
+          cur[c][r][i] = next[c][r][i];
   }
 }
 
@@ -360,11 +425,11 @@ __device__ void gemmRowsPartsBf16(const X *x, const unsigned short *w, const flo
 // the sum and the norm of every row into shared memory in BF16, the operand the product reads,
 // as residualNorm's residualNormHeld takes them (rows of at most 1024 by a warp each, wider ones
 // by the whole block in turn, as its wide rows), and block 0 writes the sums (the residual
-// stream); then the product as gemvBf16, or with MmaKSplit as gemmRowsBf16 in that many slices
-// of K. The same values as residual_norm, the product and the gelu one after the other: a
-// decode step's norm costs no launch of its own.
+// stream); then the product as gemvBf16 (or gemvBf16RowsStrided's grid with Strided), or with
+// MmaKSplit as gemmRowsBf16 in that many slices of K. The same values as residual_norm, the product and the gelu one
+// after the other: a decode step's norm costs no launch of its own.
 template <bool Layer, int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, bool Swiglu, int MmaKSplit = 0,
-          typename SumOut, typename Out>
+          bool Strided = false, typename SumOut, typename Out>
 __device__ void residualNormGemvBf16(const float *a, const float *b, const float *gamma, const float *beta,
                                      const unsigned short *w, const float *bias, SumOut sum, Out out, double eps) {
   static_assert(M <= 8 && M * K <= 16384 && K % 8 == 0, "a few rows whose BF16 copy fits in 32 KB");
@@ -386,6 +451,8 @@ __device__ void residualNormGemvBf16(const float *a, const float *b, const float
   };
   if constexpr (MmaKSplit > 0)
     gemmRowsBf16<M, N, K, MmaKSplit, Bias, Gelu>((const unsigned short *)normed, w, bias, out, nullptr, normalise);
+  else if constexpr (Strided)
+    gemvBf16RowsStrided<M, N, K, C, KS, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed);
   else
     gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, Swiglu>(w, bias, out, normalise, (const unsigned short *)normed);
 }

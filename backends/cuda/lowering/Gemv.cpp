@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 namespace tgc {
 
 namespace {
@@ -62,6 +64,21 @@ bool gemvOnTensorCores(int64_t M, int64_t N, int64_t K, bool swiglu) {
 int64_t gemvBlocks(int64_t N, GemvTile tile) {
   int64_t columns = 8 / tile.kSplit * tile.columns;
   return (N + columns - 1) / columns;
+}
+
+/// A one-row normalising GEMV's grid of one wave (gemvBf16RowsStrided): where tiles of 4 columns
+/// in 2 slices of K (4 loads a lane, two tiles in flight) come to two waves of 4 blocks an SM or
+/// more, 4 blocks an SM take them in turn: fewer blocks repeat the norm, and each loads its next
+/// tile while it multiplies. gpt-1.3b's qkv and fc1 on an H100: 11.1 -> 10.4 and 14.5 -> 13.5 us
+/// (tests/bench/gemv_waves.cu, BENCHMARKS.md session 52). gpt2-124m's (576 and 768 such tiles)
+/// keep a block a tile: the wave gained nothing there, nor for the plain products.
+constexpr int kStridedBlocksPerSm = 4;
+std::optional<int64_t> stridedNormGemvBlocks(int64_t M, int64_t N, int64_t K, bool swiglu, int multiprocessors) {
+  const GemvTile tile{1, 2};
+  const int64_t wave = int64_t(kStridedBlocksPerSm) * multiprocessors;
+  if (M != 1 || swiglu || K % (256 * tile.kSplit) || K / tile.kSplit > 4 * 256 || gemvBlocks(N, tile) < 2 * wave)
+    return std::nullopt;
+  return wave;
 }
 
 /// gemmRowsBf16's blocks: 64 / kSplit * columnTiles columns each.
@@ -145,16 +162,18 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
     e.launch(launch++, params, elementwiseBlocks(w.numElements()),
              fmt::format("roundToBf16(w, (unsigned short *)scratch, {})", w.numElements()));
   int mmaKSplit = gemvOnTensorCores(M, N, K, swiglu) ? rowsKSplit(K) : 0;
-  GemvTile tile = mmaKSplit ? GemvTile{} : gemvTile(M, N, K, /*normed=*/true, swiglu);
-  int64_t blocks = mmaKSplit ? rowsBlocks(N, mmaKSplit) : gemvBlocks(N, tile);
+  std::optional<int64_t> strided =
+      mmaKSplit ? std::nullopt : stridedNormGemvBlocks(M, N, K, swiglu, e.program_.multiprocessors);
+  GemvTile tile = mmaKSplit ? GemvTile{} : strided ? GemvTile{1, 2} : gemvTile(M, N, K, /*normed=*/true, swiglu);
+  int64_t blocks = mmaKSplit ? rowsBlocks(N, mmaKSplit) : strided ? *strided : gemvBlocks(N, tile);
   e.launch(launch, params, blocks,
-           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>(a, b, gamma, {}, {}, {}, sum, out, "
-                       "{})",
+           fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}{}>(a, b, gamma, {}, {}, {}, sum, "
+                       "out, {})",
                        boolText(layer), M, N, K, tile.columns, tile.kSplit, boolText(bias), boolText(gelu),
-                       boolText(swiglu), mmaKSplit,
-                       layer ? "beta" : "nullptr",
+                       boolText(swiglu), mmaKSplit, strided ? ", true" : "", layer ? "beta" : "nullptr",
                        param ? "w" : "(const unsigned short *)scratch", bias ? "bias" : "nullptr",
-                       formatDouble(*a.getFloat("eps"))));
+                       formatDouble(*a.getFloat("eps"))),
+           kThreads, strided ? kStridedBlocksPerSm : 0);
   if (param)
     e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
