@@ -126,6 +126,9 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   shapes.push_back({1, 2048, 2100});
   shapes.push_back({4, 8192, 2050});
   shapes.push_back({2, 1536, 1000});
+  // One row of K 8192 into 2101 columns: 1051 tiles of 2 columns in 4 slices, taken by a wave
+  // that strides over them (Gemv.cpp's stridedLongGemvBlocks, 132 multiprocessors), the last partial.
+  shapes.push_back({1, 8192, 2101});
   for (const Shape &s : shapes)
     for (const char *kind : {"matmul", "matmul_bias", "matmul_bias_gelu"}) {
       const int64_t M = s.M, K = s.K, N = s.N;

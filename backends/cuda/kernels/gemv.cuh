@@ -219,6 +219,13 @@ __device__ void gemvBf16(const X *x, const unsigned short *w, const float *bias,
   gemvBf16Rows<M, N, K, C, KS, Bias, Gelu, false>(w, bias, out, [] {}, x, pre);
 }
 
+// gemvBf16's tiles over a grid of any size (gemvBf16RowsStrided).
+template <int64 M, int64 N, int64 K, int C, int KS, bool Bias, bool Gelu, typename X, typename Out>
+__device__ void gemvBf16Strided(const X *x, const unsigned short *w, const float *bias, Out out, float *pre) {
+  gemvBf16RowsStrided<M, N, K, C, KS, Bias, Gelu, false>(
+      w, bias, out, [] {}, x, pre);
+}
+
 // ---- 9 to 64 rows: tensor cores ----
 
 // Eight consecutive elements of x at x + i (i a multiple of 8) as four BF16 pairs: one 16-byte

@@ -71,12 +71,25 @@ int64_t gemvBlocks(int64_t N, GemvTile tile) {
 /// more, 4 blocks an SM take them in turn: fewer blocks repeat the norm, and each loads its next
 /// tile while it multiplies. gpt-1.3b's qkv and fc1 on an H100: 11.1 -> 10.4 and 14.5 -> 13.5 us
 /// (tests/bench/gemv_waves.cu, BENCHMARKS.md session 52). gpt2-124m's (576 and 768 such tiles)
-/// keep a block a tile: the wave gained nothing there, nor for the plain products.
+/// keep a block a tile: the wave gained nothing there.
 constexpr int kStridedBlocksPerSm = 4;
 std::optional<int64_t> stridedNormGemvBlocks(int64_t M, int64_t N, int64_t K, bool swiglu, int multiprocessors) {
   const GemvTile tile{1, 2};
   const int64_t wave = int64_t(kStridedBlocksPerSm) * multiprocessors;
   if (M != 1 || swiglu || K % (256 * tile.kSplit) || K / tile.kSplit > 4 * 256 || gemvBlocks(N, tile) < 2 * wave)
+    return std::nullopt;
+  return wave;
+}
+
+/// A one-row plain product of long K (gpt-1.3b's fc2, K 8192) likewise, its tiles of 2 columns in
+/// 4 slices of K (8 loads a lane), where they come to 1.5 waves or more: 12.06 -> 11.41-11.94 us
+/// on an H100 (gemv_waves.cu), gpt-1.3b's batch-1 step 1.243 -> 1.227 ms. Shorter K (the
+/// projections, gpt2-124m's fc2) streamed slower in one wave.
+std::optional<int64_t> stridedLongGemvBlocks(int64_t M, int64_t N, int64_t K, int multiprocessors) {
+  const GemvTile tile{1, 4};
+  const int64_t wave = int64_t(kStridedBlocksPerSm) * multiprocessors;
+  if (M != 1 || K % (256 * tile.kSplit) || K / tile.kSplit <= 4 * 256 || K / tile.kSplit > 8 * 256 ||
+      2 * gemvBlocks(N, tile) < 3 * wave)
     return std::nullopt;
   return wave;
 }
@@ -119,10 +132,12 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
                                    bias ? "const float *bias, " : "", gelu ? ", float *pre" : "");
   std::string args = fmt::format("x, w, {}, out, {}", bias ? "bias" : "nullptr", gelu ? "pre" : "nullptr");
   if (fewRows(op) == FewRows::Gemv && !gemvOnTensorCores(M, N, K, false)) {
-    GemvTile tile = gemvTile(M, N, K, /*normed=*/false, /*swiglu=*/false);
-    e.launch(0, params, gemvBlocks(N, tile),
-             fmt::format("gemvBf16<{}, {}, {}, {}, {}, {}, {}>({})", M, N, K, tile.columns, tile.kSplit, boolText(bias),
-                         boolText(gelu), args));
+    std::optional<int64_t> strided = stridedLongGemvBlocks(M, N, K, e.program_.multiprocessors);
+    GemvTile tile = strided ? GemvTile{1, 4} : gemvTile(M, N, K, /*normed=*/false, /*swiglu=*/false);
+    e.launch(0, params, strided ? *strided : gemvBlocks(N, tile),
+             fmt::format("gemvBf16{}<{}, {}, {}, {}, {}, {}, {}>({})", strided ? "Strided" : "", M, N, K, tile.columns,
+                         tile.kSplit, boolText(bias), boolText(gelu), args),
+             kThreads, strided ? kStridedBlocksPerSm : 0);
   } else {
     // 2 to 8 rows keep one tile a warp (their x is small); 9 to 64 take rowsColumnTiles'.
     int kSplit = rowsKSplit(K), tiles = M > 8 ? rowsColumnTiles(M, N, K, kSplit, e.program_.multiprocessors) : 1;
