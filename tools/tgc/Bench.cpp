@@ -231,11 +231,8 @@ int benchGeneration(const ModelConfig &base, const std::vector<std::string> &rec
                               "prompt tok/s", "ms a step", "decode tok/s", "overall tok/s");
   llvm::json::Array results;
   for (const std::string &recipe : recipes) {
-    std::optional<Recipe> parsed = parseRecipe(recipe);
-    if (!parsed || *parsed == Recipe::Auto)
-      return report(flagError("--precisions takes fp32, bf16 and fp8, got '" + recipe + "'"));
     ModelConfig config = base;
-    config.precision.recipe = *parsed;
+    config.precision.recipe = *parseRecipe(recipe); // (checkBenchPrecisions': a recipe)
     auto graph = buildGPT(config, 1, GPTOutput::Logits);
     if (!graph)
       return report(graph.takeError());
@@ -327,6 +324,23 @@ llvm::Error checkBenchJson() {
   return target ? llvm::Error::success() : target.takeError();
 }
 
+/// --precisions' names, checked before the runs (a bad or repeated one after a good one would
+/// otherwise stop the bench after that one's runs): each a recipe, auto only where `withAuto`
+/// (training), none twice.
+llvm::Error checkBenchPrecisions(const std::vector<std::string> &recipes, bool withAuto) {
+  std::vector<Recipe> seen;
+  for (const std::string &recipe : recipes) {
+    std::optional<Recipe> parsed = parseRecipe(recipe);
+    if (!parsed || (!withAuto && *parsed == Recipe::Auto))
+      return flagError(
+          fmt::format("--precisions takes fp32, bf16{}, got '{}'", withAuto ? ", fp8 and auto" : " and fp8", recipe));
+    if (llvm::is_contained(seen, *parsed))
+      return flagError("--precisions names " + recipe + " twice");
+    seen.push_back(*parsed);
+  }
+  return llvm::Error::success();
+}
+
 /// The table's title and column heads.
 void printBenchHeader(const ModelConfig &base, int ranks) {
   llvm::outs() << fmt::format("tgc bench {}: batch {} x {} tokens{}, {} warm-up + {} timed steps per precision\n",
@@ -363,6 +377,8 @@ int runBenchGeneration(const ModelConfig &base) {
     return report(device.takeError());
   if (recipes.empty())
     recipes = {*device == Device::Cuda ? "bf16" : "fp32"};
+  if (auto err = checkBenchPrecisions(recipes, /*withAuto=*/false))
+    return report(std::move(err));
   if (auto err = checkBenchJson())
     return report(std::move(err));
   return benchGeneration(base, recipes, *device);
@@ -381,6 +397,8 @@ int runBench() {
   if (BenchWeights.getNumOccurrences() || DraftPath.getNumOccurrences())
     return report(flagError("--weights and --draft are for generation: give --generate"));
   std::vector<std::string> recipes(BenchPrecisions.begin(), BenchPrecisions.end());
+  if (auto err = checkBenchPrecisions(recipes, /*withAuto=*/true))
+    return report(std::move(err));
   constexpr int64_t kMostSteps = 1000000; // (and no overflow in the step counts below)
   if (BenchSteps < 1 || BenchSteps > kMostSteps || BenchWarmup < 0 || BenchWarmup > kMostSteps)
     return report(flagError(fmt::format("--bench-steps must be 1 to {} and --warmup 0 to {}, got {} and {}",
@@ -399,11 +417,8 @@ int runBench() {
   llvm::json::Array results; // --json: one object per recipe
   std::vector<std::pair<std::string, std::vector<Fp8TensorSummary>>> fp8States;
   for (const std::string &recipe : recipes) {
-    std::optional<Recipe> parsed = parseRecipe(recipe);
-    if (!parsed)
-      return report(flagError("--precisions takes fp32, bf16, fp8 and auto, got '" + recipe + "'"));
     ModelConfig config = *base;
-    config.precision.recipe = *parsed;
+    config.precision.recipe = *parseRecipe(recipe); // (checkBenchPrecisions': a recipe)
     config.train.steps = std::max<int64_t>(config.train.steps, BenchWarmup + BenchSteps + 1);
     auto trainer = Trainer::create(config, "", setup->device, setup->communicator.get());
     if (!trainer) {
