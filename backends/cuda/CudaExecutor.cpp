@@ -20,6 +20,7 @@ llvm::Expected<std::unique_ptr<Executor>> createCudaExecutor(const Graph &graph,
   profiler->configure(fmt::format("@{} on {}", graph.name(), device->description));
   LoweringOptions lowering;
   lowering.multiprocessors = device->multiprocessors;
+  lowering.computeCapability = device->major * 10 + device->minor;
   lowering.groupOptimizer = options.groupOptimizer;
   lowering.groupFp8Updates = options.groupFp8Updates;
   lowering.storeBf16 = options.storeBf16;

@@ -112,6 +112,8 @@ struct CudaProgram {
   /// The GPU's multiprocessors (LoweringOptions::multiprocessors): the launches whose blocks
   /// each take a share of the work (the cast-transposes) have a few blocks for each.
   int multiprocessors = 0;
+  /// The compute capability (LoweringOptions::computeCapability): thread-block clusters from 90.
+  int computeCapability = 90;
   ParameterLayout layout;
   /// Values stored in BF16 (two bytes an element), with their reshapes: only BF16 GEMMs read
   /// them, as operands they would round to BF16 anyway, so their producer rounds instead and
@@ -186,6 +188,9 @@ struct LoweringOptions {
   /// The GPU's multiprocessors; 0 (no GPU: tgc compile --arch) takes an H100's and H200's 132,
   /// and plans FP8 attention as cuDNN's (no workspace).
   int multiprocessors = 0;
+  /// The compute capability the kernels are compiled for, major * 10 + minor (90: sm_90); 0 (no
+  /// GPU, no --arch) takes 90.
+  int computeCapability = 0;
 };
 
 } // namespace tgc

@@ -319,15 +319,11 @@ TEST(GpuGeneration, StreamedAttentionOverLongCachesMatchesTheCpu) {
         }
 }
 
-TEST(GpuGeneration, SampledTokensAreTheCpusForTheSameSeed) {
-  // The sample op on random logits (ties and NaNs among them), vocabularies of GPT-2's size, an
-  // odd thousand and a few, greedy, temperature alone, top-k, top-p and both, and settings out
-  // of range (top-p <= 0 or > 1, top-k < 1 or past the vocabulary): the GPU's token of every row
-  // is the CPU's (support/Sampling.h decides in integers), for several seeds. GPT-2's
-  // vocabulary at 1, 5 and 32 rows takes the cooperative launch (sampleGrid: chunks of 2048,
-  // then 4096), at 48 rows sampleRows (too many blocks to hold at once).
-  SKIP_WITHOUT_GPU();
-  Rng rng(freshSeed());
+/// The sample op on random logits (ties and NaNs among them), vocabularies of GPT-2's size, an
+/// odd thousand and a few, greedy, temperature alone, top-k, top-p and both, and settings out of
+/// range (top-p <= 0 or > 1, top-k < 1 or past the vocabulary): the GPU's token of every row is
+/// the CPU's (support/Sampling.h decides in integers), for several seeds.
+void expectSampledTokensAreTheCpus(Rng &rng) {
   for (int64_t V : {50257, 1001, 37})
     for (int64_t B : {1, 5, 32, 48}) {
       if (V != 50257 && B > 5)
@@ -365,6 +361,21 @@ TEST(GpuGeneration, SampledTokensAreTheCpusForTheSameSeed) {
         }
       }
     }
+}
+
+TEST(GpuGeneration, SampledTokensAreTheCpusForTheSameSeed) {
+  // GPT-2's vocabulary at 1, 5 and 32 rows takes the cooperative launch (sampleGrid: chunks of
+  // 2048, then 4096), at 48 rows sampleRows (too many blocks to hold at once); then every shape
+  // in sampleCluster's one launch of a cluster a row (TGC_SAMPLE_CLUSTER=1; sm_90).
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  expectSampledTokensAreTheCpus(rng);
+  if (theGpu().computeCapability < 90)
+    GTEST_SKIP() << "thread-block clusters need compute capability 9.0";
+  ::setenv("TGC_SAMPLE_CLUSTER", "1", 1);
+  SCOPED_TRACE("TGC_SAMPLE_CLUSTER=1");
+  expectSampledTokensAreTheCpus(rng);
+  ::unsetenv("TGC_SAMPLE_CLUSTER");
 }
 
 TEST(GpuGeneration, PrefillAndDecodeGiveTheCpusTokens) {

@@ -1,6 +1,7 @@
 // The sample op's two paths side by side (#41: sampled decode within 5% of greedy): sample.cuh's
 // sampleGrid, the radix rounds over all of a row's blocks in one cooperative launch (after
-// argmaxParts, which zeroes the rows' sums), against sampleWeights and sampleRows, a block a row.
+// argmaxParts, which zeroes the rows' sums), against sampleWeights and sampleRows, a block a row,
+// and sample.cuh's sampleCluster, one launch of a cluster a row (8 or 16 blocks).
 // Checks that both give the same tokens on random rows (spread, peaked, with ties, NaN and -inf)
 // for greedy, top-k, top-p and both, and times both paths in CUDA graphs. Not part of the build:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ibackends/cuda/kernels -Isupport -o sample_grid \
@@ -44,11 +45,35 @@ __global__ void __launch_bounds__(kSampleThreads)
   sampleRows<N, Chunk, Stride>(x, parts, counters, sampling, seed, weights, out);
 }
 
+// sample.cuh's sampleCluster, one launch: a cluster of Blocks blocks of Threads threads a row.
+template <int64 N, int Blocks, int Threads, int64 Stride>
+__global__ void __cluster_dims__(Blocks, 1, 1) __launch_bounds__(Threads, 1)
+    sampleClusterKernel(const float *logits, const int *counters, const float *sampling, const int *seed, int *out) {
+  sampleCluster<N, Blocks, Threads, Stride>(logits, counters, sampling, seed, out);
+}
+
 struct Buffers {
   float *logits, *parts, *sampling;
-  int *counters, *seed, *outRows, *outGrid;
+  int *counters, *seed, *outRows, *outGrid, *outCluster;
   unsigned long long *weights, *scratch;
 };
+
+// The cluster path, one launch (clusters of 16 are past the portable 8: allowed first).
+template <int Blocks, int Threads> void launchCluster(const Buffers &b, int rows, cudaStream_t s) {
+  auto kernel = sampleClusterKernel<kVocab, Blocks, Threads, 0>;
+  static bool allowed = false; // (once, before any graph captures the launch)
+  if (Blocks > 8 && !allowed) {
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    allowed = true;
+  }
+  kernel<<<rows * Blocks, Threads, 0, s>>>(b.logits, b.counters, b.sampling, b.seed, b.outCluster);
+}
+struct ClusterPath {
+  const char *name;
+  void (*launch)(const Buffers &, int, cudaStream_t);
+};
+const ClusterPath kClusterPaths[] = {
+    {"8 x 1024", launchCluster<8, 1024>}, {"16 x 1024", launchCluster<16, 1024>}, {"16 x 512", launchCluster<16, 512>}};
 
 // The sampleRows path: argmax's parts, the weights, a block a row.
 void launchRows(const Buffers &b, int rows, cudaStream_t s) {
@@ -101,6 +126,7 @@ int main() {
   CK(cudaMalloc(&b.seed, 2 * 4));
   CK(cudaMalloc(&b.outRows, kMaxRows * 4));
   CK(cudaMalloc(&b.outGrid, kMaxRows * 4));
+  CK(cudaMalloc(&b.outCluster, kMaxRows * 4));
   CK(cudaMalloc(&b.weights, kMaxRows * kVocab * 8));
   // Garbage at first, as the arena leaves it: launch 0 zeroes the sums.
   CK(cudaMalloc(&b.scratch, kMaxRows * SampleGrid<kVocab, 2048>::Words * 8));
@@ -136,17 +162,34 @@ int main() {
               printf("differs: rows %d kind %d T %.1f p %.2f k %.0f row %d: sampleRows %d, grid %d\n", rows, kind,
                      setting[0], setting[1], setting[2], r, want[r], got[r]);
           }
+          for (const ClusterPath &path : kClusterPaths) {
+            CK(cudaMemset(b.outCluster, 0xff, rows * 4));
+            path.launch(b, rows, 0);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(got.data(), b.outCluster, rows * 4, cudaMemcpyDeviceToHost));
+            for (int r = 0; r < rows; ++r) {
+              ++checked;
+              if (want[r] != got[r] && ++differing <= 10)
+                printf("differs: rows %d kind %d T %.1f p %.2f k %.0f row %d: sampleRows %d, cluster %s %d\n", rows,
+                       kind, setting[0], setting[1], setting[2], r, want[r], path.name, got[r]);
+            }
+          }
         }
     }
-  printf("tokens: %d of %d the same as sampleRows's\n", checked - differing, checked);
+  printf("tokens: %d of %d the same as sampleRows's (the grid's and each cluster path's)\n", checked - differing,
+         checked);
   for (int rows : {1, 8, 32})
     for (const auto &setting : settings) {
       CK(cudaMemcpy(b.sampling, setting, 3 * 4, cudaMemcpyHostToDevice));
       // 50 samples a graph (the cooperative launch captures, as the decode step's does).
       float rowsUs = timeGraph(50, [&](int, cudaStream_t s) { launchRows(b, rows, s); });
       float gridUs = timeGraph(50, [&](int, cudaStream_t s) { CK(launchGrid(b, rows, s)); });
-      printf("rows %2d, T %.1f p %.2f k %2.0f: sampleRows path %7.2f us, grid path %7.2f us\n", rows, setting[0],
+      printf("rows %2d, T %.1f p %.2f k %2.0f: sampleRows path %7.2f us, grid path %7.2f us", rows, setting[0],
              setting[1], setting[2], rowsUs, gridUs);
+      for (const ClusterPath &path : kClusterPaths)
+        printf(", cluster %s %7.2f us", path.name,
+               timeGraph(50, [&](int, cudaStream_t s) { path.launch(b, rows, s); }));
+      printf("\n");
     }
   return differing != 0;
 }

@@ -233,7 +233,12 @@ int runCompile() {
   if (!graph)
     return report(graph.takeError());
   if (!EmitCuda.empty() || !Arch.empty()) {
-    auto cuda = lowerToCuda(**graph);
+    auto cc = archCapability(); // the kernels as --arch has them (0: sm_90)
+    if (!cc)
+      return report(cc.takeError());
+    LoweringOptions options;
+    options.computeCapability = *cc;
+    auto cuda = lowerToCuda(**graph, options);
     if (!cuda)
       return report(cuda.takeError());
     int64_t launches = 0;

@@ -2,8 +2,10 @@
 // and its index, decode.cuh): where all of the rows' blocks fit the GPU at once, one cooperative
 // launch over every block of every row (sampleGrid, below); otherwise the weights of every token
 // (many blocks a row), then a block of 1024 threads a row for the thresholds and the draw
-// (sampleRows). Every decision is an integer sum or an integer comparison, so the token is the
-// CPU's whatever the order of the sums.
+// (sampleRows); on compute capability 9.0, where TGC_SAMPLE_CLUSTER=1 asks for it, one launch
+// of a cluster of blocks a row without the argmax parts (sampleCluster, at the end). Every
+// decision is an integer sum or an integer comparison, so the token is the CPU's whatever the
+// order of the sums.
 #pragma once
 
 #include "decode.cuh"
@@ -397,4 +399,205 @@ __device__ void sampleGrid(const float *logits, const float *parts, const int *c
         break;
       }
   }
+}
+
+// ---- The draw in one launch of a thread-block cluster a row (compute capability 9.0) ----
+// No argmax launch before it and no grid barrier: sampleGrid meets its row's blocks at a
+// barrier in global memory for each radix round, a microsecond or more each, after the argmax
+// parts' launch. Here the row's Blocks blocks (one cluster: the kernel declares
+// __cluster_dims__) hold the row's keys and weights in registers, a thread a contiguous run of
+// Per tokens, and meet at the cluster's hardware barrier, each reading the others' sums from
+// their shared memory (the cluster's distributed shared memory). The row's largest logit comes
+// from the blocks' own argmax, combined the same way. Every decision is an integer sum or
+// comparison, so the token is sampleRows's and sampleGrid's, the CPU's, by construction.
+
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned clusterRank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every block of the cluster waits here; the shared-memory writes before it are
+// seen by every block after it (release, acquire). Every thread of the block calls it.
+__device__ __forceinline__ void clusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+
+// The value at `local` (a __shared__ variable of this block) in block `rank` of the cluster.
+__device__ __forceinline__ unsigned long long clusterLoad(const unsigned long long *local, unsigned rank) {
+  unsigned address = (unsigned)__cvta_generic_to_shared(local), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
+  unsigned long long value;
+  asm volatile("ld.shared::cluster.u64 %0, [%1];\n" : "=l"(value) : "r"(remote) : "memory");
+  return value;
+}
+
+// A row's share of each of its Blocks blocks of Threads threads: Per tokens a thread.
+template <int64 N, int Blocks, int Threads> struct SampleCluster {
+  static constexpr int Per = (int)((N + (int64)Blocks * Threads - 1) / ((int64)Blocks * Threads));
+  static constexpr int64 Share = (int64)Per * Threads; // a block's tokens
+  static_assert(Threads >= 256 && Threads % 32 == 0, "a thread a bin in sampleNextByte");
+};
+
+// The cluster's sum of each block's `local`, in rank order, given to every thread of the block
+// (after the cluster barrier that makes them complete; thread 0 reads, the block shares it).
+template <int Blocks>
+__device__ unsigned long long clusterSum(const unsigned long long *local, unsigned ranks = Blocks) {
+  __shared__ unsigned long long shared;
+  if (threadIdx.x == 0) {
+    unsigned long long sum = 0;
+    for (unsigned r = 0; r < ranks; ++r)
+      sum += clusterLoad(local, r);
+    shared = sum;
+  }
+  __syncthreads();
+  unsigned long long sum = shared;
+  __syncthreads(); // read before the next call writes it
+  return sum;
+}
+
+// sampleGridThreshold over the cluster: the largest key t >= lowest whose keys (>= t) weigh at
+// least target (4 rounds; this block's counts in bins[slot..slot+3], kept apart so that no round
+// waits for the others to have read the last), and in kept what they weigh.
+template <int Per, int Blocks>
+__device__ unsigned sampleClusterThreshold(const unsigned (&key)[Per], const unsigned long long (&weight)[Per],
+                                           bool weighted, unsigned lowest, unsigned long long target,
+                                           unsigned long long (*bins)[256], int slot, unsigned long long &kept) {
+  __shared__ unsigned long long row[256];
+  unsigned prefix = 0;
+  unsigned long long above = 0;
+  for (int shift = 24; shift >= 0; shift -= 8, ++slot) {
+    unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+#pragma unroll
+    for (int k = 0; k < Per; ++k) {
+      bool counted = key[k] >= lowest && (key[k] & decided) == prefix && weight[k] != ~0ull;
+      sampleAddToBin(bins[slot], counted ? (int)((key[k] >> shift) & 255u) : -1, weighted ? weight[k] : 1ull);
+    }
+    clusterSync();
+    if (threadIdx.x < 256) {
+      unsigned long long sum = 0;
+      for (unsigned r = 0; r < (unsigned)Blocks; ++r)
+        sum += clusterLoad(&bins[slot][threadIdx.x], r);
+      row[threadIdx.x] = sum;
+    }
+    __syncthreads();
+    sampleNextByte(row, shift, target, prefix, above, kept); // (its barriers: row read before rewritten)
+  }
+  return prefix;
+}
+
+// The row's first largest logit and its index (argmaxBetter's order) over the cluster, given to
+// every thread: each block's from its threads' runs, then the blocks' in rank order.
+template <int64 N, int Per, int Blocks>
+__device__ void sampleClusterBest(const float (&logit)[Per], int64 first, float &best, int &index) {
+  __shared__ unsigned long long mine; // this block's best: the value's bits, then the index
+  __shared__ float rowBest;
+  __shared__ int rowIndex;
+  best = __int_as_float(0x7fc00000); // no candidate yet: NaN at no index
+  index = 0x7fffffff;
+#pragma unroll
+  for (int k = 0; k < Per; ++k)
+    if (first + k < N && argmaxBetter(logit[k], (int)(first + k), best, index)) {
+      best = logit[k];
+      index = (int)(first + k);
+    }
+  argmaxBlock(best, index);
+  if (threadIdx.x == 0)
+    mine = (unsigned long long)__float_as_uint(best) << 32 | (unsigned)index;
+  clusterSync();
+  if (threadIdx.x == 0)
+    for (unsigned r = 0; r < (unsigned)Blocks; ++r) {
+      unsigned long long theirs = clusterLoad(&mine, r);
+      float v = __uint_as_float((unsigned)(theirs >> 32));
+      int i = (int)(unsigned)theirs;
+      if (argmaxBetter(v, i, best, index)) {
+        best = v;
+        index = i;
+      }
+    }
+  if (threadIdx.x == 0) {
+    rowBest = best;
+    rowIndex = index;
+  }
+  __syncthreads();
+  best = rowBest;
+  index = rowIndex;
+}
+
+// The sample op's token for each row, a cluster of Blocks blocks of Threads threads a row
+// (blocks [row * Blocks, (row + 1) * Blocks), one cluster); the kernel declares
+// __cluster_dims__(Blocks, 1, 1). No block leaves while another may still read its shared memory:
+// each return follows a last cluster barrier.
+template <int64 N, int Blocks, int Threads, int64 Stride>
+__device__ void sampleCluster(const float *logits, const int *counters, const float *sampling, const int *seed,
+                              int *out) {
+  using C = SampleCluster<N, Blocks, Threads>;
+  constexpr int Per = C::Per;
+  __shared__ unsigned long long bins[kSampleGridSlots][256]; // this block's counts: 4 top-k rounds, 4 top-p
+  __shared__ unsigned long long sums[2];                     // this block's kept weight, its draw weight
+  for (int i = threadIdx.x; i < kSampleGridSlots * 256; i += Threads)
+    bins[i / 256][i % 256] = 0; // (zero before sampleClusterBest's barrier: no other block adds here)
+  const unsigned rank = clusterRank();
+  const int64 row = blockIdx.x / Blocks, first = rank * C::Share + (int64)threadIdx.x * Per; // this thread's run
+  float logit[Per];
+#pragma unroll
+  for (int k = 0; k < Per; ++k)
+    logit[k] = first + k < N ? logits[row * N + first + k] : 0.0f;
+  float best;
+  int index;
+  sampleClusterBest<N, Per, Blocks>(logit, first, best, index);
+  const float temperature = sampling[0], topP = sampling[1];
+  const int64 topK = samplingTopK(sampling[2], N);
+  if (!(temperature > 0.0f)) { // every block returns here alike
+    if (rank == 0 && threadIdx.x == 0)
+      out[row] = index;
+    clusterSync();
+    return;
+  }
+  unsigned key[Per];
+  unsigned long long weight[Per];
+#pragma unroll
+  for (int k = 0; k < Per; ++k) { // as sampleGrid: ~0 marks a place past the row
+    key[k] = samplingKey(logit[k]);
+    weight[k] = first + k < N ? samplingWeight(logit[k], best, temperature) : ~0ull;
+  }
+  unsigned long long kept = 0;
+  unsigned lowest = 0;
+  if (topK > 0)
+    lowest = sampleClusterThreshold<Per, Blocks>(key, weight, false, 0u, (unsigned long long)topK, bins, 0, kept);
+  unsigned long long own = sampleGridKept<Per>(key, weight, lowest), blockTotal = sampleBlockSum(own);
+  if (threadIdx.x == 0)
+    sums[0] = blockTotal;
+  clusterSync();
+  unsigned long long total = clusterSum<Blocks>(&sums[0]);
+  if (total == 0) { // no finite logit (every block sees it)
+    if (rank == 0 && threadIdx.x == 0)
+      out[row] = index;
+    clusterSync();
+    return;
+  }
+  if (topP < 1.0f) {
+    lowest =
+        sampleClusterThreshold<Per, Blocks>(key, weight, true, lowest, samplingMassTarget(total, topP), bins, 5, total);
+    own = sampleGridKept<Per>(key, weight, lowest);
+  }
+  unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
+  unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
+  unsigned long long running = sampleExclusiveScan(own), mine = sampleBlockSum(own);
+  if (threadIdx.x == 0)
+    sums[1] = mine;
+  clusterSync();
+  running += clusterSum<Blocks>(&sums[1], rank); // the blocks before this one
+  if (running <= draw && draw < running + own) {
+#pragma unroll
+    for (int k = 0; k < Per; ++k)
+      if (weight[k] != ~0ull && key[k] >= lowest && (running += weight[k]) > draw) {
+        out[row] = (int)(first + k);
+        break;
+      }
+  }
+  clusterSync();
 }

@@ -43,6 +43,19 @@ llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_
   const int64_t chunks = (n + argChunk - 1) / argChunk, stride = op.attrs().getInt("stride").value_or(0);
   const std::string params = "const float *x, const int *counters, const float *sampling, const int *seed, int *out, "
                              "float *parts, float *scratch";
+  // sampleCluster (compute capability 9.0, where TGC_SAMPLE_CLUSTER=1 asks for it): one launch of
+  // a cluster of 8 blocks of 1024 threads a row, a thread at most 8 tokens (vocabularies up to
+  // 65,536). Off by default until tests/bench/sample_grid.cu and the GPU tests have run it.
+  constexpr int kClusterBlocks = 8, kClusterThreads = 1024;
+  if (e.program_.computeCapability >= 90 && n <= int64_t(8) * kClusterBlocks * kClusterThreads &&
+      environmentSwitch("TGC_SAMPLE_CLUSTER", false)) {
+    e.launch(0, params, rows * kClusterBlocks,
+             fmt::format("sampleCluster<{}, {}, {}, {}>(x, counters, sampling, seed, out)", n, kClusterBlocks,
+                         kClusterThreads, stride),
+             kClusterThreads, 1);
+    e.cluster(kClusterBlocks);
+    return llvm::Error::success();
+  }
   const int64_t resident = int64_t(kSampleGridBlocksPerSM) * e.program_.multiprocessors;
   for (int64_t chunk : {int64_t(2048), int64_t(4096)}) {
     int64_t gridChunks = (n + chunk - 1) / chunk;

@@ -40,6 +40,8 @@ std::string kernelSource(const KernelText &k) {
   std::string bounds = k.minBlocks ? fmt::format("__launch_bounds__({}, {}) ", k.threads, k.minBlocks)
                        : k.threads == kThreads ? ""
                                                : fmt::format("__launch_bounds__({}) ", k.threads);
+  if (k.clusterBlocks)
+    bounds = fmt::format("__cluster_dims__({}, 1, 1) ", k.clusterBlocks) + bounds;
   return fmt::format("{}\nextern \"C\" __global__ void {}{}({}) {{\n  {}{}\n}}\n\n", k.comment, bounds, k.name,
                      k.params, k.awaitsItself ? "" : "awaitPreviousKernel(); ", k.call);
 }

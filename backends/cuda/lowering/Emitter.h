@@ -28,6 +28,7 @@ struct KernelText {
   std::string comment, name, params, call;
   int threads = kThreads; // blocks of other than kThreads threads say so in launch bounds
   int minBlocks = 0;       // blocks an SM should hold at once (launch bounds; 0: no bound)
+  int clusterBlocks = 0;   // blocks a thread-block cluster (__cluster_dims__; 0: none)
   /// The kernel template calls awaitPreviousKernel (common.cuh) itself, after what it may read
   /// before the kernel before it ends (a GEMV's weights); otherwise the wrapper calls it first.
   bool awaitsItself = false;
@@ -178,6 +179,9 @@ public:
   /// The last launch's blocks wait for each other (KernelLaunch::cooperative): the caller has
   /// checked that they fit the GPU at once.
   void cooperative() { lowering.launches.back().cooperative = true; }
+  /// The last launch's kernel runs in clusters of `blocks` blocks (KernelText::clusterBlocks; the
+  /// launch's blocks a multiple of it, compute capability 9.0).
+  void cluster(int blocks) { kernels.back().clusterBlocks = blocks; }
   /// An elementwise launch over `count` elements.
   void elementwise(const std::string &params, int64_t count, const std::string &call) {
     launch(0, params, elementwiseBlocks(count), call);

@@ -110,6 +110,7 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
         options.cudnnAttention.try_emplace(op, 0);
   program.cudnnAttention = options.cudnnAttention;
   program.multiprocessors = options.multiprocessors > 0 ? options.multiprocessors : 132;
+  program.computeCapability = options.computeCapability > 0 ? options.computeCapability : 90;
   std::vector<Op *> ops = graph.ops();
   for (const Op *op : ops) {
     auto kind = loweringKind(*op);
