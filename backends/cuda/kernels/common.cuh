@@ -153,6 +153,33 @@ __device__ __forceinline__ void awaitPreviousKernel() {
 #endif
 }
 
+// Where a chain of kernels spends its time, phase by phase, for a bench that defines
+// TGC_PHASE_STAMPS before it includes the kernels (tests/bench/decode_phases.cu): tgcStamp(p)
+// keeps the global timer's first and last reading of phase p over the blocks that reach it
+// (thread 0 of each). Without TGC_PHASE_STAMPS it is nothing. Phases from kPhaseKernels on are
+// the kernels' own; the bench's wrappers take those below.
+enum TgcPhase : int {
+  kPhaseKernels = 16,
+  kPhaseAttentionQuery = kPhaseKernels, // decode_stream.cuh: the query in shared memory
+  kPhaseAttentionKeys,                  // the part's keys and values multiplied
+  kPhaseAttentionPart,                  // the part's sums written
+  kPhaseAttentionCombined,              // the last part's block has combined them all
+  kPhaseCount = 32
+};
+#ifdef TGC_PHASE_STAMPS
+__device__ unsigned long long tgcPhaseFirst[kPhaseCount], tgcPhaseLast[kPhaseCount];
+__device__ __forceinline__ void tgcStamp(int phase) {
+  if (threadIdx.x == 0) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+    atomicMin(&tgcPhaseFirst[phase], now);
+    atomicMax(&tgcPhaseLast[phase], now);
+  }
+}
+#else
+__device__ __forceinline__ void tgcStamp(int) {}
+#endif
+
 // The RoPE rotation of pair (x, y) at position t, pair index i, by ir/Rope.h's table of LENGTH
 // positions (cosines, then sines, as doubles holding floats), each product and sum rounded on
 // its own (no FMA): the CPU's bits. INVERSE turns back (rope's gradient) by the same table.

@@ -156,6 +156,7 @@ __device__ __forceinline__ void combineDecodeParts(int64 bh, int64 counted, floa
     for (; s < counted; ++s) acc += parts[s] * __ldcg(all + s * (Dh + 2) + 2 + d);
     out[bh * Dh + d] = acc / l;
   }
+  tgcStamp(kPhaseAttentionCombined);
 }
 
 // Query head h of KV heads reads cache head h / (H / KV) (grouped-query attention; the caches

@@ -76,6 +76,7 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
   for (int64 d = threadIdx.x; d < Dh; d += Threads)
     q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + row * W + h * Dh, d, at, table));
   __syncthreads();
+  tgcStamp(kPhaseAttentionQuery);
   const int group = threadIdx.x / Lanes, d0 = threadIdx.x % Lanes * E;
   float mq[E], acc[E];
 #pragma unroll
@@ -122,6 +123,7 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
     }
     m = top;
   }
+  tgcStamp(kPhaseAttentionKeys);
   // The groups combined, in group order: each rescaled to the block's maximum.
   if (d0 == 0)
     groupM[group] = m, groupL[group] = l;
@@ -142,6 +144,7 @@ __device__ void decodeStreamPart(int64 split, int64 bh, const float *qkv, const 
     else
       mine[2 + d] = sum;
   }
+  tgcStamp(kPhaseAttentionPart);
   if (counted == 1)
     return;
   if (threadIdx.x == 0) {
