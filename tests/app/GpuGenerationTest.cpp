@@ -96,40 +96,14 @@ TEST(GpuGeneration, MarginalProfileLeavesTheStepsAsTheyWere) {
   EXPECT_NE(printed.find("decode_attention"), std::string::npos) << printed;
 }
 
-TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
-  // gemv.cuh: the products of decode steps against a weight. 1 row (and 2 to 8 where K is no
-  // multiple of 32 or N past 16384) on the CUDA cores; 2 to 64 on tensor cores (partial and whole m16 tiles) with K in 8 slices (256), 1 slice (96:
-  // each warp all of K, written without shared memory), past 8 loads of weight a lane (2048: the
-  // next weights load while these multiply); 200 columns (a partial block) and 16384 (the most
-  // the tensor-core kernel takes); with and without a bias, and the bias then the GELU
-  // (matmul_bias_gelu, both of its results). 65 rows, or 16385 columns past 8 rows: cuBLASLt.
-  SKIP_WITHOUT_GPU();
-  Rng rng(freshSeed());
-  struct Shape {
-    int64_t M, K, N;
-  };
-  std::vector<Shape> shapes;
-  for (int64_t M : {1, 3, 8, 9, 24, 32, 64, 65})
-    shapes.push_back({M, 256, 200});
-  shapes.push_back({24, 96, 200});
-  shapes.push_back({32, 2048, 200});
-  shapes.push_back({17, 256, 16384});
-  // 2 column tiles a warp (K <= N: 24 rows; 40 rows, three row tiles), 4 (a block for every
-  // multiprocessor), both with a partial last block (Gemv.cpp's rowsColumnTiles).
-  shapes.push_back({24, 512, 1000});
-  shapes.push_back({40, 256, 6000});
-  shapes.push_back({16, 512, 5000});
-  shapes.push_back({17, 256, 16385});
-  shapes.push_back({8, 256, 16385});
-  // The GEMV's tiles (Gemv.cpp's gemvTile): K in 8 slices with 2 columns a warp and a partial
-  // last block; 8 slices of 4 loads a lane; 2 slices of 3 loads.
-  shapes.push_back({1, 2048, 2100});
-  shapes.push_back({4, 8192, 2050});
-  shapes.push_back({2, 1536, 1000});
-  // One row of K 8192 into 2101 columns: 1051 tiles of 2 columns in 4 slices, taken by a wave
-  // that strides over them (Gemv.cpp's stridedLongGemvBlocks, 132 multiprocessors), the last partial.
-  shapes.push_back({1, 8192, 2101});
-  for (const Shape &s : shapes)
+struct ProductShape {
+  int64_t M, K, N;
+};
+
+/// matmul, matmul_bias and matmul_bias_gelu of each shape on the GPU against the CPU (gemv.cuh's
+/// kernels where fewRows takes them, cuBLASLt past them), on fresh random operands.
+void expectProductsMatchTheCpu(const std::vector<ProductShape> &shapes, Rng &rng) {
+  for (const ProductShape &s : shapes)
     for (const char *kind : {"matmul", "matmul_bias", "matmul_bias_gelu"}) {
       const int64_t M = s.M, K = s.K, N = s.N;
       bool bias = std::string(kind) != "matmul", gelu = std::string(kind) == "matmul_bias_gelu";
@@ -165,6 +139,49 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
     }
 }
 
+TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
+  // gemv.cuh: the products of decode steps against a weight. 1 row (and 2 to 8 where K is no
+  // multiple of 32 or N past 16384) on the CUDA cores; 2 to 64 on tensor cores (partial and whole m16 tiles) with K in
+  // 8 slices (256), 1 slice (96: each warp all of K, written without shared memory), past 8 loads of weight a lane
+  // (2048: the next weights load while these multiply); 200 columns (a partial block) and 16384 (the most the
+  // tensor-core kernel takes); with and without a bias, and the bias then the GELU (matmul_bias_gelu, both of its
+  // results). 65 rows, or 16385 columns past 8 rows: cuBLASLt.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  std::vector<ProductShape> shapes;
+  for (int64_t M : {1, 3, 8, 9, 24, 32, 64, 65})
+    shapes.push_back({M, 256, 200});
+  shapes.push_back({24, 96, 200});
+  shapes.push_back({32, 2048, 200});
+  shapes.push_back({17, 256, 16384});
+  // 2 column tiles a warp (K <= N: 24 rows; 40 rows, three row tiles), 4 (a block for every
+  // multiprocessor), both with a partial last block (Gemv.cpp's rowsColumnTiles).
+  shapes.push_back({24, 512, 1000});
+  shapes.push_back({40, 256, 6000});
+  shapes.push_back({16, 512, 5000});
+  shapes.push_back({17, 256, 16385});
+  shapes.push_back({8, 256, 16385});
+  // The GEMV's tiles (Gemv.cpp's gemvTile): K in 8 slices with 2 columns a warp and a partial
+  // last block; 8 slices of 4 loads a lane; 2 slices of 3 loads.
+  shapes.push_back({1, 2048, 2100});
+  shapes.push_back({4, 8192, 2050});
+  shapes.push_back({2, 1536, 1000});
+  // One row of K 8192 into 2101 columns: 1051 tiles of 2 columns in 4 slices, taken by a wave
+  // that strides over them (Gemv.cpp's stridedLongGemvBlocks, 132 multiprocessors), the last partial.
+  shapes.push_back({1, 8192, 2101});
+  expectProductsMatchTheCpu(shapes, rng);
+}
+
+TEST(GpuGeneration, ProductsOfLongKInPartsMatchTheCpu) {
+  // 9 to 64 rows of a K at least twice N (fc2's shape) with K over 4 blocks a column block as
+  // well (gemmRowsPartsBf16, TGC_ROWS_PARTS=4): gpt2-124m's fc2 at 32 rows, a partial last
+  // column block at 24, one row tile past 8 rows.
+  SKIP_WITHOUT_GPU();
+  Rng rng(freshSeed());
+  ::setenv("TGC_ROWS_PARTS", "4", 1);
+  expectProductsMatchTheCpu({{32, 3072, 768}, {24, 2048, 1000}, {9, 4096, 300}}, rng);
+  ::unsetenv("TGC_ROWS_PARTS");
+}
 
 TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
   // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
