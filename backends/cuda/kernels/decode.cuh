@@ -191,7 +191,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     return;
   int64 first = split * Keys, end = position + 1 < first + Keys ? position + 1 : first + Keys;
   float *mine = partial + block * (Dh + 2);
-  if (Tiles) {
+  if constexpr (Tiles) { // (constexpr: heads narrower than a chunk have no tiles to load)
     for (int64 i = threadIdx.x; i < (end - first) * (Dh / Chunk); i += Threads) {
       int64 j = i / (Dh / Chunk), d = i % (Dh / Chunk) * Chunk, at = (b * T + first + j) * D + kh * Dh + d;
       *(uint4 *)&tileK[j][d] = *(const uint4 *)(k + at);
@@ -214,7 +214,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
         kOut[cell] = key;
         vOut[cell] = value;
       }
-      if (Tiles) {
+      if constexpr (Tiles) {
         tileK[at - first][d] = toCache<Cache>(key);
         tileV[at - first][d] = toCache<Cache>(value);
       }
