@@ -55,12 +55,10 @@ __device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin
 #endif
 }
 
-// The row's largest logit and its index, from argmaxParts' parts, given to every thread.
-template <int64 N, int64 Chunk>
-__device__ void sampleRowBest(const float *parts, int64 row, float &best, int &index) {
+// Thread 0's (best, index) given to every thread of the block.
+__device__ void sampleShareBest(float &best, int &index) {
   __shared__ float sharedBest;
   __shared__ int sharedIndex;
-  argmaxOfParts<N, Chunk>(parts, row, best, index);
   if (threadIdx.x == 0) {
     sharedBest = best;
     sharedIndex = index;
@@ -68,6 +66,12 @@ __device__ void sampleRowBest(const float *parts, int64 row, float &best, int &i
   __syncthreads();
   best = sharedBest;
   index = sharedIndex;
+}
+
+// The row's largest logit and its index, from argmaxParts' parts, given to every thread.
+template <int64 N, int64 Chunk> __device__ void sampleRowBest(const float *parts, int64 row, float &best, int &index) {
+  argmaxOfParts<N, Chunk>(parts, row, best, index);
+  sampleShareBest(best, index);
 }
 
 // Launch 1: the weights [Rows, N] of each row's tokens (nothing under temperature <= 0), a block
@@ -111,6 +115,14 @@ __device__ unsigned long long sampleExclusiveScan(unsigned long long value) {
     earlier += totals[w];
   __syncthreads();
   return earlier + inclusive - value;
+}
+
+// Row `row`'s draw for the token after position `counter` (samplingDraw), scaled to total, from
+// the seed's two 32-bit words (the low, then the high).
+__device__ __forceinline__ unsigned long long sampleRowDraw(const int *seed, int64 row, long long counter,
+                                                            unsigned long long total) {
+  unsigned long long word = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
+  return samplingDraw(word, row, counter, total);
 }
 
 // One radix round's decision from its 256 bins (in shared memory, complete): the next byte of
@@ -214,8 +226,7 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
   }
   if (topP < 1.0f)
     lowest = sampleThreshold<N>(x, weights, lowest, samplingMassTarget(total, topP), total);
-  unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
-  unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
+  unsigned long long draw = sampleRowDraw(seed, row, (long long)counters[row] - row * Stride, total);
   constexpr int64 Run = (N + kSampleThreads - 1) / kSampleThreads;
   int64 first = threadIdx.x * Run, last = first + Run < N ? first + Run : N;
   unsigned long long own = 0;
@@ -321,6 +332,23 @@ __device__ unsigned sampleGridThreshold(const unsigned (&key)[Per], const unsign
   return prefix;
 }
 
+// The token the draw lands on, written to *out by the thread whose run holds it: running is the
+// kept weight of the row before this thread's run, own its run's (keys >= lowest; ~0 marks a
+// place past the row).
+template <int Per>
+__device__ __forceinline__ void sampleLand(const unsigned (&key)[Per], const unsigned long long (&weight)[Per],
+                                           unsigned lowest, unsigned long long running, unsigned long long own,
+                                           unsigned long long draw, int64 first, int *out) {
+  if (!(running <= draw && draw < running + own))
+    return;
+#pragma unroll
+  for (int k = 0; k < Per; ++k)
+    if (weight[k] != ~0ull && key[k] >= lowest && (running += weight[k]) > draw) {
+      *out = (int)(first + k);
+      return;
+    }
+}
+
 // The weight of this thread's kept tokens (keys >= lowest; ~0 marks a place past the row).
 template <int Per>
 __device__ unsigned long long sampleGridKept(const unsigned (&key)[Per], const unsigned long long (&weight)[Per],
@@ -383,22 +411,14 @@ __device__ void sampleGrid(const float *logits, const float *parts, const int *c
                                       blocks, total);
     own = sampleGridKept<Per>(key, weight, lowest);
   }
-  unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
-  unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
+  unsigned long long draw = sampleRowDraw(seed, row, (long long)counters[row] - row * Stride, total);
   unsigned long long running = sampleExclusiveScan(own), mine = sampleBlockSum(own);
   if (threadIdx.x == 0)
     chunkSums[chunk] = mine;
   sampleGridBarrier(barrier, blocks);
   for (int64 c = 0; c < chunk; ++c)
     running += __ldcg(chunkSums + c);
-  if (running <= draw && draw < running + own) {
-#pragma unroll
-    for (int k = 0; k < Per; ++k)
-      if (weight[k] != ~0ull && key[k] >= lowest && (running += weight[k]) > draw) {
-        out[row] = (int)(first + k);
-        break;
-      }
-  }
+  sampleLand<Per>(key, weight, lowest, running, own, draw, first, out + row);
 }
 
 // ---- The draw in one launch of a thread-block cluster a row (compute capability 9.0) ----
@@ -494,8 +514,6 @@ __device__ unsigned sampleClusterThreshold(const unsigned (&key)[Per], const uns
 template <int64 N, int Per, int Blocks>
 __device__ void sampleClusterBest(const float (&logit)[Per], int64 first, float &best, int &index) {
   __shared__ unsigned long long mine; // this block's best: the value's bits, then the index
-  __shared__ float rowBest;
-  __shared__ int rowIndex;
   best = __int_as_float(0x7fc00000); // no candidate yet: NaN at no index
   index = 0x7fffffff;
 #pragma unroll
@@ -518,13 +536,7 @@ __device__ void sampleClusterBest(const float (&logit)[Per], int64 first, float 
         index = i;
       }
     }
-  if (threadIdx.x == 0) {
-    rowBest = best;
-    rowIndex = index;
-  }
-  __syncthreads();
-  best = rowBest;
-  index = rowIndex;
+  sampleShareBest(best, index);
 }
 
 // The sample op's token for each row, a cluster of Blocks blocks of Threads threads a row
@@ -584,20 +596,12 @@ __device__ void sampleCluster(const float *logits, const int *counters, const fl
         sampleClusterThreshold<Per, Blocks>(key, weight, true, lowest, samplingMassTarget(total, topP), bins, 5, total);
     own = sampleGridKept<Per>(key, weight, lowest);
   }
-  unsigned long long seedWord = (unsigned long long)(unsigned)seed[0] | (unsigned long long)(unsigned)seed[1] << 32;
-  unsigned long long draw = samplingDraw(seedWord, row, (long long)counters[row] - row * Stride, total);
+  unsigned long long draw = sampleRowDraw(seed, row, (long long)counters[row] - row * Stride, total);
   unsigned long long running = sampleExclusiveScan(own), mine = sampleBlockSum(own);
   if (threadIdx.x == 0)
     sums[1] = mine;
   clusterSync();
   running += clusterSum<Blocks>(&sums[1], rank); // the blocks before this one
-  if (running <= draw && draw < running + own) {
-#pragma unroll
-    for (int k = 0; k < Per; ++k)
-      if (weight[k] != ~0ull && key[k] >= lowest && (running += weight[k]) > draw) {
-        out[row] = (int)(first + k);
-        break;
-      }
-  }
+  sampleLand<Per>(key, weight, lowest, running, own, draw, first, out + row);
   clusterSync();
 }
