@@ -207,6 +207,9 @@ llvm::Error applyOverrides(ModelConfig &config, const ConfigOverrides &o) {
     t.recompute = *o.recompute;
   if (auto err = overrideNumber("recompute_layers", "recompute-layers", o.recomputeLayers, t.recomputeLayers))
     return err;
+  if (o.recomputeLayers && *o.recomputeLayers > config.layers) // (past them would quietly mean all of them)
+    return flagError(fmt::format("--recompute-layers must be at most the model's layers ({}), got {}", config.layers,
+                                 *o.recomputeLayers));
   if (auto err = overrideNumber("memory_budget", "memory-budget", o.memoryBudgetGiB, t.memoryBudgetGiB))
     return err;
   if (o.recomputeLayers) // the first N layers, chosen

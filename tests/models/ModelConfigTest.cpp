@@ -299,6 +299,11 @@ TEST(ModelConfig, RecomputeTakesLayersOrAutoWithABudget) {
   ConfigOverrides bad;
   bad.recomputeLayers = 2000;
   EXPECT_EQ(errorOf(applyOverrides(layers, bad)), "error: --recompute-layers must be between 0 and 1024, got 2000");
+  bad.recomputeLayers = 2; // GOOD has one layer: 2 would mean all of them without a word
+  EXPECT_EQ(errorOf(applyOverrides(layers, bad)),
+            "error: --recompute-layers must be at most the model's layers (1), got 2");
+  bad.recomputeLayers = 1;
+  EXPECT_FALSE(bool(applyOverrides(layers, bad)));
 }
 
 TEST(ModelConfig, ASmallVocabularyWithoutDataReadsBack) {
