@@ -160,7 +160,7 @@ __device__ __forceinline__ void awaitPreviousKernel() {
 // the kernels' own; the bench's wrappers take those below.
 enum TgcPhase : int {
   kPhaseKernels = 16,
-  kPhaseAttentionQuery = kPhaseKernels, // decode_stream.cuh: the query in shared memory
+  kPhaseAttentionQuery = kPhaseKernels, // decode.cuh, decode_stream.cuh: the query in shared memory
   kPhaseAttentionKeys,                  // the part's keys and values multiplied
   kPhaseAttentionPart,                  // the part's sums written
   kPhaseAttentionCombined,              // the last part's block has combined them all

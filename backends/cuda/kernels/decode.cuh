@@ -184,8 +184,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
   int64 block = bh * Splits + split, h = bh % H, row = bh / H, b = row / S, kh = h / G;
   int64 at = positions[b] + row % S; // this query's position
   int64 position = at < T ? at : T - 1; // outside the cache: read nothing outside it
-  // The parts that hold keys: those up to the position's (at least one, which a position before
-  // the cache leaves empty).
+  // The parts that hold keys: up to the position's (one at least, empty before the cache).
   int64 counted = position < 0 ? 1 : position / Keys + 1;
   if (split >= counted)
     return;
@@ -227,6 +226,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
     for (int64 d = threadIdx.x; d < Dh; d += Threads)
       q[d] = gemmOperand<Bf16>(rotatedElement<Rope, T, Dh>(qkv + row * W + h * Dh, d, at, table));
     __syncthreads();
+    tgcStamp(kPhaseAttentionQuery);
     int64 n = end - first;
     for (int64 from = 0; from < n * PerKey; from += Threads) { // every lane takes each turn: the shuffles
       int64 t = from + threadIdx.x, j = t / PerKey, d0 = (t % PerKey) * (Dh / PerKey);
@@ -266,8 +266,8 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
       for (int e = 0; e < Vec; ++e) sums[g][d + e] = acc[e];
     }
     __syncthreads();
-    // The only part (a context of at most Keys tokens) writes the result: the combine would
-    // weigh it by expf(m - m) = 1 (the same bits) after a trip through L2, a fence and an atomic.
+    tgcStamp(kPhaseAttentionKeys);
+    // The only part (at most Keys tokens) writes the result (the combine would weigh it by 1).
     for (int64 d = threadIdx.x; d < Dh; d += Threads) {
       float acc = 0.0f;
       for (int g = 0; g < Groups; ++g) acc += sums[g][d];
@@ -276,6 +276,7 @@ __device__ void decodeAttentionPart(int64 split, int64 bh, const float *qkv, con
       else
         mine[2 + d] = acc;
     }
+    tgcStamp(kPhaseAttentionPart);
     if (counted == 1)
       return;
     if (threadIdx.x == 0) {
