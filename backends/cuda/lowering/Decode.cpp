@@ -49,7 +49,9 @@ llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_
   constexpr int kClusterBlocks = 8, kClusterThreads = 1024;
   if (e.program_.computeCapability >= 90 && n <= int64_t(8) * kClusterBlocks * kClusterThreads &&
       environmentSwitch("TGC_SAMPLE_CLUSTER", false)) {
-    e.launch(0, params, rows * kClusterBlocks,
+    e.lowering.scratchFloats.clear(); // no argmax parts: the cluster takes the row's argmax itself
+    e.launch(0, "const float *x, const int *counters, const float *sampling, const int *seed, int *out",
+             rows * kClusterBlocks,
              fmt::format("sampleCluster<{}, {}, {}, {}>(x, counters, sampling, seed, out)", n, kClusterBlocks,
                          kClusterThreads, stride),
              kClusterThreads, 1);

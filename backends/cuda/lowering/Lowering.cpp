@@ -98,6 +98,24 @@ std::string assembleSource(const std::set<std::string> &headers, const std::vect
   return source;
 }
 
+/// Every kernel of `e`'s op takes at most the pointers the executor passes its launches
+/// (ProgramRunner::launchPointers: the operands, the results, the scratch and persistent
+/// buffers, the constants' and the addresses' tables): a parameter past them would be read from
+/// beyond the launch's arguments.
+llvm::Error checkKernelParameters(const Op &op, const Emitter &e) {
+  const OpLowering &l = e.lowering;
+  const size_t passed = op.numOperands() + op.numResults() + l.scratchFloats.size() + l.persistentFloats.size() +
+                        size_t(!l.constants.empty()) + size_t(!l.addresses.empty());
+  for (const KernelText &k : e.kernels) {
+    size_t taken = k.params.empty() ? 0 : size_t(llvm::count(k.params, ',')) + 1;
+    if (taken > passed)
+      return makeError("internal error: %{} = {}: kernel {} takes {} parameters, its launch passes {}",
+                       op.numResults() ? op.result()->name().c_str() : "", op.name().str().c_str(), k.name, taken,
+                       passed);
+  }
+  return llvm::Error::success();
+}
+
 } // namespace
 
 llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions options) {
@@ -165,6 +183,8 @@ llvm::Expected<CudaProgram> lowerToCuda(const Graph &graph, LoweringOptions opti
       continue;
     Emitter e(*ops[i], i, program);
     if (auto err = emitOp(*ops[i], e))
+      return std::move(err);
+    if (auto err = checkKernelParameters(*ops[i], e))
       return std::move(err);
     kernels[i] = std::move(e.kernels);
     headers.insert(e.headers.begin(), e.headers.end());
