@@ -7,7 +7,6 @@
 #include "tests/backends/cuda/GpuTestUtil.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 
 using namespace tgc;
@@ -141,11 +140,12 @@ void expectProductsMatchTheCpu(const std::vector<ProductShape> &shapes, Rng &rng
 
 TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   // gemv.cuh: the products of decode steps against a weight. 1 row (and 2 to 8 where K is no
-  // multiple of 32 or N past 16384) on the CUDA cores; 2 to 64 on tensor cores (partial and whole m16 tiles) with K in
-  // 8 slices (256), 1 slice (96: each warp all of K, written without shared memory), past 8 loads of weight a lane
-  // (2048: the next weights load while these multiply); 200 columns (a partial block) and 16384 (the most the
-  // tensor-core kernel takes); with and without a bias, and the bias then the GELU (matmul_bias_gelu, both of its
-  // results). 65 rows, or 16385 columns past 8 rows: cuBLASLt.
+  // multiple of 32 or N past 16384) on the CUDA cores; 2 to 64 on tensor cores (partial and whole
+  // m16 tiles) with K in 8 slices (256), 1 slice (96: each warp all of K, written without shared
+  // memory), past 8 loads of weight a lane (2048: the next weights load while these multiply);
+  // 200 columns (a partial block) and 16384 (the most the tensor-core kernel takes); with and
+  // without a bias, and the bias then the GELU (matmul_bias_gelu, both of its results). 65 rows,
+  // or 16385 columns past 8 rows: cuBLASLt.
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
   std::vector<ProductShape> shapes;
@@ -167,7 +167,8 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   shapes.push_back({4, 8192, 2050});
   shapes.push_back({2, 1536, 1000});
   // One row of K 8192 into 2101 columns: 1051 tiles of 2 columns in 4 slices, taken by a wave
-  // that strides over them (Gemv.cpp's stridedLongGemvBlocks, 132 multiprocessors), the last partial.
+  // that strides over them (Gemv.cpp's stridedLongGemvBlocks, 132 multiprocessors), the last
+  // partial.
   shapes.push_back({1, 8192, 2101});
   expectProductsMatchTheCpu(shapes, rng);
 }
@@ -193,7 +194,7 @@ TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
   // order can round to the neighbouring BF16 before the product reads it).
   SKIP_WITHOUT_GPU();
   Rng rng(freshSeed());
-  std::vector<std::array<int64_t, 3>> shapes{{1, 2048, 4502}, {1, 1024, 4502}}; // M, K, N
+  std::vector<ProductShape> shapes{{1, 2048, 4502}, {1, 1024, 4502}};
   for (int64_t M : {1, 3, 8})
     for (int64_t K : {64, 200, 1024})
       shapes.push_back({M, K, 200});

@@ -106,8 +106,8 @@ int main() {
   fillBits<<<64, 256>>>((unsigned short *)buf.b, 131072, 29u, 0x3f80);
   fillBits<<<64, 256>>>((unsigned short *)buf.gamma, 131072, 31u, 0x3f80);
   CK(cudaDeviceSynchronize());
-  // gpt-1.3b's products at Gemv.cpp's tiles (qkv and fc1 1 1, proj 2 8, fc2 1 8) and the best
-  // of gemv_decode's; then gpt2-124m's.
+  // gpt-1.3b's products at the tiles Gemv.cpp took before session 52 (qkv and fc1 1 1, proj 2 8,
+  // fc2 1 8) and the best of gemv_decode's; then gpt2-124m's.
   shape<6144, 2048, 1, 1, true, false>("qkv+norm", buf);
   shape<6144, 2048, 1, 2, true, false>("qkv+norm", buf);
   shape<2048, 2048, 2, 8, false, false>("proj", buf);

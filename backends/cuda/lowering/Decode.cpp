@@ -41,8 +41,8 @@ std::string cacheRopeTable(const Op &op, Emitter &e, int64_t T, int64_t Dh) {
 /// token into scratch 1, then a block a row (sampleRows).
 llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_t argChunk) {
   const int64_t chunks = (n + argChunk - 1) / argChunk, stride = op.attrs().getInt("stride").value_or(0);
-  const std::string params = "const float *x, const int *counters, const float *sampling, const int *seed, int *out, "
-                             "float *parts, float *scratch";
+  const std::string opParams = "const float *x, const int *counters, const float *sampling, const int *seed, int *out",
+                    params = opParams + ", float *parts, float *scratch";
   // sampleCluster (compute capability 9.0, where TGC_SAMPLE_CLUSTER=1 asks for it): one launch of
   // a cluster of 8 blocks of 1024 threads a row, a thread at most 8 tokens (vocabularies up to
   // 65,536). Off by default until tests/bench/sample_grid.cu and the GPU tests have run it.
@@ -50,8 +50,7 @@ llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_
   if (e.program_.computeCapability >= 90 && n <= int64_t(8) * kClusterBlocks * kClusterThreads &&
       environmentSwitch("TGC_SAMPLE_CLUSTER", false)) {
     e.lowering.scratchFloats.clear(); // no argmax parts: the cluster takes the row's argmax itself
-    e.launch(0, "const float *x, const int *counters, const float *sampling, const int *seed, int *out",
-             rows * kClusterBlocks,
+    e.launch(0, opParams, rows * kClusterBlocks,
              fmt::format("sampleCluster<{}, {}, {}, {}>(x, counters, sampling, seed, out)", n, kClusterBlocks,
                          kClusterThreads, stride),
              kClusterThreads, 1);
