@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # The decode step's switches that are off until measured, each against the default in one call on
 # the GPU machine (#41), from the same initial weights, alternating, ROUNDS rounds (1 unless set:
-# about five minutes a round on an H100):
+# about three minutes a round on an H100):
 #   scripts/gpu-levers.sh [TGC] [OUTDIR]
 # - TGC_SAMPLE_CLUSTER=1 (sample.cuh's sampleCluster) under --temperature 0.8 --top-p 0.95 at
-#   gpt2-124m batch 1 and 32 and gpt-1.3b batch 1, beside greedy decoding;
-# - TGC_ROWS_PARTS=2 and 4 (gemmRowsPartsBf16 for fc2) at gpt2-124m and gpt-1.3b batch 32.
+#   gpt2-124m batch 1 and 32 and gpt-1.3b batch 1, beside greedy decoding.
 # Each line: the switches, the model and batch, then tgc bench --generate's row; in
 # OUTDIR/levers.txt. The standalone benches that judge the same levers kernel by kernel
-# (tests/bench/sample_grid.cu, gemm_rows.cu, decode_phases.cu, gemv_decode.cu) are built with
+# (tests/bench/sample_grid.cu, sample_parts.cu) are built with
 # nvcc where it is installed and run beside this.
 set -euo pipefail
 tgc=${1:-build/tools/tgc} out=${2:-.}
@@ -36,9 +35,6 @@ gen() {
       gen "$model" "$batch"
       gen "$model" "$batch" TGC_SAMPLE_CLUSTER=0 -- --temperature 0.8 --top-p 0.95
       gen "$model" "$batch" TGC_SAMPLE_CLUSTER=1 -- --temperature 0.8 --top-p 0.95
-    done
-    for model in gpt2-124m gpt-1.3b; do
-      for parts in 1 2 4; do gen "$model" 32 "TGC_ROWS_PARTS=$parts"; done
     done
   done
 } 2>&1 | tee "$out/levers.txt"

@@ -173,17 +173,6 @@ TEST(GpuGeneration, FewRowProductsMatchTheCpu) {
   expectProductsMatchTheCpu(shapes, rng);
 }
 
-TEST(GpuGeneration, ProductsOfLongKInPartsMatchTheCpu) {
-  // 9 to 64 rows of a K at least twice N (fc2's shape) with K over 4 blocks a column block as
-  // well (gemmRowsPartsBf16, TGC_ROWS_PARTS=4): gpt2-124m's fc2 at 32 rows, a partial last
-  // column block at 24, one row tile past 8 rows.
-  SKIP_WITHOUT_GPU();
-  Rng rng(freshSeed());
-  ::setenv("TGC_ROWS_PARTS", "4", 1);
-  expectProductsMatchTheCpu({{32, 3072, 768}, {24, 2048, 1000}, {9, 4096, 300}}, rng);
-  ::unsetenv("TGC_ROWS_PARTS");
-}
-
 TEST(GpuGeneration, NormalisingProductsMatchTheCpu) {
   // gemv.cuh's residual_norm_linear (fuse-residual-norm-gemv): 1, 3 and 8 rows, rows of 64, 200
   // (a partial last lane pass) and 1024 features (the most a warp holds), LayerNorm and RMSNorm,

@@ -390,6 +390,8 @@ __device__ void gemmRowsBf16(const X *x, const unsigned short *w, const float *b
 // block of a column block to finish (counted in done, a zeroed buffer of one counter a column
 // block, which it zeroes again) sums the parts in part order (the same bits every run) and
 // writes each output as writeProduct does.
+// No lowering takes it: tests/bench/gemm_rows.cu times it alone, and the decode step was
+// slower with it at 32 rows (BENCHMARKS.md, session 53).
 template <int64 M, int64 N, int64 K, int KSPLIT, int CG, int Parts, bool Bias, bool Gelu, typename X, typename Out>
 __device__ void gemmRowsPartsBf16(const X *x, const unsigned short *w, const float *bias, Out out, float *pre,
                                   float *partial, unsigned *done) {

@@ -1,8 +1,7 @@
 // The few-row product family (gemv.cuh): GEMVs on the CUDA cores or tensor cores, and the
 // residual norm fused into the GEMV that reads it.
-#include "ir/Gemv.h"
 #include "backends/cuda/lowering/Families.h"
-#include "support/Environment.h"
+#include "ir/Gemv.h"
 
 #include <fmt/format.h>
 
@@ -117,17 +116,6 @@ int rowsColumnTiles(int64_t M, int64_t N, int64_t K, int kSplit, int multiproces
   return 1;
 }
 
-/// gemmRowsPartsBf16's blocks a column block for 9 to 64 rows of a K at least twice N (fc2's
-/// shape, whose few column blocks leave most multiprocessors idle: 19% of the memory's rate at
-/// gpt2-124m's 32 rows, BENCHMARKS.md session 45) where TGC_ROWS_PARTS asks for more than 1:
-/// off until tests/bench/gemm_rows.cu and the step have measured it. 1: none.
-int64_t rowsParts(int64_t M, int64_t N, int64_t K, int kSplit) {
-  if (M <= 8 || K < 2 * N)
-    return 1;
-  int64_t parts = environmentCount("TGC_ROWS_PARTS", 1, 8, "8 parts of K");
-  return K % (parts * 32 * kSplit) == 0 ? parts : 1;
-}
-
 } // namespace
 
 /// A product of few rows against a weight (gemv.cuh): one row (and up to 8 that the tensor-core
@@ -153,18 +141,9 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
   } else {
     // 2 to 8 rows keep one tile a warp (their x is small); 9 to 64 take rowsColumnTiles'.
     int kSplit = rowsKSplit(K), tiles = M > 8 ? rowsColumnTiles(M, N, K, kSplit, e.program_.multiprocessors) : 1;
-    if (int64_t parts = rowsParts(M, N, K, kSplit); parts > 1) {
-      // The parts' sums in scratch, the column blocks' counters kept zeroed between launches.
-      e.lowering.scratchFloats = {parts * M * N};
-      e.lowering.persistentFloats = {rowsBlocks(N, kSplit, tiles)};
-      e.launch(0, params + ", float *partial, unsigned *done", rowsBlocks(N, kSplit, tiles) * parts,
-               fmt::format("gemmRowsPartsBf16<{}, {}, {}, {}, {}, {}, {}, {}>({}, partial, done)", M, N, K, kSplit,
-                           tiles, parts, boolText(bias), boolText(gelu), args));
-    } else {
-      e.launch(0, params, rowsBlocks(N, kSplit, tiles),
-               fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}{}>({})", M, N, K, kSplit, boolText(bias),
-                           boolText(gelu), tiles > 1 ? fmt::format(", {}", tiles) : "", args));
-    }
+    e.launch(0, params, rowsBlocks(N, kSplit, tiles),
+             fmt::format("gemmRowsBf16<{}, {}, {}, {}, {}, {}{}>({})", M, N, K, kSplit, boolText(bias), boolText(gelu),
+                         tiles > 1 ? fmt::format(", {}", tiles) : "", args));
   }
   e.awaitsItself(); // its weights load while the kernel before it ends
   return llvm::Error::success();
