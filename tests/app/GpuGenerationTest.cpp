@@ -328,8 +328,9 @@ TEST(GpuGeneration, StreamedAttentionOverLongCachesMatchesTheCpu) {
 
 /// The sample op on random logits (ties and NaNs among them), vocabularies of GPT-2's size, an
 /// odd thousand and a few, greedy, temperature alone, top-k, top-p and both, and settings out of
-/// range (top-p <= 0 or > 1, top-k < 1 or past the vocabulary): the GPU's token of every row is
-/// the CPU's (support/Sampling.h decides in integers), for several seeds.
+/// range (top-p <= 0 or > 1, top-k < 1 or past the vocabulary), and beside others a row of -inf
+/// alone: the GPU's token of every row is the CPU's (support/Sampling.h decides in integers), for
+/// several seeds.
 void expectSampledTokensAreTheCpus(Rng &rng) {
   for (int64_t V : {50257, 1001, 37})
     for (int64_t B : {1, 5, 32, 48}) {
@@ -353,6 +354,8 @@ void expectSampledTokensAreTheCpus(Rng &rng) {
           x = float(rng.normal() * 3);
         logits.data[V / 2] = logits.data[V / 3]; // a tie
         logits.data[1] = std::nanf("");
+        if (B > 1) // the first row without a finite logit: nothing weighs, the argmax's token
+          std::fill(logits.data.begin(), logits.data.begin() + V, -INFINITY);
         leaves["logits"] = logits;
         Tensor counters = Tensor::zeros(TensorType(DType::I32, {B, 1}));
         for (int64_t b = 0; b < B; ++b)

@@ -55,6 +55,25 @@ __device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin
 #endif
 }
 
+// Adds `weight` to bins[bin] of the calling warp's own bins (nothing where bin < 0); every lane
+// of the warp calls it. The lanes of one bin sum their weights (as sampleAddToBin) and the first
+// of them adds the sum by a plain read and write: no other warp writes these bins and no two
+// lanes of this warp the same bin at once. No atomics: a 64-bit shared atomic on the few bins
+// that the logits' leading bytes share cost microseconds a round.
+__device__ __forceinline__ void sampleAddToWarpBin(unsigned long long *bins, int bin, unsigned long long weight) {
+#if __CUDA_ARCH__ >= 800
+  unsigned peers = __match_any_sync(0xffffffffu, bin);
+  unsigned low = __reduce_add_sync(peers, (unsigned)(weight & 0x1fffffull));
+  unsigned high = __reduce_add_sync(peers, (unsigned)(weight >> 21));
+  if (bin >= 0 && (int)(threadIdx.x % 32) == __ffs(peers) - 1)
+    bins[bin] += ((unsigned long long)high << 21) + low;
+  __syncwarp(); // this lane's sum seen by the lane that adds to the bin next
+#else
+  if (bin >= 0)
+    atomicAdd(&bins[bin], weight);
+#endif
+}
+
 // Thread 0's (best, index) given to every thread of the block. Caller gives each caller shared
 // words of its own (one pair for every caller grew gpt2-124m's decode step by 1,152 bytes of
 // CUBIN).
@@ -259,12 +278,14 @@ __device__ void sampleRows(const float *logits, const float *parts, const int *c
 // Launch 0 (argmaxParts, then sampleGridClear) zeroes each row's sums; launch 1 is
 // sampleGrid's, Rows x Chunks blocks of kSampleGridThreads all resident at once (a cooperative
 // launch): each block holds its chunk's keys and weights in registers, adds its counts to the
-// row's bins in global memory, and after a barrier of the row's blocks every block takes the
-// same decision from the same integer sums (sampleNextByte), so the token is sampleRows's, the
-// CPU's, by construction. Each round passes over registers, not over the row in memory.
+// row's bins in global memory (each warp counting into bins of its own first), and after a
+// barrier of the row's blocks every block takes the same decision from the same integer sums
+// (sampleNextByte), so the token is sampleRows's, the CPU's, by construction. Each round passes
+// over registers, not over the row in memory.
 
 // (Sampling.h's kSampleGridThreads a block, thread t holding bin 255 - t in sampleNextByte;
-// kSampleGridSlots: bins of 4 top-k rounds, the total, 4 top-p rounds.)
+// kSampleGridSlots: bins of 4 top-k rounds, the total (without top-p, whose first round's bins
+// sum to it), 4 top-p rounds.)
 
 template <int64 N, int64 Chunk>
 struct SampleGrid {
@@ -306,29 +327,45 @@ __device__ void sampleGridBarrier(unsigned *barrier, unsigned blocks) {
 }
 
 // sampleThreshold over the row's blocks: the largest key t >= lowest whose keys (>= t) weigh at
-// least target (4 rounds, in the bins of slots slot..slot+3), and in kept what they weigh.
+// least target (4 rounds, in the bins of slots slot..slot+3), and in kept what they weigh. A
+// target of 0 is top-p's: samplingMassTarget(total, topP) of the weight of every key >= lowest,
+// which is the sum of the first round's bins (no barrier of its own); `total` returns it, and
+// where it is 0 (no finite logit) the rounds stop there.
 template <int Per>
 __device__ unsigned sampleGridThreshold(const unsigned (&key)[Per], const unsigned long long (&weight)[Per],
-                                        bool weighted, unsigned lowest, unsigned long long target,
+                                        bool weighted, unsigned lowest, unsigned long long target, float topP,
                                         unsigned long long *rowBins, int slot, unsigned *barrier, unsigned blocks,
-                                        unsigned long long &kept) {
-  __shared__ unsigned long long local[256];
+                                        unsigned long long &kept, unsigned long long &total) {
+  constexpr int Warps = kSampleGridThreads / 32;
+  __shared__ unsigned long long local[256], warpBins[Warps][256]; // each warp's counts, apart
   unsigned prefix = 0;
   unsigned long long above = 0;
   for (int shift = 24; shift >= 0; shift -= 8, ++slot) {
-    local[threadIdx.x] = 0;
+    for (int w = 0; w < Warps; ++w)
+      warpBins[w][threadIdx.x] = 0;
     __syncthreads();
     unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
 #pragma unroll
     for (int k = 0; k < Per; ++k) {
       bool counted = key[k] >= lowest && (key[k] & decided) == prefix && weight[k] != ~0ull;
-      sampleAddToBin(local, counted ? (int)((key[k] >> shift) & 255u) : -1, weighted ? weight[k] : 1ull);
+      sampleAddToWarpBin(warpBins[threadIdx.x / 32], counted ? (int)((key[k] >> shift) & 255u) : -1,
+                         weighted ? weight[k] : 1ull);
     }
     __syncthreads();
-    if (local[threadIdx.x])
-      atomicAdd(rowBins + slot * 256 + threadIdx.x, local[threadIdx.x]);
+    unsigned long long sum = 0; // the block's count of bin threadIdx.x
+    for (int w = 0; w < Warps; ++w)
+      sum += warpBins[w][threadIdx.x];
+    if (sum)
+      atomicAdd(rowBins + slot * 256 + threadIdx.x, sum);
     sampleGridBarrier(barrier, blocks);
     local[threadIdx.x] = __ldcg(rowBins + slot * 256 + threadIdx.x); // the row's bins, past the L1
+    if (shift == 24) {
+      total = sampleBlockSum(local[threadIdx.x]); // (its barriers make local whole)
+      if (total == 0)
+        return 0;
+      if (target == 0)
+        target = samplingMassTarget(total, topP);
+    }
     __syncthreads();
     sampleNextByte(local, shift, target, prefix, above, kept);
   }
@@ -394,26 +431,28 @@ __device__ void sampleGrid(const float *logits, const float *parts, const int *c
     key[k] = samplingKey(logit);
     weight[k] = first + k < N ? samplingWeight(logit, best, temperature) : ~0ull;
   }
-  unsigned long long kept = 0;
+  unsigned long long kept = 0, total = 0;
   unsigned lowest = 0;
   if (topK > 0)
-    lowest = sampleGridThreshold<Per>(key, weight, false, 0u, (unsigned long long)topK, rowBins, 0, barrier, blocks,
-                                      kept);
-  unsigned long long own = sampleGridKept<Per>(key, weight, lowest), blockTotal = sampleBlockSum(own);
-  if (threadIdx.x == 0 && blockTotal)
-    atomicAdd(rowBins + 4 * 256, blockTotal);
-  sampleGridBarrier(barrier, blocks);
-  unsigned long long total = __ldcg(rowBins + 4 * 256);
+    lowest = sampleGridThreshold<Per>(key, weight, false, 0u, (unsigned long long)topK, topP, rowBins, 0, barrier,
+                                      blocks, kept, total);
+  if (topP < 1.0f) { // the total from the first round's bins, then what the cut keeps
+    lowest = sampleGridThreshold<Per>(key, weight, true, lowest, 0, topP, rowBins, 5, barrier, blocks, kept, total);
+    if (total)
+      total = kept;
+  } else {
+    unsigned long long blockTotal = sampleBlockSum(sampleGridKept<Per>(key, weight, lowest));
+    if (threadIdx.x == 0 && blockTotal)
+      atomicAdd(rowBins + 4 * 256, blockTotal);
+    sampleGridBarrier(barrier, blocks);
+    total = __ldcg(rowBins + 4 * 256);
+  }
   if (total == 0) { // no finite logit (every block sees it: none waits again)
     if (chunk == 0 && threadIdx.x == 0)
       out[row] = index;
     return;
   }
-  if (topP < 1.0f) {
-    lowest = sampleGridThreshold<Per>(key, weight, true, lowest, samplingMassTarget(total, topP), rowBins, 5, barrier,
-                                      blocks, total);
-    own = sampleGridKept<Per>(key, weight, lowest);
-  }
+  unsigned long long own = sampleGridKept<Per>(key, weight, lowest);
   unsigned long long draw = sampleRowDraw(seed, row, (long long)counters[row] - row * Stride, total);
   unsigned long long running = sampleExclusiveScan(own), mine = sampleBlockSum(own);
   if (threadIdx.x == 0)
