@@ -45,7 +45,8 @@ llvm::Error emitSample(const Op &op, Emitter &e, int64_t n, int64_t rows, int64_
                     params = opParams + ", float *parts, float *scratch";
   // sampleCluster (compute capability 9.0, where TGC_SAMPLE_CLUSTER=1 asks for it): one launch of
   // a cluster of 8 blocks of 1024 threads a row, a thread at most 8 tokens (vocabularies up to
-  // 65,536). Off by default until tests/bench/sample_grid.cu and the GPU tests have run it.
+  // 65,536). Off by default: its tokens are sampleGrid's, but its steps were no shorter
+  // (BENCHMARKS.md, session 53).
   constexpr int kClusterBlocks = 8, kClusterThreads = 1024;
   if (e.program_.computeCapability >= 90 && n <= int64_t(8) * kClusterBlocks * kClusterThreads &&
       environmentSwitch("TGC_SAMPLE_CLUSTER", false)) {
