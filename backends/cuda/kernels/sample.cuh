@@ -58,8 +58,9 @@ __device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin
 // Adds `weight` to bins[bin] of the calling warp's own bins (nothing where bin < 0); every lane
 // of the warp calls it. The lanes of one bin sum their weights (as sampleAddToBin) and the first
 // of them adds the sum by a plain read and write: no other warp writes these bins and no two
-// lanes of this warp the same bin at once. No atomics: a 64-bit shared atomic on the few bins
-// that the logits' leading bytes share cost microseconds a round.
+// lanes of this warp the same bin at once. (No faster than one 64-bit shared atomic on bins all
+// warps share: the gathering of lanes by bin is what a round costs, ~5.5 us of sampleGrid's,
+// tests/bench/sample_parts.cu.)
 __device__ __forceinline__ void sampleAddToWarpBin(unsigned long long *bins, int bin, unsigned long long weight) {
 #if __CUDA_ARCH__ >= 800
   unsigned peers = __match_any_sync(0xffffffffu, bin);
