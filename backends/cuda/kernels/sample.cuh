@@ -69,8 +69,8 @@ __device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin
 // of the warp calls it. The lanes of one bin sum their weights (as sampleAddToBin) and the first
 // of them adds the sum by a plain read and write: no other warp writes these bins and no two
 // lanes of this warp the same bin at once. (No faster than one 64-bit shared atomic on bins all
-// warps share: the gathering of lanes by bin is what a round costs, ~5.5 us of sampleGrid's,
-// tests/bench/sample_parts.cu.)
+// warps share: ~5.5 us a round of sampleGrid's either way, tests/bench/sample_parts.cu; the
+// gathering of lanes by bin, which both share, is the likely cost.)
 __device__ __forceinline__ void sampleAddToWarpBin(unsigned long long *bins, int bin, unsigned long long weight) {
 #if __CUDA_ARCH__ >= 800
   unsigned long long sum;
