@@ -73,8 +73,9 @@ int64_t gemvBlocks(int64_t N, GemvTile tile) {
 /// (tests/bench/gemv_waves.cu, BENCHMARKS.md session 52). gpt2-124m's (576 and 768 such tiles)
 /// keep a block a tile: the wave gained nothing there.
 constexpr int kStridedBlocksPerSm = 4;
+constexpr GemvTile kStridedNormTile{1, 2};
 std::optional<int64_t> stridedNormGemvBlocks(int64_t M, int64_t N, int64_t K, bool swiglu, int multiprocessors) {
-  const GemvTile tile{1, 2};
+  const GemvTile tile = kStridedNormTile;
   const int64_t wave = int64_t(kStridedBlocksPerSm) * multiprocessors;
   if (M != 1 || swiglu || K % (256 * tile.kSplit) || K / tile.kSplit > 4 * 256 || gemvBlocks(N, tile) < 2 * wave)
     return std::nullopt;
@@ -85,8 +86,9 @@ std::optional<int64_t> stridedNormGemvBlocks(int64_t M, int64_t N, int64_t K, bo
 /// 4 slices of K (8 loads a lane), where they come to 1.5 waves or more: 12.06 -> 11.41-11.94 us
 /// on an H100 (gemv_waves.cu), gpt-1.3b's batch-1 step 1.243 -> 1.227 ms. Shorter K (the
 /// projections, gpt2-124m's fc2) streamed slower in one wave.
+constexpr GemvTile kStridedLongTile{1, 4};
 std::optional<int64_t> stridedLongGemvBlocks(int64_t M, int64_t N, int64_t K, int multiprocessors) {
-  const GemvTile tile{1, 4};
+  const GemvTile tile = kStridedLongTile;
   const int64_t wave = int64_t(kStridedBlocksPerSm) * multiprocessors;
   if (M != 1 || K % (256 * tile.kSplit) || K / tile.kSplit <= 4 * 256 || K / tile.kSplit > 8 * 256 ||
       2 * gemvBlocks(N, tile) < 3 * wave)
@@ -133,7 +135,7 @@ llvm::Error emitGemv(const Op &op, Emitter &e) {
   std::string args = fmt::format("x, w, {}, out, {}", bias ? "bias" : "nullptr", gelu ? "pre" : "nullptr");
   if (fewRows(op) == FewRows::Gemv && !gemvOnTensorCores(M, N, K, false)) {
     std::optional<int64_t> strided = stridedLongGemvBlocks(M, N, K, e.program_.multiprocessors);
-    GemvTile tile = strided ? GemvTile{1, 4} : gemvTile(M, N, K, /*normed=*/false, /*swiglu=*/false);
+    GemvTile tile = strided ? kStridedLongTile : gemvTile(M, N, K, /*normed=*/false, /*swiglu=*/false);
     e.launch(0, params, strided ? *strided : gemvBlocks(N, tile),
              fmt::format("gemvBf16{}<{}, {}, {}, {}, {}, {}, {}>({})", strided ? "Strided" : "", M, N, K, tile.columns,
                          tile.kSplit, boolText(bias), boolText(gelu), args),
@@ -179,7 +181,7 @@ llvm::Error emitResidualNormGemv(const Op &op, Emitter &e) {
   int mmaKSplit = gemvOnTensorCores(M, N, K, swiglu) ? rowsKSplit(K) : 0;
   std::optional<int64_t> strided =
       mmaKSplit ? std::nullopt : stridedNormGemvBlocks(M, N, K, swiglu, e.program_.multiprocessors);
-  GemvTile tile = mmaKSplit ? GemvTile{} : strided ? GemvTile{1, 2} : gemvTile(M, N, K, /*normed=*/true, swiglu);
+  GemvTile tile = mmaKSplit ? GemvTile{} : strided ? kStridedNormTile : gemvTile(M, N, K, /*normed=*/true, swiglu);
   int64_t blocks = mmaKSplit ? rowsBlocks(N, mmaKSplit) : strided ? *strided : gemvBlocks(N, tile);
   e.launch(launch, params, blocks,
            fmt::format("residualNormGemvBf16<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}{}>(a, b, gamma, {}, {}, {}, sum, "
