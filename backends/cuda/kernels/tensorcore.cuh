@@ -80,3 +80,9 @@ __device__ __forceinline__ void waitForAllButLatestCopies() {
   asm volatile("cp.async.wait_group 1;\n" ::);
 #endif
 }
+// Waits until every committed group has landed.
+__device__ __forceinline__ void waitForAllCopies() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}

@@ -1,0 +1,275 @@
+// Causal attention's forward on Hopper's warpgroup products (wgmma.cuh; sm_90a): the same
+// function as attentionForwardBf16 (attention.cuh: the same operands, head-major BF16 from
+// toHeadsBf16, the same online softmax in base 2, probabilities rounded to BF16 for p v), over
+// tiles of 128 queries and 128 keys. A block is two warpgroups, 64 queries each; both load the
+// tiles (cp.async, two stages: the next keys and values land while this tile is used) into
+// shared memory in the products' swizzled layout, and each multiplies its queries by the keys
+// (q k^T: q and k from shared memory), takes the softmax in registers and multiplies the
+// probabilities, still in registers, by the values.
+#pragma once
+
+#include "attention.cuh"
+#include "wgmma.cuh"
+
+enum { kWgmmaRows = 128, kWgmmaThreads = 256 }; // a block's queries, and keys of a tile
+
+// Rows [row0, row0 + R) of a head-major BF16 tensor (rows of DH values, T of them; rows at or
+// past T zero) into `tile` in the products' layout: DH / 64 blocks of R swizzled rows of 64
+// values (128 bytes) each. Asynchronous: the caller commits the copies as a group.
+template <int T, int DH, int R>
+__device__ void copySwizzledAsync(unsigned char *tile, const unsigned short *src, int row0) {
+  constexpr int CHUNKS = R * DH / 8; // 16 bytes each, a row's in a row of threads
+#pragma unroll
+  for (int i = threadIdx.x; i < CHUNKS; i += kWgmmaThreads) {
+    int r = i / (DH / 8), chunk = i % (DH / 8), row = row0 + r;
+    bool valid = row < T;
+    unsigned char *dst = tile + chunk / 8 * R * 128 + swizzledChunk(r, chunk % 8);
+    copyAsync16((unsigned short *)dst, src + (int64)(valid ? row : 0) * DH + 8 * chunk, valid);
+  }
+}
+
+// The shared memory attentionForwardWgmma takes: 128 queries, STAGES stages of keys and
+// values, and 1 KB to align the tiles to the swizzle's 1024 bytes.
+template <int DH, int STAGES> __host__ __device__ constexpr int attentionWgmmaShared() {
+  return (1 + 2 * STAGES) * kWgmmaRows * DH * 2 + 1024;
+}
+
+// What a warpgroup's lane keeps of its two rows (row0 and row0 + 8) between key tiles: the
+// running maxima of the scaled scores (base 2) and the sums of their exponentials.
+struct OnlineSoftmax {
+  float m0 = -__builtin_huge_valf(), m1 = -__builtin_huge_valf(), l0 = 0.0f, l1 = 0.0f;
+};
+
+// Issues s = q k^T for this warpgroup's 64 queries and the 128 keys of a tile (asynchronous:
+// the caller commits and waits). `queries` and `keys` are the shared addresses of the tiles.
+template <int DH>
+__device__ __forceinline__ void issueScores(float (*s)[4], unsigned queries, unsigned keys, int group) {
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    unsigned along = kk / 4 * 128 * kWgmmaRows + kk % 4 * 32; // 16 values on: block kk / 4, 32 bytes a step
+    wgmmaShared<kWgmmaRows>(s, wgmmaDescriptor(queries + along + group * 64 * 128, 0, 1024),
+                            wgmmaDescriptor(keys + along, 0, 1024), kk > 0);
+  }
+}
+
+// Issues o += p v over the 128 keys of a tile (p this lane's A fragments, values the tile's
+// shared address).
+template <int DH> __device__ __forceinline__ void issueValues(float (*o)[4], const unsigned (*p)[4], unsigned values) {
+#pragma unroll
+  for (int kk = 0; kk < kWgmmaRows / 16; ++kk) // keys 16 kk ..: 16 rows of 128 bytes on
+    wgmmaRegisters<DH>(o, p[kk], wgmmaDescriptor(values + kk * 16 * 128, kWgmmaRows * 128, 1024), 1);
+}
+
+// The online softmax over key tile kt's scores (in place: s becomes the probabilities, fp32),
+// as attentionForwardBf16's: the causal mask on the diagonal, the new maxima, the sums; alpha
+// the factors the outputs so far are to be scaled by.
+__device__ __forceinline__ void softmaxTile(float (*s)[4], OnlineSoftmax &r, float &alpha0, float &alpha1, int kt,
+                                            int tile, int row0, float scaleLog2) {
+  constexpr int N = kWgmmaRows;
+  const int c = 2 * (threadIdx.x % 4), row1 = row0 + 8;
+  float raw0 = __int_as_float(0xff800000), raw1 = raw0;
+  const bool diagonal = kt * N + N - 1 > tile * kWgmmaRows; // keys past some rows
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int key = kt * N + j * 8 + c + (e & 1);
+      if (diagonal && key > (e < 2 ? row0 : row1))
+        s[j][e] = __int_as_float(0xff800000);
+      if (e < 2)
+        raw0 = fmaxf(raw0, s[j][e]);
+      else
+        raw1 = fmaxf(raw1, s[j][e]);
+    }
+  // Key 0 is in every row's first tile: the maxima are finite from there on.
+  const float max0 = fmaxf(r.m0, quadMax(raw0) * scaleLog2), max1 = fmaxf(r.m1, quadMax(raw1) * scaleLog2);
+  alpha0 = exp2Approx(r.m0 - max0);
+  alpha1 = exp2Approx(r.m1 - max1);
+  r.m0 = max0;
+  r.m1 = max1;
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = exp2Approx(fmaf(s[j][e], scaleLog2, -(e < 2 ? max0 : max1)));
+      s[j][e] = p;
+      if (e < 2)
+        sum0 += p;
+      else
+        sum1 += p;
+    }
+  r.l0 = r.l0 * alpha0 + sum0;
+  r.l1 = r.l1 * alpha1 + sum1;
+}
+
+// The probabilities (C fragments of s) rounded to BF16 as p v's A fragments: 16 keys each.
+__device__ __forceinline__ void packProbabilities(unsigned (*p)[4], const float (*s)[4]) {
+#pragma unroll
+  for (int j = 0; j < kWgmmaRows / 8; ++j) {
+    p[j / 2][2 * (j % 2)] = packBf16(s[j][0], s[j][1]);
+    p[j / 2][2 * (j % 2) + 1] = packBf16(s[j][2], s[j][3]);
+  }
+}
+
+template <int DH> __device__ __forceinline__ void scaleOutputs(float (*o)[4], float alpha0, float alpha1) {
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n) {
+    o[n][0] *= alpha0;
+    o[n][1] *= alpha0;
+    o[n][2] *= alpha1;
+    o[n][3] *= alpha1;
+  }
+}
+
+// out = o / l at this lane's rows and columns, and the rows' log-sum-exps (natural log).
+template <int T, int H, int DH, typename Out>
+__device__ void storeAttention(const float (*o)[4], OnlineSoftmax r, Out out, float *lse, int b, int h, int row0) {
+  const int c = 2 * (threadIdx.x % 4), row1 = row0 + 8;
+  r.l0 = quadSum(r.l0);
+  r.l1 = quadSum(r.l1);
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
+      if (row < T)
+        out[((int64)b * T + row) * H * DH + h * DH + d] = o[n][e] / (e < 2 ? r.l0 : r.l1);
+    }
+  if (threadIdx.x % 4 == 0) { // back from base 2 to the natural log
+    const int64 at = ((int64)b * H + h) * T;
+    if (row0 < T)
+      lse[at + row0] = (r.m0 + log2f(r.l0)) * 0.6931471805599453f;
+    if (row1 < T)
+      lse[at + row1] = (r.m1 + log2f(r.l1)) * 0.6931471805599453f;
+  }
+}
+
+// The forward for 128 queries (a block of two warpgroups; dynamic shared memory of
+// attentionWgmmaShared<DH, 2>() bytes): out = softmax(mask(scale q k^T)) v and each query's
+// log-sum-exp, as attentionForwardBf16. Each tile's products wait for each other.
+template <int B, int T, int H, int DH, int KV = H, typename Out>
+__device__ void attentionForwardWgmma(const unsigned short *heads, Out out, float *lse, float scale) {
+  static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
+  using A = AttentionHeads<B, T, H, KV, DH>;
+  constexpr int M = kWgmmaRows, N = kWgmmaRows, TILES = (T + M - 1) / M;
+  constexpr int TILE = N * DH * 2; // bytes of a tile of keys (or values, or queries)
+  extern __shared__ unsigned char attentionShared[];
+  unsigned char *queries = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  const unsigned queriesAt = sharedAddress(queries);
+  const int tile = TILES - 1 - blockIdx.x % TILES; // the longest rows of tiles first
+  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const unsigned short *q = heads + (int64)bh * T * DH, *k = heads + A::keysOf(b, h), *v = k + A::KPART;
+  const int row0 = tile * M + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4;
+  const int last = (min(T, (tile + 1) * M) - 1) / N; // the last key tile
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  copySwizzledAsync<T, DH, M>(queries, q, tile * M);
+  copySwizzledAsync<T, DH, N>(queries + TILE, k, 0);
+  copySwizzledAsync<T, DH, N>(queries + 2 * TILE, v, 0);
+  commitCopies();
+  float o[DH / 8][4] = {};
+  OnlineSoftmax r;
+  for (int kt = 0; kt <= last; ++kt) {
+    const int stage = 1 + 2 * (kt & 1); // tiles: keys at stage, values at stage + 1
+    if (kt < last) {
+      copySwizzledAsync<T, DH, N>(queries + (4 - stage) * TILE, k, (kt + 1) * N);
+      copySwizzledAsync<T, DH, N>(queries + (5 - stage) * TILE, v, (kt + 1) * N);
+    }
+    commitCopies(); // (an empty group after the last tile: the wait below counts the same way)
+    waitForAllButLatestCopies();
+    fenceProxyAsync();
+    __syncthreads();
+    float s[N / 8][4];
+    wgmmaFence();
+    issueScores<DH>(s, queriesAt, queriesAt + stage * TILE, group);
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<N / 8>(s);
+    float alpha0, alpha1;
+    softmaxTile(s, r, alpha0, alpha1, kt, tile, row0, scaleLog2);
+    unsigned p[N / 16][4];
+    packProbabilities(p, s);
+    scaleOutputs<DH>(o, alpha0, alpha1);
+    wgmmaFence();
+    issueValues<DH>(o, p, queriesAt + (stage + 1) * TILE);
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(o);
+    __syncthreads(); // both warpgroups are done with this stage before it is loaded again
+  }
+  storeAttention<T, H, DH>(o, r, out, lse, b, h, row0);
+}
+
+// The same forward with the products of neighbouring tiles overlapped (FlashAttention-3's
+// ordering within a warpgroup): at tile j the scores of j and p v of tile j - 1 are issued
+// together, and the softmax of j runs while p v of j - 1 is in flight. Three stages of keys
+// and values (j - 1's values, j's keys, j + 1's landing): attentionWgmmaShared<DH, 3>() bytes.
+template <int B, int T, int H, int DH, int KV = H, typename Out>
+__device__ void attentionForwardWgmmaOverlapped(const unsigned short *heads, Out out, float *lse, float scale) {
+  static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
+  using A = AttentionHeads<B, T, H, KV, DH>;
+  constexpr int M = kWgmmaRows, N = kWgmmaRows, TILES = (T + M - 1) / M;
+  constexpr int TILE = N * DH * 2;
+  extern __shared__ unsigned char attentionShared[];
+  unsigned char *queries = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  const unsigned queriesAt = sharedAddress(queries);
+  const int tile = TILES - 1 - blockIdx.x % TILES;
+  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const unsigned short *q = heads + (int64)bh * T * DH, *k = heads + A::keysOf(b, h), *v = k + A::KPART;
+  const int row0 = tile * M + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4;
+  const int last = (min(T, (tile + 1) * M) - 1) / N;
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  auto keysOf = [&](int kt) { return 1 + 2 * (kt % 3); }; // the tile of kt's keys; its values follow
+  auto load = [&](int kt) {
+    copySwizzledAsync<T, DH, N>(queries + keysOf(kt) * TILE, k, kt * N);
+    copySwizzledAsync<T, DH, N>(queries + (keysOf(kt) + 1) * TILE, v, kt * N);
+  };
+  copySwizzledAsync<T, DH, M>(queries, q, tile * M);
+  load(0);
+  commitCopies();
+  if (last > 0)
+    load(1);
+  commitCopies();
+  waitForAllButLatestCopies();
+  fenceProxyAsync();
+  __syncthreads();
+  float s[N / 8][4], o[DH / 8][4] = {};
+  unsigned p[N / 16][4];
+  OnlineSoftmax r;
+  float alpha0, alpha1;
+  wgmmaFence();
+  issueScores<DH>(s, queriesAt, queriesAt + keysOf(0) * TILE, group);
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceAccumulators<N / 8>(s);
+  softmaxTile(s, r, alpha0, alpha1, 0, tile, row0, scaleLog2);
+  packProbabilities(p, s);
+  for (int kt = 1; kt <= last; ++kt) {
+    // Tile kt's copies (issued one tile ago) have landed for every thread, and every warpgroup
+    // is past tile kt - 2's values: kt + 1 may load into their stage.
+    waitForAllCopies();
+    fenceProxyAsync();
+    __syncthreads();
+    if (kt < last)
+      load(kt + 1);
+    commitCopies();
+    wgmmaFence();
+    issueScores<DH>(s, queriesAt, queriesAt + keysOf(kt) * TILE, group);
+    wgmmaCommit();
+    issueValues<DH>(o, p, queriesAt + (keysOf(kt - 1) + 1) * TILE);
+    wgmmaCommit();
+    wgmmaWait<1>(); // the scores; p v of kt - 1 may still run
+    fenceAccumulators<N / 8>(s);
+    softmaxTile(s, r, alpha0, alpha1, kt, tile, row0, scaleLog2);
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(o);
+    scaleOutputs<DH>(o, alpha0, alpha1);
+    packProbabilities(p, s);
+  }
+  wgmmaFence();
+  issueValues<DH>(o, p, queriesAt + (keysOf(last) + 1) * TILE);
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceAccumulators<DH / 8>(o);
+  storeAttention<T, H, DH>(o, r, out, lse, b, h, row0);
+}

@@ -1,0 +1,168 @@
+// Hopper's warpgroup products (wgmma, sm_90a) as inline PTX: a warpgroup of four warps (128
+// threads) multiplies 64 rows of A, from shared memory or from registers, by N columns of B in
+// shared memory, asynchronously. Operands in shared memory are described by a 64-bit descriptor
+// of their layout; tgc uses one layout, 128-byte swizzled (swizzledChunk), for both the
+// K-major operands (q and k in q k^T: each row's elements along the sum) and the MN-major ones
+// (v in p v, read transposed).
+// Fragments, per lane of warp w of the warpgroup (g = lane / 4, c = 2 * (lane % 4)), as
+// mma.sync m16n8k16's (tensorcore.cuh) for rows 16 w ..:
+//   A (64 x 16 from registers): {(g, c..c+1), (g+8, c..c+1), (g, c+8..c+9), (g+8, c+8..c+9)}
+//   D (64 x N fp32): d[j] = {(g, 8j+c), (g, 8j+c+1), (g+8, 8j+c), (g+8, 8j+c+1)}, j < N / 8
+// Compiled for another architecture than sm_90a, each instruction traps.
+#pragma once
+
+#include "tensorcore.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TGC_WGMMA 1
+#else
+#define TGC_WGMMA 0
+#endif
+
+// The byte offset of 16-byte chunk `chunk` (< 8) of row `row` in a 128-byte swizzled block
+// whose rows are 128 bytes (64 BF16 values) apart: the chunk moves to chunk ^ (row % 8), so
+// that eight rows' same chunk fall in eight different bank groups. The block starts at a
+// multiple of 1024 bytes (eight rows).
+__host__ __device__ constexpr int swizzledChunk(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
+
+// The descriptor of an operand at shared address `address` in the swizzled layout:
+// `leading` the bytes between blocks of 64 values along the operand's contiguous dimension
+// (MN-major operands; ignored for K-major ones, whose 16 values a product takes lie in one
+// row), `stride` the bytes between groups of eight rows (1024 here).
+__device__ __forceinline__ unsigned long long wgmmaDescriptor(unsigned address, unsigned leading, unsigned stride) {
+  return (unsigned long long)((address & 0x3ffff) >> 4) | (unsigned long long)((leading >> 4) & 0x3fff) << 16 |
+         (unsigned long long)((stride >> 4) & 0x3fff) << 32 | 1ull << 62; // 62: 128-byte swizzle
+}
+
+// Orders the warpgroup's register writes before the products that read them (wgmma.fence),
+// closes a group of products (commit), and waits until at most PENDING groups are in flight.
+__device__ __forceinline__ void wgmmaFence() {
+#if TGC_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wgmmaCommit() {
+#if TGC_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int PENDING> __device__ __forceinline__ void wgmmaWait() {
+#if TGC_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+#endif
+}
+
+// After wgmmaWait: the compiler sees the accumulators written here, so no read of them moves
+// above the wait (the products write them asynchronously, behind its back).
+template <int J> __device__ __forceinline__ void fenceAccumulators(float (*d)[4]) {
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+// Shared memory written by ordinary stores or cp.async, made visible to the products' reads
+// (the asynchronous proxy); a barrier follows.
+__device__ __forceinline__ void fenceProxyAsync() {
+#if TGC_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// d (+)= A B over K = 16: 64 x N products, N 64 or 128; accumulate = 0 overwrites d. A is a
+// K-major descriptor (wgmmaShared) or this lane's four registers of BF16 pairs (wgmmaRegisters);
+// B a descriptor, K-major in wgmmaShared (k^T: rows of k along the sum), MN-major in
+// wgmmaRegisters (v: its rows along the sum, read transposed).
+template <int N>
+__device__ __forceinline__ void wgmmaShared(float (*d)[4], unsigned long long a, unsigned long long b, int accumulate);
+template <int N>
+__device__ __forceinline__ void wgmmaRegisters(float (*d)[4], const unsigned *a, unsigned long long b, int accumulate);
+
+#if TGC_WGMMA
+template <>
+__device__ __forceinline__ void wgmmaShared<64>(float (*d)[4], unsigned long long a, unsigned long long b,
+                                                int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+               "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+               "%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                 "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmmaRegisters<64>(float (*d)[4], const unsigned *a, unsigned long long b,
+                                                   int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+               "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+               "%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                 "+f"(d[7][2]), "+f"(d[7][3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmmaShared<128>(float (*d)[4], unsigned long long a, unsigned long long b,
+                                                 int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+               "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+               "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+               "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                 "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                 "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                 "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                 "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+                 "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                 "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmmaRegisters<128>(float (*d)[4], const unsigned *a, unsigned long long b,
+                                                    int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+        "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),
+        "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),
+        "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+#else
+template <int N>
+__device__ __forceinline__ void wgmmaShared(float (*)[4], unsigned long long, unsigned long long, int) {
+  __trap();
+}
+template <int N>
+__device__ __forceinline__ void wgmmaRegisters(float (*)[4], const unsigned *, unsigned long long, int) {
+  __trap();
+}
+#endif
