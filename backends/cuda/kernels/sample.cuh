@@ -65,22 +65,22 @@ __device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin
 #endif
 }
 
-// Adds `weight` to bins[bin] of the calling warp's own bins (nothing where bin < 0); every lane
-// of the warp calls it. The lanes of one bin sum their weights (as sampleAddToBin) and the first
-// of them adds the sum by a plain read and write: no other warp writes these bins and no two
-// lanes of this warp the same bin at once. (No faster than one 64-bit shared atomic on bins all
-// warps share: ~5.5 us a round of sampleGrid's either way, tests/bench/sample_parts.cu; the
-// gathering of lanes by bin, which both share, is the likely cost.)
-__device__ __forceinline__ void sampleAddToWarpBin(unsigned long long *bins, int bin, unsigned long long weight) {
-#if __CUDA_ARCH__ >= 800
-  unsigned long long sum;
-  if (sampleGatherBin(bin, weight, sum) && bin >= 0)
-    bins[bin] += sum;
-  __syncwarp(); // this lane's sum seen by the lane that adds to the bin next
-#else
-  if (bin >= 0)
-    atomicAdd(&bins[bin], weight);
-#endif
+// A warp's own bins, each in two 32-bit pieces: the weights' low 22 bits and the rest (a weight
+// is at most 2^40, so each piece's sum over the warp's tokens fits 32 bits up to 1024 of them).
+struct SampleWarpBins {
+  unsigned low[256], high[256];
+};
+
+// Adds `weight` to bin `bin` of the calling warp's own bins (nothing where bin < 0): each lane
+// its own 32-bit shared atomics, the lanes not gathered by bin first (tests/bench/sample_parts.cu,
+// H100: a round of sampleGrid's took ~6.3 us with the gathering, __match_any_sync and the sums
+// over its groups, and ~1.2 us without).
+__device__ __forceinline__ void sampleAddToWarpBin(SampleWarpBins &bins, int bin, unsigned long long weight) {
+  if (bin < 0)
+    return;
+  atomicAdd(&bins.low[bin], (unsigned)(weight & 0x3fffffu));
+  if (unsigned high = (unsigned)(weight >> 22))
+    atomicAdd(&bins.high[bin], high);
 }
 
 // Thread 0's (best, index) given to every thread of the block. Caller gives each caller shared
@@ -346,12 +346,14 @@ __device__ unsigned sampleGridThreshold(const unsigned (&key)[Per], const unsign
                                         unsigned long long *rowBins, int slot, unsigned *barrier, unsigned blocks,
                                         unsigned long long &kept, unsigned long long &total) {
   constexpr int Warps = kSampleGridThreads / 32;
-  __shared__ unsigned long long local[256], warpBins[Warps][256]; // each warp's counts, apart
+  static_assert(Per * 32 <= 1024, "a warp's pieces sum at most 1024 weights");
+  __shared__ unsigned long long local[256];
+  __shared__ SampleWarpBins warpBins[Warps]; // each warp's counts, apart
   unsigned prefix = 0;
   unsigned long long above = 0;
   for (int shift = 24; shift >= 0; shift -= 8, ++slot) {
     for (int w = 0; w < Warps; ++w)
-      warpBins[w][threadIdx.x] = 0;
+      warpBins[w].low[threadIdx.x] = warpBins[w].high[threadIdx.x] = 0;
     __syncthreads();
     unsigned decided = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
 #pragma unroll
@@ -363,7 +365,7 @@ __device__ unsigned sampleGridThreshold(const unsigned (&key)[Per], const unsign
     __syncthreads();
     unsigned long long sum = 0; // the block's count of bin threadIdx.x
     for (int w = 0; w < Warps; ++w)
-      sum += warpBins[w][threadIdx.x];
+      sum += warpBins[w].low[threadIdx.x] + ((unsigned long long)warpBins[w].high[threadIdx.x] << 22);
     if (sum)
       atomicAdd(rowBins + slot * 256 + threadIdx.x, sum);
     sampleGridBarrier(barrier, blocks);
