@@ -30,6 +30,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     attentionForwardWgmma<B, T, H, DH>(heads, out, lse, scale);
 }
 
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kSpecialisedThreads, 1)
+    specialisedForward(const unsigned short *tiles, float *out, float *lse, float scale) {
+  attentionForwardSpecialised<B, T, H, DH>(tiles, out, lse, scale);
+}
+
+template <int T, int DH> __global__ void swizzleHeads(const unsigned short *heads, unsigned short *tiles, long count) {
+  toSwizzledTiles<T, DH>(heads, tiles, count);
+}
+
 static float largestDifference(const float *a, const float *b, long n, double *scaleOf) {
   std::vector<float> x(n), y(n);
   CK(cudaMemcpy(x.data(), a, n * 4, cudaMemcpyDeviceToHost));
@@ -45,15 +55,19 @@ static float largestDifference(const float *a, const float *b, long n, double *s
   return (float)largest;
 }
 
-// One shape: the three kernels once, the wgmma ones compared with mma.sync's; then each timed
+// One shape: the four kernels once, the wgmma ones compared with mma.sync's; then each timed
 // (TIMED: the larger shapes).
 template <int B, int T, int H, int DH> void compare(bool timed) {
   constexpr long PART = (long)B * H * T * DH, ROWS = (long)B * H * T;
   unsigned short *heads;
   CK(cudaMalloc(&heads, 3 * PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1): scores of a few units
-  float *out[3], *lse[3];
-  for (int i = 0; i < 3; ++i) {
+  constexpr int KERNELS = 4;
+  unsigned short *tiles; // q, k, v in the products' layout, for the warp-specialised kernel
+  CK(cudaMalloc(&tiles, 3L * B * H * SwizzledTiles<T, DH>::HEAD * 2));
+  swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
+  float *out[KERNELS], *lse[KERNELS];
+  for (int i = 0; i < KERNELS; ++i) {
     CK(cudaMalloc(&out[i], PART * 4));
     CK(cudaMalloc(&lse[i], ROWS * 4));
     CK(cudaMemset(out[i], 0xff, PART * 4)); // NaN where a kernel leaves a value unwritten
@@ -62,23 +76,29 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   const int shared[2] = {attentionWgmmaShared<DH, 2>(), attentionWgmmaShared<DH, 3>()};
   CK(cudaFuncSetAttribute(wgmmaForward<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared[0]));
   CK(cudaFuncSetAttribute(wgmmaForward<B, T, H, DH, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared[1]));
+  const int specialisedShared = attentionSpecialisedShared<DH>();
+  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          specialisedShared));
   const long refBlocks = (long)B * H * ((T + 63) / 64), blocks = (long)B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceForward<B, T, H, DH><<<refBlocks, kAttentionThreads, 0, st>>>(heads, out[0], lse[0], scale);
     else if (i == 1)
       wgmmaForward<B, T, H, DH, false><<<blocks, kWgmmaThreads, shared[0], st>>>(heads, out[1], lse[1], scale);
-    else
+    else if (i == 2)
       wgmmaForward<B, T, H, DH, true><<<blocks, kWgmmaThreads, shared[1], st>>>(heads, out[2], lse[2], scale);
+    else
+      specialisedForward<B, T, H, DH>
+          <<<blocks, kSpecialisedThreads, specialisedShared, st>>>(tiles, out[3], lse[3], scale);
   };
-  const char *names[3] = {"mma.sync", "wgmma", "wgmma overlapped"};
-  for (int i = 0; i < 3; ++i) {
+  const char *names[KERNELS] = {"mma.sync", "wgmma", "wgmma overlapped", "wgmma warp-specialised"};
+  for (int i = 0; i < KERNELS; ++i) {
     run(i, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
   }
   printf("B %d T %d H %d DH %d:\n", B, T, H, DH);
-  for (int i = 1; i < 3; ++i) {
+  for (int i = 1; i < KERNELS; ++i) {
     double outSize, lseSize;
     float outDiff = largestDifference(out[0], out[i], PART, &outSize);
     float lseDiff = largestDifference(lse[0], lse[i], ROWS, &lseSize);
@@ -87,15 +107,16 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   }
   if (timed) {
     double flops = 4.0 * B * H * (double)T * T * DH / 2;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < KERNELS; ++i) {
       float us = timeGraph(10, [&](int, cudaStream_t st) { run(i, st); });
       printf("  %s %.1f us (%.0f TFLOP/s)\n", names[i], us, flops / us / 1e6);
     }
   }
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < KERNELS; ++i) {
     CK(cudaFree(out[i]));
     CK(cudaFree(lse[i]));
   }
+  CK(cudaFree(tiles));
   CK(cudaFree(heads));
 }
 

@@ -273,3 +273,149 @@ __device__ void attentionForwardWgmmaOverlapped(const unsigned short *heads, Out
   fenceAccumulators<DH / 8>(o);
   storeAttention<T, H, DH>(o, r, out, lse, b, h, row0);
 }
+
+// ---- Warp-specialised: a producer warp's bulk copies, two consumer warpgroups in turn ----
+// The operands in the products' layout already in global memory ("tiles"): q, then k, then v,
+// each [B][heads][TILES][DH / 64][128 rows][64 values], the 16-byte chunks of each row swizzled
+// as in shared memory (swizzledChunk) and rows past T zero; a tile then lands in shared memory by
+// one bulk copy. toSwizzledTiles writes them from the head-major copy.
+template <int T, int DH> struct SwizzledTiles {
+  static constexpr int TILES = (T + kWgmmaRows - 1) / kWgmmaRows, TILE = kWgmmaRows * DH * 2; // bytes
+  static constexpr int64 HEAD = (int64)TILES * kWgmmaRows * DH;                               // values
+};
+
+// The head-major copy src (heads [T][DH] each) into `heads` heads of tiles at dst; a 16-byte
+// chunk a thread.
+template <int T, int DH> __device__ void toSwizzledTiles(const unsigned short *src, unsigned short *dst, int64 heads) {
+  using S = SwizzledTiles<T, DH>;
+  FOR_EACH_ELEMENT(i, heads * S::TILES * kWgmmaRows * (DH / 8)) {
+    int chunk = (int)(i % (DH / 8));
+    int64 row = i / (DH / 8), head = row / (S::TILES * kWgmmaRows);
+    int r = (int)(row % (S::TILES * kWgmmaRows)), rr = r % kWgmmaRows;
+    uint4 value = r < T ? *(const uint4 *)(src + (head * T + r) * DH + 8 * chunk) : make_uint4(0, 0, 0, 0);
+    int64 at =
+        (head * S::TILES + r / kWgmmaRows) * S::TILE + chunk / 8 * kWgmmaRows * 128 + swizzledChunk(rr, chunk % 8);
+    *(uint4 *)((unsigned char *)dst + at) = value;
+  }
+}
+
+enum { kSpecialisedThreads = 384, kPingpongBarrier = 1 }; // a producer and two consumer warpgroups
+
+// The shared memory attentionForwardSpecialised takes: queries, two stages of keys and of
+// values, nine barriers, and 1 KB to align the tiles.
+template <int DH> __host__ __device__ constexpr int attentionSpecialisedShared() {
+  return 5 * kWgmmaRows * DH * 2 + 9 * 8 + 1024;
+}
+
+// The forward for 128 queries as attentionForwardWgmmaOverlapped, with FlashAttention-3's
+// division of work: warp 0 (one lane) copies the tiles by bulk copies as their stages free up
+// (transaction barriers full and empty for keys and values apart), and the two consumer
+// warpgroups take turns at the tensor cores (named barriers): one issues its products while
+// the other's softmax runs. Registers move from the producer's warpgroup to the consumers'.
+template <int B, int T, int H, int DH, int KV = H, typename Out>
+__device__ void attentionForwardSpecialised(const unsigned short *tiles, Out out, float *lse, float scale) {
+  static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
+  using S = SwizzledTiles<T, DH>;
+  constexpr int M = kWgmmaRows, N = kWgmmaRows, TILES = S::TILES, TILE = S::TILE;
+  extern __shared__ unsigned char attentionShared[];
+  const unsigned at = sharedAddress((void *)(((unsigned long long)attentionShared + 1023) & ~1023ull));
+  const unsigned bars = at + 5 * TILE; // queries' full; keys' full x2, values' full x2; keys' empty x2, values'
+  auto keysFull = [&](int s) { return bars + 8 * (1 + s); };
+  auto valuesFull = [&](int s) { return bars + 8 * (3 + s); };
+  auto keysEmpty = [&](int s) { return bars + 8 * (5 + s); };
+  auto valuesEmpty = [&](int s) { return bars + 8 * (7 + s); };
+  const int tile = TILES - 1 - blockIdx.x % TILES;
+  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const int last = (min(T, (tile + 1) * M) - 1) / N;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 5; ++i)
+      barrierInit(bars + 8 * i, 1);
+    for (int i = 5; i < 9; ++i)
+      barrierInit(bars + 8 * i, 8); // a lane of each consumer warp
+    fenceBarrierInit();             // the barriers as the bulk copies (the asynchronous proxy) see them
+  }
+  __syncthreads();
+  if (group == 0) {
+    releaseRegisters<24>();
+    if (threadIdx.x == 0) {
+      const unsigned short *q = tiles + (int64)bh * S::HEAD + (int64)tile * M * DH;
+      const unsigned short *k = tiles + (int64)B * H * S::HEAD + ((int64)b * KV + h / (H / KV)) * S::HEAD;
+      const unsigned short *v = k + (int64)B * KV * S::HEAD;
+      barrierExpectBytes(bars, TILE);
+      bulkCopy(at, q, TILE, bars);
+      for (int j = 0; j <= last; ++j) {
+        const int s = j & 1;
+        if (j >= 2)
+          barrierWait(keysEmpty(s), ((j >> 1) - 1) & 1);
+        barrierExpectBytes(keysFull(s), TILE);
+        bulkCopy(at + (1 + s) * TILE, k + (int64)j * N * DH, TILE, keysFull(s));
+        if (j >= 2)
+          barrierWait(valuesEmpty(s), ((j >> 1) - 1) & 1);
+        barrierExpectBytes(valuesFull(s), TILE);
+        bulkCopy(at + (3 + s) * TILE, v + (int64)j * N * DH, TILE, valuesFull(s));
+      }
+    }
+    return;
+  }
+  claimRegisters<240>();
+  const int consumer = group - 1, lane = threadIdx.x % 32;
+  const int row0 = tile * M + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4;
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  auto release = [&](unsigned bar) {
+    if (lane == 0)
+      barrierArrive(bar);
+  };
+  // Turns at the tensor cores: consumer c waits on barrier kPingpongBarrier + c, and lets the
+  // other go once its products are issued. Consumer 0 goes first.
+  auto awaitTurn = [&]() { namedBarrierSync(kPingpongBarrier + consumer, 256); };
+  auto passTurn = [&]() { namedBarrierArrive(kPingpongBarrier + 1 - consumer, 256); };
+  if (consumer == 1)
+    passTurn();
+  float s[N / 8][4], o[DH / 8][4] = {};
+  unsigned p[N / 16][4];
+  OnlineSoftmax r;
+  float alpha0, alpha1;
+  barrierWait(bars, 0);
+  barrierWait(keysFull(0), 0);
+  awaitTurn();
+  wgmmaFence();
+  issueScores<DH>(s, at, at + TILE, consumer);
+  wgmmaCommit();
+  passTurn();
+  wgmmaWait<0>();
+  fenceAccumulators<N / 8>(s);
+  release(keysEmpty(0));
+  softmaxTile(s, r, alpha0, alpha1, 0, tile, row0, scaleLog2);
+  packProbabilities(p, s);
+  for (int j = 1; j <= last; ++j) {
+    const int st = j & 1, before = st ^ 1;
+    barrierWait(keysFull(st), (j >> 1) & 1);
+    barrierWait(valuesFull(before), ((j - 1) >> 1) & 1);
+    awaitTurn();
+    wgmmaFence();
+    issueScores<DH>(s, at, at + (1 + st) * TILE, consumer);
+    wgmmaCommit();
+    issueValues<DH>(o, p, at + (3 + before) * TILE);
+    wgmmaCommit();
+    passTurn();
+    wgmmaWait<1>();
+    fenceAccumulators<N / 8>(s);
+    release(keysEmpty(st));
+    softmaxTile(s, r, alpha0, alpha1, j, tile, row0, scaleLog2);
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(o);
+    release(valuesEmpty(before));
+    scaleOutputs<DH>(o, alpha0, alpha1);
+    packProbabilities(p, s);
+  }
+  barrierWait(valuesFull(last & 1), (last >> 1) & 1);
+  awaitTurn();
+  wgmmaFence();
+  issueValues<DH>(o, p, at + (3 + (last & 1)) * TILE);
+  wgmmaCommit();
+  if (consumer == 0) // (consumer 1 passed once more at the start: the turns balance)
+    passTurn();
+  wgmmaWait<0>();
+  fenceAccumulators<DH / 8>(o);
+  storeAttention<T, H, DH>(o, r, out, lse, b, h, row0);
+}

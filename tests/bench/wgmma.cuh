@@ -166,3 +166,64 @@ __device__ __forceinline__ void wgmmaRegisters(float (*)[4], const unsigned *, u
   __trap();
 }
 #endif
+
+// ---- Hopper's transaction barriers, bulk copies and register reallocation (sm_90) ----
+// A shared-memory barrier (mbarrier) of `count` arrivals a phase; bulk copies add the bytes they
+// carry to the phase's count and complete it as they land (complete_tx), so a waiter on the
+// phase sees the data. Waits name the phase by parity: the n-th phase (from 0) completes with
+// parity n % 2.
+__device__ __forceinline__ void barrierInit(unsigned bar, unsigned count) {
+#if TGC_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void fenceBarrierInit() {
+#if TGC_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void barrierExpectBytes(unsigned bar, unsigned bytes) {
+#if TGC_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void barrierArrive(unsigned bar) {
+#if TGC_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void barrierWait(unsigned bar, unsigned parity) {
+#if TGC_WGMMA
+  asm volatile("{\n.reg .pred done;\nwaiting:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra waiting;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+#endif
+}
+// `bytes` (a multiple of 16) from global `src` to shared address `dst`, counted on `bar`.
+__device__ __forceinline__ void bulkCopy(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+#if TGC_WGMMA
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+// Named barriers of `threads` threads (id 0 is __syncthreads'): arrive does not wait.
+__device__ __forceinline__ void namedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void namedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// The calling warpgroup's registers a thread, down to or up to REGISTERS (a multiple of 8).
+template <int REGISTERS> __device__ __forceinline__ void releaseRegisters() {
+#if TGC_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+#endif
+}
+template <int REGISTERS> __device__ __forceinline__ void claimRegisters() {
+#if TGC_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+#endif
+}
