@@ -55,14 +55,14 @@ static float largestDifference(const float *a, const float *b, long n, double *s
   return (float)largest;
 }
 
-// One shape: the four kernels once, the wgmma ones compared with mma.sync's; then each timed
+// One shape: the five kernels once, the wgmma ones compared with mma.sync's; then each timed
 // (TIMED: the larger shapes).
 template <int B, int T, int H, int DH> void compare(bool timed) {
   constexpr long PART = (long)B * H * T * DH, ROWS = (long)B * H * T;
   unsigned short *heads;
   CK(cudaMalloc(&heads, 3 * PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1): scores of a few units
-  constexpr int KERNELS = 4;
+  constexpr int KERNELS = 5;
   unsigned short *tiles; // q, k, v in the products' layout, for the warp-specialised kernel
   CK(cudaMalloc(&tiles, 3L * B * H * SwizzledTiles<T, DH>::HEAD * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
@@ -79,6 +79,8 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   const int specialisedShared = attentionSpecialisedShared<DH>();
   CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
+  int sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const long refBlocks = (long)B * H * ((T + 63) / 64), blocks = (long)B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
@@ -87,11 +89,13 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       wgmmaForward<B, T, H, DH, false><<<blocks, kWgmmaThreads, shared[0], st>>>(heads, out[1], lse[1], scale);
     else if (i == 2)
       wgmmaForward<B, T, H, DH, true><<<blocks, kWgmmaThreads, shared[1], st>>>(heads, out[2], lse[2], scale);
-    else
+    else // a block an item, or (4) persistent: a block an SM
       specialisedForward<B, T, H, DH>
-          <<<blocks, kSpecialisedThreads, specialisedShared, st>>>(tiles, out[3], lse[3], scale);
+          <<<i == 3 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
+              tiles, out[i], lse[i], scale);
   };
-  const char *names[KERNELS] = {"mma.sync", "wgmma", "wgmma overlapped", "wgmma warp-specialised"};
+  const char *names[KERNELS] = {"mma.sync", "wgmma", "wgmma overlapped", "wgmma warp-specialised",
+                                "wgmma warp-specialised, persistent"};
   for (int i = 0; i < KERNELS; ++i) {
     run(i, 0);
     CK(cudaGetLastError());

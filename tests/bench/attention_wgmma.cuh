@@ -302,120 +302,168 @@ template <int T, int DH> __device__ void toSwizzledTiles(const unsigned short *s
 enum { kSpecialisedThreads = 384, kPingpongBarrier = 1 }; // a producer and two consumer warpgroups
 
 // The shared memory attentionForwardSpecialised takes: queries, two stages of keys and of
-// values, nine barriers, and 1 KB to align the tiles.
+// values, ten barriers, and 1 KB to align the tiles.
 template <int DH> __host__ __device__ constexpr int attentionSpecialisedShared() {
-  return 5 * kWgmmaRows * DH * 2 + 9 * 8 + 1024;
+  return 5 * kWgmmaRows * DH * 2 + 10 * 8 + 1024;
 }
 
-// The forward for 128 queries as attentionForwardWgmmaOverlapped, with FlashAttention-3's
-// division of work: warp 0 (one lane) copies the tiles by bulk copies as their stages free up
-// (transaction barriers full and empty for keys and values apart), and the two consumer
-// warpgroups take turns at the tensor cores (named barriers): one issues its products while
-// the other's softmax runs. Registers move from the producer's warpgroup to the consumers'.
+// A block's work item w (w < B H TILES) as its tile of queries and (sequence, head): the
+// longest tiles of every head first.
+template <int B, int T, int H> struct SpecialisedItem {
+  static constexpr int TILES = (T + kWgmmaRows - 1) / kWgmmaRows, TOTAL = B * H * TILES;
+  int tile, bh, last; // last: the last key tile
+  __device__ explicit SpecialisedItem(int w)
+      : tile(TILES - 1 - w / (B * H)), bh(w % (B * H)), last((min(T, (tile + 1) * kWgmmaRows) - 1) / kWgmmaRows) {}
+};
+
+// The warp-specialised kernel's shared memory: queries at `at`, then keys and values of two
+// stages, then the barriers: queries' full, keys' full x2, values' full x2, keys' empty x2,
+// values' empty x2, queries' empty. A stage's use u (keys and values counted together over the
+// block's items) is stage u % 2, its phase u / 2.
+template <int DH> struct SpecialisedShared {
+  static constexpr int TILE = kWgmmaRows * DH * 2;
+  unsigned at, bars;
+  __device__ explicit SpecialisedShared(unsigned at) : at(at), bars(at + 5 * TILE) {}
+  __device__ unsigned queriesFull() const { return bars; }
+  __device__ unsigned keysFull(int u) const { return bars + 8 * (1 + (u & 1)); }
+  __device__ unsigned valuesFull(int u) const { return bars + 8 * (3 + (u & 1)); }
+  __device__ unsigned keysEmpty(int u) const { return bars + 8 * (5 + (u & 1)); }
+  __device__ unsigned valuesEmpty(int u) const { return bars + 8 * (7 + (u & 1)); }
+  __device__ unsigned queriesEmpty() const { return bars + 8 * 9; }
+  __device__ unsigned keysAt(int u) const { return at + (1 + (u & 1)) * TILE; }
+  __device__ unsigned valuesAt(int u) const { return at + (3 + (u & 1)) * TILE; }
+};
+
+// The producer (one lane): each of the block's items' query tile once the last item's scores
+// are done with theirs, and its key and value tiles as their stages free up.
+template <int B, int T, int H, int DH, int KV>
+__device__ void produceTiles(const unsigned short *tiles, const SpecialisedShared<DH> &sh) {
+  using S = SwizzledTiles<T, DH>;
+  using Item = SpecialisedItem<B, T, H>;
+  int use = 0, item = 0;
+  for (int w = blockIdx.x; w < Item::TOTAL; w += gridDim.x, ++item) {
+    const Item it(w);
+    const int b = it.bh / H, h = it.bh % H;
+    const unsigned short *k = tiles + (int64)B * H * S::HEAD + ((int64)b * KV + h / (H / KV)) * S::HEAD;
+    const unsigned short *v = k + (int64)B * KV * S::HEAD;
+    if (item > 0)
+      barrierWait(sh.queriesEmpty(), (item - 1) & 1);
+    barrierExpectBytes(sh.queriesFull(), S::TILE);
+    bulkCopy(sh.at, tiles + (int64)it.bh * S::HEAD + (int64)it.tile * kWgmmaRows * DH, S::TILE, sh.queriesFull());
+    for (int j = 0; j <= it.last; ++j, ++use) {
+      if (use >= 2)
+        barrierWait(sh.keysEmpty(use), ((use >> 1) - 1) & 1);
+      barrierExpectBytes(sh.keysFull(use), S::TILE);
+      bulkCopy(sh.keysAt(use), k + (int64)j * kWgmmaRows * DH, S::TILE, sh.keysFull(use));
+      if (use >= 2)
+        barrierWait(sh.valuesEmpty(use), ((use >> 1) - 1) & 1);
+      barrierExpectBytes(sh.valuesFull(use), S::TILE);
+      bulkCopy(sh.valuesAt(use), v + (int64)j * kWgmmaRows * DH, S::TILE, sh.valuesFull(use));
+    }
+  }
+}
+
+// The forward for tiles of 128 queries as attentionForwardWgmmaOverlapped, with
+// FlashAttention-3's division of work: warp 0 (one lane) copies the tiles by bulk copies as
+// their stages free up (transaction barriers full and empty for queries, keys and values apart),
+// and the two consumer warpgroups take turns at the tensor cores (named barriers): one issues its
+// products while the other's softmax runs. Registers move from the producer's warpgroup to the
+// consumers'. Block b takes work items b, b + gridDim.x, ...: with a block an item, one tile
+// each; with fewer blocks (persistent, one an SM), the producer loads the next item's queries,
+// keys and values while the consumers finish this one's.
 template <int B, int T, int H, int DH, int KV = H, typename Out>
 __device__ void attentionForwardSpecialised(const unsigned short *tiles, Out out, float *lse, float scale) {
   static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
-  using S = SwizzledTiles<T, DH>;
-  constexpr int M = kWgmmaRows, N = kWgmmaRows, TILES = S::TILES, TILE = S::TILE;
+  using Item = SpecialisedItem<B, T, H>;
+  constexpr int M = kWgmmaRows, N = kWgmmaRows;
   extern __shared__ unsigned char attentionShared[];
-  const unsigned at = sharedAddress((void *)(((unsigned long long)attentionShared + 1023) & ~1023ull));
-  const unsigned bars = at + 5 * TILE; // queries' full; keys' full x2, values' full x2; keys' empty x2, values'
-  auto keysFull = [&](int s) { return bars + 8 * (1 + s); };
-  auto valuesFull = [&](int s) { return bars + 8 * (3 + s); };
-  auto keysEmpty = [&](int s) { return bars + 8 * (5 + s); };
-  auto valuesEmpty = [&](int s) { return bars + 8 * (7 + s); };
-  const int tile = TILES - 1 - blockIdx.x % TILES;
-  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
-  const int last = (min(T, (tile + 1) * M) - 1) / N;
+  const SpecialisedShared<DH> sh(sharedAddress((void *)(((unsigned long long)attentionShared + 1023) & ~1023ull)));
   if (threadIdx.x == 0) {
     for (int i = 0; i < 5; ++i)
-      barrierInit(bars + 8 * i, 1);
-    for (int i = 5; i < 9; ++i)
-      barrierInit(bars + 8 * i, 8); // a lane of each consumer warp
+      barrierInit(sh.bars + 8 * i, 1);
+    for (int i = 5; i < 10; ++i)
+      barrierInit(sh.bars + 8 * i, 8); // a lane of each consumer warp
     fenceBarrierInit();             // the barriers as the bulk copies (the asynchronous proxy) see them
   }
   __syncthreads();
+  const int group = threadIdx.x / 128;
   if (group == 0) {
     releaseRegisters<24>();
-    if (threadIdx.x == 0) {
-      const unsigned short *q = tiles + (int64)bh * S::HEAD + (int64)tile * M * DH;
-      const unsigned short *k = tiles + (int64)B * H * S::HEAD + ((int64)b * KV + h / (H / KV)) * S::HEAD;
-      const unsigned short *v = k + (int64)B * KV * S::HEAD;
-      barrierExpectBytes(bars, TILE);
-      bulkCopy(at, q, TILE, bars);
-      for (int j = 0; j <= last; ++j) {
-        const int s = j & 1;
-        if (j >= 2)
-          barrierWait(keysEmpty(s), ((j >> 1) - 1) & 1);
-        barrierExpectBytes(keysFull(s), TILE);
-        bulkCopy(at + (1 + s) * TILE, k + (int64)j * N * DH, TILE, keysFull(s));
-        if (j >= 2)
-          barrierWait(valuesEmpty(s), ((j >> 1) - 1) & 1);
-        barrierExpectBytes(valuesFull(s), TILE);
-        bulkCopy(at + (3 + s) * TILE, v + (int64)j * N * DH, TILE, valuesFull(s));
-      }
-    }
+    if (threadIdx.x == 0)
+      produceTiles<B, T, H, DH, KV>(tiles, sh);
     return;
   }
   claimRegisters<240>();
   const int consumer = group - 1, lane = threadIdx.x % 32;
-  const int row0 = tile * M + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4;
   const float scaleLog2 = scale * 1.4426950408889634f;
   auto release = [&](unsigned bar) {
     if (lane == 0)
       barrierArrive(bar);
   };
   // Turns at the tensor cores: consumer c waits on barrier kPingpongBarrier + c, and lets the
-  // other go once its products are issued. Consumer 0 goes first.
+  // other go once its products are issued. Consumer 0 goes first; consumer 1 passes once more at
+  // the start and so not after its last products: the turns balance.
   auto awaitTurn = [&]() { namedBarrierSync(kPingpongBarrier + consumer, 256); };
   auto passTurn = [&]() { namedBarrierArrive(kPingpongBarrier + 1 - consumer, 256); };
   if (consumer == 1)
     passTurn();
-  float s[N / 8][4], o[DH / 8][4] = {};
-  unsigned p[N / 16][4];
-  OnlineSoftmax r;
-  float alpha0, alpha1;
-  barrierWait(bars, 0);
-  barrierWait(keysFull(0), 0);
-  awaitTurn();
-  wgmmaFence();
-  issueScores<DH>(s, at, at + TILE, consumer);
-  wgmmaCommit();
-  passTurn();
-  wgmmaWait<0>();
-  fenceAccumulators<N / 8>(s);
-  release(keysEmpty(0));
-  softmaxTile(s, r, alpha0, alpha1, 0, tile, row0, scaleLog2);
-  packProbabilities(p, s);
-  for (int j = 1; j <= last; ++j) {
-    const int st = j & 1, before = st ^ 1;
-    barrierWait(keysFull(st), (j >> 1) & 1);
-    barrierWait(valuesFull(before), ((j - 1) >> 1) & 1);
+  int use = 0, item = 0;
+  for (int w = blockIdx.x; w < Item::TOTAL; w += gridDim.x, ++item) {
+    const Item it(w);
+    const int row0 = it.tile * M + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4;
+    float s[N / 8][4], o[DH / 8][4] = {};
+    unsigned p[N / 16][4];
+    OnlineSoftmax r;
+    float alpha0, alpha1;
+    barrierWait(sh.queriesFull(), item & 1);
+    barrierWait(sh.keysFull(use), (use >> 1) & 1);
     awaitTurn();
     wgmmaFence();
-    issueScores<DH>(s, at, at + (1 + st) * TILE, consumer);
-    wgmmaCommit();
-    issueValues<DH>(o, p, at + (3 + before) * TILE);
+    issueScores<DH>(s, sh.at, sh.keysAt(use), consumer);
     wgmmaCommit();
     passTurn();
-    wgmmaWait<1>();
+    wgmmaWait<0>();
     fenceAccumulators<N / 8>(s);
-    release(keysEmpty(st));
-    softmaxTile(s, r, alpha0, alpha1, j, tile, row0, scaleLog2);
+    release(sh.keysEmpty(use));
+    if (it.last == 0)
+      release(sh.queriesEmpty());
+    softmaxTile(s, r, alpha0, alpha1, 0, it.tile, row0, scaleLog2);
+    packProbabilities(p, s);
+    for (int j = 1; j <= it.last; ++j) {
+      const int now = use + j, before = now - 1;
+      barrierWait(sh.keysFull(now), (now >> 1) & 1);
+      barrierWait(sh.valuesFull(before), (before >> 1) & 1);
+      awaitTurn();
+      wgmmaFence();
+      issueScores<DH>(s, sh.at, sh.keysAt(now), consumer);
+      wgmmaCommit();
+      issueValues<DH>(o, p, sh.valuesAt(before));
+      wgmmaCommit();
+      passTurn();
+      wgmmaWait<1>();
+      fenceAccumulators<N / 8>(s);
+      release(sh.keysEmpty(now));
+      if (j == it.last)
+        release(sh.queriesEmpty());
+      softmaxTile(s, r, alpha0, alpha1, j, it.tile, row0, scaleLog2);
+      wgmmaWait<0>();
+      fenceAccumulators<DH / 8>(o);
+      release(sh.valuesEmpty(before));
+      scaleOutputs<DH>(o, alpha0, alpha1);
+      packProbabilities(p, s);
+    }
+    const int final = use + it.last;
+    barrierWait(sh.valuesFull(final), (final >> 1) & 1);
+    awaitTurn();
+    wgmmaFence();
+    issueValues<DH>(o, p, sh.valuesAt(final));
+    wgmmaCommit();
+    if (consumer == 0 || w + (int)gridDim.x < Item::TOTAL)
+      passTurn();
     wgmmaWait<0>();
     fenceAccumulators<DH / 8>(o);
-    release(valuesEmpty(before));
-    scaleOutputs<DH>(o, alpha0, alpha1);
-    packProbabilities(p, s);
+    release(sh.valuesEmpty(final));
+    storeAttention<T, H, DH>(o, r, out, lse, it.bh / H, it.bh % H, row0);
+    use = final + 1;
   }
-  barrierWait(valuesFull(last & 1), (last >> 1) & 1);
-  awaitTurn();
-  wgmmaFence();
-  issueValues<DH>(o, p, at + (3 + (last & 1)) * TILE);
-  wgmmaCommit();
-  if (consumer == 0) // (consumer 1 passed once more at the start: the turns balance)
-    passTurn();
-  wgmmaWait<0>();
-  fenceAccumulators<DH / 8>(o);
-  storeAttention<T, H, DH>(o, r, out, lse, b, h, row0);
 }
