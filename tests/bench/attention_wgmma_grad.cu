@@ -1,0 +1,143 @@
+// The causal attention's gradient on Hopper's warpgroup products (attention_wgmma_grad.cuh: dk
+// and dv by key tiles, dq by query tiles) against the mma.sync kernels they would replace
+// (attention.cuh's attentionKeyValueGradBf16 and attentionQueryGradBf16) on the same operands:
+// head-major BF16 q, k, v and dout, the forward's lse (attentionForwardBf16's), delta drawn. The
+// largest difference of dq, dk and dv, then the time of each kernel (#40: gpt-1.3b's shape at T
+// 1024 and 4096, gpt2-124m's). FLOPs: 4 causal products of 2 B H T^2 DH / 2 for dk dv (s^T,
+// dp^T, dv, dk), 3 for dq (s, dp, dq); the sum against cuDNN's gradient is counted as 5.
+// Not part of the build (the CMake check compiles it for sm_90, where the products trap):
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Ibackends/cuda/kernels -Isupport -o attention_wgmma_grad \
+//     tests/bench/attention_wgmma_grad.cu && ./attention_wgmma_grad
+#include "attention_wgmma_grad.cuh"
+#include "bench_util.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kAttentionThreads)
+    forward(const unsigned short *heads, float *out, float *lse, float scale) {
+  attentionForwardBf16<B, T, H, DH>(heads, out, lse, scale);
+}
+
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kAttentionThreads)
+    referenceGrad(const unsigned short *dout, const unsigned short *heads, float *dqkv, float scale, const float *lse,
+                  const float *delta) {
+  attentionKeyValueGradBf16<B, T, H, DH>(dout, heads, dqkv, scale, lse, delta);
+}
+
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kAttentionThreads)
+    referenceQueryGrad(const unsigned short *dout, const unsigned short *heads, float *dqkv, float scale,
+                       const float *lse, const float *delta) {
+  attentionQueryGradBf16<B, T, H, DH>(dout, heads, dqkv, scale, lse, delta);
+}
+
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    wgmmaQueryGrad(const unsigned short *dout, const unsigned short *heads, float *dqkv, float scale, const float *lse,
+                   const float *delta) {
+  attentionQueryGradWgmma<B, T, H, DH>(dout, heads, dqkv, scale, lse, delta);
+}
+
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    wgmmaGrad(const unsigned short *dout, const unsigned short *heads, float *dqkv, float scale, const float *lse,
+              const float *delta) {
+  attentionKeyValueGradWgmma<B, T, H, DH>(dout, heads, dqkv, scale, lse, delta);
+}
+
+// delta: n values of +-[0.5, 1) from the hashed bits.
+__global__ void fillDelta(float *x, long n) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u;
+    h ^= h >> 13;
+    x[i] = ((h & 1) ? -1.0f : 1.0f) * (0.5f + (h >> 9) * 0x1p-24f);
+  }
+}
+
+template <int B, int T, int H, int DH> void compare(bool timed) {
+  constexpr long PART = (long)B * H * T * DH, ROWS = (long)B * H * T;
+  unsigned short *heads, *dout;
+  CK(cudaMalloc(&heads, 3 * PART * 2));
+  CK(cudaMalloc(&dout, PART * 2));
+  fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
+  fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
+  float *out, *lse, *delta, *dqkv[2];
+  CK(cudaMalloc(&out, PART * 4));
+  CK(cudaMalloc(&lse, ROWS * 4));
+  CK(cudaMalloc(&delta, ROWS * 4));
+  fillDelta<<<256, 256>>>(delta, ROWS);
+  const float scale = 1.0f / std::sqrt((float)DH);
+  forward<B, T, H, DH><<<B * H *((T + 63) / 64), kAttentionThreads>>>(heads, out, lse, scale);
+  for (int i = 0; i < 2; ++i) {
+    CK(cudaMalloc(&dqkv[i], 3 * PART * 4));
+    CK(cudaMemset(dqkv[i], 0, 3 * PART * 4));
+  }
+  const int shared = attentionGradWgmmaShared<DH>(), queryShared = attentionQueryGradWgmmaShared<DH>();
+  CK(cudaFuncSetAttribute(wgmmaGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  CK(cudaFuncSetAttribute(wgmmaQueryGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, queryShared));
+  const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
+  // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1])
+  auto run = [&](int i, cudaStream_t st) {
+    if (i == 0)
+      referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
+    else if (i == 1)
+      referenceQueryGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
+    else if (i == 2)
+      wgmmaGrad<B, T, H, DH><<<tiles128, kWgmmaThreads, shared, st>>>(dout, heads, dqkv[1], scale, lse, delta);
+    else
+      wgmmaQueryGrad<B, T, H, DH>
+          <<<tiles128, kWgmmaThreads, queryShared, st>>>(dout, heads, dqkv[1], scale, lse, delta);
+  };
+  for (int i = 0; i < 4; ++i) {
+    run(i, 0);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+  }
+  std::vector<float> x(3 * PART), y(3 * PART);
+  CK(cudaMemcpy(x.data(), dqkv[0], 3 * PART * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(y.data(), dqkv[1], 3 * PART * 4, cudaMemcpyDeviceToHost));
+  double largest[3] = {}, size[3] = {};
+  for (long i = 0; i < 3 * PART; ++i) {
+    int part = (int)(i % (3L * H * DH) / (H * DH)); // q, k, v
+    largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
+    size[part] = std::max(size[part], (double)std::fabs(x[i]));
+  }
+  printf("B %d T %d H %d DH %d:", B, T, H, DH);
+  const char *parts[3] = {"dq", "dk", "dv"};
+  for (int part = 0; part < 3; ++part)
+    printf(" %s differs by %.3g (of %.3g)%s", parts[part], largest[part], size[part],
+           largest[part] < 2e-2 * size[part] ? "" : " ** MISMATCH **");
+  printf("\n");
+  if (timed) {
+    const double product = 2.0 * B * H * (double)T * T * DH / 2; // FLOPs of one causal product
+    float us[4];
+    const char *names[4] = {"mma.sync dk dv", "mma.sync dq", "wgmma dk dv", "wgmma dq"};
+    for (int i = 0; i < 4; ++i) {
+      us[i] = timeGraph(10, [&](int, cudaStream_t st) { run(i, st); });
+      printf("  %s %.1f us (%.0f TFLOP/s)\n", names[i], us[i], (i % 2 ? 3 : 4) * product / us[i] / 1e6);
+    }
+    printf("  the gradient (5 products' FLOPs, as cuDNN's is counted): mma.sync %.1f us (%.0f TFLOP/s), wgmma %.1f us "
+           "(%.0f TFLOP/s)\n",
+           us[0] + us[1], 5 * product / (us[0] + us[1]) / 1e6, us[2] + us[3], 5 * product / (us[2] + us[3]) / 1e6);
+  }
+  for (float *p : {out, lse, delta, dqkv[0], dqkv[1]})
+    CK(cudaFree(p));
+  CK(cudaFree(heads));
+  CK(cudaFree(dout));
+}
+
+int main() {
+  memoryBandwidth();
+  compare<1, 200, 2, 64>(false); // T past a tile, not a multiple of one
+  compare<1, 200, 2, 128>(false);
+  compare<2, 1024, 4, 128>(false);
+  compare<16, 1024, 12, 64>(true);  // gpt2-124m
+  compare<16, 1024, 16, 128>(true); // gpt-1.3b
+  compare<4, 4096, 16, 128>(true);  // gpt-1.3b at T 4096
+  return 0;
+}

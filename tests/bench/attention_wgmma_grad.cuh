@@ -1,0 +1,226 @@
+// The causal attention's key/value gradient on Hopper's warpgroup products (wgmma.cuh; sm_90a):
+// the same function as attention.cuh's attentionKeyValueGradBf16 (multi-head attention, no
+// RoPE): dk and dv for 128 keys (two warpgroups of 64), walking the query tiles of 64 from the
+// keys' own on. With the keys as the products' rows (FlashAttention-3's swapped form), s^T = k
+// q^T and dp^T = v dout^T come out with a warpgroup's keys as rows, so p^T and ds^T are already
+// the A fragments of dv += p^T dout and dk += ds^T q, in registers. k and v of the block's keys
+// stay in shared memory; queries, dout and their lse and delta arrive by cp.async, two stages.
+#pragma once
+
+#include "attention_wgmma.cuh"
+
+enum { kGradQueries = 64 }; // queries a step
+
+// The shared memory attentionKeyValueGradWgmma takes: keys and values (128 rows each), two
+// stages of queries and dout (64 rows each) with their lse and delta, and 1 KB to align.
+template <int DH> __host__ __device__ constexpr int attentionGradWgmmaShared() {
+  return 2 * kWgmmaRows * DH * 2 + 4 * kGradQueries * DH * 2 + 4 * kGradQueries * 4 + 1024;
+}
+
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const unsigned short *heads, Out dqkv,
+                                           float scale, const float *lse, const float *delta) {
+  static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
+  using A = AttentionHeads<B, T, H, H, DH>;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries, TILES = (T + NK - 1) / NK;
+  constexpr int KEYS = NK * DH * 2, QUERIES = MQ * DH * 2; // bytes of a tile
+  extern __shared__ unsigned char attentionShared[];
+  unsigned char *keys = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  // keys | values | (queries | dout) x 2 | lse x 2 | delta x 2
+  float *lses = (float *)(keys + 2 * KEYS + 4 * QUERIES), *deltas = lses + 2 * MQ;
+  const unsigned keysAt = sharedAddress(keys), valuesAt = keysAt + KEYS;
+  auto queriesAt = [&](int stage) { return keysAt + 2 * KEYS + 2 * stage * QUERIES; };
+  const int tile = blockIdx.x % TILES; // the earliest keys have the most queries: first
+  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const int c = 2 * (threadIdx.x % 4);
+  const int key0 = tile * NK + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4, key1 = key0 + 8;
+  const int first = tile * NK / MQ, last = (T - 1) / MQ; // query tiles
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  const unsigned short *q = heads + (int64)bh * T * DH, *dy = dout + (int64)bh * T * DH;
+  const unsigned short *k = heads + A::QPART + (int64)bh * T * DH, *v = k + A::KPART;
+  auto copyStage = [&](int stage, int qt) {
+    unsigned char *at = keys + 2 * KEYS + 2 * stage * QUERIES;
+    copySwizzledAsync<T, DH, MQ>(at, q, qt * MQ);
+    copySwizzledAsync<T, DH, MQ>(at + QUERIES, dy, qt * MQ);
+    for (int i = threadIdx.x; i < MQ; i += kWgmmaThreads) {
+      int query = qt * MQ + i;
+      copyAsync4(&lses[stage * MQ + i], lse + (int64)bh * T + (query < T ? query : 0), query < T);
+      copyAsync4(&deltas[stage * MQ + i], delta + (int64)bh * T + (query < T ? query : 0), query < T);
+    }
+    commitCopies();
+  };
+  copySwizzledAsync<T, DH, NK>(keys, k, tile * NK);
+  copySwizzledAsync<T, DH, NK>(keys + KEYS, v, tile * NK);
+  copyStage(0, first);
+  float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
+  for (int qt = first; qt <= last; ++qt) {
+    const int stage = (qt - first) & 1;
+    if (qt < last)
+      copyStage(stage ^ 1, qt + 1);
+    else
+      commitCopies();
+    waitForAllButLatestCopies();
+    fenceProxyAsync();
+    __syncthreads();
+    float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      unsigned keysAlong = kk / 4 * NK * 128 + group * 64 * 128 + kk % 4 * 32, along = kk / 4 * MQ * 128 + kk % 4 * 32;
+      wgmmaShared<MQ>(st, wgmmaDescriptor(keysAt + keysAlong, 0, 1024),
+                      wgmmaDescriptor(queriesAt(stage) + along, 0, 1024), kk > 0);
+      wgmmaShared<MQ>(dpt, wgmmaDescriptor(valuesAt + keysAlong, 0, 1024),
+                      wgmmaDescriptor(queriesAt(stage) + QUERIES + along, 0, 1024), kk > 0);
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<MQ / 8>(st);
+    fenceAccumulators<MQ / 8>(dpt);
+    const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
+    unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
+#pragma unroll
+    for (int j = 0; j < MQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int i = j * 8 + c + e, query = qt * MQ + i;
+        float l = lses[stage * MQ + i] * 1.4426950408889634f, dl = deltas[stage * MQ + i];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          int at = 2 * half + e, key = half ? key1 : key0;
+          float prob = exp2Approx(fmaf(st[j][at], scaleLog2, -l));
+          if (edge && (key > query || query >= T))
+            prob = 0.0f;
+          st[j][at] = prob;
+          dpt[j][at] = prob * (dpt[j][at] - dl) * scale; // ds^T
+        }
+      }
+#pragma unroll
+    for (int j = 0; j < MQ / 8; ++j) {
+      pa[j / 2][2 * (j % 2)] = packBf16(st[j][0], st[j][1]);
+      pa[j / 2][2 * (j % 2) + 1] = packBf16(st[j][2], st[j][3]);
+      da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
+      da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < MQ / 16; ++kk) { // queries 16 kk ..: 16 rows of 128 bytes on
+      wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(queriesAt(stage) + QUERIES + kk * 16 * 128, MQ * 128, 1024), 1);
+      wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(queriesAt(stage) + kk * 16 * 128, MQ * 128, 1024), 1);
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(dv);
+    fenceAccumulators<DH / 8>(dk);
+    __syncthreads(); // both warpgroups are done with this stage before it is loaded again
+  }
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int key = e < 2 ? key0 : key1, d = n * 8 + c + (e & 1);
+      if (key >= T)
+        continue;
+      int64 at = ((int64)b * T + key) * A::W + H * DH + h * DH + d;
+      dqkv[at] = dk[n][e];
+      dqkv[at + H * DH] = dv[n][e];
+    }
+}
+
+// The shared memory attentionQueryGradWgmma takes: queries and dout (128 rows each), two
+// stages of keys and values (64 rows each), and 1 KB to align.
+template <int DH> __host__ __device__ constexpr int attentionQueryGradWgmmaShared() {
+  return 2 * kWgmmaRows * DH * 2 + 4 * kGradQueries * DH * 2 + 1024;
+}
+
+// dq for 128 queries (two warpgroups of 64), as attentionQueryGradBf16: against each key tile of
+// 64 up to theirs, s = q k^T and dp = dout v^T (q and dout from shared memory), ds = p (dp -
+// delta) scale in registers, dq += ds k with k read transposed.
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionQueryGradWgmma(const unsigned short *dout, const unsigned short *heads, Out dqkv, float scale,
+                                        const float *lse, const float *delta) {
+  static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
+  using A = AttentionHeads<B, T, H, H, DH>;
+  constexpr int MQ = kWgmmaRows, NK = kGradQueries, TILES = (T + MQ - 1) / MQ;
+  constexpr int QUERIES = MQ * DH * 2, KEYS = NK * DH * 2; // bytes of a tile
+  extern __shared__ unsigned char attentionShared[];
+  unsigned char *queries = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  const unsigned queriesAt = sharedAddress(queries);
+  auto keysAt = [&](int stage) { return queriesAt + 2 * QUERIES + 2 * stage * KEYS; }; // values follow
+  const int tile = TILES - 1 - blockIdx.x % TILES; // the longest rows of tiles first
+  const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const int c = 2 * (threadIdx.x % 4);
+  const int row0 = tile * MQ + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4, row1 = row0 + 8;
+  const int last = (min(T, (tile + 1) * MQ) - 1) / NK; // the last key tile
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  const unsigned short *q = heads + (int64)bh * T * DH, *dy = dout + (int64)bh * T * DH;
+  const unsigned short *k = heads + A::QPART + (int64)bh * T * DH, *v = k + A::KPART;
+  const float lse0 = row0 < T ? lse[(int64)bh * T + row0] * 1.4426950408889634f : 0.0f;
+  const float lse1 = row1 < T ? lse[(int64)bh * T + row1] * 1.4426950408889634f : 0.0f;
+  const float delta0 = row0 < T ? delta[(int64)bh * T + row0] : 0.0f;
+  const float delta1 = row1 < T ? delta[(int64)bh * T + row1] : 0.0f;
+  auto copyStage = [&](int stage, int kt) {
+    unsigned char *at = queries + 2 * QUERIES + 2 * stage * KEYS;
+    copySwizzledAsync<T, DH, NK>(at, k, kt * NK);
+    copySwizzledAsync<T, DH, NK>(at + KEYS, v, kt * NK);
+    commitCopies();
+  };
+  copySwizzledAsync<T, DH, MQ>(queries, q, tile * MQ);
+  copySwizzledAsync<T, DH, MQ>(queries + QUERIES, dy, tile * MQ);
+  copyStage(0, 0);
+  float dq[DH / 8][4] = {};
+  for (int kt = 0; kt <= last; ++kt) {
+    const int stage = kt & 1;
+    if (kt < last)
+      copyStage(stage ^ 1, kt + 1);
+    else
+      commitCopies();
+    waitForAllButLatestCopies();
+    fenceProxyAsync();
+    __syncthreads();
+    float s[NK / 8][4], dp[NK / 8][4];
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      unsigned rowsAlong = kk / 4 * MQ * 128 + group * 64 * 128 + kk % 4 * 32, along = kk / 4 * NK * 128 + kk % 4 * 32;
+      wgmmaShared<NK>(s, wgmmaDescriptor(queriesAt + rowsAlong, 0, 1024),
+                      wgmmaDescriptor(keysAt(stage) + along, 0, 1024), kk > 0);
+      wgmmaShared<NK>(dp, wgmmaDescriptor(queriesAt + QUERIES + rowsAlong, 0, 1024),
+                      wgmmaDescriptor(keysAt(stage) + KEYS + along, 0, 1024), kk > 0);
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<NK / 8>(s);
+    fenceAccumulators<NK / 8>(dp);
+    const bool diagonal = kt * NK + NK - 1 > tile * MQ; // keys past some rows
+    unsigned da[NK / 16][4];                            // ds as A fragments
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int key = kt * NK + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
+        float prob = exp2Approx(fmaf(s[j][e], scaleLog2, -(e < 2 ? lse0 : lse1)));
+        if (diagonal && key > row)
+          prob = 0.0f;
+        s[j][e] = prob * (dp[j][e] - (e < 2 ? delta0 : delta1)) * scale; // ds
+      }
+      da[j / 2][2 * (j % 2)] = packBf16(s[j][0], s[j][1]);
+      da[j / 2][2 * (j % 2) + 1] = packBf16(s[j][2], s[j][3]);
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; ++kk) // keys 16 kk ..: 16 rows of 128 bytes on
+      wgmmaRegisters<DH>(dq, da[kk], wgmmaDescriptor(keysAt(stage) + kk * 16 * 128, NK * 128, 1024), 1);
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(dq);
+    __syncthreads(); // both warpgroups are done with this stage before it is loaded again
+  }
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
+      if (row < T)
+        dqkv[((int64)b * T + row) * A::W + h * DH + d] = dq[n][e];
+    }
+}
