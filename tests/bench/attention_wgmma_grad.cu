@@ -2,7 +2,8 @@
 // and dv by key tiles, dq by query tiles) against the mma.sync kernels they would replace
 // (attention.cuh's attentionKeyValueGradBf16 and attentionQueryGradBf16) on the same operands:
 // head-major BF16 q, k, v and dout, the forward's lse (attentionForwardBf16's), delta drawn. The
-// largest difference of dq, dk and dv, then the time of each kernel (#40: gpt-1.3b's shape at T
+// largest difference of dq, dk and dv (the warp-specialised dk dv kernel: dk and dv, its
+// operands in SwizzledTiles' layout), then the time of each kernel (#40: gpt-1.3b's shape at T
 // 1024 and 4096, gpt2-124m's). FLOPs: 4 causal products of 2 B H T^2 DH / 2 for dk dv (s^T,
 // dp^T, dv, dk), 3 for dq (s, dp, dq); the sum against cuDNN's gradient is counted as 5.
 // Not part of the build (the CMake check compiles it for sm_90, where the products trap):
@@ -50,6 +51,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   attentionKeyValueGradWgmma<B, T, H, DH>(dout, heads, dqkv, scale, lse, delta);
 }
 
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kSpecialisedThreads, 1)
+    specialisedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta) {
+  attentionKeyValueGradSpecialised<B, T, H, DH>(tiles, dqkv, scale, lse, delta);
+}
+
+template <int T, int DH> __global__ void swizzleHeads(const unsigned short *heads, unsigned short *tiles, long count) {
+  toSwizzledTiles<T, DH>(heads, tiles, count);
+}
+
 // delta: n values of +-[0.5, 1) from the hashed bits.
 __global__ void fillDelta(float *x, long n) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
@@ -66,22 +77,31 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&dout, PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
   fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
-  float *out, *lse, *delta, *dqkv[2];
+  float *out, *lse, *delta, *dqkv[3];
   CK(cudaMalloc(&out, PART * 4));
   CK(cudaMalloc(&lse, ROWS * 4));
   CK(cudaMalloc(&delta, ROWS * 4));
   fillDelta<<<256, 256>>>(delta, ROWS);
   const float scale = 1.0f / std::sqrt((float)DH);
   forward<B, T, H, DH><<<B * H *((T + 63) / 64), kAttentionThreads>>>(heads, out, lse, scale);
-  for (int i = 0; i < 2; ++i) {
+  unsigned short *tiles; // q, k, v, dout in the products' layout, for the warp-specialised kernel
+  const long TILED = (long)B * H * SwizzledTiles<T, DH>::HEAD;
+  CK(cudaMalloc(&tiles, 4 * TILED * 2));
+  swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
+  swizzleHeads<T, DH><<<1024, 256>>>(dout, tiles + 3 * TILED, (long)B * H);
+  for (int i = 0; i < 3; ++i) {
     CK(cudaMalloc(&dqkv[i], 3 * PART * 4));
     CK(cudaMemset(dqkv[i], 0, 3 * PART * 4));
   }
   const int shared = attentionGradWgmmaShared<DH>(), queryShared = attentionQueryGradWgmmaShared<DH>();
   CK(cudaFuncSetAttribute(wgmmaGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   CK(cudaFuncSetAttribute(wgmmaQueryGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, queryShared));
+  const int specialisedShared = attentionGradSpecialisedShared<DH>();
+  CK(cudaFuncSetAttribute(specialisedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          specialisedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
-  // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1])
+  // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
+  // warp-specialised dk dv (into dqkv[2]: dk and dv alone)
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
@@ -89,44 +109,55 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       referenceQueryGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
     else if (i == 2)
       wgmmaGrad<B, T, H, DH><<<tiles128, kWgmmaThreads, shared, st>>>(dout, heads, dqkv[1], scale, lse, delta);
-    else
+    else if (i == 3)
       wgmmaQueryGrad<B, T, H, DH>
           <<<tiles128, kWgmmaThreads, queryShared, st>>>(dout, heads, dqkv[1], scale, lse, delta);
+    else
+      specialisedGrad<B, T, H, DH>
+          <<<tiles128, kSpecialisedThreads, specialisedShared, st>>>(tiles, dqkv[2], scale, lse, delta);
   };
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     run(i, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
   }
   std::vector<float> x(3 * PART), y(3 * PART);
   CK(cudaMemcpy(x.data(), dqkv[0], 3 * PART * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(y.data(), dqkv[1], 3 * PART * 4, cudaMemcpyDeviceToHost));
-  double largest[3] = {}, size[3] = {};
-  for (long i = 0; i < 3 * PART; ++i) {
-    int part = (int)(i % (3L * H * DH) / (H * DH)); // q, k, v
-    largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
-    size[part] = std::max(size[part], (double)std::fabs(x[i]));
+  printf("B %d T %d H %d DH %d:\n", B, T, H, DH);
+  for (int variant = 1; variant < 3; ++variant) {
+    CK(cudaMemcpy(y.data(), dqkv[variant], 3 * PART * 4, cudaMemcpyDeviceToHost));
+    double largest[3] = {}, size[3] = {};
+    for (long i = 0; i < 3 * PART; ++i) {
+      int part = (int)(i % (3L * H * DH) / (H * DH)); // q, k, v
+      if (variant == 2 && part == 0)
+        continue; // the warp-specialised kernel writes dk and dv alone
+      largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
+      size[part] = std::max(size[part], (double)std::fabs(x[i]));
+    }
+    printf("  %s:", variant == 1 ? "wgmma" : "wgmma warp-specialised");
+    const char *parts[3] = {"dq", "dk", "dv"};
+    for (int part = variant == 1 ? 0 : 1; part < 3; ++part)
+      printf(" %s differs by %.3g (of %.3g)%s", parts[part], largest[part], size[part],
+             largest[part] < 2e-2 * size[part] ? "" : " ** MISMATCH **");
+    printf("\n");
   }
-  printf("B %d T %d H %d DH %d:", B, T, H, DH);
-  const char *parts[3] = {"dq", "dk", "dv"};
-  for (int part = 0; part < 3; ++part)
-    printf(" %s differs by %.3g (of %.3g)%s", parts[part], largest[part], size[part],
-           largest[part] < 2e-2 * size[part] ? "" : " ** MISMATCH **");
-  printf("\n");
   if (timed) {
     const double product = 2.0 * B * H * (double)T * T * DH / 2; // FLOPs of one causal product
-    float us[4];
-    const char *names[4] = {"mma.sync dk dv", "mma.sync dq", "wgmma dk dv", "wgmma dq"};
-    for (int i = 0; i < 4; ++i) {
+    float us[5];
+    const char *names[5] = {"mma.sync dk dv", "mma.sync dq", "wgmma dk dv", "wgmma dq", "wgmma dk dv warp-specialised"};
+    for (int i = 0; i < 5; ++i) {
       us[i] = timeGraph(10, [&](int, cudaStream_t st) { run(i, st); });
       printf("  %s %.1f us (%.0f TFLOP/s)\n", names[i], us[i], (i % 2 ? 3 : 4) * product / us[i] / 1e6);
     }
     printf("  the gradient (5 products' FLOPs, as cuDNN's is counted): mma.sync %.1f us (%.0f TFLOP/s), wgmma %.1f us "
            "(%.0f TFLOP/s)\n",
            us[0] + us[1], 5 * product / (us[0] + us[1]) / 1e6, us[2] + us[3], 5 * product / (us[2] + us[3]) / 1e6);
+    printf("  with the warp-specialised dk dv: %.1f us (%.0f TFLOP/s)\n", us[4] + us[3],
+           5 * product / (us[4] + us[3]) / 1e6);
   }
-  for (float *p : {out, lse, delta, dqkv[0], dqkv[1]})
+  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2]})
     CK(cudaFree(p));
+  CK(cudaFree(tiles));
   CK(cudaFree(heads));
   CK(cudaFree(dout));
 }

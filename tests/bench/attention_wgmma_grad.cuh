@@ -224,3 +224,168 @@ __device__ void attentionQueryGradWgmma(const unsigned short *dout, const unsign
         dqkv[((int64)b * T + row) * A::W + h * DH + d] = dq[n][e];
     }
 }
+
+// ---- Warp-specialised: a producer lane's bulk copies, two consumer warpgroups ----
+enum { kGradStages = 2 };
+
+// The shared memory attentionKeyValueGradSpecialised takes: keys and values (128 rows each),
+// two stages of queries and dout (64 rows each) with their lse and delta (64 floats each, in
+// 1 KB: the next stage's tiles start at a multiple of 1024 bytes), five barriers, and 1 KB to
+// align.
+template <int DH> __host__ __device__ constexpr int attentionGradSpecialisedShared() {
+  return 2 * kWgmmaRows * DH * 2 + kGradStages * (2 * kGradQueries * DH * 2 + 1024) + 5 * 8 + 1024;
+}
+
+// The warp-specialised gradient's shared memory from `keysAt` (a multiple of 1024): keys, values,
+// the stages (queries | dout | lse | delta, each stage 1024-aligned), then the barriers: the
+// keys' full, the stages' full x2 and empty x2. The stages' use u (query tile first + u) is stage
+// u % 2, its phase u / 2.
+template <int DH> struct GradShared {
+  static constexpr int KEYS = kWgmmaRows * DH * 2, QUERIES = kGradQueries * DH * 2, HALF = kGradQueries * 128;
+  static constexpr int STAGE = 2 * QUERIES + 1024;
+  unsigned keysAt;
+  __device__ explicit GradShared(unsigned keysAt) : keysAt(keysAt) {}
+  __device__ unsigned valuesAt() const { return keysAt + KEYS; }
+  __device__ unsigned stageAt(int u) const { return keysAt + 2 * KEYS + u % kGradStages * STAGE; }
+  __device__ unsigned keysFull() const { return keysAt + 2 * KEYS + kGradStages * STAGE; }
+  __device__ unsigned full(int u) const { return keysFull() + 8 * (1 + u % kGradStages); }
+  __device__ unsigned empty(int u) const { return keysFull() + 8 * (1 + kGradStages + u % kGradStages); }
+};
+
+// The producer lane: the block's keys and values once, then each query tile of 64 (its half of a
+// 128-row tile: a bulk copy per 64 values of the head dimension) with its lse and delta into the
+// stage the consumers last freed.
+template <int B, int T, int H, int DH>
+__device__ void produceGradTiles(const unsigned short *tiles, const float *lse, const float *delta,
+                                 const GradShared<DH> &sh, int64 bh, int tile, int first, int last) {
+  using S = SwizzledTiles<T, DH>;
+  using G = GradShared<DH>;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries;
+  const int64 part = (int64)B * H * S::HEAD; // q | k | v | dout
+  barrierExpectBytes(sh.keysFull(), 2 * G::KEYS);
+  bulkCopy(sh.keysAt, tiles + part + bh * S::HEAD + (int64)tile * NK * DH, G::KEYS, sh.keysFull());
+  bulkCopy(sh.valuesAt(), tiles + 2 * part + bh * S::HEAD + (int64)tile * NK * DH, G::KEYS, sh.keysFull());
+  for (int qt = first; qt <= last; ++qt) {
+    const int u = qt - first, rows = min(MQ, T - qt * MQ);
+    if (u >= kGradStages)
+      barrierWait(sh.empty(u), (u / kGradStages - 1) & 1);
+    barrierExpectBytes(sh.full(u), 2 * G::QUERIES + 2 * rows * 4);
+    const unsigned at = sh.stageAt(u);
+    for (int tensor = 0; tensor < 2; ++tensor) // q, dout: each 64-value block's 64 rows
+      for (int block = 0; block < DH / 64; ++block) {
+        const unsigned short *src = tiles + (tensor ? 3 * part : 0) + bh * S::HEAD + (int64)(qt / 2) * NK * DH +
+                                    block * NK * 64 + (qt % 2) * MQ * 64;
+        bulkCopy(at + tensor * G::QUERIES + block * G::HALF, src, G::HALF, sh.full(u));
+      }
+    bulkCopy(at + 2 * G::QUERIES, lse + bh * T + qt * MQ, rows * 4, sh.full(u));
+    bulkCopy(at + 2 * G::QUERIES + MQ * 4, delta + bh * T + qt * MQ, rows * 4, sh.full(u));
+  }
+}
+
+// dk and dv for 128 keys as attentionKeyValueGradWgmma, the operands in SwizzledTiles' layout
+// (tiles: q, k, v, then dout, each [B][H] heads of tiles), copied by a producer lane
+// (produceGradTiles) onto full and empty transaction barriers: the consumer warpgroups (64 keys
+// each) no longer meet at a block-wide barrier, so one's elementwise work runs beside the
+// other's products. T a multiple of 4 (lse and delta in 16-byte pieces; past T a stage keeps
+// what it held, and those queries' p and ds are 0).
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
+                                                 const float *delta) {
+  static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
+  static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
+  using G = GradShared<DH>;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
+  constexpr int QUERIES = G::QUERIES, HALF = G::HALF;
+  extern __shared__ unsigned char attentionShared[];
+  unsigned char *base = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  const G sh(sharedAddress(base));
+  const int tile = blockIdx.x % KTILES; // the earliest keys have the most queries: first
+  const int bh = blockIdx.x / KTILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const int first = tile * NK / MQ, last = (T - 1) / MQ; // query tiles
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 1 + kGradStages; ++i)
+      barrierInit(sh.keysFull() + 8 * i, 1);
+    for (int i = 0; i < kGradStages; ++i)
+      barrierInit(sh.empty(i), 8); // a lane of each consumer warp
+    fenceBarrierInit();
+  }
+  __syncthreads();
+  if (group == 0) {
+    releaseRegisters<24>();
+    if (threadIdx.x == 0)
+      produceGradTiles<B, T, H, DH>(tiles, lse, delta, sh, bh, tile, first, last);
+    return;
+  }
+  claimRegisters<240>();
+  const int consumer = group - 1, c = 2 * (threadIdx.x % 4), lane = threadIdx.x % 32;
+  const int key0 = tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4, key1 = key0 + 8;
+  const float scaleLog2 = scale * 1.4426950408889634f;
+  float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
+  barrierWait(sh.keysFull(), 0);
+  for (int qt = first; qt <= last; ++qt) {
+    const int u = qt - first;
+    const unsigned at = sh.stageAt(u);
+    const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * QUERIES), *deltas = lses + MQ;
+    barrierWait(sh.full(u), (u / kGradStages) & 1);
+    float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      unsigned keysAlong = kk / 4 * NK * 128 + consumer * 64 * 128 + kk % 4 * 32, along = kk / 4 * HALF + kk % 4 * 32;
+      wgmmaShared<MQ>(st, wgmmaDescriptor(sh.keysAt + keysAlong, 0, 1024), wgmmaDescriptor(at + along, 0, 1024),
+                      kk > 0);
+      wgmmaShared<MQ>(dpt, wgmmaDescriptor(sh.valuesAt() + keysAlong, 0, 1024),
+                      wgmmaDescriptor(at + QUERIES + along, 0, 1024), kk > 0);
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<MQ / 8>(st);
+    fenceAccumulators<MQ / 8>(dpt);
+    const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
+    unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
+#pragma unroll
+    for (int j = 0; j < MQ / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int i = j * 8 + c + e, query = qt * MQ + i;
+        float l = lses[i] * 1.4426950408889634f, dl = deltas[i];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          int at2 = 2 * half + e, key = half ? key1 : key0;
+          float prob = exp2Approx(fmaf(st[j][at2], scaleLog2, -l));
+          if (edge && (key > query || query >= T))
+            prob = 0.0f;
+          st[j][at2] = prob;
+          dpt[j][at2] = edge && (key > query || query >= T) ? 0.0f : prob * (dpt[j][at2] - dl) * scale; // ds^T
+        }
+      }
+      pa[j / 2][2 * (j % 2)] = packBf16(st[j][0], st[j][1]);
+      pa[j / 2][2 * (j % 2) + 1] = packBf16(st[j][2], st[j][3]);
+      da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
+      da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < MQ / 16; ++kk) { // queries 16 kk ..: 16 rows of 128 bytes on
+      wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(at + QUERIES + kk * 16 * 128, HALF, 1024), 1);
+      wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(at + kk * 16 * 128, HALF, 1024), 1);
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(dv);
+    fenceAccumulators<DH / 8>(dk);
+    if (lane == 0)
+      barrierArrive(sh.empty(u));
+  }
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int key = e < 2 ? key0 : key1, d = n * 8 + c + (e & 1);
+      if (key >= T)
+        continue;
+      int64 at = ((int64)b * T + key) * 3 * H * DH + H * DH + h * DH + d;
+      dqkv[at] = dk[n][e];
+      dqkv[at + H * DH] = dv[n][e];
+    }
+}
