@@ -17,6 +17,83 @@ template <int DH> __host__ __device__ constexpr int attentionGradWgmmaShared() {
   return 2 * kWgmmaRows * DH * 2 + 4 * kGradQueries * DH * 2 + 4 * kGradQueries * 4 + 1024;
 }
 
+// Issues s^T = k q^T and dp^T = v dout^T for this warpgroup's 64 keys (`group`'s rows of the
+// 128-row key and value tiles) and a 64-row query tile (queries and dout: shared addresses of
+// tiles whose 64-value blocks are `block` bytes apart).
+template <int DH>
+__device__ __forceinline__ void issueGradScores(float (*st)[4], float (*dpt)[4], unsigned keys, unsigned values,
+                                                unsigned queries, unsigned dout, unsigned block, int group) {
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    unsigned keysAlong = kk / 4 * kWgmmaRows * 128 + group * 64 * 128 + kk % 4 * 32,
+             along = kk / 4 * block + kk % 4 * 32;
+    wgmmaShared<kGradQueries>(st, wgmmaDescriptor(keys + keysAlong, 0, 1024), wgmmaDescriptor(queries + along, 0, 1024),
+                              kk > 0);
+    wgmmaShared<kGradQueries>(dpt, wgmmaDescriptor(values + keysAlong, 0, 1024), wgmmaDescriptor(dout + along, 0, 1024),
+                              kk > 0);
+  }
+}
+
+// p^T and ds^T = p^T (dp^T - delta) scale from s^T and dp^T (query tile qt; lses and deltas its
+// 64 queries'), as the A fragments of dv and dk's products; 0 past the causal diagonal and T
+// (EDGE: the tile may have such queries).
+template <int T>
+__device__ __forceinline__ void gradProbabilities(unsigned (*pa)[4], unsigned (*da)[4], float (*st)[4], float (*dpt)[4],
+                                                  const float *lses, const float *deltas, int qt, int key0, bool edge,
+                                                  float scale) {
+  const int c = 2 * (threadIdx.x % 4);
+  const float scaleLog2 = scale * 1.4426950408889634f;
+#pragma unroll
+  for (int j = 0; j < kGradQueries / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int i = j * 8 + c + e, query = qt * kGradQueries + i;
+      float l = lses[i] * 1.4426950408889634f, dl = deltas[i];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        int at = 2 * half + e, key = key0 + 8 * half;
+        bool masked = edge && (key > query || query >= T);
+        float prob = exp2Approx(fmaf(st[j][at], scaleLog2, -l));
+        st[j][at] = masked ? 0.0f : prob;
+        dpt[j][at] = masked ? 0.0f : prob * (dpt[j][at] - dl) * scale; // ds^T
+      }
+    }
+    pa[j / 2][2 * (j % 2)] = packBf16(st[j][0], st[j][1]);
+    pa[j / 2][2 * (j % 2) + 1] = packBf16(st[j][2], st[j][3]);
+    da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
+    da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
+  }
+}
+
+// Issues dv += p^T dout and dk += ds^T q over a 64-row query tile (q and dout read transposed).
+template <int DH>
+__device__ __forceinline__ void issueKeyValueGrads(float (*dv)[4], float (*dk)[4], const unsigned (*pa)[4],
+                                                   const unsigned (*da)[4], unsigned queries, unsigned dout,
+                                                   unsigned block) {
+#pragma unroll
+  for (int kk = 0; kk < kGradQueries / 16; ++kk) { // queries 16 kk ..: 16 rows of 128 bytes on
+    wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(dout + kk * 16 * 128, block, 1024), 1);
+    wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(queries + kk * 16 * 128, block, 1024), 1);
+  }
+}
+
+// dk and dv of this lane's keys into dqkv's k and v parts ([B, T, 3 H DH]).
+template <int T, int H, int DH, typename Out>
+__device__ void storeKeyValueGrads(const float (*dk)[4], const float (*dv)[4], Out dqkv, int b, int h, int key0) {
+  const int c = 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int key = key0 + (e < 2 ? 0 : 8), d = n * 8 + c + (e & 1);
+      if (key >= T)
+        continue;
+      int64 at = ((int64)b * T + key) * 3 * H * DH + H * DH + h * DH + d;
+      dqkv[at] = dk[n][e];
+      dqkv[at + H * DH] = dv[n][e];
+    }
+}
+
 template <int B, int T, int H, int DH, typename Out>
 __device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const unsigned short *heads, Out dqkv,
                                            float scale, const float *lse, const float *delta) {
@@ -32,10 +109,8 @@ __device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const uns
   auto queriesAt = [&](int stage) { return keysAt + 2 * KEYS + 2 * stage * QUERIES; };
   const int tile = blockIdx.x % TILES; // the earliest keys have the most queries: first
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
-  const int c = 2 * (threadIdx.x % 4);
-  const int key0 = tile * NK + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4, key1 = key0 + 8;
-  const int first = tile * NK / MQ, last = (T - 1) / MQ; // query tiles
-  const float scaleLog2 = scale * 1.4426950408889634f;
+  const int key0 = tile * NK + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4; // and key0 + 8
+  const int first = tile * NK / MQ, last = (T - 1) / MQ;                                        // query tiles
   const unsigned short *q = heads + (int64)bh * T * DH, *dy = dout + (int64)bh * T * DH;
   const unsigned short *k = heads + A::QPART + (int64)bh * T * DH, *v = k + A::KPART;
   auto copyStage = [&](int stage, int qt) {
@@ -64,66 +139,23 @@ __device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const uns
     __syncthreads();
     float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
     wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) {
-      unsigned keysAlong = kk / 4 * NK * 128 + group * 64 * 128 + kk % 4 * 32, along = kk / 4 * MQ * 128 + kk % 4 * 32;
-      wgmmaShared<MQ>(st, wgmmaDescriptor(keysAt + keysAlong, 0, 1024),
-                      wgmmaDescriptor(queriesAt(stage) + along, 0, 1024), kk > 0);
-      wgmmaShared<MQ>(dpt, wgmmaDescriptor(valuesAt + keysAlong, 0, 1024),
-                      wgmmaDescriptor(queriesAt(stage) + QUERIES + along, 0, 1024), kk > 0);
-    }
+    issueGradScores<DH>(st, dpt, keysAt, valuesAt, queriesAt(stage), queriesAt(stage) + QUERIES, MQ * 128, group);
     wgmmaCommit();
     wgmmaWait<0>();
     fenceAccumulators<MQ / 8>(st);
     fenceAccumulators<MQ / 8>(dpt);
     const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
     unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
-#pragma unroll
-    for (int j = 0; j < MQ / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        int i = j * 8 + c + e, query = qt * MQ + i;
-        float l = lses[stage * MQ + i] * 1.4426950408889634f, dl = deltas[stage * MQ + i];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          int at = 2 * half + e, key = half ? key1 : key0;
-          float prob = exp2Approx(fmaf(st[j][at], scaleLog2, -l));
-          if (edge && (key > query || query >= T))
-            prob = 0.0f;
-          st[j][at] = prob;
-          dpt[j][at] = prob * (dpt[j][at] - dl) * scale; // ds^T
-        }
-      }
-#pragma unroll
-    for (int j = 0; j < MQ / 8; ++j) {
-      pa[j / 2][2 * (j % 2)] = packBf16(st[j][0], st[j][1]);
-      pa[j / 2][2 * (j % 2) + 1] = packBf16(st[j][2], st[j][3]);
-      da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
-      da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
-    }
+    gradProbabilities<T>(pa, da, st, dpt, lses + stage * MQ, deltas + stage * MQ, qt, key0, edge, scale);
     wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < MQ / 16; ++kk) { // queries 16 kk ..: 16 rows of 128 bytes on
-      wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(queriesAt(stage) + QUERIES + kk * 16 * 128, MQ * 128, 1024), 1);
-      wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(queriesAt(stage) + kk * 16 * 128, MQ * 128, 1024), 1);
-    }
+    issueKeyValueGrads<DH>(dv, dk, pa, da, queriesAt(stage), queriesAt(stage) + QUERIES, MQ * 128);
     wgmmaCommit();
     wgmmaWait<0>();
     fenceAccumulators<DH / 8>(dv);
     fenceAccumulators<DH / 8>(dk);
     __syncthreads(); // both warpgroups are done with this stage before it is loaded again
   }
-#pragma unroll
-  for (int n = 0; n < DH / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int key = e < 2 ? key0 : key1, d = n * 8 + c + (e & 1);
-      if (key >= T)
-        continue;
-      int64 at = ((int64)b * T + key) * A::W + H * DH + h * DH + d;
-      dqkv[at] = dk[n][e];
-      dqkv[at + H * DH] = dv[n][e];
-    }
+  storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, b, h, key0);
 }
 
 // The shared memory attentionQueryGradWgmma takes: queries and dout (128 rows each), two
@@ -317,9 +349,8 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
     return;
   }
   claimRegisters<240>();
-  const int consumer = group - 1, c = 2 * (threadIdx.x % 4), lane = threadIdx.x % 32;
-  const int key0 = tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4, key1 = key0 + 8;
-  const float scaleLog2 = scale * 1.4426950408889634f;
+  const int consumer = group - 1, lane = threadIdx.x % 32;
+  const int key0 = tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   barrierWait(sh.keysFull(), 0);
   for (int qt = first; qt <= last; ++qt) {
@@ -329,47 +360,16 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
     barrierWait(sh.full(u), (u / kGradStages) & 1);
     float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
     wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) {
-      unsigned keysAlong = kk / 4 * NK * 128 + consumer * 64 * 128 + kk % 4 * 32, along = kk / 4 * HALF + kk % 4 * 32;
-      wgmmaShared<MQ>(st, wgmmaDescriptor(sh.keysAt + keysAlong, 0, 1024), wgmmaDescriptor(at + along, 0, 1024),
-                      kk > 0);
-      wgmmaShared<MQ>(dpt, wgmmaDescriptor(sh.valuesAt() + keysAlong, 0, 1024),
-                      wgmmaDescriptor(at + QUERIES + along, 0, 1024), kk > 0);
-    }
+    issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + QUERIES, HALF, consumer);
     wgmmaCommit();
     wgmmaWait<0>();
     fenceAccumulators<MQ / 8>(st);
     fenceAccumulators<MQ / 8>(dpt);
     const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
     unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
-#pragma unroll
-    for (int j = 0; j < MQ / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        int i = j * 8 + c + e, query = qt * MQ + i;
-        float l = lses[i] * 1.4426950408889634f, dl = deltas[i];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          int at2 = 2 * half + e, key = half ? key1 : key0;
-          float prob = exp2Approx(fmaf(st[j][at2], scaleLog2, -l));
-          if (edge && (key > query || query >= T))
-            prob = 0.0f;
-          st[j][at2] = prob;
-          dpt[j][at2] = edge && (key > query || query >= T) ? 0.0f : prob * (dpt[j][at2] - dl) * scale; // ds^T
-        }
-      }
-      pa[j / 2][2 * (j % 2)] = packBf16(st[j][0], st[j][1]);
-      pa[j / 2][2 * (j % 2) + 1] = packBf16(st[j][2], st[j][3]);
-      da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
-      da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
-    }
+    gradProbabilities<T>(pa, da, st, dpt, lses, deltas, qt, key0, edge, scale);
     wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < MQ / 16; ++kk) { // queries 16 kk ..: 16 rows of 128 bytes on
-      wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(at + QUERIES + kk * 16 * 128, HALF, 1024), 1);
-      wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(at + kk * 16 * 128, HALF, 1024), 1);
-    }
+    issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
     wgmmaCommit();
     wgmmaWait<0>();
     fenceAccumulators<DH / 8>(dv);
@@ -377,15 +377,5 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
     if (lane == 0)
       barrierArrive(sh.empty(u));
   }
-#pragma unroll
-  for (int n = 0; n < DH / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int key = e < 2 ? key0 : key1, d = n * 8 + c + (e & 1);
-      if (key >= T)
-        continue;
-      int64 at = ((int64)b * T + key) * 3 * H * DH + H * DH + h * DH + d;
-      dqkv[at] = dk[n][e];
-      dqkv[at + H * DH] = dv[n][e];
-    }
+  storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, b, h, key0);
 }
