@@ -28,6 +28,14 @@ __device__ void copySwizzledAsync(unsigned char *tile, const unsigned short *src
   }
 }
 
+// Until this thread's copies but the latest group have landed, then every thread's (a barrier
+// after each thread's proxy fence): the tiles they filled are the products' to read.
+__device__ __forceinline__ void awaitCopiedStage() {
+  waitForAllButLatestCopies();
+  fenceProxyAsync();
+  __syncthreads();
+}
+
 // The shared memory attentionForwardWgmma takes: 128 queries, STAGES stages of keys and
 // values, and 1 KB to align the tiles to the swizzle's 1024 bytes.
 template <int DH, int STAGES> __host__ __device__ constexpr int attentionWgmmaShared() {
@@ -176,9 +184,7 @@ __device__ void attentionForwardWgmma(const unsigned short *heads, Out out, floa
       copySwizzledAsync<T, DH, N>(queries + (5 - stage) * TILE, v, (kt + 1) * N);
     }
     commitCopies(); // (an empty group after the last tile: the wait below counts the same way)
-    waitForAllButLatestCopies();
-    fenceProxyAsync();
-    __syncthreads();
+    awaitCopiedStage();
     float s[N / 8][4];
     wgmmaFence();
     issueScores<DH>(s, queriesAt, queriesAt + stage * TILE, group);
@@ -230,9 +236,7 @@ __device__ void attentionForwardWgmmaOverlapped(const unsigned short *heads, Out
   if (last > 0)
     load(1);
   commitCopies();
-  waitForAllButLatestCopies();
-  fenceProxyAsync();
-  __syncthreads();
+  awaitCopiedStage();
   float s[N / 8][4], o[DH / 8][4] = {};
   unsigned p[N / 16][4];
   OnlineSoftmax r;

@@ -134,9 +134,7 @@ __device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const uns
       copyStage(stage ^ 1, qt + 1);
     else
       commitCopies();
-    waitForAllButLatestCopies();
-    fenceProxyAsync();
-    __syncthreads();
+    awaitCopiedStage();
     float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
     wgmmaFence();
     issueGradScores<DH>(st, dpt, keysAt, valuesAt, queriesAt(stage), queriesAt(stage) + QUERIES, MQ * 128, group);
@@ -206,9 +204,7 @@ __device__ void attentionQueryGradWgmma(const unsigned short *dout, const unsign
       copyStage(stage ^ 1, kt + 1);
     else
       commitCopies();
-    waitForAllButLatestCopies();
-    fenceProxyAsync();
-    __syncthreads();
+    awaitCopiedStage();
     float s[NK / 8][4], dp[NK / 8][4];
     wgmmaFence();
 #pragma unroll

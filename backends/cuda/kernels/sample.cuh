@@ -38,27 +38,17 @@ __device__ __forceinline__ void sampleForEach(const float *x, const unsigned lon
   }
 }
 
+// Adds `weight` to bins[bin] (nothing where bin < 0); every lane of the warp calls it. The lanes
+// of one bin add their sum in one atomic (a weight is at most 2^40: its low 21 and high 20 bits
+// summed over 32 lanes fit 32 bits), so that the lanes of the common leading bytes do not queue
+// on one 64-bit shared atomic each.
+__device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin, unsigned long long weight) {
 #if __CUDA_ARCH__ >= 800
-// The sum of `weight` over the lanes of the warp whose bin is this lane's, and whether this lane
-// is the first of them (the one to add the sum); every lane of the warp calls it. A weight is at
-// most 2^40: its low 21 and high 20 bits summed over 32 lanes fit 32 bits.
-__device__ __forceinline__ bool sampleGatherBin(int bin, unsigned long long weight, unsigned long long &sum) {
   unsigned peers = __match_any_sync(0xffffffffu, bin);
   unsigned low = __reduce_add_sync(peers, (unsigned)(weight & 0x1fffffull));
   unsigned high = __reduce_add_sync(peers, (unsigned)(weight >> 21));
-  sum = ((unsigned long long)high << 21) + low;
-  return (int)(threadIdx.x % 32) == __ffs(peers) - 1;
-}
-#endif
-
-// Adds `weight` to bins[bin] (nothing where bin < 0); every lane of the warp calls it. The lanes
-// of one bin add their sum in one atomic, so that the lanes of the common leading bytes do not
-// queue on one 64-bit shared atomic each.
-__device__ __forceinline__ void sampleAddToBin(unsigned long long *bins, int bin, unsigned long long weight) {
-#if __CUDA_ARCH__ >= 800
-  unsigned long long sum;
-  if (sampleGatherBin(bin, weight, sum) && bin >= 0)
-    atomicAdd(&bins[bin], sum);
+  if (bin >= 0 && (int)(threadIdx.x % 32) == __ffs(peers) - 1)
+    atomicAdd(&bins[bin], ((unsigned long long)high << 21) + low);
 #else
   if (bin >= 0)
     atomicAdd(&bins[bin], weight);
