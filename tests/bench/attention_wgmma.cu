@@ -30,10 +30,14 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     attentionForwardWgmma<B, T, H, DH>(heads, out, lse, scale);
 }
 
-template <int B, int T, int H, int DH>
+template <int B, int T, int H, int DH, typename Out>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
-    specialisedForward(const unsigned short *tiles, float *out, float *lse, float scale) {
+    specialisedForward(const unsigned short *tiles, Out out, float *lse, float scale) {
   attentionForwardSpecialised<B, T, H, DH>(tiles, out, lse, scale);
+}
+
+__global__ void widenBf16(const unsigned short *from, float *to, long n) {
+  FOR_EACH_ELEMENT(i, n) { to[i] = __uint_as_float((unsigned)from[i] << 16); }
 }
 
 template <int T, int DH> __global__ void swizzleHeads(const unsigned short *heads, unsigned short *tiles, long count) {
@@ -62,7 +66,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   unsigned short *heads;
   CK(cudaMalloc(&heads, 3 * PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1): scores of a few units
-  constexpr int KERNELS = 5;
+  constexpr int KERNELS = 7;
   unsigned short *tiles; // q, k, v in the products' layout, for the warp-specialised kernel
   CK(cudaMalloc(&tiles, 3L * B * H * SwizzledTiles<T, DH>::HEAD * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
@@ -77,8 +81,12 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaFuncSetAttribute(wgmmaForward<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared[0]));
   CK(cudaFuncSetAttribute(wgmmaForward<B, T, H, DH, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared[1]));
   const int specialisedShared = attentionSpecialisedShared<DH>();
-  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, float *>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
+  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          specialisedShared));
+  unsigned short *outBf16; // the output as tgc would take it to the projection's GEMM (and cuDNN gives it)
+  CK(cudaMalloc(&outBf16, PART * 2));
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const long refBlocks = (long)B * H * ((T + 63) / 64), blocks = (long)B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
@@ -89,15 +97,26 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       wgmmaForward<B, T, H, DH, false><<<blocks, kWgmmaThreads, shared[0], st>>>(heads, out[1], lse[1], scale);
     else if (i == 2)
       wgmmaForward<B, T, H, DH, true><<<blocks, kWgmmaThreads, shared[1], st>>>(heads, out[2], lse[2], scale);
-    else // a block an item, or (4) persistent: a block an SM
+    else if (i <= 4) // a block an item, or (4) persistent: a block an SM
       specialisedForward<B, T, H, DH>
           <<<i == 3 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               tiles, out[i], lse[i], scale);
+    else // the same with BF16 outputs
+      specialisedForward<B, T, H, DH>
+          <<<i == 5 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
+              tiles, Bf16Out{outBf16}, lse[i], scale);
   };
-  const char *names[KERNELS] = {"mma.sync", "wgmma", "wgmma overlapped", "wgmma warp-specialised",
-                                "wgmma warp-specialised, persistent"};
+  const char *names[KERNELS] = {"mma.sync",
+                                "wgmma",
+                                "wgmma overlapped",
+                                "wgmma warp-specialised",
+                                "wgmma warp-specialised, persistent",
+                                "wgmma warp-specialised, BF16 out",
+                                "wgmma warp-specialised, persistent, BF16 out"};
   for (int i = 0; i < KERNELS; ++i) {
     run(i, 0);
+    if (i >= 5)
+      widenBf16<<<1024, 256>>>(outBf16, out[i], PART);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
   }
@@ -120,11 +139,18 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     CK(cudaFree(out[i]));
     CK(cudaFree(lse[i]));
   }
+  CK(cudaFree(outBf16));
   CK(cudaFree(tiles));
   CK(cudaFree(heads));
 }
 
-int main() {
+// With an argument ("profile"): the T 4096 shape alone, untimed, each kernel launched once (for
+// ncu: `ncu -k regex:specialised ./attention_wgmma profile`).
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    compare<4, 4096, 16, 128>(false);
+    return 0;
+  }
   memoryBandwidth();
   compare<1, 200, 2, 64>(false); // T past a tile, not a multiple of one
   compare<1, 200, 2, 128>(false);

@@ -68,27 +68,43 @@ template <int DH> __device__ __forceinline__ void issueValues(float (*o)[4], con
     wgmmaRegisters<DH>(o, p[kk], wgmmaDescriptor(values + kk * 16 * 128, kWgmmaRows * 128, 1024), 1);
 }
 
-// The online softmax over key tile kt's scores (in place: s becomes the probabilities, fp32),
-// as attentionForwardBf16's: the causal mask on the diagonal, the new maxima, the sums; alpha
-// the factors the outputs so far are to be scaled by.
-__device__ __forceinline__ void softmaxTile(float (*s)[4], OnlineSoftmax &r, float &alpha0, float &alpha1, int kt,
-                                            int tile, int row0, float scaleLog2) {
-  constexpr int N = kWgmmaRows;
-  const int c = 2 * (threadIdx.x % 4), row1 = row0 + 8;
-  float raw0 = __int_as_float(0xff800000), raw1 = raw0;
-  const bool diagonal = kt * N + N - 1 > tile * kWgmmaRows; // keys past some rows
+// The causal mask on a diagonal tile kt of N keys: -inf at the keys past each of this lane's
+// rows (row0 and row0 + 8).
+template <int N> __device__ __forceinline__ void maskDiagonal(float (*s)[4], int kt, int row0) {
+  const int c = 2 * (threadIdx.x % 4);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int key = kt * N + j * 8 + c + (e & 1);
-      if (diagonal && key > (e < 2 ? row0 : row1))
+    for (int e = 0; e < 4; ++e)
+      if (kt * N + j * 8 + c + (e & 1) > row0 + (e < 2 ? 0 : 8))
         s[j][e] = __int_as_float(0xff800000);
-      if (e < 2)
-        raw0 = fmaxf(raw0, s[j][e]);
-      else
-        raw1 = fmaxf(raw1, s[j][e]);
+}
+
+// The online softmax over key tile kt's scores (in place: s becomes the probabilities, fp32),
+// as attentionForwardBf16's: the causal mask on the diagonal, the new maxima, the sums; alpha
+// the factors the outputs so far are to be scaled by. The mask is a branch of its own (the
+// same for the whole block): below the diagonal its compares and selects would cost about as
+// much as the maxima.
+__device__ __forceinline__ void softmaxTile(float (*s)[4], OnlineSoftmax &r, float &alpha0, float &alpha1, int kt,
+                                            int tile, int row0, float scaleLog2) {
+  constexpr int N = kWgmmaRows;
+  if (kt * N + N - 1 > tile * kWgmmaRows) // keys past some rows
+    maskDiagonal<N>(s, kt, row0);
+  // The rows' maxima as trees (depth 5, not a chain of 32: the warp waits on them alone).
+  float m[N / 8][2];
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    m[j][0] = fmaxf(s[j][0], s[j][1]);
+    m[j][1] = fmaxf(s[j][2], s[j][3]);
+  }
+#pragma unroll
+  for (int width = N / 16; width > 0; width /= 2)
+#pragma unroll
+    for (int j = 0; j < width; ++j) {
+      m[j][0] = fmaxf(m[j][0], m[j + width][0]);
+      m[j][1] = fmaxf(m[j][1], m[j + width][1]);
     }
+  const float raw0 = m[0][0], raw1 = m[0][1];
   // Key 0 is in every row's first tile: the maxima are finite from there on.
   const float max0 = fmaxf(r.m0, quadMax(raw0) * scaleLog2), max1 = fmaxf(r.m1, quadMax(raw1) * scaleLog2);
   alpha0 = exp2Approx(r.m0 - max0);
@@ -130,20 +146,28 @@ template <int DH> __device__ __forceinline__ void scaleOutputs(float (*o)[4], fl
   }
 }
 
+// Two adjacent outputs (i even) in one store: 8 bytes of fp32 or 4 of BF16.
+__device__ __forceinline__ void store2(float *out, int64 i, float lo, float hi) {
+  *(float2 *)(out + i) = make_float2(lo, hi);
+}
+__device__ __forceinline__ void store2(Bf16Out out, int64 i, float lo, float hi) {
+  *(unsigned *)(out.p + i) = bf16Pair(lo, hi);
+}
+
 // out = o / l at this lane's rows and columns, and the rows' log-sum-exps (natural log).
 template <int T, int H, int DH, typename Out>
 __device__ void storeAttention(const float (*o)[4], OnlineSoftmax r, Out out, float *lse, int b, int h, int row0) {
   const int c = 2 * (threadIdx.x % 4), row1 = row0 + 8;
   r.l0 = quadSum(r.l0);
   r.l1 = quadSum(r.l1);
+  const int64 at0 = ((int64)b * T + row0) * H * DH + h * DH + c, at1 = at0 + 8 * H * DH;
 #pragma unroll
-  for (int n = 0; n < DH / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int row = e < 2 ? row0 : row1, d = n * 8 + c + (e & 1);
-      if (row < T)
-        out[((int64)b * T + row) * H * DH + h * DH + d] = o[n][e] / (e < 2 ? r.l0 : r.l1);
-    }
+  for (int n = 0; n < DH / 8; ++n) {
+    if (row0 < T)
+      store2(out, at0 + n * 8, o[n][0] / r.l0, o[n][1] / r.l0);
+    if (row1 < T)
+      store2(out, at1 + n * 8, o[n][2] / r.l1, o[n][3] / r.l1);
+  }
   if (threadIdx.x % 4 == 0) { // back from base 2 to the natural log
     const int64 at = ((int64)b * H + h) * T;
     if (row0 < T)

@@ -36,11 +36,12 @@ __device__ __forceinline__ void issueGradScores(float (*st)[4], float (*dpt)[4],
 
 // p^T and ds^T = p^T (dp^T - delta) scale from s^T and dp^T (query tile qt; lses and deltas its
 // 64 queries'), as the A fragments of dv and dk's products; 0 past the causal diagonal and T
-// (EDGE: the tile may have such queries).
-template <int T>
-__device__ __forceinline__ void gradProbabilities(unsigned (*pa)[4], unsigned (*da)[4], float (*st)[4], float (*dpt)[4],
-                                                  const float *lses, const float *deltas, int qt, int key0, bool edge,
-                                                  float scale) {
+// (EDGE: the tile may have such queries; a template argument, so that the tiles below the
+// diagonal pay for no compares and selects).
+template <int T, bool EDGE>
+__device__ __forceinline__ void gradProbabilitiesOf(unsigned (*pa)[4], unsigned (*da)[4], float (*st)[4],
+                                                    float (*dpt)[4], const float *lses, const float *deltas, int qt,
+                                                    int key0, float scale) {
   const int c = 2 * (threadIdx.x % 4);
   const float scaleLog2 = scale * 1.4426950408889634f;
 #pragma unroll
@@ -52,7 +53,7 @@ __device__ __forceinline__ void gradProbabilities(unsigned (*pa)[4], unsigned (*
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         int at = 2 * half + e, key = key0 + 8 * half;
-        bool masked = edge && (key > query || query >= T);
+        bool masked = EDGE && (key > query || query >= T);
         float prob = exp2Approx(fmaf(st[j][at], scaleLog2, -l));
         st[j][at] = masked ? 0.0f : prob;
         dpt[j][at] = masked ? 0.0f : prob * (dpt[j][at] - dl) * scale; // ds^T
@@ -63,6 +64,16 @@ __device__ __forceinline__ void gradProbabilities(unsigned (*pa)[4], unsigned (*
     da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
     da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
   }
+}
+
+template <int T>
+__device__ __forceinline__ void gradProbabilities(unsigned (*pa)[4], unsigned (*da)[4], float (*st)[4], float (*dpt)[4],
+                                                  const float *lses, const float *deltas, int qt, int key0, bool edge,
+                                                  float scale) {
+  if (edge)
+    gradProbabilitiesOf<T, true>(pa, da, st, dpt, lses, deltas, qt, key0, scale);
+  else
+    gradProbabilitiesOf<T, false>(pa, da, st, dpt, lses, deltas, qt, key0, scale);
 }
 
 // Issues dv += p^T dout and dk += ds^T q over a 64-row query tile (q and dout read transposed).
@@ -219,16 +230,14 @@ __device__ void attentionQueryGradWgmma(const unsigned short *dout, const unsign
     wgmmaWait<0>();
     fenceAccumulators<NK / 8>(s);
     fenceAccumulators<NK / 8>(dp);
-    const bool diagonal = kt * NK + NK - 1 > tile * MQ; // keys past some rows
-    unsigned da[NK / 16][4];                            // ds as A fragments
+    if (kt * NK + NK - 1 > tile * MQ) // keys past some rows: their scores -inf, p 0
+      maskDiagonal<NK>(s, kt, row0);
+    unsigned da[NK / 16][4]; // ds as A fragments
 #pragma unroll
     for (int j = 0; j < NK / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        int key = kt * NK + j * 8 + c + (e & 1), row = e < 2 ? row0 : row1;
         float prob = exp2Approx(fmaf(s[j][e], scaleLog2, -(e < 2 ? lse0 : lse1)));
-        if (diagonal && key > row)
-          prob = 0.0f;
         s[j][e] = prob * (dp[j][e] - (e < 2 ? delta0 : delta1)) * scale; // ds
       }
       da[j / 2][2 * (j % 2)] = packBf16(s[j][0], s[j][1]);
