@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     attentionForwardWgmma<B, T, H, DH>(heads, out, lse, scale);
 }
 
-template <int B, int T, int H, int DH, typename Out>
+template <int B, int T, int H, int DH, int GROUP, typename Out>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
     specialisedForward(const unsigned short *tiles, Out out, float *lse, float scale) {
-  attentionForwardSpecialised<B, T, H, DH>(tiles, out, lse, scale);
+  attentionForwardSpecialised<B, T, H, DH, H, GROUP>(tiles, out, lse, scale);
 }
 
 __global__ void widenBf16(const unsigned short *from, float *to, long n) {
@@ -66,7 +66,8 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   unsigned short *heads;
   CK(cudaMalloc(&heads, 3 * PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1): scores of a few units
-  constexpr int KERNELS = 7;
+  constexpr int KERNELS = 9;
+  constexpr int ALL = B * H, L2 = attentionHeadsInL2<B, T, H, DH>(); // heads a group of the work order
   unsigned short *tiles; // q, k, v in the products' layout, for the warp-specialised kernel
   CK(cudaMalloc(&tiles, 3L * B * H * SwizzledTiles<T, DH>::HEAD * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
@@ -81,9 +82,11 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaFuncSetAttribute(wgmmaForward<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared[0]));
   CK(cudaFuncSetAttribute(wgmmaForward<B, T, H, DH, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared[1]));
   const int specialisedShared = attentionSpecialisedShared<DH>();
-  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, float *>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, ALL, float *>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
-  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, ALL, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          specialisedShared));
+  CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, L2, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
   unsigned short *outBf16; // the output as tgc would take it to the projection's GEMM (and cuDNN gives it)
   CK(cudaMalloc(&outBf16, PART * 2));
@@ -98,12 +101,16 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     else if (i == 2)
       wgmmaForward<B, T, H, DH, true><<<blocks, kWgmmaThreads, shared[1], st>>>(heads, out[2], lse[2], scale);
     else if (i <= 4) // a block an item, or (4) persistent: a block an SM
-      specialisedForward<B, T, H, DH>
+      specialisedForward<B, T, H, DH, ALL>
           <<<i == 3 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               tiles, out[i], lse[i], scale);
-    else // the same with BF16 outputs
-      specialisedForward<B, T, H, DH>
+    else if (i <= 6) // the same with BF16 outputs
+      specialisedForward<B, T, H, DH, ALL>
           <<<i == 5 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
+              tiles, Bf16Out{outBf16}, lse[i], scale);
+    else // and the heads in groups that fit L2
+      specialisedForward<B, T, H, DH, L2>
+          <<<i == 7 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               tiles, Bf16Out{outBf16}, lse[i], scale);
   };
   const char *names[KERNELS] = {"mma.sync",
@@ -112,7 +119,9 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
                                 "wgmma warp-specialised",
                                 "wgmma warp-specialised, persistent",
                                 "wgmma warp-specialised, BF16 out",
-                                "wgmma warp-specialised, persistent, BF16 out"};
+                                "wgmma warp-specialised, persistent, BF16 out",
+                                "wgmma warp-specialised, BF16 out, heads grouped for L2",
+                                "wgmma warp-specialised, persistent, BF16 out, heads grouped for L2"};
   for (int i = 0; i < KERNELS; ++i) {
     run(i, 0);
     if (i >= 5)
@@ -120,7 +129,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
   }
-  printf("B %d T %d H %d DH %d:\n", B, T, H, DH);
+  printf("B %d T %d H %d DH %d (%d heads a group for L2):\n", B, T, H, DH, L2);
   for (int i = 1; i < KERNELS; ++i) {
     double outSize, lseSize;
     float outDiff = largestDifference(out[0], out[i], PART, &outSize);

@@ -98,11 +98,11 @@ __device__ __forceinline__ void softmaxTile(float (*s)[4], OnlineSoftmax &r, flo
     m[j][1] = fmaxf(s[j][2], s[j][3]);
   }
 #pragma unroll
-  for (int width = N / 16; width > 0; width /= 2)
+  for (int level = 1; level < N / 8; level *= 2) // a count the unrolling sees: m stays in registers
 #pragma unroll
-    for (int j = 0; j < width; ++j) {
-      m[j][0] = fmaxf(m[j][0], m[j + width][0]);
-      m[j][1] = fmaxf(m[j][1], m[j + width][1]);
+    for (int j = 0; j < N / 8; j += 2 * level) {
+      m[j][0] = fmaxf(m[j][0], m[j + level][0]);
+      m[j][1] = fmaxf(m[j][1], m[j + level][1]);
     }
   const float raw0 = m[0][0], raw1 = m[0][1];
   // Key 0 is in every row's first tile: the maxima are finite from there on.
@@ -335,13 +335,25 @@ template <int DH> __host__ __device__ constexpr int attentionSpecialisedShared()
   return 5 * kWgmmaRows * DH * 2 + 10 * 8 + 1024;
 }
 
-// A block's work item w (w < B H TILES) as its tile of queries and (sequence, head): the
-// longest tiles of every head first.
-template <int B, int T, int H> struct SpecialisedItem {
+// Heads a group of the forward's work order: as many as keep their keys and values (T DH 4
+// bytes each) within about 24 MB of L2, so that the blocks at work at once, all on one group's
+// heads, read them from L2 rather than memory. B H: no grouping.
+template <int B, int T, int H, int DH> __host__ __device__ constexpr int attentionHeadsInL2() {
+  constexpr int64 fit = (24ll << 20) / ((int64)T * DH * 4);
+  return fit < 1 ? 1 : fit > B * H ? B * H : (int)fit;
+}
+
+// A block's work item w (w < B H TILES) as its tile of queries and (sequence, head): the heads in
+// groups of GROUP, a group's items together and the longest tiles of each group first.
+template <int B, int T, int H, int GROUP> struct SpecialisedItem {
   static constexpr int TILES = (T + kWgmmaRows - 1) / kWgmmaRows, TOTAL = B * H * TILES;
   int tile, bh, last; // last: the last key tile
-  __device__ explicit SpecialisedItem(int w)
-      : tile(TILES - 1 - w / (B * H)), bh(w % (B * H)), last((min(T, (tile + 1) * kWgmmaRows) - 1) / kWgmmaRows) {}
+  __device__ explicit SpecialisedItem(int w) {
+    const int group = w / (GROUP * TILES), at = w % (GROUP * TILES), size = min(GROUP, B * H - group * GROUP);
+    tile = TILES - 1 - at / size;
+    bh = group * GROUP + at % size;
+    last = (min(T, (tile + 1) * kWgmmaRows) - 1) / kWgmmaRows;
+  }
 };
 
 // The warp-specialised kernel's shared memory: queries at `at`, then keys and values of two
@@ -364,10 +376,10 @@ template <int DH> struct SpecialisedShared {
 
 // The producer (one lane): each of the block's items' query tile once the last item's scores
 // are done with theirs, and its key and value tiles as their stages free up.
-template <int B, int T, int H, int DH, int KV>
+template <int B, int T, int H, int DH, int KV, int GROUP>
 __device__ void produceTiles(const unsigned short *tiles, const SpecialisedShared<DH> &sh) {
   using S = SwizzledTiles<T, DH>;
-  using Item = SpecialisedItem<B, T, H>;
+  using Item = SpecialisedItem<B, T, H, GROUP>;
   int use = 0, item = 0;
   for (int w = blockIdx.x; w < Item::TOTAL; w += gridDim.x, ++item) {
     const Item it(w);
@@ -398,11 +410,12 @@ __device__ void produceTiles(const unsigned short *tiles, const SpecialisedShare
 // products while the other's softmax runs. Registers move from the producer's warpgroup to the
 // consumers'. Block b takes work items b, b + gridDim.x, ...: with a block an item, one tile
 // each; with fewer blocks (persistent, one an SM), the producer loads the next item's queries,
-// keys and values while the consumers finish this one's.
-template <int B, int T, int H, int DH, int KV = H, typename Out>
+// keys and values while the consumers finish this one's. The items in SpecialisedItem's order,
+// GROUP heads at a time.
+template <int B, int T, int H, int DH, int KV = H, int GROUP = attentionHeadsInL2<B, T, H, DH>(), typename Out>
 __device__ void attentionForwardSpecialised(const unsigned short *tiles, Out out, float *lse, float scale) {
   static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
-  using Item = SpecialisedItem<B, T, H>;
+  using Item = SpecialisedItem<B, T, H, GROUP>;
   constexpr int M = kWgmmaRows, N = kWgmmaRows;
   extern __shared__ unsigned char attentionShared[];
   const SpecialisedShared<DH> sh(sharedAddress((void *)(((unsigned long long)attentionShared + 1023) & ~1023ull)));
@@ -418,7 +431,7 @@ __device__ void attentionForwardSpecialised(const unsigned short *tiles, Out out
   if (group == 0) {
     releaseRegisters<24>();
     if (threadIdx.x == 0)
-      produceTiles<B, T, H, DH, KV>(tiles, sh);
+      produceTiles<B, T, H, DH, KV, GROUP>(tiles, sh);
     return;
   }
   claimRegisters<240>();
