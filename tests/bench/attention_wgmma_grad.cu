@@ -9,7 +9,7 @@
 // Not part of the build (the CMake check compiles it for sm_90, where the products trap):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Ibackends/cuda/kernels -Isupport -o attention_wgmma_grad \
 //     tests/bench/attention_wgmma_grad.cu && ./attention_wgmma_grad
-#include "attention_wgmma_grad.cuh"
+#include "attention_wgmma_fused_grad.cuh"
 #include "bench_util.cuh"
 
 #include <algorithm>
@@ -57,6 +57,17 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionKeyValueGradSpecialised<B, T, H, DH>(tiles, dqkv, scale, lse, delta);
 }
 
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(kSpecialisedThreads, 1)
+    fusedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta,
+              FusedGradBuffers buffers) {
+  attentionGradFused<B, T, H, DH>(tiles, dqkv, scale, lse, delta, buffers);
+}
+
+template <int B, int T, int H, int DH> __global__ void fusedQueryGrads(const float *dq, float *dqkv) {
+  attentionFusedQueryGrads<B, T, H, DH>(dq, dqkv);
+}
+
 template <int T, int DH> __global__ void swizzleHeads(const unsigned short *heads, unsigned short *tiles, long count) {
   toSwizzledTiles<T, DH>(heads, tiles, count);
 }
@@ -77,7 +88,9 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&dout, PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
   fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
-  float *out, *lse, *delta, *dqkv[3];
+  constexpr bool FUSED = DH == 128; // attentionGradFused's head dimension
+  constexpr int VARIANTS = FUSED ? 4 : 3, RUNS = FUSED ? 6 : 5;
+  float *out, *lse, *delta, *dqkv[4] = {};
   CK(cudaMalloc(&out, PART * 4));
   CK(cudaMalloc(&lse, ROWS * 4));
   CK(cudaMalloc(&delta, ROWS * 4));
@@ -89,7 +102,11 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&tiles, 4 * TILED * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
   swizzleHeads<T, DH><<<1024, 256>>>(dout, tiles + 3 * TILED, (long)B * H);
-  for (int i = 0; i < 3; ++i) {
+  FusedGradBuffers buffers{};
+  constexpr long QTILES = (T + kGradQueries - 1) / kGradQueries;
+  CK(cudaMalloc(&buffers.dq, PART * 4));
+  CK(cudaMalloc(&buffers.added, B * H * QTILES * 4));
+  for (int i = 0; i < VARIANTS; ++i) {
     CK(cudaMalloc(&dqkv[i], 3 * PART * 4));
     CK(cudaMemset(dqkv[i], 0, 3 * PART * 4));
   }
@@ -99,9 +116,13 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   const int specialisedShared = attentionGradSpecialisedShared<DH>();
   CK(cudaFuncSetAttribute(specialisedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
+  const int fusedShared = attentionFusedGradShared<DH>();
+  if constexpr (FUSED)
+    CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
-  // warp-specialised dk dv (into dqkv[2]: dk and dv alone)
+  // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5: the fused gradient (into dqkv[3],
+  // its buffers zeroed first and dq converted after)
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
@@ -112,11 +133,18 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     else if (i == 3)
       wgmmaQueryGrad<B, T, H, DH>
           <<<tiles128, kWgmmaThreads, queryShared, st>>>(dout, heads, dqkv[1], scale, lse, delta);
-    else
+    else if (i == 4)
       specialisedGrad<B, T, H, DH>
           <<<tiles128, kSpecialisedThreads, specialisedShared, st>>>(tiles, dqkv[2], scale, lse, delta);
+    else if constexpr (FUSED) {
+      CK(cudaMemsetAsync(buffers.dq, 0, PART * 4, st));
+      CK(cudaMemsetAsync(buffers.added, 0, B * H * QTILES * 4, st));
+      fusedGrad<B, T, H, DH>
+          <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
+      fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[3]);
+    }
   };
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < RUNS; ++i) {
     run(i, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
@@ -124,7 +152,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   std::vector<float> x(3 * PART), y(3 * PART);
   CK(cudaMemcpy(x.data(), dqkv[0], 3 * PART * 4, cudaMemcpyDeviceToHost));
   printf("B %d T %d H %d DH %d:\n", B, T, H, DH);
-  for (int variant = 1; variant < 3; ++variant) {
+  for (int variant = 1; variant < VARIANTS; ++variant) {
     CK(cudaMemcpy(y.data(), dqkv[variant], 3 * PART * 4, cudaMemcpyDeviceToHost));
     double largest[3] = {}, size[3] = {};
     for (long i = 0; i < 3 * PART; ++i) {
@@ -134,9 +162,10 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
       size[part] = std::max(size[part], (double)std::fabs(x[i]));
     }
-    printf("  %s:", variant == 1 ? "wgmma" : "wgmma warp-specialised");
+    const char *names[4] = {"", "wgmma", "wgmma warp-specialised", "wgmma fused"};
+    printf("  %s:", names[variant]);
     const char *parts[3] = {"dq", "dk", "dv"};
-    for (int part = variant == 1 ? 0 : 1; part < 3; ++part)
+    for (int part = variant == 2 ? 1 : 0; part < 3; ++part)
       printf(" %s differs by %.3g (of %.3g)%s", parts[part], largest[part], size[part],
              largest[part] < 2e-2 * size[part] ? "" : " ** MISMATCH **");
     printf("\n");
@@ -154,9 +183,15 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
            us[0] + us[1], 5 * product / (us[0] + us[1]) / 1e6, us[2] + us[3], 5 * product / (us[2] + us[3]) / 1e6);
     printf("  with the warp-specialised dk dv: %.1f us (%.0f TFLOP/s)\n", us[4] + us[3],
            5 * product / (us[4] + us[3]) / 1e6);
+    if (FUSED) {
+      float fused = timeGraph(10, [&](int, cudaStream_t st) { run(5, st); });
+      printf("  fused (dq added in order; its zeroing and conversion included): %.1f us (%.0f TFLOP/s)\n", fused,
+             5 * product / fused / 1e6);
+    }
   }
-  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2]})
+  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], buffers.dq})
     CK(cudaFree(p));
+  CK(cudaFree(buffers.added));
   CK(cudaFree(tiles));
   CK(cudaFree(heads));
   CK(cudaFree(dout));

@@ -156,7 +156,28 @@ __device__ __forceinline__ void wgmmaRegisters<128>(float (*d)[4], const unsigne
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
+// d (+)= A B, 64 x 64, with both operands MN-major in shared memory: A read transposed (stored
+// with its K dimension as rows, as ds^T with the keys as rows for dq = ds k) and B as
+// wgmmaRegisters' (k with the keys as rows).
+__device__ __forceinline__ void wgmmaSharedTransposed64(float (*d)[4], unsigned long long a, unsigned long long b,
+                                                        int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+               "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+               "%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                 "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
 #else
+__device__ __forceinline__ void wgmmaSharedTransposed64(float (*)[4], unsigned long long, unsigned long long, int) {
+  __trap();
+}
 template <int N>
 __device__ __forceinline__ void wgmmaShared(float (*)[4], unsigned long long, unsigned long long, int) {
   __trap();
@@ -226,4 +247,42 @@ template <int REGISTERS> __device__ __forceinline__ void claimRegisters() {
 #if TGC_WGMMA
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
 #endif
+}
+
+// ---- Bulk reductions into global memory and semaphores between blocks (sm_90) ----
+// dst[i] += src[i] over `bytes` (a multiple of 16) of fp32 from shared address `src`, in L2;
+// commit closes the thread's group of them, waitAll waits until its groups' writes are done.
+__device__ __forceinline__ void bulkReduceAdd(float *dst, unsigned src, unsigned bytes) {
+#if TGC_WGMMA
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulkCommit() {
+#if TGC_WGMMA
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulkWaitAll() {
+#if TGC_WGMMA
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// The asynchronous proxy's global writes (bulk reductions) ordered before what follows.
+__device__ __forceinline__ void fenceProxyAsyncGlobal() {
+#if TGC_WGMMA
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+// A counter in global memory that orders blocks: wait until it reads `value` (acquire: what
+// the blocks before wrote is seen), then release (add 1) after this block's writes.
+__device__ __forceinline__ void semaphoreWait(const unsigned *counter, unsigned value) {
+  unsigned now;
+  do
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(counter) : "memory");
+  while (now != value);
+}
+__device__ __forceinline__ void semaphoreRelease(unsigned *counter) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
 }

@@ -1,0 +1,184 @@
+// The causal attention's whole gradient in one kernel on Hopper's warpgroup products: the
+// warp-specialised dk dv kernel (attention_wgmma_grad.cuh) that also makes dq, as
+// FlashAttention-3 does, so that s and dp are multiplied once (5 products, not the split's 7).
+// Each step (128 keys x 64 queries) writes ds^T to shared memory; dq's partial = ds k (the two
+// consumer warpgroups a half of the head dimension each) goes to a staging tile that a writer
+// warp adds to an fp32 buffer in global memory by bulk reductions. The blocks add to a query
+// tile in a fixed order, the latest keys first, each waiting on a counter a tile: the same bits
+// every run. Blocks start in that order (the latest key tiles of a head first), so a block
+// only ever waits on blocks already started. Head dimension 128 (dq's halves are 64 wide).
+#pragma once
+
+#include "attention_wgmma_grad.cuh"
+
+// The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
+// four more barriers (dq staged x2, staging free x2) in the same 1 KB; ds^T (128 key rows of 64
+// queries, BF16, swizzled as a value tile); two staging tiles of dq (64 rows of DH fp32, each
+// row 16 bytes longer, so that a warp's rows fall in different banks).
+template <int DH> struct FusedGradShared : GradShared<DH> {
+  using G = GradShared<DH>;
+  static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + 16, STAGING = kGradQueries * ROW;
+  __device__ explicit FusedGradShared(unsigned keysAt) : G(keysAt) {}
+  __device__ unsigned dqFull(int u) const { return G::keysFull() + 8 * (5 + u % 2); }
+  __device__ unsigned dqEmpty(int u) const { return G::keysFull() + 8 * (7 + u % 2); }
+  __device__ unsigned dsAt() const { return G::keysFull() + 1024; }
+  __device__ unsigned stagingAt(int u) const { return dsAt() + DS + u % 2 * STAGING; }
+};
+template <int DH> __host__ __device__ constexpr int attentionFusedGradShared() {
+  return attentionGradSpecialisedShared<DH>() - 5 * 8 + 1024 + kWgmmaRows * kGradQueries * 2 +
+         2 * kGradQueries * (DH * 4 + 16);
+}
+
+// The fp32 dq buffer ([B H][T][DH], zero before the kernel) and its counters ([B H][query
+// tiles of 64], zero before): how many blocks have added to each query tile.
+struct FusedGradBuffers {
+  float *dq;
+  unsigned *added;
+};
+
+// This lane's ds^T (da: A fragments, its warpgroup's 64 keys x 64 queries) into the shared
+// ds^T tile at generic address `ds`, key rows from `row0` (the warpgroup's first).
+__device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsigned (*da)[4], int row0) {
+  const int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4), row = row0 + threadIdx.x % 128 / 32 * 16 + g;
+#pragma unroll
+  for (int kk = 0; kk < kGradQueries / 16; ++kk)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) // queries 16 kk + 8 half + c ..: chunk 2 kk + half
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *(unsigned *)(ds + swizzledChunk(row + 8 * r, 2 * kk + half) + 2 * c) = da[kk][2 * half + r];
+}
+
+// The writer (one lane of the producer's second warp): each step's staged dq into the buffer,
+// after the blocks of later key tiles have added theirs to that query tile.
+template <int B, int T, int H, int DH>
+__device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers buffers, int64 bh, int tile, int first,
+                              int last) {
+  constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = (T + NK - 1) / NK, QTILES = (T + MQ - 1) / MQ;
+  using F = FusedGradShared<DH>;
+  unsigned *added = buffers.added + bh * QTILES + first; // pointers carried along: the lane has 24 registers
+  float *dq = buffers.dq + (bh * T + first * MQ) * DH;
+  for (int qt = first; qt <= last; ++qt, ++added, dq += MQ * DH) {
+    const int u = qt - first, rows = min(MQ, T - qt * MQ);
+    const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
+    barrierWait(sh.dqFull(u), (u / 2) & 1);
+    semaphoreWait(added, latest - tile);
+    const unsigned staging = sh.stagingAt(u);
+    for (int r = 0; r < rows; ++r)
+      bulkReduceAdd(dq + r * DH, staging + r * F::ROW, DH * 4);
+    bulkCommit();
+    bulkWaitAll();
+    fenceProxyAsyncGlobal();
+    semaphoreRelease(added);
+    barrierArrive(sh.dqEmpty(u));
+  }
+}
+
+// Consumer warpgroup `consumer`'s dq half (this lane's rows `row` and row + 8 of 64 queries,
+// head dims 64 consumer ..) into a staging tile.
+template <int DH>
+__device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const float (*dq)[4], int consumer, int row) {
+  const int c = 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *(float2 *)(staging + (row + 8 * r) * FusedGradShared<DH>::ROW + (consumer * 64 + 8 * j + c) * 4) =
+          make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+}
+
+// dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
+// products added to buffers.dq (attentionFusedQueryGrads then writes dq into dqkv). Blocks:
+// B H KTILES, the key tiles of each head latest first.
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
+                                   const float *delta, FusedGradBuffers buffers) {
+  static_assert(DH == 128, "dq's halves are the products' N of 64");
+  static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
+  using F = FusedGradShared<DH>;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
+  constexpr int QUERIES = F::QUERIES, HALF = F::HALF;
+  enum { kDsFree = 1, kDsReady = 2 }; // named barriers of the two consumer warpgroups
+  extern __shared__ unsigned char attentionShared[];
+  unsigned char *base = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  const F sh(sharedAddress(base));
+  const int tile = KTILES - 1 - blockIdx.x % KTILES; // the latest keys first: they add first
+  const int bh = blockIdx.x / KTILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
+  const int first = tile * NK / MQ, last = (T - 1) / MQ; // query tiles
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i)
+      barrierInit(sh.keysFull() + 8 * i, 1);
+    for (int i = 0; i < 2; ++i) {
+      barrierInit(sh.empty(i), 8); // a lane of each consumer warp
+      barrierInit(sh.dqFull(i), 8);
+      barrierInit(sh.dqEmpty(i), 1); // the writer
+    }
+    fenceBarrierInit();
+  }
+  __syncthreads();
+  if (group == 0) {
+    releaseRegisters<24>();
+    if (threadIdx.x == 0)
+      produceGradTiles<B, T, H, DH>(tiles, lse, delta, sh, bh, tile, first, last);
+    else if (threadIdx.x == 32)
+      addQueryGrads<B, T, H, DH>(sh, buffers, bh, tile, first, last);
+    return;
+  }
+  claimRegisters<240>();
+  const int consumer = group - 1, lane = threadIdx.x % 32;
+  const int key0 = tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
+  unsigned char *ds = base + (sh.dsAt() - sh.keysAt);
+  float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
+  barrierWait(sh.keysFull(), 0);
+  for (int qt = first; qt <= last; ++qt) {
+    const int u = qt - first;
+    const unsigned at = sh.stageAt(u);
+    const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * QUERIES), *deltas = lses + MQ;
+    barrierWait(sh.full(u), (u / kGradStages) & 1);
+    float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
+    wgmmaFence();
+    issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + QUERIES, HALF, consumer);
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<MQ / 8>(st);
+    fenceAccumulators<MQ / 8>(dpt);
+    const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
+    unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
+    gradProbabilities<T>(pa, da, st, dpt, lses, deltas, qt, key0, edge, scale);
+    if (u > 0)
+      namedBarrierSync(kDsFree, 256); // both warpgroups' dq products of the last step are done
+    storeDsTransposed(ds, da, consumer * 64);
+    fenceProxyAsync();
+    namedBarrierSync(kDsReady, 256);
+    float dq[8][4]; // this warpgroup's half of dq: 64 queries x 64 head dims
+    wgmmaFence();
+    issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; ++kk) // keys 16 kk ..: 16 rows of ds^T and of k on
+      wgmmaSharedTransposed64(dq, wgmmaDescriptor(sh.dsAt() + kk * 16 * 128, NK * 128, 1024),
+                              wgmmaDescriptor(sh.keysAt + consumer * NK * 128 + kk * 16 * 128, NK * 128, 1024), kk > 0);
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<DH / 8>(dv);
+    fenceAccumulators<DH / 8>(dk);
+    fenceAccumulators<8>(dq);
+    if (lane == 0)
+      barrierArrive(sh.empty(u));
+    if (u >= 2)
+      barrierWait(sh.dqEmpty(u), (u / 2 - 1) & 1);
+    stageQueryGrads<DH>(base + (sh.stagingAt(u) - sh.keysAt), dq, consumer, threadIdx.x % 128 / 32 * 16 + lane / 4);
+    fenceProxyAsync();
+    if (lane == 0)
+      barrierArrive(sh.dqFull(u));
+  }
+  storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, b, h, key0);
+}
+
+// dq from the fp32 buffer into dqkv's q part ([B, T, 3 H DH]).
+template <int B, int T, int H, int DH, typename Out>
+__device__ void attentionFusedQueryGrads(const float *dq, Out dqkv) {
+  FOR_EACH_ELEMENT(i, (int64)B * H * T * DH) {
+    const int64 d = i % DH, t = i / DH % T, bh = i / ((int64)T * DH);
+    dqkv[((bh / H) * T + t) * 3 * H * DH + bh % H * DH + d] = dq[i];
+  }
+}
