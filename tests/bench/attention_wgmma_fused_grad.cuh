@@ -133,18 +133,8 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   for (int qt = first; qt <= last; ++qt) {
     const int u = qt - first;
     const unsigned at = sh.stageAt(u);
-    const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * QUERIES), *deltas = lses + MQ;
-    barrierWait(sh.full(u), (u / kGradStages) & 1);
-    float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
-    wgmmaFence();
-    issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + QUERIES, HALF, consumer);
-    wgmmaCommit();
-    wgmmaWait<0>();
-    fenceAccumulators<MQ / 8>(st);
-    fenceAccumulators<MQ / 8>(dpt);
-    const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
-    unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
-    gradProbabilities<T>(pa, da, st, dpt, lses, deltas, qt, key0, edge, scale);
+    unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
+    gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, tile, key0, consumer, scale);
     if (u > 0)
       namedBarrierSync(kDsFree, 256); // both warpgroups' dq products of the last step are done
     storeDsTransposed(ds, da, consumer * 64);

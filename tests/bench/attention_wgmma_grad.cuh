@@ -319,6 +319,28 @@ __device__ void produceGradTiles(const unsigned short *tiles, const float *lse, 
   }
 }
 
+// A consumer warpgroup's step u (query tile qt) of the warp-specialised kernels: waits for the
+// stage, multiplies s^T and dp^T, and leaves p^T and ds^T as A fragments (pa, da).
+template <int T, int DH>
+__device__ __forceinline__ void gradStepProbabilities(unsigned (*pa)[4], unsigned (*da)[4], const GradShared<DH> &sh,
+                                                      const unsigned char *base, int u, int qt, int tile, int key0,
+                                                      int consumer, float scale) {
+  using G = GradShared<DH>;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries;
+  const unsigned at = sh.stageAt(u);
+  const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * G::QUERIES), *deltas = lses + MQ;
+  barrierWait(sh.full(u), (u / kGradStages) & 1);
+  float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
+  wgmmaFence();
+  issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceAccumulators<MQ / 8>(st);
+  fenceAccumulators<MQ / 8>(dpt);
+  const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
+  gradProbabilities<T>(pa, da, st, dpt, lses, deltas, qt, key0, edge, scale);
+}
+
 // dk and dv for 128 keys as attentionKeyValueGradWgmma, the operands in SwizzledTiles' layout
 // (tiles: q, k, v, then dout, each [B][H] heads of tiles), copied by a producer lane
 // (produceGradTiles) onto full and empty transaction barriers: the consumer warpgroups (64 keys
@@ -361,18 +383,8 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
   for (int qt = first; qt <= last; ++qt) {
     const int u = qt - first;
     const unsigned at = sh.stageAt(u);
-    const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * QUERIES), *deltas = lses + MQ;
-    barrierWait(sh.full(u), (u / kGradStages) & 1);
-    float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
-    wgmmaFence();
-    issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + QUERIES, HALF, consumer);
-    wgmmaCommit();
-    wgmmaWait<0>();
-    fenceAccumulators<MQ / 8>(st);
-    fenceAccumulators<MQ / 8>(dpt);
-    const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
-    unsigned pa[MQ / 16][4], da[MQ / 16][4];                        // p^T and ds^T as A fragments
-    gradProbabilities<T>(pa, da, st, dpt, lses, deltas, qt, key0, edge, scale);
+    unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
+    gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, tile, key0, consumer, scale);
     wgmmaFence();
     issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
     wgmmaCommit();
