@@ -63,6 +63,7 @@ __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers bu
     const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
     barrierWait(sh.dqFull(u), (u / 2) & 1);
     semaphoreWait(added, latest - tile);
+    fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     const unsigned staging = sh.stagingAt(u);
     for (int r = 0; r < rows; ++r)
       bulkReduceAdd(dq + r * DH, staging + r * F::ROW, DH * 4);
