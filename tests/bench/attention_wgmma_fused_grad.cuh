@@ -1,32 +1,38 @@
 // The causal attention's whole gradient in one kernel on Hopper's warpgroup products: the
 // warp-specialised dk dv kernel (attention_wgmma_grad.cuh) that also makes dq, as
 // FlashAttention-3 does, so that s and dp are multiplied once (5 products, not the split's 7).
-// Each step (128 keys x 64 queries) writes ds^T to shared memory; dq's partial = ds k (the two
-// consumer warpgroups a half of the head dimension each) goes to a staging tile that a writer
-// warp adds to an fp32 buffer in global memory by bulk reductions. The blocks add to a query
-// tile in a fixed order, the latest keys first, each waiting on a counter a tile: the same bits
-// every run. Blocks start in that order (the latest key tiles of a head first), so a block
-// only ever waits on blocks already started. Head dimension 128 (dq's halves are 64 wide).
+// Each step (128 keys x 64 queries) writes ds^T to shared memory; dq's partial = ds k goes to
+// staging tiles that a writer warp adds to an fp32 buffer in global memory by bulk reductions.
+// Head dimension 128: the two consumer warpgroups make a half of the head dimension each over
+// all 128 keys (one staging tile); 64: each makes the whole width over its own 64 keys (a tile
+// each, added one after the other). The blocks add to a query tile in a fixed order, the latest
+// keys first, each waiting on a counter a tile: the same bits every run. Blocks start in that
+// order (the latest key tiles of a head first), so a block only ever waits on blocks already
+// started.
 #pragma once
 
 #include "attention_wgmma_grad.cuh"
 
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
 // four more barriers (dq staged x2, staging free x2) in the same 1 KB; ds^T (128 key rows of 64
-// queries, BF16, swizzled as a value tile); two staging tiles of dq (64 rows of DH fp32, each
-// row 16 bytes longer, so that a warp's rows fall in different banks).
+// queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of them: 64
+// rows of DH fp32, each row 16 bytes longer, so that a warp's rows fall in different banks).
 template <int DH> struct FusedGradShared : GradShared<DH> {
   using G = GradShared<DH>;
-  static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + 16, STAGING = kGradQueries * ROW;
+  static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + 16, TILE = kGradQueries * ROW;
+  static constexpr int TILES = DH == 128 ? 1 : 2, STAGING = TILES * TILE;
   __device__ explicit FusedGradShared(unsigned keysAt) : G(keysAt) {}
   __device__ unsigned dqFull(int u) const { return G::keysFull() + 8 * (5 + u % 2); }
   __device__ unsigned dqEmpty(int u) const { return G::keysFull() + 8 * (7 + u % 2); }
   __device__ unsigned dsAt() const { return G::keysFull() + 1024; }
-  __device__ unsigned stagingAt(int u) const { return dsAt() + DS + u % 2 * STAGING; }
+  // Stage u's staging tile of consumer warpgroup `consumer` (the one tile at DH 128).
+  __device__ unsigned stagingAt(int u, int consumer) const {
+    return dsAt() + DS + u % 2 * STAGING + (TILES - 1) * consumer * TILE;
+  }
 };
 template <int DH> __host__ __device__ constexpr int attentionFusedGradShared() {
-  return attentionGradSpecialisedShared<DH>() - 5 * 8 + 1024 + kWgmmaRows * kGradQueries * 2 +
-         2 * kGradQueries * (DH * 4 + 16);
+  return attentionGradSpecialisedShared<DH>() - 5 * 8 + 1024 + FusedGradShared<DH>::DS +
+         2 * FusedGradShared<DH>::STAGING;
 }
 
 // The fp32 dq buffer ([B H][T][DH], zero before the kernel) and its counters ([B H][query
@@ -50,7 +56,8 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 }
 
 // The writer (one lane of the producer's second warp): each step's staged dq into the buffer,
-// after the blocks of later key tiles have added theirs to that query tile.
+// after the blocks of later key tiles have added theirs to that query tile; two tiles (DH 64)
+// one after the other, so that their sums come in one order.
 template <int B, int T, int H, int DH>
 __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers buffers, int64 bh, int tile, int first,
                               int last) {
@@ -64,37 +71,39 @@ __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers bu
     barrierWait(sh.dqFull(u), (u / 2) & 1);
     semaphoreWait(added, latest - tile);
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
-    const unsigned staging = sh.stagingAt(u);
-    for (int r = 0; r < rows; ++r)
-      bulkReduceAdd(dq + r * DH, staging + r * F::ROW, DH * 4);
-    bulkCommit();
-    bulkWaitAll();
+    for (int consumer = 0; consumer < F::TILES; ++consumer) {
+      const unsigned staging = sh.stagingAt(u, consumer);
+      for (int r = 0; r < rows; ++r)
+        bulkReduceAdd(dq + r * DH, staging + r * F::ROW, DH * 4);
+      bulkCommit();
+      bulkWaitAll();
+    }
     fenceProxyAsyncGlobal();
     semaphoreRelease(added);
     barrierArrive(sh.dqEmpty(u));
   }
 }
 
-// Consumer warpgroup `consumer`'s dq half (this lane's rows `row` and row + 8 of 64 queries,
-// head dims 64 consumer ..) into a staging tile.
+// Consumer warpgroup `consumer`'s dq (this lane's rows `row` and row + 8 of 64 queries; head
+// dims 64 consumer .. at DH 128, all 64 at DH 64) into its staging tile.
 template <int DH>
 __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const float (*dq)[4], int consumer, int row) {
-  const int c = 2 * (threadIdx.x % 4);
+  const int c = 2 * (threadIdx.x % 4) + (DH == 128 ? consumer * 64 : 0);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      *(float2 *)(staging + (row + 8 * r) * FusedGradShared<DH>::ROW + (consumer * 64 + 8 * j + c) * 4) =
+      *(float2 *)(staging + (row + 8 * r) * FusedGradShared<DH>::ROW + (8 * j + c) * 4) =
           make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
 }
 
 // dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
 // products added to buffers.dq (attentionFusedQueryGrads then writes dq into dqkv). Blocks:
-// B H KTILES, the key tiles of each head latest first.
+// B H KTILES, the key tiles of each head latest first. DH 64 or 128.
 template <int B, int T, int H, int DH, typename Out>
 __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
                                    const float *delta, FusedGradBuffers buffers) {
-  static_assert(DH == 128, "dq's halves are the products' N of 64");
+  static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
   static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
   using F = FusedGradShared<DH>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
@@ -141,13 +150,19 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
     storeDsTransposed(ds, da, consumer * 64);
     fenceProxyAsync();
     namedBarrierSync(kDsReady, 256);
-    float dq[8][4]; // this warpgroup's half of dq: 64 queries x 64 head dims
+    // dq's part, 64 queries x 64 head dims: at DH 128 this warpgroup's half of the head
+    // dimension over all 128 keys; at DH 64 the whole of it over the warpgroup's own 64 keys.
+    float dq[8][4];
+    constexpr int KEYS = DH == 128 ? NK : 64;
+    const int keyRow = DH == 128 ? 0 : consumer * 64, block = DH == 128 ? consumer : 0;
     wgmmaFence();
     issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
 #pragma unroll
-    for (int kk = 0; kk < NK / 16; ++kk) // keys 16 kk ..: 16 rows of ds^T and of k on
-      wgmmaSharedTransposed64(dq, wgmmaDescriptor(sh.dsAt() + kk * 16 * 128, NK * 128, 1024),
-                              wgmmaDescriptor(sh.keysAt + consumer * NK * 128 + kk * 16 * 128, NK * 128, 1024), kk > 0);
+    for (int kk = 0; kk < KEYS / 16; ++kk) { // keys keyRow + 16 kk ..: 16 rows of ds^T and of k on
+      const unsigned rows = (keyRow + kk * 16) * 128;
+      wgmmaSharedTransposed64(dq, wgmmaDescriptor(sh.dsAt() + rows, NK * 128, 1024),
+                              wgmmaDescriptor(sh.keysAt + block * NK * 128 + rows, NK * 128, 1024), kk > 0);
+    }
     wgmmaCommit();
     wgmmaWait<0>();
     fenceAccumulators<DH / 8>(dv);
@@ -157,7 +172,8 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
       barrierArrive(sh.empty(u));
     if (u >= 2)
       barrierWait(sh.dqEmpty(u), (u / 2 - 1) & 1);
-    stageQueryGrads<DH>(base + (sh.stagingAt(u) - sh.keysAt), dq, consumer, threadIdx.x % 128 / 32 * 16 + lane / 4);
+    stageQueryGrads<DH>(base + (sh.stagingAt(u, consumer) - sh.keysAt), dq, consumer,
+                        threadIdx.x % 128 / 32 * 16 + lane / 4);
     fenceProxyAsync();
     if (lane == 0)
       barrierArrive(sh.dqFull(u));

@@ -88,8 +88,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&dout, PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
   fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
-  constexpr bool FUSED = DH == 128; // attentionGradFused's head dimension
-  constexpr int VARIANTS = FUSED ? 4 : 3, RUNS = FUSED ? 6 : 5;
+  constexpr int VARIANTS = 4, RUNS = 6;
   float *out, *lse, *delta, *dqkv[4] = {};
   CK(cudaMalloc(&out, PART * 4));
   CK(cudaMalloc(&lse, ROWS * 4));
@@ -117,8 +116,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaFuncSetAttribute(specialisedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
   const int fusedShared = attentionFusedGradShared<DH>();
-  if constexpr (FUSED)
-    CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
+  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
   // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5: the fused gradient (into dqkv[3],
@@ -136,7 +134,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     else if (i == 4)
       specialisedGrad<B, T, H, DH>
           <<<tiles128, kSpecialisedThreads, specialisedShared, st>>>(tiles, dqkv[2], scale, lse, delta);
-    else if constexpr (FUSED) {
+    else {
       CK(cudaMemsetAsync(buffers.dq, 0, PART * 4, st));
       CK(cudaMemsetAsync(buffers.added, 0, B * H * QTILES * 4, st));
       fusedGrad<B, T, H, DH>
@@ -183,11 +181,9 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
            us[0] + us[1], 5 * product / (us[0] + us[1]) / 1e6, us[2] + us[3], 5 * product / (us[2] + us[3]) / 1e6);
     printf("  with the warp-specialised dk dv: %.1f us (%.0f TFLOP/s)\n", us[4] + us[3],
            5 * product / (us[4] + us[3]) / 1e6);
-    if (FUSED) {
-      float fused = timeGraph(10, [&](int, cudaStream_t st) { run(5, st); });
-      printf("  fused (dq added in order; its zeroing and conversion included): %.1f us (%.0f TFLOP/s)\n", fused,
-             5 * product / fused / 1e6);
-    }
+    float fused = timeGraph(10, [&](int, cudaStream_t st) { run(5, st); });
+    printf("  fused (dq added in order; its zeroing and conversion included): %.1f us (%.0f TFLOP/s)\n", fused,
+           5 * product / fused / 1e6);
   }
   for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], buffers.dq})
     CK(cudaFree(p));
