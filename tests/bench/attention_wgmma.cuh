@@ -36,6 +36,13 @@ __device__ __forceinline__ void awaitCopiedStage() {
   __syncthreads();
 }
 
+// The kernel's dynamic shared memory from its first multiple of 1024 bytes (the swizzle's
+// period; the launches ask for 1 KB more than they use).
+__device__ __forceinline__ unsigned char *alignedShared() {
+  extern __shared__ unsigned char attentionShared[];
+  return (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+}
+
 // The shared memory attentionForwardWgmma takes: 128 queries, STAGES stages of keys and
 // values, and 1 KB to align the tiles to the swizzle's 1024 bytes.
 template <int DH, int STAGES> __host__ __device__ constexpr int attentionWgmmaShared() {
@@ -186,8 +193,7 @@ __device__ void attentionForwardWgmma(const unsigned short *heads, Out out, floa
   using A = AttentionHeads<B, T, H, KV, DH>;
   constexpr int M = kWgmmaRows, N = kWgmmaRows, TILES = (T + M - 1) / M;
   constexpr int TILE = N * DH * 2; // bytes of a tile of keys (or values, or queries)
-  extern __shared__ unsigned char attentionShared[];
-  unsigned char *queries = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  unsigned char *queries = alignedShared();
   const unsigned queriesAt = sharedAddress(queries);
   const int tile = TILES - 1 - blockIdx.x % TILES; // the longest rows of tiles first
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
@@ -240,8 +246,7 @@ __device__ void attentionForwardWgmmaOverlapped(const unsigned short *heads, Out
   using A = AttentionHeads<B, T, H, KV, DH>;
   constexpr int M = kWgmmaRows, N = kWgmmaRows, TILES = (T + M - 1) / M;
   constexpr int TILE = N * DH * 2;
-  extern __shared__ unsigned char attentionShared[];
-  unsigned char *queries = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  unsigned char *queries = alignedShared();
   const unsigned queriesAt = sharedAddress(queries);
   const int tile = TILES - 1 - blockIdx.x % TILES;
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
@@ -417,8 +422,7 @@ __device__ void attentionForwardSpecialised(const unsigned short *tiles, Out out
   static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
   using Item = SpecialisedItem<B, T, H, GROUP>;
   constexpr int M = kWgmmaRows, N = kWgmmaRows;
-  extern __shared__ unsigned char attentionShared[];
-  const SpecialisedShared<DH> sh(sharedAddress((void *)(((unsigned long long)attentionShared + 1023) & ~1023ull)));
+  const SpecialisedShared<DH> sh(sharedAddress(alignedShared()));
   if (threadIdx.x == 0) {
     for (int i = 0; i < 5; ++i)
       barrierInit(sh.bars + 8 * i, 1);

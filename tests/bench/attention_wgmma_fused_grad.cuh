@@ -109,8 +109,7 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
   constexpr int QUERIES = F::QUERIES, HALF = F::HALF;
   enum { kDsFree = 1, kDsReady = 2 }; // named barriers of the two consumer warpgroups
-  extern __shared__ unsigned char attentionShared[];
-  unsigned char *base = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  unsigned char *base = alignedShared();
   const F sh(sharedAddress(base));
   const int tile = KTILES - 1 - blockIdx.x % KTILES; // the latest keys first: they add first
   const int bh = blockIdx.x / KTILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;

@@ -112,8 +112,7 @@ __device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const uns
   using A = AttentionHeads<B, T, H, H, DH>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries, TILES = (T + NK - 1) / NK;
   constexpr int KEYS = NK * DH * 2, QUERIES = MQ * DH * 2; // bytes of a tile
-  extern __shared__ unsigned char attentionShared[];
-  unsigned char *keys = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  unsigned char *keys = alignedShared();
   // keys | values | (queries | dout) x 2 | lse x 2 | delta x 2
   float *lses = (float *)(keys + 2 * KEYS + 4 * QUERIES), *deltas = lses + 2 * MQ;
   const unsigned keysAt = sharedAddress(keys), valuesAt = keysAt + KEYS;
@@ -183,8 +182,7 @@ __device__ void attentionQueryGradWgmma(const unsigned short *dout, const unsign
   using A = AttentionHeads<B, T, H, H, DH>;
   constexpr int MQ = kWgmmaRows, NK = kGradQueries, TILES = (T + MQ - 1) / MQ;
   constexpr int QUERIES = MQ * DH * 2, KEYS = NK * DH * 2; // bytes of a tile
-  extern __shared__ unsigned char attentionShared[];
-  unsigned char *queries = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  unsigned char *queries = alignedShared();
   const unsigned queriesAt = sharedAddress(queries);
   auto keysAt = [&](int stage) { return queriesAt + 2 * QUERIES + 2 * stage * KEYS; }; // values follow
   const int tile = TILES - 1 - blockIdx.x % TILES; // the longest rows of tiles first
@@ -355,8 +353,7 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
   using G = GradShared<DH>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
   constexpr int QUERIES = G::QUERIES, HALF = G::HALF;
-  extern __shared__ unsigned char attentionShared[];
-  unsigned char *base = (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  unsigned char *base = alignedShared();
   const G sh(sharedAddress(base));
   const int tile = blockIdx.x % KTILES; // the earliest keys have the most queries: first
   const int bh = blockIdx.x / KTILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;

@@ -82,20 +82,27 @@ template <int N>
 __device__ __forceinline__ void wgmmaRegisters(float (*d)[4], const unsigned *a, unsigned long long b, int accumulate);
 
 #if TGC_WGMMA
-template <>
-__device__ __forceinline__ void wgmmaShared<64>(float (*d)[4], unsigned long long a, unsigned long long b,
-                                                int accumulate) {
+// The m64n64k16 product from shared memory, both operands K-major (TRANSPOSED 0) or both MN-major
+// (1): the layouts are the instruction's immediates.
+template <int TRANSPOSED>
+__device__ __forceinline__ void wgmmaShared64(float (*d)[4], unsigned long long a, unsigned long long b,
+                                              int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
                "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
-               "%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               "%31}, %32, %33, p, 1, 1, %35, %35;\n}\n"
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
                  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
                  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
                  "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
                  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
                  "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(a), "l"(b), "r"(accumulate));
+               : "l"(a), "l"(b), "r"(accumulate), "n"(TRANSPOSED));
+}
+template <>
+__device__ __forceinline__ void wgmmaShared<64>(float (*d)[4], unsigned long long a, unsigned long long b,
+                                                int accumulate) {
+  wgmmaShared64<0>(d, a, b, accumulate);
 }
 template <>
 __device__ __forceinline__ void wgmmaRegisters<64>(float (*d)[4], const unsigned *a, unsigned long long b,
@@ -161,17 +168,7 @@ __device__ __forceinline__ void wgmmaRegisters<128>(float (*d)[4], const unsigne
 // wgmmaRegisters' (k with the keys as rows).
 __device__ __forceinline__ void wgmmaSharedTransposed64(float (*d)[4], unsigned long long a, unsigned long long b,
                                                         int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
-               "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
-               "%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                 "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-                 "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                 "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(a), "l"(b), "r"(accumulate));
+  wgmmaShared64<1>(d, a, b, accumulate);
 }
 
 #else
