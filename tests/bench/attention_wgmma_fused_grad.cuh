@@ -57,8 +57,9 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 
 // The writer (one lane of the producer's second warp): each step's staged dq into the buffer,
 // after the blocks of later key tiles have added theirs to that query tile; two tiles (DH 64)
-// one after the other, so that their sums come in one order.
-template <int B, int T, int H, int DH>
+// one after the other, so that their sums come in one order. ORDERED false: no waiting, the
+// sums in whatever order the blocks come (not deterministic; the bench times what order costs).
+template <int B, int T, int H, int DH, bool ORDERED>
 __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers buffers, int64 bh, int tile, int first,
                               int last) {
   constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = (T + NK - 1) / NK, QTILES = (T + MQ - 1) / MQ;
@@ -69,7 +70,8 @@ __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers bu
     const int u = qt - first, rows = min(MQ, T - qt * MQ);
     const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
     barrierWait(sh.dqFull(u), (u / 2) & 1);
-    semaphoreWait(added, latest - tile);
+    if (ORDERED)
+      semaphoreWait(added, latest - tile);
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     for (int consumer = 0; consumer < F::TILES; ++consumer) {
       const unsigned staging = sh.stagingAt(u, consumer);
@@ -99,8 +101,8 @@ __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const fl
 
 // dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
 // products added to buffers.dq (attentionFusedQueryGrads then writes dq into dqkv). Blocks:
-// B H KTILES, the key tiles of each head latest first. DH 64 or 128.
-template <int B, int T, int H, int DH, typename Out>
+// B H KTILES, the key tiles of each head latest first. DH 64 or 128. ORDERED: addQueryGrads'.
+template <int B, int T, int H, int DH, bool ORDERED = true, typename Out>
 __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
                                    const float *delta, FusedGradBuffers buffers) {
   static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
@@ -130,7 +132,7 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
     if (threadIdx.x == 0)
       produceGradTiles<B, T, H, DH>(tiles, lse, delta, sh, bh, tile, first, last);
     else if (threadIdx.x == 32)
-      addQueryGrads<B, T, H, DH>(sh, buffers, bh, tile, first, last);
+      addQueryGrads<B, T, H, DH, ORDERED>(sh, buffers, bh, tile, first, last);
     return;
   }
   claimRegisters<240>();

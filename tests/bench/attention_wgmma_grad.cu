@@ -57,11 +57,11 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionKeyValueGradSpecialised<B, T, H, DH>(tiles, dqkv, scale, lse, delta);
 }
 
-template <int B, int T, int H, int DH>
+template <int B, int T, int H, int DH, bool ORDERED = true>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
     fusedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta,
               FusedGradBuffers buffers) {
-  attentionGradFused<B, T, H, DH>(tiles, dqkv, scale, lse, delta, buffers);
+  attentionGradFused<B, T, H, DH, ORDERED>(tiles, dqkv, scale, lse, delta, buffers);
 }
 
 template <int B, int T, int H, int DH> __global__ void fusedQueryGrads(const float *dq, float *dqkv) {
@@ -117,10 +117,12 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
                           specialisedShared));
   const int fusedShared = attentionFusedGradShared<DH>();
   CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
+  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
   // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5: the fused gradient (into dqkv[3],
-  // its buffers zeroed first and dq converted after)
+  // its buffers zeroed first and dq converted after); 6: the same unordered (timed alone); 7:
+  // the zeroing and conversion alone
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
@@ -137,8 +139,12 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     else {
       CK(cudaMemsetAsync(buffers.dq, 0, PART * 4, st));
       CK(cudaMemsetAsync(buffers.added, 0, B * H * QTILES * 4, st));
-      fusedGrad<B, T, H, DH>
-          <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
+      if (i == 5)
+        fusedGrad<B, T, H, DH>
+            <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
+      else if (i == 6)
+        fusedGrad<B, T, H, DH, false>
+            <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
       fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[3]);
     }
   };
@@ -184,6 +190,10 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     float fused = timeGraph(10, [&](int, cudaStream_t st) { run(5, st); });
     printf("  fused (dq added in order; its zeroing and conversion included): %.1f us (%.0f TFLOP/s)\n", fused,
            5 * product / fused / 1e6);
+    float unordered = timeGraph(10, [&](int, cudaStream_t st) { run(6, st); });
+    float around = timeGraph(10, [&](int, cudaStream_t st) { run(7, st); });
+    printf("  fused unordered (not deterministic): %.1f us (%.0f TFLOP/s); the zeroing and conversion alone %.1f us\n",
+           unordered, 5 * product / unordered / 1e6, around);
   }
   for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], buffers.dq})
     CK(cudaFree(p));
