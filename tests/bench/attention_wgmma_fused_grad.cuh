@@ -6,9 +6,8 @@
 // Head dimension 128: the two consumer warpgroups make a half of the head dimension each over
 // all 128 keys (one staging tile); 64: each makes the whole width over its own 64 keys (a tile
 // each, added one after the other). The blocks add to a query tile in a fixed order, the latest
-// keys first, each waiting on a counter a tile: the same bits every run. Blocks start in that
-// order (the latest key tiles of a head first), so a block only ever waits on blocks already
-// started.
+// keys first (or, reversed, the earliest first), each waiting on a counter a tile: the same bits
+// every run. Blocks start in that order, so a block only ever waits on blocks already started.
 #pragma once
 
 #include "attention_wgmma_grad.cuh"
@@ -56,22 +55,25 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 }
 
 // The writer (one lane of the producer's second warp): each step's staged dq into the buffer,
-// after the blocks of later key tiles have added theirs to that query tile; two tiles (DH 64)
-// one after the other, so that their sums come in one order. ORDERED false: no waiting, the
-// sums in whatever order the blocks come (not deterministic; the bench times what order costs).
-template <int B, int T, int H, int DH, bool ORDERED>
+// after the blocks of later key tiles (REVERSED: earlier) have added theirs to that query tile;
+// two tiles (DH 64) one after the other, so that their sums come in one order. ORDERED false:
+// no waiting, the sums in whatever order the blocks come (not deterministic; the bench times
+// what order costs).
+template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED>
 __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers buffers, int64 bh, int tile, int first,
                               int last) {
   constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = (T + NK - 1) / NK, QTILES = (T + MQ - 1) / MQ;
+  constexpr int STEP = REVERSED ? -1 : 1;
   using F = FusedGradShared<DH>;
-  unsigned *added = buffers.added + bh * QTILES + first; // pointers carried along: the lane has 24 registers
-  float *dq = buffers.dq + (bh * T + first * MQ) * DH;
-  for (int qt = first; qt <= last; ++qt, ++added, dq += MQ * DH) {
-    const int u = qt - first, rows = min(MQ, T - qt * MQ);
+  const int start = REVERSED ? last : first;
+  unsigned *added = buffers.added + bh * QTILES + start; // pointers carried along: the lane has 24 registers
+  float *dq = buffers.dq + (bh * T + start * MQ) * DH;
+  for (int u = 0; u <= last - first; ++u, added += STEP, dq += STEP * MQ * DH) {
+    const int qt = start + STEP * u, rows = min(MQ, T - qt * MQ);
     const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
     barrierWait(sh.dqFull(u), (u / 2) & 1);
     if (ORDERED)
-      semaphoreWait(added, latest - tile);
+      semaphoreWait(added, REVERSED ? tile : latest - tile);
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     for (int consumer = 0; consumer < F::TILES; ++consumer) {
       const unsigned staging = sh.stagingAt(u, consumer);
@@ -101,8 +103,12 @@ __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const fl
 
 // dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
 // products added to buffers.dq (attentionFusedQueryGrads then writes dq into dqkv). Blocks:
-// B H KTILES, the key tiles of each head latest first. DH 64 or 128. ORDERED: addQueryGrads'.
-template <int B, int T, int H, int DH, bool ORDERED = true, typename Out>
+// B H KTILES, the key tiles of each head latest first, each walking its query tiles from its
+// keys' own on. REVERSED: the earliest key tiles (the longest blocks) first, each walking its
+// query tiles from the last back to its keys' own; then a head's blocks reach a query tile in
+// the order they add to it, and the longest blocks do not come last. DH 64 or 128. ORDERED:
+// addQueryGrads'.
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, typename Out>
 __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
                                    const float *delta, FusedGradBuffers buffers) {
   static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
@@ -113,7 +119,7 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   enum { kDsFree = 1, kDsReady = 2 }; // named barriers of the two consumer warpgroups
   unsigned char *base = alignedShared();
   const F sh(sharedAddress(base));
-  const int tile = KTILES - 1 - blockIdx.x % KTILES; // the latest keys first: they add first
+  const int tile = REVERSED ? blockIdx.x % KTILES : KTILES - 1 - blockIdx.x % KTILES; // the tiles that add first
   const int bh = blockIdx.x / KTILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
   const int first = tile * NK / MQ, last = (T - 1) / MQ; // query tiles
   if (threadIdx.x == 0) {
@@ -130,9 +136,9 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   if (group == 0) {
     releaseRegisters<24>();
     if (threadIdx.x == 0)
-      produceGradTiles<B, T, H, DH>(tiles, lse, delta, sh, bh, tile, first, last);
+      produceGradTiles<B, T, H, DH, REVERSED>(tiles, lse, delta, sh, bh, tile, first, last);
     else if (threadIdx.x == 32)
-      addQueryGrads<B, T, H, DH, ORDERED>(sh, buffers, bh, tile, first, last);
+      addQueryGrads<B, T, H, DH, ORDERED, REVERSED>(sh, buffers, bh, tile, first, last);
     return;
   }
   claimRegisters<240>();
@@ -141,8 +147,8 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   unsigned char *ds = base + (sh.dsAt() - sh.keysAt);
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   barrierWait(sh.keysFull(), 0);
-  for (int qt = first; qt <= last; ++qt) {
-    const int u = qt - first;
+  for (int u = 0; u <= last - first; ++u) {
+    const int qt = REVERSED ? last - u : first + u;
     const unsigned at = sh.stageAt(u);
     unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
     gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, tile, key0, consumer, scale);

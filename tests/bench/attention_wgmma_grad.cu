@@ -57,11 +57,11 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionKeyValueGradSpecialised<B, T, H, DH>(tiles, dqkv, scale, lse, delta);
 }
 
-template <int B, int T, int H, int DH, bool ORDERED = true>
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
     fusedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta,
               FusedGradBuffers buffers) {
-  attentionGradFused<B, T, H, DH, ORDERED>(tiles, dqkv, scale, lse, delta, buffers);
+  attentionGradFused<B, T, H, DH, ORDERED, REVERSED>(tiles, dqkv, scale, lse, delta, buffers);
 }
 
 template <int B, int T, int H, int DH> __global__ void fusedQueryGrads(const float *dq, float *dqkv) {
@@ -88,8 +88,8 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&dout, PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
   fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
-  constexpr int VARIANTS = 4, RUNS = 6;
-  float *out, *lse, *delta, *dqkv[4] = {};
+  constexpr int VARIANTS = 5;
+  float *out, *lse, *delta, *dqkv[VARIANTS] = {};
   CK(cudaMalloc(&out, PART * 4));
   CK(cudaMalloc(&lse, ROWS * 4));
   CK(cudaMalloc(&delta, ROWS * 4));
@@ -118,11 +118,13 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   const int fusedShared = attentionFusedGradShared<DH>();
   CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
   CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
+  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          fusedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
   // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5: the fused gradient (into dqkv[3],
   // its buffers zeroed first and dq converted after); 6: the same unordered (timed alone); 7:
-  // the zeroing and conversion alone
+  // the zeroing and conversion alone; 8: the fused gradient reversed (into dqkv[4])
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
@@ -145,10 +147,13 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       else if (i == 6)
         fusedGrad<B, T, H, DH, false>
             <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
-      fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[3]);
+      else if (i == 8)
+        fusedGrad<B, T, H, DH, true, true>
+            <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[4], scale, lse, delta, buffers);
+      fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[i == 8 ? 4 : 3]);
     }
   };
-  for (int i = 0; i < RUNS; ++i) {
+  for (int i : {0, 1, 2, 3, 4, 5, 8}) {
     run(i, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
@@ -166,7 +171,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
       size[part] = std::max(size[part], (double)std::fabs(x[i]));
     }
-    const char *names[4] = {"", "wgmma", "wgmma warp-specialised", "wgmma fused"};
+    const char *names[VARIANTS] = {"", "wgmma", "wgmma warp-specialised", "wgmma fused", "wgmma fused reversed"};
     printf("  %s:", names[variant]);
     const char *parts[3] = {"dq", "dk", "dv"};
     for (int part = variant == 2 ? 1 : 0; part < 3; ++part)
@@ -194,8 +199,11 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     float around = timeGraph(10, [&](int, cudaStream_t st) { run(7, st); });
     printf("  fused unordered (not deterministic): %.1f us (%.0f TFLOP/s); the zeroing and conversion alone %.1f us\n",
            unordered, 5 * product / unordered / 1e6, around);
+    float reversed = timeGraph(10, [&](int, cudaStream_t st) { run(8, st); });
+    printf("  fused reversed (the longest blocks first; in order): %.1f us (%.0f TFLOP/s)\n", reversed,
+           5 * product / reversed / 1e6);
   }
-  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], buffers.dq})
+  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], dqkv[4], buffers.dq})
     CK(cudaFree(p));
   CK(cudaFree(buffers.added));
   CK(cudaFree(tiles));

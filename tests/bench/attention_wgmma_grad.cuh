@@ -289,8 +289,9 @@ template <int DH> struct GradShared {
 
 // The producer lane: the block's keys and values once, then each query tile of 64 (its half of a
 // 128-row tile: a bulk copy per 64 values of the head dimension) with its lse and delta into the
-// stage the consumers last freed.
-template <int B, int T, int H, int DH>
+// stage the consumers last freed. The query tiles from `first` to `last`, or (REVERSED) from
+// `last` down to `first`.
+template <int B, int T, int H, int DH, bool REVERSED = false>
 __device__ void produceGradTiles(const unsigned short *tiles, const float *lse, const float *delta,
                                  const GradShared<DH> &sh, int64 bh, int tile, int first, int last) {
   using S = SwizzledTiles<T, DH>;
@@ -300,8 +301,8 @@ __device__ void produceGradTiles(const unsigned short *tiles, const float *lse, 
   barrierExpectBytes(sh.keysFull(), 2 * G::KEYS);
   bulkCopy(sh.keysAt, tiles + part + bh * S::HEAD + (int64)tile * NK * DH, G::KEYS, sh.keysFull());
   bulkCopy(sh.valuesAt(), tiles + 2 * part + bh * S::HEAD + (int64)tile * NK * DH, G::KEYS, sh.keysFull());
-  for (int qt = first; qt <= last; ++qt) {
-    const int u = qt - first, rows = min(MQ, T - qt * MQ);
+  for (int u = 0; u <= last - first; ++u) {
+    const int qt = REVERSED ? last - u : first + u, rows = min(MQ, T - qt * MQ);
     if (u >= kGradStages)
       barrierWait(sh.empty(u), (u / kGradStages - 1) & 1);
     barrierExpectBytes(sh.full(u), 2 * G::QUERIES + 2 * rows * 4);
