@@ -211,7 +211,13 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaFree(dout));
 }
 
-int main() {
+// With an argument ("profile"): the T 4096 shape alone, untimed, each kernel launched once (for
+// ncu: `ncu -k regex:fusedGrad ./attention_wgmma_grad profile`).
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    compare<4, 4096, 16, 128>(false);
+    return 0;
+  }
   memoryBandwidth();
   compare<1, 200, 2, 64>(false); // T past a tile, not a multiple of one
   compare<1, 200, 2, 128>(false);
