@@ -15,10 +15,13 @@
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
 // four more barriers (dq staged x2, staging free x2) in the same 1 KB; ds^T (128 key rows of 64
 // queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of them: 64
-// rows of DH fp32, each row 16 bytes longer, so that a warp's rows fall in different banks).
-template <int DH> struct FusedGradShared : GradShared<DH> {
+// rows of DH fp32). So that a warp's rows fall in different banks, each row is 16 bytes longer,
+// or (PACKED) the 16-byte chunks of row r are swizzled as r % 8 says (packedChunk), the layout
+// the dq buffer then has too, so that a tile is added by one bulk reduction, not one a row.
+template <int DH, bool PACKED> struct FusedGradShared : GradShared<DH> {
   using G = GradShared<DH>;
-  static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + 16, TILE = kGradQueries * ROW;
+  static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + (PACKED ? 0 : 16);
+  static constexpr int TILE = kGradQueries * ROW;
   static constexpr int TILES = DH == 128 ? 1 : 2, STAGING = TILES * TILE;
   __device__ explicit FusedGradShared(unsigned keysAt) : G(keysAt) {}
   __device__ unsigned dqFull(int u) const { return G::keysFull() + 8 * (5 + u % 2); }
@@ -29,12 +32,18 @@ template <int DH> struct FusedGradShared : GradShared<DH> {
     return dsAt() + DS + u % 2 * STAGING + (TILES - 1) * consumer * TILE;
   }
 };
-template <int DH> __host__ __device__ constexpr int attentionFusedGradShared() {
-  return attentionGradSpecialisedShared<DH>() - 5 * 8 + 1024 + FusedGradShared<DH>::DS +
-         2 * FusedGradShared<DH>::STAGING;
+template <int DH, bool PACKED = true> __host__ __device__ constexpr int attentionFusedGradShared() {
+  return attentionGradSpecialisedShared<DH>() - 5 * 8 + 1024 + FusedGradShared<DH, PACKED>::DS +
+         2 * FusedGradShared<DH, PACKED>::STAGING;
 }
 
-// The fp32 dq buffer ([B H][T][DH], zero before the kernel) and its counters ([B H][query
+// Where the 16-byte chunk `chunk` of dq's row `row` lies in a packed staging tile and buffer:
+// the chunk's place among its row's groups of eight (128 bytes) crossed with the row's place
+// among eight rows.
+__host__ __device__ __forceinline__ int packedChunk(int row, int chunk) { return chunk ^ (row % 8); }
+
+// The fp32 dq buffer ([B H][T][DH], each row's chunks packedChunk's where packed; zero before
+// the kernel) and its counters ([B H][query
 // tiles of 64], zero before): how many blocks have added to each query tile.
 struct FusedGradBuffers {
   float *dq;
@@ -59,12 +68,12 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 // two tiles (DH 64) one after the other, so that their sums come in one order. ORDERED false:
 // no waiting, the sums in whatever order the blocks come (not deterministic; the bench times
 // what order costs).
-template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED>
-__device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers buffers, int64 bh, int tile, int first,
-                              int last) {
+template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
+__device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBuffers buffers, int64 bh, int tile,
+                              int first, int last) {
   constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = (T + NK - 1) / NK, QTILES = (T + MQ - 1) / MQ;
   constexpr int STEP = REVERSED ? -1 : 1;
-  using F = FusedGradShared<DH>;
+  using F = FusedGradShared<DH, PACKED>;
   const int start = REVERSED ? last : first;
   unsigned *added = buffers.added + bh * QTILES + start; // pointers carried along: the lane has 24 registers
   float *dq = buffers.dq + (bh * T + start * MQ) * DH;
@@ -77,8 +86,11 @@ __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers bu
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     for (int consumer = 0; consumer < F::TILES; ++consumer) {
       const unsigned staging = sh.stagingAt(u, consumer);
-      for (int r = 0; r < rows; ++r)
-        bulkReduceAdd(dq + r * DH, staging + r * F::ROW, DH * 4);
+      if (PACKED)
+        bulkReduceAdd(dq, staging, rows * DH * 4);
+      else
+        for (int r = 0; r < rows; ++r)
+          bulkReduceAdd(dq + r * DH, staging + r * F::ROW, DH * 4);
       bulkCommit();
       bulkWaitAll();
     }
@@ -90,15 +102,17 @@ __device__ void addQueryGrads(const FusedGradShared<DH> &sh, FusedGradBuffers bu
 
 // Consumer warpgroup `consumer`'s dq (this lane's rows `row` and row + 8 of 64 queries; head
 // dims 64 consumer .. at DH 128, all 64 at DH 64) into its staging tile.
-template <int DH>
+template <int DH, bool PACKED>
 __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const float (*dq)[4], int consumer, int row) {
   const int c = 2 * (threadIdx.x % 4) + (DH == 128 ? consumer * 64 : 0);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *(float2 *)(staging + (row + 8 * r) * FusedGradShared<DH>::ROW + (8 * j + c) * 4) =
+    for (int r = 0; r < 2; ++r) {
+      const int column = 8 * j + c, at = PACKED ? packedChunk(row, column / 4) * 16 + column % 4 * 4 : column * 4;
+      *(float2 *)(staging + (row + 8 * r) * FusedGradShared<DH, PACKED>::ROW + at) =
           make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+    }
 }
 
 // dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
@@ -107,13 +121,13 @@ __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const fl
 // keys' own on. REVERSED: the earliest key tiles (the longest blocks) first, each walking its
 // query tiles from the last back to its keys' own; then a head's blocks reach a query tile in
 // the order they add to it, and the longest blocks do not come last. DH 64 or 128. ORDERED:
-// addQueryGrads'.
-template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, typename Out>
+// addQueryGrads'. PACKED: FusedGradShared's.
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true, typename Out>
 __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
                                    const float *delta, FusedGradBuffers buffers) {
   static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
   static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
-  using F = FusedGradShared<DH>;
+  using F = FusedGradShared<DH, PACKED>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
   constexpr int QUERIES = F::QUERIES, HALF = F::HALF;
   enum { kDsFree = 1, kDsReady = 2 }; // named barriers of the two consumer warpgroups
@@ -138,7 +152,7 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
     if (threadIdx.x == 0)
       produceGradTiles<B, T, H, DH, REVERSED>(tiles, lse, delta, sh, bh, tile, first, last);
     else if (threadIdx.x == 32)
-      addQueryGrads<B, T, H, DH, ORDERED, REVERSED>(sh, buffers, bh, tile, first, last);
+      addQueryGrads<B, T, H, DH, ORDERED, REVERSED, PACKED>(sh, buffers, bh, tile, first, last);
     return;
   }
   claimRegisters<240>();
@@ -179,8 +193,8 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
       barrierArrive(sh.empty(u));
     if (u >= 2)
       barrierWait(sh.dqEmpty(u), (u / 2 - 1) & 1);
-    stageQueryGrads<DH>(base + (sh.stagingAt(u, consumer) - sh.keysAt), dq, consumer,
-                        threadIdx.x % 128 / 32 * 16 + lane / 4);
+    stageQueryGrads<DH, PACKED>(base + (sh.stagingAt(u, consumer) - sh.keysAt), dq, consumer,
+                                threadIdx.x % 128 / 32 * 16 + lane / 4);
     fenceProxyAsync();
     if (lane == 0)
       barrierArrive(sh.dqFull(u));
@@ -188,11 +202,13 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, b, h, key0);
 }
 
-// dq from the fp32 buffer into dqkv's q part ([B, T, 3 H DH]).
-template <int B, int T, int H, int DH, typename Out>
+// dq from the fp32 buffer (PACKED: its rows' chunks packedChunk's) into dqkv's q part ([B, T,
+// 3 H DH]).
+template <int B, int T, int H, int DH, bool PACKED = true, typename Out>
 __device__ void attentionFusedQueryGrads(const float *dq, Out dqkv) {
   FOR_EACH_ELEMENT(i, (int64)B * H * T * DH) {
     const int64 d = i % DH, t = i / DH % T, bh = i / ((int64)T * DH);
-    dqkv[((bh / H) * T + t) * 3 * H * DH + bh % H * DH + d] = dq[i];
+    const int64 from = PACKED ? i - d + packedChunk((int)t, (int)d / 4) * 4 + d % 4 : i;
+    dqkv[((bh / H) * T + t) * 3 * H * DH + bh % H * DH + d] = dq[from];
   }
 }

@@ -57,15 +57,16 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionKeyValueGradSpecialised<B, T, H, DH>(tiles, dqkv, scale, lse, delta);
 }
 
-template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false>
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
     fusedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta,
               FusedGradBuffers buffers) {
-  attentionGradFused<B, T, H, DH, ORDERED, REVERSED>(tiles, dqkv, scale, lse, delta, buffers);
+  attentionGradFused<B, T, H, DH, ORDERED, REVERSED, PACKED>(tiles, dqkv, scale, lse, delta, buffers);
 }
 
-template <int B, int T, int H, int DH> __global__ void fusedQueryGrads(const float *dq, float *dqkv) {
-  attentionFusedQueryGrads<B, T, H, DH>(dq, dqkv);
+template <int B, int T, int H, int DH, bool PACKED = true>
+__global__ void fusedQueryGrads(const float *dq, float *dqkv) {
+  attentionFusedQueryGrads<B, T, H, DH, PACKED>(dq, dqkv);
 }
 
 template <int T, int DH> __global__ void swizzleHeads(const unsigned short *heads, unsigned short *tiles, long count) {
@@ -88,7 +89,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&dout, PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
   fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
-  constexpr int VARIANTS = 5;
+  constexpr int VARIANTS = 6;
   float *out, *lse, *delta, *dqkv[VARIANTS] = {};
   CK(cudaMalloc(&out, PART * 4));
   CK(cudaMalloc(&lse, ROWS * 4));
@@ -120,11 +121,15 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
   CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           fusedShared));
+  const int paddedShared = attentionFusedGradShared<DH, false>();
+  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, true, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          paddedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
   // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5: the fused gradient (into dqkv[3],
   // its buffers zeroed first and dq converted after); 6: the same unordered (timed alone); 7:
-  // the zeroing and conversion alone; 8: the fused gradient reversed (into dqkv[4])
+  // the zeroing and conversion alone; 8: the fused gradient reversed (into dqkv[4]); 9: with
+  // padded staging rows, a bulk reduction a row (into dqkv[5])
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
@@ -150,10 +155,16 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       else if (i == 8)
         fusedGrad<B, T, H, DH, true, true>
             <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[4], scale, lse, delta, buffers);
-      fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[i == 8 ? 4 : 3]);
+      else if (i == 9)
+        fusedGrad<B, T, H, DH, true, false, false>
+            <<<tiles128, kSpecialisedThreads, paddedShared, st>>>(tiles, dqkv[5], scale, lse, delta, buffers);
+      if (i == 9)
+        fusedQueryGrads<B, T, H, DH, false><<<1024, 256, 0, st>>>(buffers.dq, dqkv[5]);
+      else
+        fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[i == 8 ? 4 : 3]);
     }
   };
-  for (int i : {0, 1, 2, 3, 4, 5, 8}) {
+  for (int i : {0, 1, 2, 3, 4, 5, 8, 9}) {
     run(i, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
@@ -171,7 +182,8 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
       size[part] = std::max(size[part], (double)std::fabs(x[i]));
     }
-    const char *names[VARIANTS] = {"", "wgmma", "wgmma warp-specialised", "wgmma fused", "wgmma fused reversed"};
+    const char *names[VARIANTS] = {
+        "", "wgmma", "wgmma warp-specialised", "wgmma fused", "wgmma fused reversed", "wgmma fused padded"};
     printf("  %s:", names[variant]);
     const char *parts[3] = {"dq", "dk", "dv"};
     for (int part = variant == 2 ? 1 : 0; part < 3; ++part)
@@ -202,8 +214,11 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
     float reversed = timeGraph(10, [&](int, cudaStream_t st) { run(8, st); });
     printf("  fused reversed (the longest blocks first; in order): %.1f us (%.0f TFLOP/s)\n", reversed,
            5 * product / reversed / 1e6);
+    float padded = timeGraph(10, [&](int, cudaStream_t st) { run(9, st); });
+    printf("  fused padded (a bulk reduction a row; in order): %.1f us (%.0f TFLOP/s)\n", padded,
+           5 * product / padded / 1e6);
   }
-  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], dqkv[4], buffers.dq})
+  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], dqkv[4], dqkv[5], buffers.dq})
     CK(cudaFree(p));
   CK(cudaFree(buffers.added));
   CK(cudaFree(tiles));
