@@ -156,6 +156,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
 // With an argument ("profile"): the T 4096 shape alone, untimed, each kernel launched once (for
 // ncu: `ncu -k regex:specialised ./attention_wgmma profile`).
 int main(int argc, char **argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0); // each line to the log as it comes: a kernel that hangs loses none
   if (argc > 1) {
     compare<4, 4096, 16, 128>(false);
     return 0;
