@@ -13,7 +13,7 @@
 #include "attention_wgmma_grad.cuh"
 
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
-// four more barriers (dq staged x2, staging free x2) in the same 1 KB; ds^T (128 key rows of 64
+// five more barriers (dq staged x2, staging free x2, keys free) in the same 1 KB; ds^T (128 key rows of 64
 // queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of them: 64
 // rows of DH fp32). So that a warp's rows fall in different banks, each row is 16 bytes longer,
 // or (PACKED) the 16-byte chunks of row r are swizzled as r % 8 says (packedChunk), the layout
@@ -26,6 +26,7 @@ template <int DH, bool PACKED> struct FusedGradShared : GradShared<DH> {
   __device__ explicit FusedGradShared(unsigned keysAt) : G(keysAt) {}
   __device__ unsigned dqFull(int u) const { return G::keysFull() + 8 * (5 + u % 2); }
   __device__ unsigned dqEmpty(int u) const { return G::keysFull() + 8 * (7 + u % 2); }
+  __device__ unsigned keysEmpty() const { return G::keysFull() + 8 * 9; } // the next item's keys may land
   __device__ unsigned dsAt() const { return G::keysFull() + 1024; }
   // Stage u's staging tile of consumer warpgroup `consumer` (the one tile at DH 128).
   __device__ unsigned stagingAt(int u, int consumer) const {
@@ -43,11 +44,25 @@ template <int DH, bool PACKED = true> __host__ __device__ constexpr int attentio
 __host__ __device__ __forceinline__ int packedChunk(int row, int chunk) { return chunk ^ (row % 8); }
 
 // The fp32 dq buffer ([B H][T][DH], each row's chunks packedChunk's where packed; zero before
-// the kernel) and its counters ([B H][query
-// tiles of 64], zero before): how many blocks have added to each query tile.
+// the kernel) and its counters ([B H][query tiles of 64], zero before): how many blocks have
+// added to each query tile.
 struct FusedGradBuffers {
   float *dq;
   unsigned *added;
+};
+
+// A fused block's work item w (w < B H KTILES): (sequence, head) bh's key tile `tile`, the key
+// tiles of a head in the order they add to a query tile (the latest first; REVERSED, the
+// earliest), and the query tiles it walks, step i at query tile qt(i): from its keys' own on
+// (REVERSED: from the last back).
+template <int T, int DH, bool REVERSED> struct FusedGradItem {
+  static constexpr int KTILES = SwizzledTiles<T, DH>::TILES, LAST = (T - 1) / kGradQueries;
+  int tile, bh, first;
+  __device__ explicit FusedGradItem(int w)
+      : tile(REVERSED ? w % KTILES : KTILES - 1 - w % KTILES), bh(w / KTILES), first(tile * kWgmmaRows / kGradQueries) {
+  }
+  __device__ int steps() const { return LAST - first + 1; }
+  __device__ int qt(int i) const { return REVERSED ? LAST - i : first + i; }
 };
 
 // This lane's ds^T (da: A fragments, its warpgroup's 64 keys x 64 queries) into the shared
@@ -65,24 +80,24 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 
 // The writer (one lane of the producer's second warp): each step's staged dq into the buffer,
 // after the blocks of later key tiles (REVERSED: earlier) have added theirs to that query tile;
-// two tiles (DH 64) one after the other, so that their sums come in one order. ORDERED false:
-// no waiting, the sums in whatever order the blocks come (not deterministic; the bench times
-// what order costs).
+// two tiles (DH 64) one after the other, so that their sums come in one order. The item's
+// steps are the block's from `use` on. ORDERED false: no waiting, the sums in whatever order
+// the blocks come (not deterministic; the bench times what order costs).
 template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
-__device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBuffers buffers, int64 bh, int tile,
-                              int first, int last) {
+__device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBuffers buffers,
+                              FusedGradItem<T, DH, REVERSED> it, int use) {
   constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = (T + NK - 1) / NK, QTILES = (T + MQ - 1) / MQ;
   constexpr int STEP = REVERSED ? -1 : 1;
   using F = FusedGradShared<DH, PACKED>;
-  const int start = REVERSED ? last : first;
-  unsigned *added = buffers.added + bh * QTILES + start; // pointers carried along: the lane has 24 registers
-  float *dq = buffers.dq + (bh * T + start * MQ) * DH;
-  for (int u = 0; u <= last - first; ++u, added += STEP, dq += STEP * MQ * DH) {
-    const int qt = start + STEP * u, rows = min(MQ, T - qt * MQ);
+  const int start = it.qt(0), steps = it.steps();
+  unsigned *added = buffers.added + (int64)it.bh * QTILES + start; // pointers carried along: the lane has 24 registers
+  float *dq = buffers.dq + ((int64)it.bh * T + start * MQ) * DH;
+  for (int i = 0; i < steps; ++i, added += STEP, dq += STEP * MQ * DH) {
+    const int u = use + i, qt = start + STEP * i, rows = min(MQ, T - qt * MQ);
     const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
     barrierWait(sh.dqFull(u), (u / 2) & 1);
     if (ORDERED)
-      semaphoreWait(added, REVERSED ? tile : latest - tile);
+      semaphoreWait(added, REVERSED ? it.tile : latest - it.tile);
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     for (int consumer = 0; consumer < F::TILES; ++consumer) {
       const unsigned staging = sh.stagingAt(u, consumer);
@@ -97,6 +112,27 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBu
     fenceProxyAsyncGlobal();
     semaphoreRelease(added);
     barrierArrive(sh.dqEmpty(u));
+  }
+}
+
+// The producer lane's copies for the block's items: each item's first stages as soon as the
+// consumers free them, its keys and values once the consumers are done with the last item's.
+template <int B, int T, int H, int DH, bool REVERSED, bool PACKED>
+__device__ void produceFusedGrad(const unsigned short *tiles, const float *lse, const float *delta,
+                                 const FusedGradShared<DH, PACKED> &sh) {
+  using Item = FusedGradItem<T, DH, REVERSED>;
+  int use = 0, item = 0;
+  for (int w = blockIdx.x; w < B * H * Item::KTILES; w += gridDim.x, ++item) {
+    const Item it(w);
+    const int steps = it.steps(), early = min((int)kGradStages, steps);
+    for (int i = 0; i < early; ++i)
+      produceGradStage<B, T, H, DH>(tiles, lse, delta, sh, it.bh, it.qt(i), use + i);
+    if (item > 0)
+      barrierWait(sh.keysEmpty(), (item - 1) & 1);
+    produceGradKeys<B, T, H, DH>(tiles, sh, it.bh, it.tile);
+    for (int i = early; i < steps; ++i)
+      produceGradStage<B, T, H, DH>(tiles, lse, delta, sh, it.bh, it.qt(i), use + i);
+    use += steps;
   }
 }
 
@@ -115,57 +151,25 @@ __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const fl
     }
 }
 
-// dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
-// products added to buffers.dq (attentionFusedQueryGrads then writes dq into dqkv). Blocks:
-// B H KTILES, the key tiles of each head latest first, each walking its query tiles from its
-// keys' own on. REVERSED: the earliest key tiles (the longest blocks) first, each walking its
-// query tiles from the last back to its keys' own; then a head's blocks reach a query tile in
-// the order they add to it, and the longest blocks do not come last. DH 64 or 128. ORDERED:
-// addQueryGrads'. PACKED: FusedGradShared's.
-template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true, typename Out>
-__device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
-                                   const float *delta, FusedGradBuffers buffers) {
-  static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
-  static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
+// A consumer warpgroup's part of a fused item whose steps are the block's from `use` on (its
+// `item`th): dk and dv of its 64 keys over the item's query tiles, ds^T to shared memory and
+// dq's partial product staged each step; then dk and dv into dqkv.
+template <int B, int T, int H, int DH, bool REVERSED, bool PACKED, typename Out>
+__device__ void consumeFusedItem(const FusedGradShared<DH, PACKED> &sh, unsigned char *base,
+                                 FusedGradItem<T, DH, REVERSED> it, int use, int item, Out dqkv, float scale) {
   using F = FusedGradShared<DH, PACKED>;
-  constexpr int NK = kWgmmaRows, MQ = kGradQueries, KTILES = SwizzledTiles<T, DH>::TILES;
-  constexpr int QUERIES = F::QUERIES, HALF = F::HALF;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
   enum { kDsFree = 1, kDsReady = 2 }; // named barriers of the two consumer warpgroups
-  unsigned char *base = alignedShared();
-  const F sh(sharedAddress(base));
-  const int tile = REVERSED ? blockIdx.x % KTILES : KTILES - 1 - blockIdx.x % KTILES; // the tiles that add first
-  const int bh = blockIdx.x / KTILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
-  const int first = tile * NK / MQ, last = (T - 1) / MQ; // query tiles
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < 3; ++i)
-      barrierInit(sh.keysFull() + 8 * i, 1);
-    for (int i = 0; i < 2; ++i) {
-      barrierInit(sh.empty(i), 8); // a lane of each consumer warp
-      barrierInit(sh.dqFull(i), 8);
-      barrierInit(sh.dqEmpty(i), 1); // the writer
-    }
-    fenceBarrierInit();
-  }
-  __syncthreads();
-  if (group == 0) {
-    releaseRegisters<24>();
-    if (threadIdx.x == 0)
-      produceGradTiles<B, T, H, DH, REVERSED>(tiles, lse, delta, sh, bh, tile, first, last);
-    else if (threadIdx.x == 32)
-      addQueryGrads<B, T, H, DH, ORDERED, REVERSED, PACKED>(sh, buffers, bh, tile, first, last);
-    return;
-  }
-  claimRegisters<240>();
-  const int consumer = group - 1, lane = threadIdx.x % 32;
-  const int key0 = tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
+  const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
+  const int key0 = it.tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
   unsigned char *ds = base + (sh.dsAt() - sh.keysAt);
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
-  barrierWait(sh.keysFull(), 0);
-  for (int u = 0; u <= last - first; ++u) {
-    const int qt = REVERSED ? last - u : first + u;
+  barrierWait(sh.keysFull(), item & 1);
+  for (int i = 0; i < it.steps(); ++i) {
+    const int u = use + i, qt = it.qt(i);
     const unsigned at = sh.stageAt(u);
     unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
-    gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, tile, key0, consumer, scale);
+    gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, it.tile, key0, consumer, scale);
     if (u > 0)
       namedBarrierSync(kDsFree, 256); // both warpgroups' dq products of the last step are done
     storeDsTransposed(ds, da, consumer * 64);
@@ -199,7 +203,61 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
     if (lane == 0)
       barrierArrive(sh.dqFull(u));
   }
-  storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, b, h, key0);
+  if (lane == 0) // the last products have read the keys and values
+    barrierArrive(sh.keysEmpty());
+  storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, it.bh / H, it.bh % H, key0);
+}
+
+// dk and dv as attentionKeyValueGradSpecialised (into dqkv's k and v parts), and dq's partial
+// products added to buffers.dq (attentionFusedQueryGrads then writes dq into dqkv). Work items:
+// B H KTILES in FusedGradItem's order, block b taking items b, b + gridDim.x, ... (a block an
+// item, or persistent: one an SM, the producer loading the next item's first query tiles while
+// the consumers finish this one's). Forward, the key tiles of each head latest first, each
+// walking its query tiles from its keys' own on. REVERSED: the earliest key tiles (the longest
+// items) first, each walking its query tiles from the last back to its keys' own; then a head's
+// items reach a query tile in the order they add to it, and the longest items do not come last.
+// A block waits only on items before its own, which blocks before it or its own earlier turns
+// hold. DH 64 or 128. ORDERED: addQueryGrads'. PACKED: FusedGradShared's.
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true, typename Out>
+__device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
+                                   const float *delta, FusedGradBuffers buffers) {
+  static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
+  static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
+  using F = FusedGradShared<DH, PACKED>;
+  using Item = FusedGradItem<T, DH, REVERSED>;
+  unsigned char *base = alignedShared();
+  const F sh(sharedAddress(base));
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i)
+      barrierInit(sh.keysFull() + 8 * i, 1);
+    for (int i = 0; i < 2; ++i) {
+      barrierInit(sh.empty(i), 8); // a lane of each consumer warp
+      barrierInit(sh.dqFull(i), 8);
+      barrierInit(sh.dqEmpty(i), 1); // the writer
+    }
+    barrierInit(sh.keysEmpty(), 8);
+    fenceBarrierInit();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    releaseRegisters<24>(); // (what 168 a thread at launch leaves for 240 a consumer; 16-20 bytes spill here)
+    if (threadIdx.x == 0)
+      produceFusedGrad<B, T, H, DH, REVERSED, PACKED>(tiles, lse, delta, sh);
+    else if (threadIdx.x == 32)
+      for (int w = blockIdx.x, use = 0; w < B * H * Item::KTILES; w += gridDim.x) {
+        const Item it(w);
+        addQueryGrads<B, T, H, DH, ORDERED, REVERSED, PACKED>(sh, buffers, it, use);
+        use += it.steps();
+      }
+    return;
+  }
+  claimRegisters<240>();
+  int use = 0, item = 0;
+  for (int w = blockIdx.x; w < B * H * Item::KTILES; w += gridDim.x, ++item) {
+    const Item it(w);
+    consumeFusedItem<B, T, H, DH, REVERSED, PACKED>(sh, base, it, use, item, dqkv, scale);
+    use += it.steps();
+  }
 }
 
 // dq from the fp32 buffer (PACKED: its rows' chunks packedChunk's) into dqkv's q part ([B, T,

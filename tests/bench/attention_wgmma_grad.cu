@@ -82,6 +82,64 @@ __global__ void fillDelta(float *x, long n) {
   }
 }
 
+// The fused gradient's forms the bench runs, each into its own dqkv: its kernel, shared memory,
+// blocks (a block an item, or persistent: one an SM) and dq's conversion (packed or not). A form
+// without a kernel times the buffers' zeroing and dq's conversion alone.
+using FusedKernel = void (*)(const unsigned short *, float *, float, const float *, const float *, FusedGradBuffers);
+using ConvertKernel = void (*)(const float *, float *);
+struct FusedForm {
+  const char *name;
+  FusedKernel kernel;
+  int shared;
+  long blocks;
+  ConvertKernel convert;
+};
+
+template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
+FusedForm fusedForm(const char *name, long blocks) {
+  FusedKernel kernel = fusedGrad<B, T, H, DH, ORDERED, REVERSED, PACKED>;
+  const int shared = attentionFusedGradShared<DH, PACKED>();
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  return {name, kernel, shared, blocks, fusedQueryGrads<B, T, H, DH, PACKED>};
+}
+
+template <int B, int T, int H, int DH> std::vector<FusedForm> fusedForms() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const long items = (long)B * H * SwizzledTiles<T, DH>::TILES, persistent = std::min<long>(items, sms);
+  return {
+      fusedForm<B, T, H, DH, true, false, true>("fused (dq added in order)", items),
+      fusedForm<B, T, H, DH, false, false, true>("fused unordered (not deterministic)", items),
+      fusedForm<B, T, H, DH, true, true, true>("fused reversed (the longest items first; in order)", items),
+      fusedForm<B, T, H, DH, true, false, false>("fused padded (a bulk reduction a row; in order)", items),
+      fusedForm<B, T, H, DH, true, false, true>("fused persistent (in order)", persistent),
+      fusedForm<B, T, H, DH, true, true, true>("fused persistent reversed (in order)", persistent),
+      {"the fused gradient's zeroing and conversion alone", nullptr, 0, 0, fusedQueryGrads<B, T, H, DH, true>},
+  };
+}
+
+// The largest differences of `variant`'s dq, dk and dv (dk and dv alone: the warp-specialised
+// kernel's) from dqkv[0]'s, against their largest sizes.
+void printDifferences(const char *name, const std::vector<float> &x, const float *variant, long count, int width,
+                      bool keysAlone) {
+  std::vector<float> y(count);
+  CK(cudaMemcpy(y.data(), variant, count * 4, cudaMemcpyDeviceToHost));
+  double largest[3] = {}, size[3] = {};
+  for (long i = 0; i < count; ++i) {
+    int part = (int)(i % (3L * width) / width); // q, k, v
+    if (keysAlone && part == 0)
+      continue;
+    largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
+    size[part] = std::max(size[part], (double)std::fabs(x[i]));
+  }
+  printf("  %s:", name);
+  const char *parts[3] = {"dq", "dk", "dv"};
+  for (int part = keysAlone ? 1 : 0; part < 3; ++part)
+    printf(" %s differs by %.3g (of %.3g)%s", parts[part], largest[part], size[part],
+           largest[part] < 2e-2 * size[part] ? "" : " ** MISMATCH **");
+  printf("\n");
+}
+
 template <int B, int T, int H, int DH> void compare(bool timed) {
   constexpr long PART = (long)B * H * T * DH, ROWS = (long)B * H * T;
   unsigned short *heads, *dout;
@@ -89,8 +147,10 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&dout, PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1)
   fillBits<<<1024, 256>>>(dout, PART, 99u + T, 0x3f00);
-  constexpr int VARIANTS = 6;
-  float *out, *lse, *delta, *dqkv[VARIANTS] = {};
+  const std::vector<FusedForm> forms = fusedForms<B, T, H, DH>();
+  const int SPLIT = 3, VARIANTS = SPLIT + (int)forms.size() - 1; // the last form writes no gradient
+  float *out, *lse, *delta;
+  std::vector<float *> dqkv(VARIANTS);
   CK(cudaMalloc(&out, PART * 4));
   CK(cudaMalloc(&lse, ROWS * 4));
   CK(cudaMalloc(&delta, ROWS * 4));
@@ -106,9 +166,9 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   constexpr long QTILES = (T + kGradQueries - 1) / kGradQueries;
   CK(cudaMalloc(&buffers.dq, PART * 4));
   CK(cudaMalloc(&buffers.added, B * H * QTILES * 4));
-  for (int i = 0; i < VARIANTS; ++i) {
-    CK(cudaMalloc(&dqkv[i], 3 * PART * 4));
-    CK(cudaMemset(dqkv[i], 0, 3 * PART * 4));
+  for (float *&p : dqkv) {
+    CK(cudaMalloc(&p, 3 * PART * 4));
+    CK(cudaMemset(p, 0, 3 * PART * 4));
   }
   const int shared = attentionGradWgmmaShared<DH>(), queryShared = attentionQueryGradWgmmaShared<DH>();
   CK(cudaFuncSetAttribute(wgmmaGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
@@ -116,20 +176,10 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   const int specialisedShared = attentionGradSpecialisedShared<DH>();
   CK(cudaFuncSetAttribute(specialisedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
-  const int fusedShared = attentionFusedGradShared<DH>();
-  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
-  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, fusedShared));
-  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          fusedShared));
-  const int paddedShared = attentionFusedGradShared<DH, false>();
-  CK(cudaFuncSetAttribute(fusedGrad<B, T, H, DH, true, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          paddedShared));
   const long tiles64 = B * H * ((T + 63) / 64), tiles128 = B * H * ((T + kWgmmaRows - 1) / kWgmmaRows);
   // 0, 1: mma.sync's dk dv and dq (into dqkv[0]); 2, 3: wgmma's (into dqkv[1]); 4: the
-  // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5: the fused gradient (into dqkv[3],
-  // its buffers zeroed first and dq converted after); 6: the same unordered (timed alone); 7:
-  // the zeroing and conversion alone; 8: the fused gradient reversed (into dqkv[4]); 9: with
-  // padded staging rows, a bulk reduction a row (into dqkv[5])
+  // warp-specialised dk dv (into dqkv[2]: dk and dv alone); 5 + f: fused form f (into dqkv[3 +
+  // f], its buffers zeroed first and dq converted after)
   auto run = [&](int i, cudaStream_t st) {
     if (i == 0)
       referenceGrad<B, T, H, DH><<<tiles64, kAttentionThreads, 0, st>>>(dout, heads, dqkv[0], scale, lse, delta);
@@ -144,53 +194,27 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       specialisedGrad<B, T, H, DH>
           <<<tiles128, kSpecialisedThreads, specialisedShared, st>>>(tiles, dqkv[2], scale, lse, delta);
     else {
+      const FusedForm &form = forms[i - 5];
+      float *into = dqkv[std::min(SPLIT + i - 5, VARIANTS - 1)];
       CK(cudaMemsetAsync(buffers.dq, 0, PART * 4, st));
       CK(cudaMemsetAsync(buffers.added, 0, B * H * QTILES * 4, st));
-      if (i == 5)
-        fusedGrad<B, T, H, DH>
-            <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
-      else if (i == 6)
-        fusedGrad<B, T, H, DH, false>
-            <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[3], scale, lse, delta, buffers);
-      else if (i == 8)
-        fusedGrad<B, T, H, DH, true, true>
-            <<<tiles128, kSpecialisedThreads, fusedShared, st>>>(tiles, dqkv[4], scale, lse, delta, buffers);
-      else if (i == 9)
-        fusedGrad<B, T, H, DH, true, false, false>
-            <<<tiles128, kSpecialisedThreads, paddedShared, st>>>(tiles, dqkv[5], scale, lse, delta, buffers);
-      if (i == 9)
-        fusedQueryGrads<B, T, H, DH, false><<<1024, 256, 0, st>>>(buffers.dq, dqkv[5]);
-      else
-        fusedQueryGrads<B, T, H, DH><<<1024, 256, 0, st>>>(buffers.dq, dqkv[i == 8 ? 4 : 3]);
+      if (form.kernel)
+        form.kernel<<<form.blocks, kSpecialisedThreads, form.shared, st>>>(tiles, into, scale, lse, delta, buffers);
+      form.convert<<<1024, 256, 0, st>>>(buffers.dq, into);
     }
   };
-  for (int i : {0, 1, 2, 3, 4, 5, 8, 9}) {
+  for (int i = 0; i < 5 + VARIANTS - SPLIT; ++i) { // each once, checked, before any is timed
     run(i, 0);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
   }
-  std::vector<float> x(3 * PART), y(3 * PART);
+  std::vector<float> x(3 * PART);
   CK(cudaMemcpy(x.data(), dqkv[0], 3 * PART * 4, cudaMemcpyDeviceToHost));
   printf("B %d T %d H %d DH %d:\n", B, T, H, DH);
-  for (int variant = 1; variant < VARIANTS; ++variant) {
-    CK(cudaMemcpy(y.data(), dqkv[variant], 3 * PART * 4, cudaMemcpyDeviceToHost));
-    double largest[3] = {}, size[3] = {};
-    for (long i = 0; i < 3 * PART; ++i) {
-      int part = (int)(i % (3L * H * DH) / (H * DH)); // q, k, v
-      if (variant == 2 && part == 0)
-        continue; // the warp-specialised kernel writes dk and dv alone
-      largest[part] = std::max(largest[part], std::isfinite(y[i]) ? (double)std::fabs(x[i] - y[i]) : INFINITY);
-      size[part] = std::max(size[part], (double)std::fabs(x[i]));
-    }
-    const char *names[VARIANTS] = {
-        "", "wgmma", "wgmma warp-specialised", "wgmma fused", "wgmma fused reversed", "wgmma fused padded"};
-    printf("  %s:", names[variant]);
-    const char *parts[3] = {"dq", "dk", "dv"};
-    for (int part = variant == 2 ? 1 : 0; part < 3; ++part)
-      printf(" %s differs by %.3g (of %.3g)%s", parts[part], largest[part], size[part],
-             largest[part] < 2e-2 * size[part] ? "" : " ** MISMATCH **");
-    printf("\n");
-  }
+  printDifferences("wgmma", x, dqkv[1], 3 * PART, H * DH, false);
+  printDifferences("wgmma warp-specialised", x, dqkv[2], 3 * PART, H * DH, true);
+  for (int f = 0; f + SPLIT < VARIANTS; ++f)
+    printDifferences(forms[f].name, x, dqkv[SPLIT + f], 3 * PART, H * DH, false);
   if (timed) {
     const double product = 2.0 * B * H * (double)T * T * DH / 2; // FLOPs of one causal product
     float us[5];
@@ -204,21 +228,14 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
            us[0] + us[1], 5 * product / (us[0] + us[1]) / 1e6, us[2] + us[3], 5 * product / (us[2] + us[3]) / 1e6);
     printf("  with the warp-specialised dk dv: %.1f us (%.0f TFLOP/s)\n", us[4] + us[3],
            5 * product / (us[4] + us[3]) / 1e6);
-    float fused = timeGraph(10, [&](int, cudaStream_t st) { run(5, st); });
-    printf("  fused (dq added in order; its zeroing and conversion included): %.1f us (%.0f TFLOP/s)\n", fused,
-           5 * product / fused / 1e6);
-    float unordered = timeGraph(10, [&](int, cudaStream_t st) { run(6, st); });
-    float around = timeGraph(10, [&](int, cudaStream_t st) { run(7, st); });
-    printf("  fused unordered (not deterministic): %.1f us (%.0f TFLOP/s); the zeroing and conversion alone %.1f us\n",
-           unordered, 5 * product / unordered / 1e6, around);
-    float reversed = timeGraph(10, [&](int, cudaStream_t st) { run(8, st); });
-    printf("  fused reversed (the longest blocks first; in order): %.1f us (%.0f TFLOP/s)\n", reversed,
-           5 * product / reversed / 1e6);
-    float padded = timeGraph(10, [&](int, cudaStream_t st) { run(9, st); });
-    printf("  fused padded (a bulk reduction a row; in order): %.1f us (%.0f TFLOP/s)\n", padded,
-           5 * product / padded / 1e6);
+    for (size_t f = 0; f < forms.size(); ++f) { // the buffers' zeroing and dq's conversion included
+      float fused = timeGraph(10, [&](int, cudaStream_t st) { run(5 + (int)f, st); });
+      printf("  %s: %.1f us (%.0f TFLOP/s)\n", forms[f].name, fused, 5 * product / fused / 1e6);
+    }
   }
-  for (float *p : {out, lse, delta, dqkv[0], dqkv[1], dqkv[2], dqkv[3], dqkv[4], dqkv[5], buffers.dq})
+  for (float *p : dqkv)
+    CK(cudaFree(p));
+  for (float *p : {out, lse, delta, buffers.dq})
     CK(cudaFree(p));
   CK(cudaFree(buffers.added));
   CK(cudaFree(tiles));
@@ -229,6 +246,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
 // With an argument ("profile"): the T 4096 shape alone, untimed, each kernel launched once (for
 // ncu: `ncu -k regex:fusedGrad ./attention_wgmma_grad profile`).
 int main(int argc, char **argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0); // each line to the log as it comes: a kernel that hangs loses none
   if (argc > 1) {
     compare<4, 4096, 16, 128>(false);
     return 0;

@@ -287,35 +287,50 @@ template <int DH> struct GradShared {
   __device__ unsigned empty(int u) const { return keysFull() + 8 * (1 + kGradStages + u % kGradStages); }
 };
 
-// The producer lane: the block's keys and values once, then each query tile of 64 (its half of a
-// 128-row tile: a bulk copy per 64 values of the head dimension) with its lse and delta into the
-// stage the consumers last freed. The query tiles from `first` to `last`, or (REVERSED) from
-// `last` down to `first`.
-template <int B, int T, int H, int DH, bool REVERSED = false>
-__device__ void produceGradTiles(const unsigned short *tiles, const float *lse, const float *delta,
-                                 const GradShared<DH> &sh, int64 bh, int tile, int first, int last) {
+// The producer lane's copies of the block's keys and values (onto the keys' full barrier).
+template <int B, int T, int H, int DH>
+__device__ void produceGradKeys(const unsigned short *tiles, const GradShared<DH> &sh, int64 bh, int tile) {
+  using S = SwizzledTiles<T, DH>;
+  using G = GradShared<DH>;
+  const int64 part = (int64)B * H * S::HEAD; // q | k | v | dout
+  barrierExpectBytes(sh.keysFull(), 2 * G::KEYS);
+  bulkCopy(sh.keysAt, tiles + part + bh * S::HEAD + (int64)tile * kWgmmaRows * DH, G::KEYS, sh.keysFull());
+  bulkCopy(sh.valuesAt(), tiles + 2 * part + bh * S::HEAD + (int64)tile * kWgmmaRows * DH, G::KEYS, sh.keysFull());
+}
+
+// The producer lane's copies for the block's step u (counted over all its work): query tile qt
+// of 64 (its half of a 128-row tile: a bulk copy per 64 values of the head dimension) and of
+// dout, with their lse and delta, into the stage once the consumers have freed it.
+template <int B, int T, int H, int DH>
+__device__ void produceGradStage(const unsigned short *tiles, const float *lse, const float *delta,
+                                 const GradShared<DH> &sh, int64 bh, int qt, int u) {
   using S = SwizzledTiles<T, DH>;
   using G = GradShared<DH>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries;
-  const int64 part = (int64)B * H * S::HEAD; // q | k | v | dout
-  barrierExpectBytes(sh.keysFull(), 2 * G::KEYS);
-  bulkCopy(sh.keysAt, tiles + part + bh * S::HEAD + (int64)tile * NK * DH, G::KEYS, sh.keysFull());
-  bulkCopy(sh.valuesAt(), tiles + 2 * part + bh * S::HEAD + (int64)tile * NK * DH, G::KEYS, sh.keysFull());
-  for (int u = 0; u <= last - first; ++u) {
-    const int qt = REVERSED ? last - u : first + u, rows = min(MQ, T - qt * MQ);
-    if (u >= kGradStages)
-      barrierWait(sh.empty(u), (u / kGradStages - 1) & 1);
-    barrierExpectBytes(sh.full(u), 2 * G::QUERIES + 2 * rows * 4);
-    const unsigned at = sh.stageAt(u);
-    for (int tensor = 0; tensor < 2; ++tensor) // q, dout: each 64-value block's 64 rows
-      for (int block = 0; block < DH / 64; ++block) {
-        const unsigned short *src = tiles + (tensor ? 3 * part : 0) + bh * S::HEAD + (int64)(qt / 2) * NK * DH +
-                                    block * NK * 64 + (qt % 2) * MQ * 64;
-        bulkCopy(at + tensor * G::QUERIES + block * G::HALF, src, G::HALF, sh.full(u));
-      }
-    bulkCopy(at + 2 * G::QUERIES, lse + bh * T + qt * MQ, rows * 4, sh.full(u));
-    bulkCopy(at + 2 * G::QUERIES + MQ * 4, delta + bh * T + qt * MQ, rows * 4, sh.full(u));
-  }
+  const int64 part = (int64)B * H * S::HEAD;
+  const int rows = min(MQ, T - qt * MQ);
+  if (u >= kGradStages)
+    barrierWait(sh.empty(u), (u / kGradStages - 1) & 1);
+  barrierExpectBytes(sh.full(u), 2 * G::QUERIES + 2 * rows * 4);
+  const unsigned at = sh.stageAt(u);
+  for (int tensor = 0; tensor < 2; ++tensor) // q, dout: each 64-value block's 64 rows
+    for (int block = 0; block < DH / 64; ++block) {
+      const unsigned short *src = tiles + (tensor ? 3 * part : 0) + bh * S::HEAD + (int64)(qt / 2) * NK * DH +
+                                  block * NK * 64 + (qt % 2) * MQ * 64;
+      bulkCopy(at + tensor * G::QUERIES + block * G::HALF, src, G::HALF, sh.full(u));
+    }
+  bulkCopy(at + 2 * G::QUERIES, lse + bh * T + qt * MQ, rows * 4, sh.full(u));
+  bulkCopy(at + 2 * G::QUERIES + MQ * 4, delta + bh * T + qt * MQ, rows * 4, sh.full(u));
+}
+
+// The producer lane of a block with one item: its keys and values, then its query tiles from
+// `first` to `last`.
+template <int B, int T, int H, int DH>
+__device__ void produceGradTiles(const unsigned short *tiles, const float *lse, const float *delta,
+                                 const GradShared<DH> &sh, int64 bh, int tile, int first, int last) {
+  produceGradKeys<B, T, H, DH>(tiles, sh, bh, tile);
+  for (int qt = first; qt <= last; ++qt)
+    produceGradStage<B, T, H, DH>(tiles, lse, delta, sh, bh, qt, qt - first);
 }
 
 // A consumer warpgroup's step u (query tile qt) of the warp-specialised kernels: waits for the
