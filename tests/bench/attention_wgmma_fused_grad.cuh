@@ -44,8 +44,8 @@ template <int DH, bool PACKED = true> __host__ __device__ constexpr int attentio
 __host__ __device__ __forceinline__ int packedChunk(int row, int chunk) { return chunk ^ (row % 8); }
 
 // The fp32 dq buffer ([B H][T][DH], each row's chunks packedChunk's where packed; zero before
-// the kernel) and its counters ([B H][query tiles of 64], zero before): how many blocks have
-// added to each query tile.
+// the kernel where unordered or not packed) and its counters ([B H][query tiles of 64], zero before): how many blocks
+// have added to each query tile.
 struct FusedGradBuffers {
   float *dq;
   unsigned *added;
@@ -80,9 +80,11 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 
 // The writer (one lane of the producer's second warp): each step's staged dq into the buffer,
 // after the blocks of later key tiles (REVERSED: earlier) have added theirs to that query tile;
-// two tiles (DH 64) one after the other, so that their sums come in one order. The item's
-// steps are the block's from `use` on. ORDERED false: no waiting, the sums in whatever order
-// the blocks come (not deterministic; the bench times what order costs).
+// two tiles (DH 64) one after the other, so that their sums come in one order. The first block
+// in the order stores its tile rather than adding it, so the buffer needs no zeroing. The
+// item's steps are the block's from `use` on. ORDERED false: no waiting, the sums in whatever
+// order the blocks come, onto a zeroed buffer (not deterministic; the bench times what order
+// costs).
 template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
 __device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBuffers buffers,
                               FusedGradItem<T, DH, REVERSED> it, int use) {
@@ -96,12 +98,15 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBu
     const int u = use + i, qt = start + STEP * i, rows = min(MQ, T - qt * MQ);
     const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
     barrierWait(sh.dqFull(u), (u / 2) & 1);
+    const int before = REVERSED ? it.tile : latest - it.tile; // the blocks that add to qt first
     if (ORDERED)
-      semaphoreWait(added, REVERSED ? it.tile : latest - it.tile);
+      semaphoreWait(added, before);
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     for (int consumer = 0; consumer < F::TILES; ++consumer) {
       const unsigned staging = sh.stagingAt(u, consumer);
-      if (PACKED)
+      if (ORDERED && PACKED && before == 0 && consumer == 0)
+        bulkStore(dq, staging, rows * DH * 4);
+      else if (PACKED)
         bulkReduceAdd(dq, staging, rows * DH * 4);
       else
         for (int r = 0; r < rows; ++r)

@@ -256,6 +256,14 @@ __device__ __forceinline__ void bulkReduceAdd(float *dst, unsigned src, unsigned
                : "memory");
 #endif
 }
+// dst[i] = src[i] over `bytes` (a multiple of 16) from shared address `src`: a bulk store, in
+// the same groups as the reductions.
+__device__ __forceinline__ void bulkStore(float *dst, unsigned src, unsigned bytes) {
+#if TGC_WGMMA
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ void bulkCommit() {
 #if TGC_WGMMA
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
