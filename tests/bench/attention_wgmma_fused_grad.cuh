@@ -13,9 +13,9 @@
 #include "attention_wgmma_grad.cuh"
 
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
-// five more barriers (dq staged x2, staging free x2, keys free) in the same 1 KB; ds^T (128 key rows of 64
-// queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of them: 64
-// rows of DH fp32). So that a warp's rows fall in different banks, each row is 16 bytes longer,
+// five more barriers (dq staged x2, staging free x2, keys free) in the same 1 KB; ds^T (128 key
+// rows of 64 queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of
+// them: 64 rows of DH fp32). So that a warp's rows fall in different banks, each row is 16 bytes longer,
 // or (PACKED) the 16-byte chunks of row r are swizzled as r % 8 says (packedChunk), the layout
 // the dq buffer then has too, so that a tile is added by one bulk reduction, not one a row.
 template <int DH, bool PACKED> struct FusedGradShared : GradShared<DH> {
@@ -44,12 +44,19 @@ template <int DH, bool PACKED = true> __host__ __device__ constexpr int attentio
 __host__ __device__ __forceinline__ int packedChunk(int row, int chunk) { return chunk ^ (row % 8); }
 
 // The fp32 dq buffer ([B H][T][DH], each row's chunks packedChunk's where packed; zero before
-// the kernel where unordered or not packed) and its counters ([B H][query tiles of 64], zero before): how many blocks
-// have added to each query tile.
+// the kernel unless fusedGradStoresFirst) and its counters ([B H][query tiles of 64], zero
+// before): how many blocks have added to each query tile.
 struct FusedGradBuffers {
   float *dq;
   unsigned *added;
 };
+
+// Whether the first block in the order for a query tile stores its dq tile rather than adding
+// it, so that the buffer needs no zeroing: in order (a first is known) and packed (a tile is
+// one bulk copy).
+template <bool ORDERED, bool PACKED> __host__ __device__ constexpr bool fusedGradStoresFirst() {
+  return ORDERED && PACKED;
+}
 
 // A fused block's work item w (w < B H KTILES): (sequence, head) bh's key tile `tile`, the key
 // tiles of a head in the order they add to a query tile (the latest first; REVERSED, the
@@ -64,6 +71,19 @@ template <int T, int DH, bool REVERSED> struct FusedGradItem {
   __device__ int steps() const { return LAST - first + 1; }
   __device__ int qt(int i) const { return REVERSED ? LAST - i : first + i; }
 };
+
+// f(it, use, item) for each of the block's work items (b, b + gridDim.x, ...): `use` its first
+// step counted over the block's work (the stages' and staging tiles' turns), `item` its place
+// among the block's items (the keys' turns). The producer, the writer and the consumers walk
+// the same items.
+template <int B, int H, typename Item, typename F> __device__ __forceinline__ void forEachFusedItem(F f) {
+  int use = 0, item = 0;
+  for (int w = blockIdx.x; w < B * H * Item::KTILES; w += gridDim.x, ++item) {
+    const Item it(w);
+    f(it, use, item);
+    use += it.steps();
+  }
+}
 
 // This lane's ds^T (da: A fragments, its warpgroup's 64 keys x 64 queries) into the shared
 // ds^T tile at generic address `ds`, key rows from `row0` (the warpgroup's first).
@@ -88,11 +108,12 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
 __device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBuffers buffers,
                               FusedGradItem<T, DH, REVERSED> it, int use) {
-  constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = (T + NK - 1) / NK, QTILES = (T + MQ - 1) / MQ;
-  constexpr int STEP = REVERSED ? -1 : 1;
+  constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = FusedGradItem<T, DH, REVERSED>::KTILES;
+  constexpr int QTILES = (T + MQ - 1) / MQ, STEP = REVERSED ? -1 : 1;
   using F = FusedGradShared<DH, PACKED>;
   const int start = it.qt(0), steps = it.steps();
-  unsigned *added = buffers.added + (int64)it.bh * QTILES + start; // pointers carried along: the lane has 24 registers
+  // (pointers carried along: the lane has 24 registers)
+  unsigned *added = buffers.added + (int64)it.bh * QTILES + start;
   float *dq = buffers.dq + ((int64)it.bh * T + start * MQ) * DH;
   for (int i = 0; i < steps; ++i, added += STEP, dq += STEP * MQ * DH) {
     const int u = use + i, qt = start + STEP * i, rows = min(MQ, T - qt * MQ);
@@ -104,7 +125,7 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBu
     fenceProxyAsyncGlobal(); // the acquire before this block's bulk reductions
     for (int consumer = 0; consumer < F::TILES; ++consumer) {
       const unsigned staging = sh.stagingAt(u, consumer);
-      if (ORDERED && PACKED && before == 0 && consumer == 0)
+      if (fusedGradStoresFirst<ORDERED, PACKED>() && before == 0 && consumer == 0)
         bulkStore(dq, staging, rows * DH * 4);
       else if (PACKED)
         bulkReduceAdd(dq, staging, rows * DH * 4);
@@ -126,9 +147,7 @@ template <int B, int T, int H, int DH, bool REVERSED, bool PACKED>
 __device__ void produceFusedGrad(const unsigned short *tiles, const float *lse, const float *delta,
                                  const FusedGradShared<DH, PACKED> &sh) {
   using Item = FusedGradItem<T, DH, REVERSED>;
-  int use = 0, item = 0;
-  for (int w = blockIdx.x; w < B * H * Item::KTILES; w += gridDim.x, ++item) {
-    const Item it(w);
+  forEachFusedItem<B, H, Item>([=](const Item &it, int use, int item) {
     const int steps = it.steps(), early = min((int)kGradStages, steps);
     for (int i = 0; i < early; ++i)
       produceGradStage<B, T, H, DH>(tiles, lse, delta, sh, it.bh, it.qt(i), use + i);
@@ -137,8 +156,7 @@ __device__ void produceFusedGrad(const unsigned short *tiles, const float *lse, 
     produceGradKeys<B, T, H, DH>(tiles, sh, it.bh, it.tile);
     for (int i = early; i < steps; ++i)
       produceGradStage<B, T, H, DH>(tiles, lse, delta, sh, it.bh, it.qt(i), use + i);
-    use += steps;
-  }
+  });
 }
 
 // Consumer warpgroup `consumer`'s dq (this lane's rows `row` and row + 8 of 64 queries; head
@@ -249,20 +267,15 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
     if (threadIdx.x == 0)
       produceFusedGrad<B, T, H, DH, REVERSED, PACKED>(tiles, lse, delta, sh);
     else if (threadIdx.x == 32)
-      for (int w = blockIdx.x, use = 0; w < B * H * Item::KTILES; w += gridDim.x) {
-        const Item it(w);
+      forEachFusedItem<B, H, Item>([=](const Item &it, int use, int) {
         addQueryGrads<B, T, H, DH, ORDERED, REVERSED, PACKED>(sh, buffers, it, use);
-        use += it.steps();
-      }
+      });
     return;
   }
   claimRegisters<240>();
-  int use = 0, item = 0;
-  for (int w = blockIdx.x; w < B * H * Item::KTILES; w += gridDim.x, ++item) {
-    const Item it(w);
+  forEachFusedItem<B, H, Item>([=](const Item &it, int use, int item) {
     consumeFusedItem<B, T, H, DH, REVERSED, PACKED>(sh, base, it, use, item, dqkv, scale);
-    use += it.steps();
-  }
+  });
 }
 
 // dq from the fp32 buffer (PACKED: its rows' chunks packedChunk's) into dqkv's q part ([B, T,

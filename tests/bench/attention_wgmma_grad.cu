@@ -84,8 +84,8 @@ __global__ void fillDelta(float *x, long n) {
 
 // The fused gradient's forms the bench runs, each into its own dqkv: its kernel, shared memory,
 // blocks (a block an item, or persistent: one an SM), dq's conversion (packed or not) and
-// whether its dq buffer is zeroed first (unordered or padded: the others store their first
-// tiles). A form without a kernel times the counters' zeroing and dq's conversion alone.
+// whether its dq buffer is zeroed first (unless fusedGradStoresFirst). A form without a kernel times the counters'
+// zeroing and dq's conversion alone.
 using FusedKernel = void (*)(const unsigned short *, float *, float, const float *, const float *, FusedGradBuffers);
 using ConvertKernel = void (*)(const float *, float *);
 struct FusedForm {
@@ -102,7 +102,7 @@ FusedForm fusedForm(const char *name, long blocks) {
   FusedKernel kernel = fusedGrad<B, T, H, DH, ORDERED, REVERSED, PACKED>;
   const int shared = attentionFusedGradShared<DH, PACKED>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
-  return {name, kernel, shared, blocks, fusedQueryGrads<B, T, H, DH, PACKED>, !ORDERED || !PACKED};
+  return {name, kernel, shared, blocks, fusedQueryGrads<B, T, H, DH, PACKED>, !fusedGradStoresFirst<ORDERED, PACKED>()};
 }
 
 template <int B, int T, int H, int DH> std::vector<FusedForm> fusedForms() {
