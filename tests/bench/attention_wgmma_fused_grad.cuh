@@ -12,31 +12,46 @@
 
 #include "attention_wgmma_grad.cuh"
 
+// How a fused kernel's consumers order their products. Plain: each step's products issued
+// together and awaited. Overlapped: FlashAttention-3's order (gradStepOverlapped; dq's product
+// before dk's, and dq staged while dk's runs); at head dim 64, where a warpgroup's dq reads only
+// its own ds^T, its ds^T barriers are its own. Lagged: overlapped, and at head dim 128 ds^T
+// double-buffered and each step's dq product issued in the next step, so that the warpgroups
+// wait for each other's ds^T a step after it is written (a whole step apart, no longer in step).
+enum FusedFlavor { kPlain, kOverlapped, kLagged };
+
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
 // five more barriers (dq staged x2, staging free x2, keys free) in the same 1 KB; ds^T (128 key
 // rows of 64 queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of
 // them: 64 rows of DH fp32). So that a warp's rows fall in different banks, each row is 16 bytes longer,
 // or (PACKED) the 16-byte chunks of row r are swizzled as r % 8 says (packedChunk), the layout
 // the dq buffer then has too, so that a tile is added by one bulk reduction, not one a row.
-template <int DH, bool PACKED> struct FusedGradShared : GradShared<DH> {
+// DOUBLE (the lagged flavour at head dim 128): two ds^T tiles, and the ten barriers in the first
+// stage's lse and delta kilobyte (they use its first half), so that the whole fits in 227 KB.
+template <int DH, bool PACKED, bool DOUBLE = false> struct FusedGradShared : GradShared<DH> {
   using G = GradShared<DH>;
   static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + (PACKED ? 0 : 16);
   static constexpr int TILE = kGradQueries * ROW;
-  static constexpr int TILES = DH == 128 ? 1 : 2, STAGING = TILES * TILE;
-  __device__ explicit FusedGradShared(unsigned keysAt) : G(keysAt) {}
+  static constexpr int TILES = DH == 128 ? 1 : 2, STAGING = TILES * TILE, DSTILES = DOUBLE ? 2 : 1;
+  static constexpr int PAST = 2 * G::KEYS + kGradStages * G::STAGE; // the stages' end
+  __device__ explicit FusedGradShared(unsigned keysAt)
+      : G(keysAt, DOUBLE ? keysAt + 2 * G::KEYS + 2 * G::QUERIES + 512 : keysAt + PAST) {}
   __device__ unsigned dqFull(int u) const { return G::keysFull() + 8 * (5 + u % 2); }
   __device__ unsigned dqEmpty(int u) const { return G::keysFull() + 8 * (7 + u % 2); }
   __device__ unsigned keysEmpty() const { return G::keysFull() + 8 * 9; } // the next item's keys may land
-  __device__ unsigned dsAt() const { return G::keysFull() + 1024; }
+  // ds^T of step u (DOUBLE: its tile u % 2).
+  __device__ unsigned dsAt(int u = 0) const { return G::keysAt + PAST + (DOUBLE ? u % 2 * DS : 1024); }
   // Stage u's staging tile of consumer warpgroup `consumer` (the one tile at DH 128).
   __device__ unsigned stagingAt(int u, int consumer) const {
-    return dsAt() + DS + u % 2 * STAGING + (TILES - 1) * consumer * TILE;
+    return dsAt(0) + DSTILES * DS + u % 2 * STAGING + (TILES - 1) * consumer * TILE;
   }
 };
-template <int DH, bool PACKED = true> __host__ __device__ constexpr int attentionFusedGradShared() {
-  return attentionGradSpecialisedShared<DH>() - 5 * 8 + 1024 + FusedGradShared<DH, PACKED>::DS +
-         2 * FusedGradShared<DH, PACKED>::STAGING;
+template <int DH, bool PACKED = true, bool DOUBLE = false>
+__host__ __device__ constexpr int attentionFusedGradShared() {
+  using F = FusedGradShared<DH, PACKED, DOUBLE>;
+  return F::PAST + (DOUBLE ? 0 : 1024) + F::DSTILES * F::DS + 2 * F::STAGING + 1024;
 }
+static_assert(attentionFusedGradShared<128, true, true>() <= 232448, "the lagged form's shared memory");
 
 // Where the 16-byte chunk `chunk` of dq's row `row` lies in a packed staging tile and buffer:
 // the chunk's place among its row's groups of eight (128 bytes) crossed with the row's place
@@ -75,14 +90,15 @@ template <int T, int DH, bool REVERSED> struct FusedGradItem {
 // f(it, use, item) for each of the block's work items (b, b + gridDim.x, ...): `use` its first
 // step counted over the block's work (the stages' and staging tiles' turns), `item` its place
 // among the block's items (the keys' turns). The producer, the writer and the consumers walk
-// the same items.
-template <int B, int H, typename Item, typename F> __device__ __forceinline__ void forEachFusedItem(F f) {
+// the same items. Returns the block's steps.
+template <int B, int H, typename Item, typename F> __device__ __forceinline__ int forEachFusedItem(F f) {
   int use = 0, item = 0;
   for (int w = blockIdx.x; w < B * H * Item::KTILES; w += gridDim.x, ++item) {
     const Item it(w);
     f(it, use, item);
     use += it.steps();
   }
+  return use; // the block's steps
 }
 
 // This lane's ds^T (da: A fragments, its warpgroup's 64 keys x 64 queries) into the shared
@@ -105,12 +121,12 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 // item's steps are the block's from `use` on. ORDERED false: no waiting, the sums in whatever
 // order the blocks come, onto a zeroed buffer (not deterministic; the bench times what order
 // costs).
-template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
-__device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBuffers buffers,
+template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED, bool DOUBLE>
+__device__ void addQueryGrads(const FusedGradShared<DH, PACKED, DOUBLE> &sh, FusedGradBuffers buffers,
                               FusedGradItem<T, DH, REVERSED> it, int use) {
   constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = FusedGradItem<T, DH, REVERSED>::KTILES;
   constexpr int QTILES = (T + MQ - 1) / MQ, STEP = REVERSED ? -1 : 1;
-  using F = FusedGradShared<DH, PACKED>;
+  using F = FusedGradShared<DH, PACKED, DOUBLE>;
   const int start = it.qt(0), steps = it.steps();
   // (pointers carried along: the lane has 24 registers)
   unsigned *added = buffers.added + (int64)it.bh * QTILES + start;
@@ -143,9 +159,8 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED> &sh, FusedGradBu
 
 // The producer lane's copies for the block's items: each item's first stages as soon as the
 // consumers free them, its keys and values once the consumers are done with the last item's.
-template <int B, int T, int H, int DH, bool REVERSED, bool PACKED>
-__device__ void produceFusedGrad(const unsigned short *tiles, const float *lse, const float *delta,
-                                 const FusedGradShared<DH, PACKED> &sh) {
+template <int B, int T, int H, int DH, bool REVERSED, typename F>
+__device__ void produceFusedGrad(const unsigned short *tiles, const float *lse, const float *delta, const F &sh) {
   using Item = FusedGradItem<T, DH, REVERSED>;
   forEachFusedItem<B, H, Item>([=](const Item &it, int use, int item) {
     const int steps = it.steps(), early = min((int)kGradStages, steps);
@@ -174,16 +189,84 @@ __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const fl
     }
 }
 
+// The overlapped form's step u (query tile qt) up to its ds^T, in FlashAttention-3's order:
+// s^T and dp^T issued as two groups, p^T made while dp^T multiplies, dv += p^T dout issued, and
+// ds^T made while that runs. dv's product is left in flight; pa must stay as it is until it ends.
+template <int T, int DH>
+__device__ __forceinline__ void gradStepOverlapped(unsigned (*pa)[4], unsigned (*da)[4], float (*dv)[4],
+                                                   const GradShared<DH> &sh, const unsigned char *base, int u, int qt,
+                                                   int tile, int key0, int consumer, float scale) {
+  using G = GradShared<DH>;
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries;
+  const unsigned at = sh.stageAt(u);
+  const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * G::QUERIES), *deltas = lses + MQ;
+  barrierWait(sh.full(u), (u / kGradStages) & 1);
+  float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
+  wgmmaFence();
+  issueGradScores<DH, 1>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
+  wgmmaCommit();
+  issueGradScores<DH, 2>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
+  wgmmaCommit();
+  wgmmaWait<1>();
+  fenceAccumulators<MQ / 8>(st);
+  const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
+  if (edge)
+    gradProbabilitiesP<T, true>(pa, st, lses, qt, key0, scale);
+  else
+    gradProbabilitiesP<T, false>(pa, st, lses, qt, key0, scale);
+  wgmmaFence();
+  issueKeyValueGrads<DH, 1>(dv, nullptr, pa, nullptr, at, at + G::QUERIES, G::HALF);
+  wgmmaCommit();
+  wgmmaWait<1>();
+  fenceAccumulators<MQ / 8>(dpt);
+  if (edge)
+    gradProbabilitiesDs<T, true>(da, st, dpt, deltas, qt, key0, scale);
+  else
+    gradProbabilitiesDs<T, false>(da, st, dpt, deltas, qt, key0, scale);
+}
+
+// This warpgroup's dq for the step whose ds^T is at `dsAt` (issued, not committed), 64 queries x
+// 64 head dims: at DH 128 its half of the head dimension over all 128 keys; at DH 64 the whole
+// width over its own 64 keys.
+template <int DH>
+__device__ __forceinline__ void issueQueryGrads(float (*dq)[4], unsigned dsAt, unsigned keysAt, int consumer) {
+  constexpr int NK = kWgmmaRows, KEYS = DH == 128 ? NK : 64;
+  const int keyRow = DH == 128 ? 0 : consumer * 64, block = DH == 128 ? consumer : 0;
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk) { // keys keyRow + 16 kk ..: 16 rows of ds^T and of k on
+    const unsigned rows = (keyRow + kk * 16) * 128;
+    wgmmaSharedTransposed64(dq, wgmmaDescriptor(dsAt + rows, NK * 128, 1024),
+                            wgmmaDescriptor(keysAt + block * NK * 128 + rows, NK * 128, 1024), kk > 0);
+  }
+}
+
+// Step u's dq (this warpgroup's) into its staging tile, once the writer is done with the tile
+// two steps before; then the writer is told.
+template <int DH, bool PACKED, typename F>
+__device__ __forceinline__ void postQueryGrads(const F &sh, unsigned char *base, const float (*dq)[4], int u,
+                                               int consumer) {
+  if (u >= 2)
+    barrierWait(sh.dqEmpty(u), (u / 2 - 1) & 1);
+  stageQueryGrads<DH, PACKED>(base + (sh.stagingAt(u, consumer) - sh.keysAt), dq, consumer,
+                              threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4);
+  fenceProxyAsync();
+  if (threadIdx.x % 32 == 0)
+    barrierArrive(sh.dqFull(u));
+}
+
 // A consumer warpgroup's part of a fused item whose steps are the block's from `use` on (its
 // `item`th): dk and dv of its 64 keys over the item's query tiles, ds^T to shared memory and
-// dq's partial product staged each step; then dk and dv into dqkv.
-template <int B, int T, int H, int DH, bool REVERSED, bool PACKED, typename Out>
-__device__ void consumeFusedItem(const FusedGradShared<DH, PACKED> &sh, unsigned char *base,
-                                 FusedGradItem<T, DH, REVERSED> it, int use, int item, Out dqkv, float scale) {
-  using F = FusedGradShared<DH, PACKED>;
+// dq's partial product staged each step; then dk and dv into dqkv. FLAVOR plain or overlapped
+// (FusedFlavor).
+template <int B, int T, int H, int DH, bool REVERSED, bool PACKED, FusedFlavor FLAVOR, typename F, typename Out>
+__device__ void consumeFusedItem(const F &sh, unsigned char *base, FusedGradItem<T, DH, REVERSED> it, int use, int item,
+                                 Out dqkv, float scale) {
   constexpr int NK = kWgmmaRows, MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
-  enum { kDsFree = 1, kDsReady = 2 }; // named barriers of the two consumer warpgroups
+  constexpr bool OVERLAP = FLAVOR != kPlain, BOTH = !OVERLAP || DH == 128;
   const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
+  // ds^T's named barriers: free (the dq products of the last step are done) and ready; of both
+  // warpgroups (256 threads), or (BOTH false) each warpgroup's own.
+  const int dsFree = BOTH ? 1 : 1 + 2 * consumer, dsReady = dsFree + 1, threads = BOTH ? 256 : 128;
   const int key0 = it.tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
   unsigned char *ds = base + (sh.dsAt() - sh.keysAt);
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
@@ -192,42 +275,117 @@ __device__ void consumeFusedItem(const FusedGradShared<DH, PACKED> &sh, unsigned
     const int u = use + i, qt = it.qt(i);
     const unsigned at = sh.stageAt(u);
     unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
-    gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, it.tile, key0, consumer, scale);
+    if (OVERLAP)
+      gradStepOverlapped<T, DH>(pa, da, dv, sh, base, u, qt, it.tile, key0, consumer, scale);
+    else
+      gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, it.tile, key0, consumer, scale);
     if (u > 0)
-      namedBarrierSync(kDsFree, 256); // both warpgroups' dq products of the last step are done
+      namedBarrierSync(dsFree, threads);
     storeDsTransposed(ds, da, consumer * 64);
     fenceProxyAsync();
-    namedBarrierSync(kDsReady, 256);
-    // dq's part, 64 queries x 64 head dims: at DH 128 this warpgroup's half of the head
-    // dimension over all 128 keys; at DH 64 the whole of it over the warpgroup's own 64 keys.
+    namedBarrierSync(dsReady, threads);
     float dq[8][4];
-    constexpr int KEYS = DH == 128 ? NK : 64;
-    const int keyRow = DH == 128 ? 0 : consumer * 64, block = DH == 128 ? consumer : 0;
     wgmmaFence();
-    issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
-#pragma unroll
-    for (int kk = 0; kk < KEYS / 16; ++kk) { // keys keyRow + 16 kk ..: 16 rows of ds^T and of k on
-      const unsigned rows = (keyRow + kk * 16) * 128;
-      wgmmaSharedTransposed64(dq, wgmmaDescriptor(sh.dsAt() + rows, NK * 128, 1024),
-                              wgmmaDescriptor(sh.keysAt + block * NK * 128 + rows, NK * 128, 1024), kk > 0);
-    }
+    if (!OVERLAP)
+      issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
+    issueQueryGrads<DH>(dq, sh.dsAt(), sh.keysAt, consumer);
     wgmmaCommit();
-    wgmmaWait<0>();
+    if (OVERLAP) {
+      issueKeyValueGrads<DH, 2>(dv, dk, pa, da, at, at + QUERIES, HALF);
+      wgmmaCommit();
+      wgmmaWait<1>(); // dv's and dq's products; dk's runs on under dq's staging
+    } else {
+      wgmmaWait<0>();
+      fenceAccumulators<DH / 8>(dk);
+      if (lane == 0)
+        barrierArrive(sh.empty(u));
+    }
     fenceAccumulators<DH / 8>(dv);
-    fenceAccumulators<DH / 8>(dk);
     fenceAccumulators<8>(dq);
-    if (lane == 0)
-      barrierArrive(sh.empty(u));
-    if (u >= 2)
-      barrierWait(sh.dqEmpty(u), (u / 2 - 1) & 1);
-    stageQueryGrads<DH, PACKED>(base + (sh.stagingAt(u, consumer) - sh.keysAt), dq, consumer,
-                                threadIdx.x % 128 / 32 * 16 + lane / 4);
-    fenceProxyAsync();
-    if (lane == 0)
-      barrierArrive(sh.dqFull(u));
+    postQueryGrads<DH, PACKED>(sh, base, dq, u, consumer);
+    if (OVERLAP) {
+      wgmmaWait<0>();
+      fenceAccumulators<DH / 8>(dk);
+      fenceFragments<MQ / 16>(pa); // read by the products until here
+      fenceFragments<MQ / 16>(da);
+      if (lane == 0)
+        barrierArrive(sh.empty(u));
+    }
   }
   if (lane == 0) // the last products have read the keys and values
     barrierArrive(sh.keysEmpty());
+  storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, it.bh / H, it.bh % H, key0);
+}
+
+// The lagged flavour's named barriers for step u's ds^T tile (u % 2) and warpgroup c: ready (c
+// has written its half: c arrives, the other syncs before its dq product reads the tile) and
+// freed (c's dq product has read the tile: c arrives, the other syncs before it writes its half
+// again).
+__device__ __forceinline__ int dsReadyBarrier(int u, int c) { return 1 + 2 * (u % 2) + c; }
+__device__ __forceinline__ int dsFreedBarrier(int u, int c) { return 5 + 2 * (u % 2) + c; }
+
+// consumeFusedItem's lagged flavour (DH 128; FusedFlavor): overlapped, with step u's ds^T in
+// tile u % 2 and its dq product issued in step u + 1 beside dk's (the item's last step's after
+// the loop), so that a warpgroup waits for the other's half of ds^T a step after it was written.
+template <int B, int T, int H, int DH, bool REVERSED, bool PACKED, typename F, typename Out>
+__device__ void consumeFusedItemLagged(const F &sh, unsigned char *base, FusedGradItem<T, DH, REVERSED> it, int use,
+                                       int item, Out dqkv, float scale) {
+  static_assert(DH == 128, "at DH 64 a warpgroup's dq reads only its own ds^T");
+  constexpr int NK = kWgmmaRows, MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
+  const int consumer = threadIdx.x / 128 - 1, other = 1 - consumer, lane = threadIdx.x % 32;
+  const int key0 = it.tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
+  float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
+  barrierWait(sh.keysFull(), item & 1);
+  for (int i = 0; i < it.steps(); ++i) {
+    const int u = use + i, qt = it.qt(i);
+    const unsigned at = sh.stageAt(u);
+    unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
+    gradStepOverlapped<T, DH>(pa, da, dv, sh, base, u, qt, it.tile, key0, consumer, scale);
+    if (u >= 2)
+      namedBarrierSync(dsFreedBarrier(u, other), 256); // the other's dq product of step u - 2 is done
+    storeDsTransposed(base + (sh.dsAt(u) - sh.keysAt), da, consumer * 64);
+    fenceProxyAsync();
+    namedBarrierArrive(dsReadyBarrier(u, consumer), 256);
+    // (each branch issues and awaits its own products: none is in flight where they meet)
+    if (i > 0) {
+      namedBarrierSync(dsReadyBarrier(u - 1, other), 256);
+      float dq[8][4];
+      wgmmaFence();
+      issueQueryGrads<DH>(dq, sh.dsAt(u - 1), sh.keysAt, consumer);
+      wgmmaCommit();
+      issueKeyValueGrads<DH, 2>(dv, dk, pa, da, at, at + QUERIES, HALF);
+      wgmmaCommit();
+      wgmmaWait<1>(); // dv's and the last step's dq products; dk's runs on under dq's staging
+      fenceAccumulators<DH / 8>(dv);
+      fenceAccumulators<8>(dq);
+      namedBarrierArrive(dsFreedBarrier(u - 1, consumer), 256);
+      postQueryGrads<DH, PACKED>(sh, base, dq, u - 1, consumer);
+      wgmmaWait<0>();
+    } else {
+      wgmmaFence();
+      issueKeyValueGrads<DH, 2>(dv, dk, pa, da, at, at + QUERIES, HALF);
+      wgmmaCommit();
+      wgmmaWait<0>();
+      fenceAccumulators<DH / 8>(dv);
+    }
+    fenceAccumulators<DH / 8>(dk);
+    fenceFragments<MQ / 16>(pa); // read by the products until here
+    fenceFragments<MQ / 16>(da);
+    if (lane == 0)
+      barrierArrive(sh.empty(u));
+  }
+  const int last = use + it.steps() - 1; // the item's last step's dq
+  namedBarrierSync(dsReadyBarrier(last, other), 256);
+  float dq[8][4];
+  wgmmaFence();
+  issueQueryGrads<DH>(dq, sh.dsAt(last), sh.keysAt, consumer);
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceAccumulators<8>(dq);
+  namedBarrierArrive(dsFreedBarrier(last, consumer), 256);
+  if (lane == 0) // the last products have read the keys and values
+    barrierArrive(sh.keysEmpty());
+  postQueryGrads<DH, PACKED>(sh, base, dq, last, consumer);
   storeKeyValueGrads<T, H, DH>(dk, dv, dqkv, it.bh / H, it.bh % H, key0);
 }
 
@@ -240,13 +398,16 @@ __device__ void consumeFusedItem(const FusedGradShared<DH, PACKED> &sh, unsigned
 // items) first, each walking its query tiles from the last back to its keys' own; then a head's
 // items reach a query tile in the order they add to it, and the longest items do not come last.
 // A block waits only on items before its own, which blocks before it or its own earlier turns
-// hold. DH 64 or 128. ORDERED: addQueryGrads'. PACKED: FusedGradShared's.
-template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true, typename Out>
+// hold. DH 64 or 128. ORDERED: addQueryGrads'. PACKED: FusedGradShared's. FLAVOR: the
+// consumers' (FusedFlavor).
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true,
+          FusedFlavor FLAVOR = kPlain, typename Out>
 __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
                                    const float *delta, FusedGradBuffers buffers) {
   static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
   static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
-  using F = FusedGradShared<DH, PACKED>;
+  constexpr bool LAGGED = FLAVOR == kLagged && DH == 128;
+  using F = FusedGradShared<DH, PACKED, LAGGED>;
   using Item = FusedGradItem<T, DH, REVERSED>;
   unsigned char *base = alignedShared();
   const F sh(sharedAddress(base));
@@ -265,7 +426,7 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
   if (threadIdx.x < 128) {
     releaseRegisters<24>(); // (what 168 a thread at launch leaves for 240 a consumer; 16-20 bytes spill here)
     if (threadIdx.x == 0)
-      produceFusedGrad<B, T, H, DH, REVERSED, PACKED>(tiles, lse, delta, sh);
+      produceFusedGrad<B, T, H, DH, REVERSED>(tiles, lse, delta, sh);
     else if (threadIdx.x == 32)
       forEachFusedItem<B, H, Item>([=](const Item &it, int use, int) {
         addQueryGrads<B, T, H, DH, ORDERED, REVERSED, PACKED>(sh, buffers, it, use);
@@ -273,9 +434,15 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
     return;
   }
   claimRegisters<240>();
-  forEachFusedItem<B, H, Item>([=](const Item &it, int use, int item) {
-    consumeFusedItem<B, T, H, DH, REVERSED, PACKED>(sh, base, it, use, item, dqkv, scale);
+  const int steps = forEachFusedItem<B, H, Item>([=](const Item &it, int use, int item) {
+    if constexpr (LAGGED)
+      consumeFusedItemLagged<B, T, H, DH, REVERSED, PACKED>(sh, base, it, use, item, dqkv, scale);
+    else
+      consumeFusedItem<B, T, H, DH, REVERSED, PACKED, FLAVOR>(sh, base, it, use, item, dqkv, scale);
   });
+  if (LAGGED) // the other warpgroup's freed arrivals of the last two steps, which no step syncs on
+    for (int u = max(0, steps - 2); u < steps; ++u)
+      namedBarrierSync(dsFreedBarrier(u, 2 - threadIdx.x / 128), 256);
 }
 
 // dq from the fp32 buffer (PACKED: its rows' chunks packedChunk's) into dqkv's q part ([B, T,

@@ -57,11 +57,12 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionKeyValueGradSpecialised<B, T, H, DH>(tiles, dqkv, scale, lse, delta);
 }
 
-template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true>
+template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true,
+          FusedFlavor FLAVOR = kPlain>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
     fusedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta,
               FusedGradBuffers buffers) {
-  attentionGradFused<B, T, H, DH, ORDERED, REVERSED, PACKED>(tiles, dqkv, scale, lse, delta, buffers);
+  attentionGradFused<B, T, H, DH, ORDERED, REVERSED, PACKED, FLAVOR>(tiles, dqkv, scale, lse, delta, buffers);
 }
 
 template <int B, int T, int H, int DH, bool PACKED = true>
@@ -97,10 +98,11 @@ struct FusedForm {
   bool zeroes;
 };
 
-template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED>
+template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED, FusedFlavor FLAVOR = kPlain>
 FusedForm fusedForm(const char *name, long blocks) {
-  FusedKernel kernel = fusedGrad<B, T, H, DH, ORDERED, REVERSED, PACKED>;
-  const int shared = attentionFusedGradShared<DH, PACKED>();
+  FusedKernel kernel = fusedGrad<B, T, H, DH, ORDERED, REVERSED, PACKED, FLAVOR>;
+  constexpr bool DOUBLE = FLAVOR == kLagged && DH == 128; // two ds^T tiles
+  const int shared = attentionFusedGradShared<DH, PACKED, DOUBLE>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   return {name, kernel, shared, blocks, fusedQueryGrads<B, T, H, DH, PACKED>, !fusedGradStoresFirst<ORDERED, PACKED>()};
 }
@@ -111,6 +113,10 @@ template <int B, int T, int H, int DH> std::vector<FusedForm> fusedForms() {
   const long items = (long)B * H * SwizzledTiles<T, DH>::TILES, persistent = std::min<long>(items, sms);
   return {
       fusedForm<B, T, H, DH, true, false, true>("fused (dq added in order)", items),
+      fusedForm<B, T, H, DH, true, false, true, kOverlapped>("fused overlapped (FlashAttention-3's order; in order)",
+                                                             items),
+      fusedForm<B, T, H, DH, true, false, true, kLagged>("fused lagged (dq a step late; in order)", items),
+      fusedForm<B, T, H, DH, true, false, true, kLagged>("fused lagged persistent (in order)", persistent),
       fusedForm<B, T, H, DH, false, false, true>("fused unordered (not deterministic)", items),
       fusedForm<B, T, H, DH, true, true, true>("fused reversed (the longest items first; in order)", items),
       fusedForm<B, T, H, DH, true, false, false>("fused padded (a bulk reduction a row; in order)", items),

@@ -19,51 +19,81 @@ template <int DH> __host__ __device__ constexpr int attentionGradWgmmaShared() {
 
 // Issues s^T = k q^T and dp^T = v dout^T for this warpgroup's 64 keys (`group`'s rows of the
 // 128-row key and value tiles) and a 64-row query tile (queries and dout: shared addresses of
-// tiles whose 64-value blocks are `block` bytes apart).
-template <int DH>
+// tiles whose 64-value blocks are `block` bytes apart). PARTS: 1 s^T alone, 2 dp^T alone, 3 both.
+template <int DH, int PARTS = 3>
 __device__ __forceinline__ void issueGradScores(float (*st)[4], float (*dpt)[4], unsigned keys, unsigned values,
                                                 unsigned queries, unsigned dout, unsigned block, int group) {
 #pragma unroll
   for (int kk = 0; kk < DH / 16; ++kk) {
     unsigned keysAlong = kk / 4 * kWgmmaRows * 128 + group * 64 * 128 + kk % 4 * 32,
              along = kk / 4 * block + kk % 4 * 32;
-    wgmmaShared<kGradQueries>(st, wgmmaDescriptor(keys + keysAlong, 0, 1024), wgmmaDescriptor(queries + along, 0, 1024),
-                              kk > 0);
-    wgmmaShared<kGradQueries>(dpt, wgmmaDescriptor(values + keysAlong, 0, 1024), wgmmaDescriptor(dout + along, 0, 1024),
-                              kk > 0);
+    if (PARTS & 1)
+      wgmmaShared<kGradQueries>(st, wgmmaDescriptor(keys + keysAlong, 0, 1024),
+                                wgmmaDescriptor(queries + along, 0, 1024), kk > 0);
+    if (PARTS & 2)
+      wgmmaShared<kGradQueries>(dpt, wgmmaDescriptor(values + keysAlong, 0, 1024),
+                                wgmmaDescriptor(dout + along, 0, 1024), kk > 0);
   }
 }
 
-// p^T and ds^T = p^T (dp^T - delta) scale from s^T and dp^T (query tile qt; lses and deltas its
-// 64 queries'), as the A fragments of dv and dk's products; 0 past the causal diagonal and T
-// (EDGE: the tile may have such queries; a template argument, so that the tiles below the
-// diagonal pay for no compares and selects).
+// p^T = exp(s^T scale - lse) for query tile qt (lses its 64 queries'), in st and as the A
+// fragments of dv's product (pa); 0 past the causal diagonal and T (EDGE: the tile may have such
+// queries; a template argument, so that the tiles below the diagonal pay for no compares and
+// selects).
 template <int T, bool EDGE>
-__device__ __forceinline__ void gradProbabilitiesOf(unsigned (*pa)[4], unsigned (*da)[4], float (*st)[4],
-                                                    float (*dpt)[4], const float *lses, const float *deltas, int qt,
-                                                    int key0, float scale) {
+__device__ __forceinline__ void gradProbabilitiesP(unsigned (*pa)[4], float (*st)[4], const float *lses, int qt,
+                                                   int key0, float scale) {
   const int c = 2 * (threadIdx.x % 4);
   const float scaleLog2 = scale * 1.4426950408889634f;
 #pragma unroll
   for (int j = 0; j < kGradQueries / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      int i = j * 8 + c + e, query = qt * kGradQueries + i;
-      float l = lses[i] * 1.4426950408889634f, dl = deltas[i];
+      const int query = qt * kGradQueries + j * 8 + c + e;
+      const float l = lses[j * 8 + c + e] * 1.4426950408889634f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        int at = 2 * half + e, key = key0 + 8 * half;
-        bool masked = EDGE && (key > query || query >= T);
-        float prob = exp2Approx(fmaf(st[j][at], scaleLog2, -l));
-        st[j][at] = masked ? 0.0f : prob;
-        dpt[j][at] = masked ? 0.0f : prob * (dpt[j][at] - dl) * scale; // ds^T
+        const int at = 2 * half + e;
+        const float prob = exp2Approx(fmaf(st[j][at], scaleLog2, -l));
+        st[j][at] = EDGE && (key0 + 8 * half > query || query >= T) ? 0.0f : prob;
       }
     }
     pa[j / 2][2 * (j % 2)] = packBf16(st[j][0], st[j][1]);
     pa[j / 2][2 * (j % 2) + 1] = packBf16(st[j][2], st[j][3]);
+  }
+}
+
+// ds^T = p^T (dp^T - delta) scale from gradProbabilitiesP's p^T (st), as the A fragments of
+// dk's product (da); 0 where p^T is masked.
+template <int T, bool EDGE>
+__device__ __forceinline__ void gradProbabilitiesDs(unsigned (*da)[4], const float (*st)[4], float (*dpt)[4],
+                                                    const float *deltas, int qt, int key0, float scale) {
+  const int c = 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int j = 0; j < kGradQueries / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int query = qt * kGradQueries + j * 8 + c + e;
+      const float dl = deltas[j * 8 + c + e];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int at = 2 * half + e;
+        const bool masked = EDGE && (key0 + 8 * half > query || query >= T);
+        dpt[j][at] = masked ? 0.0f : st[j][at] * (dpt[j][at] - dl) * scale;
+      }
+    }
     da[j / 2][2 * (j % 2)] = packBf16(dpt[j][0], dpt[j][1]);
     da[j / 2][2 * (j % 2) + 1] = packBf16(dpt[j][2], dpt[j][3]);
   }
+}
+
+// p^T and ds^T as gradProbabilitiesP and gradProbabilitiesDs (lses and deltas the 64 queries').
+template <int T, bool EDGE>
+__device__ __forceinline__ void gradProbabilitiesOf(unsigned (*pa)[4], unsigned (*da)[4], float (*st)[4],
+                                                    float (*dpt)[4], const float *lses, const float *deltas, int qt,
+                                                    int key0, float scale) {
+  gradProbabilitiesP<T, EDGE>(pa, st, lses, qt, key0, scale);
+  gradProbabilitiesDs<T, EDGE>(da, st, dpt, deltas, qt, key0, scale);
 }
 
 template <int T>
@@ -77,14 +107,17 @@ __device__ __forceinline__ void gradProbabilities(unsigned (*pa)[4], unsigned (*
 }
 
 // Issues dv += p^T dout and dk += ds^T q over a 64-row query tile (q and dout read transposed).
-template <int DH>
+// PARTS: 1 dv alone, 2 dk alone, 3 both.
+template <int DH, int PARTS = 3>
 __device__ __forceinline__ void issueKeyValueGrads(float (*dv)[4], float (*dk)[4], const unsigned (*pa)[4],
                                                    const unsigned (*da)[4], unsigned queries, unsigned dout,
                                                    unsigned block) {
 #pragma unroll
   for (int kk = 0; kk < kGradQueries / 16; ++kk) { // queries 16 kk ..: 16 rows of 128 bytes on
-    wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(dout + kk * 16 * 128, block, 1024), 1);
-    wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(queries + kk * 16 * 128, block, 1024), 1);
+    if (PARTS & 1)
+      wgmmaRegisters<DH>(dv, pa[kk], wgmmaDescriptor(dout + kk * 16 * 128, block, 1024), 1);
+    if (PARTS & 2)
+      wgmmaRegisters<DH>(dk, da[kk], wgmmaDescriptor(queries + kk * 16 * 128, block, 1024), 1);
   }
 }
 
@@ -278,11 +311,13 @@ template <int DH> __host__ __device__ constexpr int attentionGradSpecialisedShar
 template <int DH> struct GradShared {
   static constexpr int KEYS = kWgmmaRows * DH * 2, QUERIES = kGradQueries * DH * 2, HALF = kGradQueries * 128;
   static constexpr int STAGE = 2 * QUERIES + 1024;
-  unsigned keysAt;
-  __device__ explicit GradShared(unsigned keysAt) : keysAt(keysAt) {}
+  unsigned keysAt, barriersAt; // the barriers past the stages, unless a kernel places them
+  __device__ explicit GradShared(unsigned keysAt)
+      : keysAt(keysAt), barriersAt(keysAt + 2 * KEYS + kGradStages * STAGE) {}
+  __device__ GradShared(unsigned keysAt, unsigned barriersAt) : keysAt(keysAt), barriersAt(barriersAt) {}
   __device__ unsigned valuesAt() const { return keysAt + KEYS; }
   __device__ unsigned stageAt(int u) const { return keysAt + 2 * KEYS + u % kGradStages * STAGE; }
-  __device__ unsigned keysFull() const { return keysAt + 2 * KEYS + kGradStages * STAGE; }
+  __device__ unsigned keysFull() const { return barriersAt; }
   __device__ unsigned full(int u) const { return keysFull() + 8 * (1 + u % kGradStages); }
   __device__ unsigned empty(int u) const { return keysFull() + 8 * (1 + kGradStages + u % kGradStages); }
 };

@@ -64,6 +64,17 @@ template <int J> __device__ __forceinline__ void fenceAccumulators(float (*d)[4]
       asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+// After the last wait on products that read A fragments from registers: the fragments stay
+// live (and unchanged) until here, so the compiler gives their registers to nothing else while
+// the products may still read them.
+template <int J> __device__ __forceinline__ void fenceFragments(unsigned (*a)[4]) {
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
 // Shared memory written by ordinary stores or cp.async, made visible to the products' reads
 // (the asynchronous proxy); a barrier follows.
 __device__ __forceinline__ void fenceProxyAsync() {
