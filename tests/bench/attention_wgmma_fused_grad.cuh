@@ -13,11 +13,12 @@
 #include "attention_wgmma_grad.cuh"
 
 // How a fused kernel's consumers order their products. Plain: each step's products issued
-// together and awaited. Overlapped: FlashAttention-3's order (gradStepOverlapped; dq's product
-// before dk's, and dq staged while dk's runs); at head dim 64, where a warpgroup's dq reads only
-// its own ds^T, its ds^T barriers are its own. Lagged: overlapped, and at head dim 128 ds^T
-// double-buffered and each step's dq product issued in the next step, so that the warpgroups
-// wait for each other's ds^T a step after it is written (a whole step apart, no longer in step).
+// together and awaited. Overlapped: FlashAttention-3's order (gradStepProbabilities' OVERLAP;
+// dq's product before dk's, and dq staged while dk's runs); at head dim 64, where a
+// warpgroup's dq reads only its own ds^T, its ds^T barriers are its own. Lagged: overlapped,
+// and at head dim 128 ds^T double-buffered and each step's dq product issued in the next step,
+// so that the warpgroups wait for each other's ds^T a step after it is written (a whole step
+// apart, no longer in step).
 enum FusedFlavor { kPlain, kOverlapped, kLagged };
 
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
@@ -189,42 +190,6 @@ __device__ __forceinline__ void stageQueryGrads(unsigned char *staging, const fl
     }
 }
 
-// The overlapped form's step u (query tile qt) up to its ds^T, in FlashAttention-3's order:
-// s^T and dp^T issued as two groups, p^T made while dp^T multiplies, dv += p^T dout issued, and
-// ds^T made while that runs. dv's product is left in flight; pa must stay as it is until it ends.
-template <int T, int DH>
-__device__ __forceinline__ void gradStepOverlapped(unsigned (*pa)[4], unsigned (*da)[4], float (*dv)[4],
-                                                   const GradShared<DH> &sh, const unsigned char *base, int u, int qt,
-                                                   int tile, int key0, int consumer, float scale) {
-  using G = GradShared<DH>;
-  constexpr int NK = kWgmmaRows, MQ = kGradQueries;
-  const unsigned at = sh.stageAt(u);
-  const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * G::QUERIES), *deltas = lses + MQ;
-  barrierWait(sh.full(u), (u / kGradStages) & 1);
-  float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
-  wgmmaFence();
-  issueGradScores<DH, 1>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
-  wgmmaCommit();
-  issueGradScores<DH, 2>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
-  wgmmaCommit();
-  wgmmaWait<1>();
-  fenceAccumulators<MQ / 8>(st);
-  const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
-  if (edge)
-    gradProbabilitiesP<T, true>(pa, st, lses, qt, key0, scale);
-  else
-    gradProbabilitiesP<T, false>(pa, st, lses, qt, key0, scale);
-  wgmmaFence();
-  issueKeyValueGrads<DH, 1>(dv, nullptr, pa, nullptr, at, at + G::QUERIES, G::HALF);
-  wgmmaCommit();
-  wgmmaWait<1>();
-  fenceAccumulators<MQ / 8>(dpt);
-  if (edge)
-    gradProbabilitiesDs<T, true>(da, st, dpt, deltas, qt, key0, scale);
-  else
-    gradProbabilitiesDs<T, false>(da, st, dpt, deltas, qt, key0, scale);
-}
-
 // This warpgroup's dq for the step whose ds^T is at `dsAt` (issued, not committed), 64 queries x
 // 64 head dims: at DH 128 its half of the head dimension over all 128 keys; at DH 64 the whole
 // width over its own 64 keys.
@@ -275,10 +240,7 @@ __device__ void consumeFusedItem(const F &sh, unsigned char *base, FusedGradItem
     const int u = use + i, qt = it.qt(i);
     const unsigned at = sh.stageAt(u);
     unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
-    if (OVERLAP)
-      gradStepOverlapped<T, DH>(pa, da, dv, sh, base, u, qt, it.tile, key0, consumer, scale);
-    else
-      gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, it.tile, key0, consumer, scale);
+    gradStepProbabilities<T, DH, OVERLAP>(pa, da, dv, sh, base, u, qt, it.tile, key0, consumer, scale);
     if (u > 0)
       namedBarrierSync(dsFree, threads);
     storeDsTransposed(ds, da, consumer * 64);
@@ -340,7 +302,7 @@ __device__ void consumeFusedItemLagged(const F &sh, unsigned char *base, FusedGr
     const int u = use + i, qt = it.qt(i);
     const unsigned at = sh.stageAt(u);
     unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
-    gradStepOverlapped<T, DH>(pa, da, dv, sh, base, u, qt, it.tile, key0, consumer, scale);
+    gradStepProbabilities<T, DH, true>(pa, da, dv, sh, base, u, qt, it.tile, key0, consumer, scale);
     if (u >= 2)
       namedBarrierSync(dsFreedBarrier(u, other), 256); // the other's dq product of step u - 2 is done
     storeDsTransposed(base + (sh.dsAt(u) - sh.keysAt), da, consumer * 64);

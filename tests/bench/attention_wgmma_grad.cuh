@@ -369,11 +369,14 @@ __device__ void produceGradTiles(const unsigned short *tiles, const float *lse, 
 }
 
 // A consumer warpgroup's step u (query tile qt) of the warp-specialised kernels: waits for the
-// stage, multiplies s^T and dp^T, and leaves p^T and ds^T as A fragments (pa, da).
-template <int T, int DH>
-__device__ __forceinline__ void gradStepProbabilities(unsigned (*pa)[4], unsigned (*da)[4], const GradShared<DH> &sh,
-                                                      const unsigned char *base, int u, int qt, int tile, int key0,
-                                                      int consumer, float scale) {
+// stage, multiplies s^T and dp^T, and leaves p^T and ds^T as A fragments (pa, da). OVERLAP
+// (FlashAttention-3's order): s^T and dp^T issued as two groups, p^T made while dp^T's product
+// runs, then dv += p^T dout issued and ds^T made while it runs; dv's product is left in flight,
+// and pa must stay as it is until it ends.
+template <int T, int DH, bool OVERLAP = false>
+__device__ __forceinline__ void gradStepProbabilities(unsigned (*pa)[4], unsigned (*da)[4], float (*dv)[4],
+                                                      const GradShared<DH> &sh, const unsigned char *base, int u,
+                                                      int qt, int tile, int key0, int consumer, float scale) {
   using G = GradShared<DH>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries;
   const unsigned at = sh.stageAt(u);
@@ -381,13 +384,35 @@ __device__ __forceinline__ void gradStepProbabilities(unsigned (*pa)[4], unsigne
   barrierWait(sh.full(u), (u / kGradStages) & 1);
   float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
   wgmmaFence();
-  issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
-  wgmmaCommit();
-  wgmmaWait<0>();
+  if (OVERLAP) {
+    issueGradScores<DH, 1>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
+    wgmmaCommit();
+    issueGradScores<DH, 2>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
+    wgmmaCommit();
+    wgmmaWait<1>();
+  } else {
+    issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceAccumulators<MQ / 8>(dpt);
+  }
   fenceAccumulators<MQ / 8>(st);
-  fenceAccumulators<MQ / 8>(dpt);
   const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
-  gradProbabilities<T>(pa, da, st, dpt, lses, deltas, qt, key0, edge, scale);
+  if (edge)
+    gradProbabilitiesP<T, true>(pa, st, lses, qt, key0, scale);
+  else
+    gradProbabilitiesP<T, false>(pa, st, lses, qt, key0, scale);
+  if (OVERLAP) {
+    wgmmaFence();
+    issueKeyValueGrads<DH, 1>(dv, nullptr, pa, nullptr, at, at + G::QUERIES, G::HALF);
+    wgmmaCommit();
+    wgmmaWait<1>();
+    fenceAccumulators<MQ / 8>(dpt);
+  }
+  if (edge)
+    gradProbabilitiesDs<T, true>(da, st, dpt, deltas, qt, key0, scale);
+  else
+    gradProbabilitiesDs<T, false>(da, st, dpt, deltas, qt, key0, scale);
 }
 
 // dk and dv for 128 keys as attentionKeyValueGradWgmma, the operands in SwizzledTiles' layout
@@ -432,7 +457,7 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
     const int u = qt - first;
     const unsigned at = sh.stageAt(u);
     unsigned pa[MQ / 16][4], da[MQ / 16][4]; // p^T and ds^T as A fragments
-    gradStepProbabilities<T, DH>(pa, da, sh, base, u, qt, tile, key0, consumer, scale);
+    gradStepProbabilities<T, DH>(pa, da, dv, sh, base, u, qt, tile, key0, consumer, scale);
     wgmmaFence();
     issueKeyValueGrads<DH>(dv, dk, pa, da, at, at + QUERIES, HALF);
     wgmmaCommit();
