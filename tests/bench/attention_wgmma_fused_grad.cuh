@@ -417,3 +417,24 @@ __device__ void attentionFusedQueryGrads(const float *dq, Out dqkv) {
     dqkv[((bh / H) * T + t) * 3 * H * DH + bh % H * DH + d] = dq[from];
   }
 }
+
+// dq's tile (sequence and head bh, query tile qt) from the fp32 buffer into dqkv's q part, once
+// every key tile has added to it (its counter at latest + 1): attentionFusedQueryGrads a tile at
+// a time, as a kernel launched behind the fused one (programmatic dependent launch: it starts
+// once every fused block has started, on the SMs the finished blocks leave, and polls the
+// counters), so that the conversion runs under the fused kernel's tail. Packed buffers.
+template <int B, int T, int H, int DH, typename Out>
+__device__ void finishQueryGradTile(const float *dq, const unsigned *added, Out dqkv, int bh, int qt) {
+  constexpr int MQ = kGradQueries, QTILES = (T + MQ - 1) / MQ, KTILES = SwizzledTiles<T, DH>::TILES;
+  const int rows = min(MQ, T - qt * MQ), latest = min(KTILES - 1, (qt * MQ + rows - 1) / kWgmmaRows);
+  if (threadIdx.x == 0) {
+    semaphoreWait(added + (int64)bh * QTILES + qt, latest + 1);
+    fenceProxyAsyncGlobal(); // the bulk reductions' writes, then these loads
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * DH / 4; i += blockDim.x) {
+    const int t = qt * MQ + i / (DH / 4), chunk = i % (DH / 4);
+    const float4 v = __ldcg((const float4 *)(dq + ((int64)bh * T + t) * DH) + packedChunk(t, chunk));
+    store4(dqkv, ((int64)(bh / H) * T + t) * 3 * H * DH + bh % H * DH + chunk * 4, v);
+  }
+}

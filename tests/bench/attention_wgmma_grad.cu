@@ -62,7 +62,16 @@ template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = fals
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
     fusedGrad(const unsigned short *tiles, float *dqkv, float scale, const float *lse, const float *delta,
               FusedGradBuffers buffers) {
+#if TGC_WGMMA
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); // (only finishQueryGrads waits on it)
+#endif
   attentionGradFused<B, T, H, DH, ORDERED, REVERSED, PACKED, FLAVOR>(tiles, dqkv, scale, lse, delta, buffers);
+}
+
+template <int B, int T, int H, int DH>
+__global__ void __launch_bounds__(256) finishQueryGrads(const float *dq, const unsigned *added, float *dqkv) {
+  constexpr int QTILES = (T + kGradQueries - 1) / kGradQueries;
+  finishQueryGradTile<B, T, H, DH>(dq, added, dqkv, blockIdx.x / QTILES, blockIdx.x % QTILES);
 }
 
 template <int B, int T, int H, int DH, bool PACKED = true>
@@ -84,11 +93,13 @@ __global__ void fillDelta(float *x, long n) {
 }
 
 // The fused gradient's forms the bench runs, each into its own dqkv: its kernel, shared memory,
-// blocks (a block an item, or persistent: one an SM), dq's conversion (packed or not) and
-// whether its dq buffer is zeroed first (unless fusedGradStoresFirst). A form without a kernel times the counters'
-// zeroing and dq's conversion alone.
+// blocks (a block an item, or persistent: one an SM), dq's conversion (packed or not; or
+// finished, a tile a block behind the fused kernel: finishQueryGradTile) and whether its dq
+// buffer is zeroed first (unless fusedGradStoresFirst). A form without a kernel times the
+// counters' zeroing and dq's conversion alone.
 using FusedKernel = void (*)(const unsigned short *, float *, float, const float *, const float *, FusedGradBuffers);
 using ConvertKernel = void (*)(const float *, float *);
+using FinishKernel = void (*)(const float *, const unsigned *, float *);
 struct FusedForm {
   const char *name;
   FusedKernel kernel;
@@ -96,6 +107,7 @@ struct FusedForm {
   long blocks;
   ConvertKernel convert;
   bool zeroes;
+  FinishKernel finish = nullptr;
 };
 
 template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED, FusedFlavor FLAVOR = kPlain>
@@ -105,6 +117,13 @@ FusedForm fusedForm(const char *name, long blocks) {
   const int shared = attentionFusedGradShared<DH, PACKED, DOUBLE>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   return {name, kernel, shared, blocks, fusedQueryGrads<B, T, H, DH, PACKED>, !fusedGradStoresFirst<ORDERED, PACKED>()};
+}
+
+// A packed, in-order form whose dq is finished behind it (finishQueryGrads) rather than converted.
+template <int B, int T, int H, int DH, FusedFlavor FLAVOR> FusedForm finishedForm(const char *name, long blocks) {
+  FusedForm form = fusedForm<B, T, H, DH, true, false, true, FLAVOR>(name, blocks);
+  form.finish = finishQueryGrads<B, T, H, DH>;
+  return form;
 }
 
 template <int B, int T, int H, int DH> std::vector<FusedForm> fusedForms() {
@@ -117,6 +136,8 @@ template <int B, int T, int H, int DH> std::vector<FusedForm> fusedForms() {
                                                              items),
       fusedForm<B, T, H, DH, true, false, true, kLagged>("fused lagged (dq a step late; in order)", items),
       fusedForm<B, T, H, DH, true, false, true, kLagged>("fused lagged persistent (in order)", persistent),
+      finishedForm<B, T, H, DH, kPlain>("fused, dq finished under its tail (in order)", items),
+      finishedForm<B, T, H, DH, kOverlapped>("fused overlapped, dq finished under its tail (in order)", items),
       fusedForm<B, T, H, DH, false, false, true>("fused unordered (not deterministic)", items),
       fusedForm<B, T, H, DH, true, true, true>("fused reversed (the longest items first; in order)", items),
       fusedForm<B, T, H, DH, true, false, false>("fused padded (a bulk reduction a row; in order)", items),
@@ -212,7 +233,11 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       CK(cudaMemsetAsync(buffers.added, 0, B * H * QTILES * 4, st));
       if (form.kernel)
         form.kernel<<<form.blocks, kSpecialisedThreads, form.shared, st>>>(tiles, into, scale, lse, delta, buffers);
-      form.convert<<<1024, 256, 0, st>>>(buffers.dq, into);
+      if (form.finish)
+        CK(launchWith(cudaLaunchAttributeProgrammaticStreamSerialization, form.finish, B * H * QTILES, 256, st,
+                      (const float *)buffers.dq, (const unsigned *)buffers.added, into));
+      else
+        form.convert<<<1024, 256, 0, st>>>(buffers.dq, into);
     }
   };
   for (int i = 0; i < 5 + VARIANTS - SPLIT; ++i) { // each once, checked, before any is timed
