@@ -428,8 +428,11 @@ __device__ void finishQueryGradTile(const float *dq, const unsigned *added, Out 
   constexpr int MQ = kGradQueries, QTILES = (T + MQ - 1) / MQ, KTILES = SwizzledTiles<T, DH>::TILES;
   const int rows = min(MQ, T - qt * MQ), latest = min(KTILES - 1, (qt * MQ + rows - 1) / kWgmmaRows);
   if (threadIdx.x == 0) {
-    semaphoreWait(added + (int64)bh * QTILES + qt, latest + 1);
-    fenceProxyAsyncGlobal(); // the bulk reductions' writes, then these loads
+    const unsigned *counter = added + (int64)bh * QTILES + qt;
+    while (*(volatile const unsigned *)counter != latest + 1) // (backing off: the fused blocks share L2)
+      __nanosleep(512);
+    semaphoreWait(counter, latest + 1); // the acquire
+    fenceProxyAsyncGlobal();            // the bulk reductions' writes, then these loads
   }
   __syncthreads();
   for (int i = threadIdx.x; i < rows * DH / 4; i += blockDim.x) {
