@@ -27,8 +27,9 @@ enum FusedFlavor { kPlain, kOverlapped, kLagged };
 // them: 64 rows of DH fp32). So that a warp's rows fall in different banks, each row is 16 bytes longer,
 // or (PACKED) the 16-byte chunks of row r are swizzled as r % 8 says (packedChunk), the layout
 // the dq buffer then has too, so that a tile is added by one bulk reduction, not one a row.
-// DOUBLE (the lagged flavour at head dim 128): two ds^T tiles, and the ten barriers in the first
-// stage's lse and delta kilobyte (they use its first half), so that the whole fits in 227 KB.
+// DOUBLE (the lagged flavour at head dim 128): two ds^T tiles, and the ten barriers in the second
+// half of the first stage's lse and delta kilobyte (lse and delta take the first), so that the
+// whole fits in 227 KB.
 template <int DH, bool PACKED, bool DOUBLE = false> struct FusedGradShared : GradShared<DH> {
   using G = GradShared<DH>;
   static constexpr int DS = kWgmmaRows * kGradQueries * 2, ROW = DH * 4 + (PACKED ? 0 : 16);
