@@ -21,6 +21,12 @@
 // apart, no longer in step).
 enum FusedFlavor { kPlain, kOverlapped, kLagged };
 
+// Whether a flavour at head dimension DH is lagged (at 64 the lagged flavour is the overlapped
+// one): then its shared memory has two ds^T tiles (FusedGradShared's DOUBLE).
+template <FusedFlavor FLAVOR, int DH> __host__ __device__ constexpr bool fusedGradLagged() {
+  return FLAVOR == kLagged && DH == 128;
+}
+
 // The fused kernel's shared memory past GradShared's (keys, values, two stages, five barriers):
 // five more barriers (dq staged x2, staging free x2, keys free) in the same 1 KB; ds^T (128 key
 // rows of 64 queries, BF16, swizzled as a value tile); two stages of dq's staging tiles (TILES of
@@ -75,6 +81,12 @@ template <bool ORDERED, bool PACKED> __host__ __device__ constexpr bool fusedGra
   return ORDERED && PACKED;
 }
 
+// The latest key tile that adds to query tile qt: the blocks that add to it are key tiles 0 to
+// this one.
+template <int T, int DH> __device__ __forceinline__ int fusedGradLatestKeyTile(int qt) {
+  return min(SwizzledTiles<T, DH>::TILES - 1, (min(T, (qt + 1) * kGradQueries) - 1) / kWgmmaRows);
+}
+
 // A fused block's work item w (w < B H KTILES): (sequence, head) bh's key tile `tile`, the key
 // tiles of a head in the order they add to a query tile (the latest first; REVERSED, the
 // earliest), and the query tiles it walks, step i at query tile qt(i): from its keys' own on
@@ -126,8 +138,7 @@ __device__ __forceinline__ void storeDsTransposed(unsigned char *ds, const unsig
 template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED, bool DOUBLE>
 __device__ void addQueryGrads(const FusedGradShared<DH, PACKED, DOUBLE> &sh, FusedGradBuffers buffers,
                               FusedGradItem<T, DH, REVERSED> it, int use) {
-  constexpr int MQ = kGradQueries, NK = kWgmmaRows, KTILES = FusedGradItem<T, DH, REVERSED>::KTILES;
-  constexpr int QTILES = (T + MQ - 1) / MQ, STEP = REVERSED ? -1 : 1;
+  constexpr int MQ = kGradQueries, QTILES = (T + MQ - 1) / MQ, STEP = REVERSED ? -1 : 1;
   using F = FusedGradShared<DH, PACKED, DOUBLE>;
   const int start = it.qt(0), steps = it.steps();
   // (pointers carried along: the lane has 24 registers)
@@ -135,7 +146,7 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED, DOUBLE> &sh, Fus
   float *dq = buffers.dq + ((int64)it.bh * T + start * MQ) * DH;
   for (int i = 0; i < steps; ++i, added += STEP, dq += STEP * MQ * DH) {
     const int u = use + i, qt = start + STEP * i, rows = min(MQ, T - qt * MQ);
-    const int latest = min(KTILES - 1, (qt * MQ + rows - 1) / NK); // the latest key tile adding to qt
+    const int latest = fusedGradLatestKeyTile<T, DH>(qt);
     barrierWait(sh.dqFull(u), (u / 2) & 1);
     const int before = REVERSED ? it.tile : latest - it.tile; // the blocks that add to qt first
     if (ORDERED)
@@ -227,13 +238,13 @@ __device__ __forceinline__ void postQueryGrads(const F &sh, unsigned char *base,
 template <int B, int T, int H, int DH, bool REVERSED, bool PACKED, FusedFlavor FLAVOR, typename F, typename Out>
 __device__ void consumeFusedItem(const F &sh, unsigned char *base, FusedGradItem<T, DH, REVERSED> it, int use, int item,
                                  Out dqkv, float scale) {
-  constexpr int NK = kWgmmaRows, MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
+  constexpr int MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
   constexpr bool OVERLAP = FLAVOR != kPlain, BOTH = !OVERLAP || DH == 128;
   const int consumer = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
   // ds^T's named barriers: free (the dq products of the last step are done) and ready; of both
   // warpgroups (256 threads), or (BOTH false) each warpgroup's own.
   const int dsFree = BOTH ? 1 : 1 + 2 * consumer, dsReady = dsFree + 1, threads = BOTH ? 256 : 128;
-  const int key0 = it.tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
+  const int key0 = gradKey0(it.tile, consumer); // and key0 + 8
   unsigned char *ds = base + (sh.dsAt() - sh.keysAt);
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   barrierWait(sh.keysFull(), item & 1);
@@ -294,9 +305,9 @@ template <int B, int T, int H, int DH, bool REVERSED, bool PACKED, typename F, t
 __device__ void consumeFusedItemLagged(const F &sh, unsigned char *base, FusedGradItem<T, DH, REVERSED> it, int use,
                                        int item, Out dqkv, float scale) {
   static_assert(DH == 128, "at DH 64 a warpgroup's dq reads only its own ds^T");
-  constexpr int NK = kWgmmaRows, MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
+  constexpr int MQ = kGradQueries, QUERIES = F::QUERIES, HALF = F::HALF;
   const int consumer = threadIdx.x / 128 - 1, other = 1 - consumer, lane = threadIdx.x % 32;
-  const int key0 = it.tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
+  const int key0 = gradKey0(it.tile, consumer); // and key0 + 8
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   barrierWait(sh.keysFull(), item & 1);
   for (int i = 0; i < it.steps(); ++i) {
@@ -369,7 +380,7 @@ __device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float 
                                    const float *delta, FusedGradBuffers buffers) {
   static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
   static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
-  constexpr bool LAGGED = FLAVOR == kLagged && DH == 128;
+  constexpr bool LAGGED = fusedGradLagged<FLAVOR, DH>();
   using F = FusedGradShared<DH, PACKED, LAGGED>;
   using Item = FusedGradItem<T, DH, REVERSED>;
   unsigned char *base = alignedShared();
@@ -426,8 +437,8 @@ __device__ void attentionFusedQueryGrads(const float *dq, Out dqkv) {
 // counters), so that the conversion runs under the fused kernel's tail. Packed buffers.
 template <int B, int T, int H, int DH, typename Out>
 __device__ void finishQueryGradTile(const float *dq, const unsigned *added, Out dqkv, int bh, int qt) {
-  constexpr int MQ = kGradQueries, QTILES = (T + MQ - 1) / MQ, KTILES = SwizzledTiles<T, DH>::TILES;
-  const int rows = min(MQ, T - qt * MQ), latest = min(KTILES - 1, (qt * MQ + rows - 1) / kWgmmaRows);
+  constexpr int MQ = kGradQueries, QTILES = (T + MQ - 1) / MQ;
+  const int rows = min(MQ, T - qt * MQ), latest = fusedGradLatestKeyTile<T, DH>(qt);
   if (threadIdx.x == 0) {
     const unsigned *counter = added + (int64)bh * QTILES + qt;
     while (*(volatile const unsigned *)counter != latest + 1) // (backing off: the fused blocks share L2)

@@ -113,8 +113,7 @@ struct FusedForm {
 template <int B, int T, int H, int DH, bool ORDERED, bool REVERSED, bool PACKED, FusedFlavor FLAVOR = kPlain>
 FusedForm fusedForm(const char *name, long blocks) {
   FusedKernel kernel = fusedGrad<B, T, H, DH, ORDERED, REVERSED, PACKED, FLAVOR>;
-  constexpr bool DOUBLE = FLAVOR == kLagged && DH == 128; // two ds^T tiles
-  const int shared = attentionFusedGradShared<DH, PACKED, DOUBLE>();
+  const int shared = attentionFusedGradShared<DH, PACKED, fusedGradLagged<FLAVOR, DH>()>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   return {name, kernel, shared, blocks, fusedQueryGrads<B, T, H, DH, PACKED>, !fusedGradStoresFirst<ORDERED, PACKED>()};
 }

@@ -17,6 +17,12 @@ template <int DH> __host__ __device__ constexpr int attentionGradWgmmaShared() {
   return 2 * kWgmmaRows * DH * 2 + 4 * kGradQueries * DH * 2 + 4 * kGradQueries * 4 + 1024;
 }
 
+// This lane's first key row (and that + 8) in a gradient block of 128 keys (key tile `tile`),
+// warpgroup `group` taking rows 64 group on: the rows of its accumulators.
+__device__ __forceinline__ int gradKey0(int tile, int group) {
+  return tile * kWgmmaRows + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4;
+}
+
 // Issues s^T = k q^T and dp^T = v dout^T for this warpgroup's 64 keys (`group`'s rows of the
 // 128-row key and value tiles) and a 64-row query tile (queries and dout: shared addresses of
 // tiles whose 64-value blocks are `block` bytes apart). PARTS: 1 s^T alone, 2 dp^T alone, 3 both.
@@ -152,7 +158,7 @@ __device__ void attentionKeyValueGradWgmma(const unsigned short *dout, const uns
   auto queriesAt = [&](int stage) { return keysAt + 2 * KEYS + 2 * stage * QUERIES; };
   const int tile = blockIdx.x % TILES; // the earliest keys have the most queries: first
   const int bh = blockIdx.x / TILES, b = bh / H, h = bh % H, group = threadIdx.x / 128;
-  const int key0 = tile * NK + group * 64 + threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4; // and key0 + 8
+  const int key0 = gradKey0(tile, group);                                                       // and key0 + 8
   const int first = tile * NK / MQ, last = (T - 1) / MQ;                                        // query tiles
   const unsigned short *q = heads + (int64)bh * T * DH, *dy = dout + (int64)bh * T * DH;
   const unsigned short *k = heads + A::QPART + (int64)bh * T * DH, *v = k + A::KPART;
@@ -450,7 +456,7 @@ __device__ void attentionKeyValueGradSpecialised(const unsigned short *tiles, Ou
   }
   claimRegisters<240>();
   const int consumer = group - 1, lane = threadIdx.x % 32;
-  const int key0 = tile * NK + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4; // and key0 + 8
+  const int key0 = gradKey0(tile, consumer); // and key0 + 8
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   barrierWait(sh.keysFull(), 0);
   for (int qt = first; qt <= last; ++qt) {

@@ -105,6 +105,15 @@ def block_actors(work, added, order, T, reversed_, mutation, lagged=False):
                 yield from stage(use + i)
             use += len(qts)
 
+    def post(u, writes):
+        """postQueryGrads: step u's dq into its staging tile once the writer has freed it (the
+        tile written by `writes`: one actor for both warpgroups' halves), then dqFull."""
+        if u >= 2 and mutation != "no-staging-free":
+            yield lambda: bars[f"dqEmpty{u % 2}"].passes(u // 2 - 1)
+        if writes:
+            write(f"staging{u % 2}", u)
+        bars[f"dqFull{u % 2}"].arrive()
+
     def consumers():
         use = 0
         for k, (tile, bh, qts) in enumerate(work):
@@ -114,10 +123,7 @@ def block_actors(work, added, order, T, reversed_, mutation, lagged=False):
                 yield lambda: bars[f"full{u % 2}"].passes(u // 2)
                 held.pop(f"stage{u % 2}")
                 bars[f"empty{u % 2}"].arrive()
-                if u >= 2 and mutation != "no-staging-free":
-                    yield lambda: bars[f"dqEmpty{u % 2}"].passes(u // 2 - 1)
-                write(f"staging{u % 2}", u)
-                bars[f"dqFull{u % 2}"].arrive()
+                yield from post(u, True)
             held.pop("keys")
             bars["keysEmpty"].arrive()
             use += len(qts)
@@ -138,11 +144,7 @@ def block_actors(work, added, order, T, reversed_, mutation, lagged=False):
                     f"it holds step {ds.get((u % 2, half))}"
             ds_read.add((u, c))
             named[("freed", u % 2, c)].arrive(c)
-            if u >= 2:
-                yield lambda: bars[f"dqEmpty{u % 2}"].passes(u // 2 - 1)
-            if c == 0:
-                write(f"staging{u % 2}", u)
-            bars[f"dqFull{u % 2}"].arrive()
+            yield from post(u, c == 0)
 
         for k, (tile, bh, qts) in enumerate(work):
             yield lambda: bars["keysFull"].passes(k)
