@@ -40,7 +40,10 @@ __device__ __forceinline__ void awaitCopiedStage() {
 // period; the launches ask for 1 KB more than they use).
 __device__ __forceinline__ unsigned char *alignedShared() {
   extern __shared__ unsigned char attentionShared[];
-  return (unsigned char *)(((unsigned long long)attentionShared + 1023) & ~1023ull);
+  // (an offset from the array, not a pointer made from an integer: so the compiler keeps
+  // knowing it is shared memory, and the accesses through it are ld.shared and st.shared,
+  // not generic ones, which wait on the long scoreboard)
+  return attentionShared + (1024 - sharedAddress(attentionShared) % 1024) % 1024;
 }
 
 // The shared memory attentionForwardWgmma takes: 128 queries, STAGES stages of keys and

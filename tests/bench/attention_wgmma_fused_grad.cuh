@@ -62,9 +62,12 @@ __host__ __device__ constexpr int attentionFusedGradShared() {
 static_assert(attentionFusedGradShared<128, true, true>() <= 232448, "the lagged form's shared memory");
 
 // Where the 16-byte chunk `chunk` of dq's row `row` lies in a packed staging tile and buffer:
-// the chunk's place among its row's groups of eight (128 bytes) crossed with the row's place
-// among eight rows.
-__host__ __device__ __forceinline__ int packedChunk(int row, int chunk) { return chunk ^ (row % 8); }
+// the chunk's place among its row's groups of eight (128 bytes) crossed with a permutation of
+// the row's place among eight rows (0 2 4 6 1 3 5 7). A consumer warp stages rows g and g + 8
+// (g < 8), two adjacent chunks a row, in 8-byte stores, which shared memory serves a half-warp
+// (rows 0-3 or 4-7) at a time: the permutation sends those four rows' chunk pairs to all eight
+// places of 128 bytes, so that each half-warp's store is one wavefront.
+__host__ __device__ __forceinline__ int packedChunk(int row, int chunk) { return chunk ^ (row % 4 * 2 + row / 4 % 2); }
 
 // The fp32 dq buffer ([B H][T][DH], each row's chunks packedChunk's where packed; zero before
 // the kernel unless fusedGradStoresFirst) and its counters ([B H][query tiles of 64], zero
