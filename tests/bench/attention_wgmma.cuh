@@ -161,7 +161,7 @@ __device__ __forceinline__ void store2(float *out, int64 i, float lo, float hi) 
   *(float2 *)(out + i) = make_float2(lo, hi);
 }
 __device__ __forceinline__ void store2(Bf16Out out, int64 i, float lo, float hi) {
-  *(unsigned *)(out.p + i) = bf16Pair(lo, hi);
+  *(unsigned *)(out.p + i) = packBf16(lo, hi); // (bf16Pair's rounding in one instruction)
 }
 
 // out = o / l at this lane's rows and columns, and the rows' log-sum-exps (natural log).
@@ -170,13 +170,14 @@ __device__ void storeAttention(const float (*o)[4], OnlineSoftmax r, Out out, fl
   const int c = 2 * (threadIdx.x % 4), row1 = row0 + 8;
   r.l0 = quadSum(r.l0);
   r.l1 = quadSum(r.l1);
+  const float inverse0 = 1.0f / r.l0, inverse1 = 1.0f / r.l1; // (a division a row, not one an output)
   const int64 at0 = ((int64)b * T + row0) * H * DH + h * DH + c, at1 = at0 + 8 * H * DH;
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n) {
     if (row0 < T)
-      store2(out, at0 + n * 8, o[n][0] / r.l0, o[n][1] / r.l0);
+      store2(out, at0 + n * 8, o[n][0] * inverse0, o[n][1] * inverse0);
     if (row1 < T)
-      store2(out, at1 + n * 8, o[n][2] / r.l1, o[n][3] / r.l1);
+      store2(out, at1 + n * 8, o[n][2] * inverse1, o[n][3] * inverse1);
   }
   if (threadIdx.x % 4 == 0) { // back from base 2 to the natural log
     const int64 at = ((int64)b * H + h) * T;
