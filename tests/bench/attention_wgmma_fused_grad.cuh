@@ -175,8 +175,9 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED, DOUBLE> &sh, Fus
 
 // The producer lane's copies for the block's items: each item's first stages as soon as the
 // consumers free them, its keys and values once the consumers are done with the last item's.
-template <int B, int T, int H, int DH, bool REVERSED, typename F>
-__device__ void produceFusedGrad(const unsigned short *tiles, const float *lse, const float *delta, const F &sh) {
+// Operands: SwizzledTiles' tiles (const unsigned short *) or tensor maps (const GradMaps *).
+template <int B, int T, int H, int DH, bool REVERSED, typename Operands, typename F>
+__device__ void produceFusedGrad(Operands tiles, const float *lse, const float *delta, const F &sh) {
   using Item = FusedGradItem<T, DH, REVERSED>;
   forEachFusedItem<B, H, Item>([=](const Item &it, int use, int item) {
     const int steps = it.steps(), early = min((int)kGradStages, steps);
@@ -376,11 +377,11 @@ __device__ void consumeFusedItemLagged(const F &sh, unsigned char *base, FusedGr
 // items reach a query tile in the order they add to it, and the longest items do not come last.
 // A block waits only on items before its own, which blocks before it or its own earlier turns
 // hold. DH 64 or 128. ORDERED: addQueryGrads'. PACKED: FusedGradShared's. FLAVOR: the
-// consumers' (FusedFlavor).
+// consumers' (FusedFlavor). Operands: produceFusedGrad's.
 template <int B, int T, int H, int DH, bool ORDERED = true, bool REVERSED = false, bool PACKED = true,
-          FusedFlavor FLAVOR = kPlain, typename Out>
-__device__ void attentionGradFused(const unsigned short *tiles, Out dqkv, float scale, const float *lse,
-                                   const float *delta, FusedGradBuffers buffers) {
+          FusedFlavor FLAVOR = kPlain, typename Operands, typename Out>
+__device__ void attentionGradFused(Operands tiles, Out dqkv, float scale, const float *lse, const float *delta,
+                                   FusedGradBuffers buffers) {
   static_assert(DH == 64 || DH == 128, "dq's products have N 64: the head dimension or its half");
   static_assert(T % 4 == 0, "lse and delta are copied in 16-byte pieces");
   constexpr bool LAGGED = fusedGradLagged<FLAVOR, DH>();

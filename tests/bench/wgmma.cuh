@@ -238,6 +238,17 @@ __device__ __forceinline__ void bulkCopy(unsigned dst, const void *src, unsigned
                : "memory");
 #endif
 }
+// The box at coordinates (c0 innermost, c1, c2) of the tensor map at generic address `map` (a
+// __grid_constant__ parameter's) into shared memory at `dst`, counted on barrier `bar` as a bulk
+// copy is; the box's elements past the tensor's ends are zeros.
+__device__ __forceinline__ void tensorCopy3d(unsigned dst, const void *map, int c0, int c1, int c2, unsigned bar) {
+#if TGC_WGMMA
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+               "%4}], [%5];\n" ::"r"(dst),
+               "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+               : "memory");
+#endif
+}
 // Named barriers of `threads` threads (id 0 is __syncthreads'): arrive does not wait.
 __device__ __forceinline__ void namedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
