@@ -36,6 +36,13 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionForwardSpecialised<B, T, H, DH, H, GROUP>(tiles, out, lse, scale);
 }
 
+// specialisedForward with its operands copied by tensor maps from where they lie (AttentionMaps).
+template <int B, int T, int H, int DH, int GROUP>
+__global__ void __launch_bounds__(kSpecialisedThreads, 1)
+    mappedForward(const __grid_constant__ AttentionMaps maps, Bf16Out out, float *lse, float scale) {
+  attentionForwardSpecialised<B, T, H, DH, H, GROUP>(&maps, out, lse, scale);
+}
+
 __global__ void widenBf16(const unsigned short *from, float *to, long n) {
   FOR_EACH_ELEMENT(i, n) { to[i] = __uint_as_float((unsigned)from[i] << 16); }
 }
@@ -66,11 +73,12 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   unsigned short *heads;
   CK(cudaMalloc(&heads, 3 * PART * 2));
   fillBits<<<1024, 256>>>(heads, 3 * PART, 1234u + T + DH, 0x3f00); // +-[0.5, 1): scores of a few units
-  constexpr int KERNELS = 9;
+  constexpr int KERNELS = 11;
   constexpr int ALL = B * H, L2 = attentionHeadsInL2<B, T, H, DH>(); // heads a group of the work order
   unsigned short *tiles; // q, k, v in the products' layout, for the warp-specialised kernel
   CK(cudaMalloc(&tiles, 3L * B * H * SwizzledTiles<T, DH>::HEAD * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
+  const AttentionMaps maps{encodeHeads(heads, 3L * B * H, T, DH), {}}; // (no dout)
   float *out[KERNELS], *lse[KERNELS];
   for (int i = 0; i < KERNELS; ++i) {
     CK(cudaMalloc(&out[i], PART * 4));
@@ -87,6 +95,8 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, ALL, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
   CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, L2, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          specialisedShared));
+  CK(cudaFuncSetAttribute(mappedForward<B, T, H, DH, L2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
   unsigned short *outBf16; // the output as tgc would take it to the projection's GEMM (and cuDNN gives it)
   CK(cudaMalloc(&outBf16, PART * 2));
@@ -108,10 +118,14 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
       specialisedForward<B, T, H, DH, ALL>
           <<<i == 5 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               tiles, Bf16Out{outBf16}, lse[i], scale);
-    else // and the heads in groups that fit L2
+    else if (i <= 8) // and the heads in groups that fit L2
       specialisedForward<B, T, H, DH, L2>
           <<<i == 7 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               tiles, Bf16Out{outBf16}, lse[i], scale);
+    else // and the operands by tensor maps
+      mappedForward<B, T, H, DH, L2>
+          <<<i == 9 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
+              maps, Bf16Out{outBf16}, lse[i], scale);
   };
   const char *names[KERNELS] = {"mma.sync",
                                 "wgmma",
@@ -121,7 +135,9 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
                                 "wgmma warp-specialised, BF16 out",
                                 "wgmma warp-specialised, persistent, BF16 out",
                                 "wgmma warp-specialised, BF16 out, heads grouped for L2",
-                                "wgmma warp-specialised, persistent, BF16 out, heads grouped for L2"};
+                                "wgmma warp-specialised, persistent, BF16 out, heads grouped for L2",
+                                "wgmma warp-specialised, BF16 out, grouped, operands by tensor maps",
+                                "wgmma warp-specialised, persistent, BF16 out, grouped, by tensor maps"};
   for (int i = 0; i < KERNELS; ++i) {
     run(i, 0);
     if (i >= 5)

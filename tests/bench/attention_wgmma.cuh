@@ -11,6 +11,8 @@
 #include "attention.cuh"
 #include "wgmma.cuh"
 
+#include <cuda.h> // CUtensorMap
+
 enum { kWgmmaRows = 128, kWgmmaThreads = 256 }; // a block's queries, and keys of a tile
 
 // Rows [row0, row0 + R) of a head-major BF16 tensor (rows of DH values, T of them; rows at or
@@ -365,6 +367,33 @@ template <int B, int T, int H, int GROUP> struct SpecialisedItem {
   }
 };
 
+// The attention's operands where they lie, as tensor maps (bench_util.cuh's encodeHeads): heads,
+// q k v head-major ([B H + 2 B KV][T][DH]), and dout ([B H][T][DH]; the gradient's); boxes of 64
+// rows x 64 values (128 bytes), swizzled by 128 bytes as the products read them. With them the
+// producer copies need no tiles in SwizzledTiles' layout (a pass over the operands before the
+// kernel), and rows past T come as zeros.
+struct AttentionMaps {
+  CUtensorMap heads, dout;
+};
+
+// Tile `tile` (128 rows) of head `head` of q, k and v's heads one after the other, into shared
+// memory at `dst` in SwizzledTiles' tile layout, onto barrier `bar`: from SwizzledTiles' copy
+// (one bulk copy), or by the tensor maps (a box per 64 rows and 64 values).
+template <int T, int DH>
+__device__ __forceinline__ void copyHeadTile(const unsigned short *tiles, unsigned dst, int64 head, int tile,
+                                             unsigned bar) {
+  using S = SwizzledTiles<T, DH>;
+  bulkCopy(dst, tiles + head * S::HEAD + (int64)tile * kWgmmaRows * DH, S::TILE, bar);
+}
+template <int T, int DH>
+__device__ __forceinline__ void copyHeadTile(const AttentionMaps *maps, unsigned dst, int64 head, int tile,
+                                             unsigned bar) {
+  for (int block = 0; block < DH / 64; ++block)
+    for (int half = 0; half < 2; ++half)
+      tensorCopy3d(dst + block * kWgmmaRows * 128 + half * 64 * 128, &maps->heads, block * 64,
+                   tile * kWgmmaRows + half * 64, (int)head, bar);
+}
+
 // The warp-specialised kernel's shared memory: queries at `at`, then keys and values of two
 // stages, then the barriers: queries' full, keys' full x2, values' full x2, keys' empty x2,
 // values' empty x2, queries' empty. A stage's use u (keys and values counted together over the
@@ -385,29 +414,29 @@ template <int DH> struct SpecialisedShared {
 
 // The producer (one lane): each of the block's items' query tile once the last item's scores
 // are done with theirs, and its key and value tiles as their stages free up.
-template <int B, int T, int H, int DH, int KV, int GROUP>
-__device__ void produceTiles(const unsigned short *tiles, const SpecialisedShared<DH> &sh) {
+// Operands: SwizzledTiles' tiles (const unsigned short *) or tensor maps (const AttentionMaps *).
+template <int B, int T, int H, int DH, int KV, int GROUP, typename Operands>
+__device__ void produceTiles(Operands tiles, const SpecialisedShared<DH> &sh) {
   using S = SwizzledTiles<T, DH>;
   using Item = SpecialisedItem<B, T, H, GROUP>;
   int use = 0, item = 0;
   for (int w = blockIdx.x; w < Item::TOTAL; w += gridDim.x, ++item) {
     const Item it(w);
     const int b = it.bh / H, h = it.bh % H;
-    const unsigned short *k = tiles + (int64)B * H * S::HEAD + ((int64)b * KV + h / (H / KV)) * S::HEAD;
-    const unsigned short *v = k + (int64)B * KV * S::HEAD;
+    const int64 k = (int64)B * H + (int64)b * KV + h / (H / KV), v = k + (int64)B * KV; // their heads
     if (item > 0)
       barrierWait(sh.queriesEmpty(), (item - 1) & 1);
     barrierExpectBytes(sh.queriesFull(), S::TILE);
-    bulkCopy(sh.at, tiles + (int64)it.bh * S::HEAD + (int64)it.tile * kWgmmaRows * DH, S::TILE, sh.queriesFull());
+    copyHeadTile<T, DH>(tiles, sh.at, it.bh, it.tile, sh.queriesFull());
     for (int j = 0; j <= it.last; ++j, ++use) {
       if (use >= 2)
         barrierWait(sh.keysEmpty(use), ((use >> 1) - 1) & 1);
       barrierExpectBytes(sh.keysFull(use), S::TILE);
-      bulkCopy(sh.keysAt(use), k + (int64)j * kWgmmaRows * DH, S::TILE, sh.keysFull(use));
+      copyHeadTile<T, DH>(tiles, sh.keysAt(use), k, j, sh.keysFull(use));
       if (use >= 2)
         barrierWait(sh.valuesEmpty(use), ((use >> 1) - 1) & 1);
       barrierExpectBytes(sh.valuesFull(use), S::TILE);
-      bulkCopy(sh.valuesAt(use), v + (int64)j * kWgmmaRows * DH, S::TILE, sh.valuesFull(use));
+      copyHeadTile<T, DH>(tiles, sh.valuesAt(use), v, j, sh.valuesFull(use));
     }
   }
 }
@@ -421,8 +450,10 @@ __device__ void produceTiles(const unsigned short *tiles, const SpecialisedShare
 // each; with fewer blocks (persistent, one an SM), the producer loads the next item's queries,
 // keys and values while the consumers finish this one's. The items in SpecialisedItem's order,
 // GROUP heads at a time.
-template <int B, int T, int H, int DH, int KV = H, int GROUP = attentionHeadsInL2<B, T, H, DH>(), typename Out>
-__device__ void attentionForwardSpecialised(const unsigned short *tiles, Out out, float *lse, float scale) {
+// Operands: produceTiles'.
+template <int B, int T, int H, int DH, int KV = H, int GROUP = attentionHeadsInL2<B, T, H, DH>(), typename Operands,
+          typename Out>
+__device__ void attentionForwardSpecialised(Operands tiles, Out out, float *lse, float scale) {
   static_assert(DH == 64 || DH == 128, "the products' N is the head dimension: 64 or 128");
   using Item = SpecialisedItem<B, T, H, GROUP>;
   constexpr int M = kWgmmaRows, N = kWgmmaRows;

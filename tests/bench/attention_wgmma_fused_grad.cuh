@@ -175,7 +175,7 @@ __device__ void addQueryGrads(const FusedGradShared<DH, PACKED, DOUBLE> &sh, Fus
 
 // The producer lane's copies for the block's items: each item's first stages as soon as the
 // consumers free them, its keys and values once the consumers are done with the last item's.
-// Operands: SwizzledTiles' tiles (const unsigned short *) or tensor maps (const GradMaps *).
+// Operands: SwizzledTiles' tiles (const unsigned short *) or tensor maps (const AttentionMaps *).
 template <int B, int T, int H, int DH, bool REVERSED, typename Operands, typename F>
 __device__ void produceFusedGrad(Operands tiles, const float *lse, const float *delta, const F &sh) {
   using Item = FusedGradItem<T, DH, REVERSED>;

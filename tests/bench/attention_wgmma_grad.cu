@@ -68,10 +68,10 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionGradFused<B, T, H, DH, ORDERED, REVERSED, PACKED, FLAVOR>(tiles, dqkv, scale, lse, delta, buffers);
 }
 
-// fusedGrad with its operands copied by tensor maps from where they lie (GradMaps).
+// fusedGrad with its operands copied by tensor maps from where they lie (AttentionMaps).
 template <int B, int T, int H, int DH, FusedFlavor FLAVOR>
 __global__ void __launch_bounds__(kSpecialisedThreads, 1)
-    fusedGradMapped(const __grid_constant__ GradMaps maps, float *dqkv, float scale, const float *lse,
+    fusedGradMapped(const __grid_constant__ AttentionMaps maps, float *dqkv, float scale, const float *lse,
                     const float *delta, FusedGradBuffers buffers) {
   attentionGradFused<B, T, H, DH, true, false, true, FLAVOR>(&maps, dqkv, scale, lse, delta, buffers);
 }
@@ -108,7 +108,7 @@ __global__ void fillDelta(float *x, long n) {
 using FusedKernel = void (*)(const unsigned short *, float *, float, const float *, const float *, FusedGradBuffers);
 using ConvertKernel = void (*)(const float *, float *);
 using FinishKernel = void (*)(const float *, const unsigned *, float *);
-using MappedKernel = void (*)(GradMaps, float *, float, const float *, const float *, FusedGradBuffers);
+using MappedKernel = void (*)(AttentionMaps, float *, float, const float *, const float *, FusedGradBuffers);
 struct FusedForm {
   const char *name;
   FusedKernel kernel;
@@ -142,36 +142,6 @@ template <int B, int T, int H, int DH, FusedFlavor FLAVOR> FusedForm mappedForm(
   form.mapped = fusedGradMapped<B, T, H, DH, FLAVOR>;
   CK(cudaFuncSetAttribute(form.mapped, cudaFuncAttributeMaxDynamicSharedMemorySize, form.shared));
   return form;
-}
-
-// A 3-dimensional tensor map of BF16 values [outer][rows][DH] at `at`: boxes of 64 rows x 64
-// values, swizzled by 128 bytes (GradMaps). The driver's encoder is found through the runtime,
-// so that the bench needs no -lcuda.
-CUtensorMap encodeHeads(const unsigned short *at, long outer, long rows, int dh) {
-  using Encode = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static Encode encode = nullptr;
-  if (!encode) {
-    cudaDriverEntryPointQueryResult found;
-    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || !encode) {
-      fprintf(stderr, "the driver has no cuTensorMapEncodeTiled\n");
-      exit(1);
-    }
-  }
-  CUtensorMap map;
-  const cuuint64_t dims[3] = {(cuuint64_t)dh, (cuuint64_t)rows, (cuuint64_t)outer};
-  const cuuint64_t strides[2] = {(cuuint64_t)dh * 2, (cuuint64_t)rows * dh * 2}; // bytes, past the innermost
-  const cuuint32_t box[3] = {64, kGradQueries, 1}, step[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)at, dims, strides, box, step,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", (int)r);
-    exit(1);
-  }
-  return map;
 }
 
 template <int B, int T, int H, int DH> std::vector<FusedForm> fusedForms() {
@@ -241,7 +211,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&tiles, 4 * TILED * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
   swizzleHeads<T, DH><<<1024, 256>>>(dout, tiles + 3 * TILED, (long)B * H);
-  const GradMaps maps{encodeHeads(heads, 3L * B * H, T, DH), encodeHeads(dout, (long)B * H, T, DH)};
+  const AttentionMaps maps{encodeHeads(heads, 3L * B * H, T, DH), encodeHeads(dout, (long)B * H, T, DH)};
   FusedGradBuffers buffers{};
   constexpr long QTILES = (T + kGradQueries - 1) / kGradQueries;
   CK(cudaMalloc(&buffers.dq, PART * 4));

@@ -9,8 +9,6 @@
 
 #include "attention_wgmma.cuh"
 
-#include <cuda.h> // CUtensorMap
-
 enum { kGradQueries = 64 }; // queries a step
 
 // The shared memory attentionKeyValueGradWgmma takes: keys and values (128 rows each), two
@@ -366,32 +364,18 @@ __device__ void produceGradStage(const unsigned short *tiles, const float *lse, 
   bulkCopy(at + 2 * G::QUERIES + MQ * 4, delta + bh * T + qt * MQ, rows * 4, sh.full(u));
 }
 
-// The gradient's operands where they lie, as tensor maps (the host's encodeGradMaps): heads, q k
-// v head-major ([3 B H][T][DH]), and dout ([B H][T][DH]); boxes of 64 rows x 64 values (128
-// bytes), swizzled by 128 bytes as the products read them. With them the copies need no tiles in
-// SwizzledTiles' layout (a pass over q, k, v and dout before the kernel), and rows past T come
-// as zeros.
-struct GradMaps {
-  CUtensorMap heads, dout;
-};
-
-// produceGradKeys from the tensor maps: each 64-value block of k and v in two boxes of 64 rows.
+// produceGradKeys from the tensor maps (AttentionMaps).
 template <int B, int T, int H, int DH>
-__device__ void produceGradKeys(const GradMaps *maps, const GradShared<DH> &sh, int64 bh, int tile) {
-  using G = GradShared<DH>;
-  barrierExpectBytes(sh.keysFull(), 2 * G::KEYS);
-  for (int tensor = 1; tensor <= 2; ++tensor) // k, v
-    for (int block = 0; block < DH / 64; ++block)
-      for (int half = 0; half < 2; ++half)
-        tensorCopy3d((tensor == 1 ? sh.keysAt : sh.valuesAt()) + block * kWgmmaRows * 128 + half * G::HALF,
-                     &maps->heads, block * 64, tile * kWgmmaRows + half * kGradQueries, (int)(tensor * B * H + bh),
-                     sh.keysFull());
+__device__ void produceGradKeys(const AttentionMaps *maps, const GradShared<DH> &sh, int64 bh, int tile) {
+  barrierExpectBytes(sh.keysFull(), 2 * GradShared<DH>::KEYS);
+  copyHeadTile<T, DH>(maps, sh.keysAt, (int64)B * H + bh, tile, sh.keysFull());
+  copyHeadTile<T, DH>(maps, sh.valuesAt(), 2L * B * H + bh, tile, sh.keysFull());
 }
 
 // produceGradStage from the tensor maps: a box per 64-value block of q and of dout.
 template <int B, int T, int H, int DH>
-__device__ void produceGradStage(const GradMaps *maps, const float *lse, const float *delta, const GradShared<DH> &sh,
-                                 int64 bh, int qt, int u) {
+__device__ void produceGradStage(const AttentionMaps *maps, const float *lse, const float *delta,
+                                 const GradShared<DH> &sh, int64 bh, int qt, int u) {
   using G = GradShared<DH>;
   constexpr int MQ = kGradQueries;
   const int rows = min(MQ, T - qt * MQ);

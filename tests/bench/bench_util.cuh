@@ -1,10 +1,11 @@
 // What the standalone GPU measurements (tests/bench/*.cu) share: stopping at the first CUDA
 // error with its place, the memory's rate, a launch with one attribute, random BF16 operands and
-// weights, and the time of a launch replayed from a CUDA graph.
+// weights, the time of a launch replayed from a CUDA graph, and tensor maps of attention heads.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #define CK(x)                                                                                                          \
@@ -95,4 +96,34 @@ inline unsigned short *bf16Weights(long elements, unsigned seed) {
   CK(cudaMalloc(&w, elements * 2));
   fillBits<<<1024, 256>>>(w, elements, seed, 0x3c00);
   return w;
+}
+
+// A 3-dimensional tensor map of BF16 values [outer][rows][dh] at `at`: boxes of 64 rows x 64
+// values, swizzled by 128 bytes (attention_wgmma.cuh's AttentionMaps). The driver's encoder is
+// found through the runtime, so that the benches need no -lcuda.
+inline CUtensorMap encodeHeads(const unsigned short *at, long outer, long rows, int dh) {
+  using Encode = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static Encode encode = nullptr;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult found;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !encode) {
+      fprintf(stderr, "the driver has no cuTensorMapEncodeTiled\n");
+      exit(1);
+    }
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {(cuuint64_t)dh, (cuuint64_t)rows, (cuuint64_t)outer};
+  const cuuint64_t strides[2] = {(cuuint64_t)dh * 2, (cuuint64_t)rows * dh * 2}; // bytes, past the innermost
+  const cuuint32_t box[3] = {64, 64, 1}, step[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)at, dims, strides, box, step,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", (int)r);
+    exit(1);
+  }
+  return map;
 }
