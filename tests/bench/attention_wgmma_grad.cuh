@@ -42,13 +42,29 @@ __device__ __forceinline__ void issueGradScores(float (*st)[4], float (*dpt)[4],
   }
 }
 
+// The lse of this lane's query column j * 8 + 2 (lane % 4) + e: from shared memory, or held.
+__device__ __forceinline__ float lseAt(const float *lses, int j, int e) {
+  return lses[j * 8 + 2 * (threadIdx.x % 4) + e];
+}
+__device__ __forceinline__ float lseAt(const float2 *held, int j, int e) { return e ? held[j].y : held[j].x; }
+
+// This lane's columns' lses into registers (held[j]: columns j * 8 + 2 (lane % 4) and the next),
+// loaded while the products that precede their use run.
+__device__ __forceinline__ void lseHeld(float2 *held, const float *lses) {
+#pragma unroll
+  for (int j = 0; j < kGradQueries / 8; ++j)
+    held[j] = *(const float2 *)(lses + j * 8 + 2 * (threadIdx.x % 4));
+}
+
 // p^T = exp(s^T scale - lse) for query tile qt (lses its 64 queries'), in st and as the A
 // fragments of dv's product (pa); 0 past the causal diagonal and T (EDGE: the tile may have such
 // queries; a template argument, so that the tiles below the diagonal pay for no compares and
 // selects).
-template <int T, bool EDGE>
-__device__ __forceinline__ void gradProbabilitiesP(unsigned (*pa)[4], float (*st)[4], const float *lses, int qt,
-                                                   int key0, float scale) {
+// Lses: the 64 queries' in shared memory (const float *), or this lane's columns' held in
+// registers (const float2 *: lseHeld's).
+template <int T, bool EDGE, typename Lses>
+__device__ __forceinline__ void gradProbabilitiesP(unsigned (*pa)[4], float (*st)[4], Lses lses, int qt, int key0,
+                                                   float scale) {
   const int c = 2 * (threadIdx.x % 4);
   const float scaleLog2 = scale * 1.4426950408889634f;
 #pragma unroll
@@ -56,7 +72,7 @@ __device__ __forceinline__ void gradProbabilitiesP(unsigned (*pa)[4], float (*st
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int query = qt * kGradQueries + j * 8 + c + e;
-      const float l = lses[j * 8 + c + e] * 1.4426950408889634f;
+      const float l = lseAt(lses, j, e) * 1.4426950408889634f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int at = 2 * half + e;
@@ -416,12 +432,14 @@ __device__ __forceinline__ void gradStepProbabilities(unsigned (*pa)[4], unsigne
   const float *lses = (const float *)(base + (at - sh.keysAt) + 2 * G::QUERIES), *deltas = lses + MQ;
   barrierWait(sh.full(u), (u / kGradStages) & 1);
   float st[MQ / 8][4], dpt[MQ / 8][4]; // s^T and dp^T: this warpgroup's 64 keys x 64 queries
+  float2 held[MQ / 8];                 // (OVERLAP: the lses, loaded under the products)
   wgmmaFence();
   if (OVERLAP) {
     issueGradScores<DH, 1>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
     wgmmaCommit();
     issueGradScores<DH, 2>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
     wgmmaCommit();
+    lseHeld(held, lses);
     wgmmaWait<1>();
   } else {
     issueGradScores<DH>(st, dpt, sh.keysAt, sh.valuesAt(), at, at + G::QUERIES, G::HALF, consumer);
@@ -431,7 +449,11 @@ __device__ __forceinline__ void gradStepProbabilities(unsigned (*pa)[4], unsigne
   }
   fenceAccumulators<MQ / 8>(st);
   const bool edge = qt * MQ < tile * NK + NK || qt * MQ + MQ > T; // diagonal or last
-  if (edge)
+  if (OVERLAP && edge)
+    gradProbabilitiesP<T, true>(pa, st, (const float2 *)held, qt, key0, scale);
+  else if (OVERLAP)
+    gradProbabilitiesP<T, false>(pa, st, (const float2 *)held, qt, key0, scale);
+  else if (edge)
     gradProbabilitiesP<T, true>(pa, st, lses, qt, key0, scale);
   else
     gradProbabilitiesP<T, false>(pa, st, lses, qt, key0, scale);
