@@ -78,7 +78,8 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   unsigned short *tiles; // q, k, v in the products' layout, for the warp-specialised kernel
   CK(cudaMalloc(&tiles, 3L * B * H * SwizzledTiles<T, DH>::HEAD * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
-  const AttentionMaps maps{encodeHeads(heads, 3L * B * H, T, DH), {}}; // (no dout)
+  AttentionMaps maps{}; // (no dout)
+  encodeHeads(&maps.heads, heads, 3L * B * H, T, DH);
   float *out[KERNELS], *lse[KERNELS];
   for (int i = 0; i < KERNELS; ++i) {
     CK(cudaMalloc(&out[i], PART * 4));

@@ -11,8 +11,6 @@
 #include "attention.cuh"
 #include "wgmma.cuh"
 
-#include <cuda.h> // CUtensorMap
-
 enum { kWgmmaRows = 128, kWgmmaThreads = 256 }; // a block's queries, and keys of a tile
 
 // Rows [row0, row0 + R) of a head-major BF16 tensor (rows of DH values, T of them; rows at or
@@ -57,8 +55,14 @@ template <int DH, int STAGES> __host__ __device__ constexpr int attentionWgmmaSh
 // What a warpgroup's lane keeps of its two rows (row0 and row0 + 8) between key tiles: the
 // running maxima of the scaled scores (base 2) and the sums of their exponentials.
 struct OnlineSoftmax {
-  float m0 = -__builtin_huge_valf(), m1 = -__builtin_huge_valf(), l0 = 0.0f, l1 = 0.0f;
+  float m0, m1, l0, l1;
 };
+// Before the first key tile: maxima -inf, sums 0. (A function, not member initialisers: NVRTC
+// has no -inf constant that the host compiler also takes.)
+__device__ __forceinline__ OnlineSoftmax freshSoftmax() {
+  const float lowest = __int_as_float(0xff800000);
+  return {lowest, lowest, 0.0f, 0.0f};
+}
 
 // Issues s = q k^T for this warpgroup's 64 queries and the 128 keys of a tile (asynchronous:
 // the caller commits and waits). `queries` and `keys` are the shared addresses of the tiles.
@@ -212,7 +216,7 @@ __device__ void attentionForwardWgmma(const unsigned short *heads, Out out, floa
   copySwizzledAsync<T, DH, N>(queries + 2 * TILE, v, 0);
   commitCopies();
   float o[DH / 8][4] = {};
-  OnlineSoftmax r;
+  OnlineSoftmax r = freshSoftmax();
   for (int kt = 0; kt <= last; ++kt) {
     const int stage = 1 + 2 * (kt & 1); // tiles: keys at stage, values at stage + 1
     if (kt < last) {
@@ -274,7 +278,7 @@ __device__ void attentionForwardWgmmaOverlapped(const unsigned short *heads, Out
   awaitCopiedStage();
   float s[N / 8][4], o[DH / 8][4] = {};
   unsigned p[N / 16][4];
-  OnlineSoftmax r;
+  OnlineSoftmax r = freshSoftmax();
   float alpha0, alpha1;
   wgmmaFence();
   issueScores<DH>(s, queriesAt, queriesAt + keysOf(0) * TILE, group);
@@ -373,7 +377,7 @@ template <int B, int T, int H, int GROUP> struct SpecialisedItem {
 // producer copies need no tiles in SwizzledTiles' layout (a pass over the operands before the
 // kernel), and rows past T come as zeros.
 struct AttentionMaps {
-  CUtensorMap heads, dout;
+  TensorMap heads, dout;
 };
 
 // Tile `tile` (128 rows) of head `head` of q, k and v's heads one after the other, into shared
@@ -493,7 +497,7 @@ __device__ void attentionForwardSpecialised(Operands tiles, Out out, float *lse,
     const int row0 = it.tile * M + consumer * 64 + threadIdx.x % 128 / 32 * 16 + lane / 4;
     float s[N / 8][4], o[DH / 8][4] = {};
     unsigned p[N / 16][4];
-    OnlineSoftmax r;
+    OnlineSoftmax r = freshSoftmax();
     float alpha0, alpha1;
     barrierWait(sh.queriesFull(), item & 1);
     barrierWait(sh.keysFull(use), (use >> 1) & 1);

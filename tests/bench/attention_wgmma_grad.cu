@@ -211,7 +211,9 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
   CK(cudaMalloc(&tiles, 4 * TILED * 2));
   swizzleHeads<T, DH><<<1024, 256>>>(heads, tiles, 3L * B * H);
   swizzleHeads<T, DH><<<1024, 256>>>(dout, tiles + 3 * TILED, (long)B * H);
-  const AttentionMaps maps{encodeHeads(heads, 3L * B * H, T, DH), encodeHeads(dout, (long)B * H, T, DH)};
+  AttentionMaps maps;
+  encodeHeads(&maps.heads, heads, 3L * B * H, T, DH);
+  encodeHeads(&maps.dout, dout, (long)B * H, T, DH);
   FusedGradBuffers buffers{};
   constexpr long QTILES = (T + kGradQueries - 1) / kGradQueries;
   CK(cudaMalloc(&buffers.dq, PART * 4));

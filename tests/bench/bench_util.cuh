@@ -98,10 +98,12 @@ inline unsigned short *bf16Weights(long elements, unsigned seed) {
   return w;
 }
 
-// A 3-dimensional tensor map of BF16 values [outer][rows][dh] at `at`: boxes of 64 rows x 64
-// values, swizzled by 128 bytes (attention_wgmma.cuh's AttentionMaps). The driver's encoder is
-// found through the runtime, so that the benches need no -lcuda.
-inline CUtensorMap encodeHeads(const unsigned short *at, long outer, long rows, int dh) {
+// Into `map` (128 bytes, 128-byte aligned: wgmma.cuh's TensorMap), a 3-dimensional tensor map of
+// BF16 values [outer][rows][dh] at `at`: boxes of 64 rows x 64 values, swizzled by 128 bytes
+// (attention_wgmma.cuh's AttentionMaps). The driver's encoder is found through the runtime, so
+// that the benches need no -lcuda.
+inline void encodeHeads(void *map, const unsigned short *at, long outer, long rows, int dh) {
+  static_assert(sizeof(CUtensorMap) == 128 && alignof(CUtensorMap) <= 128, "wgmma.cuh's TensorMap");
   using Encode = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                               const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -114,16 +116,14 @@ inline CUtensorMap encodeHeads(const unsigned short *at, long outer, long rows, 
       exit(1);
     }
   }
-  CUtensorMap map;
   const cuuint64_t dims[3] = {(cuuint64_t)dh, (cuuint64_t)rows, (cuuint64_t)outer};
   const cuuint64_t strides[2] = {(cuuint64_t)dh * 2, (cuuint64_t)rows * dh * 2}; // bytes, past the innermost
   const cuuint32_t box[3] = {64, 64, 1}, step[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)at, dims, strides, box, step,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encode((CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)at, dims, strides, box,
+                            step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", (int)r);
     exit(1);
   }
-  return map;
 }

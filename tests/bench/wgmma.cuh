@@ -238,6 +238,12 @@ __device__ __forceinline__ void bulkCopy(unsigned dst, const void *src, unsigned
                : "memory");
 #endif
 }
+// A tensor map as the driver encodes it (CUtensorMap: 128 opaque bytes, 64-byte aligned; 128 in
+// CUDA 13's header), declared here so that the kernels need no driver header (NVRTC has none).
+struct alignas(128) TensorMap {
+  unsigned long long opaque[16];
+};
+
 // The box at coordinates (c0 innermost, c1, c2) of the tensor map at generic address `map` (a
 // __grid_constant__ parameter's) into shared memory at `dst`, counted on barrier `bar` as a bulk
 // copy is; the box's elements past the tensor's ends are zeros.
