@@ -36,13 +36,6 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionForwardSpecialised<B, T, H, DH, H, GROUP>(tiles, out, lse, scale);
 }
 
-// specialisedForward with its operands copied by tensor maps from where they lie (AttentionMaps).
-template <int B, int T, int H, int DH, int GROUP>
-__global__ void __launch_bounds__(kSpecialisedThreads, 1)
-    mappedForward(const __grid_constant__ AttentionMaps maps, Bf16Out out, float *lse, float scale) {
-  attentionForwardSpecialised<B, T, H, DH, H, GROUP>(&maps, out, lse, scale);
-}
-
 __global__ void widenBf16(const unsigned short *from, float *to, long n) {
   FOR_EACH_ELEMENT(i, n) { to[i] = __uint_as_float((unsigned)from[i] << 16); }
 }
@@ -97,7 +90,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
                           specialisedShared));
   CK(cudaFuncSetAttribute(specialisedForward<B, T, H, DH, L2, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
-  CK(cudaFuncSetAttribute(mappedForward<B, T, H, DH, L2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(mappedForward<B, T, H, DH, H, L2, Bf16Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           specialisedShared));
   unsigned short *outBf16; // the output as tgc would take it to the projection's GEMM (and cuDNN gives it)
   CK(cudaMalloc(&outBf16, PART * 2));
@@ -124,7 +117,7 @@ template <int B, int T, int H, int DH> void compare(bool timed) {
           <<<i == 7 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               tiles, Bf16Out{outBf16}, lse[i], scale);
     else // and the operands by tensor maps
-      mappedForward<B, T, H, DH, L2>
+      mappedForward<B, T, H, DH, H, L2, Bf16Out>
           <<<i == 9 ? blocks : std::min(blocks, (long)sms), kSpecialisedThreads, specialisedShared, st>>>(
               maps, Bf16Out{outBf16}, lse[i], scale);
   };

@@ -551,3 +551,11 @@ __device__ void attentionForwardSpecialised(Operands tiles, Out out, float *lse,
     use = final + 1;
   }
 }
+
+// attentionForwardSpecialised with its operands copied by tensor maps from where they lie
+// (AttentionMaps): a kernel here rather than in the bench, for WgmmaNvrtcTest compiles it too.
+template <int B, int T, int H, int DH, int KV, int GROUP, typename Out>
+__global__ void __launch_bounds__(kSpecialisedThreads, 1)
+    mappedForward(const __grid_constant__ AttentionMaps maps, Out out, float *lse, float scale) {
+  attentionForwardSpecialised<B, T, H, DH, KV, GROUP>(&maps, out, lse, scale);
+}

@@ -423,6 +423,15 @@ __device__ void attentionGradFused(Operands tiles, Out dqkv, float scale, const 
       namedBarrierSync(dsFreedBarrier(u, 2 - threadIdx.x / 128), 256);
 }
 
+// attentionGradFused (packed, in order) with its operands copied by tensor maps from where they
+// lie (AttentionMaps): a kernel here rather than in the bench, for WgmmaNvrtcTest compiles it too.
+template <int B, int T, int H, int DH, FusedFlavor FLAVOR, typename Out>
+__global__ void __launch_bounds__(kSpecialisedThreads, 1)
+    fusedGradMapped(const __grid_constant__ AttentionMaps maps, Out dqkv, float scale, const float *lse,
+                    const float *delta, FusedGradBuffers buffers) {
+  attentionGradFused<B, T, H, DH, true, false, true, FLAVOR>(&maps, dqkv, scale, lse, delta, buffers);
+}
+
 // dq from the fp32 buffer (PACKED: its rows' chunks packedChunk's) into dqkv's q part ([B, T,
 // 3 H DH]).
 template <int B, int T, int H, int DH, bool PACKED = true, typename Out>

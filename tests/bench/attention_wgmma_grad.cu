@@ -68,14 +68,6 @@ __global__ void __launch_bounds__(kSpecialisedThreads, 1)
   attentionGradFused<B, T, H, DH, ORDERED, REVERSED, PACKED, FLAVOR>(tiles, dqkv, scale, lse, delta, buffers);
 }
 
-// fusedGrad with its operands copied by tensor maps from where they lie (AttentionMaps).
-template <int B, int T, int H, int DH, FusedFlavor FLAVOR>
-__global__ void __launch_bounds__(kSpecialisedThreads, 1)
-    fusedGradMapped(const __grid_constant__ AttentionMaps maps, float *dqkv, float scale, const float *lse,
-                    const float *delta, FusedGradBuffers buffers) {
-  attentionGradFused<B, T, H, DH, true, false, true, FLAVOR>(&maps, dqkv, scale, lse, delta, buffers);
-}
-
 template <int B, int T, int H, int DH>
 __global__ void __launch_bounds__(256) finishQueryGrads(const float *dq, const unsigned *added, float *dqkv) {
   constexpr int QTILES = (T + kGradQueries - 1) / kGradQueries;
@@ -139,7 +131,7 @@ template <int B, int T, int H, int DH, FusedFlavor FLAVOR> FusedForm finishedFor
 template <int B, int T, int H, int DH, FusedFlavor FLAVOR> FusedForm mappedForm(const char *name, long blocks) {
   FusedForm form = fusedForm<B, T, H, DH, true, false, true, FLAVOR>(name, blocks);
   form.kernel = nullptr;
-  form.mapped = fusedGradMapped<B, T, H, DH, FLAVOR>;
+  form.mapped = fusedGradMapped<B, T, H, DH, FLAVOR, float *>;
   CK(cudaFuncSetAttribute(form.mapped, cudaFuncAttributeMaxDynamicSharedMemorySize, form.shared));
   return form;
 }

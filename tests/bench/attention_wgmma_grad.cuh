@@ -344,54 +344,48 @@ template <int DH> struct GradShared {
   __device__ unsigned empty(int u) const { return keysFull() + 8 * (1 + kGradStages + u % kGradStages); }
 };
 
-// The producer lane's copies of the block's keys and values (onto the keys' full barrier).
+// Query tile qt (64 rows) of head bh's q and of its dout into the stage at `at` (dout G::QUERIES
+// bytes on), a copy per 64-value block (G::HALF bytes apart), onto barrier `bar`: from
+// SwizzledTiles' copy (half qt % 2 of a 128-row tile; dout's heads after q's, k's and v's), or
+// by the tensor maps.
 template <int B, int T, int H, int DH>
-__device__ void produceGradKeys(const unsigned short *tiles, const GradShared<DH> &sh, int64 bh, int tile) {
-  using S = SwizzledTiles<T, DH>;
-  using G = GradShared<DH>;
-  const int64 part = (int64)B * H * S::HEAD; // q | k | v | dout
-  barrierExpectBytes(sh.keysFull(), 2 * G::KEYS);
-  bulkCopy(sh.keysAt, tiles + part + bh * S::HEAD + (int64)tile * kWgmmaRows * DH, G::KEYS, sh.keysFull());
-  bulkCopy(sh.valuesAt(), tiles + 2 * part + bh * S::HEAD + (int64)tile * kWgmmaRows * DH, G::KEYS, sh.keysFull());
-}
-
-// The producer lane's copies for the block's step u (counted over all its work): query tile qt
-// of 64 (its half of a 128-row tile: a bulk copy per 64 values of the head dimension) and of
-// dout, with their lse and delta, into the stage once the consumers have freed it.
-template <int B, int T, int H, int DH>
-__device__ void produceGradStage(const unsigned short *tiles, const float *lse, const float *delta,
-                                 const GradShared<DH> &sh, int64 bh, int qt, int u) {
+__device__ __forceinline__ void copyStageRows(const unsigned short *tiles, unsigned at, int64 bh, int qt,
+                                              unsigned bar) {
   using S = SwizzledTiles<T, DH>;
   using G = GradShared<DH>;
   constexpr int NK = kWgmmaRows, MQ = kGradQueries;
   const int64 part = (int64)B * H * S::HEAD;
-  const int rows = min(MQ, T - qt * MQ);
-  if (u >= kGradStages)
-    barrierWait(sh.empty(u), (u / kGradStages - 1) & 1);
-  barrierExpectBytes(sh.full(u), 2 * G::QUERIES + 2 * rows * 4);
-  const unsigned at = sh.stageAt(u);
-  for (int tensor = 0; tensor < 2; ++tensor) // q, dout: each 64-value block's 64 rows
+  for (int tensor = 0; tensor < 2; ++tensor) // q, dout
     for (int block = 0; block < DH / 64; ++block) {
       const unsigned short *src = tiles + (tensor ? 3 * part : 0) + bh * S::HEAD + (int64)(qt / 2) * NK * DH +
                                   block * NK * 64 + (qt % 2) * MQ * 64;
-      bulkCopy(at + tensor * G::QUERIES + block * G::HALF, src, G::HALF, sh.full(u));
+      bulkCopy(at + tensor * G::QUERIES + block * G::HALF, src, G::HALF, bar);
     }
-  bulkCopy(at + 2 * G::QUERIES, lse + bh * T + qt * MQ, rows * 4, sh.full(u));
-  bulkCopy(at + 2 * G::QUERIES + MQ * 4, delta + bh * T + qt * MQ, rows * 4, sh.full(u));
+}
+template <int B, int T, int H, int DH>
+__device__ __forceinline__ void copyStageRows(const AttentionMaps *maps, unsigned at, int64 bh, int qt, unsigned bar) {
+  using G = GradShared<DH>;
+  for (int block = 0; block < DH / 64; ++block) {
+    tensorCopy3d(at + block * G::HALF, &maps->heads, block * 64, qt * kGradQueries, (int)bh, bar);
+    tensorCopy3d(at + G::QUERIES + block * G::HALF, &maps->dout, block * 64, qt * kGradQueries, (int)bh, bar);
+  }
 }
 
-// produceGradKeys from the tensor maps (AttentionMaps).
-template <int B, int T, int H, int DH>
-__device__ void produceGradKeys(const AttentionMaps *maps, const GradShared<DH> &sh, int64 bh, int tile) {
+// The producer lane's copies of the block's keys and values (onto the keys' full barrier).
+// Operands: SwizzledTiles' tiles (const unsigned short *) or tensor maps (const AttentionMaps *).
+template <int B, int T, int H, int DH, typename Operands>
+__device__ void produceGradKeys(Operands tiles, const GradShared<DH> &sh, int64 bh, int tile) {
   barrierExpectBytes(sh.keysFull(), 2 * GradShared<DH>::KEYS);
-  copyHeadTile<T, DH>(maps, sh.keysAt, (int64)B * H + bh, tile, sh.keysFull());
-  copyHeadTile<T, DH>(maps, sh.valuesAt(), 2L * B * H + bh, tile, sh.keysFull());
+  copyHeadTile<T, DH>(tiles, sh.keysAt, (int64)B * H + bh, tile, sh.keysFull());
+  copyHeadTile<T, DH>(tiles, sh.valuesAt(), 2L * B * H + bh, tile, sh.keysFull());
 }
 
-// produceGradStage from the tensor maps: a box per 64-value block of q and of dout.
-template <int B, int T, int H, int DH>
-__device__ void produceGradStage(const AttentionMaps *maps, const float *lse, const float *delta,
-                                 const GradShared<DH> &sh, int64 bh, int qt, int u) {
+// The producer lane's copies for the block's step u (counted over all its work): query tile qt
+// of 64 of q and of dout, with their lse and delta, into the stage once the consumers have freed
+// it. Operands: produceGradKeys'.
+template <int B, int T, int H, int DH, typename Operands>
+__device__ void produceGradStage(Operands tiles, const float *lse, const float *delta, const GradShared<DH> &sh,
+                                 int64 bh, int qt, int u) {
   using G = GradShared<DH>;
   constexpr int MQ = kGradQueries;
   const int rows = min(MQ, T - qt * MQ);
@@ -399,10 +393,7 @@ __device__ void produceGradStage(const AttentionMaps *maps, const float *lse, co
     barrierWait(sh.empty(u), (u / kGradStages - 1) & 1);
   barrierExpectBytes(sh.full(u), 2 * G::QUERIES + 2 * rows * 4);
   const unsigned at = sh.stageAt(u);
-  for (int block = 0; block < DH / 64; ++block) {
-    tensorCopy3d(at + block * G::HALF, &maps->heads, block * 64, qt * MQ, (int)bh, sh.full(u));
-    tensorCopy3d(at + G::QUERIES + block * G::HALF, &maps->dout, block * 64, qt * MQ, (int)bh, sh.full(u));
-  }
+  copyStageRows<B, T, H, DH>(tiles, at, bh, qt, sh.full(u));
   bulkCopy(at + 2 * G::QUERIES, lse + bh * T + qt * MQ, rows * 4, sh.full(u));
   bulkCopy(at + 2 * G::QUERIES + MQ * 4, delta + bh * T + qt * MQ, rows * 4, sh.full(u));
 }
